@@ -1,0 +1,131 @@
+"""The plugin manager: loads ``blutrain`` entry points into per-kind registries.
+
+``BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD=1`` loads only what is registered by hand;
+``BLUTRAIN_BLOCK_PLUGINS=a,b`` blocks entry points by name.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pluggy
+
+from blutensor.plugin.registry import KernelRegistry, PluginError, PluginRecord, Registry
+from blutensor.plugin.specs import KIND_HOOKS, PROJECT, BlutrainSpecs
+
+#: documented "best available" defaults per kind
+DEFAULTS: dict[str, tuple[str, ...]] = {
+    "gemm": ("blublas", "cublas", "xp"),
+    "allocator": ("caching", "cupy-default"),
+    "compiler": ("blucompiler",),
+}
+
+
+class PluginHost:
+    """One pluggy manager plus one registry per plugin kind."""
+
+    def __init__(self, autoload: bool | None = None, blocked: tuple[str, ...] | None = None):
+        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(BlutrainSpecs)
+        if blocked is None:
+            blocked = tuple(b for b in os.environ.get("BLUTRAIN_BLOCK_PLUGINS", "").split(",") if b)
+        for name in blocked:
+            self.pm.set_blocked(name)
+        if autoload is None:
+            autoload = os.environ.get("BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true", "yes")
+        self.autoload = autoload
+        self.registries: dict[str, Registry] = {
+            kind: (KernelRegistry(kind) if kind == "kernel" else Registry(kind, DEFAULTS.get(kind, ())))
+            for kind in KIND_HOOKS
+        }
+        self._collected: set[int] = set()
+        self._dists: dict[int, tuple[str, str]] = {}
+        # blutensor's own pieces are always present: blutensor is the host.
+        from blutensor import hooks as own_hooks
+
+        self.register(own_hooks, name="blutensor")
+        if autoload:
+            self.pm.load_setuptools_entrypoints(PROJECT)
+            for plugin, dist in self.pm.list_plugin_distinfo():
+                self._dists[id(plugin)] = (dist.metadata["name"], dist.version)
+        self._collect()
+
+    def register(self, plugin: Any, name: str | None = None, package: str | None = None,
+                 version: str | None = None) -> None:
+        """Register a module or object implementing hooks (a third-party plugin by hand)."""
+        if name is not None and self.pm.has_plugin(name):
+            return
+        if self.pm.is_registered(plugin):
+            return
+        self.pm.register(plugin, name=name)
+        if package:
+            self._dists[id(plugin)] = (package, version or "?")
+        self._collect()
+
+    def _collect(self) -> None:
+        for plugin in self.pm.get_plugins():
+            if id(plugin) in self._collected:
+                continue
+            self._collected.add(id(plugin))
+            pkg, ver = self._dists.get(id(plugin), (None, None))
+            if pkg is None:
+                pkg, ver = _package_of(plugin)
+            for kind, hook in KIND_HOOKS.items():
+                impl = getattr(plugin, hook, None)
+                if impl is None:
+                    continue
+                result = impl()
+                classes = result if isinstance(result, list | tuple) else [result]
+                for cls in classes:
+                    if cls is not None:
+                        self.registries[kind].register(cls, pkg, ver)
+
+    def records(self) -> list[PluginRecord]:
+        return [rec for reg in self.registries.values() for rec in reg]
+
+    def registry(self, kind: str) -> Registry:
+        try:
+            return self.registries[kind]
+        except KeyError:
+            raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KIND_HOOKS)}") from None
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+
+def _package_of(plugin: Any) -> tuple[str, str]:
+    mod = getattr(plugin, "__name__", type(plugin).__module__).split(".")[0]
+    try:
+        from importlib.metadata import version
+
+        return mod, version(mod)
+    except Exception:
+        return mod, "?"
+
+
+_host: PluginHost | None = None
+_lock = threading.Lock()
+
+
+def get_host() -> PluginHost:
+    """The process-wide plugin host, created on first use."""
+    global _host
+    if _host is None:
+        with _lock:
+            if _host is None:
+                _host = PluginHost()
+    return _host
+
+
+def reset_host(**kwargs: Any) -> PluginHost:
+    """Recreate the host (tests; after installing or blocking plugins)."""
+    global _host
+    with _lock:
+        _host = PluginHost(**kwargs)
+    from blutensor.ops import dispatch
+
+    dispatch.clear_cache()
+    return _host

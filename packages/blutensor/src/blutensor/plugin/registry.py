@@ -1,0 +1,109 @@
+"""Registries that collect plugin classes by ``PLUGIN_NAME`` and choose one by config or env."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+class PluginError(RuntimeError):
+    """A plugin is missing, duplicated, malformed or cannot be selected."""
+
+
+@dataclass(frozen=True)
+class PluginRecord:
+    """One registered plugin class and where it came from."""
+
+    kind: str
+    name: str
+    cls: type
+    package: str
+    version: str
+
+
+class Registry:
+    """Plugin classes of one kind, keyed by ``PLUGIN_NAME``.
+
+    ``select(kind)`` resolves an explicit name, else the env var ``BLUTRAIN_<KIND>``,
+    else the first available name in ``defaults`` (the documented "best available").
+    """
+
+    def __init__(self, kind: str, defaults: tuple[str, ...] = ()):
+        self.kind = kind
+        self.defaults = defaults
+        self._records: dict[str, PluginRecord] = {}
+
+    def register(self, cls: type, package: str = "?", version: str = "?") -> None:
+        name = getattr(cls, "PLUGIN_NAME", None)
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"{self.kind} plugin {cls!r} from {package} has no PLUGIN_NAME string")
+        key = self.key(cls)
+        old = self._records.get(key)
+        if old is not None and old.cls is not cls:
+            raise PluginError(
+                f"duplicate {self.kind} plugin {key!r}: {old.cls.__module__}.{old.cls.__qualname__} "
+                f"(package {old.package}) and {cls.__module__}.{cls.__qualname__} (package {package})"
+            )
+        self._records[key] = PluginRecord(self.kind, key, cls, package, version)
+
+    def key(self, cls: type) -> str:
+        return cls.PLUGIN_NAME
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._records
+
+    def __iter__(self) -> Iterator[PluginRecord]:
+        return iter(self._records.values())
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def names(self) -> list[str]:
+        return sorted(self._records)
+
+    def get(self, name: str) -> type:
+        try:
+            return self._records[name].cls
+        except KeyError:
+            raise PluginError(
+                f"no {self.kind} plugin named {name!r}; available: {', '.join(self.names()) or 'none'}"
+            ) from None
+
+    def select(self, name: str | None = None) -> type:
+        """The class chosen by ``name``, ``BLUTRAIN_<KIND>`` or the defaults, in that order."""
+        env_key = f"BLUTRAIN_{self.kind.upper()}"
+        name = name or os.environ.get(env_key) or None
+        if name:
+            cls = self.get(name)
+            avail = getattr(cls, "is_available", None)
+            if avail is not None and not avail():
+                raise PluginError(f"{self.kind} plugin {name!r} is installed but not available here")
+            return cls
+        for cand in self.defaults:
+            rec = self._records.get(cand)
+            if rec is None:
+                continue
+            avail = getattr(rec.cls, "is_available", None)
+            if avail is None or avail():
+                return rec.cls
+        for rec in self._records.values():
+            avail = getattr(rec.cls, "is_available", None)
+            if avail is None or avail():
+                return rec.cls
+        raise PluginError(f"no available {self.kind} plugin (set {env_key} or install one)")
+
+
+class KernelRegistry(Registry):
+    """Op kernels keyed by ``PLUGIN_NAME`` and looked up by (op, backend, dtype)."""
+
+    def for_op(self, op: str, backend: str, dtype: str) -> list[PluginRecord]:
+        out = []
+        for rec in self._records.values():
+            c = rec.cls
+            if getattr(c, "OP", None) != op or getattr(c, "BACKEND", None) != backend:
+                continue
+            dts = getattr(c, "DTYPES", ("*",))
+            if "*" in dts or dtype in dts:
+                out.append(rec)
+        return out

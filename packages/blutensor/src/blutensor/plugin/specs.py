@@ -1,0 +1,84 @@
+"""Hook specifications of the `blutrain` plugin host.
+
+Every registration hook returns a class or a list of classes that carry ``PLUGIN_NAME``;
+event hooks receive plain values. Built-in packages implement these exactly as a
+third-party package would, through ``[project.entry-points.blutrain]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT = "blutrain"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class BlutrainSpecs:
+    """The hooks a plugin may implement (all optional)."""
+
+    # --- registration hooks: each returns a class or list of classes with PLUGIN_NAME ---
+    @hookspec
+    def blutrain_register_backends(self) -> list[type]:
+        """Device backends (class attrs: PLUGIN_NAME, DEVICE_TYPE; ``is_available()``)."""
+
+    @hookspec
+    def blutrain_register_kernels(self) -> list[type]:
+        """Op kernels: PLUGIN_NAME, OP (op name), BACKEND ('cpu'|'cuda'), DTYPES (names or
+        ('*',)), ``forward(ctx, *arrays, **attrs)`` and ``backward(ctx, grad)`` static methods."""
+
+    @hookspec
+    def blutrain_register_gemm_providers(self) -> list[type]:
+        """GEMM providers: PLUGIN_NAME, ``is_available()``, ``matmul(a, b, ...)`` on raw arrays."""
+
+    @hookspec
+    def blutrain_register_allocators(self) -> list[type]:
+        """Device allocators: PLUGIN_NAME, ``is_available()``, ``install()`` / ``uninstall()``."""
+
+    @hookspec
+    def blutrain_register_parallel_strategies(self) -> list[type]:
+        """Parallel strategies (DDP, FSDP, TP, CP): PLUGIN_NAME, ``apply(model, mesh, ...)``."""
+
+    @hookspec
+    def blutrain_register_compiler_backends(self) -> list[type]:
+        """Compiler backends and pass sets: PLUGIN_NAME, ``compile(fn, **options)``."""
+
+    @hookspec
+    def blutrain_register_profiler_sinks(self) -> list[type]:
+        """Profiler sinks (where events go): PLUGIN_NAME, ``write(events, out_dir)``."""
+
+    @hookspec
+    def blutrain_register_model_families(self) -> list[type]:
+        """Model families: PLUGIN_NAME, ``presets()`` and ``build(config)``."""
+
+    # --- event hooks ---
+    @hookspec
+    def blutrain_on_step_begin(self, step: int, state: dict[str, Any]) -> None:
+        """Called by trainers before an optimisation step."""
+
+    @hookspec
+    def blutrain_on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
+        """Called by trainers after an optimisation step with its metrics."""
+
+    @hookspec
+    def blutrain_on_checkpoint_saved(self, path: str, step: int) -> None:
+        """Called after a checkpoint is durably written."""
+
+    @hookspec
+    def blutrain_on_checkpoint_loaded(self, path: str, step: int) -> None:
+        """Called after a checkpoint was verified and loaded."""
+
+
+#: plugin kind -> the registration hook that provides it
+KIND_HOOKS: dict[str, str] = {
+    "backend": "blutrain_register_backends",
+    "kernel": "blutrain_register_kernels",
+    "gemm": "blutrain_register_gemm_providers",
+    "allocator": "blutrain_register_allocators",
+    "parallel": "blutrain_register_parallel_strategies",
+    "compiler": "blutrain_register_compiler_backends",
+    "profiler_sink": "blutrain_register_profiler_sinks",
+    "model": "blutrain_register_model_families",
+}
