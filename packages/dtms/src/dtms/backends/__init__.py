@@ -1,0 +1,1 @@
+"""Process-group backends: ``local`` (one process), ``mpi`` (mpi4py, CPU) and ``nccl`` (CuPy, GPU)."""

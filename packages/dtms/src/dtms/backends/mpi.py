@@ -1,0 +1,180 @@
+"""MPI backend (mpi4py) for CPU processes: nonblocking MPI collectives behind ``Work`` handles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..mpi import MPI_HINT
+from ..process_group import (
+    CollectiveError,
+    ProcessGroup,
+    Work,
+    checks_enabled,
+    compare_signatures,
+    is_cupy,
+    signature,
+)
+
+
+def import_mpi() -> Any:
+    """``mpi4py.MPI`` (initialises MPI), or a clear error naming the extra to install."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise RuntimeError(f"the 'mpi' backend needs mpi4py and an MPI library: {MPI_HINT}") from e
+    return MPI
+
+
+class MPIWork(Work):
+    """Nonblocking MPI requests plus an optional host-side finish (average, copy back from staging)."""
+
+    def __init__(self, MPI: Any, requests: list, finish: Callable[[], None] | None = None, keep: tuple = ()):
+        self._MPI, self._reqs, self._finish, self._keep = MPI, requests, finish, keep
+        self._done = False
+        self._outputs = keep[:1]
+
+    def _complete(self) -> None:
+        if self._finish is not None:
+            self._finish()
+        self._done, self._keep, self._reqs = True, (), []
+
+    def synchronize(self) -> None:
+        if not self._done:
+            self._MPI.Request.Waitall(self._reqs)
+            self._complete()
+
+    def wait(self, stream: Any = None) -> bool:
+        self.synchronize()
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._done and self._MPI.Request.Testall(self._reqs):
+            self._complete()
+        return self._done
+
+
+def _mpi_ops(MPI: Any) -> dict[str, Any]:
+    return {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+
+
+def _mpi_type(MPI: Any, dtype: np.dtype) -> Any | None:
+    table = {
+        "float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.INT8_T, "uint8": MPI.UINT8_T,
+        "int16": MPI.INT16_T, "uint16": MPI.UINT16_T, "int32": MPI.INT32_T, "uint32": MPI.UINT32_T,
+        "int64": MPI.INT64_T, "uint64": MPI.UINT64_T, "bool": MPI.C_BOOL,
+        "complex64": MPI.C_FLOAT_COMPLEX, "complex128": MPI.C_DOUBLE_COMPLEX,
+    }
+    return table.get(str(np.dtype(dtype)))
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+class MPIProcessGroup(ProcessGroup):
+    """Collectives through an MPI communicator (a private duplicate of the one given)."""
+
+    backend = "mpi"
+
+    def __init__(self, comm: Any = None, global_ranks: tuple[int, ...] | None = None, *, _dup: bool = True):
+        MPI = import_mpi()
+        self.MPI = MPI
+        base = MPI.COMM_WORLD if comm is None else comm
+        self.comm = base.Dup() if _dup else base
+        size = self.comm.Get_size()
+        super().__init__(self.comm.Get_rank(), size, global_ranks or tuple(range(size)))
+        self.check = checks_enabled(default=True)
+
+    def _check_device(self, what: str, *arrays: Any) -> None:
+        for a in arrays:
+            if is_cupy(a):
+                raise CollectiveError(
+                    f"{what}: the mpi backend works on host (NumPy) arrays, got a CuPy array on the GPU; "
+                    "use backend='nccl' for GPU arrays"
+                )
+
+    def _cross_check(self, kind: str, op: str | None, a: Any) -> None:
+        if not self.check or self._size == 1:
+            return
+        mine = signature(kind, op, a)
+        sigs = np.empty((self._size, mine.size), dtype=np.int64)
+        self.comm.Allgather([mine, self.MPI.INT64_T], [sigs, self.MPI.INT64_T])
+        compare_signatures(kind, sigs, self._rank, a.dtype)
+
+    # --- reductions: native MPI types, or float32 staging for float16/bfloat16 ---
+    def _reduce_prep(self, what: str, a: np.ndarray) -> tuple[np.ndarray, Any, bool]:
+        t = _mpi_type(self.MPI, a.dtype)
+        if t is not None:
+            return a, t, False
+        if str(a.dtype) in ("float16", "bfloat16"):
+            return a.astype(np.float32), self.MPI.FLOAT, True
+        raise CollectiveError(f"{what}: dtype {a.dtype} cannot be reduced by the mpi backend")
+
+    def _all_reduce(self, a: np.ndarray, op: str) -> Work:
+        buf, t, staged = self._reduce_prep("all_reduce", a)
+        req = self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, t], _mpi_ops(self.MPI)[op])
+        n = self._size
+
+        def finish() -> None:
+            if op == "avg":
+                np.divide(buf, n, out=buf)
+            if staged:
+                a[...] = buf.astype(a.dtype)
+
+        return MPIWork(self.MPI, [req], finish, (a, buf))
+
+    def _reduce_scatter(self, o: np.ndarray, i: np.ndarray, op: str) -> Work:
+        src, t, staged = self._reduce_prep("reduce_scatter", i)
+        aliased = np.may_share_memory(o, i)
+        dst = np.empty(o.shape, np.float32 if staged else o.dtype) if (staged or aliased) else o
+        req = self.comm.Ireduce_scatter_block([src, t], [dst, t], _mpi_ops(self.MPI)[op])
+        n = self._size
+
+        def finish() -> None:
+            if op == "avg":
+                np.divide(dst, n, out=dst)
+            if dst is not o:
+                o[...] = dst.astype(o.dtype).reshape(o.shape)
+
+        return MPIWork(self.MPI, [req], finish, (o, src, dst))
+
+    # --- data movement: byte views, any dtype ---
+    def _all_gather(self, o: np.ndarray, i: np.ndarray) -> Work:
+        src = i.copy() if np.may_share_memory(o, i) else i
+        req = self.comm.Iallgather([_bytes(src), self.MPI.BYTE], [_bytes(o), self.MPI.BYTE])
+        return MPIWork(self.MPI, [req], None, (o, src))
+
+    def _broadcast(self, a: np.ndarray, src: int) -> Work:
+        req = self.comm.Ibcast([_bytes(a), self.MPI.BYTE], root=src)
+        return MPIWork(self.MPI, [req], None, (a,))
+
+    def _all_to_all(self, o: np.ndarray, i: np.ndarray) -> Work:
+        src = i.copy() if np.may_share_memory(o, i) else i
+        req = self.comm.Ialltoall([_bytes(src), self.MPI.BYTE], [_bytes(o), self.MPI.BYTE])
+        return MPIWork(self.MPI, [req], None, (o, src))
+
+    def _send(self, a: np.ndarray, dst: int, tag: int) -> Work:
+        return MPIWork(self.MPI, [self.comm.Isend([_bytes(a), self.MPI.BYTE], dest=dst, tag=tag)], None, (a,))
+
+    def _recv(self, a: np.ndarray, src: int, tag: int) -> Work:
+        req = self.comm.Irecv([_bytes(a), self.MPI.BYTE], source=src, tag=tag)
+        return MPIWork(self.MPI, [req], None, (a,))
+
+    def _barrier(self) -> Work:
+        return MPIWork(self.MPI, [self.comm.Ibarrier()])
+
+    def _new_group(self, ranks: list[int], group_index: int) -> ProcessGroup | None:
+        member = self._rank in ranks
+        color = 0 if member else self.MPI.UNDEFINED
+        sub = self.comm.Split(color, ranks.index(self._rank) if member else 0)
+        if not member:
+            return None
+        return MPIProcessGroup(sub, tuple(self.global_ranks[r] for r in ranks), _dup=False)
+
+    def destroy(self) -> None:
+        comm, self.comm = self.comm, None
+        if comm is not None and comm != self.MPI.COMM_NULL and not self.MPI.Is_finalized():
+            comm.Free()

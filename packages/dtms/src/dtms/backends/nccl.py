@@ -1,0 +1,249 @@
+"""NCCL backend through CuPy's ``cupy.cuda.nccl.NcclCommunicator``, for CuPy arrays on GPUs.
+
+Stream/event semantics: each group owns a communication stream. A collective first makes that
+stream wait on an event recorded on the caller's current stream (so it sees all earlier work), runs
+NCCL there, and records a completion event. ``work.wait()`` makes the current stream wait on that
+event (the host never blocks); ``work.synchronize()`` blocks the host. Inside CUDA-graph capture the
+same fork/join through events is captured; an async op must be ``wait()``-ed before capture ends.
+Keep the arrays (and the Work) alive until ``wait()``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from ..process_group import (
+    CollectiveError,
+    ProcessGroup,
+    Work,
+    checks_enabled,
+    compare_signatures,
+    is_cupy,
+    signature,
+)
+
+CUDA_HINT = "pip install dtms[cuda12] (or dtms[cuda13]): CuPy with NCCL"
+
+# ncclDataType_t and ncclRedOp_t values (stable across NCCL 2.x)
+_NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
+               "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}
+_NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+
+
+def import_nccl() -> tuple[Any, Any]:
+    """``(cupy, cupy.cuda.nccl)``, or a clear error naming the extra to install."""
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except ImportError as e:
+        raise RuntimeError(f"the 'nccl' backend needs CuPy built with NCCL: {CUDA_HINT}") from e
+    if not getattr(cupy.cuda, "nccl_enabled", True):
+        raise RuntimeError(f"this CuPy has no NCCL support: {CUDA_HINT}")
+    return cupy, nccl
+
+
+class NCCLWork(Work):
+    """Completion of a NCCL operation: a CUDA event recorded on the communication stream."""
+
+    def __init__(self, cupy: Any, event: Any, keep: tuple):
+        self._cupy, self.event, self._keep = cupy, event, keep
+        self._outputs = keep[:1]
+
+    def wait(self, stream: Any = None) -> bool:
+        """Make ``stream`` (default: the current stream) wait for the operation; the host does not block."""
+        s = stream if stream is not None else self._cupy.cuda.get_current_stream()
+        s.wait_event(self.event)
+        return True
+
+    def synchronize(self) -> None:
+        self.event.synchronize()
+
+    def is_completed(self) -> bool:
+        return bool(self.event.done)
+
+
+class StoreBootstrap:
+    """Shares NCCL unique ids through the rendezvous store (root sets, members get)."""
+
+    def __init__(self, store: Any, prefix: str, timeout: float):
+        self.store, self.prefix, self.timeout = store, prefix, timeout
+
+    def share(self, uid: tuple | None) -> tuple:
+        key = f"{self.prefix}/nccl_unique_id"
+        if uid is not None:
+            self.store.set(key, json.dumps(list(uid)))
+            return uid
+        return tuple(json.loads(self.store.get(key, timeout=self.timeout)))
+
+    def split(self, ranks: list[int], index: int, my_rank: int) -> StoreBootstrap:
+        return StoreBootstrap(self.store, f"{self.prefix}/g{index}", self.timeout)
+
+
+class MPIBootstrap:
+    """Shares NCCL unique ids through an MPI communicator that mirrors the NCCL group."""
+
+    def __init__(self, comm: Any, MPI: Any):
+        self.comm, self.MPI = comm, MPI
+
+    def share(self, uid: tuple | None) -> tuple:
+        buf = np.zeros(128, dtype=np.int64)
+        if uid is not None:
+            buf[: len(uid)] = uid
+        self.comm.Bcast([buf, self.MPI.INT64_T], root=0)
+        return tuple(int(v) for v in buf)
+
+    def split(self, ranks: list[int], index: int, my_rank: int) -> MPIBootstrap | None:
+        member = my_rank in ranks
+        sub = self.comm.Split(0 if member else self.MPI.UNDEFINED, ranks.index(my_rank) if member else 0)
+        return MPIBootstrap(sub, self.MPI) if member else None
+
+
+class NCCLProcessGroup(ProcessGroup):
+    """Collectives on CuPy arrays through one NCCL communicator on this process's current device."""
+
+    backend = "nccl"
+
+    def __init__(self, rank: int, size: int, bootstrap: Any, global_ranks: tuple[int, ...] | None = None,
+                 device: int | None = None, use_side_stream: bool = True):
+        cupy, nccl = import_nccl()
+        self.cupy, self.nccl = cupy, nccl
+        self.device = cupy.cuda.Device(device if device is not None else cupy.cuda.runtime.getDevice())
+        self.device.use()
+        uid = bootstrap.share(nccl.get_unique_id() if rank == 0 else None)
+        self.comm = nccl.NcclCommunicator(size, uid, rank)
+        self.bootstrap = bootstrap
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.use_side_stream = use_side_stream
+        self.check = checks_enabled(default=False)
+        super().__init__(rank, size, global_ranks or tuple(range(size)))
+        self._avg_native = nccl.get_version() >= 21000
+
+    # --- plumbing ---
+    def _check_device(self, what: str, *arrays: Any) -> None:
+        for a in arrays:
+            if not is_cupy(a):
+                raise CollectiveError(
+                    f"{what}: the nccl backend works on CuPy (GPU) arrays, got {type(a).__module__}."
+                    f"{type(a).__name__}; use backend='mpi' for host arrays"
+                )
+            if a.device.id != self.device.id:
+                raise CollectiveError(
+                    f"{what}: array is on cuda:{a.device.id} but this group's communicator is on "
+                    f"cuda:{self.device.id}"
+                )
+
+    def _cross_check(self, kind: str, op: str | None, a: Any) -> None:
+        cp = self.cupy
+        if not self.check or self._size == 1 or cp.cuda.get_current_stream().is_capturing():
+            return
+        mine = cp.asarray(signature(kind, op, a))
+        sigs = cp.empty((self._size, mine.size), dtype=cp.int64)
+        s = cp.cuda.get_current_stream()
+        self.comm.allGather(mine.data.ptr, sigs.data.ptr, mine.size, _NCCL_TYPES["int64"], s.ptr)
+        compare_signatures(kind, cp.asnumpy(sigs), self._rank, a.dtype)
+
+    def _launch(self, fn: Any, keep: tuple) -> Work:
+        cp = self.cupy
+        cur = cp.cuda.get_current_stream()
+        if self.use_side_stream:
+            s = self.stream
+            ready = cp.cuda.Event(disable_timing=True)
+            ready.record(cur)
+            s.wait_event(ready)
+        else:
+            s = cur
+        fn(s)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(s)
+        return NCCLWork(cp, done, keep)
+
+    @staticmethod
+    def _move_type(a: Any) -> tuple[int, int]:
+        """(nccl type, count) for moving ``a`` without arithmetic: native type or raw bytes."""
+        t = _NCCL_TYPES.get(str(a.dtype))
+        return (t, a.size) if t is not None else (_NCCL_TYPES["uint8"], a.nbytes)
+
+    def _reduce_type(self, what: str, a: Any) -> int:
+        t = _NCCL_TYPES.get(str(a.dtype))
+        if t is None:
+            raise CollectiveError(f"{what}: dtype {a.dtype} cannot be reduced by NCCL")
+        return t
+
+    def _op_code(self, op: str) -> int:
+        return _NCCL_OPS["sum"] if op == "avg" and not self._avg_native else _NCCL_OPS[op]
+
+    def _scale_if_needed(self, op: str, a: Any, s: Any) -> None:
+        if op == "avg" and not self._avg_native:
+            with s:
+                a *= 1.0 / self._size
+
+    # --- collectives ---
+    def _all_reduce(self, a: Any, op: str) -> Work:
+        t = self._reduce_type("all_reduce", a)
+
+        def run(s: Any) -> None:
+            self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, t, self._op_code(op), s.ptr)
+            self._scale_if_needed(op, a, s)
+
+        return self._launch(run, (a,))
+
+    def _reduce_scatter(self, o: Any, i: Any, op: str) -> Work:
+        t = self._reduce_type("reduce_scatter", i)
+
+        def run(s: Any) -> None:
+            self.comm.reduceScatter(i.data.ptr, o.data.ptr, o.size, t, self._op_code(op), s.ptr)
+            self._scale_if_needed(op, o, s)
+
+        return self._launch(run, (o, i))
+
+    def _all_gather(self, o: Any, i: Any) -> Work:
+        t, n = self._move_type(i)
+        return self._launch(lambda s: self.comm.allGather(i.data.ptr, o.data.ptr, n, t, s.ptr), (o, i))
+
+    def _broadcast(self, a: Any, src: int) -> Work:
+        t, n = self._move_type(a)
+        return self._launch(lambda s: self.comm.broadcast(a.data.ptr, a.data.ptr, n, t, src, s.ptr), (a,))
+
+    def _all_to_all(self, o: Any, i: Any) -> Work:
+        t, n = self._move_type(i)
+        chunk = n // self._size
+        step = i.nbytes // self._size
+
+        def run(s: Any) -> None:
+            self.nccl.groupStart()
+            try:
+                for p in range(self._size):
+                    self.comm.send(i.data.ptr + p * step, chunk, t, p, s.ptr)
+                    self.comm.recv(o.data.ptr + p * step, chunk, t, p, s.ptr)
+            finally:
+                self.nccl.groupEnd()
+
+        return self._launch(run, (o, i))
+
+    def _send(self, a: Any, dst: int, tag: int) -> Work:
+        t, n = self._move_type(a)
+        return self._launch(lambda s: self.comm.send(a.data.ptr, n, t, dst, s.ptr), (a,))
+
+    def _recv(self, a: Any, src: int, tag: int) -> Work:
+        t, n = self._move_type(a)
+        return self._launch(lambda s: self.comm.recv(a.data.ptr, n, t, src, s.ptr), (a,))
+
+    def _barrier(self) -> Work:
+        buf = self.cupy.zeros(1, dtype=self.cupy.float32)
+        return self._all_reduce(buf, "sum")
+
+    def _new_group(self, ranks: list[int], group_index: int) -> ProcessGroup | None:
+        sub = self.bootstrap.split(ranks, group_index, self._rank)
+        if self._rank not in ranks:
+            return None
+        return NCCLProcessGroup(ranks.index(self._rank), len(ranks), sub,
+                                tuple(self.global_ranks[r] for r in ranks), self.device.id,
+                                self.use_side_stream)
+
+    def destroy(self) -> None:
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            comm.destroy()
