@@ -1,0 +1,95 @@
+"""Plugin registration: the ``caching`` (ours) and ``cupy-default`` (CuPy's pool) device allocators."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+from .cuda_backend import cuda_available
+
+hookimpl = pluggy.HookimplMarker("blutrain")
+
+
+class CachingAllocatorPlugin:
+    """bluallocator's caching allocator installed into CuPy."""
+
+    PLUGIN_NAME = "caching"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Needs CuPy and a CUDA device."""
+        return cuda_available()
+
+    @classmethod
+    def install(cls, **kwargs: Any) -> Any:
+        """Route CuPy allocations through bluallocator; returns the current device's CachingAllocator."""
+        from .cupy_glue import install
+        return install(**kwargs)
+
+    @classmethod
+    def uninstall(cls) -> None:
+        """Restore CuPy's previous allocator."""
+        from .cupy_glue import uninstall
+        uninstall()
+
+    @classmethod
+    def memory_stats(cls) -> dict[str, Any]:
+        """Statistics of the current device's caching allocator."""
+        from .cupy_glue import memory_stats
+        return memory_stats()
+
+    @classmethod
+    def empty_cache(cls) -> int:
+        """Return cached free segments to the driver."""
+        from .cupy_glue import empty_cache
+        return empty_cache()
+
+
+class CupyDefaultAllocatorPlugin:
+    """CuPy's own memory pool (not graph-safe), for comparison and as a fallback."""
+
+    PLUGIN_NAME = "cupy-default"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Needs CuPy and a CUDA device."""
+        return cuda_available()
+
+    @classmethod
+    def install(cls, **kwargs: Any) -> Any:
+        """``cupy.cuda.set_allocator(default_pool.malloc)``; returns the pool."""
+        import cupy
+        pool = cupy.get_default_memory_pool()
+        cupy.cuda.set_allocator(pool.malloc)
+        return pool
+
+    @classmethod
+    def uninstall(cls) -> None:
+        """Leaves CuPy on its default pool (which is what it starts with)."""
+        import cupy
+        cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+
+    @classmethod
+    def memory_stats(cls) -> dict[str, Any]:
+        """allocated (used) and reserved (total) bytes of CuPy's default pool, same keys as ours."""
+        import cupy
+        pool = cupy.get_default_memory_pool()
+        used, total = int(pool.used_bytes()), int(pool.total_bytes())
+        return {"allocated_bytes": used, "reserved_bytes": total, "cached_free_bytes": total - used,
+                "free_blocks": int(pool.n_free_blocks())}
+
+    @classmethod
+    def empty_cache(cls) -> int:
+        """``free_all_blocks`` on the default pool; bytes released."""
+        import cupy
+        pool = cupy.get_default_memory_pool()
+        before = int(pool.total_bytes())
+        pool.free_all_blocks()
+        return before - int(pool.total_bytes())
+
+
+@hookimpl
+def blutrain_register_allocators() -> list[type]:
+    """bluallocator's device allocators."""
+    return [CachingAllocatorPlugin, CupyDefaultAllocatorPlugin]
