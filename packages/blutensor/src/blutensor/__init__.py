@@ -1,0 +1,102 @@
+"""blutensor: a typed tensor with reverse-mode autograd on NumPy (cpu) and CuPy (cuda).
+
+``import blutensor as bt``; names follow PyTorch where the concept is the same.
+"""
+
+from blutensor.__about__ import __version__
+from blutensor import cuda  # noqa: F401
+from blutensor.autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
+from blutensor.creation import (
+    arange,
+    empty,
+    empty_like,
+    from_numpy,
+    full,
+    full_like,
+    linspace,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randn,
+    randn_like,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from blutensor.device import device
+from blutensor.dtypes import (
+    bfloat16,
+    bool_,
+    dtype,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    int32,
+    int64,
+    set_default_dtype,
+    uint16,
+)
+from blutensor.errors import AutogradError, BluTensorError, DeviceError, DTypeError, ShapeError
+from blutensor.functional import (
+    abs,
+    add,
+    amax,
+    amin,
+    argmax,
+    argmin,
+    bmm,
+    cat,
+    chunk,
+    clamp,
+    cos,
+    div,
+    exp,
+    flatten,
+    log,
+    log_softmax,
+    matmul,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    mul,
+    neg,
+    norm,
+    permute,
+    pow,
+    relu,
+    reshape,
+    rsqrt,
+    sigmoid,
+    sin,
+    softmax,
+    split,
+    sqrt,
+    squeeze,
+    stack,
+    std,
+    sub,
+    sum,
+    tanh,
+    transpose,
+    tril,
+    triu,
+    unsqueeze,
+    var,
+    where,
+)
+from blutensor.gemm import get_matmul_precision, set_gemm_provider, set_matmul_precision
+from blutensor.random import Generator, get_rng_state, manual_seed, set_rng_state
+from blutensor._tensor import Tensor
+from blutensor import nn, optim  # noqa: E402,F401
+
+bool = bool_  # noqa: A001 - PyTorch's name for the dtype
+long = int64
+float = float32  # noqa: A001
+double = float64
+
+__all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,0 +1,550 @@
+"""The Tensor: an ndarray (NumPy or CuPy) plus dtype, device, version counter and autograd state.
+
+Kept thin: every computation goes through :func:`blutensor.ops.dispatch.apply`; methods are
+PyTorch-named conveniences over :mod:`blutensor.functional`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from blutensor import functional as F
+from blutensor.autograd.grad_mode import STATE
+from blutensor.autograd.node import AccumulateGrad
+from blutensor.backend import xp_of
+from blutensor.device import CPU, as_device, device
+from blutensor.dtypes import as_dtype, bfloat16, dtype, float32, float64, from_numpy_dtype, int32, int64
+from blutensor.errors import AutogradError, BluTensorError, ShapeError
+from blutensor.ops.dispatch import apply
+
+
+class _Version:
+    """Version counter shared by a tensor and its views; bumped by every in-place change."""
+
+    __slots__ = ("v",)
+
+    def __init__(self):
+        self.v = 0
+
+
+class Tensor:
+    """An n-dimensional array with a dtype, a device and optional autograd history."""
+
+    __slots__ = ("_data", "dtype", "device", "requires_grad", "grad", "grad_fn", "_version", "_base",
+                 "_hooks", "_post_hooks", "_acc", "__weakref__", "__dict__")
+    __array_priority__ = 1000  # NumPy scalars defer to Tensor's operators
+
+    def __init__(self, data, dtype=None, device=None, requires_grad: bool = False):
+        src = tensor(data, dtype=dtype, device=device)
+        self._init(src._data, src.dtype, src.device)
+        self.requires_grad = bool(requires_grad)
+
+    def _init(self, data, dt: dtype, dev: device) -> None:
+        self._data = data
+        self.dtype = dt
+        self.device = dev
+        self.requires_grad = False
+        self.grad = None
+        self.grad_fn = None
+        self._version = _Version()
+        self._base = None
+        self._hooks = None
+        self._post_hooks = None
+        self._acc = None
+
+    @classmethod
+    def _from_data(cls, data, dt: dtype | None, dev: device) -> Tensor:
+        t = object.__new__(cls)
+        if dt is None:
+            dt = from_numpy_dtype(data.dtype)
+        t._init(data, dt, dev)
+        return t
+
+    @staticmethod
+    def _wrap_grad(g, node) -> Tensor:
+        dev = CPU if type(g) is np.ndarray else as_device(f"cuda:{g.device.id}")
+        return Tensor._from_data(g, None, dev)
+
+    # ---- metadata ----
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._data.shape
+
+    def size(self, dim: int | None = None):
+        return self._data.shape if dim is None else self._data.shape[dim]
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    def dim(self) -> int:
+        return self._data.ndim
+
+    def numel(self) -> int:
+        return int(self._data.size)
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def stride(self, dim: int | None = None):
+        st = tuple(s // self._data.itemsize for s in self._data.strides)
+        return st if dim is None else st[dim]
+
+    def is_contiguous(self) -> bool:
+        return bool(self._data.flags.c_contiguous)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def data(self) -> Tensor:
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        self._data = value._data if isinstance(value, Tensor) else value
+        self._version.v += 1
+
+    def _version_value(self) -> int:
+        return self._version.v
+
+    def _desc(self) -> str:
+        return f"Tensor(shape={tuple(self.shape)}, dtype={self.dtype.name}, device={self.device})"
+
+    def __repr__(self) -> str:
+        body = np.array2string(self.numpy(), separator=", ", precision=4, threshold=50)
+        extra = f", dtype={self.dtype.name}" if self.dtype is not float32 else ""
+        if self.device.type != "cpu":
+            extra += f", device='{self.device}'"
+        if self.grad_fn is not None:
+            extra += f", grad_fn={self.grad_fn!r}"
+        elif self.requires_grad:
+            extra += ", requires_grad=True"
+        return f"tensor({body}{extra})"
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise BluTensorError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        return int(self.item())
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # ---- conversion ----
+    def numpy(self) -> np.ndarray:
+        """The values as a NumPy array (a copy for CUDA tensors; shares memory on CPU)."""
+        d = self._data
+        if self.device.type == "cpu":
+            return d
+        host = d.get()
+        if self.dtype is bfloat16:
+            import ml_dtypes
+
+            host = host.view(ml_dtypes.bfloat16)
+        return host
+
+    def item(self):
+        if self.numel() != 1:
+            raise ShapeError(f"item(): only one-element tensors can be converted, got shape {tuple(self.shape)}")
+        v = self.numpy().reshape(-1)[0]
+        return v.item() if hasattr(v, "item") and self.dtype is not bfloat16 else float(v)
+
+    def tolist(self):
+        return self.numpy().tolist() if self.dtype is not bfloat16 else self.numpy().astype(np.float32).tolist()
+
+    def to(self, *args, **kwargs) -> Tensor:
+        """Move and/or cast: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(other)``."""
+        dev, dt = kwargs.get("device"), kwargs.get("dtype")
+        for a in args:
+            if isinstance(a, Tensor):
+                dev, dt = a.device, a.dtype
+            elif isinstance(a, dtype) or (isinstance(a, str) and a not in ("cpu",) and not a.startswith("cuda")):
+                dt = as_dtype(a)
+            elif isinstance(a, np.dtype):
+                dt = as_dtype(a)
+            else:
+                dev = a
+        out = self
+        if dt is not None and as_dtype(dt) is not self.dtype:
+            out = F.cast(out, as_dtype(dt))
+        if dev is not None and as_device(dev) != out.device:
+            out = F.to_device(out, as_device(dev))
+        return out
+
+    def cpu(self) -> Tensor:
+        return self.to("cpu")
+
+    def cuda(self, index: int = 0) -> Tensor:
+        return self.to(f"cuda:{index}")
+
+    def float(self) -> Tensor:
+        return self.to(float32)
+
+    def double(self) -> Tensor:
+        return self.to(float64)
+
+    def bfloat16(self) -> Tensor:
+        return self.to(bfloat16)
+
+    def long(self) -> Tensor:
+        return self.to(int64)
+
+    def int(self) -> Tensor:
+        return self.to(int32)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        return self.to(other.dtype)
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    # ---- autograd ----
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
+        from blutensor.autograd.engine import run_backward
+
+        run_backward([self], [Tensor._default_grad(self, gradient)], retain_graph=retain_graph)
+
+    @staticmethod
+    def _default_grad(t: Tensor, gradient):
+        if gradient is None:
+            if t.numel() != 1:
+                raise AutogradError(f"grad can be implicitly created only for scalar outputs; backward() on "
+                                    f"{t._desc()} needs a gradient argument of the same shape")
+            return xp_of(t.device).ones(t.shape, dtype=t._data.dtype)
+        g = gradient._data if isinstance(gradient, Tensor) else xp_of(t.device).asarray(gradient)
+        if tuple(g.shape) != tuple(t.shape):
+            raise ShapeError(f"backward: gradient shape {tuple(g.shape)} does not match {t._desc()}")
+        return g
+
+    def _acc_node(self) -> AccumulateGrad:
+        if self._acc is None:
+            self._acc = AccumulateGrad(self)
+        return self._acc
+
+    def detach(self) -> Tensor:
+        """A tensor sharing storage (and version counter) with no autograd history."""
+        t = Tensor._from_data(self._data, self.dtype, self.device)
+        t._version = self._version
+        return t
+
+    def detach_(self) -> Tensor:
+        self.grad_fn = None
+        self.requires_grad = False
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if requires_grad and not self.dtype.is_floating_point:
+            raise AutogradError(f"only floating-point tensors can require grad, got {self._desc()}")
+        if self.grad_fn is not None and not requires_grad:
+            raise AutogradError("requires_grad_(False) on a non-leaf tensor; use detach()")
+        self.requires_grad = requires_grad
+        return self
+
+    def register_hook(self, hook):
+        """Call ``hook(grad) -> Tensor | None`` whenever this tensor's gradient is computed."""
+        if not self.requires_grad:
+            raise AutogradError(f"cannot register a hook on {self._desc()}: it does not require grad")
+        if self.grad_fn is not None:
+            if self.grad_fn.hooks is None:
+                self.grad_fn.hooks = []
+            self.grad_fn.hooks.append(hook)
+            lst = self.grad_fn.hooks
+        else:
+            if self._hooks is None:
+                self._hooks = []
+            self._hooks.append(hook)
+            lst = self._hooks
+        return _Handle(lst, hook)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call ``hook(tensor)`` on a leaf once its ``.grad`` for this backward is complete
+        ("gradient ready"; distributed data parallel hangs its buckets on it)."""
+        if self.grad_fn is not None:
+            raise AutogradError("post-accumulate-grad hooks can only be registered on leaf tensors")
+        if self._post_hooks is None:
+            self._post_hooks = []
+        self._post_hooks.append(hook)
+        return _Handle(self._post_hooks, hook)
+
+    def retain_grad(self) -> None:
+        import weakref
+
+        if self.grad_fn is not None:
+            self.grad_fn.retained = weakref.ref(self)
+
+    # ---- in-place ----
+    def _inplace(self, op: str, *others, **attrs) -> Tensor:
+        if STATE.enabled and self.requires_grad:
+            if self.grad_fn is None:
+                raise AutogradError(f"a leaf tensor that requires grad ({self._desc()}) is used in an in-place "
+                                    f"op '{op}'; wrap it in no_grad() or clone() it first")
+            if self._base is not None:
+                raise AutogradError(f"in-place op '{op}' on a view of a tensor that requires grad is not "
+                                    f"supported; clone() the view first")
+            alias = Tensor._from_data(self._data.copy(), self.dtype, self.device)
+            alias.grad_fn, alias.requires_grad = self.grad_fn, True
+            res = apply(op, alias, *others, **attrs)
+            self._write(res._data)
+            self.grad_fn = res.grad_fn
+        else:
+            prev, STATE.enabled = STATE.enabled, False
+            try:
+                res = apply(op, self, *others, **attrs)
+            finally:
+                STATE.enabled = prev
+            self._write(res._data)
+            if any(isinstance(o, Tensor) and o.requires_grad for o in others) and STATE.enabled:
+                self.grad_fn, self.requires_grad = res.grad_fn, res.requires_grad
+        self._version.v += 1
+        return self
+
+    def _write(self, arr) -> None:
+        if arr.shape != self._data.shape:
+            raise ShapeError(f"in-place result of shape {tuple(arr.shape)} cannot be written into "
+                             f"{self._desc()}")
+        self._data[...] = arr
+
+    def add_(self, other, alpha=1) -> Tensor:
+        return self._inplace("add", _scalar(other), alpha=alpha)
+
+    def sub_(self, other) -> Tensor:
+        return self._inplace("sub", _scalar(other))
+
+    def mul_(self, other) -> Tensor:
+        return self._inplace("mul", _scalar(other))
+
+    def div_(self, other) -> Tensor:
+        return self._inplace("div", _scalar(other))
+
+    def clamp_(self, min=None, max=None) -> Tensor:  # noqa: A002
+        return self._inplace("clamp", min=min, max=max)
+
+    def masked_fill_(self, mask, value) -> Tensor:
+        return self._inplace("masked_fill", mask, value=_scalar(value))
+
+    def zero_(self) -> Tensor:
+        return self.fill_(0)
+
+    def fill_(self, value) -> Tensor:
+        self._check_plain_inplace("fill_")
+        self._data.fill(value)
+        self._version.v += 1
+        return self
+
+    def copy_(self, src: Tensor) -> Tensor:
+        self._check_plain_inplace("copy_")
+        s = src.to(self.device).to(self.dtype) if isinstance(src, Tensor) else tensor(src, dtype=self.dtype,
+                                                                                        device=self.device)
+        try:
+            self._data[...] = s._data
+        except ValueError:
+            raise ShapeError(f"copy_: cannot copy {s._desc()} into {self._desc()}") from None
+        self._version.v += 1
+        return self
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0, generator=None) -> Tensor:
+        self._check_plain_inplace("normal_")
+        from blutensor.creation import _normal_array
+
+        self._data[...] = _normal_array(self.shape, self.dtype, self.device, generator) * std + mean
+        self._version.v += 1
+        return self
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0, generator=None) -> Tensor:
+        self._check_plain_inplace("uniform_")
+        from blutensor.creation import _uniform_array
+
+        self._data[...] = _uniform_array(self.shape, self.dtype, self.device, generator) * (b - a) + a
+        self._version.v += 1
+        return self
+
+    def _check_plain_inplace(self, op: str) -> None:
+        if STATE.enabled and self.requires_grad:
+            raise AutogradError(f"{op} on {self._desc()} which requires grad; do it under no_grad()")
+
+    def __setitem__(self, index, value) -> None:
+        index = _index(index)
+        if STATE.enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
+            self._inplace("setitem", value if isinstance(value, Tensor) else _scalar(value), index=index)
+            return
+        v = value._data if isinstance(value, Tensor) else value
+        if isinstance(value, Tensor) and value.device != self.device:
+            raise BluTensorError(f"setitem: value on {value.device}, tensor on {self.device}")
+        self._data[index] = v
+        self._version.v += 1
+
+    def __getitem__(self, index) -> Tensor:
+        return apply("getitem", self, index=_index(index))
+
+    # ---- arithmetic ----
+    def __add__(self, o):
+        return apply("add", self, _scalar(o))
+
+    def __radd__(self, o):
+        return apply("add", self, _scalar(o))
+
+    def __sub__(self, o):
+        return apply("sub", self, _scalar(o))
+
+    def __rsub__(self, o):
+        return apply("sub", _scalar(o), self) if isinstance(o, Tensor) else apply("add", apply("neg", self), o)
+
+    def __mul__(self, o):
+        return apply("mul", self, _scalar(o))
+
+    def __rmul__(self, o):
+        return apply("mul", self, _scalar(o))
+
+    def __truediv__(self, o):
+        return apply("div", self, _scalar(o))
+
+    def __rtruediv__(self, o):
+        return apply("mul", apply("pow", self, -1.0), _scalar(o))
+
+    def __pow__(self, o):
+        return apply("pow", self, _scalar(o))
+
+    def __rpow__(self, o):
+        return F.exp(self * float(np.log(o)))
+
+    def __neg__(self):
+        return apply("neg", self)
+
+    def __matmul__(self, o):
+        return apply("matmul", self, o)
+
+    def __rmatmul__(self, o):
+        return apply("matmul", o, self)
+
+    def __iadd__(self, o):
+        return self.add_(o)
+
+    def __isub__(self, o):
+        return self.sub_(o)
+
+    def __imul__(self, o):
+        return self.mul_(o)
+
+    def __itruediv__(self, o):
+        return self.div_(o)
+
+    def __eq__(self, o):  # type: ignore[override]
+        return apply("eq", self, _scalar(o))
+
+    def __ne__(self, o):  # type: ignore[override]
+        return apply("ne", self, _scalar(o))
+
+    def __lt__(self, o):
+        return apply("lt", self, _scalar(o))
+
+    def __le__(self, o):
+        return apply("le", self, _scalar(o))
+
+    def __gt__(self, o):
+        return apply("gt", self, _scalar(o))
+
+    def __ge__(self, o):
+        return apply("ge", self, _scalar(o))
+
+    def __invert__(self):
+        return apply("logical_not", self)
+
+    def __and__(self, o):
+        return Tensor._from_data(self._data & _raw(o), None, self.device)
+
+    def __or__(self, o):
+        return Tensor._from_data(self._data | _raw(o), None, self.device)
+
+    # ---- methods delegating to functional are bound below (_bind_methods) ----
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802
+        return F.permute(self, tuple(reversed(range(self.ndim))))
+
+    @property
+    def mT(self) -> Tensor:  # noqa: N802
+        return F.transpose(self, -2, -1)
+
+
+class _Handle:
+    """Removes a registered hook."""
+
+    def __init__(self, lst, hook):
+        self.lst, self.hook = lst, hook
+
+    def remove(self) -> None:
+        if self.hook in self.lst:
+            self.lst.remove(self.hook)
+
+
+def _scalar(o):
+    if isinstance(o, Tensor):
+        return o
+    if isinstance(o, bool):
+        return o
+    if isinstance(o, numbers.Integral):
+        return int(o)
+    if isinstance(o, numbers.Real):
+        return float(o)
+    if isinstance(o, np.ndarray | list | tuple):
+        raise BluTensorError(f"operand {type(o).__name__} is not a Tensor or a Python number; wrap it with "
+                             f"blutensor.tensor()")
+    return o
+
+
+def _raw(o):
+    return o._data if isinstance(o, Tensor) else o
+
+
+def _index(index):
+    if isinstance(index, Tensor):
+        return index._data
+    if isinstance(index, tuple):
+        return tuple(i._data if isinstance(i, Tensor) else i for i in index)
+    if isinstance(index, list):
+        return np.asarray(index)
+    return index
+
+
+_METHOD_NAMES = (
+    "sum mean max min amax amin argmax argmin var std exp log tanh sqrt rsqrt sin cos abs sigmoid relu "
+    "clamp pow view reshape transpose permute expand expand_as contiguous squeeze unsqueeze flatten split "
+    "chunk masked_fill matmul softmax log_softmax clone where maximum minimum tril triu gelu norm "
+    "add sub mul div neg view_as all any square"
+).split()
+
+
+def _bind_methods() -> None:
+    for name in _METHOD_NAMES:
+        setattr(Tensor, name, getattr(F, name))
+
+
+from blutensor.creation import tensor  # noqa: E402  (creation imports Tensor lazily)
+
+_bind_methods()

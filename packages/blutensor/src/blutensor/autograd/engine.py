@@ -1,0 +1,120 @@
+"""The backward engine: topological traversal in reverse creation order, gradient summation,
+tensor hooks, leaf accumulation and "gradient ready" hooks, graph release."""
+
+from __future__ import annotations
+
+import heapq
+
+from blutensor.autograd.grad_mode import STATE
+from blutensor.autograd.node import AccumulateGrad, Node
+from blutensor.errors import AutogradError, ShapeError
+
+
+def _dependencies(roots) -> dict:
+    deps: dict = {}
+    stack = [r for r in roots if r is not None]
+    seen = set(id(r) for r in stack)
+    for r in stack:
+        deps.setdefault(r, 0)
+    while stack:
+        node = stack.pop()
+        for nxt in node.next:
+            if nxt is None:
+                continue
+            deps[nxt] = deps.get(nxt, 0) + 1
+            if id(nxt) not in seen:
+                seen.add(id(nxt))
+                stack.append(nxt)
+    return deps
+
+
+def run_backward(tensors, grads, retain_graph: bool = False) -> None:
+    """Backpropagate ``grads`` from ``tensors`` through the recorded graph."""
+    from blutensor._tensor import Tensor
+
+    roots = []
+    pending: dict = {}
+    for t, g in zip(tensors, grads):
+        if not t.requires_grad:
+            raise AutogradError(
+                f"backward() called on {t._desc()} which does not require grad and has no grad_fn "
+                f"(was it created under no_grad, or detached?)"
+            )
+        node = t.grad_fn if t.grad_fn is not None else t._acc_node()
+        roots.append(node)
+        _add(pending, node, g)
+
+    deps = _dependencies(roots)
+    ready = [(-n.seq, id(n), n) for n in roots if deps.get(n, 0) == 0]
+    heapq.heapify(ready)
+    done = set()
+    prev = STATE.enabled
+    STATE.enabled = False  # backward formulas record nothing
+    try:
+        while ready:
+            _, _, node = heapq.heappop(ready)
+            if id(node) in done:
+                continue
+            done.add(id(node))
+            grad = pending.pop(node, None)
+            if isinstance(node, AccumulateGrad):
+                _accumulate(node.tensor, grad, Tensor)
+                continue
+            if node.hooks:
+                for h in node.hooks:
+                    r = h(Tensor._wrap_grad(grad, node))
+                    if r is not None:
+                        grad = r._data
+            if node.retained is not None:
+                t = node.retained()
+                if t is not None:
+                    _set_grad(t, grad, Tensor)
+            if grad is None:
+                in_grads = (None,) * len(node.next)
+            else:
+                in_grads = node.apply(grad)
+            if not retain_graph:
+                node.release()
+            for nxt, g in zip(node.next, in_grads):
+                if nxt is None:
+                    continue
+                if g is not None:
+                    _add(pending, nxt, g)
+                deps[nxt] -= 1
+                if deps[nxt] == 0:
+                    heapq.heappush(ready, (-nxt.seq, id(nxt), nxt))
+    finally:
+        STATE.enabled = prev
+
+
+def _add(pending: dict, node, g) -> None:
+    cur = pending.get(node)
+    pending[node] = g if cur is None else cur + g
+
+
+def _set_grad(t, g, Tensor) -> None:
+    if t.grad is None:
+        t.grad = Tensor._from_data(g.copy() if g.base is not None else g, t.dtype, t.device)
+    else:
+        t.grad._data = t.grad._data + g
+
+
+def _accumulate(t, g, Tensor) -> None:
+    if g is None:
+        return
+    if tuple(g.shape) != tuple(t._data.shape):
+        raise ShapeError(f"gradient of shape {tuple(g.shape)} does not match leaf {t._desc()}")
+    for h in t._hooks or ():
+        r = h(Tensor._from_data(g, t.dtype, t.device))
+        if r is not None:
+            g = r._data
+    if t.grad is None:
+        # own the buffer: a gradient may alias an input of the backward formula
+        t.grad = Tensor._from_data(g.copy(), t.dtype, t.device)
+    else:
+        t.grad._data += g
+    for h in t._post_hooks or ():
+        h(t)
+
+
+__all__ = ["Node", "run_backward"]

@@ -1,0 +1,96 @@
+"""Graph nodes: one per differentiable op result, and one accumulator per leaf tensor."""
+
+from __future__ import annotations
+
+import itertools
+
+from blutensor.errors import AutogradError
+
+_seq = itertools.count()
+
+
+class Ctx:
+    """Scratch space a kernel's forward fills for its backward (``ctx.saved`` etc.)."""
+
+    __slots__ = ("saved", "attrs", "needs", "__dict__")
+
+    def __init__(self):
+        self.saved = ()
+        self.attrs = None
+        self.needs = ()
+
+
+class Node:
+    """A recorded op: its kernel, context, inputs' producers and saved-tensor versions."""
+
+    __slots__ = ("op", "kernel", "ctx", "next", "versions", "seq", "hooks", "retained", "freed", "meta",
+                 "__weakref__")
+
+    def __init__(self, op: str, kernel, ctx: Ctx, inputs, versions):
+        self.op = op
+        self.kernel = kernel
+        self.ctx = ctx
+        # next[i] = node that receives the gradient of input i (None if it needs none)
+        self.next = tuple(_grad_target(t) for t in inputs)
+        self.versions = versions
+        self.seq = next(_seq)
+        self.hooks = None
+        self.retained = None
+        self.freed = False
+        self.meta = None
+
+    def check_saved(self) -> None:
+        for counter, expected, what in self.versions:
+            if counter.v != expected:
+                raise AutogradError(
+                    f"one of the tensors saved by '{self.op}' for backward ({what}) was modified in place "
+                    f"after it was saved: its version is {counter.v}, expected {expected}. Clone it before "
+                    f"modifying it, or do the in-place change after backward."
+                )
+
+    def apply(self, grad):
+        if self.freed:
+            raise AutogradError(
+                f"trying to backward through the graph a second time (op '{self.op}'): its saved tensors "
+                f"were freed after the first backward; pass retain_graph=True to the first backward()"
+            )
+        self.check_saved()
+        grads = self.kernel.backward(self.ctx, grad)
+        if not isinstance(grads, tuple):
+            grads = (grads,)
+        return grads
+
+    def release(self) -> None:
+        self.ctx = None
+        self.freed = True
+
+    def __repr__(self) -> str:
+        return f"<{self.op}Backward #{self.seq}>"
+
+
+class AccumulateGrad:
+    """Sink for a leaf tensor's gradient: runs its hooks, accumulates into ``.grad``,
+    then fires its "gradient ready" (post-accumulate) hooks."""
+
+    __slots__ = ("tensor", "seq", "next", "__weakref__")
+    op = "AccumulateGrad"
+    freed = False
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.seq = next(_seq)
+        self.next = ()
+
+    def __repr__(self) -> str:
+        return f"<AccumulateGrad of {tuple(self.tensor.shape)}>"
+
+
+def _grad_target(t):
+    if t is None or not getattr(t, "requires_grad", False):
+        return None
+    if t.grad_fn is not None:
+        return t.grad_fn
+    acc = t._acc
+    if acc is None:
+        acc = t._acc = AccumulateGrad(t)
+    return acc

@@ -1,0 +1,214 @@
+"""Tensor creation: tensor, zeros, ones, empty, full, arange, randn, rand, randint and *_like."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from blutensor import random as _random
+from blutensor.backend import xp_of
+from blutensor.device import as_device
+from blutensor.dtypes import as_dtype, bfloat16, bool_, from_numpy_dtype, get_default_dtype, int64
+
+
+def _host_to(arr: np.ndarray, dt, dev):
+    """Put a host array of dtype ``dt.np`` on ``dev`` in that device's storage dtype."""
+    if dev.type == "cpu":
+        return arr
+    xp = xp_of(dev)
+    if dt is bfloat16:
+        arr = arr.view(np.uint16)
+    with xp.cuda.Device(dev.index):
+        return xp.asarray(arr)
+
+
+def _wrap(arr, dt, dev, requires_grad=False):
+    from blutensor._tensor import Tensor
+
+    t = Tensor._from_data(arr, dt, dev)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def tensor(data, dtype=None, device=None, requires_grad: bool = False):
+    """A new tensor copied from ``data`` (nested lists, scalars, NumPy/CuPy arrays or a Tensor)."""
+    from blutensor._tensor import Tensor
+
+    dev = as_device(device)
+    if isinstance(data, Tensor):
+        out = data.detach().to(dev if device is not None else data.device)
+        out = out.to(as_dtype(dtype)) if dtype is not None else out
+        out = _wrap(out._data.copy(), out.dtype, out.device, requires_grad)
+        return out
+    typed = isinstance(data, np.ndarray | np.generic) or hasattr(data, "__cuda_array_interface__")
+    arr = data.get() if hasattr(data, "__cuda_array_interface__") else np.asarray(data)
+    if dtype is not None:
+        dt = as_dtype(dtype)
+    elif typed:
+        dt = from_numpy_dtype(arr.dtype)
+    elif arr.dtype.kind == "f":
+        dt = get_default_dtype()
+    elif arr.dtype.kind == "b":
+        dt = bool_
+    elif arr.dtype.kind in "iu":
+        dt = int64
+    else:
+        dt = from_numpy_dtype(arr.dtype)
+    arr = np.array(arr, dtype=dt.np, copy=True)
+    return _wrap(_host_to(arr, dt, dev), dt, dev, requires_grad)
+
+
+def from_numpy(arr: np.ndarray):
+    """A CPU tensor sharing memory with ``arr``."""
+    return _wrap(arr, from_numpy_dtype(arr.dtype), as_device("cpu"))
+
+
+def _shape(size) -> tuple:
+    if len(size) == 1 and isinstance(size[0], list | tuple):
+        size = size[0]
+    return tuple(int(s) for s in size)
+
+
+def _make(fill, size, dtype, device, requires_grad):
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    dev = as_device(device)
+    xp = xp_of(dev)
+    shape = _shape(size)
+    store = dt.cuda_storage if dev.type == "cuda" else dt.np
+    if dev.type == "cuda":
+        with xp.cuda.Device(dev.index):
+            arr = _fill(xp, shape, store, fill, dt)
+    else:
+        arr = _fill(xp, shape, store, fill, dt)
+    return _wrap(arr, dt, dev, requires_grad)
+
+
+def _fill(xp, shape, store, fill, dt):
+    if fill is None:
+        return xp.empty(shape, dtype=store)
+    if fill == 0:
+        return xp.zeros(shape, dtype=store)
+    if dt is bfloat16 and store == np.uint16:
+        bits = np.asarray(fill, dtype=bfloat16.np).view(np.uint16)
+        return xp.full(shape, bits, dtype=store)
+    return xp.full(shape, fill, dtype=store)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False):
+    return _make(0, size, dtype, device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False):
+    return _make(1, size, dtype, device, requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad: bool = False):
+    return _make(None, size, dtype, device, requires_grad)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False):
+    if dtype is None and isinstance(fill_value, bool):
+        dtype = bool_
+    elif dtype is None and isinstance(fill_value, int):
+        dtype = int64
+    return _make(fill_value, (size,) if isinstance(size, int) else tuple(size), dtype, device, requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool = False):
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else get_default_dtype()
+    dt = as_dtype(dtype)
+    arr = np.arange(start, end, step, dtype=np.float64 if dt.is_floating_point else np.int64).astype(dt.np)
+    dev = as_device(device)
+    return _wrap(_host_to(arr, dt, dev), dt, dev, requires_grad)
+
+
+def linspace(start: float, end: float, steps: int, dtype=None, device=None):
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    dev = as_device(device)
+    return _wrap(_host_to(np.linspace(start, end, steps).astype(dt.np), dt, dev), dt, dev)
+
+
+def _normal_array(shape, dt, dev, generator=None):
+    gen = generator or _random.default_generator
+    xp = xp_of(dev)
+    compute = np.float64 if dt.np == np.float64 else np.float32
+    if dev.type == "cuda":
+        with xp.cuda.Device(dev.index):
+            return _store(gen.normal(shape, xp, compute), dt, xp)
+    return _store(gen.normal(shape, xp, compute), dt, xp)
+
+
+def _uniform_array(shape, dt, dev, generator=None):
+    gen = generator or _random.default_generator
+    xp = xp_of(dev)
+    compute = np.float64 if dt.np == np.float64 else np.float32
+    if dev.type == "cuda":
+        with xp.cuda.Device(dev.index):
+            return _store(gen.uniform(shape, xp, compute), dt, xp)
+    return _store(gen.uniform(shape, xp, compute), dt, xp)
+
+
+def _store(arr, dt, xp):
+    if dt is bfloat16:
+        if xp is np:
+            return arr.astype(bfloat16.np)
+        from blutensor.backend import f32_to_bf16_bits
+
+        return f32_to_bf16_bits(arr, xp)
+    return arr.astype(dt.np, copy=False)
+
+
+def randn(*size, dtype=None, device=None, requires_grad: bool = False, generator=None):
+    """Standard-normal samples from the Philox stream (identical on CPU and CUDA)."""
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    dev = as_device(device)
+    return _wrap(_normal_array(_shape(size), dt, dev, generator), dt, dev, requires_grad)
+
+
+def rand(*size, dtype=None, device=None, requires_grad: bool = False, generator=None):
+    """Uniform [0, 1) samples from the Philox stream."""
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    dev = as_device(device)
+    return _wrap(_uniform_array(_shape(size), dt, dev, generator), dt, dev, requires_grad)
+
+
+def randint(low: int, high: int | None = None, size=(), dtype=None, device=None, generator=None):
+    if high is None:
+        low, high = 0, low
+    gen = generator or _random.default_generator
+    dev = as_device(device)
+    xp = xp_of(dev)
+    dt = as_dtype(dtype) if dtype is not None else int64
+    arr = gen.integers(low, high, tuple(size), xp).astype(dt.np)
+    return _wrap(arr, dt, dev)
+
+
+def _like(fn, t, dtype, device, **kw):
+    return fn(*t.shape, dtype=dtype or t.dtype, device=device or t.device, **kw)
+
+
+def zeros_like(t, dtype=None, device=None, requires_grad: bool = False):
+    return _like(zeros, t, dtype, device, requires_grad=requires_grad)
+
+
+def ones_like(t, dtype=None, device=None, requires_grad: bool = False):
+    return _like(ones, t, dtype, device, requires_grad=requires_grad)
+
+
+def empty_like(t, dtype=None, device=None, requires_grad: bool = False):
+    return _like(empty, t, dtype, device, requires_grad=requires_grad)
+
+
+def full_like(t, fill_value, dtype=None, device=None):
+    return full(t.shape, fill_value, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def randn_like(t, dtype=None, device=None):
+    return _like(randn, t, dtype, device)
+
+
+def rand_like(t, dtype=None, device=None):
+    return _like(rand, t, dtype, device)

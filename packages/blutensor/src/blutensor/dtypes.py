@@ -1,0 +1,87 @@
+"""dtypes: float32 (default), float64, bfloat16 (via ml_dtypes), int32, int64, uint16, bool."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+
+class dtype:  # noqa: N801 - PyTorch's name
+    """A blutensor dtype: its name, its NumPy dtype, and how CUDA stores it."""
+
+    __slots__ = ("name", "np", "itemsize", "is_floating_point", "cuda_storage")
+
+    def __init__(self, name: str, np_dtype, is_float: bool, cuda_storage=None):
+        self.name = name
+        self.np = np.dtype(np_dtype)
+        self.itemsize = self.np.itemsize
+        self.is_floating_point = is_float
+        # CuPy has no bfloat16: on CUDA it is kept as raw 16-bit storage
+        self.cuda_storage = np.dtype(cuda_storage) if cuda_storage is not None else self.np
+
+    def __repr__(self) -> str:
+        return f"blutensor.{self.name}"
+
+    def __reduce__(self):
+        return (_by_name, (self.name,))
+
+
+float32 = dtype("float32", np.float32, True)
+float64 = dtype("float64", np.float64, True)
+bfloat16 = dtype("bfloat16", ml_dtypes.bfloat16, True, cuda_storage=np.uint16)
+int32 = dtype("int32", np.int32, False)
+int64 = dtype("int64", np.int64, False)
+uint16 = dtype("uint16", np.uint16, False)
+bool_ = dtype("bool", np.bool_, False)
+float16 = dtype("float16", np.float16, True)
+
+ALL = (float32, float64, bfloat16, int32, int64, uint16, bool_, float16)
+_NAMES = {d.name: d for d in ALL}
+_NAMES.update({"float": float32, "double": float64, "long": int64, "int": int32, "bf16": bfloat16,
+               "fp32": float32, "fp64": float64, "half": float16})
+_FROM_NP = {d.np: d for d in ALL}
+
+_default = float32
+
+
+def _by_name(name: str) -> dtype:
+    return _NAMES[name]
+
+
+def get_default_dtype() -> dtype:
+    return _default
+
+
+def set_default_dtype(d: dtype) -> None:
+    """Set the dtype used for floating-point tensors created from Python floats."""
+    global _default
+    _default = as_dtype(d)
+
+
+def as_dtype(d) -> dtype:
+    """Turn a blutensor dtype, its name or a NumPy dtype into a blutensor dtype."""
+    if isinstance(d, dtype):
+        return d
+    if isinstance(d, str):
+        try:
+            return _NAMES[d]
+        except KeyError:
+            raise TypeError(f"unknown dtype {d!r}; known: {', '.join(x.name for x in ALL)}") from None
+    try:
+        return _FROM_NP[np.dtype(d)]
+    except (KeyError, TypeError):
+        raise TypeError(f"unsupported dtype {d!r}; known: {', '.join(x.name for x in ALL)}") from None
+
+
+def from_numpy_dtype(npd) -> dtype:
+    npd = np.dtype(npd)
+    d = _FROM_NP.get(npd)
+    if d is not None:
+        return d
+    if npd.kind == "f":
+        return float32
+    if npd.kind in "iu":
+        return int64
+    if npd.kind == "b":
+        return bool_
+    raise TypeError(f"unsupported NumPy dtype {npd}")

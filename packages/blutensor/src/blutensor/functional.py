@@ -1,0 +1,429 @@
+"""The functional API (``blutensor.nn.functional`` re-exports the NN part): thin wrappers that
+turn arguments into op attributes and call :func:`blutensor.ops.dispatch.apply`."""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+
+from blutensor import random as _random
+from blutensor.autograd.grad_mode import STATE
+from blutensor.autograd.node import Ctx, Node
+from blutensor.errors import ShapeError
+from blutensor.ops.dispatch import apply
+
+# ---- elementwise ----
+
+
+def _s(o):
+    from blutensor._tensor import _scalar
+
+    return _scalar(o)
+
+
+def add(a, b, alpha=1):
+    return apply("add", a, _s(b), alpha=alpha) if alpha != 1 else apply("add", a, _s(b))
+
+
+def sub(a, b):
+    return apply("sub", a, _s(b))
+
+
+def mul(a, b):
+    return apply("mul", a, _s(b))
+
+
+def div(a, b):
+    return apply("div", a, _s(b))
+
+
+def neg(a):
+    return apply("neg", a)
+
+
+def pow(a, b):  # noqa: A001 - PyTorch's name
+    return apply("pow", a, _s(b))
+
+
+def square(a):
+    return apply("mul", a, a)
+
+
+def exp(a):
+    return apply("exp", a)
+
+
+def log(a):
+    return apply("log", a)
+
+
+def tanh(a):
+    return apply("tanh", a)
+
+
+def sqrt(a):
+    return apply("sqrt", a)
+
+
+def rsqrt(a):
+    return apply("rsqrt", a)
+
+
+def sin(a):
+    return apply("sin", a)
+
+
+def cos(a):
+    return apply("cos", a)
+
+
+def abs(a):  # noqa: A001
+    return apply("abs", a)
+
+
+def sigmoid(a):
+    return apply("sigmoid", a)
+
+
+def relu(a):
+    return apply("relu", a)
+
+
+def clamp(a, min=None, max=None):  # noqa: A002
+    return apply("clamp", a, min=min, max=max)
+
+
+def maximum(a, b):
+    return apply("maximum", a, _s(b))
+
+
+def minimum(a, b):
+    return apply("minimum", a, _s(b))
+
+
+def where(cond, a, b):
+    from blutensor._tensor import Tensor
+
+    if not isinstance(cond, Tensor):
+        raise TypeError("where: condition must be a bool Tensor")
+    return apply("where", cond, _s(a), _s(b))
+
+
+def masked_fill(a, mask, value):
+    return apply("masked_fill", a, mask, value=float(value) if not isinstance(value, bool) else value)
+
+
+def eq(a, b):
+    return apply("eq", a, _s(b))
+
+
+def cast(a, dtype):
+    if a.dtype is dtype:
+        return a
+    return apply("cast", a, src=a.dtype, dst=dtype)
+
+
+# ---- reductions ----
+
+MaxMin = namedtuple("MaxMin", ["values", "indices"])
+
+
+def sum(a, dim=None, keepdim=False, dtype=None):  # noqa: A001
+    return apply("sum", a, dim=dim, keepdim=keepdim)
+
+
+def mean(a, dim=None, keepdim=False):
+    return apply("mean", a, dim=dim, keepdim=keepdim)
+
+
+def amax(a, dim=None, keepdim=False):
+    return apply("amax", a, dim=dim, keepdim=keepdim)
+
+
+def amin(a, dim=None, keepdim=False):
+    return apply("amin", a, dim=dim, keepdim=keepdim)
+
+
+def max(a, dim=None, keepdim=False):  # noqa: A001
+    """Global max, or (values, indices) along ``dim`` like PyTorch."""
+    if dim is None:
+        return apply("amax", a)
+    return MaxMin(apply("max_dim", a, dim=dim, keepdim=keepdim), apply("argmax", a, dim=dim, keepdim=keepdim))
+
+
+def min(a, dim=None, keepdim=False):  # noqa: A001
+    if dim is None:
+        return apply("amin", a)
+    return MaxMin(apply("min_dim", a, dim=dim, keepdim=keepdim), apply("argmin", a, dim=dim, keepdim=keepdim))
+
+
+def argmax(a, dim=None, keepdim=False):
+    return apply("argmax", a, dim=dim, keepdim=keepdim)
+
+
+def argmin(a, dim=None, keepdim=False):
+    return apply("argmin", a, dim=dim, keepdim=keepdim)
+
+
+def var(a, dim=None, keepdim=False, correction=1, unbiased=None):
+    if unbiased is not None:
+        correction = 1 if unbiased else 0
+    return apply("var", a, dim=dim, keepdim=keepdim, correction=correction)
+
+
+def std(a, dim=None, keepdim=False, correction=1, unbiased=None):
+    return sqrt(var(a, dim, keepdim, correction, unbiased))
+
+
+def norm(a, p=2, dim=None, keepdim=False):
+    if p != 2:
+        return sum(abs(a) ** p, dim=dim, keepdim=keepdim) ** (1.0 / p)
+    return sqrt(sum(a * a, dim=dim, keepdim=keepdim))
+
+
+def all(a):  # noqa: A001
+    return bool(a._data.all())
+
+
+def any(a):  # noqa: A001
+    return bool(a._data.any())
+
+
+# ---- shape ----
+
+
+def _size(shape):
+    if len(shape) == 1 and isinstance(shape[0], list | tuple):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def view(a, *shape):
+    return apply("view", a, shape=_size(shape))
+
+
+def reshape(a, *shape):
+    shape = _size(shape)
+    if tuple(shape) == tuple(a.shape):
+        return a
+    return apply("reshape", a, shape=shape)
+
+
+def view_as(a, other):
+    return view(a, other.shape)
+
+
+def flatten(a, start_dim=0, end_dim=-1):
+    nd = a.ndim
+    s, e = start_dim % builtins_max(nd, 1), end_dim % builtins_max(nd, 1)
+    new = tuple(a.shape[:s]) + (-1,) + tuple(a.shape[e + 1:])
+    return reshape(a, new)
+
+
+def transpose(a, dim0, dim1):
+    return apply("transpose", a, dim0=dim0, dim1=dim1)
+
+
+def permute(a, *dims):
+    return apply("permute", a, dims=_size(dims))
+
+
+def expand(a, *shape):
+    return apply("expand", a, shape=_size(shape))
+
+
+def expand_as(a, other):
+    return expand(a, other.shape)
+
+
+def contiguous(a):
+    return a if a.is_contiguous() else apply("contiguous", a)
+
+
+def clone(a):
+    return apply("clone", a)
+
+
+def squeeze(a, dim=None):
+    return apply("squeeze", a, dim=dim)
+
+
+def unsqueeze(a, dim):
+    return apply("unsqueeze", a, dim=dim)
+
+
+def split(a, split_size_or_sections, dim=0):
+    d = dim % a.ndim
+    n = a.shape[d]
+    if isinstance(split_size_or_sections, int):
+        sizes = [split_size_or_sections] * (n // split_size_or_sections)
+        if n % split_size_or_sections:
+            sizes.append(n % split_size_or_sections)
+    else:
+        sizes = list(split_size_or_sections)
+        if builtins_sum(sizes) != n:
+            raise ShapeError(f"split: sections {sizes} do not sum to dim {d} size {n} of shape {tuple(a.shape)}")
+    out, start = [], 0
+    for s in sizes:
+        idx = (slice(None),) * d + (slice(start, start + s),)
+        out.append(apply("getitem", a, index=idx))
+        start += s
+    return tuple(out)
+
+
+def chunk(a, chunks, dim=0):
+    n = a.shape[dim % a.ndim]
+    return split(a, -(-n // chunks), dim)
+
+
+def cat(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("cat: expected a non-empty list of tensors")
+    return apply("cat", *tensors, dim=dim)
+
+
+def stack(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("stack: expected a non-empty list of tensors")
+    return apply("stack", *tensors, dim=dim)
+
+
+def tril(a, diagonal=0):
+    return apply("tril", a, diagonal=diagonal)
+
+
+def triu(a, diagonal=0):
+    return apply("triu", a, diagonal=diagonal)
+
+
+# ---- linear algebra ----
+
+
+def matmul(a, b):
+    return apply("matmul", a, b)
+
+
+def bmm(a, b):
+    return apply("bmm", a, b)
+
+
+def linear(x, weight, bias=None):
+    """x @ weight^T + bias."""
+    return apply("linear", x, weight, bias) if bias is not None else apply("linear", x, weight)
+
+
+# ---- neural-network ops ----
+
+
+def softmax(a, dim=-1):
+    return apply("softmax", a, dim=dim)
+
+
+def log_softmax(a, dim=-1):
+    return apply("log_softmax", a, dim=dim)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    return apply("layer_norm", x, weight, bias, normalized_shape=tuple(normalized_shape), eps=eps)
+
+
+def gelu(x, approximate="none"):
+    return apply("gelu", x, approximate=approximate)
+
+
+def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """Mean (or sum/none) of -log softmax(logits)[target]; logits (..., C), target (...)."""
+    if target.dtype.is_floating_point:
+        raise TypeError(f"cross_entropy: target must hold class indices (int), got {target._desc()}")
+    return apply("cross_entropy", logits, target, ignore_index=ignore_index, reduction=reduction,
+                 label_smoothing=label_smoothing)
+
+
+def embedding(idx, weight):
+    if idx.dtype.is_floating_point:
+        raise TypeError(f"embedding: indices must be integers, got {idx._desc()}")
+    return apply("embedding", idx, weight)
+
+
+def _draw_offset(numel: int) -> tuple[int, int]:
+    gen = _random.default_generator
+    seed, off = gen.seed, gen.offset
+    gen.offset += (numel + 3) // 4
+    return seed, off
+
+
+def dropout(x, p=0.5, training=True):
+    """Inverted dropout; the mask comes from the default Philox generator (seed, offset)."""
+    if not 0.0 <= p < 1.0:
+        if p == 1.0 and training:
+            return x * 0.0
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    seed, off = _draw_offset(x.numel())
+    return apply("dropout", x, p=p, seed=seed, offset=off)
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """softmax(q k^T / sqrt(E) [+ mask]) v with an optional causal mask, over (..., L, E)."""
+    seed = off = 0
+    if dropout_p > 0:
+        seed, off = _draw_offset(q.shape[-2] * k.shape[-2] * math.prod(q.shape[:-2]))
+    return apply("sdpa", q, k, v, attn_mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p,
+                 seed=seed, offset=off)
+
+
+# ---- devices ----
+
+
+class _ToDevice:
+    """Backward of a device move: move the gradient back."""
+
+    @staticmethod
+    def backward(ctx, g):
+        dt, src, dst = ctx.saved
+        return (_move(g, dt, dst, src),)
+
+
+def _move(arr, dt, src, dst):
+    import numpy as np
+
+    from blutensor.backend import xp_of
+
+    if src == dst:
+        return arr
+    host = arr.get() if src.type == "cuda" else arr
+    if dst.type == "cpu":
+        if dt.name == "bfloat16" and host.dtype == np.uint16:
+            host = host.view(dt.np)
+        return np.ascontiguousarray(host)
+    cp = xp_of(dst)
+    if dt.name == "bfloat16":
+        host = np.ascontiguousarray(host).view(np.uint16)
+    with cp.cuda.Device(dst.index):
+        return cp.asarray(host)
+
+
+def to_device(t, dev):
+    """Copy ``t`` to ``dev`` (differentiable)."""
+    from blutensor._tensor import Tensor
+
+    out = Tensor._from_data(_move(t._data, t.dtype, t.device, dev), t.dtype, dev)
+    if STATE.enabled and t.requires_grad:
+        ctx = Ctx()
+        ctx.needs = (True,)
+        ctx.saved = (t.dtype, t.device, dev)
+        out.grad_fn = Node("to_device", _ToDevice, ctx, (t,), [])
+        out.requires_grad = True
+    return out
+
+
+import builtins as _b  # noqa: E402
+
+builtins_max = _b.max
+builtins_sum = _b.sum

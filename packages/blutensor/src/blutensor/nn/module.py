@@ -1,0 +1,220 @@
+"""Module: parameters, buffers and submodules; state_dict with strict key and shape checks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+
+from blutensor.autograd.grad_mode import no_grad
+from blutensor.errors import BluTensorError, ShapeError
+from blutensor.nn.parameter import Parameter
+from blutensor._tensor import Tensor
+
+
+class Module:
+    """Base class of layers and models (PyTorch's semantics for the common surface)."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    # ---- registration ----
+    def __setattr__(self, name, value):
+        if "_parameters" not in self.__dict__:
+            raise BluTensorError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
+        if name in self._buffers and (value is None or isinstance(value, Tensor)):
+            self._buffers[name] = value
+            return
+        for d in (self._parameters, self._buffers, self._modules):
+            d.pop(name, None)
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+            return
+        self.__dict__.pop(name, None)
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        for store in ("_parameters", "_buffers", "_modules"):
+            s = d.get(store)
+            if s is not None and name in s:
+                return s[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name):
+        for d in (self._parameters, self._buffers, self._modules):
+            if name in d:
+                del d[name]
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        self._parameters[name] = param
+
+    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        self._buffers[name] = tensor
+        if not persistent:
+            self.__dict__.setdefault("_non_persistent", set()).add(name)
+
+    def add_module(self, name: str, module: Module) -> None:
+        self._modules[name] = module
+
+    # ---- traversal ----
+    def named_modules(self, prefix: str = "", memo=None) -> Iterator[tuple[str, Module]]:
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is not None:
+                yield from m.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def modules(self) -> Iterator[Module]:
+        for _, m in self.named_modules():
+            yield m
+
+    def children(self) -> Iterator[Module]:
+        yield from (m for m in self._modules.values() if m is not None)
+
+    def named_children(self):
+        yield from ((n, m) for n, m in self._modules.items() if m is not None)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
+        seen = set()
+        mods = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for mp, m in mods:
+            for n, p in m._parameters.items():
+                if p is None or id(p) in seen:
+                    continue
+                seen.add(id(p))  # tied parameters are listed once
+                yield (f"{mp}.{n}" if mp else n), p
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        for mp, m in self.named_modules(prefix):
+            for n, b in m._buffers.items():
+                if b is not None:
+                    yield (f"{mp}.{n}" if mp else n), b
+
+    def buffers(self) -> Iterator[Tensor]:
+        for _, b in self.named_buffers():
+            yield b
+
+    # ---- modes, devices ----
+    def train(self, mode: bool = True) -> Module:
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    def apply(self, fn) -> Module:
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    def to(self, *args, **kwargs) -> Module:
+        """Move/cast parameters and buffers in place (Parameter objects keep their identity)."""
+        for m in self.modules():
+            for d in (m._parameters, m._buffers):
+                for k, t in d.items():
+                    if t is None:
+                        continue
+                    new = t.detach().to(*args, **kwargs)
+                    if not t.dtype.is_floating_point and new.dtype is not t.dtype:
+                        new = t.detach().to(*[a for a in args if not _is_dtype(a)],
+                                            **{kk: v for kk, v in kwargs.items() if kk != "dtype"})
+                    t._data, t.dtype, t.device = new._data, new.dtype, new.device
+                    if t.grad is not None:
+                        g = t.grad.to(new.device).to(new.dtype)
+                        t.grad = g
+        return self
+
+    def cuda(self, index: int = 0) -> Module:
+        return self.to(f"cuda:{index}")
+
+    def cpu(self) -> Module:
+        return self.to("cpu")
+
+    def float(self) -> Module:
+        return self.to("float32")
+
+    def double(self) -> Module:
+        return self.to("float64")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.parameters():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad._data.fill(0)
+
+    # ---- state ----
+    def state_dict(self, prefix: str = "") -> OrderedDict:
+        """Parameters and persistent buffers by dotted name (tied tensors under each name)."""
+        out = OrderedDict()
+        for mp, m in self.named_modules(prefix, memo=None):
+            np_ = m.__dict__.get("_non_persistent", set())
+            for n, p in m._parameters.items():
+                if p is not None:
+                    out[f"{mp}.{n}" if mp else n] = p.detach()
+            for n, b in m._buffers.items():
+                if b is not None and n not in np_:
+                    out[f"{mp}.{n}" if mp else n] = b.detach()
+        return out
+
+    def load_state_dict(self, state: dict, strict: bool = True):
+        """Copy tensors into parameters/buffers; strict: exact key set; shapes must match."""
+        own = self.state_dict()
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict({type(self).__name__}): missing keys {missing}, "
+                           f"unexpected keys {unexpected}")
+        for k, v in state.items():
+            if k not in own:
+                continue
+            dst = own[k]
+            shape = tuple(v.shape)
+            if shape != tuple(dst.shape):
+                raise ShapeError(f"load_state_dict({type(self).__name__}): '{k}' has shape {shape} in the state "
+                                 f"dict but {tuple(dst.shape)} in the model")
+            with no_grad():
+                dst.copy_(v if isinstance(v, Tensor) else Tensor(v, dtype=dst.dtype))
+        return missing, unexpected
+
+    # ---- call ----
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for n, m in self._modules.items():
+            lines.append(f"  ({n}): " + repr(m).replace("\n", "\n  "))
+        return lines[0] + (")" if len(lines) == 1 else "\n" + "\n".join(lines[1:]) + "\n)")
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _is_dtype(a) -> bool:
+    from blutensor.dtypes import dtype
+
+    return isinstance(a, dtype) or (isinstance(a, str) and a not in ("cpu",) and not a.startswith("cuda"))

@@ -1,0 +1,43 @@
+"""Helpers shared by op kernels: array module lookup, broadcasting reduction, shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from blutensor.backend import array_module
+
+
+def xp_of(a):
+    """NumPy or CuPy for an array (fast path for NumPy)."""
+    return np if type(a) is np.ndarray else array_module(a)
+
+
+def shape_of(a) -> tuple:
+    return getattr(a, "shape", ())
+
+
+def unbroadcast(g, shape: tuple):
+    """Sum ``g`` over the axes that broadcasting added or expanded to reach ``shape``."""
+    if g.shape == shape:
+        return g
+    nd = g.ndim - len(shape)
+    if nd > 0:
+        g = g.sum(axis=tuple(range(nd)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def norm_dim(dim, ndim: int, op: str):
+    """Normalise a dim (int, tuple or None) against ``ndim``; error names the op."""
+    if dim is None:
+        return None
+    if isinstance(dim, list | tuple):
+        return tuple(norm_dim(d, ndim, op) for d in dim)
+    d = int(dim)
+    if not -max(ndim, 1) <= d < max(ndim, 1):
+        from blutensor.errors import ShapeError
+
+        raise ShapeError(f"{op}: dim {dim} out of range for a tensor with {ndim} dims")
+    return d % max(ndim, 1)

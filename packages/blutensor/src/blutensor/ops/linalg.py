@@ -1,0 +1,93 @@
+"""matmul (batch broadcasting, 1-D operands) and bmm; CUDA GEMMs go through the GEMM provider."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from blutensor.errors import ShapeError
+from blutensor.ops._util import unbroadcast
+
+
+def gemm(a, b):
+    """a @ b on NumPy, or through the selected GEMM provider on CUDA."""
+    if type(a) is np.ndarray:
+        return np.matmul(a, b)
+    from blutensor.gemm import cuda_matmul
+
+    return cuda_matmul(a, b)
+
+
+def matmul_forward(ctx, a, b):
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError("matmul: both operands need at least 1 dim, got shapes "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        raise ShapeError(f"matmul: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)} "
+                         f"({ka} != {kb})")
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    try:
+        out = gemm(a2, b2)
+    except ValueError:
+        raise ShapeError(f"matmul: batch dims do not broadcast: {tuple(a.shape)} @ {tuple(b.shape)}") from None
+    ctx.saved = (a2, b2, a.ndim == 1, b.ndim == 1)
+    if a.ndim == 1:
+        out = out[..., 0, :]
+    if b.ndim == 1:
+        out = out[..., 0]
+    return out
+
+
+def matmul_backward(ctx, g):
+    a2, b2, a1, b1 = ctx.saved
+    if b1:
+        g = g[..., None]
+    if a1:
+        g = g[..., None, :]
+    ga = gb = None
+    if ctx.needs[0]:
+        ga = unbroadcast(gemm(g, b2.swapaxes(-1, -2)), a2.shape)
+        if a1:
+            ga = ga[0]
+    if ctx.needs[1]:
+        gb = unbroadcast(gemm(a2.swapaxes(-1, -2), g), b2.shape)
+        if b1:
+            gb = gb[:, 0]
+    return ga, gb
+
+
+def bmm_forward(ctx, a, b):
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise ShapeError(f"bmm: expected (B,N,K) @ (B,K,M), got {tuple(a.shape)} @ {tuple(b.shape)}")
+    ctx.saved = (a, b)
+    return gemm(a, b)
+
+
+def bmm_backward(ctx, g):
+    a, b = ctx.saved
+    return (gemm(g, b.swapaxes(1, 2)) if ctx.needs[0] else None,
+            gemm(a.swapaxes(1, 2), g) if ctx.needs[1] else None)
+
+
+def linear_forward(ctx, x, w, b=None):
+    """y = x @ w^T + b with x (..., in), w (out, in): one fused op so backward needs no transposes."""
+    if x.shape[-1] != w.shape[1]:
+        raise ShapeError(f"linear: input features {x.shape[-1]} (input shape {tuple(x.shape)}) do not match "
+                         f"weight shape {tuple(w.shape)} (out_features, in_features)")
+    x2 = x.reshape(-1, x.shape[-1])
+    y = gemm(x2, w.T)
+    if b is not None:
+        y += b
+    ctx.saved = (x2, w, x.shape)
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+def linear_backward(ctx, g):
+    x2, w, xshape = ctx.saved
+    g2 = g.reshape(-1, g.shape[-1])
+    gx = gemm(g2, w).reshape(xshape) if ctx.needs[0] else None
+    gw = gemm(g2.T, x2) if ctx.needs[1] else None
+    gb = g2.sum(axis=0) if len(ctx.needs) > 2 and ctx.needs[2] else None
+    return gx, gw, gb

@@ -1,0 +1,127 @@
+"""The op table: every built-in op, its forward/backward pair and its dispatch flags, in one place.
+
+Each row becomes a kernel class (``PLUGIN_NAME = "blutensor.<op>"``, ``BACKEND = "*"``) that
+blutensor registers through its own ``blutrain_register_kernels`` hook, exactly like a plugin.
+"""
+
+from __future__ import annotations
+
+from blutensor.ops import elementwise as ew
+from blutensor.ops import linalg as la
+from blutensor.ops import nn_ops as nn
+from blutensor.ops import reduction as rd
+from blutensor.ops import shape as sh
+
+
+class Kernel:
+    """Base of op kernels. Plugins subclass it (or mimic its attributes)."""
+
+    PLUGIN_NAME = ""
+    OP = ""
+    BACKEND = "*"  # 'cpu', 'cuda' or '*'
+    DTYPES: tuple[str, ...] = ("*",)
+    PRIORITY = 0  # among unconfigured candidates the highest wins; ties go to the built-in
+    SAVES: tuple[int, ...] = ()  # inputs saved for backward (checked against their version)
+    SAVES_OUTPUT = False
+    SAME_DTYPE: tuple[int, ...] = ()  # inputs that must share a dtype
+    DTYPE_ARG = 0  # input whose dtype selects the kernel (embedding: the weight)
+    VIEW = False  # output is a view of input 0 (shares its storage and version counter)
+    DIFFERENTIABLE = True
+    BF16_NATIVE = False  # False: bfloat16 inputs are widened to float32 around the kernel
+
+    @staticmethod
+    def forward(ctx, *arrays, **attrs):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError
+
+
+OPS: dict[str, type] = {}
+
+
+def op(name: str, forward, backward=None, *, saves=(), saves_output=False, same_dtype=(), dtype_arg=0,
+       view=False, bf16_native=False) -> type:
+    """Create and record the built-in kernel class of one op."""
+    cls = type(f"{name}_kernel", (Kernel,), {
+        "PLUGIN_NAME": f"blutensor.{name}", "OP": name, "SAVES": tuple(saves), "SAVES_OUTPUT": saves_output,
+        "SAME_DTYPE": tuple(same_dtype), "DTYPE_ARG": dtype_arg, "VIEW": view,
+        "DIFFERENTIABLE": backward is not None, "BF16_NATIVE": bf16_native,
+        "forward": staticmethod(forward), "backward": staticmethod(backward) if backward else Kernel.backward,
+        "__module__": __name__,
+    })
+    OPS[name] = cls
+    return cls
+
+
+BIN = (0, 1)
+# name              forward                 backward               flags
+op("add",           ew.add_forward,         ew.add_backward,       same_dtype=BIN)
+op("sub",           ew.sub_forward,         ew.sub_backward,       same_dtype=BIN)
+op("mul",           ew.mul_forward,         ew.mul_backward,       same_dtype=BIN, saves=BIN)
+op("div",           ew.div_forward,         ew.div_backward,       same_dtype=BIN, saves=BIN)
+op("pow",           ew.pow_forward,         ew.pow_backward,       same_dtype=BIN, saves=BIN, saves_output=True)
+op("maximum",       ew.maximum_forward,     ew.maximum_backward,   same_dtype=BIN, saves=BIN)
+op("minimum",       ew.minimum_forward,     ew.minimum_backward,   same_dtype=BIN, saves=BIN)
+op("neg",           ew.neg_forward,         ew.neg_backward)
+op("exp",           ew.exp_forward,         ew.exp_backward,       saves_output=True)
+op("log",           ew.log_forward,         ew.log_backward,       saves=(0,))
+op("tanh",          ew.tanh_forward,        ew.tanh_backward,      saves_output=True)
+op("sqrt",          ew.sqrt_forward,        ew.sqrt_backward,      saves_output=True)
+op("rsqrt",         ew.rsqrt_forward,       ew.rsqrt_backward,     saves_output=True)
+op("sin",           ew.sin_forward,         ew.sin_backward,       saves=(0,))
+op("cos",           ew.cos_forward,         ew.cos_backward,       saves=(0,))
+op("abs",           ew.abs_forward,         ew.abs_backward,       saves=(0,))
+op("sigmoid",       ew.sigmoid_forward,     ew.sigmoid_backward,   saves_output=True)
+op("relu",          ew.relu_forward,        ew.relu_backward)
+op("clamp",         ew.clamp_forward,       ew.clamp_backward,     saves=(0,))
+op("cast",          ew.cast_forward,        ew.cast_backward,      bf16_native=True)
+op("eq",            ew.eq_forward,          same_dtype=BIN)
+op("ne",            ew.ne_forward,          same_dtype=BIN)
+op("lt",            ew.lt_forward,          same_dtype=BIN)
+op("le",            ew.le_forward,          same_dtype=BIN)
+op("gt",            ew.gt_forward,          same_dtype=BIN)
+op("ge",            ew.ge_forward,          same_dtype=BIN)
+op("logical_not",   ew.logical_not_forward)
+op("where",         ew.where_forward,       ew.where_backward,     same_dtype=(1, 2), dtype_arg=1, saves=(0,))
+op("masked_fill",   ew.masked_fill_forward, ew.masked_fill_backward, saves=(1,))
+op("sum",           rd.sum_forward,         rd.sum_backward)
+op("mean",          rd.mean_forward,        rd.mean_backward)
+op("amax",          rd.amax_forward,        rd.amax_backward,      saves=(0,), saves_output=True)
+op("amin",          rd.amin_forward,        rd.amin_backward,      saves=(0,), saves_output=True)
+op("max_dim",       rd.max_dim_forward,     rd.max_dim_backward)
+op("min_dim",       rd.min_dim_forward,     rd.min_dim_backward)
+op("argmax",        rd.argmax_forward)
+op("argmin",        rd.argmin_forward)
+op("var",           rd.var_forward,         rd.var_backward)
+op("view",          sh.view_forward,        sh.view_backward,      view=True)
+op("reshape",       sh.reshape_forward,     sh.reshape_backward)
+op("permute",       sh.permute_forward,     sh.permute_backward,   view=True)
+op("transpose",     sh.transpose_forward,   sh.transpose_backward, view=True)
+op("expand",        sh.expand_forward,      sh.expand_backward,    view=True)
+op("squeeze",       sh.squeeze_forward,     sh.squeeze_backward,   view=True)
+op("unsqueeze",     sh.unsqueeze_forward,   sh.unsqueeze_backward, view=True)
+op("contiguous",    sh.contiguous_forward,  sh.contiguous_backward)
+op("clone",         sh.clone_forward,       sh.clone_backward)
+op("getitem",       sh.getitem_forward,     sh.getitem_backward)
+op("setitem",       sh.setitem_forward,     sh.setitem_backward,   same_dtype=BIN)
+op("cat",           sh.cat_forward,         sh.cat_backward)
+op("stack",         sh.stack_forward,       sh.stack_backward)
+op("tril",          sh.tril_forward,        sh.tril_backward)
+op("triu",          sh.triu_forward,        sh.triu_backward)
+op("matmul",        la.matmul_forward,      la.matmul_backward,    same_dtype=BIN, saves=BIN)
+op("bmm",           la.bmm_forward,         la.bmm_backward,       same_dtype=BIN, saves=BIN)
+op("linear",        la.linear_forward,      la.linear_backward,    same_dtype=(0, 1, 2), saves=(0, 1))
+op("softmax",       nn.softmax_forward,     nn.softmax_backward,   saves_output=True)
+op("log_softmax",   nn.log_softmax_forward, nn.log_softmax_backward, saves_output=True)
+op("layer_norm",    nn.layer_norm_forward,  nn.layer_norm_backward, same_dtype=(0, 1, 2), saves=(1,))
+op("gelu",          nn.gelu_forward,        nn.gelu_backward,      saves=(0,))
+op("cross_entropy", nn.cross_entropy_forward, nn.cross_entropy_backward, saves=(0,))
+op("embedding",     nn.embedding_forward,   nn.embedding_backward, dtype_arg=1)
+op("dropout",       nn.dropout_forward,     nn.dropout_backward)
+op("sdpa",          nn.sdpa_forward,        nn.sdpa_backward,      same_dtype=(0, 1, 2), saves=(0, 1, 2))
+
+
+def builtin_kernels() -> list[type]:
+    return list(OPS.values())

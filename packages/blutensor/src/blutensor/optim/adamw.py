@@ -1,0 +1,82 @@
+"""AdamW with PyTorch's exact update order (decoupled weight decay, bias-corrected moments)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blutensor.autograd.grad_mode import no_grad
+from blutensor.creation import zeros_like
+from blutensor.errors import BluTensorError
+from blutensor.optim.optimizer import Optimizer
+
+
+def _f32(p):
+    """(compute array, writer) for a parameter: bfloat16 storage is widened to float32."""
+    d = p._data
+    if p.dtype.name != "bfloat16":
+        return d, None
+    from blutensor.ops.elementwise import _convert
+    from blutensor.ops._util import xp_of
+    from blutensor.dtypes import float32
+
+    return _convert(d, p.dtype, float32, xp_of(d)), lambda v: d.__setitem__(
+        Ellipsis, _convert(v, float32, p.dtype, xp_of(d)))
+
+
+class AdamW(Optimizer):
+    """AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, fused: bool | None = None):
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or weight_decay < 0:
+            raise BluTensorError(f"AdamW: invalid hyperparameters lr={lr}, betas={betas}, eps={eps}, "
+                                 f"weight_decay={weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.fused = fused
+
+    @no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for g in self.param_groups:
+            lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+            lr = float(lr)
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state.get(p)
+                if st is None:
+                    st = self.state[p] = {"step": 0, "exp_avg": zeros_like(p, dtype="float32"
+                                          if p.dtype.name == "bfloat16" else None),
+                                          "exp_avg_sq": zeros_like(p, dtype="float32"
+                                          if p.dtype.name == "bfloat16" else None)}
+                st["step"] += 1
+                adamw_update(p, st["exp_avg"]._data, st["exp_avg_sq"]._data, st["step"], lr, b1, b2, eps, wd)
+                p._version.v += 1
+        return loss
+
+
+def adamw_update(p, m, v, step: int, lr: float, b1: float, b2: float, eps: float, wd: float) -> None:
+    """One AdamW update of parameter ``p`` with moment arrays ``m`` and ``v`` (in place)."""
+    x, write = _f32(p)
+    gr = p.grad._data
+    if gr.dtype != m.dtype:
+        from blutensor.ops.elementwise import _convert
+        from blutensor.ops._util import xp_of
+        from blutensor.dtypes import float32
+
+        gr = _convert(gr, p.grad.dtype, float32, xp_of(gr))
+    dt = x.dtype.type
+    x *= dt(1 - lr * wd)
+    m += dt(1 - b1) * (gr - m)  # lerp(m, g, 1-b1) for weight < 0.5
+    v *= dt(b2)
+    v += dt(1 - b2) * gr * gr
+    bc1 = 1 - b1 ** step
+    bc2_sqrt = math.sqrt(1 - b2 ** step)
+    step_size = lr / bc1
+    xp = np if type(x) is np.ndarray else __import__("cupy")
+    denom = xp.sqrt(v) / dt(bc2_sqrt) + dt(eps)
+    x += dt(-step_size) * (m / denom)
+    if write is not None:
+        write(x)

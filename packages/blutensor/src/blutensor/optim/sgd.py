@@ -1,0 +1,42 @@
+"""SGD with momentum, dampening, Nesterov and (coupled) weight decay, as PyTorch defines them."""
+
+from __future__ import annotations
+
+from blutensor.autograd.grad_mode import no_grad
+from blutensor.errors import BluTensorError
+from blutensor.optim.optimizer import Optimizer
+
+
+class SGD(Optimizer):
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise BluTensorError("SGD: nesterov needs momentum > 0 and dampening == 0")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov))
+
+    @no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for g in self.param_groups:
+            lr, mom, damp, wd, nest = g["lr"], g["momentum"], g["dampening"], g["weight_decay"], g["nesterov"]
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad._data
+                if wd:
+                    d = d + wd * p._data
+                if mom:
+                    st = self.state.setdefault(p, {})
+                    buf = st.get("momentum_buffer")
+                    if buf is None:
+                        from blutensor._tensor import Tensor
+
+                        buf = st["momentum_buffer"] = Tensor._from_data(d.copy(), p.dtype, p.device)
+                    else:
+                        buf._data *= mom
+                        buf._data += (1 - damp) * d
+                    d = d + mom * buf._data if nest else buf._data
+                p._data -= lr * d
+                p._version.v += 1
+        return loss
