@@ -6,7 +6,6 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-
 from bluallocator import CachingAllocator, FakeDeviceBackend
 from bluallocator.cuda_backend import cuda_available
 
@@ -56,7 +55,6 @@ class CudaEnv:
 
     def __init__(self) -> None:
         import cupy
-
         from bluallocator import CudaBackend
         self.cupy = cupy
         self.backend = CudaBackend()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import MiB
-
 from bluallocator import OutOfMemoryError
+from conftest import MiB
 
 
 def test_small_requests_round_to_512_and_share_a_2mib_segment(env):

@@ -6,10 +6,9 @@ import random
 import threading
 
 import pytest
-from conftest import MiB
-
 from bluallocator import CachingAllocator, FakeDeviceBackend, OutOfMemoryError
 from bluallocator.errors import BackendOutOfMemory
+from conftest import MiB
 
 
 def test_oom_retry_frees_cached_segments_first():
@@ -127,7 +126,7 @@ def _check_invariants(a: CachingAllocator, be: FakeDeviceBackend, live: dict[int
     assert st["reserved_bytes"] == be.used
     assert st["reserved_bytes"] == st["allocated_bytes"] + st["cached_free_bytes"] + st["pending_free_bytes"]
     spans = sorted((p, p + a.allocation_size(p)) for p in live)
-    for (s0, e0), (s1, _) in zip(spans, spans[1:]):
+    for (_s0, e0), (s1, _) in zip(spans, spans[1:]):
         assert e0 <= s1, "live allocations overlap"
     for seg in a.snapshot():
         total = 0

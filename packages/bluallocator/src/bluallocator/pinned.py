@@ -86,7 +86,7 @@ class PinnedHostAllocator:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """The lock, plus: releases that fire re-entrantly (GC inside our own call) are applied at the end."""
-        with self._locked():
+        with self._lock:
             self._owner = threading.get_ident()
             try:
                 yield
