@@ -210,3 +210,23 @@ def test_fake_backend_rejects_bad_use():
         be.event_query(99)
     with pytest.raises(ValueError, match="capacity"):
         FakeDeviceBackend(0)
+
+
+def test_capture_never_returns_memory_to_the_driver():
+    be = FakeDeviceBackend(64 * MiB)
+    a = CachingAllocator(be)
+    a.free(a.malloc(40 * MiB, 0))  # 40 MiB cached in the default pool
+    pid = a.create_pool()
+    a.reserve(pid, 4 * MiB, 5)
+    frees_before = be.num_frees
+    be.begin_capture(5)
+    with a.graph_pool(pid):
+        p = a.malloc(3 * MiB, 5)  # served by the reserved segment: no cudaMalloc during capture
+        assert a.memory_stats()["num_device_mallocs"] == 2
+        assert a.empty_cache() == 0
+        with pytest.raises(OutOfMemoryError, match="during CUDA-graph capture"):
+            a.malloc(30 * MiB, 5)
+        assert be.num_frees == frees_before, "cudaFree during capture would invalidate it"
+        a.free(p)
+    be.end_capture(5)
+    assert a.empty_cache() == 40 * MiB

@@ -33,3 +33,33 @@ def test_importing_bluallocator_does_not_import_blutensor_or_cupy():
             "bad = [m for m in ('blutensor', 'blublas', 'cupy', 'torch') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_step_hooks_profile_step0_and_flush(monkeypatch):
+    from bluallocator import CachingAllocator, FakeDeviceBackend, cupy_glue
+    a = CachingAllocator(FakeDeviceBackend())
+    monkeypatch.setitem(cupy_glue._state, "installed", True)
+    monkeypatch.setattr(cupy_glue, "_allocators", {0: a})
+    pm = pluggy.PluginManager("blutrain")
+    pm.register(hooks)
+    startup = a.malloc(30 << 20, 0)  # e.g. a checkpoint staging buffer
+    a.free(startup)
+    pm.hook.blutrain_on_step_begin(step=0, state={})
+    assert a.profiling
+    ptrs = [a.malloc((3 << 20) + 4096 * k + 7, 0) for k in range(32)]
+    for p in ptrs:
+        a.free(p)
+    pm.hook.blutrain_on_step_end(step=0, metrics={})
+    assert not a.profiling and a.startup_flushed and a.alignment_choice.num_requests == 32
+    assert a.memory_stats()["reserved_bytes"] == 0
+    pm.hook.blutrain_on_step_begin(step=1, state={})
+    assert not a.profiling
+
+
+def test_step_hooks_do_nothing_when_not_installed(monkeypatch):
+    from bluallocator import CachingAllocator, FakeDeviceBackend, cupy_glue
+    a = CachingAllocator(FakeDeviceBackend())
+    monkeypatch.setitem(cupy_glue._state, "installed", False)
+    monkeypatch.setattr(cupy_glue, "_allocators", {0: a})
+    hooks.blutrain_on_step_begin(step=0, state={})
+    assert not a.profiling

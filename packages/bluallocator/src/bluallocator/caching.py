@@ -22,6 +22,7 @@ from .blocks import ALLOCATED, FREE, PENDING, Block, MemPool, Segment
 from .errors import BackendOutOfMemory, OutOfMemoryError
 
 MiB = 1 << 20
+_get_ident = threading.get_ident
 
 
 def size_bucket(n: int) -> int:
@@ -87,6 +88,8 @@ class CachingAllocator:
         self._peak_reserved = 0
         self._pending_bytes = 0
         self._counts = Counter[str]()
+        self._num_allocs = 0
+        self._num_frees = 0
         self._histogram = Counter[int]()
         self._active_histogram = Counter[int]()
         if profile_first_n is not None:
@@ -99,8 +102,7 @@ class CachingAllocator:
             self._owner = threading.get_ident()
             try:
                 yield
-                while self._deferred_frees:
-                    self._free_locked(self._deferred_frees.popleft())
+                self._drain_deferred()
             finally:
                 self._owner = None
 
@@ -116,16 +118,35 @@ class CachingAllocator:
             raise ValueError(f"CachingAllocator.malloc: nbytes must be >= 0, got {nbytes}")
         if stream is None:
             stream = self.backend.current_stream()
-        with self._locked():
-            return self._malloc_locked(int(nbytes), stream)
+        # hot path: the lock is taken inline (a generator context manager costs more than the work)
+        with self._lock:
+            self._owner = _get_ident()
+            try:
+                ptr = self._malloc_locked(int(nbytes), stream)
+                if self._deferred_frees:
+                    self._drain_deferred()
+                return ptr
+            finally:
+                self._owner = None
 
     def free(self, ptr: int) -> None:
         """Return a pointer from :meth:`malloc` to the cache (deferred if other streams still use it)."""
-        if self._owner == threading.get_ident():
+        ident = _get_ident()
+        if self._owner == ident:
             self._deferred_frees.append(ptr)
             return
-        with self._locked():
-            self._free_locked(ptr)
+        with self._lock:
+            self._owner = ident
+            try:
+                self._free_locked(ptr)
+                if self._deferred_frees:
+                    self._drain_deferred()
+            finally:
+                self._owner = None
+
+    def _drain_deferred(self) -> None:
+        while self._deferred_frees:
+            self._free_locked(self._deferred_frees.popleft())
 
     def record_stream(self, ptr: int, stream: int) -> None:
         """Mark that ``stream`` uses the block at ``ptr``: on free, reuse waits for that stream's work."""
@@ -145,12 +166,14 @@ class CachingAllocator:
 
     # ------------------------------------------------------------------ internals: allocate
     def _malloc_locked(self, nbytes: int, stream: int) -> int:
-        if self._capture_depth == 0:
+        if self._pending and self._capture_depth == 0:
             self._process_events()
         if self._profiler is not None:
             self._record_profile(nbytes)
-        size = self.round_size(nbytes)
-        small = size <= self.small_size
+        n = nbytes if nbytes > 0 else 1
+        small = n <= self.small_size
+        g = self.granularity_small if small else self.granularity_large
+        size = -(-n // g) * g
         pool = self._current_pool()
         fl = pool.free_list(stream, small)
         block = fl.best_fit(size)
@@ -173,10 +196,11 @@ class CachingAllocator:
         self._allocated[block.ptr] = block
         self._allocated_bytes += block.size
         self._requested_bytes += nbytes
-        self._peak_allocated = max(self._peak_allocated, self._allocated_bytes)
-        self._counts["num_allocs"] += 1
-        self._histogram[size_bucket(nbytes)] += 1
-        self._active_histogram[size_bucket(block.size)] += 1
+        if self._allocated_bytes > self._peak_allocated:
+            self._peak_allocated = self._allocated_bytes
+        self._num_allocs += 1
+        self._histogram[1 << (n - 1).bit_length()] += 1
+        self._active_histogram[1 << (block.size - 1).bit_length()] += 1
         return block.ptr
 
     def _segment_size(self, size: int, small: bool) -> int:
@@ -203,14 +227,17 @@ class CachingAllocator:
             return self.backend.malloc(seg_size)
         except BackendOutOfMemory:
             pass
-        # Retry after waiting for pending blocks and returning every cached segment we may free.
-        self._counts["num_oom_retries"] += 1
-        self._synchronize_pending()
-        self._release_cached(self._releasable_pools())
-        try:
-            return self.backend.malloc(seg_size)
-        except BackendOutOfMemory:
-            pass
+        capturing = self._capture_depth > 0 or self.backend.is_capturing(stream)
+        if not capturing:
+            # Retry after waiting for pending blocks and returning every cached segment we may free
+            # (cudaFree synchronises the device, so never during a graph capture).
+            self._counts["num_oom_retries"] += 1
+            self._synchronize_pending()
+            self._release_cached(self._releasable_pools())
+            try:
+                return self.backend.malloc(seg_size)
+            except BackendOutOfMemory:
+                pass
         tight = round_up(size, self.large_segment_round) if size > self.small_size else size
         if tight < seg_size:
             try:
@@ -221,7 +248,9 @@ class CachingAllocator:
         free, total = self.backend.mem_get_info()
         raise OutOfMemoryError(
             size, free, total, self._reserved_bytes, self._cached_free_bytes(), self._largest_free_block(),
-            allocated=self._allocated_bytes, stream=stream, pool=pool.name)
+            allocated=self._allocated_bytes, stream=stream, pool=pool.name,
+            note="during CUDA-graph capture cached segments cannot be returned to the driver; "
+                 "reserve memory for the graph pool before capturing" if capturing else "")
 
     # ------------------------------------------------------------------ internals: free
     def _free_locked(self, ptr: int) -> None:
@@ -230,8 +259,8 @@ class CachingAllocator:
             raise ValueError(f"CachingAllocator.free: {ptr:#x} was not allocated here (or was freed twice)")
         self._allocated_bytes -= block.size
         self._requested_bytes -= block.requested
-        self._active_histogram[size_bucket(block.size)] -= 1
-        self._counts["num_frees"] += 1
+        self._active_histogram[1 << (block.size - 1).bit_length()] -= 1
+        self._num_frees += 1
         if block.stream_uses:
             block.state = PENDING
             self._pending_bytes += block.size
@@ -307,7 +336,7 @@ class CachingAllocator:
             if nxt.next is not None:
                 nxt.next.prev = block
             self._counts["num_merges"] += 1
-        if pool.released and not block.is_split:
+        if pool.released and not block.is_split and self._capture_depth == 0:
             self._release_segment(seg)
         else:
             fl.add(block)
@@ -339,11 +368,13 @@ class CachingAllocator:
     def empty_cache(self) -> int:
         """Return every fully free cached segment (default pool, released private pools) to the driver.
 
-        Live private pools keep theirs: a captured graph may still address them. Returns bytes released.
+        Live private pools keep theirs: a captured graph may still address them. Nothing is released
+        while a ``graph_pool`` capture is running (cudaFree would break the capture). Returns bytes released.
         """
         with self._locked():
-            if self._capture_depth == 0:
-                self._process_events()
+            if self._capture_depth > 0:
+                return 0
+            self._process_events()
             return self._release_cached(self._releasable_pools())
 
     def synchronize_pending(self) -> None:
@@ -452,6 +483,11 @@ class CachingAllocator:
                     if self._capture_depth == 0:
                         self._process_events()
 
+    def reserve(self, pool_id: int, nbytes: int, stream: int | None = None) -> None:
+        """Pre-fill pool ``pool_id`` with a cached segment of ``nbytes`` on ``stream``, before a capture."""
+        with self.private_pool(pool_id):
+            self.free(self.malloc(nbytes, stream))
+
     def release_pool(self, pool_id: int) -> int:
         """Give up private pool ``pool_id`` (its graph is gone): free segments now, busy ones when freed."""
         with self._locked():
@@ -461,7 +497,7 @@ class CachingAllocator:
             if pool.active_users:
                 raise RuntimeError(f"CachingAllocator.release_pool: pool {pool_id} is in use by a `with`")
             pool.released = True
-            released = self._release_cached([pool])
+            released = self._release_cached([pool]) if self._capture_depth == 0 else 0
             if not pool.segments:
                 self._pools.pop(pool_id, None)
             return released
@@ -492,8 +528,8 @@ class CachingAllocator:
                 "pending_free_bytes": self._pending_bytes,
                 "largest_cached_free_block": largest,
                 "fragmentation": (1.0 - largest / cached) if cached else 0.0,
-                "num_allocs": self._counts["num_allocs"],
-                "num_frees": self._counts["num_frees"],
+                "num_allocs": self._num_allocs,
+                "num_frees": self._num_frees,
                 "num_active_blocks": len(self._allocated),
                 "num_splits": self._counts["num_splits"],
                 "num_merges": self._counts["num_merges"],

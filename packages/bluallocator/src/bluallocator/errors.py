@@ -36,6 +36,7 @@ class OutOfMemoryError(MemoryError):
         allocated: int = 0,
         stream: int = 0,
         pool: str = "default",
+        note: str = "",
     ) -> None:
         self.requested = requested
         self.device_free = device_free
@@ -52,4 +53,5 @@ class OutOfMemoryError(MemoryError):
             f"reserved by allocator {format_bytes(reserved)} (allocated {format_bytes(allocated)}, "
             f"cached free {format_bytes(cached_free)}, largest cached free block "
             f"{format_bytes(largest_free_block)}); stream {stream:#x}, pool {pool}"
+            + (f"; {note}" if note else "")
         )

@@ -93,3 +93,25 @@ class CupyDefaultAllocatorPlugin:
 def blutrain_register_allocators() -> list[type]:
     """bluallocator's device allocators."""
     return [CachingAllocatorPlugin, CupyDefaultAllocatorPlugin]
+
+
+@hookimpl
+def blutrain_on_step_begin(step: int, state: dict[str, Any]) -> None:
+    """Step 0 with our allocator installed: start the alignment profile (unless the trainer already did)."""
+    from . import cupy_glue
+    if step != 0 or not cupy_glue.is_installed():
+        return
+    for a in list(cupy_glue._allocators.values()):
+        if not a.profiling and not a.startup_flushed:
+            a.begin_profile()
+
+
+@hookimpl
+def blutrain_on_step_end(step: int, metrics: dict[str, Any]) -> None:
+    """After step 0 with our allocator installed: apply the profile and return start-up memory."""
+    from . import cupy_glue
+    if step != 0 or not cupy_glue.is_installed():
+        return
+    for a in list(cupy_glue._allocators.values()):
+        if not a.startup_flushed:
+            a.flush_after_step0()
