@@ -1,0 +1,101 @@
+"""Each package stands alone: its own pyproject, version file, README, CHANGELOG, tests; the allowed
+import graph (DESIGN.md section 2) holds; CUDA dependencies are extras only."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ["blutensor", "blublas", "bluallocator", "dtms", "blucompiler", "bluprofiler", "blumodels"]
+# who may import whom (runtime, at module level or lazily)
+ALLOWED = {
+    "blutensor": set(),
+    "blublas": set(),
+    "bluallocator": set(),
+    "dtms": {"blutensor"},
+    "blucompiler": {"blutensor"},
+    "bluprofiler": {"blutensor"},
+    "blumodels": {"blutensor", "dtms", "blucompiler", "bluprofiler", "bluallocator", "blublas"},
+}
+
+
+def _pyproject(pkg):
+    return tomllib.loads((ROOT / "packages" / pkg / "pyproject.toml").read_text())
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_layout(pkg):
+    d = ROOT / "packages" / pkg
+    for f in ("pyproject.toml", "README.md", "CHANGELOG.md", f"src/{pkg}/__about__.py", f"src/{pkg}/__init__.py"):
+        assert (d / f).is_file(), f"{pkg}: missing {f}"
+    assert (d / "tests").is_dir()
+    meta = _pyproject(pkg)
+    assert meta["build-system"]["build-backend"] == "hatchling.build"
+    assert meta["tool"]["hatch"]["version"]["path"] == f"src/{pkg}/__about__.py"
+    assert re.match(r'__version__ = "\d+\.\d+\.\d+"', (d / f"src/{pkg}/__about__.py").read_text())
+    eps = meta["project"]["entry-points"]["blutrain"]
+    assert eps == {pkg: f"{pkg}.hooks"}, f"{pkg} must register through its own hooks module"
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_dependencies(pkg):
+    meta = _pyproject(pkg)["project"]
+    deps = " ".join(meta["dependencies"])
+    assert "cupy" not in deps and "nccl" not in deps, f"{pkg}: CUDA packages must be extras"
+    assert "torch" not in deps, f"{pkg}: PyTorch is a test-only dependency"
+    internal = {d.split(">")[0].split("<")[0].split("=")[0].strip('"') for d in meta["dependencies"]} & set(PACKAGES)
+    assert internal <= ALLOWED[pkg], f"{pkg} depends on {internal - ALLOWED[pkg]}"
+    for d in meta["dependencies"]:
+        if d.split(">")[0].split("<")[0] in PACKAGES:
+            assert "<" in d and ">=" in d, f"{pkg}: internal dependency {d!r} needs a version range"
+    if pkg in ("blublas", "bluallocator"):
+        assert not internal
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_imports_follow_the_graph(pkg):
+    src = ROOT / "packages" / pkg / "src" / pkg
+    bad = []
+    for f in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for n in names:
+                top = n.split(".")[0]
+                if top in PACKAGES and top != pkg and top not in ALLOWED[pkg]:
+                    bad.append(f"{f.relative_to(ROOT)} imports {n}")
+                if top == "torch":
+                    bad.append(f"{f.relative_to(ROOT)} imports torch at run time")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_blublas_installs_alone(tmp_path):
+    """`pip install packages/blublas` in a fresh venv does not pull blutensor, and imports."""
+    venv.create(tmp_path, with_pip=True)
+    py = str(tmp_path / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    str(ROOT / "packages" / "blublas"), str(ROOT / "packages" / "bluallocator")],
+                   check=True, timeout=600)
+    out = subprocess.run([py, "-c", "import blublas, bluallocator, importlib.util as u; "
+                          "print(u.find_spec('blutensor') is None)"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+
+
+def test_root_is_a_workspace_without_project():
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "project" not in root
+    assert root["tool"]["hatch"]["envs"]["default"]["workspace"]["members"] == ["packages/*"]
+    assert sys.version_info >= (3, 11)
