@@ -63,3 +63,13 @@ def test_step_hooks_do_nothing_when_not_installed(monkeypatch):
     monkeypatch.setattr(cupy_glue, "_allocators", {0: a})
     hooks.blutrain_on_step_begin(step=0, state={})
     assert not a.profiling
+
+
+def test_install_refuses_a_non_cuda_allocator():
+    import pytest
+
+    from bluallocator import CachingAllocator, FakeDeviceBackend, cupy_glue
+    pytest.importorskip("cupy")
+    with pytest.raises(TypeError, match="CudaBackend"):
+        cupy_glue.install(CachingAllocator(FakeDeviceBackend()))
+    assert not cupy_glue.is_installed()

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from .caching import CachingAllocator
+from .cuda_backend import CudaBackend
 
 _lock = threading.Lock()
 _allocators: dict[int, CachingAllocator] = {}
@@ -51,7 +52,6 @@ def get_allocator(device: int | None = None) -> CachingAllocator:
         with _lock:
             a = _allocators.get(dev)
             if a is None:
-                from .cuda_backend import CudaBackend
                 a = _allocators[dev] = CachingAllocator(CudaBackend(dev), **_state["kwargs"])
     return a
 
@@ -79,6 +79,9 @@ def install(allocator: CachingAllocator | None = None, **kwargs: Any) -> Caching
     later for other devices (e.g. ``profile_first_n``). Arrays allocated before keep their old pool.
     """
     cupy = _require_cupy()
+    if allocator is not None and not isinstance(allocator.backend, CudaBackend):
+        raise TypeError(f"bluallocator.install: the allocator must run on a CudaBackend, "
+                        f"not {type(allocator.backend).__name__}")
     with _lock:
         if allocator is not None:
             _allocators[int(allocator.backend.device_id)] = allocator

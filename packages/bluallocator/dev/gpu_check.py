@@ -1,0 +1,214 @@
+"""GPU checks and benchmarks of bluallocator. Run from the repo root on the GPU machine:
+
+    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/bluallocator/dev/gpu_check.py $OUT
+
+1. the package's tests (CPU ones and the ``cuda`` twins) under pytest, junit XML into $OUT;
+2. allocation throughput: our CachingAllocator vs CuPy's default pool, raw and through cupy.empty;
+3. a transformer-like allocation trace replayed with real CuPy arrays: peak memory reserved in the
+   steady state (steps >= 1) by our allocator (with and without the step-0 profile + flush) vs CuPy's pool.
+Prints a compact summary and writes $OUT/bluallocator_gpu_check.json. Runs in well under 3 minutes.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+try:
+    import bluallocator  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.join(PKG, "src"))
+
+import bluallocator  # noqa: E402
+import cupy  # noqa: E402
+import numpy as np  # noqa: E402
+from alloc_trace import replay, transformer_trace  # noqa: E402
+from bluallocator import CachingAllocator, CudaBackend  # noqa: E402
+
+MiB = 1 << 20
+
+
+def run_tests(out: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(PKG, "src"), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(PKG, "tests"),
+           f"--junitxml={os.path.join(out, 'bluallocator_junit.xml')}", "-rfEs"]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", summary)}
+    with open(os.path.join(out, "bluallocator_pytest.txt"), "w") as fh:
+        fh.write(p.stdout + "\n" + p.stderr)
+    fails = [ln for ln in p.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "SKIPPED"))]
+    return {"returncode": p.returncode, "summary": summary, "counts": counts,
+            "seconds": time.perf_counter() - t, "failures_and_skips": fails[:40]}
+
+
+SIZES = [4096, 65536, 768 * 4, 3 * 768 * 4, 768 * 768 * 4, 768 * 3072 * 4,
+         4 * 1024 * 768 * 4, 4 * 1024 * 3072 * 4]
+
+
+def bench_raw(n_rounds: int = 30) -> dict:
+    """malloc/free pairs per second without CuPy array objects: our allocator vs CuPy pool.malloc."""
+    sizes = SIZES * 16
+    ours = CachingAllocator(CudaBackend())
+    for s in sizes:
+        ours.free(ours.malloc(s, 0))
+    t = time.perf_counter()
+    for _ in range(n_rounds):
+        ps = [ours.malloc(s, 0) for s in sizes]
+        for p in ps:
+            ours.free(p)
+    t_ours = (time.perf_counter() - t) / (n_rounds * len(sizes))
+    ours.empty_cache()
+    pool = cupy.cuda.MemoryPool()
+    for s in sizes:
+        pool.malloc(s)
+    t = time.perf_counter()
+    for _ in range(n_rounds):
+        ms = [pool.malloc(s) for s in sizes]
+        del ms
+    t_cupy = (time.perf_counter() - t) / (n_rounds * len(sizes))
+    pool.free_all_blocks()
+    return {"us_per_pair_ours": t_ours * 1e6, "us_per_pair_cupy_pool": t_cupy * 1e6,
+            "ratio_ours_over_cupy": t_ours / t_cupy}
+
+
+def _bench_cupy_empty(n_rounds: int) -> float:
+    sizes = SIZES * 16
+    for s in sizes:
+        cupy.empty(s, dtype=cupy.uint8)
+    t = time.perf_counter()
+    for _ in range(n_rounds):
+        arrs = [cupy.empty(s, dtype=cupy.uint8) for s in sizes]
+        del arrs
+    return (time.perf_counter() - t) / (n_rounds * len(sizes))
+
+
+def bench_cupy_arrays(n_rounds: int = 30) -> dict:
+    """cupy.empty + release per second: our allocator installed vs CuPy's default pool."""
+    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    t_cupy = _bench_cupy_empty(n_rounds)
+    cupy.get_default_memory_pool().free_all_blocks()
+    a = bluallocator.install(CachingAllocator(CudaBackend()))
+    try:
+        t_ours = _bench_cupy_empty(n_rounds)
+    finally:
+        bluallocator.uninstall()
+        gc.collect()
+        a.empty_cache()
+    return {"us_per_array_ours": t_ours * 1e6, "us_per_array_cupy_pool": t_cupy * 1e6,
+            "ratio_ours_over_cupy": t_ours / t_cupy}
+
+
+def replay_cupy(ev, mode: str) -> dict:
+    """Replay a trace with real cupy arrays; mode: 'cupy', 'ours', 'ours+profile'."""
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+    peak = {"reserved": 0, "steady": 0, "in_steady": False}
+    a = None
+    if mode == "cupy":
+        pool = cupy.cuda.MemoryPool()
+        cupy.cuda.set_allocator(pool.malloc)
+
+        def reserved() -> int:
+            return int(pool.total_bytes())
+    else:
+        a = bluallocator.install(CachingAllocator(CudaBackend()))
+
+        def reserved() -> int:
+            return a._reserved_bytes
+
+    def malloc(n: int):
+        arr = cupy.empty(n, dtype=cupy.uint8)
+        r = reserved()
+        if r > peak["reserved"]:
+            peak["reserved"] = r
+        if peak["in_steady"] and r > peak["steady"]:
+            peak["steady"] = r
+        return arr
+
+    def on_step(k: int) -> None:
+        if a is not None and mode == "ours+profile":
+            if k == 0:
+                a.begin_profile()
+            elif k == 1:
+                a.flush_after_step0()
+        if k == 1:
+            peak["in_steady"] = True
+            peak["steady"] = reserved()
+            peak["after_step0"] = reserved()
+
+    t = time.perf_counter()
+    try:
+        replay(ev, malloc, lambda arr: None, on_step)
+        cupy.cuda.Device().synchronize()
+    finally:
+        dt = time.perf_counter() - t
+        gc.collect()
+        res = {"mode": mode, "peak_reserved_MiB": peak["reserved"] / MiB,
+               "steady_peak_reserved_MiB": peak["steady"] / MiB,
+               "reserved_after_step0_MiB": peak.get("after_step0", 0) / MiB, "seconds": dt}
+        if a is not None:
+            st = a.memory_stats()
+            res.update(granularity=[st["granularity_small"], st["granularity_large"]],
+                       steady_peak_allocated_MiB=st["peak_allocated_bytes"] / MiB,
+                       device_mallocs=st["num_device_mallocs"])
+            bluallocator.uninstall()
+            a.empty_cache()
+        else:
+            pool.free_all_blocks()
+            cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    return res
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(PKG, "dev", "out")
+    os.makedirs(out, exist_ok=True)
+    t0 = time.perf_counter()
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    result: dict = {"gpu": name.decode() if isinstance(name, bytes) else str(name),
+                    "cupy": cupy.__version__, "numpy": np.__version__,
+                    "bluallocator": bluallocator.__version__}
+    for name, fn in (("tests", lambda: run_tests(out)), ("raw_throughput", bench_raw),
+                     ("cupy_array_throughput", bench_cupy_arrays)):
+        try:
+            result[name] = fn()
+        except Exception:  # noqa: BLE001 - record and continue with the other checks
+            result[name] = {"error": traceback.format_exc()[-2000:]}
+    traces = {"fixed_T1024": (1024,), "bucketed_T": (1024, 1000, 968, 1016, 936, 992, 1008, 960)}
+    result["trace"] = {}
+    for tname, seqs in traces.items():
+        ev = transformer_trace(batch=4, seq_lens=seqs, steps=6)
+        rows = []
+        for mode in ("cupy", "ours", "ours+profile"):
+            try:
+                rows.append(replay_cupy(ev, mode))
+            except Exception:  # noqa: BLE001
+                rows.append({"mode": mode, "error": traceback.format_exc()[-2000:]})
+        result["trace"][tname] = rows
+    result["seconds_total"] = time.perf_counter() - t0
+    with open(os.path.join(out, "bluallocator_gpu_check.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(f"bluallocator gpu_check on {result['gpu']} (cupy {result['cupy']}), "
+          f"{result['seconds_total']:.1f} s")
+    print("tests:", result["tests"].get("summary", result["tests"]))
+    for k in ("raw_throughput", "cupy_array_throughput"):
+        print(k, json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in result[k].items()}))
+    for tname, rows in result["trace"].items():
+        for r in rows:
+            row = {a: (round(b, 1) if isinstance(b, float) else b) for a, b in r.items()}
+            print("trace", tname, json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
