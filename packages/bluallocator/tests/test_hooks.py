@@ -67,7 +67,6 @@ def test_step_hooks_do_nothing_when_not_installed(monkeypatch):
 
 def test_install_refuses_a_non_cuda_allocator():
     import pytest
-
     from bluallocator import CachingAllocator, FakeDeviceBackend, cupy_glue
     pytest.importorskip("cupy")
     with pytest.raises(TypeError, match="CudaBackend"):
