@@ -8,12 +8,14 @@ allocated on; use :func:`record_stream` when another stream used it).
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from typing import Any
 
 from .caching import CachingAllocator
 from .cuda_backend import CudaBackend
+from .errors import OutOfMemoryError
 
 _lock = threading.Lock()
 _allocators: dict[int, CachingAllocator] = {}
@@ -66,7 +68,12 @@ def _make_alloc_fn(cupy: Any) -> Any:
     def alloc(nbytes: int) -> Any:
         dev = runtime.getDevice()
         a = allocators.get(dev) or get_allocator(dev)
-        ptr = a.malloc(nbytes, get_stream().ptr)
+        stream = get_stream().ptr
+        try:
+            ptr = a.malloc(nbytes, stream)
+        except OutOfMemoryError:
+            gc.collect()  # arrays only held by reference cycles give their blocks back, then retry once
+            ptr = a.malloc(nbytes, stream)
         return memory_pointer(unowned(ptr, nbytes, _BlockOwner(a, ptr), dev), 0)
 
     return alloc

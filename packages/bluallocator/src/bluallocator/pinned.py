@@ -26,7 +26,7 @@ _buffer_types: dict[int, type] = {}
 
 
 def _buffer_type(nbytes: int) -> type:
-    """ctypes array subclass of ``nbytes`` (weak-referenceable; one per size, cached)."""
+    """ctypes array subclass of ``nbytes`` (weak-referenceable; one per size class, cached)."""
     t = _buffer_types.get(nbytes)
     if t is None:
         t = _buffer_types[nbytes] = type(f"PinnedBuffer{nbytes}", (ctypes.c_ubyte * nbytes,), {})
@@ -128,7 +128,7 @@ class PinnedHostAllocator:
             self._live[block.ptr] = block
             self.allocated_bytes += size
             self.num_allocs += 1
-        buf = _buffer_type(max(nbytes, 1)).from_address(block.ptr)
+        buf = _buffer_type(block.size).from_address(block.ptr)  # one ctypes type per size class
         weakref.finalize(buf, self._release, block)
         return np.frombuffer(buf, dtype=np.uint8, count=nbytes).view(dt).reshape(shp)
 
