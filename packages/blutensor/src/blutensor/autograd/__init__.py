@@ -1,6 +1,7 @@
 """Reverse-mode autograd: grad mode, graph nodes and the backward engine."""
 
 from blutensor.autograd.engine import run_backward
+from blutensor.autograd.function import Function, FunctionCtx
 from blutensor.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from blutensor.autograd.node import AccumulateGrad, Ctx, Node
 
@@ -25,5 +26,5 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False):
             t.grad = g
 
 
-__all__ = ["AccumulateGrad", "Ctx", "Node", "enable_grad", "grad", "is_grad_enabled", "no_grad",
+__all__ = ["AccumulateGrad", "Ctx", "Function", "FunctionCtx", "Node", "enable_grad", "grad", "is_grad_enabled", "no_grad",
            "run_backward", "set_grad_enabled"]
