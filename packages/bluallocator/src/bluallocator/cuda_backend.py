@@ -26,7 +26,7 @@ class CudaBackend:
     def __init__(self, device_id: int | None = None) -> None:
         try:
             import cupy
-            from cupy.cuda import runtime
+            runtime = cupy.cuda.runtime
         except ImportError as exc:  # pragma: no cover - depends on the machine
             raise RuntimeError("bluallocator.CudaBackend needs CuPy: "
                                "pip install 'bluallocator[cuda13]'") from exc

@@ -65,8 +65,8 @@ class PinnedHostAllocator:
         self.pinned = bool(pinned)
         self._rt: Any = None
         if self.pinned:
-            from cupy.cuda import runtime
-            self._rt = runtime
+            import cupy
+            self._rt = cupy.cuda.runtime
             if event_backend is None:
                 from .cuda_backend import CudaBackend
                 event_backend = CudaBackend()
