@@ -69,14 +69,17 @@ def make_fake_cupy(capacity: int = 1 << 30) -> types.ModuleType:
     cuda = types.SimpleNamespace(
         runtime=runtime, UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer,
         get_allocator=lambda: state["allocator"], set_allocator=set_allocator,
-        get_current_stream=lambda: state["stream"], Device=lambda i=None: _NullDevice())
+        get_current_stream=lambda: state["stream"], Device=lambda i=None: _NullDevice(),
+        MemoryPool=lambda: FakePool(be))
+    runtime.getDeviceProperties = lambda i: {"name": b"fake device"}
+    default_pool = FakePool(be)
 
     mod = types.ModuleType("cupy")
     mod.cuda = cuda
     mod.backend = be
     mod.state = state
 
-    def empty(nbytes: int) -> FakeArray:
+    def empty(nbytes: int, dtype: object = None) -> FakeArray:
         return FakeArray(state["allocator"](nbytes), nbytes)
 
     def use_stream(ptr: int) -> None:
@@ -84,10 +87,47 @@ def make_fake_cupy(capacity: int = 1 << 30) -> types.ModuleType:
 
     mod.empty = empty
     mod.use_stream = use_stream
+    mod.uint8 = "uint8"
+    mod.__version__ = "fake"
+    mod.get_default_memory_pool = lambda: default_pool
     return mod
 
 
+class FakePool:
+    """CuPy MemoryPool look-alike without caching (for dry runs of dev scripts)."""
+
+    def __init__(self, be: FakeDeviceBackend) -> None:
+        self.be, self.used = be, 0
+
+    def malloc(self, n: int) -> MemoryPointer:
+        n = max(512, -(-n // 512) * 512)
+        ptr = self.be.malloc(n)
+        self.used += n
+        pool = self
+
+        class Owner:
+            def __del__(self) -> None:
+                pool.be.free(ptr)
+                pool.used -= n
+
+        return MemoryPointer(UnownedMemory(ptr, n, Owner()), 0)
+
+    def used_bytes(self) -> int:
+        return self.used
+
+    total_bytes = used_bytes
+
+    def n_free_blocks(self) -> int:
+        return 0
+
+    def free_all_blocks(self) -> None:
+        return None
+
+
 class _NullDevice:
+    def synchronize(self) -> None:
+        return None
+
     def __enter__(self) -> _NullDevice:
         return self
 
