@@ -97,7 +97,11 @@ class PinnedHostAllocator:
 
     def _raw_alloc(self, size: int) -> _HostBlock:
         if self.pinned:
-            ptr = int(self._rt.hostAlloc(size, 0))
+            try:
+                ptr = int(self._rt.hostAlloc(size, 0))
+            except self._rt.CUDARuntimeError:
+                self._release_cached_locked()  # page-locked memory is scarce: drop the cache, retry once
+                ptr = int(self._rt.hostAlloc(size, 0))
             keep = None
         else:
             keep = np.empty(size, dtype=np.uint8)
@@ -199,13 +203,16 @@ class PinnedHostAllocator:
         """Free cached (unused) buffers; returns bytes released."""
         with self._locked():
             self._process_pending()
-            released = 0
-            for blocks in self._free.values():
-                for b in blocks:
-                    released += b.size
-                    self._raw_free(b)
-            self._free.clear()
-            return released
+            return self._release_cached_locked()
+
+    def _release_cached_locked(self) -> int:
+        released = 0
+        for blocks in self._free.values():
+            for b in blocks:
+                released += b.size
+                self._raw_free(b)
+        self._free.clear()
+        return released
 
     def memory_stats(self) -> dict[str, Any]:
         """allocated/reserved/peak bytes, counts and whether memory is page-locked."""
