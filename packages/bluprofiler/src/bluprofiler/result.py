@@ -1,0 +1,102 @@
+"""ProfileResult: what a session recorded, plus the views the writers need (table rows, memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bluprofiler import memory as _memory
+from bluprofiler.events import MemEvent, OpEvent
+
+
+@dataclass
+class ProfileResult:
+    """Op/region spans and memory events of one session; times are ``perf_counter_ns`` values."""
+
+    events: list[OpEvent]
+    mem_events: list[MemEvent]
+    t0: int
+    t1: int
+    wall0_ns: int
+    device: str
+    gpu_timing: bool
+    baseline_bytes: int = 0
+    pid: int = 0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def wall_ms(self) -> float:
+        return (self.t1 - self.t0) / 1e6
+
+    def ops(self) -> list[OpEvent]:
+        """Op spans (forward and backward), without regions."""
+        return [e for e in self.events if e.phase != "region"]
+
+    def regions(self, name: str | None = None) -> list[OpEvent]:
+        return [e for e in self.events if e.phase == "region" and (name is None or e.name == name)]
+
+    def step_ms(self) -> float:
+        """Total time of the ``step`` regions if any (GPU time when timed), else the session's wall time."""
+        steps = self.regions("step")
+        if not steps:
+            return self.wall_ms
+        return sum(e.cpu_us for e in steps) / 1e3
+
+    def summary(self, sort_by: str = "total", top: int | None = None) -> list[dict]:
+        """One row per (op, phase, kernel): calls, total/mean time (GPU if timed, else host), share.
+
+        ``share`` is the row's total over the step time (``step_ms``), in percent; nested spans
+        (ops called inside ops, ops inside regions) are counted in their own row only.
+        """
+        rows: dict[tuple, dict] = {}
+        for e in self.ops():
+            k = (e.name, e.phase, e.kernel)
+            r = rows.get(k)
+            if r is None:
+                r = rows[k] = {"name": e.key, "op": e.name, "phase": e.phase, "kernel": e.kernel, "calls": 0,
+                               "cpu_ms": 0.0, "gpu_ms": 0.0 if self.gpu_timing else None}
+            r["calls"] += 1
+            r["cpu_ms"] += e.cpu_us / 1e3
+            if e.gpu_ms is not None:
+                r["gpu_ms"] += e.gpu_ms
+        step = self.step_ms() or 1e-9
+        out = []
+        for r in rows.values():
+            t = r["gpu_ms"] if r["gpu_ms"] is not None else r["cpu_ms"]
+            r["total_ms"] = t
+            r["mean_us"] = 1e3 * t / r["calls"]
+            r["share"] = 100.0 * t / step
+            out.append(r)
+        key = {"total": "total_ms", "calls": "calls", "mean": "mean_us"}.get(sort_by)
+        if key is None:
+            raise ValueError(f"summary(sort_by={sort_by!r}): expected 'total', 'calls' or 'mean'")
+        out.sort(key=lambda r: -r[key])
+        return out[:top] if top else out
+
+    def timeline(self) -> tuple[list[int], list[int], list[int]]:
+        """(ns since start, allocated bytes, reserved bytes) after each memory event."""
+        ts, a, r = _memory.timeline(self.mem_events)
+        return [t - self.t0 for t in ts], a, r
+
+    def peak_memory(self) -> dict:
+        """Peak allocated bytes above the session's start and the live bytes at the peak by owner."""
+        p = _memory.peak(self.mem_events)
+        if p["peak_ts_ns"] is not None:
+            p["peak_ts_ns"] -= self.t0
+        p["baseline_bytes"] = self.baseline_bytes
+        return p
+
+    def table(self, top: int = 25, sort_by: str = "total") -> str:
+        from bluprofiler.table import format_table
+
+        return format_table(self, top=top, sort_by=sort_by)
+
+    def chrome_trace(self) -> dict:
+        from bluprofiler.trace import chrome_trace
+
+        return chrome_trace(self)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary: device, wall/step time, rows, peak memory."""
+        return {"device": self.device, "gpu_timing": self.gpu_timing, "wall_ms": self.wall_ms,
+                "step_ms": self.step_ms(), "n_ops": len(self.ops()), "n_mem_events": len(self.mem_events),
+                "rows": self.summary(), "memory": self.peak_memory(), **self.meta}

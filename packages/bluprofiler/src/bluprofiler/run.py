@@ -1,0 +1,76 @@
+"""profile_steps: run a few steps of any training step under the profiler and write the results.
+
+This is what ``blutrain profile`` calls: ``profile_steps(step_fn, n_steps, out_dir) -> summary``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bluprofiler.profiler import Profiler
+from bluprofiler.sinks import get_sink
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+
+
+def time_steps(step_fn: Callable[[], Any], n: int, cuda: bool) -> list[float]:
+    """Wall time in ms of each of ``n`` calls of ``step_fn`` (synchronised on CUDA)."""
+    out = []
+    for _ in range(n):
+        _sync(cuda)
+        t = time.perf_counter()
+        step_fn()
+        _sync(cuda)
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def profile_steps(step_fn: Callable[[], Any], n_steps: int, out_dir: str | Path, warmup: int = 1,
+                  timing: bool = True, memory: bool = True, nvtx: bool = True, device: str | None = None,
+                  sinks: tuple[str, ...] = ("table", "chrome-trace", "jsonl"), plot: bool = True,
+                  meta: dict | None = None) -> dict:
+    """Run ``warmup`` unprofiled then ``n_steps`` profiled calls of ``step_fn()`` (each inside a
+    ``step`` region, synchronised), write each sink and the memory PNG into ``out_dir``, and
+    return the summary dict (also saved as ``summary.json`` by the "table" sink)."""
+    if n_steps < 1:
+        raise ValueError(f"profile_steps: n_steps must be >= 1, got {n_steps}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for _ in range(warmup):
+        step_fn()
+    prof = Profiler(timing=timing, memory=memory, nvtx=nvtx, device=device)
+    losses = []
+    with prof:
+        cuda = prof.cuda
+        _sync(cuda)
+        for _i in range(n_steps):
+            with prof.region("step"):
+                losses.append(step_fn())
+                _sync(cuda)
+    res = prof.result
+    res.meta.update({"n_steps": n_steps, "warmup": warmup, **(meta or {})})
+    res.meta["losses"] = [float(x) for x in losses if isinstance(x, int | float)]
+    files = {}
+    for name in sinks:
+        files[name] = str(get_sink(name).write(res, out))
+    if plot and res.mem_events:
+        from bluprofiler.plot import PlotUnavailable, plot_memory
+
+        try:
+            files["memory-png"] = str(plot_memory(res, out / "memory.png"))
+        except PlotUnavailable as e:
+            files["memory-png"] = f"skipped: {e}"
+    summary = res.to_dict()
+    summary["files"] = files
+    summary["step_ms_each"] = [s.cpu_us / 1e3 for s in res.regions("step")]
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

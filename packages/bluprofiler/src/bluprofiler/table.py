@@ -1,0 +1,48 @@
+"""The summary table: top kernels by total time, calls, mean, share of the step; peak memory by owner."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bluprofiler.result import ProfileResult
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def format_table(res: ProfileResult, top: int = 25, sort_by: str = "total") -> str:
+    """A fixed-width text table of ``res.summary()`` followed by the peak-memory breakdown."""
+    rows = res.summary(sort_by=sort_by)
+    timed = "GPU" if res.gpu_timing else "host"
+    head = (f"bluprofiler: {len(res.ops())} op spans on {res.device}, step time {res.step_ms():.3f} ms "
+            f"(wall {res.wall_ms:.3f} ms), times are {timed} times\n")
+    cols = ["name", "kernel", "calls", f"total ms ({timed})", "mean us", "share %"]
+    if res.gpu_timing:
+        cols.append("host ms")
+    lines = []
+    w0 = max([len(cols[0])] + [len(r["name"]) for r in rows[:top]])
+    w1 = max([len(cols[1])] + [len(r["kernel"]) for r in rows[:top]])
+    fmt = f"{{:<{w0}}}  {{:<{w1}}}  {{:>7}}  {{:>16}}  {{:>11}}  {{:>8}}" + ("  {:>10}" if res.gpu_timing else "")
+    lines.append(fmt.format(*cols))
+    lines.append("-" * len(lines[0]))
+    for r in rows[:top]:
+        vals = [r["name"], r["kernel"], r["calls"], f"{r['total_ms']:.3f}", f"{r['mean_us']:.1f}",
+                f"{r['share']:.1f}"]
+        if res.gpu_timing:
+            vals.append(f"{r['cpu_ms']:.3f}")
+        lines.append(fmt.format(*vals))
+    if len(rows) > top:
+        rest = rows[top:]
+        lines.append(f"... {len(rest)} more rows, {sum(r['total_ms'] for r in rest):.3f} ms in total")
+    total = sum(r["total_ms"] for r in rows)
+    lines.append(f"sum of op rows: {total:.3f} ms = {100 * total / (res.step_ms() or 1e-9):.1f}% of the step")
+    if res.mem_events:
+        p = res.peak_memory()
+        lines.append("")
+        lines.append(f"memory: peak {_mib(p['peak_bytes'])} above the start ({p['n_alloc']} allocations, "
+                     f"{p['n_free']} frees; baseline {_mib(p['baseline_bytes'])}); live at the peak by owner:")
+        for owner, n in list(p["by_owner"].items())[:15]:
+            lines.append(f"  {owner:<40} {_mib(n):>16}")
+    return head + "\n".join(lines) + "\n"

@@ -1,0 +1,42 @@
+"""Shared fixtures: a clean plugin host, GPU detection for the cuda-marked twins."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+HAS_GPU = _gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs CuPy and a CUDA GPU")
+    for it in items:
+        if "cuda" in it.keywords and not HAS_GPU:
+            it.add_marker(skip)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request):
+    """Run a test on CPU and, as a cuda-marked twin, on the GPU."""
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_observers():
+    from blutensor.autograd.node import Node
+    from blutensor.ops import dispatch
+
+    before = list(dispatch.observers)
+    apply_fn = Node.apply
+    yield
+    assert dispatch.observers == before, "a test left a dispatch observer installed"
+    assert Node.apply is apply_fn, "a test left Node.apply patched"
