@@ -1,0 +1,237 @@
+"""The ``blutrain`` command: prepare, train, sample, eval, plugins.
+
+Examples::
+
+    blutrain train --preset tiny --out runs/tiny                 # CPU (or GPU) demo on the built-in corpus
+    blutrain train --preset gpt2-124m --device cuda --steps 50 train.micro_batch=8
+    blutrain train --out runs/tiny --resume                      # continue from the newest good checkpoint
+    blutrain sample --out runs/tiny --prompt "def " --tokens 200
+    blutrain eval --out runs/tiny
+    blutrain prepare --out data/pydocs --tokenizer bpe --vocab-size 2048
+    blutrain plugins
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from blumodels.config import ConfigError, RunConfig, apply_overrides, from_dict, load_config, load_preset
+
+
+def _add_common(p: argparse.ArgumentParser, default_out: str | None = None) -> None:
+    p.add_argument("--config", help="TOML config file ([model], [train], [data])")
+    p.add_argument("--preset", help="a shipped preset (tiny, gpt2-124m, ...); see `blutrain presets`")
+    p.add_argument("--device", help="auto (default: cuda when available, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--out", default=default_out, help="run directory (log.jsonl, checkpoints/, loss.png)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value",
+                   help="config overrides, e.g. train.lr=3e-4 model.n_layer=2")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="blutrain", description="Train GPT-2 with BluTrain.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("prepare", help="tokenize text into train/val token shards")
+    p.add_argument("--out", required=True, help="data directory to write (shards, tokenizer, meta.json)")
+    p.add_argument("--source", action="append", default=[], help="text file or folder (repeatable)")
+    p.add_argument("--corpus", default="pydocs", help="built-in corpus to add ('none' for only --source)")
+    p.add_argument("--tokenizer", default="auto", choices=("auto", "gpt2", "bpe"))
+    p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary when training one")
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--shard-tokens", type=int, default=10_000_000)
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("train", help="train a model (prepares the built-in corpus when data is missing)")
+    _add_common(p)
+    p.add_argument("--steps", type=int, help="number of optimisation steps (train.steps)")
+    p.add_argument("--data", help="prepared data directory (data.dir); default <out>/data")
+    p.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+    p = sub.add_parser("sample", help="generate text from a run's newest good checkpoint")
+    _add_common(p)
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("eval", help="validation loss of a run's newest good checkpoint")
+    _add_common(p)
+    p.add_argument("--batches", type=int, default=None, help="validation batches (default train.eval_steps)")
+
+    sub.add_parser("plugins", help="list the plugins found through the `blutrain` entry points")
+    sub.add_parser("presets", help="list the shipped presets")
+    return ap
+
+
+def resolve_config(args: argparse.Namespace, fallback_preset: str | None = "tiny") -> RunConfig:
+    """Config from --config / --preset / the run directory's config.json, then overrides and flags."""
+    if args.config and args.preset:
+        raise ConfigError("give --config or --preset, not both")
+    run_cfg = Path(args.out) / "config.json" if getattr(args, "out", None) else None
+    if args.config:
+        cfg = load_config(args.config)
+    elif args.preset:
+        cfg = load_preset(args.preset)
+    elif run_cfg is not None and run_cfg.is_file():
+        cfg = from_dict(json.loads(run_cfg.read_text()), origin=str(run_cfg))
+    elif fallback_preset:
+        cfg = load_preset(fallback_preset)
+    else:
+        raise ConfigError("no config: give --config FILE, --preset NAME or --out of an existing run")
+    extra = list(args.overrides or [])
+    if getattr(args, "device", None):
+        extra.append(f"train.device={args.device}")
+    if getattr(args, "steps", None) is not None:
+        extra.append(f"train.steps={args.steps}")
+    if getattr(args, "data", None):
+        extra.append(f"data.dir={args.data}")
+    return apply_overrides(cfg, extra) if extra else cfg
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from blumodels.data.prepare import prepare
+
+    corpus = None if args.corpus in ("none", "") else args.corpus
+    meta = prepare(args.out, sources=args.source or None, corpus=corpus, tokenizer=args.tokenizer,
+                   vocab_size=args.vocab_size, val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
+                   seed=args.seed)
+    print(json.dumps(meta, indent=2))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from blumodels.trainer import Trainer
+
+    cfg = resolve_config(args)
+    out = args.out or f"runs/{args.preset or (Path(args.config).stem if args.config else 'tiny')}"
+    tr = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
+    try:
+        summary = tr.fit()
+        if not args.quiet:
+            fv, lv = summary["first_val_loss"], summary["last_val_loss"]
+            vals = f", val loss {fv:.3f} -> {lv:.3f}" if fv is not None and lv is not None else ""
+            print(f"[blutrain] {summary['steps']} steps in {summary['elapsed_s']:.1f}s on {summary['device']}"
+                  f"{vals}; log {summary['log']}" + (f", plot {summary['plot']}" if summary["plot"] else ""))
+            if cfg.train.sample_tokens:
+                print("[blutrain] sample:")
+                print(tr.sample())
+    finally:
+        tr.close()
+    return 0
+
+
+def _load_run(args: argparse.Namespace):
+    """(cfg, model, data_dir, checkpoint path) of a finished or running run directory."""
+    from blumodels.checkpoint.manager import CheckpointManager
+    from blumodels.gpt2 import build_model
+    from blumodels.state import restore_training_state
+    from blumodels.trainer import data_meta, fit_vocab, resolve_device
+
+    if not args.out:
+        raise ConfigError("give --out RUN_DIR (the directory `blutrain train` wrote)")
+    cfg = resolve_config(args, fallback_preset=None)
+    out = Path(args.out)
+    data_dir = Path(cfg.data.dir) if cfg.data.dir else out / "data"
+    fit_vocab(cfg, data_meta(data_dir))
+    device = resolve_device(cfg.train.device)
+    model = build_model(cfg.model, device=device, seed=cfg.train.seed)
+    mgr = CheckpointManager(out / "checkpoints")
+    found = mgr.latest_good()
+    mgr.close()
+    if found is None:
+        raise FileNotFoundError(f"no good checkpoint under {out / 'checkpoints'}")
+    path, tensors, meta = found
+    restore_training_state(tensors, meta, model, restore_rng=False)
+    return cfg, model, data_dir, path, int(meta["step"])
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from blumodels.data.tokenizer import load_tokenizer
+    from blumodels.sampling import sample_text
+
+    cfg, model, data_dir, path, step = _load_run(args)
+    t = cfg.train
+    tok = load_tokenizer(data_dir)
+    text = sample_text(model, tok, t.sample_prompt if args.prompt is None else args.prompt, args.tokens,
+                       top_k=args.top_k if args.top_k is not None else t.top_k,
+                       temperature=args.temperature if args.temperature is not None else t.temperature,
+                       seed=args.seed)
+    print(f"[blutrain] {path} (step {step}):", file=sys.stderr)
+    print(text)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import blutensor as bt
+
+    from blumodels.data.loader import TokenLoader
+
+    cfg, model, data_dir, path, step = _load_run(args)
+    t = cfg.train
+    n = args.batches or t.eval_steps or 20
+    device = str(next(iter(model.parameters())).device)
+    loader = TokenLoader(data_dir, "val", t.micro_batch, t.seq_len, device=device)
+    model.eval()
+    total = 0.0
+    with bt.no_grad():
+        for _ in range(n):
+            x, y = loader.next_batch()
+            total += float(model(x, y)[1].item())
+    print(json.dumps({"checkpoint": str(path), "step": step, "val_loss": total / n, "batches": n}))
+    return 0
+
+
+def plugin_rows() -> list[tuple[str, str, str, str]]:
+    """(kind, name, package, version) of every plugin the host found, sorted."""
+    from blutensor.plugin.manager import get_host
+
+    return sorted((r.kind, r.name, r.package, r.version) for r in get_host().records())
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    rows = [("KIND", "NAME", "PACKAGE", "VERSION")] + plugin_rows()
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for i, r in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from blumodels.config import preset_names
+    from blumodels.gpt2 import count_params
+
+    print(f"{'PRESET':<12} {'LAYERS':>6} {'HEADS':>5} {'D_MODEL':>7} {'B':>3} {'T':>5} {'PARAMS':>8}")
+    for name in preset_names():
+        c = load_preset(name)
+        m = c.model
+        n = count_params(type(m)(**{**m.__dict__, "vocab_size": m.vocab_size or c.data.vocab_size}))
+        print(f"{name:<12} {m.n_layer:>6} {m.n_head:>5} {m.d_model:>7} {c.train.micro_batch:>3} "
+              f"{c.train.seq_len:>5} {n / 1e6:>7.1f}M")
+    return 0
+
+
+COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval,
+            "plugins": cmd_plugins, "presets": cmd_presets}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.cmd](args)
+    except ConfigError as e:
+        print(f"blutrain: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("blutrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

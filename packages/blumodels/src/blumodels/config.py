@@ -1,0 +1,268 @@
+"""Typed run configuration: ModelConfig, TrainConfig, DataConfig loaded from TOML and validated.
+
+Errors name the field at fault (``train.batch_tokens``, ``model.n_head`` ...) before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, get_type_hints
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type or out of range; names the field."""
+
+
+@dataclass
+class ModelConfig:
+    """GPT-2 shape. ``vocab_size = 0`` takes the vocabulary from the prepared data (meta.json)."""
+
+    family: str = "gpt2"
+    n_layer: int = 12
+    n_head: int = 12
+    d_model: int = 768
+    block_size: int = 1024  # maximum context length (rows of wpe)
+    vocab_size: int = 0  # real vocabulary; 0 = from the data
+    vocab_multiple: int = 64  # logits are computed over vocab padded to this multiple
+    dropout: float = 0.0
+    bias: bool = True
+    init_std: float = 0.02
+    ln_eps: float = 1e-5
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.vocab_multiple
+        return ((self.vocab_size + m - 1) // m) * m
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation recipe (defaults = the paper's Table 1) and run bookkeeping."""
+
+    steps: int = 19073
+    batch_tokens: int = 524288  # global batch in tokens; = micro_batch * seq_len * world * grad_accum
+    micro_batch: int = 16  # B per rank per micro step
+    seq_len: int = 1024  # T
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 715
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # on 2-D weights only (matmul weights and embeddings)
+    grad_clip: float = 1.0  # 0 disables clipping
+    seed: int = 1337
+    eval_interval: int = 250  # 0 disables periodic validation
+    eval_steps: int = 20
+    log_interval: int = 1
+    checkpoint_interval: int = 1000  # 0 = only at the end
+    keep_checkpoints: int = 3
+    async_checkpoint: bool = False
+    sample_interval: int = 0  # 0 = only at the end (when sample_tokens > 0)
+    sample_tokens: int = 0
+    sample_prompt: str = "\n"
+    top_k: int = 40
+    temperature: float = 1.0
+    nan_policy: str = "stop"  # "stop" | "skip"
+    precision: str = "fp32"  # "fp32" | "tf32" | "bf16" (matmul precision on CUDA)
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    world_size: int = 1
+    peak_flops: float = 0.0  # per device; 0 = default table (CUDA) or none (CPU: MFU null)
+    plot: bool = True
+
+
+@dataclass
+class DataConfig:
+    """Where token shards live and how to make them when missing (see blumodels.data.prepare)."""
+
+    dir: str = ""  # "" = <out>/data, prepared automatically when missing
+    corpus: str = "pydocs"
+    tokenizer: str = "auto"
+    vocab_size: int = 4096  # BPE vocabulary when the tokenizer is trained here
+    val_fraction: float = 0.05
+    shard_tokens: int = 10_000_000
+    seed: int = 0
+    max_bytes: int = 0  # cap on the built-in corpus (0 = all of it); for quick runs and tests
+
+
+@dataclass
+class RunConfig:
+    """The whole run: [model], [train], [data] tables of a TOML file."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    @property
+    def grad_accum(self) -> int:
+        t = self.train
+        return t.batch_tokens // (t.micro_batch * t.seq_len * t.world_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> RunConfig:
+        """Raise ConfigError naming the first field that is out of range."""
+        m, t, d = self.model, self.train, self.data
+        for sec, obj in (("model", m), ("train", t), ("data", d)):
+            for f in fields(obj):
+                v = getattr(obj, f.name)
+                if isinstance(v, int | float) and not isinstance(v, bool) and v < 0:
+                    raise ConfigError(f"{sec}.{f.name} must not be negative, got {v}")
+        for name in ("n_layer", "n_head", "d_model", "block_size", "vocab_multiple"):
+            if getattr(m, name) <= 0:
+                raise ConfigError(f"model.{name} must be positive, got {getattr(m, name)}")
+        if m.d_model % m.n_head:
+            raise ConfigError(f"model.n_head={m.n_head} does not divide model.d_model={m.d_model}")
+        if not 0.0 <= m.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
+        for name in ("steps", "batch_tokens", "micro_batch", "seq_len", "world_size"):
+            if getattr(t, name) <= 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        if t.seq_len > m.block_size:
+            raise ConfigError(f"train.seq_len={t.seq_len} exceeds model.block_size={m.block_size}")
+        per = t.micro_batch * t.seq_len * t.world_size
+        if t.batch_tokens % per:
+            raise ConfigError(f"train.batch_tokens={t.batch_tokens} is not divisible by micro_batch*seq_len*"
+                              f"world_size = {t.micro_batch}*{t.seq_len}*{t.world_size} = {per}")
+        if t.min_lr > t.lr:
+            raise ConfigError(f"train.min_lr={t.min_lr} is larger than train.lr={t.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(t, name) < 1.0:
+                raise ConfigError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
+        if t.nan_policy not in ("stop", "skip"):
+            raise ConfigError(f"train.nan_policy must be 'stop' or 'skip', got {t.nan_policy!r}")
+        if t.precision not in ("fp32", "tf32", "bf16"):
+            raise ConfigError(f"train.precision must be 'fp32', 'tf32' or 'bf16', got {t.precision!r}")
+        if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
+            raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda[:N]', got {t.device!r}")
+        if t.keep_checkpoints < 1:
+            raise ConfigError(f"train.keep_checkpoints must be at least 1, got {t.keep_checkpoints}")
+        if t.eval_interval and t.eval_steps <= 0:
+            raise ConfigError("train.eval_steps must be positive when train.eval_interval is set")
+        if t.log_interval <= 0:
+            raise ConfigError(f"train.log_interval must be positive, got {t.log_interval}")
+        if not 0.0 < d.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {d.val_fraction}")
+        return self
+
+
+_SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+
+
+def _coerce(section: str, name: str, typ: Any, value: Any) -> Any:
+    """Check/convert one value to the field's declared type (ints accepted for floats)."""
+    where = f"{section}.{name}"
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where} must be a boolean, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(float(value)) if float(value).is_integer() else int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def _apply(cfg: RunConfig, data: dict[str, Any], origin: str) -> None:
+    for section, table in data.items():
+        if section not in _SECTIONS:
+            raise ConfigError(f"{origin}: unknown section [{section}]; sections: {', '.join(_SECTIONS)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin}: [{section}] must be a table")
+        obj = getattr(cfg, section)
+        hints = get_type_hints(type(obj))
+        for key, value in table.items():
+            if key not in hints:
+                known = ", ".join(f.name for f in fields(obj))
+                raise ConfigError(f"{origin}: unknown key {section}.{key}; known keys: {known}")
+            setattr(obj, key, _coerce(section, key, hints[key], value))
+
+
+def from_dict(data: dict[str, Any], origin: str = "config") -> RunConfig:
+    """A validated RunConfig from nested {section: {key: value}}."""
+    cfg = RunConfig()
+    _apply(cfg, data, origin)
+    return cfg.validate()
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Load and validate a TOML file; errors name the file and the field."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p}: invalid TOML: {e}") from None
+    return from_dict(data, origin=str(p))
+
+
+def preset_names() -> list[str]:
+    """Names of the presets shipped with blumodels (presets/*.toml)."""
+    root = resources.files("blumodels") / "presets"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def preset_path(name: str) -> Path:
+    p = resources.files("blumodels") / "presets" / f"{name}.toml"
+    if not p.is_file():
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
+    return Path(str(p))
+
+
+def load_preset(name: str) -> RunConfig:
+    return load_config(preset_path(name))
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
+    """``["train.lr=3e-4", "model.n_layer=2"]`` -> {"train": {"lr": "3e-4"}, "model": {"n_layer": "2"}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.lr=3e-4)")
+        out.setdefault(section, {})[name] = value.strip()
+    return out
+
+
+def apply_overrides(cfg: RunConfig, items: list[str]) -> RunConfig:
+    """A copy of ``cfg`` with ``section.key=value`` overrides applied and validated."""
+    new = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), train=dataclasses.replace(cfg.train),
+                              data=dataclasses.replace(cfg.data))
+    _apply(new, parse_overrides(items), "override")
+    return new.validate()

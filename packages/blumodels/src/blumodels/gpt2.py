@@ -1,0 +1,158 @@
+"""GPT-2: pre-LayerNorm decoder blocks, causal self-attention, tanh-GELU MLP, tied embeddings.
+
+Initialisation follows GPT-2 / nanoGPT / llm.c: N(0, 0.02) for every weight and embedding, zero biases,
+and N(0, 0.02/sqrt(2*n_layer)) for the two residual projections (attn.c_proj, mlp.c_proj). The logits are
+computed over the vocabulary padded to a multiple of 64; padded rows are never targeted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import blutensor as bt
+import blutensor.nn.functional as F
+from blutensor import nn
+
+from blumodels.config import ModelConfig
+
+
+class Linear(nn.Module):
+    """y = x W^T + b with GPT-2's N(0, std) weight init (no wasted default init)."""
+
+    def __init__(self, n_in: int, n_out: int, std: float, bias: bool = True, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(bt.empty(n_out, n_in, device=device))
+        nn.init.normal_(self.weight, 0.0, std)
+        self.bias = nn.Parameter(bt.zeros(n_out, device=device)) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """Lookup table initialised N(0, std)."""
+
+    def __init__(self, n: int, dim: int, std: float, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(bt.empty(n, dim, device=device))
+        nn.init.normal_(self.weight, 0.0, std)
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, device=None):
+        super().__init__()
+        self.n_head, self.d_model, self.dropout = cfg.n_head, cfg.d_model, cfg.dropout
+        self.head_dim = cfg.d_model // cfg.n_head  # n_head may be cut by tensor parallelism; head_dim not
+        resid_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+        self.c_attn = Linear(cfg.d_model, 3 * cfg.d_model, cfg.init_std, cfg.bias, device)
+        self.c_proj = Linear(cfg.d_model, cfg.d_model, resid_std, cfg.bias, device)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        H = self.n_head
+        hd = self.head_dim
+        qkv = self.c_attn(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+        q, k, v = qkv[0].contiguous(), qkv[1].contiguous(), qkv[2].contiguous()
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, H * hd)
+        y = self.c_proj(y)
+        return F.dropout(y, p, self.training) if p > 0 else y
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, device=None):
+        super().__init__()
+        resid_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+        self.dropout = cfg.dropout
+        self.c_fc = Linear(cfg.d_model, 4 * cfg.d_model, cfg.init_std, cfg.bias, device)
+        self.c_proj = Linear(4 * cfg.d_model, cfg.d_model, resid_std, cfg.bias, device)
+
+    def forward(self, x):
+        y = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
+
+
+class Block(nn.Module):
+    """x + attn(ln_1(x)), then + mlp(ln_2(.)) (pre-LayerNorm)."""
+
+    def __init__(self, cfg: ModelConfig, device=None):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps, bias=cfg.bias, device=device)
+        self.attn = CausalSelfAttention(cfg, device)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps, bias=cfg.bias, device=device)
+        self.mlp = MLP(cfg, device)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    """GPT-2 language model; ``forward(idx, targets=None) -> (logits, loss)``.
+
+    ``lm_head`` is ``F.linear(x, wte.weight)``: the tied matrix is one Parameter, listed once.
+    """
+
+    def __init__(self, cfg: ModelConfig, device=None):
+        super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ValueError("GPT2: model.vocab_size must be set (> 0) before building the model")
+        self.config = cfg
+        Vp = cfg.padded_vocab_size
+        self.wte = Embedding(Vp, cfg.d_model, cfg.init_std, device)
+        self.wpe = Embedding(cfg.block_size, cfg.d_model, cfg.init_std, device)
+        self.blocks = nn.ModuleList([Block(cfg, device) for _ in range(cfg.n_layer)])
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps, bias=cfg.bias, device=device)
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"GPT2: sequence length {T} exceeds model.block_size={self.config.block_size}")
+        pos = bt.arange(T, dtype=bt.int64, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        if self.config.dropout > 0:
+            x = F.dropout(x, self.config.dropout, self.training)
+        for blk in self.blocks:
+            x = blk(x)
+        x = self.ln_f(x)
+        if targets is None:
+            x = x[:, -1:, :]  # generation needs only the last position
+        logits = F.linear(x, self.wte.weight)  # (B, T, Vp): tied lm_head
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+        return logits, loss
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW groups: decay on 2-D weights (matmuls, embeddings), none on biases and LayerNorm."""
+        decay = [p for p in self.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.ndim < 2]
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6*N (matmuls fwd+bwd) + 12*L*d*T (attention scores and values)."""
+        c = self.config
+        n = self.num_params() - self.wpe.weight.numel()
+        return 6.0 * n + 12.0 * c.n_layer * c.d_model * seq_len
+
+
+def count_params(cfg: ModelConfig) -> int:
+    """Parameters of a GPT2 of this shape (tied embedding counted once), without building it."""
+    d, L = cfg.d_model, cfg.n_layer
+    per_block = 12 * d * d + (13 * d if cfg.bias else 2 * d)
+    return cfg.padded_vocab_size * d + cfg.block_size * d + L * per_block + (2 * d if cfg.bias else d)
+
+
+def build_model(cfg: ModelConfig, device: str | bt.device | None = None, seed: int | None = None) -> GPT2:
+    """A freshly initialised GPT2 on ``device``; ``seed`` seeds the default Philox generator first."""
+    if seed is not None:
+        bt.manual_seed(seed)
+    return GPT2(cfg, device=device)

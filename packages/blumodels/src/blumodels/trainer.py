@@ -1,0 +1,328 @@
+"""Trainer: gradient accumulation, AdamW, warmup+cosine LR, clipping, validation, NaN policy,
+JSON-lines logs, progress bar, checkpoints with bit-exact resume, loss-curve PNG.
+
+AdamW decays 2-D weights only (matmul weights and the embeddings), never biases or LayerNorm
+parameters, as nanoGPT and llm.c do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import blutensor as bt
+import numpy as np
+from blutensor.optim.lr_scheduler import warmup_cosine
+
+from blumodels import metrics
+from blumodels.config import ConfigError, RunConfig
+from blumodels.gpt2 import GPT2, build_model
+from blumodels.state import restore_training_state, training_state
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient became NaN/Inf; the message names the step and the tensor."""
+
+
+def resolve_device(name: str) -> str:
+    """'auto' -> 'cuda' when bt.cuda.is_available() else 'cpu'; 'cuda' without a GPU is an error."""
+    if name == "auto":
+        return "cuda" if bt.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not bt.cuda.is_available():
+        raise ConfigError(f"train.device={name!r} but no CUDA GPU is usable here "
+                          "(install cupy-cuda12x/cupy-cuda13x on a GPU machine, or use --device cpu)")
+    return name
+
+
+def ensure_data(cfg: RunConfig, out_dir: Path, log=print) -> Path:
+    """The data directory, running ``prepare`` on the configured corpus when meta.json is missing."""
+    d = Path(cfg.data.dir) if cfg.data.dir else out_dir / "data"
+    if not (d / "meta.json").is_file():
+        from blumodels.data.prepare import prepare
+
+        log(f"[blutrain] no prepared data in {d}: preparing corpus {cfg.data.corpus!r} "
+            f"(tokenizer {cfg.data.tokenizer}, vocab {cfg.data.vocab_size}) ...")
+        t0 = time.perf_counter()
+        prepare(d, corpus=cfg.data.corpus, tokenizer=cfg.data.tokenizer, vocab_size=cfg.data.vocab_size,
+                val_fraction=cfg.data.val_fraction, shard_tokens=cfg.data.shard_tokens, seed=cfg.data.seed,
+                max_corpus_bytes=cfg.data.max_bytes or None)
+        log(f"[blutrain] prepared {d} in {time.perf_counter() - t0:.1f}s")
+    return d
+
+
+def data_meta(data_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((Path(data_dir) / "meta.json").read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"data.dir={str(data_dir)!r} has no meta.json: run `blutrain prepare --out "
+                          f"{data_dir}` first") from None
+
+
+def fit_vocab(cfg: RunConfig, meta: dict[str, Any]) -> None:
+    """Set model.vocab_size from the data when 0; refuse a model vocabulary smaller than the data's."""
+    dv = int(meta["vocab_size"])
+    if cfg.model.vocab_size == 0:
+        cfg.model.vocab_size = dv
+    elif cfg.model.vocab_size < dv:
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the data's vocabulary "
+                          f"({dv}, tokenizer {meta.get('tokenizer')})")
+
+
+def make_optimizer(model: GPT2, cfg: RunConfig) -> bt.optim.AdamW:
+    t = cfg.train
+    return bt.optim.AdamW(model.param_groups(t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                          weight_decay=t.weight_decay)
+
+
+def lr_at(step: int, cfg: RunConfig) -> float:
+    t = cfg.train
+    return warmup_cosine(step, t.lr, t.min_lr, t.warmup_steps, t.steps)
+
+
+def _hook():
+    from blutensor.plugin.manager import get_host
+
+    return get_host().hook
+
+
+class Trainer:
+    """Trains a GPT-2 from a RunConfig into ``out_dir`` (log.jsonl, checkpoints/, loss.png).
+
+    ``resume=True`` continues from the newest verified checkpoint in ``out_dir/checkpoints`` (falling
+    back past corrupt ones); the losses that follow equal those of an uninterrupted run.
+    """
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, quiet: bool = False,
+                 progress: bool | None = None):
+        self.cfg = cfg.validate()
+        if cfg.train.world_size != 1:
+            raise ConfigError("train.world_size > 1 needs a distributed launcher (dtms); this Trainer runs "
+                              "one process")
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.quiet = quiet
+        self.progress = sys.stdout.isatty() if progress is None else progress
+        self.device = resolve_device(cfg.train.device)
+        if self.device.startswith("cuda"):
+            bt.set_matmul_precision(cfg.train.precision)
+        self.data_dir = ensure_data(cfg, self.out, self.log)
+        self.meta = data_meta(self.data_dir)
+        fit_vocab(cfg, self.meta)
+        self.model = build_model(cfg.model, device=self.device, seed=cfg.train.seed)
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.params = dict(self.model.named_parameters())
+        from blumodels.data.loader import TokenLoader
+
+        t = cfg.train
+        self.train_loader = TokenLoader(self.data_dir, "train", t.micro_batch, t.seq_len, device=self.device)
+        self.val_loader = TokenLoader(self.data_dir, "val", t.micro_batch, t.seq_len, device=self.device)
+        from blumodels.checkpoint.manager import CheckpointManager
+
+        self.ckpt = CheckpointManager(self.out / "checkpoints", keep=t.keep_checkpoints,
+                                      async_save=t.async_checkpoint)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.resumed_from: str | None = None
+        self.flops_per_token = self.model.flops_per_token(t.seq_len)
+        self.peak = metrics.peak_flops(self.device.split(":")[0], t.precision, t.peak_flops)
+        (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        if resume:
+            self.resume()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def log(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, flush=True)
+
+    @property
+    def log_path(self) -> Path:
+        return self.out / "log.jsonl"
+
+    def resume(self) -> bool:
+        """Restore the newest good checkpoint; returns False when there is none."""
+        found = self.ckpt.latest_good()
+        if found is None:
+            self.log(f"[blutrain] no checkpoint in {self.out / 'checkpoints'}: starting from step 0")
+            return False
+        path, tensors, meta = found
+        self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
+        self.resumed_from = str(path)
+        self._truncate_log(self.step)
+        _hook().blutrain_on_checkpoint_loaded(path=str(path), step=self.step)
+        self.log(f"[blutrain] resumed from {path} at step {self.step}")
+        return True
+
+    def _truncate_log(self, step: int) -> None:
+        """Drop log records of steps >= ``step`` (they were run after the checkpoint and are redone)."""
+        if not self.log_path.is_file():
+            return
+        keep = [ln for ln in self.log_path.read_text().splitlines()
+                if ln.strip() and json.loads(ln).get("step", -1) < step]
+        self.log_path.write_text("".join(ln + "\n" for ln in keep))
+
+    def save_checkpoint(self) -> None:
+        tensors, meta = training_state(self.model, self.optimizer, self.step, self.train_loader,
+                                       self.cfg.to_dict(), {"data_meta": self.meta})
+        path = self.ckpt.save(self.step, tensors, meta)
+        if not self.cfg.train.async_checkpoint:  # durable now; async saves are durable after wait()
+            _hook().blutrain_on_checkpoint_saved(path=str(path), step=self.step)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, steps: int | None = None) -> float:
+        """Mean validation loss over ``eval_steps`` batches from the start of the validation split."""
+        n = steps or self.cfg.train.eval_steps
+        self.val_loader.reset()
+        self.model.eval()
+        total = 0.0
+        with bt.no_grad():
+            for _ in range(n):
+                x, y = self.val_loader.next_batch()
+                _, loss = self.model(x, y)
+                total += float(loss.item())
+        self.model.train()
+        return total / n
+
+    def sample(self, prompt: str | None = None, tokens: int | None = None, seed: int | None = None) -> str:
+        from blumodels.data.tokenizer import load_tokenizer
+        from blumodels.sampling import sample_text
+
+        t = self.cfg.train
+        tok = load_tokenizer(self.data_dir)
+        return sample_text(self.model, tok, t.sample_prompt if prompt is None else prompt,
+                           tokens or t.sample_tokens or 100, top_k=t.top_k, temperature=t.temperature,
+                           seed=t.seed if seed is None else seed)
+
+    # ------------------------------------------------------------------ training
+    def _nonfinite_grad_name(self) -> str:
+        for n, p in self.params.items():
+            if p.grad is not None and not bool(np.isfinite(p.grad.detach().to("cpu").numpy()).all()):
+                return f"grad of {n}"
+        return "gradient norm"
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimisation step (grad_accum micro-steps); returns its log record."""
+        cfg, t = self.cfg, self.cfg.train
+        s = self.step
+        accum = cfg.grad_accum
+        lr = lr_at(s, cfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad()
+        loss_sum = 0.0
+        bad = None
+        for micro in range(accum):
+            x, y = self.train_loader.next_batch()
+            _, loss = self.model(x, y)
+            lv = float(loss.item())
+            loss_sum += lv
+            if not math.isfinite(lv) and bad is None:
+                bad = f"loss (micro-step {micro}: {lv})"
+            (loss if accum == 1 else loss * (1.0 / accum)).backward()
+        loss_val = loss_sum / accum
+        params = list(self.params.values())
+        if t.grad_clip > 0:
+            gnorm = float(bt.optim.clip_grad_norm_(params, t.grad_clip).item())
+        else:
+            gnorm = math.sqrt(sum(float((p.grad.detach().to("cpu").numpy().astype(np.float64) ** 2).sum())
+                                  for p in params if p.grad is not None))
+        if bad is None and not math.isfinite(gnorm):
+            bad = self._nonfinite_grad_name()
+        skipped = False
+        if bad is not None:
+            if t.nan_policy == "stop":
+                self.optimizer.zero_grad()
+                raise NonFiniteError(f"step {s}: non-finite {bad}; stopping (train.nan_policy='stop'; "
+                                     f"use 'skip' to drop such steps)")
+            skipped = True
+            self.log(f"[blutrain] step {s}: non-finite {bad}; step skipped (nan_policy='skip')")
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+        dt = time.perf_counter() - t0
+        tokens = accum * t.micro_batch * t.seq_len * t.world_size
+        tps = tokens / dt if dt > 0 else 0.0
+        rec: dict[str, Any] = {
+            "step": s, "loss": loss_val, "lr": lr, "grad_norm": gnorm, "tokens_per_s": tps,
+            "mfu": metrics.mfu(self.flops_per_token, tps, self.peak), "mem_bytes":
+            metrics.memory_bytes(self.device.split(":")[0]), "step_ms": dt * 1e3,
+            "tokens": (s + 1) * tokens,
+        }
+        if skipped:
+            rec["skipped"] = True
+        return rec
+
+    def fit(self, steps: int | None = None) -> dict[str, Any]:
+        """Train until ``steps`` (default train.steps) steps are done; returns a summary."""
+        t = self.cfg.train
+        total = steps if steps is not None else t.steps
+        hook = _hook()
+        t_start = time.perf_counter()
+        first_val = last_val = None
+        logf = open(self.log_path, "a")
+        try:
+            while self.step < total:
+                s = self.step
+                val = None
+                if t.eval_interval and (s % t.eval_interval == 0 or s == total - 1):
+                    val = self.evaluate()
+                    first_val = val if first_val is None else first_val
+                    last_val = val
+                hook.blutrain_on_step_begin(step=s, state={"lr": lr_at(s, self.cfg)})
+                rec = self.train_step()
+                if val is not None:
+                    rec["val_loss"] = val
+                self.step = s + 1
+                self.history.append(rec)
+                if s % t.log_interval == 0 or val is not None or self.step == total:
+                    logf.write(json.dumps(rec) + "\n")
+                    logf.flush()
+                hook.blutrain_on_step_end(step=s, metrics=rec)
+                self._report(rec, total)
+                if t.sample_interval and t.sample_tokens and self.step % t.sample_interval == 0:
+                    text = self.sample(seed=t.seed + self.step)
+                    self.log(f"[blutrain] sample at step {self.step}:\n{text}")
+                if t.checkpoint_interval and self.step % t.checkpoint_interval == 0 and self.step < total:
+                    self.save_checkpoint()
+        finally:
+            logf.close()
+            if self.progress and not self.quiet:
+                print(flush=True)
+        if self.history:
+            self.save_checkpoint()
+        self.ckpt.wait()
+        elapsed = time.perf_counter() - t_start
+        png = None
+        if t.plot and self.log_path.is_file() and self.log_path.stat().st_size:
+            from blumodels.plot import plot_losses
+
+            m = self.cfg.model
+            title = f"GPT-2 {m.n_layer}L d{m.d_model} on {self.meta.get('corpus', 'data')}"
+            png = str(plot_losses(self.log_path, self.out / "loss.png", title=title))
+        summary = {"steps": self.step, "elapsed_s": elapsed, "first_val_loss": first_val,
+                   "last_val_loss": last_val, "final_loss": self.history[-1]["loss"] if self.history else None,
+                   "device": self.device, "log": str(self.log_path), "plot": png, "resumed_from": self.resumed_from}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def _report(self, rec: dict[str, Any], total: int) -> None:
+        if self.quiet:
+            return
+        s = rec["step"] + 1
+        val = f" val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
+        text = (f"step {s:>{len(str(total))}}/{total} loss {rec['loss']:.4f}{val} lr {rec['lr']:.2e} "
+                f"gnorm {rec['grad_norm']:.2f} {rec['tokens_per_s']:,.0f} tok/s")
+        if self.progress:
+            width = 24
+            done = int(width * s / total)
+            sys.stdout.write(f"\r[{'#' * done}{'.' * (width - done)}] {text}\x1b[K")
+            sys.stdout.flush()
+        elif "val_loss" in rec or s == total or s % max(1, total // 20) == 0:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        self.ckpt.close()
