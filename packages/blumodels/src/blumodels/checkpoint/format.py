@@ -1,0 +1,231 @@
+"""One checkpoint file: safetensors layout, self-describing metadata, SHA-256, atomic durable write.
+
+File = u64 little-endian header length N, N bytes of JSON header (space padded to 8 bytes), payload.
+The header maps each tensor name to ``{"dtype", "shape", "data_offsets"}`` (standard safetensors, so
+any safetensors reader opens it) and ``__metadata__`` holds strings:
+
+- ``format`` = "blutrain-checkpoint", ``format_version`` = "1"
+- ``meta``: the caller's JSON metadata (step, config, RNG states, data position, ...)
+- ``sha256``: SHA-256 of the payload bytes; ``meta_sha256``: SHA-256 of meta + the tensor index
+- ``payload_bytes``: payload length
+
+bfloat16 (ml_dtypes) arrays are stored with safetensors' BF16 dtype, byte for byte. Tensors are laid
+out by decreasing item size so every one is aligned. Never pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+FORMAT_NAME = "blutrain-checkpoint"
+FORMAT_VERSION = 1
+MAX_HEADER_BYTES = 100 << 20
+_CHUNK = 64 << 20
+
+_ST_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+_ST_NAME = {v: k for k, v in _ST_DTYPES.items()}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file failed verification; ``path`` and ``reason`` say which and why."""
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"checkpoint {self.path}: {reason}")
+
+
+def st_dtype_name(dtype: Any) -> str:
+    """safetensors dtype name ("F32", "BF16", ...) of a NumPy dtype; ValueError if it has none."""
+    dt = np.dtype(dtype)
+    if dt.byteorder == ">":
+        dt = dt.newbyteorder("<")
+    name = _ST_NAME.get(dt)
+    if name is None:
+        raise ValueError(f"checkpoint: dtype {dt} has no safetensors equivalent")
+    return name
+
+
+def _bytes_view(arr: np.ndarray) -> memoryview:
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """fsync a directory so a rename inside it is durable (no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _index_and_arrays(tensors: dict[str, np.ndarray]) -> tuple[dict, list[np.ndarray], int]:
+    items = []
+    for name, a in tensors.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(f"checkpoint: bad tensor name {name!r}")
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"checkpoint: tensor {name!r} must be a NumPy array, got {type(a).__name__} "
+                            "(copy device arrays to the host first, or use CheckpointManager)")
+        dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
+        if dt != a.dtype:
+            a = a.astype(dt)
+        items.append((name, a if a.flags.c_contiguous else a.copy(order="C")))
+    items.sort(key=lambda t: (-t[1].dtype.itemsize, t[0]))
+    index, arrays, off = {}, [], 0
+    for name, a in items:
+        index[name] = {"dtype": st_dtype_name(a.dtype), "shape": list(a.shape),
+                       "data_offsets": [off, off + a.nbytes]}
+        arrays.append(a)
+        off += a.nbytes
+    return index, arrays, off
+
+
+def _meta_digest(meta_json: str, index: dict) -> str:
+    return hashlib.sha256(meta_json.encode() + b"\0" + json.dumps(index, sort_keys=True).encode()).hexdigest()
+
+
+def _header_bytes(index: dict, metadata: dict) -> bytes:
+    head = json.dumps({"__metadata__": metadata, **index}, separators=(",", ":")).encode()
+    return head + b" " * (-(len(head) + 8) % 8)
+
+
+def save_checkpoint(path: str | os.PathLike, tensors: dict[str, np.ndarray], meta: dict) -> None:
+    """Write ``tensors`` + JSON ``meta`` to ``path``: temp name, fsync, atomic rename, directory fsync."""
+    path = Path(path)
+    index, arrays, payload = _index_and_arrays(tensors)
+    meta_json = json.dumps(meta, sort_keys=True, allow_nan=True)
+    metadata = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION), "meta": meta_json,
+                "meta_sha256": _meta_digest(meta_json, index), "payload_bytes": str(payload),
+                "sha256": "0" * 64}
+    head = _header_bytes(index, metadata)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(head)))
+            f.write(head)  # placeholder digest, same length as the real one
+            h = hashlib.sha256()
+            for a in arrays:
+                mv = _bytes_view(a)
+                for i in range(0, len(mv), _CHUNK):
+                    h.update(mv[i:i + _CHUNK])
+                f.write(mv)
+            metadata["sha256"] = h.hexdigest()
+            final = _header_bytes(index, metadata)
+            assert len(final) == len(head)
+            f.seek(8)
+            f.write(final)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
+def _read_header(path: Path, f, size: int) -> tuple[int, dict, dict]:
+    """(payload offset, tensor index, metadata) after checking the safetensors framing and our fields."""
+    if size < 8:
+        raise CheckpointError(path, f"not a safetensors file: {size} bytes, too short for the 8-byte header "
+                                    "length at offset 0")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > MAX_HEADER_BYTES:
+        raise CheckpointError(path, f"not a safetensors file: header length {n} at offset 0 is implausible")
+    if 8 + n > size:
+        raise CheckpointError(path, f"truncated: header claims {n} bytes at offset 8, file has {size - 8}")
+    try:
+        header = json.loads(f.read(n))
+        assert isinstance(header, dict)
+    except (ValueError, AssertionError, UnicodeDecodeError):
+        raise CheckpointError(path, "not a safetensors file: header at offset 8 is not a JSON object") \
+            from None
+    md = header.pop("__metadata__", None) or {}
+    if md.get("format") != FORMAT_NAME or "format_version" not in md:
+        raise CheckpointError(path, "not a BluTrain checkpoint: metadata has no format/format_version")
+    if md["format_version"] != str(FORMAT_VERSION):
+        raise CheckpointError(path, f"unsupported format_version {md['format_version']} (this reader "
+                                    f"knows {FORMAT_VERSION})")
+    return 8 + n, header, md
+
+
+def read_checkpoint_meta(path: str | os.PathLike) -> dict:
+    """The JSON meta of a checkpoint from its header alone (no payload read, no checksum)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        _, _, md = _read_header(path, f, os.fstat(f.fileno()).st_size)
+    return json.loads(md["meta"])
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+    """Read and verify ``path`` (framing, format version, sizes, SHA-256s); returns (tensors, meta).
+
+    Raises :class:`CheckpointError` naming the file and what failed. The arrays are views into one
+    buffer holding the payload.
+    """
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise CheckpointError(path, "no such file") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        start, index, md = _read_header(path, f, size)
+        try:
+            payload = int(md["payload_bytes"])
+            meta_json = md["meta"]
+        except (KeyError, ValueError):
+            raise CheckpointError(path, "metadata lacks payload_bytes/meta") from None
+        have = size - start
+        if have < payload:
+            raise CheckpointError(path, f"truncated: header claims {payload} payload bytes at offset "
+                                        f"{start}, file has {have}")
+        if have > payload:
+            raise CheckpointError(path, f"{have - payload} trailing bytes after the payload at offset "
+                                        f"{start + payload}")
+        buf = bytearray(payload)
+        mv = memoryview(buf)
+        h = hashlib.sha256()
+        for i in range(0, payload, _CHUNK):
+            chunk = mv[i:i + _CHUNK]
+            if f.readinto(chunk) != len(chunk):
+                raise CheckpointError(path, f"truncated while reading at offset {start + i}")
+            h.update(chunk)
+    if h.hexdigest() != md.get("sha256"):
+        raise CheckpointError(path, f"checksum mismatch: payload sha256 {h.hexdigest()[:16]}... != recorded "
+                                    f"{str(md.get('sha256'))[:16]}...")
+    if _meta_digest(meta_json, index) != md.get("meta_sha256"):
+        raise CheckpointError(path, "checksum mismatch: metadata/tensor index differ from meta_sha256")
+    tensors = {}
+    for name, spec in index.items():
+        try:
+            dt = _ST_DTYPES[spec["dtype"]]
+            a, b = (int(v) for v in spec["data_offsets"])
+            shape = tuple(int(s) for s in spec["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(path, f"bad index entry for tensor {name!r}: {spec!r}") from None
+        count = int(np.prod(shape, dtype=np.int64))
+        if not 0 <= a <= b <= payload or b - a != count * dt.itemsize:
+            raise CheckpointError(path, f"tensor {name!r}: data_offsets {[a, b]} do not fit its shape/dtype")
+        tensors[name] = np.frombuffer(buf, dtype=dt, count=count, offset=a).reshape(shape)
+    return tensors, json.loads(meta_json)

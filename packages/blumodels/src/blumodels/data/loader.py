@@ -1,0 +1,242 @@
+"""TokenLoader: the paper's Algorithm 2 (double-buffered batch production over memory-mapped shards).
+
+Cursor semantics (identical on every path): shards ``{split}_NNNNN.bin`` are visited in sorted order;
+rank ``r`` of ``W`` starts at ``pos = B*T*r`` and after each batch moves ``B*T*W`` tokens, so the ranks
+read disjoint interleaved windows ``tokens[pos : pos+B*T+1]`` (x = window[:-1], y = window[1:]). When the
+next global step (the windows of all W ranks) no longer fits, every rank moves to the next shard
+(wrapping to the first) at ``pos = B*T*r``. Shards too small for one global step are skipped.
+
+Algorithm 2 tests line 25 on the rank's own ``pos``; we test it on the rank-0-aligned base of the step,
+which is the same for W = 1 and makes all ranks change shard on the same step for W > 1.
+
+On CUDA the batch goes mmap -> pinned host buffer -> device through two channels (pinned ``Px/Py``,
+device ``X/Y``) filled by ``cudaMemcpyAsync`` on a copy stream; event ``h2d_done[i]`` orders the compute
+stream after the copy, event ``consumer_done`` keeps the copy stream from overwriting a buffer still in
+use. ``pinned=False`` (or a failed pinned allocation) takes the synchronous path: same batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .shards import list_shards, open_shard, read_header
+
+log = logging.getLogger(__name__)
+STATE_VERSION = 1
+
+
+def _pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Page-locked host array: bluallocator's pinned allocator when installed, else CuPy's."""
+    try:
+        from bluallocator import PinnedHostAllocator
+    except ImportError:
+        PinnedHostAllocator = None  # noqa: N806
+    if PinnedHostAllocator is not None:
+        global _PINNED_ALLOC
+        if _PINNED_ALLOC is None:
+            _PINNED_ALLOC = PinnedHostAllocator(pinned=True)
+        return _PINNED_ALLOC.empty(shape, dtype)
+    import cupy as cp
+
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape))
+    mem = cp.cuda.alloc_pinned_memory(max(n * dt.itemsize, 1))
+    return np.frombuffer(mem, dt, n).reshape(shape)
+
+
+_PINNED_ALLOC: Any = None
+
+
+class TokenLoader:
+    """Batches ``(x, y)`` of int64 token ids, shape (B, T), from the token shards of one split.
+
+    On the pinned CUDA path the returned tensors live in reused device buffers: they stay valid until
+    the next call to :meth:`next_batch` (copy them to keep them longer). ``state_dict()`` describes the
+    next batch to be returned, so a loader restored from it continues exactly where this one stands.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike, split: str, batch_size: int, seq_len: int,
+                 rank: int = 0, world_size: int = 1, device: Any = "cpu", pinned: bool | None = None) -> None:
+        from blutensor.device import as_device
+
+        if batch_size < 1 or seq_len < 1:
+            raise ValueError(f"TokenLoader: batch_size and seq_len must be >= 1, got B={batch_size} "
+                             f"T={seq_len}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"TokenLoader: rank {rank} out of range for world_size {world_size}")
+        self.data_dir, self.split = Path(data_dir), split
+        self.B, self.T, self.rank, self.world_size = int(batch_size), int(seq_len), int(rank), int(world_size)
+        self.BT = self.B * self.T
+        self.device = as_device(device)
+        self.shards = list_shards(self.data_dir, split)
+        if not self.shards:
+            raise FileNotFoundError(f"TokenLoader: no '{split}' shards ({split}_NNNNN.bin) in "
+                                    f"{self.data_dir}; "
+                                    "run `blutrain prepare` first")
+        self.shard_sizes = [read_header(p)[1] for p in self.shards]
+        need = self.BT * self.world_size + 1
+        small = [p.name for p, n in zip(self.shards, self.shard_sizes) if n < need]
+        if len(small) == len(self.shards):
+            raise ValueError(f"TokenLoader: every '{split}' shard in {self.data_dir} is smaller than one "
+                             "step "
+                             f"(B*T*W+1 = {need} tokens; largest has {max(self.shard_sizes)}): lower "
+                             "batch_size/seq_len or prepare more data")
+        if small:
+            log.warning("TokenLoader: skipping %d shard(s) smaller than one step (%d tokens): %s",
+                        len(small), need, ", ".join(small[:5]))
+        self._tokens: np.ndarray | None = None
+        self._open_idx = -1
+        self._cuda = self.device.type == "cuda"
+        self._pinned_ok = False
+        if pinned and not self._cuda:
+            raise ValueError(f"TokenLoader(pinned=True) needs a CUDA device, got device={self.device}")
+        if self._cuda and pinned is not False:
+            try:
+                self._setup_pinned()
+                self._pinned_ok = True
+            except Exception as e:
+                if pinned:
+                    raise
+                log.warning("TokenLoader: pinned buffers unavailable (%s); using the synchronous path", e)
+        self.reset()
+
+    # ---------------------------------------------------------------- cursor (Algorithm 2, lines 18-28)
+    def reset(self) -> None:
+        """Back to the first shard, ``pos = B*T*rank`` (and forget prefetched batches)."""
+        self._cur = -1
+        self._advance_shard()
+        self._primed = False
+        self._buf = 0
+
+    def _advance_shard(self) -> None:
+        need = self.BT * self.world_size + 1
+        for _ in range(len(self.shards)):
+            self._cur = (self._cur + 1) % len(self.shards)
+            if self.shard_sizes[self._cur] >= need:
+                break
+        self._pos = self.BT * self.rank
+
+    def _shard_tokens(self) -> np.ndarray:
+        if self._open_idx != self._cur:
+            self._tokens = open_shard(self.shards[self._cur])
+            self._open_idx = self._cur
+        return self._tokens
+
+    def _take(self) -> tuple[tuple[int, int], np.ndarray]:
+        """(cursor the window was read at, window of B*T+1 tokens); moves the cursor one global step."""
+        if self._pos + self.BT + 1 > self.shard_sizes[self._cur]:  # line 18
+            self._advance_shard()
+        at = (self._cur, self._pos)
+        window = self._shard_tokens()[self._pos:self._pos + self.BT + 1]
+        self._pos += self.BT * self.world_size  # line 24
+        base = self._pos - self.BT * self.rank
+        if base + self.BT * self.world_size + 1 > self.shard_sizes[self._cur]:  # line 25 (rank-aligned)
+            self._advance_shard()
+        return at, window
+
+    # ---------------------------------------------------------------- batches
+    def next_batch(self):
+        """The next ``(x, y)``: blutensor int64 tensors of shape (B, T) on the loader's device."""
+        if self._pinned_ok:
+            return self._next_pinned()
+        return self._next_sync()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.next_batch()
+
+    def _wrap(self, arr):
+        import blutensor as bt
+
+        return bt.Tensor._from_data(arr, bt.int64, self.device)
+
+    def _next_sync(self):
+        _, w = self._take()
+        x = w[:-1].astype(np.int64).reshape(self.B, self.T)
+        y = w[1:].astype(np.int64).reshape(self.B, self.T)
+        if self._cuda:
+            import cupy as cp
+
+            with cp.cuda.Device(self.device.index or 0):
+                x, y = cp.asarray(x), cp.asarray(y)
+        return self._wrap(x), self._wrap(y)
+
+    # ---------------------------------------------------------------- pinned double buffer (lines 1-23)
+    def _setup_pinned(self) -> None:
+        import cupy as cp
+
+        with cp.cuda.Device(self.device.index or 0):
+            shape = (self.B, self.T)
+            self._Px = [_pinned_empty(shape, np.int64) for _ in range(2)]
+            self._Py = [_pinned_empty(shape, np.int64) for _ in range(2)]
+            self._X = [cp.empty(shape, dtype=cp.int64) for _ in range(2)]
+            self._Y = [cp.empty(shape, dtype=cp.int64) for _ in range(2)]
+            self._copy_stream = cp.cuda.Stream(non_blocking=True)
+            self._h2d_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+            self._h2d_used = [False, False]
+            self._consumer_done = cp.cuda.Event(disable_timing=True)
+        self._issued: list[tuple[int, int]] = [(0, 0), (0, 0)]
+
+    def _issue_prefetch(self, i: int) -> None:
+        if self._h2d_used[i]:  # the last copy out of Px[i]/Py[i] must end before the host rewrites them
+            self._h2d_done[i].synchronize()
+        self._issued[i], w = self._take()
+        np.copyto(self._Px[i], w[:-1].reshape(self.B, self.T))
+        np.copyto(self._Py[i], w[1:].reshape(self.B, self.T))
+        self._X[i].set(self._Px[i], stream=self._copy_stream)
+        self._Y[i].set(self._Py[i], stream=self._copy_stream)
+        self._h2d_done[i].record(self._copy_stream)
+        self._h2d_used[i] = True
+
+    def _next_pinned(self):
+        import cupy as cp
+
+        with cp.cuda.Device(self.device.index or 0):
+            compute = cp.cuda.get_current_stream()
+            if not self._primed:
+                self._issue_prefetch(0)
+                self._issue_prefetch(1)
+                self._primed, self._buf = True, 0
+            else:
+                self._consumer_done.record(compute)
+                self._copy_stream.wait_event(self._consumer_done)
+                self._issue_prefetch(1 - self._buf)
+            compute.wait_event(self._h2d_done[self._buf])
+            b = self._buf
+            self._buf = (self._buf + 1) % 2
+            return self._wrap(self._X[b]), self._wrap(self._Y[b])
+
+    @property
+    def pinned(self) -> bool:
+        """True when batches go through pinned buffers and the copy stream."""
+        return self._pinned_ok
+
+    # ---------------------------------------------------------------- checkpointed position
+    def state_dict(self) -> dict:
+        """Position of the next batch this loader returns (JSON-serialisable ints and strings)."""
+        shard, pos = self._issued[self._buf] if (self._pinned_ok and self._primed) else (self._cur, self._pos)
+        return {"version": STATE_VERSION, "split": self.split, "shard": int(shard), "pos": int(pos),
+                "rank": self.rank, "world_size": self.world_size, "batch_size": self.B, "seq_len": self.T,
+                "num_shards": len(self.shards)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``: the next batches equal those of the loader that saved it."""
+        for key, mine in (("world_size", self.world_size), ("batch_size", self.B), ("seq_len", self.T),
+                          ("num_shards", len(self.shards))):
+            if key in state and int(state[key]) != mine:
+                raise ValueError(f"TokenLoader.load_state_dict: saved {key}={state[key]} but this loader has "
+                                 f"{key}={mine} ({self.data_dir}, split {self.split!r})")
+        shard, pos = int(state["shard"]), int(state["pos"])
+        pos += self.BT * (self.rank - int(state.get("rank", self.rank)))  # same step base on another rank
+        if not 0 <= shard < len(self.shards) or not 0 <= pos <= self.shard_sizes[shard]:
+            raise ValueError(f"TokenLoader.load_state_dict: shard {shard} pos {pos} out of range for "
+                             f"{len(self.shards)} '{self.split}' shards in {self.data_dir}")
+        self._cur, self._pos = shard, pos
+        self._primed, self._buf = False, 0
