@@ -13,20 +13,12 @@ import numpy as np
 from blutensor import functional as F
 from blutensor.autograd.grad_mode import STATE
 from blutensor.autograd.node import AccumulateGrad
+from blutensor.autograd.version import Version as _Version
 from blutensor.backend import xp_of
 from blutensor.device import CPU, as_device, device
 from blutensor.dtypes import as_dtype, bfloat16, dtype, float32, float64, from_numpy_dtype, int32, int64
-from blutensor.errors import AutogradError, BluTensorError, ShapeError
+from blutensor.errors import AutogradError, BluTensorError, DeviceError, DTypeError, ShapeError
 from blutensor.ops.dispatch import apply
-
-
-class _Version:
-    """Version counter shared by a tensor and its views; bumped by every in-place change."""
-
-    __slots__ = ("v",)
-
-    def __init__(self):
-        self.v = 0
 
 
 class Tensor:
@@ -56,10 +48,19 @@ class Tensor:
 
     @classmethod
     def _from_data(cls, data, dt: dtype | None, dev: device) -> Tensor:
+        """Wrap a raw NumPy/CuPy array without copying (dtype inferred when None)."""
         t = object.__new__(cls)
-        if dt is None:
-            dt = from_numpy_dtype(data.dtype)
-        t._init(data, dt, dev)
+        t._data = data
+        t.dtype = from_numpy_dtype(data.dtype) if dt is None else dt
+        t.device = dev
+        t.requires_grad = False
+        t.grad = None
+        t.grad_fn = None
+        t._version = _Version()
+        t._base = None
+        t._hooks = None
+        t._post_hooks = None
+        t._acc = None
         return t
 
     @staticmethod
@@ -109,7 +110,9 @@ class Tensor:
 
     @data.setter
     def data(self, value: Tensor) -> None:
-        self._data = value._data if isinstance(value, Tensor) else value
+        if not isinstance(value, Tensor):
+            raise TypeError(f"Tensor.data must be set to a Tensor, got {type(value).__name__}")
+        self._data, self.dtype, self.device = value._data, value.dtype, value.device
         self._version.v += 1
 
     def _version_value(self) -> int:
@@ -236,11 +239,17 @@ class Tensor:
             if t.numel() != 1:
                 raise AutogradError(f"grad can be implicitly created only for scalar outputs; backward() on "
                                     f"{t._desc()} needs a gradient argument of the same shape")
-            return xp_of(t.device).ones(t.shape, dtype=t._data.dtype)
-        g = gradient._data if isinstance(gradient, Tensor) else xp_of(t.device).asarray(gradient)
-        if tuple(g.shape) != tuple(t.shape):
-            raise ShapeError(f"backward: gradient shape {tuple(g.shape)} does not match {t._desc()}")
-        return g
+            from blutensor.creation import ones
+
+            return ones(*t.shape, dtype=t.dtype, device=t.device)._data
+        if not isinstance(gradient, Tensor):
+            gradient = tensor(gradient, dtype=t.dtype, device=t.device)
+        if tuple(gradient.shape) != tuple(t.shape):
+            raise ShapeError(f"backward: gradient {gradient._desc()} does not match the shape of {t._desc()}")
+        if gradient.device != t.device or gradient.dtype is not t.dtype:
+            raise DTypeError(f"backward: gradient {gradient._desc()} must have the dtype and device of "
+                             f"{t._desc()}")
+        return gradient._data
 
     def _acc_node(self) -> AccumulateGrad:
         if self._acc is None:
@@ -300,18 +309,22 @@ class Tensor:
 
     # ---- in-place ----
     def _inplace(self, op: str, *others, **attrs) -> Tensor:
-        if STATE.enabled and self.requires_grad:
-            if self.grad_fn is None:
+        """Run ``op`` out of place and write the result into this tensor's storage; when the graph
+        is being recorded, this tensor takes the result's grad_fn (PyTorch's rebase)."""
+        graph = STATE.enabled and (self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad
+                                                                for o in others))
+        if graph:
+            if self.requires_grad and self.grad_fn is None:
                 raise AutogradError(f"a leaf tensor that requires grad ({self._desc()}) is used in an in-place "
                                     f"op '{op}'; wrap it in no_grad() or clone() it first")
-            if self._base is not None:
+            if self._base is not None and (self.requires_grad or self._base.requires_grad):
                 raise AutogradError(f"in-place op '{op}' on a view of a tensor that requires grad is not "
                                     f"supported; clone() the view first")
             alias = Tensor._from_data(self._data.copy(), self.dtype, self.device)
-            alias.grad_fn, alias.requires_grad = self.grad_fn, True
+            alias.grad_fn, alias.requires_grad = self.grad_fn, self.requires_grad
             res = apply(op, alias, *others, **attrs)
             self._write(res._data)
-            self.grad_fn = res.grad_fn
+            self.grad_fn, self.requires_grad = res.grad_fn, res.requires_grad
         else:
             prev, STATE.enabled = STATE.enabled, False
             try:
@@ -319,8 +332,6 @@ class Tensor:
             finally:
                 STATE.enabled = prev
             self._write(res._data)
-            if any(isinstance(o, Tensor) and o.requires_grad for o in others) and STATE.enabled:
-                self.grad_fn, self.requires_grad = res.grad_fn, res.requires_grad
         self._version.v += 1
         return self
 
@@ -353,7 +364,9 @@ class Tensor:
 
     def fill_(self, value) -> Tensor:
         self._check_plain_inplace("fill_")
-        self._data.fill(value)
+        if isinstance(value, Tensor):
+            value = value.item()
+        self._data[...] = _storage_scalar(value, self.dtype, self.device)
         self._version.v += 1
         return self
 
@@ -372,7 +385,7 @@ class Tensor:
         self._check_plain_inplace("normal_")
         from blutensor.creation import _normal_array
 
-        self._data[...] = _normal_array(self.shape, self.dtype, self.device, generator) * std + mean
+        self._data[...] = _normal_array(self.shape, self.dtype, self.device, generator, mean, std)
         self._version.v += 1
         return self
 
@@ -380,7 +393,7 @@ class Tensor:
         self._check_plain_inplace("uniform_")
         from blutensor.creation import _uniform_array
 
-        self._data[...] = _uniform_array(self.shape, self.dtype, self.device, generator) * (b - a) + a
+        self._data[...] = _uniform_array(self.shape, self.dtype, self.device, generator, a, b)
         self._version.v += 1
         return self
 
@@ -393,42 +406,49 @@ class Tensor:
         if STATE.enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
             self._inplace("setitem", value if isinstance(value, Tensor) else _scalar(value), index=index)
             return
-        v = value._data if isinstance(value, Tensor) else value
-        if isinstance(value, Tensor) and value.device != self.device:
-            raise BluTensorError(f"setitem: value on {value.device}, tensor on {self.device}")
-        self._data[index] = v
+        if isinstance(value, Tensor):
+            if value.device != self.device:
+                raise DeviceError(f"setitem: value {value._desc()} is not on the device of {self._desc()}")
+            v = value.to(self.dtype)._data
+        else:
+            v = _storage_scalar(value, self.dtype, self.device)
+        self._data[_device_index(index, self.device)] = v
         self._version.v += 1
 
     def __getitem__(self, index) -> Tensor:
-        return apply("getitem", self, index=_index(index))
+        """Basic indexing (ints, slices, None, ...) is a view; advanced indexing copies."""
+        index = _index(index)
+        if _is_basic(index):
+            return apply("getitem", self, index=index)
+        return apply("index", self, index=_device_index(index, self.device))
 
     # ---- arithmetic ----
     def __add__(self, o):
-        return apply("add", self, _scalar(o))
+        return apply("add", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __radd__(self, o):
-        return apply("add", self, _scalar(o))
+        return apply("add", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __sub__(self, o):
-        return apply("sub", self, _scalar(o))
+        return apply("sub", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __rsub__(self, o):
         return apply("sub", _scalar(o), self) if isinstance(o, Tensor) else apply("add", apply("neg", self), o)
 
     def __mul__(self, o):
-        return apply("mul", self, _scalar(o))
+        return apply("mul", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __rmul__(self, o):
-        return apply("mul", self, _scalar(o))
+        return apply("mul", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __truediv__(self, o):
-        return apply("div", self, _scalar(o))
+        return apply("div", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __rtruediv__(self, o):
         return apply("mul", apply("pow", self, -1.0), _scalar(o))
 
     def __pow__(self, o):
-        return apply("pow", self, _scalar(o))
+        return apply("pow", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __rpow__(self, o):
         return F.exp(self * float(np.log(o)))
@@ -526,17 +546,49 @@ def _index(index):
     if isinstance(index, Tensor):
         return index._data
     if isinstance(index, tuple):
-        return tuple(i._data if isinstance(i, Tensor) else i for i in index)
+        return tuple(i._data if isinstance(i, Tensor) else (np.asarray(i) if isinstance(i, list) else i)
+                     for i in index)
     if isinstance(index, list):
         return np.asarray(index)
     return index
+
+
+def _is_basic(index) -> bool:
+    """True for indices made only of ints, slices, None and Ellipsis (the result is a view)."""
+    if type(index) is int or type(index) is slice:
+        return True
+    items = index if isinstance(index, tuple) else (index,)
+    for i in items:
+        if not (i is None or i is Ellipsis or type(i) is slice or isinstance(i, int | np.integer)
+                and not isinstance(i, bool)):
+            return False
+    return True
+
+
+def _device_index(index, dev):
+    """Move NumPy index arrays to the GPU for CUDA tensors."""
+    if dev.type == "cpu":
+        return index
+    xp = xp_of(dev)
+    if isinstance(index, np.ndarray):
+        return xp.asarray(index)
+    if isinstance(index, tuple):
+        return tuple(xp.asarray(i) if isinstance(i, np.ndarray) else i for i in index)
+    return index
+
+
+def _storage_scalar(value, dt: dtype, dev):
+    """A Python scalar as it is stored for dtype ``dt`` on ``dev`` (bfloat16 bits on CUDA)."""
+    if dt is bfloat16 and dev.type == "cuda":
+        return np.asarray(value, dtype=bfloat16.np).view(np.uint16)
+    return value
 
 
 _METHOD_NAMES = (
     "sum mean max min amax amin argmax argmin var std exp log tanh sqrt rsqrt sin cos abs sigmoid relu "
     "clamp pow view reshape transpose permute expand expand_as contiguous squeeze unsqueeze flatten split "
     "chunk masked_fill matmul softmax log_softmax clone where maximum minimum tril triu gelu norm "
-    "add sub mul div neg view_as all any square"
+    "add sub mul div neg view_as all any square eq ne lt le gt ge bmm"
 ).split()
 
 

@@ -131,24 +131,35 @@ def linspace(start: float, end: float, steps: int, dtype=None, device=None):
     return _wrap(_host_to(np.linspace(start, end, steps).astype(dt.np), dt, dev), dt, dev)
 
 
-def _normal_array(shape, dt, dev, generator=None):
+def _normal_array(shape, dt, dev, generator=None, mean: float = 0.0, std: float = 1.0):
+    """Normal(mean, std) samples in ``dt``'s storage on ``dev`` (drawn and scaled in float32/64)."""
     gen = generator or _random.default_generator
     xp = xp_of(dev)
     compute = np.float64 if dt.np == np.float64 else np.float32
-    if dev.type == "cuda":
-        with xp.cuda.Device(dev.index):
-            return _store(gen.normal(shape, xp, compute), dt, xp)
-    return _store(gen.normal(shape, xp, compute), dt, xp)
+    with _on(dev, xp):
+        z = gen.normal(shape, xp, compute)
+        if std != 1.0 or mean != 0.0:
+            z = z * compute(std) + compute(mean)
+        return _store(z, dt, xp)
 
 
-def _uniform_array(shape, dt, dev, generator=None):
+def _uniform_array(shape, dt, dev, generator=None, low: float = 0.0, high: float = 1.0):
+    """Uniform[low, high) samples in ``dt``'s storage on ``dev``."""
     gen = generator or _random.default_generator
     xp = xp_of(dev)
     compute = np.float64 if dt.np == np.float64 else np.float32
-    if dev.type == "cuda":
-        with xp.cuda.Device(dev.index):
-            return _store(gen.uniform(shape, xp, compute), dt, xp)
-    return _store(gen.uniform(shape, xp, compute), dt, xp)
+    with _on(dev, xp):
+        u = gen.uniform(shape, xp, compute)
+        if low != 0.0 or high != 1.0:
+            u = u * compute(high - low) + compute(low)
+        return _store(u, dt, xp)
+
+
+def _on(dev, xp):
+    """Context that makes ``dev`` current for CuPy allocations (a no-op on the CPU)."""
+    import contextlib
+
+    return xp.cuda.Device(dev.index) if dev.type == "cuda" else contextlib.nullcontext()
 
 
 def _store(arr, dt, xp):
@@ -182,7 +193,9 @@ def randint(low: int, high: int | None = None, size=(), dtype=None, device=None,
     dev = as_device(device)
     xp = xp_of(dev)
     dt = as_dtype(dtype) if dtype is not None else int64
-    arr = gen.integers(low, high, tuple(size), xp).astype(dt.np)
+    with _on(dev, xp):
+        arr = gen.integers(low, high, _shape((size,) if isinstance(size, int) else tuple(size)), xp)
+        arr = arr.astype(dt.np)
     return _wrap(arr, dt, dev)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 class dtype:  # noqa: N801 - PyTorch's name
     """A blutensor dtype: its name, its NumPy dtype, and how CUDA stores it."""
 
-    __slots__ = ("name", "np", "itemsize", "is_floating_point", "cuda_storage")
+    __slots__ = ("name", "np", "itemsize", "is_floating_point", "cuda_storage", "bf16")
 
     def __init__(self, name: str, np_dtype, is_float: bool, cuda_storage=None):
         self.name = name
@@ -18,6 +18,7 @@ class dtype:  # noqa: N801 - PyTorch's name
         self.is_floating_point = is_float
         # CuPy has no bfloat16: on CUDA it is kept as raw 16-bit storage
         self.cuda_storage = np.dtype(cuda_storage) if cuda_storage is not None else self.np
+        self.bf16 = name == "bfloat16"  # fast test on the dispatch hot path
 
     def __repr__(self) -> str:
         return f"blutensor.{self.name}"

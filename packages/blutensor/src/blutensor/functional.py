@@ -117,6 +117,26 @@ def eq(a, b):
     return apply("eq", a, _s(b))
 
 
+def ne(a, b):
+    return apply("ne", a, _s(b))
+
+
+def lt(a, b):
+    return apply("lt", a, _s(b))
+
+
+def le(a, b):
+    return apply("le", a, _s(b))
+
+
+def gt(a, b):
+    return apply("gt", a, _s(b))
+
+
+def ge(a, b):
+    return apply("ge", a, _s(b))
+
+
 def cast(a, dtype):
     if a.dtype is dtype:
         return a
@@ -129,6 +149,10 @@ MaxMin = namedtuple("MaxMin", ["values", "indices"])
 
 
 def sum(a, dim=None, keepdim=False, dtype=None):  # noqa: A001
+    if dtype is not None:
+        from blutensor.dtypes import as_dtype
+
+        a = cast(a, as_dtype(dtype))
     return apply("sum", a, dim=dim, keepdim=keepdim)
 
 
@@ -204,8 +228,8 @@ def view(a, *shape):
 
 def reshape(a, *shape):
     shape = _size(shape)
-    if tuple(shape) == tuple(a.shape):
-        return a
+    if a.is_contiguous():
+        return apply("view", a, shape=shape)
     return apply("reshape", a, shape=shape)
 
 

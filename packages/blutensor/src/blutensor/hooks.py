@@ -36,9 +36,10 @@ def blutrain_register_backends():
 
 @hookimpl
 def blutrain_register_kernels():
+    from blutensor.cuda_ops import cupy_installed, kernel_classes
     from blutensor.ops.table import builtin_kernels
 
-    return builtin_kernels()
+    return builtin_kernels() + (kernel_classes() if cupy_installed() else [])
 
 
 @hookimpl

@@ -41,3 +41,13 @@ def norm_dim(dim, ndim: int, op: str):
 
         raise ShapeError(f"{op}: dim {dim} out of range for a tensor with {ndim} dims")
     return d % max(ndim, 1)
+
+
+def scatter_add(out, index, values) -> None:
+    """``out[index] += values`` with repeated indices accumulating (NumPy add.at / cupyx.scatter_add)."""
+    if type(out) is np.ndarray:
+        np.add.at(out, index, values)
+    else:
+        import cupyx
+
+        cupyx.scatter_add(out, index, values)

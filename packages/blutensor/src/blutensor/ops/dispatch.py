@@ -1,7 +1,11 @@
 """Dispatch: pick the kernel for (op, backend, dtype), run it, record the graph node.
 
 Selection: ``BLUTRAIN_KERNELS="op=plugin,..."`` or :func:`use_kernel`, else the highest PRIORITY
-among matching kernels (ties go to blutensor's built-in). The choice is cached per key.
+among matching kernels (ties go to blutensor's built-in). The choice is cached per
+(op, backend, dtype); the cache is cleared whenever the plugin host or an override changes.
+
+This is the hot path of every op: keep it free of per-call allocations beyond the Ctx, the
+result Tensor and (when recording) the Node.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ _overrides: dict[str, str] = {}
 #: profiler/tracer callbacks: ``observer(op, inputs, attrs, run) -> result`` wraps every op call;
 #: empty list = no cost beyond one truthiness test per op
 observers: list = []
+#: flags a kernel class may carry; plugin kernels that lack one inherit the built-in op's value
+FLAGS = ("SAVES", "SAVES_OUTPUT", "SAME_DTYPE", "DTYPE_ARG", "VIEW", "DIFFERENTIABLE", "BF16_NATIVE")
+
+_ndarray = np.ndarray
+_Tensor = None  # blutensor._tensor.Tensor, bound on first use (import cycle)
+_from_numpy_dtype = None
 
 
 def add_observer(fn) -> None:
@@ -33,6 +43,7 @@ def remove_observer(fn) -> None:
 
 
 def clear_cache() -> None:
+    """Forget the cached kernel choices (after plugins or overrides change)."""
     _cache.clear()
 
 
@@ -56,12 +67,23 @@ def _env_overrides() -> dict[str, str]:
     return out
 
 
+def _with_flags(cls, op: str):
+    """``cls`` itself when it carries every dispatch flag, else a subclass that fills the missing
+    ones from the built-in kernel of ``op`` (so a minimal plugin class works)."""
+    missing = [f for f in FLAGS if not hasattr(cls, f)]
+    if not missing:
+        return cls
+    from blutensor.ops.table import OPS, Kernel
+
+    base = OPS.get(op, Kernel)
+    flags = {f: getattr(base, f) for f in missing}
+    if "DIFFERENTIABLE" in missing:
+        flags["DIFFERENTIABLE"] = callable(getattr(cls, "backward", None))
+    return type(cls.__name__, (cls,), {**flags, "__module__": cls.__module__})
+
+
 def resolve(op: str, backend: str, dtype: str):
-    """The kernel class for (op, backend, dtype)."""
-    key = (op, backend, dtype)
-    k = _cache.get(key)
-    if k is not None:
-        return k
+    """The kernel class for (op, backend, dtype name)."""
     from blutensor.plugin import get_host
 
     reg = get_host().registry("kernel")
@@ -78,8 +100,7 @@ def resolve(op: str, backend: str, dtype: str):
     else:
         cands.sort(key=lambda r: (getattr(r.cls, "PRIORITY", 0), r.name == f"blutensor.{op}"), reverse=True)
         k = cands[0].cls
-    _cache[key] = k
-    return k
+    return _with_flags(k, op)
 
 
 class _Widened:
@@ -129,69 +150,142 @@ def _observed(i: int, op: str, inputs, attrs):
     return observers[i](op, inputs, attrs, lambda: _observed(i + 1, op, inputs, attrs))
 
 
-def _apply(op: str, inputs, attrs):
+def _bind():
+    global _Tensor, _from_numpy_dtype
     from blutensor._tensor import Tensor
+    from blutensor.dtypes import from_numpy_dtype
 
-    tensors = [t for t in inputs if isinstance(t, Tensor)]
-    first = tensors[0]
-    dev = first.device
+    _Tensor, _from_numpy_dtype = Tensor, from_numpy_dtype
+    return Tensor
+
+
+def _lookup(op, inputs, dev, first):
+    """Cached kernel for this call: keyed by (op, device type, dtype of the dtype-selecting input)."""
+    from blutensor.ops.table import OPS
+
+    k = OPS.get(op)
+    i = k.DTYPE_ARG if k is not None else 0
+    sel = inputs[i] if i < len(inputs) and isinstance(inputs[i], _Tensor) else first
+    key = (op, dev.type, sel.dtype, "sel")
+    kcls = _cache.get(key)
+    if kcls is None:
+        kcls = _cache[key] = resolve(op, dev.type, sel.dtype.name)
+        if i == 0:
+            _cache[(op, dev.type, first.dtype)] = (kcls, True)
+    if i != 0:
+        _cache[(op, dev.type, first.dtype)] = (None, False)
+    return kcls
+
+
+def _mismatch(op, kcls, inputs, dev):
+    """Raise the device or dtype error for mixed inputs (dtype only where the kernel requires one)."""
+    tensors = [t for t in inputs if isinstance(t, _Tensor)]
     for t in tensors:
         if t.device != dev:
             raise DeviceError(f"{op}: expected all tensors on one device, got "
                               + ", ".join(describe(x) for x in tensors))
-    kcls = _cache.get((op, dev.type, first.dtype.name))
-    if kcls is None:
-        kcls = resolve(op, dev.type, _dtype_key(op, inputs))
-    if kcls.SAME_DTYPE:
-        dts = {inputs[i].dtype for i in kcls.SAME_DTYPE if i < len(inputs) and isinstance(inputs[i], Tensor)}
+    same = kcls.SAME_DTYPE
+    if same:
+        dts = {inputs[i].dtype for i in same if i < len(inputs) and isinstance(inputs[i], _Tensor)}
         if len(dts) > 1:
             raise DTypeError(f"{op}: expected tensors of one dtype, got "
                              + ", ".join(describe(x) for x in tensors) + " (convert with .to(dtype))")
-    dtype = inputs[kcls.DTYPE_ARG].dtype if isinstance(inputs[kcls.DTYPE_ARG], Tensor) else first.dtype
-    arrays = [t._data if isinstance(t, Tensor) else t for t in inputs]
+
+
+def _apply(op: str, inputs, attrs):
+    T = _Tensor or _bind()
+    # one pass over the inputs: raw arrays, the first tensor, mixed devices/dtypes, grad needed
+    arrays = []
+    first = None
+    mixed = rg = False
+    for x in inputs:
+        if isinstance(x, T):
+            if first is None:
+                first = x
+            elif x.device is not first.device or x.dtype is not first.dtype:
+                mixed = True
+            if x.requires_grad:
+                rg = True
+            arrays.append(x._data)
+        else:
+            arrays.append(x)
+    if first is None:
+        raise BluTensorError(f"{op}: expected at least one Tensor argument, got {inputs!r}")
+    dev = first.device
+    dtype = first.dtype
+    # fast path: the first tensor's dtype decides the kernel when DTYPE_ARG selects it
+    hit = _cache.get((op, dev.type, dtype))
+    if hit is None or not hit[1]:
+        kcls = _lookup(op, inputs, dev, first)
+    else:
+        kcls = hit[0]
+    if mixed:
+        _mismatch(op, kcls, inputs, dev)
+    if kcls.DTYPE_ARG:
+        darg = inputs[kcls.DTYPE_ARG] if kcls.DTYPE_ARG < len(inputs) else None
+        if isinstance(darg, T):
+            dtype = darg.dtype
     kernel = kcls
-    if dtype.name == "bfloat16" and not kcls.BF16_NATIVE:
-        bf = tuple(isinstance(t, Tensor) and t.dtype is dtype for t in inputs)
+    if dtype.bf16 and not kcls.BF16_NATIVE:
+        bf = tuple(isinstance(t, T) and t.dtype is dtype for t in inputs)
         kernel = _Widened(kcls, bf, dev.type == "cuda")
         arrays = [kernel.widen(a) if b else a for a, b in zip(arrays, bf)]
-    record = STATE.enabled and kcls.DIFFERENTIABLE and any(t.requires_grad for t in tensors)
     ctx = Ctx()
+    record = rg and STATE.enabled and kcls.DIFFERENTIABLE
     if record:
-        ctx.needs = tuple(isinstance(t, Tensor) and t.requires_grad for t in inputs)
+        ctx.needs = tuple(isinstance(t, T) and t.requires_grad for t in inputs)
     try:
         out = kcls.forward(ctx, *arrays, **attrs)
     except BluTensorError:
         raise
     except (ValueError, TypeError, IndexError) as e:
-        raise ShapeError(f"{op} failed on " + ", ".join(describe(x) for x in tensors) + f": {e}") from None
+        raise ShapeError(f"{op} failed on " + ", ".join(describe(x) for x in inputs if x is not None)
+                         + f": {e}") from None
     if kernel is not kcls:
         out = kernel.narrow(out)
-    odt = dtype if out.dtype == arrays_dtype(dtype, dev) else None
-    res = Tensor._from_data(out, odt, dev)
+    if type(out) is not _ndarray and isinstance(out, np.generic):
+        out = np.asarray(out)  # NumPy reductions return scalars; a Tensor always holds an array
+    # the result's dtype: the op's dtype when the storage matches, else inferred from the array
+    odt = out.dtype
+    if odt is dtype.np and dev.type == "cpu":
+        odt = dtype
+    elif odt == (dtype.cuda_storage if dev.type == "cuda" else dtype.np):
+        odt = dtype
+    else:
+        odt = _from_numpy_dtype(odt)
+    res = _new(T)
+    res._data = out
+    res.dtype = odt
+    res.device = dev
+    res.grad = None
+    res._hooks = None
+    res._post_hooks = None
+    res._acc = None
     if kcls.VIEW:
         res._version = first._version
         res._base = first if first._base is None else first._base
-    if record:
+    else:
+        res._version = _Version()
+        res._base = None
+    if record and odt.is_floating_point:
         versions = [(inputs[i]._version, inputs[i]._version.v, f"input {i} of shape {tuple(inputs[i].shape)}")
-                    for i in kcls.SAVES if i < len(inputs) and isinstance(inputs[i], Tensor)]
+                    for i in kcls.SAVES if i < len(inputs) and isinstance(inputs[i], T)] if kcls.SAVES else []
         if kcls.SAVES_OUTPUT:
             versions.append((res._version, res._version.v, f"its output of shape {tuple(res.shape)}"))
-        node = Node(op, kernel, ctx, inputs, versions)
-        res.grad_fn = node
+        res.grad_fn = Node(op, kernel, ctx, inputs, versions)
         res.requires_grad = True
+    else:
+        res.grad_fn = None
+        res.requires_grad = False
     return res
 
 
+_new = object.__new__
+
+
 def arrays_dtype(dtype, dev):
+    """The storage NumPy dtype of blutensor ``dtype`` on ``dev``."""
     return dtype.cuda_storage if dev.type == "cuda" else dtype.np
 
 
-def _dtype_key(op, inputs) -> str:
-    from blutensor.ops.table import OPS
-    from blutensor._tensor import Tensor
-
-    k = OPS.get(op)
-    i = k.DTYPE_ARG if k is not None else 0
-    t = inputs[i] if i < len(inputs) and isinstance(inputs[i], Tensor) else \
-        next(x for x in inputs if isinstance(x, Tensor))
-    return t.dtype.name
+from blutensor.autograd.version import Version as _Version  # noqa: E402

@@ -291,6 +291,11 @@ def logical_not_forward(ctx, a):
 
 def where_forward(ctx, cond, a, b):
     xp = xp_of(cond)
+    # a Python scalar branch takes the other branch's dtype (PyTorch's promotion for scalars)
+    if not hasattr(a, "dtype") and hasattr(b, "dtype"):
+        a = xp.asarray(a, dtype=b.dtype)
+    elif not hasattr(b, "dtype") and hasattr(a, "dtype"):
+        b = xp.asarray(b, dtype=a.dtype)
     ctx.saved = (cond, shape_of(a), shape_of(b))
     return xp.where(cond, a, b)
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from blutensor.errors import ShapeError
-from blutensor.ops._util import norm_dim, xp_of
+from blutensor.ops._util import norm_dim, scatter_add, xp_of
 
 
 def softmax_forward(ctx, a, dim=-1):
@@ -147,7 +147,7 @@ def cross_entropy_backward(ctx, g):
     C = z.shape[1]
     if ls:
         p = p - ls / C
-    xp.put_along_axis(p, tt[:, None], xp.take_along_axis(p, tt[:, None], axis=1) - (1 - ls), axis=1)
+    p = p - (1 - ls) * (xp.arange(C)[None, :] == tt[:, None])
     if reduction == "none":
         scale = g.reshape(-1)[:, None]
     elif reduction == "sum":
@@ -170,12 +170,7 @@ def embedding_backward(ctx, g):
     idx, wshape = ctx.saved
     xp = xp_of(g)
     gw = xp.zeros(wshape, dtype=g.dtype)
-    flat = idx.reshape(-1)
-    if xp is np:
-        np.add.at(gw, flat, g.reshape(-1, wshape[1]))
-    else:
-        gw.scatter_add(flat, g.reshape(-1, wshape[1])) if hasattr(gw, "scatter_add") else \
-            xp.add.at(gw, flat, g.reshape(-1, wshape[1]))
+    scatter_add(gw, idx.reshape(-1), g.reshape(-1, wshape[1]))  # repeated tokens accumulate
     return None, gw
 
 

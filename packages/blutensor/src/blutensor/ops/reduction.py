@@ -92,11 +92,10 @@ def max_dim_forward(ctx, a, dim=0, keepdim=False):
 def max_dim_backward(ctx, g):
     shape, idx, d, keepdim = ctx.saved
     xp = xp_of(g)
-    gi = xp.zeros(shape, dtype=g.dtype)
     if not keepdim:
         g = xp.expand_dims(g, d)
-    xp.put_along_axis(gi, idx, g, axis=d)
-    return (gi,)
+    pos = xp.arange(shape[d]).reshape((-1,) + (1,) * (len(shape) - d - 1))
+    return (xp.where(pos == idx, g, g.dtype.type(0)),)  # the gradient goes to the arg-max only
 
 
 def min_dim_forward(ctx, a, dim=0, keepdim=False):

@@ -3,8 +3,10 @@ indexing) and the copying ones (contiguous, cat, stack, advanced indexing, setit
 
 from __future__ import annotations
 
+import numpy as np
+
 from blutensor.errors import ShapeError
-from blutensor.ops._util import norm_dim, unbroadcast, xp_of
+from blutensor.ops._util import norm_dim, scatter_add, unbroadcast, xp_of
 
 
 def _resolve_shape(shape, numel: int, op: str, src) -> tuple:
@@ -31,20 +33,27 @@ def _resolve_shape(shape, numel: int, op: str, src) -> tuple:
 def view_forward(ctx, a, shape=()):
     shape = _resolve_shape(shape, a.size, "view", a.shape)
     ctx.saved = a.shape
-    out = a.view()
-    try:
-        out.shape = shape  # raises instead of copying when strides do not allow a view
-    except AttributeError:
+    if a.flags.c_contiguous:
+        return a.reshape(shape)
+    out = a.reshape(shape)
+    if out.size and _ptr(out) != _ptr(a) or out.base is None:
         raise ShapeError(
-            f"view: cannot view a non-contiguous tensor of shape {tuple(a.shape)} as {shape} without a copy; "
-            f"use reshape() or .contiguous().view()") from None
+            f"view: cannot view a non-contiguous tensor of shape {tuple(a.shape)} (strides "
+            f"{tuple(s // a.itemsize for s in a.strides)}) as {shape} without a copy; use reshape() or "
+            f".contiguous().view()")
     return out
 
 
+def _ptr(a) -> int:
+    """Address of the first element (NumPy or CuPy)."""
+    return a.__array_interface__["data"][0] if hasattr(a, "__array_interface__") else a.data.ptr
+
+
 def reshape_forward(ctx, a, shape=()):
+    """A view when ``a`` is contiguous (dispatched as 'view'), else a contiguous copy."""
     shape = _resolve_shape(shape, a.size, "reshape", a.shape)
     ctx.saved = a.shape
-    return a.reshape(shape)
+    return xp_of(a).ascontiguousarray(a).reshape(shape)
 
 
 def view_backward(ctx, g):
@@ -132,33 +141,54 @@ clone_backward = contiguous_backward
 
 
 def getitem_forward(ctx, a, index=None):
-    ctx.saved = (a.shape, a.dtype, index)
+    """Basic indexing (ints, slices, None, Ellipsis): a view of ``a``."""
+    ctx.saved = (a.shape, index)
     try:
-        return a[index]
+        out = a[index]
     except IndexError as e:
         raise ShapeError(f"indexing a tensor of shape {tuple(a.shape)} with {index!r}: {e}") from None
+    if isinstance(out, np.generic):  # NumPy returns a scalar copy for a full integer index: keep a view
+        out = a[(index if isinstance(index, tuple) else (index,)) + (Ellipsis,)]
+    return out
 
 
 def getitem_backward(ctx, g):
-    shape, dt, index = ctx.saved
-    xp = xp_of(g)
-    out = xp.zeros(shape, dtype=g.dtype)
-    if _is_basic(index):
-        out[index] = g
-    else:
-        xp.add.at(out, index, g)  # repeated indices accumulate
+    shape, index = ctx.saved
+    out = xp_of(g).zeros(shape, dtype=g.dtype)
+    out[index] = g
     return (out,)
 
 
-def _is_basic(index) -> bool:
+def index_forward(ctx, a, index=None):
+    """Advanced indexing (integer/bool arrays): a copy; repeated indices accumulate in backward."""
+    ctx.saved = (a.shape, index)
+    try:
+        return a[index]
+    except IndexError as e:
+        raise ShapeError(f"indexing a tensor of shape {tuple(a.shape)} with {_short(index)}: {e}") from None
+
+
+def index_backward(ctx, g):
+    shape, index = ctx.saved
+    xp = xp_of(g)
+    out = xp.zeros(shape, dtype=g.dtype)
+    scatter_add(out, index, g)
+    return (out,)
+
+
+def _short(index) -> str:
     items = index if isinstance(index, tuple) else (index,)
-    return all(isinstance(i, int | slice) or i is None or i is Ellipsis for i in items)
+    return "(" + ", ".join(f"array{tuple(i.shape)}" if hasattr(i, "shape") else repr(i) for i in items) + ")"
 
 
 def setitem_forward(ctx, a, value, index=None):
     """Functional form of ``a[index] = value``: returns a new array (autograd-aware in-place)."""
     out = a.copy()
-    out[index] = value
+    try:
+        out[index] = value
+    except ValueError as e:
+        raise ShapeError(f"setitem: cannot assign a value of shape {tuple(getattr(value, 'shape', ()))} to "
+                         f"the selection {_short(index)} of a tensor of shape {tuple(a.shape)}: {e}") from None
     ctx.saved = (index, getattr(value, "shape", ()))
     return out
 

@@ -40,6 +40,11 @@ class AdamW(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for g in self.param_groups:
+            if self.fused and any(p.device.type == "cuda" for p in g["params"]):
+                from blutensor.cuda_ops.adamw import fused_step
+
+                fused_step(self, g)  # one multi-tensor launch for the whole group
+                continue
             lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
             lr = float(lr)
             for p in g["params"]:

@@ -1,0 +1,33 @@
+"""CUDA kernels of the training step: loaders, op kernel classes, fused optimizer and grad-norm.
+
+Sources live in ``blutensor/kernels/*.cu``; nothing here imports CuPy until a kernel is launched.
+Kernel classes (registered through blutensor's ``blutrain_register_kernels`` when CuPy is installed):
+layer_norm, gelu, cross_entropy (fused classifier), embedding, sdpa (flash attention).
+Free functions: ``adamw.multi_tensor_adamw``, ``norm.global_grad_norm``, ``norm.clip_grads_``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+
+def kernel_classes() -> list[type]:
+    """The CUDA op kernel classes (importing them does not import CuPy)."""
+    from blutensor.cuda_ops.cross_entropy import CrossEntropyCuda
+    from blutensor.cuda_ops.embedding import EmbeddingCuda
+    from blutensor.cuda_ops.gelu import GeluCuda
+    from blutensor.cuda_ops.layer_norm import LayerNormCuda
+
+    classes = [LayerNormCuda, GeluCuda, CrossEntropyCuda, EmbeddingCuda]
+    try:
+        from blutensor.cuda_ops.sdpa import SdpaCuda
+
+        classes.append(SdpaCuda)
+    except ImportError:
+        pass
+    return classes
+
+
+def cupy_installed() -> bool:
+    """True when CuPy can be imported (checked without importing it)."""
+    return importlib.util.find_spec("cupy") is not None

@@ -1,0 +1,96 @@
+"""Kernel loading: ONE cached ``cupy.RawModule`` per ``kernels/<file>.cu`` and device, built for the
+device's own architecture (``-arch=sm_XY``); CuPy is imported lazily, on the first launch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from blutensor.errors import BluTensorError
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+NULL = np.uint64(0)  # null pointer argument
+
+_modules: dict[tuple[str, int], object] = {}
+_functions: dict[tuple[str, int, str], object] = {}
+_sms: dict[int, int] = {}
+
+
+def cupy():
+    """CuPy, imported on first use (never at blutensor import time)."""
+    import cupy as cp
+
+    return cp
+
+
+def compile_options(cc: str) -> tuple[str, ...]:
+    """NVRTC options for compute capability ``cc`` (e.g. '90')."""
+    return ("-std=c++17", f"-arch=sm_{cc}")
+
+
+def module(file: str):
+    """The RawModule of ``kernels/<file>`` on the current device (compiled once, then cached)."""
+    cp = cupy()
+    dev = cp.cuda.runtime.getDevice()
+    key = (file, dev)
+    mod = _modules.get(key)
+    if mod is None:
+        path = KERNEL_DIR / file
+        if not path.is_file():
+            raise BluTensorError(f"CUDA kernel source {path} is missing from the blutensor package")
+        cc = cp.cuda.Device(dev).compute_capability
+        mod = cp.RawModule(code=path.read_text(), options=compile_options(cc))
+        _modules[key] = mod
+    return mod
+
+
+def function(file: str, name: str):
+    """Entry point ``name`` of ``kernels/<file>`` on the current device (cached)."""
+    cp = cupy()
+    dev = cp.cuda.runtime.getDevice()
+    key = (file, dev, name)
+    fn = _functions.get(key)
+    if fn is None:
+        try:
+            fn = module(file).get_function(name)
+        except Exception as e:  # CompileException names the line; add the file
+            _modules.pop((file, dev), None)
+            raise BluTensorError(f"kernels/{file}: cannot build/load {name}: {e}") from e
+        _functions[key] = fn
+    return fn
+
+
+def num_sms() -> int:
+    """Multiprocessor count of the current device (cached)."""
+    cp = cupy()
+    dev = cp.cuda.runtime.getDevice()
+    n = _sms.get(dev)
+    if n is None:
+        n = _sms[dev] = int(cp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
+    return n
+
+
+def launch(file: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
+    """Launch ``name`` from ``kernels/<file>`` on the current stream."""
+    fn = function(file, name)
+    if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
+        fn.max_dynamic_shared_size_bytes = shared_mem
+    grid = grid if isinstance(grid, tuple) else (grid,)
+    block = block if isinstance(block, tuple) else (block,)
+    fn(grid, block, args, shared_mem=shared_mem)
+
+
+def suffix(arr) -> str:
+    """Kernel name suffix for a storage array: 'bf16' (raw uint16 bits) or 'f32'."""
+    return "bf16" if arr.dtype == np.uint16 else "f32"
+
+
+def aligned16(*arrays) -> bool:
+    """True when every (non-None) array starts on a 16-byte boundary."""
+    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+
+
+def ptr(a):
+    """Kernel argument for an optional array: the array itself, or a null pointer."""
+    return NULL if a is None else a

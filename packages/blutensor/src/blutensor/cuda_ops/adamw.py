@@ -1,0 +1,80 @@
+"""Fused AdamW on CUDA: every parameter of a group updated by ONE kernel launch (kernels/adamw.cu)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from blutensor.cuda_ops._loader import NULL, cupy, launch
+from blutensor.cuda_ops.multi_tensor import table_for
+from blutensor.errors import DTypeError
+
+FILE = "adamw.cu"
+BLOCK = 512
+
+
+def _scalar_arg(x, name: str):
+    """(host value, device pointer) for a Python number or a 1-element float32 CuPy array."""
+    if hasattr(x, "data") and hasattr(x, "dtype") and not isinstance(x, np.ndarray | np.generic):
+        if x.dtype != np.float32 or x.size != 1:
+            raise DTypeError(f"multi_tensor_adamw: device {name} must be a 1-element float32 array, got "
+                             f"dtype {x.dtype} size {x.size}")
+        return np.float64(0.0), x
+    return np.float64(float(x)), NULL
+
+
+def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, eps, wd) -> None:
+    """AdamW update of all ``params`` (fp32 or bf16-bit CuPy arrays, in place) in one launch.
+
+    grads: fp32 or bf16 bits; exp_avgs/exp_avg_sqs: fp32. ``step`` and ``lr`` may be Python numbers or
+    1-element float32 device arrays (read by the kernel, so a captured CUDA graph replays new values).
+    """
+    if not params:
+        return
+    for name, lst in (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)):
+        for i, a in enumerate(lst):
+            if a.dtype != np.float32:
+                raise DTypeError(f"multi_tensor_adamw: {name}[{i}] must be float32, got {a.dtype}")
+    flags = []
+    for i, (p, g) in enumerate(zip(params, grads)):
+        for what, a in (("param", p), ("grad", g)):
+            if a.dtype not in (np.float32, np.uint16):
+                raise DTypeError(f"multi_tensor_adamw: {what} {i} has dtype {a.dtype}; expected float32 or "
+                                 f"bfloat16 bits (uint16)")
+        flags.append(int(p.dtype == np.uint16) | (int(g.dtype == np.uint16) << 1))
+    t = table_for((params, grads, exp_avgs, exp_avg_sqs), flags)
+    if t.n_chunks == 0:
+        return
+    lr_v, lr_p = _scalar_arg(lr, "lr")
+    st_v, st_p = _scalar_arg(step, "step")
+    launch(FILE, "blu_adamw_step", t.n_chunks, BLOCK,
+           (*t.ptrs, t.flags, t.numel, t.chunk_tensor, t.chunk_start, np.int64(t.chunk), lr_v, lr_p, st_v, st_p,
+            np.float64(b1), np.float64(b2), np.float64(eps), np.float64(wd)))
+
+
+def fused_step(optimizer, group) -> None:
+    """One AdamW step of ``group`` of ``optimizer`` (blutensor.optim.AdamW) through multi_tensor_adamw.
+
+    All parameters of the group must share one step count (the usual case); the moments are created as
+    in the eager optimizer (fp32, zero).
+    """
+    from blutensor.creation import zeros_like
+
+    lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    by_step: dict[int, list] = {}
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        st = optimizer.state.get(p)
+        if st is None:
+            f32 = "float32" if p.dtype.name == "bfloat16" else None
+            st = optimizer.state[p] = {"step": 0, "exp_avg": zeros_like(p, dtype=f32),
+                                       "exp_avg_sq": zeros_like(p, dtype=f32)}
+        st["step"] += 1
+        by_step.setdefault(st["step"], []).append((p, st))
+    cp = cupy()
+    for step, items in by_step.items():
+        multi_tensor_adamw([p._data for p, _ in items], [cp.ascontiguousarray(p.grad._data) for p, _ in items],
+                           [st["exp_avg"]._data for _, st in items], [st["exp_avg_sq"]._data for _, st in items],
+                           step, float(lr), b1, b2, eps, wd)
+        for p, _ in items:
+            p._version.v += 1

@@ -1,0 +1,79 @@
+"""Embedding lookup on CUDA (kernels/embedding.cu): vectorised gather and a deterministic backward
+(stable radix sort of the indices, one owner block per distinct row, no float atomics)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blutensor.cuda_ops import _fallback
+from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, suffix
+from blutensor.ops import nn_ops
+from blutensor.ops.table import Kernel
+
+FILE = "embedding.cu"
+_STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
+
+
+def embedding_forward(idx, weight):
+    """out[i] = weight[idx[i]] for int64 ``idx`` (N,) and contiguous ``weight`` (V, C); bad index -> NaN row."""
+    cp = cupy()
+    V, C = weight.shape
+    N = idx.size
+    out = cp.empty((N, C), dtype=weight.dtype)
+    if N and C:
+        vec = aligned16(weight, out) and C % (16 // weight.dtype.itemsize) == 0
+        wpb = 8
+        launch(FILE, f"blu_embedding_forward_{suffix(weight)}", min(math.ceil(N / wpb), num_sms() * 16), wpb * 32,
+               (idx, weight, out, np.int64(N), np.int64(V), np.int32(C), np.int32(vec)))
+    return out
+
+
+def embedding_backward(idx, g, num_embeddings: int):
+    """dweight (V, C) = sum of the rows of ``g`` (N, C) per index, bitwise deterministic."""
+    cp = cupy()
+    N, C = g.shape
+    dw = cp.zeros((num_embeddings, C), dtype=g.dtype)
+    if N == 0 or C == 0:
+        return dw
+    order = cp.argsort(idx)  # CuPy's sort is a stable radix sort
+    sorted_idx = cp.ascontiguousarray(idx[order])
+    order = cp.ascontiguousarray(order, dtype=cp.int64)
+    block = 128 if C >= 128 else 32 * math.ceil(C / 32)
+    launch(FILE, f"blu_embedding_backward_{suffix(g)}", (N, math.ceil(C / block)), block,
+           (sorted_idx, order, g, dw, np.int64(N), np.int64(num_embeddings), np.int32(C)))
+    return dw
+
+
+class EmbeddingCuda(Kernel):
+    """embedding on CUDA, fp32 and bf16 weights."""
+
+    PLUGIN_NAME = "blutensor.cuda.embedding"
+    OP = "embedding"
+    BACKEND = "cuda"
+    DTYPES = ("float32", "bfloat16")
+    PRIORITY = 10
+    BF16_NATIVE = True
+    DTYPE_ARG = 1
+
+    @staticmethod
+    def forward(ctx, idx, weight):
+        if weight.dtype not in _STORAGE or weight.ndim != 2 or idx.dtype.kind not in "iu":
+            return _fallback.forward(ctx, nn_ops.embedding_forward, (idx, weight), {},
+                                     bf16_inputs=(False, weight.dtype == np.uint16))
+        cp = cupy()
+        flat = cp.ascontiguousarray(idx.reshape(-1), dtype=cp.int64)
+        out = embedding_forward(flat, cp.ascontiguousarray(weight))
+        ctx.saved = (flat, weight.shape)
+        return out.reshape(tuple(idx.shape) + (weight.shape[1],))
+
+    @staticmethod
+    def backward(ctx, g):
+        if _fallback.used(ctx):
+            return _fallback.backward(ctx, nn_ops.embedding_backward, g)
+        flat, wshape = ctx.saved
+        if len(ctx.needs) > 1 and not ctx.needs[1]:
+            return None, None
+        g2 = cupy().ascontiguousarray(g).reshape(-1, wshape[1])
+        return None, embedding_backward(flat, g2, wshape[0])

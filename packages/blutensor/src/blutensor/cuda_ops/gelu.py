@@ -1,0 +1,69 @@
+"""GELU on CUDA (kernels/gelu.cu): vectorised forward, backward recomputing from the input."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from blutensor.cuda_ops import _fallback
+from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, suffix
+from blutensor.ops import nn_ops
+from blutensor.ops.table import Kernel
+
+FILE = "gelu.cu"
+_APPROX = {"none": 0, "tanh": 1}
+_STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
+
+
+def _grid(n: int, per_thread: int, block: int = 256) -> int:
+    return max(1, min(-(-n // (block * per_thread)), num_sms() * 8))
+
+
+def gelu_forward(x, approximate: str = "tanh"):
+    """y = gelu(x) for a contiguous fp32 or bf16-bits array."""
+    cp = cupy()
+    y = cp.empty_like(x)
+    n = x.size
+    if n:
+        vec = aligned16(x, y)
+        launch(FILE, f"blu_gelu_forward_{suffix(x)}", _grid(n, 16 // x.dtype.itemsize), 256,
+               (x, y, np.int64(n), np.int32(_APPROX[approximate]), np.int32(vec)))
+    return y
+
+
+def gelu_backward(g, x, approximate: str = "tanh"):
+    """dx = g * gelu'(x), gelu' recomputed from x."""
+    cp = cupy()
+    dx = cp.empty_like(x)
+    n = x.size
+    if n:
+        vec = aligned16(g, x, dx)
+        launch(FILE, f"blu_gelu_backward_{suffix(x)}", _grid(n, 16 // x.dtype.itemsize), 256,
+               (g, x, dx, np.int64(n), np.int32(_APPROX[approximate]), np.int32(vec)))
+    return dx
+
+
+class GeluCuda(Kernel):
+    """gelu on CUDA, 'none' (erf) and 'tanh', fp32 and bf16 storage."""
+
+    PLUGIN_NAME = "blutensor.cuda.gelu"
+    OP = "gelu"
+    BACKEND = "cuda"
+    DTYPES = ("float32", "bfloat16")
+    PRIORITY = 10
+    BF16_NATIVE = True
+    SAVES = (0,)
+
+    @staticmethod
+    def forward(ctx, x, approximate="none"):
+        if approximate not in _APPROX or x.dtype not in _STORAGE:
+            return _fallback.forward(ctx, nn_ops.gelu_forward, (x,), dict(approximate=approximate))
+        xc = cupy().ascontiguousarray(x)
+        ctx.saved = (xc, approximate)
+        return gelu_forward(xc, approximate)
+
+    @staticmethod
+    def backward(ctx, g):
+        if _fallback.used(ctx):
+            return _fallback.backward(ctx, nn_ops.gelu_backward, g)
+        x, approximate = ctx.saved
+        return (gelu_backward(cupy().ascontiguousarray(g), x, approximate),)

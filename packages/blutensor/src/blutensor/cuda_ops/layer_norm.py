@@ -1,0 +1,120 @@
+"""Fused residual-add + LayerNorm on CUDA (kernels/layer_norm.cu) and its op kernel class."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blutensor.cuda_ops import _fallback
+from blutensor.cuda_ops._loader import NULL, aligned16, cupy, launch, num_sms, ptr, suffix
+from blutensor.ops import nn_ops
+from blutensor.ops.table import Kernel
+
+FILE = "layer_norm.cu"
+_STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
+
+
+def _vec_ok(C: int, arr_dtype, *arrays) -> bool:
+    return C % (16 // np.dtype(arr_dtype).itemsize) == 0 and aligned16(*arrays)
+
+
+def layer_norm_forward(x, weight, bias, eps: float = 1e-5, residual=None, write_sum: bool = True):
+    """LayerNorm over the last dim of contiguous ``x`` (N, C), optionally of ``x + residual``.
+
+    Returns (y, mean, rstd, sum) where sum = x + residual (None without residual); mean/rstd are fp32 (N,).
+    """
+    cp = cupy()
+    C = x.shape[-1]
+    N = x.size // C if C else 0
+    y = cp.empty_like(x)
+    mean = cp.empty(N, dtype=cp.float32)
+    rstd = cp.empty(N, dtype=cp.float32)
+    s = cp.empty_like(x) if residual is not None and write_sum else None
+    if N == 0:
+        return y, mean, rstd, s
+    vec = _vec_ok(C, x.dtype, x, residual, s, weight, bias, y)
+    wpb = 8
+    grid = min(math.ceil(N / wpb), num_sms() * 16)
+    launch(FILE, f"blu_layer_norm_forward_{suffix(x)}", grid, wpb * 32,
+           (x, ptr(residual), ptr(s), ptr(weight), ptr(bias), y, mean, rstd, np.int64(N), np.int32(C),
+            np.float32(eps), np.int32(vec)))
+    return y, mean, rstd, s
+
+
+def layer_norm_backward(g, x, weight, mean, rstd, grad_sum=None, need_dx: bool = True, need_dw: bool = True,
+                        need_db: bool = True):
+    """Gradients (dx, dweight, dbias) of LayerNorm; ``x`` is the LayerNorm input (the sum when fused).
+
+    ``grad_sum``, the gradient reaching the residual sum directly, is added into dx (fused residual).
+    dweight/dbias are reduced deterministically (per-block partials, summed in block order).
+    """
+    cp = cupy()
+    C = x.shape[-1]
+    N = x.size // C if C else 0
+    dx = cp.empty_like(x) if need_dx else None
+    want_wb = (need_dw and weight is not None) or need_db
+    dw = cp.empty(C, dtype=x.dtype) if need_dw and weight is not None else None
+    db = cp.empty(C, dtype=x.dtype) if need_db else None
+    if N == 0:
+        if dw is not None:
+            dw.fill(0)
+        if db is not None:
+            db.fill(0)
+        return dx, dw, db
+    vec = _vec_ok(C, x.dtype, g, x, weight, grad_sum, dx)
+    wpb = max(1, min(4, (40 * 1024) // (8 * C))) if want_wb else 4
+    smem = wpb * 2 * C * 4 if want_wb else 0
+    nblocks = min(math.ceil(N / wpb), num_sms() * 8)
+    part = cp.empty((nblocks, 2 * C), dtype=cp.float32) if want_wb else None
+    launch(FILE, f"blu_layer_norm_backward_{suffix(x)}", nblocks, wpb * 32,
+           (g, x, ptr(weight), mean, rstd, ptr(grad_sum), ptr(dx), ptr(part), np.int64(N), np.int32(C),
+            np.int32(vec), np.int32(need_dx), np.int32(want_wb)), shared_mem=smem)
+    if want_wb:
+        launch(FILE, f"blu_layer_norm_backward_reduce_{suffix(x)}", math.ceil(2 * C / 256), 256,
+               (part, np.int32(nblocks), np.int32(C), ptr(dw), ptr(db)))
+    return dx, dw, db
+
+
+class LayerNormCuda(Kernel):
+    """layer_norm on CUDA: one fused kernel forward (Welford, 128-bit loads), deterministic backward."""
+
+    PLUGIN_NAME = "blutensor.cuda.layer_norm"
+    OP = "layer_norm"
+    BACKEND = "cuda"
+    DTYPES = ("float32", "bfloat16")
+    PRIORITY = 10
+    BF16_NATIVE = True
+    SAVES = (0, 1)
+    SAME_DTYPE = (0, 1, 2)
+
+    @staticmethod
+    def forward(ctx, x, w=None, b=None, normalized_shape=(), eps=1e-5):
+        n = len(normalized_shape)
+        ok = (x.dtype in _STORAGE and n >= 1 and tuple(x.shape[x.ndim - n:]) == tuple(normalized_shape)
+              and all(p is None or (p.dtype == x.dtype and tuple(p.shape) == tuple(normalized_shape))
+                      for p in (w, b)))
+        if not ok:
+            return _fallback.forward(ctx, nn_ops.layer_norm_forward, (x, w, b),
+                                     dict(normalized_shape=normalized_shape, eps=eps))
+        cp = cupy()
+        C = math.prod(normalized_shape)
+        x2 = cp.ascontiguousarray(x).reshape(-1, C)
+        w1 = None if w is None else cp.ascontiguousarray(w).reshape(C)
+        b1 = None if b is None else cp.ascontiguousarray(b).reshape(C)
+        y, mean, rstd, _ = layer_norm_forward(x2, w1, b1, float(eps))
+        ctx.saved = (x2, w1, mean, rstd, x.shape, tuple(normalized_shape), b is not None)
+        return y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        if _fallback.used(ctx):
+            return _fallback.backward(ctx, nn_ops.layer_norm_backward, g)
+        cp = cupy()
+        x2, w1, mean, rstd, shape, nshape, has_b = ctx.saved
+        needs = tuple(ctx.needs) + (False,) * 3
+        g2 = cp.ascontiguousarray(g).reshape(x2.shape)
+        dx, dw, db = layer_norm_backward(g2, x2, w1, mean, rstd, None, needs[0], needs[1] and w1 is not None,
+                                         needs[2] and has_b)
+        return (None if dx is None else dx.reshape(shape), None if dw is None else dw.reshape(nshape),
+                None if db is None else db.reshape(nshape))

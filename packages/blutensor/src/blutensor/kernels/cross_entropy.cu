@@ -1,0 +1,233 @@
+// Fused classifier: softmax + cross-entropy + logits gradient, fp32 and bf16 storage (raw uint16 bits).
+// One block per row. Pass 1 reads the row once (vectorised online max/sum-exp, plus the row sum for label
+// smoothing) -> log-sum-exp and loss. Pass 2 (only when the gradient is wanted) re-reads the row (mostly
+// from L2) and writes  (softmax - (1-ls)*onehot - ls/C) * scale  into grad, which may be the logits
+// buffer itself (each element is read and then written by the same thread). scale = 1/count for
+// reduction 'mean' (count of non-ignored targets, computed on device by blu_cross_entropy_count: no host
+// sync), else 1; rows whose target is ignore_index get loss 0 and gradient 0; a target out of [0, C)
+// gives a NaN loss for its row (device-side signal, no host sync) and a zero gradient row.
+// blu_cross_entropy_backward_* scales the gradient by the incoming grad read from device memory; for a
+// scalar grad equal to 1 (the usual loss.backward()) every block exits at once.
+// Self-contained (no headers) so that NVRTC compiles it anywhere.
+
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((unsigned int)x) << 16); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+template <typename T> struct VecN { static constexpr int N = 16 / sizeof(T); };
+
+__device__ __forceinline__ void unpack(const uint4& u, float* o, float) {
+    o[0] = __uint_as_float(u.x); o[1] = __uint_as_float(u.y);
+    o[2] = __uint_as_float(u.z); o[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void unpack(const uint4& u, float* o, bf16_t) {
+    o[0] = __uint_as_float(u.x << 16); o[1] = __uint_as_float(u.x & 0xffff0000u);
+    o[2] = __uint_as_float(u.y << 16); o[3] = __uint_as_float(u.y & 0xffff0000u);
+    o[4] = __uint_as_float(u.z << 16); o[5] = __uint_as_float(u.z & 0xffff0000u);
+    o[6] = __uint_as_float(u.w << 16); o[7] = __uint_as_float(u.w & 0xffff0000u);
+}
+__device__ __forceinline__ uint4 pack(const float* v, float) {
+    return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+}
+__device__ __forceinline__ unsigned int pack2(float a, float b) {
+    return (unsigned int)from_f<bf16_t>(a) | ((unsigned int)from_f<bf16_t>(b) << 16);
+}
+__device__ __forceinline__ uint4 pack(const float* v, bf16_t) {
+    return make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+}
+template <typename T> __device__ __forceinline__ void load_vec(const T* p, float* o) {
+    uint4 u = *reinterpret_cast<const uint4*>(p);
+    unpack(u, o, T());
+}
+template <typename T> __device__ __forceinline__ void store_vec(T* p, const float* v) {
+    *reinterpret_cast<uint4*>(p) = pack(v, T());
+}
+
+#define BLU_NEG_INF (-__int_as_float(0x7f800000))
+#define BLU_NAN __int_as_float(0x7fc00000)
+
+// online (max, sum exp(x - max)) merge
+__device__ __forceinline__ void ms_merge(float& m, float& s, float mb, float sb) {
+    if (mb == BLU_NEG_INF) return;
+    if (m == BLU_NEG_INF) { m = mb; s = sb; return; }
+    if (mb > m) { s = s * __expf(m - mb) + sb; m = mb; }
+    else s += sb * __expf(mb - m);
+}
+
+// valid-target count: one block, fixed order (deterministic)
+extern "C" __global__ void blu_cross_entropy_count(const long long* __restrict__ target, long long N,
+                                                   long long ignore_index, float* __restrict__ count) {
+    __shared__ long long part[32];
+    long long c = 0;
+    for (long long i = threadIdx.x; i < N; i += blockDim.x) c += (target[i] != ignore_index);
+    for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xffffffffu, c, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long t = 0;
+        for (int k = 0; k < (int)(blockDim.x >> 5); ++k) t += part[k];
+        count[0] = (float)t;
+    }
+}
+
+template <typename T>
+__device__ void ce_forward(const T* logits, const long long* __restrict__ target, long long N, int C,
+                           long long ignore_index, float ls, float* __restrict__ loss_rows, float* __restrict__ lse_out,
+                           T* grad, const float* __restrict__ count, int mean, int vec) {
+    constexpr int V = VecN<T>::N;
+    __shared__ float sh_m[32], sh_s[32], sh_z[32];
+    __shared__ float sh_lse;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const T* z = logits + row * (long long)C;
+        float m = BLU_NEG_INF, s = 0.f, zs = 0.f;
+        int c0 = 0;
+        if (vec) {
+            const int nv = C / V;
+            for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+                float v[V];
+                load_vec(z + (long long)i * V, v);
+                float vm = v[0];
+#pragma unroll
+                for (int k = 1; k < V; ++k) vm = fmaxf(vm, v[k]);
+                float vs = 0.f;
+#pragma unroll
+                for (int k = 0; k < V; ++k) { vs += __expf(v[k] - vm); zs += v[k]; }
+                ms_merge(m, s, vm, vs);
+            }
+            c0 = nv * V;
+        }
+        for (int i = c0 + threadIdx.x; i < C; i += blockDim.x) {
+            float v = to_f(z[i]);
+            ms_merge(m, s, v, 1.f);
+            zs += v;
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            float mb = __shfl_xor_sync(0xffffffffu, m, off);
+            float sb = __shfl_xor_sync(0xffffffffu, s, off);
+            zs += __shfl_xor_sync(0xffffffffu, zs, off);
+            ms_merge(m, s, mb, sb);
+        }
+        if (lane == 0) { sh_m[warp] = m; sh_s[warp] = s; sh_z[warp] = zs; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float M = BLU_NEG_INF, S = 0.f, Z = 0.f;
+            for (int k = 0; k < nw; ++k) { ms_merge(M, S, sh_m[k], sh_s[k]); Z += sh_z[k]; }
+            const float lse = M + logf(S);
+            const long long t = target[row];
+            float loss;
+            if (t == ignore_index) loss = 0.f;
+            else if (t < 0 || t >= C) loss = BLU_NAN;
+            else {
+                loss = lse - to_f(z[t]);
+                if (ls != 0.f) loss = (1.f - ls) * loss + ls * (lse - Z / (float)C);
+            }
+            loss_rows[row] = loss;
+            if (lse_out) lse_out[row] = lse;
+            sh_lse = lse;
+        }
+        __syncthreads();
+        if (grad) {
+            const float lse = sh_lse;
+            const long long t = target[row];
+            const bool ok = t != ignore_index && t >= 0 && t < C;
+            const float scale = ok ? (mean ? 1.f / count[0] : 1.f) : 0.f;
+            const float off_c = ls / (float)C;
+            T* gr = grad + row * (long long)C;
+            if (vec) {
+                const int nv = C / V;
+                for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+                    float v[V];
+                    load_vec(z + (long long)i * V, v);
+#pragma unroll
+                    for (int k = 0; k < V; ++k) {
+                        const int c = i * V + k;
+                        v[k] = (__expf(v[k] - lse) - off_c - (c == t ? 1.f - ls : 0.f)) * scale;
+                    }
+                    store_vec(gr + (long long)i * V, v);
+                }
+            }
+            for (int i = c0 + threadIdx.x; i < C; i += blockDim.x) {
+                float v = to_f(z[i]);
+                gr[i] = from_f<T>((__expf(v - lse) - off_c - (i == t ? 1.f - ls : 0.f)) * scale);
+            }
+        }
+        __syncthreads();  // sh_* reused by the next row
+    }
+}
+
+// out[0] = sum(loss_rows) (mode 1) or sum / count (mode 0: mean); one block, fixed order, double accumulation.
+template <typename T>
+__device__ void ce_reduce(const float* __restrict__ loss_rows, long long N, const float* __restrict__ count, int mean,
+                          T* __restrict__ out) {
+    __shared__ double part[32];
+    double s = 0.0;
+    for (long long i = threadIdx.x; i < N; i += blockDim.x) s += (double)loss_rows[i];
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int k = 0; k < (int)(blockDim.x >> 5); ++k) t += part[k];
+        if (mean) t = t / (double)count[0];  // 0/0 -> NaN like the reference
+        out[0] = from_f<T>((float)t);
+    }
+}
+
+// grad *= g (g scalar: per_row = 0, exits when g == 1; per_row = 1: row r scaled by g[r]).
+template <typename T>
+__device__ void ce_backward(T* grad, long long N, int C, const T* __restrict__ g, int per_row, int vec) {
+    constexpr int V = VecN<T>::N;
+    if (!per_row) {
+        const float gs = to_f(g[0]);
+        if (gs == 1.f) return;
+        const long long n = N * (long long)C;
+        const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, nth = (long long)gridDim.x * blockDim.x;
+        long long done = 0;
+        if (vec) {
+            const long long nv = n / V;
+            for (long long i = tid; i < nv; i += nth) {
+                float v[V];
+                load_vec(grad + i * V, v);
+#pragma unroll
+                for (int k = 0; k < V; ++k) v[k] *= gs;
+                store_vec(grad + i * V, v);
+            }
+            done = nv * V;
+        }
+        for (long long i = done + tid; i < n; i += nth) grad[i] = from_f<T>(to_f(grad[i]) * gs);
+        return;
+    }
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const float gs = to_f(g[row]);
+        T* gr = grad + row * (long long)C;
+        for (int i = threadIdx.x; i < C; i += blockDim.x) gr[i] = from_f<T>(to_f(gr[i]) * gs);
+    }
+}
+
+#define CE_ENTRIES(SUF, T)                                                                                     \
+extern "C" __global__ void blu_cross_entropy_forward_##SUF(const T* logits, const long long* target,           \
+        long long N, int C, long long ignore_index, float ls, float* loss_rows, float* lse, T* grad,           \
+        const float* count, int mean, int vec) {                                                               \
+    ce_forward<T>(logits, target, N, C, ignore_index, ls, loss_rows, lse, grad, count, mean, vec);             \
+}                                                                                                              \
+extern "C" __global__ void blu_cross_entropy_reduce_##SUF(const float* loss_rows, long long N,                 \
+        const float* count, int mean, T* out) {                                                                \
+    ce_reduce<T>(loss_rows, N, count, mean, out);                                                              \
+}                                                                                                              \
+extern "C" __global__ void blu_cross_entropy_backward_##SUF(T* grad, long long N, int C, const T* g,           \
+        int per_row, int vec) {                                                                                \
+    ce_backward<T>(grad, N, C, g, per_row, vec);                                                               \
+}
+
+CE_ENTRIES(f32, float)
+CE_ENTRIES(bf16, bf16_t)

@@ -1,0 +1,252 @@
+// Residual-add + LayerNorm, forward and backward, for fp32 and bf16 storage (bf16 = raw uint16 bits).
+// Math in fp32. One warp per row, Welford/Chan statistics merged with warp shuffles, 128-bit loads
+// when the row is 16-byte aligned (vec != 0), scalar loads otherwise (odd widths).
+// Backward is deterministic: each block accumulates dweight/dbias for its rows in shared memory
+// (one slice per warp, fixed order), writes a per-block partial, and a second kernel sums the
+// partials in block order. No float atomics anywhere.
+// Self-contained (no headers) so that NVRTC compiles it anywhere.
+
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((unsigned int)x) << 16); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+template <typename T> struct VecN { static constexpr int N = 16 / sizeof(T); };
+
+__device__ __forceinline__ void unpack(const uint4& u, float* o, float) {
+    o[0] = __uint_as_float(u.x); o[1] = __uint_as_float(u.y);
+    o[2] = __uint_as_float(u.z); o[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void unpack(const uint4& u, float* o, bf16_t) {
+    o[0] = __uint_as_float(u.x << 16); o[1] = __uint_as_float(u.x & 0xffff0000u);
+    o[2] = __uint_as_float(u.y << 16); o[3] = __uint_as_float(u.y & 0xffff0000u);
+    o[4] = __uint_as_float(u.z << 16); o[5] = __uint_as_float(u.z & 0xffff0000u);
+    o[6] = __uint_as_float(u.w << 16); o[7] = __uint_as_float(u.w & 0xffff0000u);
+}
+__device__ __forceinline__ uint4 pack(const float* v, float) {
+    return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+}
+__device__ __forceinline__ unsigned int pack2(float a, float b) {
+    return (unsigned int)from_f<bf16_t>(a) | ((unsigned int)from_f<bf16_t>(b) << 16);
+}
+__device__ __forceinline__ uint4 pack(const float* v, bf16_t) {
+    return make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+}
+template <typename T> __device__ __forceinline__ void load_vec(const T* p, float* o) {
+    uint4 u = *reinterpret_cast<const uint4*>(p);
+    unpack(u, o, T());
+}
+template <typename T> __device__ __forceinline__ void store_vec(T* p, const float* v) {
+    *reinterpret_cast<uint4*>(p) = pack(v, T());
+}
+
+// merge (nb, mb, m2b) into (n, m, m2): Chan et al.
+__device__ __forceinline__ void chan_merge(float& n, float& m, float& m2, float nb, float mb, float m2b) {
+    float nn = n + nb;
+    if (nb == 0.f) return;
+    float d = mb - m;
+    float f = nb / nn;
+    m += d * f;
+    m2 += m2b + d * d * n * f;
+    n = nn;
+}
+
+// y = LN(x [+ resid]) * w + b; when resid is given and sum_out non-null, sum_out = x + resid.
+// mean/rstd (fp32, one per row) are saved for backward. w and b may be null.
+template <typename T>
+__device__ void ln_forward(const T* __restrict__ x, const T* __restrict__ resid, T* __restrict__ sum_out,
+                           const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                           float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                           long long N, int C, float eps, int vec) {
+    constexpr int V = VecN<T>::N;
+    const int lane = threadIdx.x & 31;
+    const int wpb = blockDim.x >> 5;
+    for (long long row = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); row < N; row += (long long)gridDim.x * wpb) {
+        const T* xr = x + row * C;
+        const T* rr = resid ? resid + row * C : nullptr;
+        T* sr = (resid && sum_out) ? sum_out + row * C : nullptr;
+        float n = 0.f, mu = 0.f, m2 = 0.f;
+        if (vec) {
+            for (int c = lane * V; c < C; c += 32 * V) {
+                float v[V];
+                load_vec(xr + c, v);
+                if (rr) {
+                    float r[V];
+                    load_vec(rr + c, r);
+#pragma unroll
+                    for (int k = 0; k < V; ++k) v[k] = to_f(from_f<T>(v[k] + r[k]));
+                    if (sr) store_vec(sr + c, v);
+                }
+                float s = 0.f;
+#pragma unroll
+                for (int k = 0; k < V; ++k) s += v[k];
+                float vm = s * (1.f / V), vq = 0.f;
+#pragma unroll
+                for (int k = 0; k < V; ++k) { float d = v[k] - vm; vq += d * d; }
+                chan_merge(n, mu, m2, (float)V, vm, vq);
+            }
+        } else {
+            for (int c = lane; c < C; c += 32) {
+                float v = to_f(xr[c]);
+                if (rr) {
+                    v = to_f(from_f<T>(v + to_f(rr[c])));
+                    if (sr) sr[c] = from_f<T>(v);
+                }
+                chan_merge(n, mu, m2, 1.f, v, 0.f);
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            float nb = __shfl_xor_sync(0xffffffffu, n, off);
+            float mb = __shfl_xor_sync(0xffffffffu, mu, off);
+            float qb = __shfl_xor_sync(0xffffffffu, m2, off);
+            chan_merge(n, mu, m2, nb, mb, qb);
+        }
+        mu = __shfl_sync(0xffffffffu, mu, 0);
+        m2 = __shfl_sync(0xffffffffu, m2, 0);
+        const float rs = rsqrtf(m2 / (float)C + eps);
+        if (lane == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
+        T* yr = y + row * C;
+        if (vec) {
+            for (int c = lane * V; c < C; c += 32 * V) {
+                float v[V], o[V];
+                load_vec(xr + c, v);
+                if (rr) {
+                    float r[V];
+                    load_vec(rr + c, r);
+#pragma unroll
+                    for (int k = 0; k < V; ++k) v[k] = to_f(from_f<T>(v[k] + r[k]));
+                }
+                float wv[V], bv[V];
+                if (w) load_vec(w + c, wv); else { for (int k = 0; k < V; ++k) wv[k] = 1.f; }
+                if (b) load_vec(b + c, bv); else { for (int k = 0; k < V; ++k) bv[k] = 0.f; }
+#pragma unroll
+                for (int k = 0; k < V; ++k) o[k] = (v[k] - mu) * rs * wv[k] + bv[k];
+                store_vec(yr + c, o);
+            }
+        } else {
+            for (int c = lane; c < C; c += 32) {
+                float v = to_f(xr[c]);
+                if (rr) v = to_f(from_f<T>(v + to_f(rr[c])));
+                float o = (v - mu) * rs * (w ? to_f(w[c]) : 1.f) + (b ? to_f(b[c]) : 0.f);
+                yr[c] = from_f<T>(o);
+            }
+        }
+    }
+}
+
+// dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)) [+ g_sum]; per-block partial dw/db into
+// part[blockIdx.x][0:C] (dw) and part[blockIdx.x][C:2C] (db). x is the LayerNorm input (the sum when
+// the forward added a residual). Dynamic shared memory: warps_per_block * 2 * C floats.
+template <typename T>
+__device__ void ln_backward(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                            const float* __restrict__ mean, const float* __restrict__ rstd,
+                            const T* __restrict__ g_sum, T* __restrict__ dx, float* __restrict__ part,
+                            long long N, int C, int vec, int need_dx, int need_dwdb) {
+    extern __shared__ float smem[];
+    constexpr int V = VecN<T>::N;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wpb = blockDim.x >> 5;
+    float* acc = smem + (size_t)warp * 2 * C;  // [dw(C) | db(C)] of this warp
+    if (need_dwdb)
+        for (int c = lane; c < 2 * C; c += 32) acc[c] = 0.f;
+    __syncwarp();
+    const float invC = 1.f / (float)C;
+    for (long long row = (long long)blockIdx.x * wpb + warp; row < N; row += (long long)gridDim.x * wpb) {
+        const T* gr = g + row * C;
+        const T* xr = x + row * C;
+        const float mu = mean[row], rs = rstd[row];
+        float s1 = 0.f, s2 = 0.f;
+        if (need_dx) {
+            if (vec) {
+                for (int c = lane * V; c < C; c += 32 * V) {
+                    float gv[V], xv[V], wv[V];
+                    load_vec(gr + c, gv); load_vec(xr + c, xv);
+                    if (w) load_vec(w + c, wv); else { for (int k = 0; k < V; ++k) wv[k] = 1.f; }
+#pragma unroll
+                    for (int k = 0; k < V; ++k) { float d = gv[k] * wv[k]; s1 += d; s2 += d * (xv[k] - mu) * rs; }
+                }
+            } else {
+                for (int c = lane; c < C; c += 32) {
+                    float d = to_f(gr[c]) * (w ? to_f(w[c]) : 1.f);
+                    s1 += d; s2 += d * (to_f(xr[c]) - mu) * rs;
+                }
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+                s2 += __shfl_xor_sync(0xffffffffu, s2, off);
+            }
+            s1 *= invC; s2 *= invC;
+        }
+        T* dxr = need_dx ? dx + row * C : nullptr;
+        const T* gsr = g_sum ? g_sum + row * C : nullptr;
+        if (vec) {
+            for (int c = lane * V; c < C; c += 32 * V) {
+                float gv[V], xv[V], wv[V], o[V], gs[V];
+                load_vec(gr + c, gv); load_vec(xr + c, xv);
+                if (w) load_vec(w + c, wv); else { for (int k = 0; k < V; ++k) wv[k] = 1.f; }
+                if (gsr) load_vec(gsr + c, gs); else { for (int k = 0; k < V; ++k) gs[k] = 0.f; }
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    float xh = (xv[k] - mu) * rs;
+                    o[k] = rs * (gv[k] * wv[k] - s1 - xh * s2) + gs[k];
+                    if (need_dwdb) { acc[c + k] += gv[k] * xh; acc[C + c + k] += gv[k]; }
+                }
+                if (need_dx) store_vec(dxr + c, o);
+            }
+        } else {
+            for (int c = lane; c < C; c += 32) {
+                float gv = to_f(gr[c]);
+                float xh = (to_f(xr[c]) - mu) * rs;
+                if (need_dx) dxr[c] = from_f<T>(rs * (gv * (w ? to_f(w[c]) : 1.f) - s1 - xh * s2) + (gsr ? to_f(gsr[c]) : 0.f));
+                if (need_dwdb) { acc[c] += gv * xh; acc[C + c] += gv; }
+            }
+        }
+    }
+    if (!need_dwdb) return;
+    __syncthreads();
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        float s = 0.f;
+        for (int k = 0; k < wpb; ++k) s += smem[(size_t)k * 2 * C + c];
+        part[(size_t)blockIdx.x * 2 * C + c] = s;
+    }
+}
+
+// dw[c] = sum_b part[b][c], db[c] = sum_b part[b][C + c] (fixed order: deterministic).
+template <typename T>
+__device__ void ln_reduce(const float* __restrict__ part, int nblocks, int C, T* __restrict__ dw, T* __restrict__ db) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= 2 * C) return;
+    float s = 0.f;
+    for (int k = 0; k < nblocks; ++k) s += part[(size_t)k * 2 * C + c];
+    if (c < C) { if (dw) dw[c] = from_f<T>(s); }
+    else if (db) db[c - C] = from_f<T>(s);
+}
+
+#define LN_ENTRIES(SUF, T)                                                                                   \
+extern "C" __global__ void blu_layer_norm_forward_##SUF(const T* x, const T* resid, T* sum_out, const T* w,  \
+        const T* b, T* y, float* mean, float* rstd, long long N, int C, float eps, int vec) {                \
+    ln_forward<T>(x, resid, sum_out, w, b, y, mean, rstd, N, C, eps, vec);                                   \
+}                                                                                                            \
+extern "C" __global__ void blu_layer_norm_backward_##SUF(const T* g, const T* x, const T* w,                 \
+        const float* mean, const float* rstd, const T* g_sum, T* dx, float* part, long long N, int C,        \
+        int vec, int need_dx, int need_dwdb) {                                                               \
+    ln_backward<T>(g, x, w, mean, rstd, g_sum, dx, part, N, C, vec, need_dx, need_dwdb);                     \
+}                                                                                                            \
+extern "C" __global__ void blu_layer_norm_backward_reduce_##SUF(const float* part, int nblocks, int C,       \
+        T* dw, T* db) {                                                                                      \
+    ln_reduce<T>(part, nblocks, C, dw, db);                                                                  \
+}
+
+LN_ENTRIES(f32, float)
+LN_ENTRIES(bf16, bf16_t)
