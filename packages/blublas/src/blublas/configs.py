@@ -1,0 +1,263 @@
+"""Tile configurations of every kernel variant, the per-architecture lists, and the shape heuristic.
+
+The names and numbers mirror the ``BLU_*_CONFIG`` lines of the .cu files (a test checks the two agree).
+Per-architecture lists are ordered by preference and filtered by the opt-in shared memory of that
+architecture; ``choose`` picks a (config, split-K) pair with a small wave-quantisation cost model, and the
+autotuner (autotune.py) replaces that guess by a measurement when asked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import GemmError, ProviderUnavailable
+
+#: precision -> kernel variant -> source file
+VARIANT_OF_PRECISION = {"fp32": "simt", "tf32": "tf32", "bf16": "bf16"}
+FILE_OF_VARIANT = {"simt": "gemm_simt_f32.cu", "tf32": "gemm_mma_tf32.cu", "bf16": "gemm_mma_bf16.cu"}
+LAYOUTS = ("nn", "nt", "tn")
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One compiled tile shape of one variant."""
+
+    variant: str
+    name: str
+    bm: int
+    bn: int
+    bk: int
+    threads: int
+    stages: int
+
+    def smem_bytes(self, layout: str) -> int:
+        """Dynamic shared memory this config needs for ``layout`` ('nn', 'nt' or 'tn')."""
+        ta, tb = layout[0] == "t", layout[1] == "t"
+        bm, bn, bk, st = self.bm, self.bn, self.bk, self.stages
+        if self.variant == "simt":
+            return st * 4 * (bk * (bm + 4) + bk * (bn + 4))
+        if self.variant == "tf32":
+            a = bk * (bm + 8) if ta else bm * (bk + 4)
+            b = bn * (bk + 4) if tb else bk * (bn + 8)
+            return st * 4 * (a + b)
+        a = bk * (bm + 8) if ta else bm * (bk + 8)
+        b = bn * (bk + 8) if tb else bk * (bn + 8)
+        return st * 2 * (a + b)
+
+    def max_smem_bytes(self) -> int:
+        return max(self.smem_bytes(lay) for lay in LAYOUTS)
+
+    def kernel_name(self, layout: str) -> str:
+        """The extern "C" entry point, e.g. blu_gemm_bf16_128x128x32_w2x2_s4_nt."""
+        return f"blu_gemm_{self.variant}_{self.name}_{layout}"
+
+
+def _mma(variant: str, bm: int, bn: int, bk: int, wm: int, wn: int, st: int) -> TileConfig:
+    return TileConfig(variant, f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}", bm, bn, bk, wm * wn * 32, st)
+
+
+def _simt(bm: int, bn: int, bk: int, st: int) -> TileConfig:
+    return TileConfig("simt", f"{bm}x{bn}x{bk}_s{st}", bm, bn, bk, (bm // 8) * (bn // 8), st)
+
+
+ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
+    "bf16": {
+        c.name: c
+        for c in (
+            _mma("bf16", 128, 256, 32, 2, 4, 4),
+            _mma("bf16", 128, 128, 32, 2, 2, 4),
+            _mma("bf16", 128, 128, 64, 2, 2, 3),
+            _mma("bf16", 64, 128, 32, 2, 2, 4),
+        )
+    },
+    "tf32": {
+        c.name: c
+        for c in (
+            _mma("tf32", 128, 128, 32, 2, 2, 3),
+            _mma("tf32", 128, 128, 16, 2, 4, 4),
+            _mma("tf32", 128, 64, 32, 2, 2, 3),
+            _mma("tf32", 64, 64, 32, 2, 2, 4),
+        )
+    },
+    "simt": {
+        c.name: c
+        for c in (
+            _simt(128, 128, 8, 4),
+            _simt(128, 128, 16, 3),
+            _simt(128, 64, 8, 4),
+            _simt(64, 64, 8, 4),
+        )
+    },
+}
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """What the heuristic knows about an architecture (per-SM rates are rough, only their ratios matter)."""
+
+    cc: int
+    smem_optin: int  # max dynamic shared memory per block, bytes
+    smem_per_sm: int
+    sms_default: int
+    rate: dict[str, float]  # variant -> flop/s per SM (sustained, mma.sync / FFMA)
+    bandwidth: float  # bytes/s of DRAM
+    order: dict[str, tuple[str, ...]]  # variant -> preferred configs
+
+
+ARCHS: dict[int, ArchInfo] = {
+    80: ArchInfo(
+        80,
+        166912,
+        167936,
+        108,
+        {"bf16": 2.3e12, "tf32": 1.15e12, "simt": 0.18e12},
+        1.9e12,
+        {
+            "bf16": ("128x256x32_w2x4_s4", "128x128x64_w2x2_s3", "128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
+            "tf32": ("128x128x32_w2x2_s3", "128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
+            "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4"),
+        },
+    ),
+    86: ArchInfo(
+        86,
+        101376,
+        102400,
+        84,
+        {"bf16": 0.85e12, "tf32": 0.43e12, "simt": 0.43e12},
+        0.9e12,
+        {
+            "bf16": ("128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
+            "tf32": ("128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
+            "simt": ("128x128x8_s4", "128x64x8_s4", "64x64x8_s4"),
+        },
+    ),
+    89: ArchInfo(
+        89,
+        101376,
+        102400,
+        128,
+        {"bf16": 1.3e12, "tf32": 0.65e12, "simt": 0.65e12},
+        1.0e12,
+        {
+            "bf16": ("128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
+            "tf32": ("128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
+            "simt": ("128x128x8_s4", "128x64x8_s4", "64x64x8_s4"),
+        },
+    ),
+    90: ArchInfo(
+        90,
+        232448,
+        233472,
+        132,
+        {"bf16": 3.0e12, "tf32": 1.5e12, "simt": 0.5e12},
+        4.0e12,
+        {
+            "bf16": ("128x256x32_w2x4_s4", "128x128x64_w2x2_s3", "128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
+            "tf32": ("128x128x32_w2x2_s3", "128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
+            "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4"),
+        },
+    ),
+}
+
+SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+MAX_WORKSPACE_BYTES = 128 << 20  # split-K partial products larger than this are not considered
+
+
+def arch_info(cc: int) -> ArchInfo:
+    """The table entry for compute capability ``cc`` (e.g. 90); newer chips use the closest older entry."""
+    if cc < 80:
+        raise ProviderUnavailable(
+            f"blublas kernels need compute capability >= 8.0 (cp.async, mma.sync); this device is "
+            f"sm_{cc}. Use the 'cublas' provider instead."
+        )
+    return ARCHS[max(k for k in ARCHS if k <= cc)]
+
+
+def configs_for(variant: str, cc: int) -> list[TileConfig]:
+    """The configs of ``variant`` tuned for ``cc``, in preference order, that fit its shared memory."""
+    info = arch_info(cc)
+    table = ALL_CONFIGS[variant]
+    return [table[n] for n in info.order[variant] if table[n].max_smem_bytes() <= info.smem_optin]
+
+
+def get_config(variant: str, name: str) -> TileConfig:
+    """Look a config up by name, with an error listing the valid names."""
+    try:
+        return ALL_CONFIGS[variant][name]
+    except KeyError:
+        raise GemmError(
+            f"unknown {variant} tile config {name!r}; known: {sorted(ALL_CONFIGS.get(variant, {}))}"
+        ) from None
+
+
+def k_chunk_for(cfg: TileConfig, k: int, splits: int) -> tuple[int, int]:
+    """(k_chunk, effective splits): k range per split rounded up to the tile depth, no empty splits."""
+    if splits <= 1:
+        return max(k, 1), 1
+    chunk = -(-k // splits)
+    chunk = -(-chunk // cfg.bk) * cfg.bk
+    return chunk, -(-k // chunk)
+
+
+def estimate_seconds(
+    cfg: TileConfig, splits: int, m: int, n: int, k: int, batch: int, cc: int, sms: int, out_bytes: int
+) -> float:
+    """Rough run time of ``cfg`` with ``splits`` on an (m, n, k) x batch problem (for ranking only)."""
+    info = arch_info(cc)
+    chunk, splits = k_chunk_for(cfg, k, splits)
+    ctas = -(-m // cfg.bm) * -(-n // cfg.bn) * batch * splits
+    acc_regs = cfg.bm * cfg.bn // cfg.threads
+    regs = min(255, acc_regs + 48)
+    occ = max(
+        1,
+        min(
+            info.smem_per_sm // max(cfg.max_smem_bytes(), 1),
+            2048 // cfg.threads,
+            65536 // (cfg.threads * regs),
+        ),
+    )
+    intensity = cfg.bm * cfg.bn / (cfg.bm + cfg.bn)
+    eff = min(1.0, (intensity / 85.3) ** 0.35)
+    waves = math.ceil(ctas / (sms * occ))
+    per_cta = 2.0 * cfg.bm * cfg.bn * (chunk + 2 * cfg.bk) / (info.rate[cfg.variant] / occ * eff)
+    t = waves * per_cta + 4e-6
+    if splits > 1:
+        t += batch * m * n * (8.0 * splits + 2 * out_bytes) / info.bandwidth + 4e-6
+    return t
+
+
+def candidates(variant: str, cc: int, m: int, n: int, k: int, batch: int) -> list[tuple[TileConfig, int]]:
+    """All (config, splits) pairs worth trying on this shape (what the autotuner measures)."""
+    out = []
+    for cfg in configs_for(variant, cc):
+        for s in SPLIT_CHOICES:
+            if s == 1:
+                out.append((cfg, s))
+            elif (
+                k >= 1024
+                and k >= 2 * s * cfg.bk
+                and k_chunk_for(cfg, k, s)[1] == s
+                and 4 * batch * m * n * s <= MAX_WORKSPACE_BYTES
+            ):
+                out.append((cfg, s))
+    return out
+
+
+def choose(
+    variant: str, cc: int, m: int, n: int, k: int, batch: int = 1, sms: int | None = None, out_bytes: int = 4
+) -> tuple[TileConfig, int]:
+    """Heuristic (config, splits) for a shape: the lowest estimated time among ``candidates``."""
+    sms = sms or arch_info(cc).sms_default
+    best = None
+    best_split = None
+    for cfg, s in candidates(variant, cc, m, n, k, batch):
+        t = estimate_seconds(cfg, s, m, n, k, batch, cc, sms, out_bytes)
+        if s == 1 and (best is None or t < best[0]):
+            best = (t, cfg, s)
+        if s > 1 and (best_split is None or t < best_split[0]):
+            best_split = (t, cfg, s)
+    assert best is not None
+    if best_split is not None and best_split[0] < 0.9 * best[0]:  # split-K only when clearly better
+        best = best_split
+    return best[1], best[2]

@@ -1,0 +1,98 @@
+"""Plugin registration: the two GEMM providers BluBLAS offers to the ``blutrain`` plugin host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+from .__about__ import __version__
+
+hookimpl = pluggy.HookimplMarker("blutrain")
+
+
+class _ProviderBase:
+    """Common ``matmul`` of both providers: raw NumPy/CuPy arrays in, the output array back."""
+
+    PLUGIN_NAME = ""
+    VERSION = __version__
+    PROVIDER = ""
+
+    @classmethod
+    def matmul(
+        cls,
+        a: Any,
+        b: Any,
+        *,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        out: Any = None,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        epilogue: str = "none",
+        precision: str = "fp32",
+        save_preact: Any = None,
+        stream: Any = None,
+    ) -> Any:
+        """out = epi(alpha * op(a) @ op(b) + beta * out + bias); 3-D operands run as a strided batch."""
+        from .api import gemm, gemm_batched
+
+        fn = gemm_batched if max(a.ndim, b.ndim) == 3 else gemm
+        return fn(
+            a,
+            b,
+            out,
+            trans_a=trans_a,
+            trans_b=trans_b,
+            alpha=alpha,
+            beta=beta,
+            bias=bias,
+            epilogue=epilogue,
+            save_preact=save_preact,
+            precision=precision,
+            stream=stream,
+            provider=cls.PROVIDER,
+        )
+
+
+class BluBLASProvider(_ProviderBase):
+    """Our own kernels (SIMT fp32, mma.sync tf32/bf16) with fused epilogues; NumPy reference on CPU."""
+
+    PLUGIN_NAME = "blublas"
+    PROVIDER = "blublas"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """True with NumPy always (CPU reference); GPU kernels additionally need CuPy and sm_80+."""
+        return True
+
+    @classmethod
+    def cuda_available(cls) -> bool:
+        """True when CuPy sees a GPU of compute capability >= 8.0."""
+        try:
+            import cupy
+
+            return cupy.cuda.runtime.getDeviceCount() > 0 and int(cupy.cuda.Device().compute_capability) >= 80
+        except Exception:  # noqa: BLE001
+            return False
+
+
+class CuBLASProvider(_ProviderBase):
+    """cuBLASLt through ctypes with our own handle: fused epilogues, usable inside CUDA graph capture."""
+
+    PLUGIN_NAME = "cublas"
+    PROVIDER = "cublas"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """True when CuPy sees a GPU and libcublasLt can be loaded."""
+        from .cublas import is_available
+
+        return is_available()
+
+
+@hookimpl
+def blutrain_register_gemm_providers() -> list[type]:
+    """BluBLAS kernels ('blublas') and the capture-safe vendor provider ('cublas')."""
+    return [BluBLASProvider, CuBLASProvider]

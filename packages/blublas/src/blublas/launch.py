@@ -1,0 +1,227 @@
+"""Launching BluBLAS kernels for a validated Problem: config choice (forced, cached, tuned or heuristic),
+split-K workspace and reduction, epilogue flags. Everything here is capture-safe except autotuning, which
+is skipped while the stream is capturing (the heuristic or a cached choice is used instead).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from . import autotune as _at
+from . import configs, loader
+from .api import Problem
+from .errors import GemmError
+
+F_BIAS, F_BIAS_BF16, F_GELU, F_PREACT, F_OUT_BF16, F_BETA, F_VEC = 1, 2, 4, 8, 16, 32, 64
+EPILOGUE_FILE = "gemm_epilogue.cu"
+MAX_GRID_Z = 65535
+
+
+def _u64(x: int) -> np.uint64:
+    return np.uint64(x)
+
+
+def epilogue_flags(p: Problem) -> int:
+    """The kernel flag word of p's epilogue (bits mirror gemm_common.cuh)."""
+    f = 0
+    if p.bias is not None:
+        f |= F_BIAS | (F_BIAS_BF16 if p.bias_tag == "bf16" else 0)
+    if p.gelu:
+        f |= F_GELU | (F_PREACT if p.preact is not None else 0)
+    if p.out_tag == "bf16":
+        f |= F_OUT_BF16
+    if p.beta != 0.0:
+        f |= F_BETA
+    return f
+
+
+def vec_ok(p: Problem) -> bool:
+    """Whether A and B allow 16-byte cp.async: aligned bases, leading dims and batch strides of 16 bytes."""
+    for m in (p.A, p.B):
+        per = 16 // m.itemsize
+        if m.ptr % 16 or m.ld % per or m.bstride % per:
+            return False
+    return True
+
+
+def _is_capturing(stream: Any) -> bool:
+    try:
+        return bool(stream.is_capturing())
+    except Exception:  # noqa: BLE001 - older CuPy: assume not capturing
+        return False
+
+
+def _autotune_enabled(flag: bool | None) -> bool:
+    if flag is not None:
+        return flag
+    return os.environ.get("BLUBLAS_AUTOTUNE", "0") not in ("", "0", "false", "False")
+
+
+def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: Any, beta: float) -> None:
+    """Run one (config, splits) choice on the current stream, writing ``out`` (and ``preact``)."""
+    variant = cfg.variant
+    fname = configs.FILE_OF_VARIANT[variant]
+    layout = p.layout
+    smem = cfg.smem_bytes(layout)
+    fn = loader.get_function(fname, cfg.kernel_name(layout), smem)
+    chunk, splits = configs.k_chunk_for(cfg, p.K, splits)
+    flags = epilogue_flags(p)
+    if beta == 0.0:
+        flags &= ~F_BETA
+    if preact is None:
+        flags &= ~F_PREACT
+    vec = F_VEC if vec_ok(p) else 0
+    gx, gy = -(-p.N // cfg.bn), -(-p.M // cfg.bm)
+    gz = p.batch * splits
+    if gz > MAX_GRID_Z:
+        raise GemmError(f"batch x splits = {gz} exceeds the grid limit {MAX_GRID_Z}; split the batch")
+    cptr = int(out.data.ptr)
+    ldc = p.C.ld if out is p.out else p.N
+    sc = p.C.bstride if out is p.out else p.M * p.N
+    pptr = int(preact.data.ptr) if preact is not None else 0
+    ldp = p.P.ld if (preact is not None and preact is p.preact) else p.N
+    sp = p.P.bstride if (preact is not None and preact is p.preact) else p.M * p.N
+    bias_ptr = int(p.bias.data.ptr) if p.bias is not None else 0
+    sa = p.A.bstride if p.A.batch else 0
+    sb = p.B.bstride if p.B.batch else 0
+    alpha = p.alpha
+    if splits == 1:
+        args = (
+            _u64(p.A.ptr),
+            _u64(p.B.ptr),
+            _u64(cptr),
+            _u64(bias_ptr),
+            _u64(pptr),
+            np.int32(p.M),
+            np.int32(p.N),
+            np.int32(p.K),
+            np.int64(p.A.ld),
+            np.int64(p.B.ld),
+            np.int64(ldc),
+            np.int64(ldp),
+            np.int64(sa),
+            np.int64(sb),
+            np.int64(sc),
+            np.int64(sp),
+            np.float32(alpha),
+            np.float32(beta),
+            np.int32(flags | vec),
+            np.int32(1),
+            np.int32(chunk),
+        )
+        fn((gx, gy, gz), (cfg.threads,), args, shared_mem=smem)
+        return
+    mn = p.M * p.N
+    ws = loader.workspace(4 * p.batch * splits * mn)
+    args = (
+        _u64(p.A.ptr),
+        _u64(p.B.ptr),
+        _u64(int(ws.data.ptr)),
+        _u64(0),
+        _u64(0),
+        np.int32(p.M),
+        np.int32(p.N),
+        np.int32(p.K),
+        np.int64(p.A.ld),
+        np.int64(p.B.ld),
+        np.int64(p.N),
+        np.int64(p.N),
+        np.int64(sa),
+        np.int64(sb),
+        np.int64(mn),
+        np.int64(mn),
+        np.float32(1.0),
+        np.float32(0.0),
+        np.int32(vec),
+        np.int32(splits),
+        np.int32(chunk),
+    )
+    fn((gx, gy, gz), (cfg.threads,), args, shared_mem=smem)
+    red = loader.get_function(EPILOGUE_FILE, "blu_gemm_splitk_reduce")
+    total = p.batch * mn
+    blocks = int(max(1, min(-(-total // 256), loader.sm_count() * 16)))
+    red(
+        (blocks,),
+        (256,),
+        (
+            ws,
+            _u64(cptr),
+            _u64(bias_ptr),
+            _u64(pptr),
+            np.int32(p.M),
+            np.int32(p.N),
+            np.int32(p.batch),
+            np.int32(splits),
+            np.int64(ldc),
+            np.int64(ldp),
+            np.int64(sc),
+            np.int64(sp),
+            np.float32(alpha),
+            np.float32(beta),
+            np.int32(flags),
+        ),
+    )
+
+
+def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: bool | None) -> tuple:
+    """(config, splits) for p: forced > cached > tuned (if enabled and not capturing) > heuristic."""
+    variant = configs.VARIANT_OF_PRECISION[p.precision]
+    cc = loader.compute_capability()
+    if config is not None:
+        cfg = config if isinstance(config, configs.TileConfig) else configs.get_config(variant, config)
+        if cfg.variant != variant:
+            raise GemmError(
+                f"config {cfg.name} is a {cfg.variant} config; precision {p.precision} needs {variant}"
+            )
+        if cfg.max_smem_bytes() > configs.arch_info(cc).smem_optin:
+            raise GemmError(
+                f"config {cfg.name} needs {cfg.max_smem_bytes()} bytes of shared memory; sm_{cc} has "
+                f"{configs.arch_info(cc).smem_optin}"
+            )
+        return cfg, int(splits or 1)
+    key = _at.problem_key(cc, variant, p.layout, p.M, p.N, p.K, p.batch, p.out_tag)
+    cache = _at.default_cache()
+    hit = cache.get(key)
+    if hit is not None and hit.get("config") in configs.ALL_CONFIGS[variant]:
+        return configs.ALL_CONFIGS[variant][hit["config"]], int(hit.get("splits", 1))
+    if _autotune_enabled(autotune) and not _is_capturing(stream):
+        import cupy
+
+        scratch = cupy.empty_like(p.out)
+        pre = cupy.empty_like(p.out) if p.preact is not None else None
+        cands = configs.candidates(variant, cc, p.M, p.N, p.K, p.batch)
+
+        def run(c: tuple) -> None:
+            launch(p, c[0], c[1], scratch, pre, 0.0)
+
+        rec = _at.tune(
+            key,
+            cands,
+            _at.cuda_event_timer(run),
+            cache,
+            describe=lambda c: {"config": c[0].name, "splits": c[1]},
+        )
+        return configs.ALL_CONFIGS[variant][rec["config"]], int(rec["splits"])
+    return configs.choose(
+        variant, cc, p.M, p.N, p.K, p.batch, sms=loader.sm_count(), out_bytes=2 if p.out_tag == "bf16" else 4
+    )
+
+
+def run_blublas(
+    p: Problem,
+    stream: Any = None,
+    *,
+    config: Any = None,
+    splits: int | None = None,
+    autotune: bool | None = None,
+) -> None:
+    """Compute p with BluBLAS kernels on ``stream`` (default: the current stream)."""
+    import cupy
+
+    st = stream if stream is not None else cupy.cuda.get_current_stream()
+    with cupy.cuda.Device(p.device_id), st:
+        cfg, s = select(p, st, config, splits, autotune)
+        launch(p, cfg, s, p.out, p.preact, p.beta)

@@ -1,0 +1,138 @@
+"""Kernel loading: one cached ``cupy.RawModule`` per .cu file and device, compiled for that device's arch.
+
+Local ``#include "x.cuh"`` lines are expanded here before compiling, so CuPy's on-disk cache key covers
+the headers too (CuPy hashes only the source string it is given).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+_lock = threading.Lock()
+_modules: dict[tuple[str, int], Any] = {}
+_functions: dict[tuple[str, int, str], Any] = {}
+_smem_set: dict[tuple[str, int, str], int] = {}
+_workspaces: dict[tuple[int, int], Any] = {}
+
+
+def expand_source(path: Path, _seen: frozenset[Path] = frozenset()) -> str:
+    """Source of ``path`` with local quoted includes inlined (each header once, recursively)."""
+    text = path.read_text()
+
+    def repl(m: re.Match) -> str:
+        inc = (path.parent / m.group(1)).resolve()
+        if inc in _seen:
+            return ""
+        if not inc.is_file():
+            raise FileNotFoundError(f"{path.name}: included file {m.group(1)!r} not found in {path.parent}")
+        return f"// ---- begin {m.group(1)}\n{expand_source(inc, _seen | {inc})}\n// ---- end {m.group(1)}\n"
+
+    return _INCLUDE.sub(repl, text)
+
+
+@cache
+def _source(filename: str) -> str:
+    path = KERNEL_DIR / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"blublas kernel file {path} is missing (broken install?)")
+    return expand_source(path)
+
+
+def compute_capability(device_id: int | None = None) -> int:
+    """Compute capability of a CUDA device as an int (e.g. 90)."""
+    import cupy
+
+    dev = cupy.cuda.Device(device_id) if device_id is not None else cupy.cuda.Device()
+    return int(dev.compute_capability)
+
+
+def sm_count(device_id: int | None = None) -> int:
+    """Number of streaming multiprocessors of a device."""
+    import cupy
+
+    dev = cupy.cuda.Device(device_id) if device_id is not None else cupy.cuda.Device()
+    return int(dev.attributes["MultiProcessorCount"])
+
+
+def get_module(filename: str, device_id: int | None = None) -> Any:
+    """The compiled RawModule of ``filename`` for the current (or given) device, built once."""
+    import cupy
+
+    dev = cupy.cuda.Device(device_id) if device_id is not None else cupy.cuda.Device()
+    key = (filename, int(dev.id))
+    mod = _modules.get(key)
+    if mod is None:
+        with _lock:
+            mod = _modules.get(key)
+            if mod is None:
+                cc = int(dev.compute_capability)
+                with dev:
+                    mod = cupy.RawModule(code=_source(filename), options=("-std=c++17", f"-arch=sm_{cc}"))
+                    try:
+                        mod.get_function(_first_kernel(filename))  # compile now, so errors name the file
+                    except cupy.cuda.compiler.CompileException as exc:
+                        if "arch" not in str(exc):
+                            raise RuntimeError(
+                                f"NVRTC failed to compile {filename} for sm_{cc}:\n{exc}"
+                            ) from exc
+                        # some CuPy versions add their own -arch: retry letting CuPy choose it
+                        mod = cupy.RawModule(code=_source(filename), options=("-std=c++17",))
+                _modules[key] = mod
+    return mod
+
+
+def _first_kernel(filename: str) -> str:
+    m = re.search(
+        r'extern "C" __global__ void(?:\s+__launch_bounds__\([^)]*\))?\s+(\w+)\(', _source(filename)
+    )
+    if m:
+        return m.group(1)
+    m = re.search(r"blu_gemm_(simt|tf32|bf16)_##NAME##_##SUF", _source(filename))
+    from .configs import ALL_CONFIGS
+
+    if m:
+        cfg = next(iter(ALL_CONFIGS[m.group(1)].values()))
+        return cfg.kernel_name("nn")
+    raise RuntimeError(f'no extern "C" kernel found in {filename}')
+
+
+def get_function(filename: str, name: str, smem_bytes: int = 0, device_id: int | None = None) -> Any:
+    """A kernel of ``filename`` with its dynamic shared memory limit raised to ``smem_bytes`` if needed."""
+    import cupy
+
+    dev_id = int(device_id if device_id is not None else cupy.cuda.Device().id)
+    key = (filename, dev_id, name)
+    fn = _functions.get(key)
+    if fn is None:
+        try:
+            fn = get_module(filename, dev_id).get_function(name)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the kernel name
+            raise RuntimeError(f"kernel {name} not found in {filename}: {exc}") from exc
+        _functions[key] = fn
+    if smem_bytes > 48 * 1024 and smem_bytes > _smem_set.get(key, 0):
+        fn.max_dynamic_shared_size_bytes = smem_bytes
+        _smem_set[key] = smem_bytes
+    return fn
+
+
+def workspace(nbytes: int, stream: Any = None) -> Any:
+    """A device scratch buffer of at least ``nbytes`` owned per (device, stream), grown when needed.
+
+    Reused by every call on that stream (stream order makes reuse safe), so after one eager warm-up call
+    nothing is allocated during CUDA graph capture.
+    """
+    import cupy
+
+    st = stream if stream is not None else cupy.cuda.get_current_stream()
+    key = (int(cupy.cuda.Device().id), int(st.ptr))
+    buf = _workspaces.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        buf = cupy.empty(max(nbytes, 1 << 20), dtype=cupy.uint8)
+        _workspaces[key] = buf
+    return buf

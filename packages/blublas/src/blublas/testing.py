@@ -1,0 +1,209 @@
+"""Test helpers shared by the CPU tests, the GPU tests and dev/gpu_check.py: random cases, the float64
+reference of a case and the normalised error metric with its per-precision tolerance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .reference import bf16_bits_to_f32, f32_to_bf16_bits, gemm_reference
+
+#: (precision, output dtype tag) -> max |out - ref64| / scale,
+#: scale = max(|op(a)| @ |op(b)|) + |beta| max|c| + max|bias|
+TOLERANCES = {
+    ("fp32", "f32"): 1e-5,
+    ("tf32", "f32"): 2e-3,
+    ("bf16", "f32"): 1e-5,
+    ("bf16", "bf16"): 5e-3,
+}
+
+#: sizes including non-multiples of every tile dimension and tiny edge cases
+ODD_SHAPES = ((1, 1, 1), (7, 5, 3), (33, 17, 65), (130, 67, 19), (257, 129, 200), (64, 128, 96))
+
+
+def to_f64(x: np.ndarray, is_bf16: bool) -> np.ndarray:
+    """Host array (float32, or bf16 bits as uint16) -> float64 values."""
+    x = np.asarray(x)
+    if is_bf16:
+        return bf16_bits_to_f32(x.view(np.uint16)).astype(np.float64)
+    return x.astype(np.float64)
+
+
+@dataclass
+class Case:
+    """One GEMM problem on the host: inputs (bf16 as uint16 bits), and what the epilogue should do."""
+
+    precision: str
+    layout: str
+    m: int
+    n: int
+    k: int
+    batch: int  # 0 = plain 2-D gemm
+    a: np.ndarray
+    b: np.ndarray
+    out0: np.ndarray | None  # previous output when beta != 0
+    bias: np.ndarray | None
+    bias_bf16: bool
+    out_bf16: bool
+    epilogue: str
+    save_preact: bool
+    alpha: float
+    beta: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def in_bf16(self) -> bool:
+        return self.precision == "bf16"
+
+    @property
+    def out_tag(self) -> str:
+        return "bf16" if self.out_bf16 else "f32"
+
+    @property
+    def tol(self) -> float:
+        return TOLERANCES[(self.precision, self.out_tag)]
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.m, self.n) if self.batch else (self.m, self.n)
+
+    def describe(self) -> str:
+        b = f" batch={self.batch}" if self.batch else ""
+        bias = "bf16" if self.bias_bf16 else "f32" if self.bias is not None else "-"
+        return (
+            f"{self.precision} {self.layout} {self.m}x{self.n}x{self.k}{b} epi={self.epilogue}"
+            f"{'+preact' if self.save_preact else ''} bias={bias}"
+            f" out={self.out_tag} alpha={self.alpha} beta={self.beta}"
+        )
+
+
+def make_case(
+    rng: np.random.Generator,
+    m: int,
+    n: int,
+    k: int,
+    *,
+    layout: str = "nn",
+    precision: str = "fp32",
+    batch: int = 0,
+    bias: str | None = None,
+    epilogue: str = "none",
+    save_preact: bool = False,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    out_bf16: bool | None = None,
+) -> Case:
+    """Random inputs of the right storage for ``precision`` (bf16 values exactly representable)."""
+    ta, tb = layout[0] == "t", layout[1] == "t"
+    lead = (batch,) if batch else ()
+    a_shape = lead + ((k, m) if ta else (m, k))
+    b_shape = lead + ((n, k) if tb else (k, n))
+    in_bf16 = precision == "bf16"
+    out_bf16 = in_bf16 if out_bf16 is None else out_bf16
+
+    def arr(shape: tuple[int, ...], bf16: bool) -> np.ndarray:
+        x = rng.standard_normal(shape).astype(np.float32)
+        return f32_to_bf16_bits(x).reshape(shape) if bf16 else x
+
+    out_shape = lead + (m, n)
+    return Case(
+        precision,
+        layout,
+        m,
+        n,
+        k,
+        batch,
+        arr(a_shape, in_bf16),
+        arr(b_shape, in_bf16),
+        arr(out_shape, out_bf16) if beta != 0.0 else None,
+        arr((n,), bias == "bf16") if bias else None,
+        bias == "bf16",
+        out_bf16,
+        epilogue,
+        save_preact,
+        alpha,
+        beta,
+    )
+
+
+def reference(case: Case) -> tuple[np.ndarray, np.ndarray, float]:
+    """(out, preact, scale) in float64 for ``case``; scale normalises the error metric."""
+    a = to_f64(case.a, case.in_bf16)
+    b = to_f64(case.b, case.in_bf16)
+    c0 = to_f64(case.out0, case.out_bf16) if case.out0 is not None else None
+    bias = to_f64(case.bias, case.bias_bf16) if case.bias is not None else None
+    ta, tb = case.layout[0] == "t", case.layout[1] == "t"
+    out, pre = gemm_reference(
+        a,
+        b,
+        trans_a=ta,
+        trans_b=tb,
+        alpha=case.alpha,
+        beta=case.beta,
+        c_old=c0,
+        bias=bias,
+        epilogue=case.epilogue,
+        dtype=np.float64,
+    )
+    absprod, _ = gemm_reference(np.abs(a), np.abs(b), trans_a=ta, trans_b=tb, alpha=abs(case.alpha))
+    scale = float(np.max(absprod, initial=0.0))
+    if c0 is not None:
+        scale += abs(case.beta) * float(np.max(np.abs(c0), initial=0.0))
+    if bias is not None:
+        scale += float(np.max(np.abs(bias), initial=0.0))
+    return out, pre, max(scale, 1e-30)
+
+
+def normalized_error(got: np.ndarray, ref: np.ndarray, scale: float, is_bf16: bool) -> float:
+    """max |got - ref| / scale with ``got`` a host array (bf16 bits when ``is_bf16``)."""
+    g = to_f64(got, is_bf16)
+    if g.shape != ref.shape:
+        raise AssertionError(f"shape {g.shape} != reference shape {ref.shape}")
+    if not np.all(np.isfinite(g)):
+        return float("inf")
+    return float(np.max(np.abs(g - ref), initial=0.0)) / scale
+
+
+def run_case(
+    case: Case, xp: Any = np, provider: str = "blublas", **kw: Any
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Run ``case`` through blublas.gemm/gemm_batched on ``xp`` arrays; returns host (out, preact)."""
+    from .api import gemm, gemm_batched
+
+    def dev(x: np.ndarray | None) -> Any:
+        return None if x is None else xp.array(x, copy=True)
+
+    out_dtype = np.uint16 if case.out_bf16 else np.float32
+    out = dev(case.out0) if case.out0 is not None else xp.zeros(case.out_shape, dtype=out_dtype)
+    pre = xp.zeros(case.out_shape, dtype=out_dtype) if case.save_preact else None
+    fn = gemm_batched if case.batch else gemm
+    res = fn(
+        dev(case.a),
+        dev(case.b),
+        out,
+        trans_a=case.layout[0] == "t",
+        trans_b=case.layout[1] == "t",
+        alpha=case.alpha,
+        beta=case.beta,
+        bias=dev(case.bias),
+        epilogue=case.epilogue,
+        save_preact=pre,
+        precision=case.precision,
+        provider=provider,
+        **kw,
+    )
+    assert res is out
+    host = (lambda x: x.get()) if xp is not np else (lambda x: np.asarray(x))
+    return host(out), (host(pre) if pre is not None else None)
+
+
+def check_case(case: Case, xp: Any = np, provider: str = "blublas", **kw: Any) -> float:
+    """Run and compare ``case`` against float64; returns the worst normalised error (out and preact)."""
+    out, pre = run_case(case, xp, provider, **kw)
+    ref, ref_pre, scale = reference(case)
+    err = normalized_error(out, ref, scale, case.out_bf16)
+    if pre is not None:
+        err = max(err, normalized_error(pre, ref_pre, scale, case.out_bf16))
+    return err

@@ -1,0 +1,185 @@
+"""GPU twins of the CPU tests: the same float64 comparisons on CuPy arrays through our kernels and the
+cuBLAS provider, every layout/precision/epilogue, odd sizes, batched, split-K, and capture in a CUDA graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from blublas import GemmError, gemm
+from blublas.testing import ODD_SHAPES, check_case, make_case
+
+pytestmark = pytest.mark.cuda
+
+
+def _cupy():
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no device")
+        if int(cupy.cuda.Device().compute_capability) < 80:
+            raise RuntimeError("needs sm_80+")
+        return cupy
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"needs CuPy and a CUDA GPU of sm_80+: {exc}")
+
+
+LAYOUTS = ("nn", "nt", "tn")
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("shape", ODD_SHAPES)
+def test_gpu_plain_gemm_matches_float64(layout, precision, shape):
+    cp = _cupy()
+    rng = np.random.default_rng(hash((layout, precision, shape)) % 2**32)
+    case = make_case(rng, *shape, layout=layout, precision=precision)
+    assert check_case(case, cp) <= case.tol, case.describe()
+
+
+EPILOGUES = [
+    dict(bias="f32"),
+    dict(bias="bf16"),
+    dict(epilogue="gelu", bias="f32", save_preact=True),
+    dict(alpha=-1.5, beta=0.25, bias="f32", epilogue="gelu", save_preact=True),
+]
+
+
+@pytest.mark.parametrize("provider", ["blublas", "cublas"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(
+    "precision,out_bf16", [("fp32", False), ("tf32", False), ("bf16", True), ("bf16", False)]
+)
+@pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: "-".join(f"{k}={v}" for k, v in e.items()))
+def test_gpu_epilogues_match_float64(provider, layout, precision, out_bf16, epi):
+    cp = _cupy()
+    rng = np.random.default_rng(7)
+    case = make_case(rng, 133, 72, 96, layout=layout, precision=precision, out_bf16=out_bf16, **epi)
+    assert check_case(case, cp, provider) <= case.tol, case.describe()
+
+
+@pytest.mark.parametrize("provider", ["blublas", "cublas"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_gpu_batched_matches_float64(provider, precision):
+    cp = _cupy()
+    rng = np.random.default_rng(11)
+    case = make_case(
+        rng,
+        67,
+        40,
+        33,
+        layout="nt",
+        precision=precision,
+        batch=3,
+        bias="f32",
+        epilogue="gelu",
+        save_preact=True,
+    )
+    assert check_case(case, cp, provider) <= case.tol, case.describe()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("splits", [2, 5])
+def test_gpu_split_k_matches_float64(precision, splits):
+    cp = _cupy()
+    from blublas import configs
+
+    rng = np.random.default_rng(13)
+    case = make_case(
+        rng,
+        96,
+        80,
+        1500,
+        layout="tn",
+        precision=precision,
+        bias="f32",
+        epilogue="gelu",
+        save_preact=True,
+        alpha=0.5,
+        beta=0.5,
+    )
+    cfg = configs.configs_for(configs.VARIANT_OF_PRECISION[precision], 90)[-1].name
+    assert check_case(case, cp, config=cfg, splits=splits) <= case.tol, case.describe()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_gpu_every_config_is_correct(precision):
+    cp = _cupy()
+    from blublas import configs, loader
+
+    variant = configs.VARIANT_OF_PRECISION[precision]
+    rng = np.random.default_rng(17)
+    for cfg in configs.configs_for(variant, loader.compute_capability()):
+        for layout in LAYOUTS:
+            case = make_case(rng, 300, 270, 129, layout=layout, precision=precision, bias="f32")
+            assert check_case(case, cp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
+
+
+def test_gpu_unaligned_leading_dimension_uses_the_scalar_path():
+    cp = _cupy()
+    rng = np.random.default_rng(19)
+    big = cp.asarray(rng.standard_normal((70, 41)).astype(np.float32))
+    a = big[1:, 1:]  # ld 41, base not 16-byte aligned
+    b = cp.asarray(rng.standard_normal((40, 9)).astype(np.float32))
+    out = gemm(a, b, precision="tf32")
+    ref = a.get().astype(np.float64) @ b.get().astype(np.float64)
+    assert np.max(np.abs(out.get() - ref)) / np.max(np.abs(a.get()) @ np.abs(b.get())) < 2e-3
+
+
+def test_gpu_misaligned_pointer_is_rejected():
+    cp = _cupy()
+    raw = cp.zeros(4 * 20 + 2, dtype=cp.uint8)
+    a = cp.ndarray((4, 5), dtype=cp.float32, memptr=raw.data + 1)
+    with pytest.raises(GemmError, match="a: misaligned pointer"):
+        gemm(a, cp.ones((5, 3), cp.float32))
+
+
+def test_gpu_mixed_numpy_and_cupy_is_rejected():
+    cp = _cupy()
+    with pytest.raises(GemmError, match="b is a numpy array but a is a cupy array"):
+        gemm(cp.ones((2, 2), cp.float32), np.ones((2, 2), np.float32))
+
+
+@pytest.mark.parametrize("provider", ["blublas", "cublas"])
+def test_gpu_gemm_inside_cuda_graph_capture(provider):
+    cp = _cupy()
+    rng = np.random.default_rng(23)
+    a = cp.asarray(rng.standard_normal((256, 128)).astype(np.float32))
+    w = cp.asarray(rng.standard_normal((192, 128)).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(192).astype(np.float32))
+    out = cp.zeros((256, 192), cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        gemm(
+            a,
+            w,
+            out,
+            trans_b=True,
+            bias=bias,
+            epilogue="gelu",
+            precision="tf32",
+            stream=stream,
+            provider=provider,
+        )  # warm-up outside capture: compiles, creates handles, picks configs
+        stream.begin_capture()
+        gemm(
+            a,
+            w,
+            out,
+            trans_b=True,
+            bias=bias,
+            epilogue="gelu",
+            precision="tf32",
+            stream=stream,
+            provider=provider,
+        )
+        graph = stream.end_capture()
+        out.fill(0)
+        a[...] = a * 0.5
+        graph.launch(stream)
+    stream.synchronize()
+    from blublas.reference import gelu_tanh
+
+    ref = gelu_tanh(a.get().astype(np.float64) @ w.get().T.astype(np.float64) + bias.get())
+    assert np.max(np.abs(out.get() - ref)) / np.max(np.abs(ref)) < 5e-3
