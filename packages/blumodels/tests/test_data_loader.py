@@ -1,9 +1,8 @@
 """TokenLoader: Algorithm 2's rank-strided cursor against a NumPy reference, resume, pinned == sync."""
 
+import blutensor as bt
 import numpy as np
 import pytest
-
-import blutensor as bt
 from blumodels.data.loader import TokenLoader
 from blumodels.data.shards import write_shard
 
@@ -186,3 +185,99 @@ def test_pinned_equals_sync_on_cuda(shards, W, r):
     resumed = TokenLoader(d, "train", B, T, rank=r, world_size=W, device="cuda")
     resumed.load_state_dict(state)
     _assert_same(_take(resumed, n - 41), got_fast[41:])
+
+
+# ------------------------------------------------------------ Algorithm 2 on an emulated CUDA (CPU twin)
+class _FakeStream:
+    """Copies queued on a stream run only when an event recorded after them is waited on/synchronized."""
+
+    def __init__(self, immediate=False):
+        self.pending, self.seq, self.immediate = [], 0, immediate
+
+    def enqueue(self, fn):
+        if self.immediate:
+            fn()
+        else:
+            self.seq += 1
+            self.pending.append((self.seq, fn))
+
+    def run_until(self, seq):
+        while self.pending and self.pending[0][0] <= seq:
+            self.pending.pop(0)[1]()
+
+    def wait_event(self, ev):
+        if ev.stream is not None:
+            ev.stream.run_until(ev.seq)
+
+
+class _FakeEvent:
+    def __init__(self, **kw):
+        self.stream, self.seq = None, 0
+
+    def record(self, stream):
+        self.stream, self.seq = stream, stream.seq
+
+    def synchronize(self):
+        if self.stream is not None:
+            self.stream.run_until(self.seq)
+
+
+class _FakeArray(np.ndarray):
+    def get(self, *a, **k):
+        return np.asarray(self).copy()
+
+    def set(self, arr, stream=None):  # reads ``arr`` when the copy executes, like cudaMemcpyAsync
+        (stream or _FAKE_NULL).enqueue(lambda: np.copyto(np.asarray(self), arr))
+
+
+_FAKE_NULL = _FakeStream(immediate=True)
+
+
+def _fake_cupy():
+    import contextlib
+    import types
+
+    cp = types.SimpleNamespace(int64=np.int64)
+    cp.empty = lambda shape, dtype: np.zeros(shape, dtype).view(_FakeArray)
+    cp.asarray = lambda a: np.array(a).view(_FakeArray)
+    cp.cuda = types.SimpleNamespace(
+        Device=lambda i=0: contextlib.nullcontext(), Stream=lambda **k: _FakeStream(), Event=_FakeEvent,
+        get_current_stream=lambda: _FAKE_NULL)
+    return cp
+
+
+@pytest.fixture()
+def fake_cuda(monkeypatch):
+    import sys
+
+    from blumodels.data import loader as loader_mod
+
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setattr(loader_mod, "_pinned_empty", lambda shape, dtype: np.zeros(shape, dtype))
+    return monkeypatch
+
+
+@pytest.mark.parametrize("W,r", [(1, 0), (2, 1)])
+def test_algorithm2_emulated(shards, fake_cuda, W, r):
+    """The double buffer, copy stream and events on a CUDA emulation give the reference batches and resume."""
+    d, data = shards
+    B, T, n = 2, 16, 120
+    fast = TokenLoader(d, "train", B, T, rank=r, world_size=W, device="cuda")
+    slow = TokenLoader(d, "train", B, T, rank=r, world_size=W, device="cuda", pinned=False)
+    assert fast.pinned and not slow.pinned
+    got = _take(fast, n)
+    _assert_same(got, reference(data, B, T, r, W, n))
+    _assert_same(_take(slow, n), got)
+    a = TokenLoader(d, "train", B, T, rank=r, world_size=W, device="cuda")
+    _take(a, 37)
+    b = TokenLoader(d, "train", B, T, rank=r, world_size=W, device="cuda")
+    b.load_state_dict(a.state_dict())
+    _assert_same(_take(b, n - 37), got[37:])
+
+
+def test_algorithm2_emulation_catches_missing_wait(shards, fake_cuda):
+    """The emulation is strict: without "default stream waits on h2d_done" the batches are wrong."""
+    d, data = shards
+    fake_cuda.setattr(_FakeStream, "wait_event", lambda self, ev: None)
+    got = _take(TokenLoader(d, "train", 2, 16, device="cuda"), 10)
+    assert not all(np.array_equal(g[0], w[0]) for g, w in zip(got, reference(data, 2, 16, 0, 1, 10)))

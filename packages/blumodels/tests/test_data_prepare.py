@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-
 from blumodels.data import corpus as corpus_mod
 from blumodels.data.corpus import builtin_corpus, read_texts
 from blumodels.data.prepare import load_meta, prepare, split_documents
@@ -15,7 +14,8 @@ from blumodels.data.tokenizer import load_tokenizer
 def _folder(tmp_path):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
-    docs = {f"doc{i:02d}.txt": f"Document {i}: " + ("lorem ipsum dolor sit amet, " * (5 + i)) for i in range(20)}
+    docs = {f"doc{i:02d}.txt": f"Document {i}: " + ("lorem ipsum dolor sit amet, " * (5 + i))
+            for i in range(20)}
     for name, text in docs.items():
         (src / name).write_text(text, encoding="utf-8")
     (src / "sub" / "notes.md").write_text("# Notes\nünïcödé text ✓\n", encoding="utf-8")
@@ -86,8 +86,8 @@ def test_prepare_errors(tmp_path):
 def test_prepare_builtin_corpus(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "no-cache"))  # "auto" must fall back to bpe
     monkeypatch.delenv("BLUTRAIN_GPT2_DIR", raising=False)
-    meta = prepare(tmp_path / "d", corpus="pydocs", tokenizer="auto", vocab_size=512, max_corpus_bytes=150_000,
-                   shard_tokens=20_000)
+    meta = prepare(tmp_path / "d", corpus="pydocs", tokenizer="auto", vocab_size=512,
+                   max_corpus_bytes=150_000, shard_tokens=20_000)
     assert meta["tokenizer"] == "bpe" and meta["vocab_size"] == 512
     assert meta["train_tokens"] > 30_000 and meta["val_tokens"] > 0 and meta["train_shards"] >= 2
     tok = load_tokenizer(tmp_path / "d")

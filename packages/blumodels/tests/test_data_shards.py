@@ -4,7 +4,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from blumodels.data.shards import (
     FORMAT_VERSION,
     HEADER_BYTES,

@@ -4,7 +4,6 @@ import hashlib
 import json
 
 import pytest
-
 from blumodels.data import tokenizer as tk
 from blumodels.data.tokenizer import Tokenizer, gpt2_tiktoken_available, load_tokenizer, train_bpe
 

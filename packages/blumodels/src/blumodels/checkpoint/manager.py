@@ -216,6 +216,7 @@ class CheckpointManager:
                     removed.append(p)
                 except OSError:
                     pass
+                self._good = {k for k in self._good if k[0] != p.name}
             elif self._is_good(p):
                 good += 1
         return removed

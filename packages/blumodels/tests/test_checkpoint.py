@@ -1,0 +1,345 @@
+"""Checkpoints: exact round trip (bf16 too), verification errors, fallback, pruning, async, kill safety."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+
+import ml_dtypes
+import numpy as np
+import pytest
+from blumodels.checkpoint import format as fmt
+from blumodels.checkpoint import manager as mgr_mod
+from blumodels.checkpoint.format import (
+    CheckpointError,
+    load_checkpoint,
+    read_checkpoint_meta,
+    save_checkpoint,
+)
+from blumodels.checkpoint.manager import CheckpointManager
+
+
+def _tensors(seed=0, n=64):
+    rng = np.random.default_rng(seed)
+    return {
+        "model.w": rng.standard_normal((n, 3)).astype(np.float32),
+        "model.b": rng.standard_normal(7).astype(np.float64),
+        "optim.exp_avg.w": rng.standard_normal((n, 3)).astype(ml_dtypes.bfloat16),
+        "rng.counter": rng.integers(-(2**62), 2**62, size=5, dtype=np.int64),
+        "scalar": np.array(np.float32(1.5)),
+        "empty": np.zeros((0, 4), np.float32),
+        "noncontig": np.arange(24, dtype=np.float32).reshape(4, 6).T,
+        "half": rng.standard_normal(3).astype(np.float16),
+        "u8": rng.integers(0, 255, 9).astype(np.uint8),
+        "flag": np.array([True, False]),
+    }
+
+
+def _assert_exact(got, want):
+    assert set(got) == set(want)
+    for k, w in want.items():
+        g = got[k]
+        assert g.dtype == w.dtype and g.shape == w.shape, k
+        assert g.tobytes() == np.ascontiguousarray(w).tobytes(), k
+
+
+META = {"step": 12, "lr": 0.1 + 0.2, "nan": float("nan"), "config": {"model": {"n_layer": 2}}, "loader": {
+    "shard": 1, "pos": 4096}, "rng": [1, 2, 3], "text": "ünïcödé"}
+
+
+def test_round_trip_exact(tmp_path):
+    t = _tensors()
+    t["bf16_specials"] = np.array([np.nan, np.inf, -0.0, 1e-40, 3.0e38], dtype=ml_dtypes.bfloat16)
+    p = tmp_path / "c.safetensors"
+    save_checkpoint(p, t, META)
+    got, meta = load_checkpoint(p)
+    _assert_exact(got, t)
+    assert meta["lr"] == 0.1 + 0.2 and np.isnan(meta["nan"]) and meta["text"] == "ünïcödé"
+    assert meta["loader"] == {"shard": 1, "pos": 4096}
+    assert read_checkpoint_meta(p)["step"] == 12
+    assert not [q for q in tmp_path.iterdir() if q.name.startswith(".")]
+
+
+def test_readable_by_safetensors(tmp_path):
+    """Standard safetensors: other readers open it (NumPy for plain dtypes, PyTorch for bfloat16)."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    t = {k: v for k, v in _tensors().items() if v.dtype != ml_dtypes.bfloat16}
+    p = tmp_path / "plain.safetensors"
+    save_checkpoint(p, t, {"a": 1})
+    for k, v in load_file(str(p)).items():
+        np.testing.assert_array_equal(v, t[k])
+    with safe_open(str(p), "np") as f:
+        md = f.metadata()
+    assert md["format_version"] == "1" and json.loads(md["meta"]) == {"a": 1} and len(md["sha256"]) == 64
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file as torch_load
+
+    bf = _tensors()["optim.exp_avg.w"]
+    save_checkpoint(p, {"bf": bf}, {})
+    tt = torch_load(str(p))["bf"]
+    assert tt.dtype == torch.bfloat16
+    assert tt.view(torch.int16).numpy().tobytes() == bf.tobytes()
+
+
+def test_rejects_bad_input(tmp_path):
+    with pytest.raises(TypeError, match="must be a NumPy array"):
+        save_checkpoint(tmp_path / "x", {"a": [1, 2]}, {})
+    with pytest.raises(ValueError, match="no safetensors equivalent"):
+        save_checkpoint(tmp_path / "x", {"a": np.zeros(2, np.complex64)}, {})
+    with pytest.raises(ValueError, match="bad tensor name"):
+        save_checkpoint(tmp_path / "x", {"__metadata__": np.zeros(2)}, {})
+    assert not list(tmp_path.iterdir())
+
+
+def _saved(tmp_path):
+    p = tmp_path / "c.safetensors"
+    save_checkpoint(p, _tensors(), META)
+    return p
+
+
+def test_corrupted_payload_byte(tmp_path):
+    p = _saved(tmp_path)
+    b = bytearray(p.read_bytes())
+    b[-10] ^= 0x01
+    p.write_bytes(bytes(b))
+    with pytest.raises(CheckpointError, match="checksum mismatch") as e:
+        load_checkpoint(p)
+    assert str(p) in str(e.value)
+
+
+def test_tampered_meta(tmp_path):
+    p = _saved(tmp_path)
+    raw = p.read_bytes()
+    i = raw.index(b'\\"step\\": 12')
+    p.write_bytes(raw[:i] + b'\\"step\\": 99' + raw[i + 12:])
+    with pytest.raises(CheckpointError, match="checksum mismatch: metadata"):
+        load_checkpoint(p)
+
+
+def test_truncated(tmp_path):
+    p = _saved(tmp_path)
+    size = p.stat().st_size
+    with open(p, "r+b") as f:
+        f.truncate(size - 100)
+    with pytest.raises(CheckpointError, match=r"truncated: header claims \d+ payload bytes at offset \d+") \
+            as e:
+        load_checkpoint(p)
+    assert str(p) in str(e.value)
+    with open(p, "r+b") as f:
+        f.truncate(50)
+    with pytest.raises(CheckpointError, match=r"truncated: header claims \d+ bytes at offset 8, file has 42"):
+        load_checkpoint(p)
+
+
+def test_not_safetensors_and_version(tmp_path):
+    p = tmp_path / "junk.safetensors"
+    p.write_bytes(b"hello, this is not a checkpoint at all" * 3)
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        load_checkpoint(p)
+    p.write_bytes(b"abc")
+    with pytest.raises(CheckpointError, match="not a safetensors file: 3 bytes"):
+        load_checkpoint(p)
+    q = _saved(tmp_path)
+    raw = q.read_bytes()
+    q.write_bytes(raw.replace(b'"format_version":"1"', b'"format_version":"7"', 1))
+    with pytest.raises(CheckpointError, match="unsupported format_version 7"):
+        load_checkpoint(q)
+    with pytest.raises(CheckpointError, match="no such file"):
+        load_checkpoint(tmp_path / "missing.safetensors")
+
+
+# ------------------------------------------------------------------ manager
+def test_manager_names_prune_and_latest(tmp_path):
+    m = CheckpointManager(tmp_path, rank=1, keep=3)
+    for step in (10, 20, 30, 40, 50):
+        path = m.save(step, _tensors(step), {"loss": step / 10})
+        assert path.name == f"step_{step:08d}.rank1.safetensors"
+    assert [p.name for p in m.list()] == [f"step_{s:08d}.rank1.safetensors" for s in (30, 40, 50)]
+    assert CheckpointManager(tmp_path, rank=0).list() == []  # other ranks' files are not ours
+    path, tensors, meta = m.latest_good()
+    assert path.name.startswith("step_00000050") and meta["step"] == 50 and meta["rank"] == 1
+    assert meta["loss"] == 5.0
+    _assert_exact(tensors, _tensors(50))
+
+
+def _corrupt(p):
+    b = bytearray(p.read_bytes())
+    b[-3] ^= 0xFF
+    p.write_bytes(bytes(b))
+
+
+def test_fallback_corrupt_truncated_deleted(tmp_path, caplog):
+    m = CheckpointManager(tmp_path, keep=None)
+    for step in (1, 2, 3, 4):
+        m.save(step, _tensors(step), {})
+    files = m.list()
+    _corrupt(files[3])
+    with caplog.at_level(logging.WARNING, logger="blumodels.checkpoint.manager"):
+        path, tensors, meta = m.latest_good()
+    assert meta["step"] == 3
+    _assert_exact(tensors, _tensors(3))
+    assert files[3].name in caplog.text and "checksum mismatch" in caplog.text
+    with open(files[2], "r+b") as f:  # truncated (a crash of a non-atomic writer)
+        f.truncate(files[2].stat().st_size // 2)
+    assert m.latest_good()[2]["step"] == 2
+    files[1].unlink()  # deleted
+    assert m.latest_good()[2]["step"] == 1
+    _corrupt(files[0])
+    assert m.latest_good() is None
+
+
+def test_prune_keeps_newest_good(tmp_path):
+    m = CheckpointManager(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        m.save(step, _tensors(step), {})
+    assert [p.name[:13] for p in m.list()] == ["step_00000002", "step_00000003"]
+    _corrupt(m.list()[-1])  # step 3 bad: pruning after step 4 must keep 4 and 2 (the good ones)
+    fresh = CheckpointManager(tmp_path, keep=2)
+    fresh.save(4, _tensors(4), {})
+    assert [p.name[:13] for p in fresh.list()] == ["step_00000002", "step_00000003", "step_00000004"]
+    fresh.save(5, _tensors(5), {})
+    assert [p.name[:13] for p in fresh.list()] == ["step_00000004", "step_00000005"]
+
+
+def test_async_snapshot_and_one_in_flight(tmp_path, monkeypatch):
+    active, peak, lock = [0], [0], threading.Lock()
+    real = mgr_mod.save_checkpoint
+
+    def slow_save(path, tensors, meta):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        real(path, tensors, meta)
+        with lock:
+            active[0] -= 1
+
+    monkeypatch.setattr(mgr_mod, "save_checkpoint", slow_save)
+    m = CheckpointManager(tmp_path, keep=None, async_save=True)
+    t = _tensors(0)
+    expect = {}
+    for step in range(1, 6):
+        t["model.w"][0, 0] = step
+        expect[step] = {k: v.copy() for k, v in t.items()}
+        t0 = time.perf_counter()
+        m.save(step, t, {"s": step})
+        assert m.in_flight  # returns before the write ends
+        t["model.w"][...] = -1.0  # mutate right after save(): the snapshot must not see it
+        assert time.perf_counter() - t0 < 0.2
+    m.wait()
+    assert not m.in_flight and peak[0] == 1
+    for step, p in zip(range(1, 6), m.list()):
+        got, meta = load_checkpoint(p)
+        assert meta["s"] == step
+        _assert_exact(got, expect[step])
+    m.close()
+
+
+def test_async_error_surfaces(tmp_path, monkeypatch):
+    def boom(path, tensors, meta):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mgr_mod, "save_checkpoint", boom)
+    m = CheckpointManager(tmp_path, async_save=True)
+    m.save(1, _tensors(), {})
+    with pytest.raises(OSError, match="disk full"):
+        m.wait()
+    m.wait()  # reported once
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_async_memory_flat(tmp_path):
+    t = {f"p{i}": np.random.default_rng(i).standard_normal(64 * 1024).astype(np.float32) for i in range(4)}
+    m = CheckpointManager(tmp_path, keep=2, async_save=True)  # 1 MiB per checkpoint
+    for s in range(3):
+        m.save(s, t, {"s": s})
+    m.wait()
+    tracemalloc.start()
+    base_py, base_rss = tracemalloc.get_traced_memory()[0], _rss()
+    for s in range(3, 53):
+        m.save(s, t, {"s": s})
+    m.wait()
+    grow_py, grow_rss = tracemalloc.get_traced_memory()[0] - base_py, _rss() - base_rss
+    tracemalloc.stop()
+    m.close()
+    assert grow_py < 256 * 1024, grow_py  # 50 snapshots of 1 MiB would be 50 MiB
+    assert grow_rss < 16 * 1024 * 1024, grow_rss
+    assert len(m.list()) == 2
+
+
+_KILLER = """
+import os, sys
+import numpy as np
+from blumodels.checkpoint import format as fmt
+fmt.os.fsync = lambda fd: os._exit(9)   # die after writing the data, before fsync + rename
+fmt.save_checkpoint(sys.argv[1], {"w": np.ones(1 << 20, np.float32)}, {"step": 2})
+"""
+
+
+def test_kill_during_write_is_never_a_checkpoint(tmp_path):
+    m = CheckpointManager(tmp_path, keep=3)
+    m.save(1, _tensors(1), {})
+    target = m.path_for(2)
+    r = subprocess.run([sys.executable, "-c", _KILLER, str(target)], capture_output=True, timeout=60)
+    assert r.returncode == 9, r.stderr.decode()
+    assert not target.exists()
+    temps = [p for p in tmp_path.iterdir() if p.name.startswith(".step_00000002")]
+    assert len(temps) == 1 and temps[0].stat().st_size > 4 << 20  # the partial write is there ...
+    assert [p.name[:13] for p in m.list()] == ["step_00000001"]  # ... but never listed
+    assert m.latest_good()[2]["step"] == 1
+    CheckpointManager(tmp_path, keep=3)  # a restarted process removes the stale temporary file
+    assert not temps[0].exists()
+
+
+def test_sync_save_failure_leaves_previous(tmp_path, monkeypatch):
+    m = CheckpointManager(tmp_path)
+    m.save(1, _tensors(1), {})
+
+    def fail(*a):
+        raise OSError("rename failed")
+
+    monkeypatch.setattr(fmt.os, "replace", fail)
+    with pytest.raises(OSError, match="rename failed"):
+        m.save(2, _tensors(2), {})
+    monkeypatch.undo()
+    assert [p.name[:13] for p in m.list()] == ["step_00000001"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _cuda_ok():
+    try:
+        import blutensor as bt
+
+        return bt.cuda.is_available()
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not _cuda_ok(), reason="needs CuPy and a CUDA GPU")])])
+def test_async_blutensor_tensors(tmp_path, device):
+    """save() takes blutensor Tensors (fp32 + bf16) on any device; later in-place updates do not leak in."""
+    import blutensor as bt
+
+    w = bt.randn(64, 32, device=device)
+    h = w.to(bt.bfloat16)
+    expect_w, expect_h = w.numpy().copy(), h.numpy().copy()
+    m = CheckpointManager(tmp_path, async_save=True)
+    m.save(1, {"w": w, "h": h}, {})
+    w.zero_()
+    h.zero_()
+    m.wait()
+    got, _ = load_checkpoint(m.list()[-1])
+    assert got["h"].dtype == ml_dtypes.bfloat16
+    _assert_exact(got, {"w": expect_w, "h": expect_h})
+    m.close()
