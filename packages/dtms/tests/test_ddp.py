@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dtms.mpi import find_mpiexec, mpiexec_command, mpiexec_env
 
 WORKER = Path(__file__).parent / "workers" / "ddp_worker.py"

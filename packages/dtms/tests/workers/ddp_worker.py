@@ -6,10 +6,9 @@ argv: dtype steps accum bucket_mb out.json
 import json
 import sys
 
-import numpy as np
-
 import blutensor as bt
 import dtms
+import numpy as np
 from blutensor import nn
 from blutensor.nn import functional as F
 from dtms.parallel import DDP

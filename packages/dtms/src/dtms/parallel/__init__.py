@@ -1,5 +1,17 @@
-"""Parallel strategies applied to a model from outside it: DDP (and FSDP, TP, CP)."""
+"""Parallel strategies applied to a model from outside it: DDP, FSDP, TP, CP and their meshes."""
 
+from dtms.parallel.context_parallel import ROTATORS, apply_context_parallel, local_positions, shard_sequence
 from dtms.parallel.ddp import DDP, DDPStats, DistributedDataParallel
+from dtms.parallel.fsdp import FSDP, FullyShardedDataParallel
+from dtms.parallel.mesh import Mesh, MeshError, ParallelDims
+from dtms.parallel.parallelize import Parallelized, parallelize
+from dtms.parallel.tensor_parallel import (
+    GPT2_PLAN,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    apply_tensor_parallel,
+)
 
-__all__ = ["DDP", "DDPStats", "DistributedDataParallel"]
+__all__ = ["DDP", "FSDP", "GPT2_PLAN", "ROTATORS", "ColumnParallelLinear", "DDPStats", "DistributedDataParallel",
+           "FullyShardedDataParallel", "Mesh", "MeshError", "ParallelDims", "Parallelized", "RowParallelLinear",
+           "apply_context_parallel", "apply_tensor_parallel", "local_positions", "parallelize", "shard_sequence"]

@@ -1,0 +1,274 @@
+"""Megatron-style tensor parallelism: column- and row-parallel linears (fused-QKV aware), async
+chunked row-parallel all-reduce, vocabulary-parallel embedding and cross-entropy, split heads.
+
+Applied from outside the model: :func:`apply_tensor_parallel` swaps linears for their parallel
+versions and intercepts the tied-vocabulary ops (embedding, LM head, cross-entropy) at blutensor's
+dispatch layer, so the model code stays the single-device code.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import blutensor as bt
+import numpy as np
+from blutensor import Tensor
+from blutensor.autograd import Function
+from blutensor.nn import Module, Parameter
+from blutensor.ops import dispatch
+from blutensor.ops.linalg import gemm
+
+from dtms.parallel.comm_ops import STATS, CopyToGroup, ReduceFromGroup
+from dtms.process_group import ProcessGroup
+
+
+def _shard_rows(w: np.ndarray, rank: int, size: int, chunks: int = 1):
+    """Rows of ``w`` owned by ``rank``; a fused weight of ``chunks`` stacked parts is split per part."""
+    parts = np.split(w, chunks, axis=0)
+    return np.concatenate([np.split(p, size, axis=0)[rank] for p in parts], axis=0)
+
+
+def _param(arr, like: Tensor) -> Parameter:
+    t = Tensor._from_data(arr.copy() if hasattr(arr, "copy") else arr, like.dtype, like.device)
+    return Parameter(t)
+
+
+class ColumnParallelLinear(Module):
+    """Output features split across the group; input replicated (gradient all-reduced)."""
+
+    def __init__(self, linear: Module, group: ProcessGroup, chunks: int = 1):
+        super().__init__()
+        object.__setattr__(self, "group", group)
+        r, n = group.rank(), group.size()
+        w = linear.weight._data
+        if (w.shape[0] // chunks) % n:
+            raise ValueError(f"ColumnParallelLinear: {w.shape[0] // chunks} output features per part are not "
+                             f"divisible by tp={n}")
+        self.weight = _param(_shard_rows(w, r, n, chunks), linear.weight)
+        self.bias = _param(_shard_rows(linear.bias._data, r, n, chunks), linear.bias) \
+            if getattr(linear, "bias", None) is not None else None
+
+    def forward(self, x):
+        x = CopyToGroup.apply(x, self.group)
+        return bt.nn.functional.linear(x, self.weight, self.bias)
+
+
+class _RowParallelAsync(Function):
+    """y = all_reduce(x_local @ w_local^T) computed in token chunks: chunk i's all-reduce runs on the
+    communication stream (async) while chunk i+1's GEMM computes; backward needs no communication."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, group: ProcessGroup, chunks: int):
+        ctx.save_for_backward(x, w)
+        x2 = x._data.reshape(-1, x.shape[-1])
+        xp = bt.backend.xp_of(x.device)
+        out = xp.empty((x2.shape[0], w.shape[0]), dtype=x2.dtype)
+        bounds = np.linspace(0, x2.shape[0], chunks + 1).astype(int)
+        works = []
+        for i in range(chunks):
+            lo, hi = bounds[i], bounds[i + 1]
+            if hi == lo:
+                continue
+            out[lo:hi] = gemm(x2[lo:hi], w._data.T)
+            works.append(group.all_reduce(out[lo:hi], op="sum", async_op=True))
+            STATS.add("tp_async_chunk")
+        for wk in works:
+            wk.wait()
+        return Tensor._from_data(out.reshape(*x.shape[:-1], w.shape[0]), x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, w = ctx.saved_tensors
+        g2 = g._data.reshape(-1, g.shape[-1])
+        gx = gemm(g2, w._data).reshape(x.shape)
+        gw = gemm(g2.T, x._data.reshape(-1, x.shape[-1]))
+        return (Tensor._from_data(gx, x.dtype, x.device), Tensor._from_data(gw, w.dtype, w.device), None, None)
+
+
+class RowParallelLinear(Module):
+    """Input features split across the group; partial outputs summed by an all-reduce; bias after it.
+    ``async_chunks > 1`` splits the tokens into chunks whose all-reduces overlap the next GEMM."""
+
+    def __init__(self, linear: Module, group: ProcessGroup, async_chunks: int = 1):
+        super().__init__()
+        object.__setattr__(self, "group", group)
+        object.__setattr__(self, "async_chunks", async_chunks)
+        r, n = group.rank(), group.size()
+        w = linear.weight._data
+        if w.shape[1] % n:
+            raise ValueError(f"RowParallelLinear: {w.shape[1]} input features are not divisible by tp={n}")
+        self.weight = _param(np.split(w, n, axis=1)[r] if isinstance(w, np.ndarray) else
+                             w[:, r * (w.shape[1] // n):(r + 1) * (w.shape[1] // n)], linear.weight)
+        self.bias = _param(linear.bias._data, linear.bias) if getattr(linear, "bias", None) is not None else None
+
+    def forward(self, x):
+        if self.async_chunks > 1:
+            y = _RowParallelAsync.apply(x, self.weight, self.group, self.async_chunks)
+        else:
+            y = ReduceFromGroup.apply(bt.nn.functional.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+class _VocabEmbedding(Function):
+    """Rows [lo, hi) of the vocabulary live here: look up local ids, zero elsewhere, all-reduce."""
+
+    @staticmethod
+    def forward(ctx, idx: Tensor, w: Tensor, group: ProcessGroup, lo: int):
+        xp = bt.backend.xp_of(w.device)
+        ids = idx._data - lo
+        mask = (ids >= 0) & (ids < w.shape[0])
+        ids = xp.where(mask, ids, 0)
+        out = w._data[ids] * mask[..., None]
+        group.all_reduce(out, op="sum")
+        STATS.add("tp_vocab_embedding")
+        ctx.saved = (ids, mask, w.shape)
+        return Tensor._from_data(out, w.dtype, w.device)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        ids, mask, shape = ctx.saved
+        xp = bt.backend.xp_of(g.device)
+        gw = xp.zeros(shape, dtype=g._data.dtype)
+        gg = (g._data * mask[..., None]).reshape(-1, shape[1])
+        xp.add.at(gw, ids.reshape(-1), gg)
+        return None, Tensor._from_data(gw, g.dtype, g.device), None, None
+
+
+class _VocabCrossEntropy(Function):
+    """Mean cross-entropy over logits sharded on the vocabulary (global max, sum-exp and target logit
+    by all-reduces); backward writes softmax - onehot for the local slice."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, group: ProcessGroup, lo: int, ignore_index: int):
+        xp = bt.backend.xp_of(logits.device)
+        z = logits._data.reshape(-1, logits.shape[-1])
+        t = target._data.reshape(-1)
+        valid = t != ignore_index
+        m = z.max(axis=1)
+        group.all_reduce(m, op="max")
+        e = xp.exp(z - m[:, None])
+        s = e.sum(axis=1)
+        group.all_reduce(s, op="sum")
+        local = t - lo
+        own = valid & (local >= 0) & (local < z.shape[1])
+        li = xp.where(own, local, 0)
+        zt = xp.take_along_axis(z, li[:, None], axis=1)[:, 0] * own
+        group.all_reduce(zt, op="sum")
+        loss = (xp.log(s) + m - zt) * valid
+        count = max(int(valid.sum()), 1)
+        STATS.add("tp_vocab_ce", 3)
+        ctx.saved = (e / s[:, None], li, own, valid, count, logits.shape)
+        return Tensor._from_data(xp.asarray(loss.sum() / count, dtype=z.dtype), logits.dtype, logits.device)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        p, li, own, valid, count, shape = ctx.saved
+        xp = bt.backend.xp_of(g.device)
+        grad = p.copy()
+        rows = xp.arange(grad.shape[0])
+        grad[rows[own], li[own]] -= 1.0
+        grad *= (valid[:, None] * (g._data / count))
+        return Tensor._from_data(grad.reshape(shape), g.dtype, g.device), None, None, None, None
+
+
+class VocabParallel:
+    """Dispatch observer: ops on the sharded tied embedding become their vocabulary-parallel forms."""
+
+    def __init__(self, weight: Parameter, group: ProcessGroup, lo: int):
+        self.weight, self.group, self.lo = weight, group, lo
+        self._logits = set()
+        self._busy = False
+
+    def __call__(self, op, inputs, attrs, run):
+        if self._busy:
+            return run()
+        if op == "embedding" and inputs[1] is self.weight:
+            return _VocabEmbedding.apply(inputs[0], self.weight, self.group, self.lo)
+        if op == "linear" and len(inputs) >= 2 and inputs[1] is self.weight:
+            x = CopyToGroup.apply(inputs[0], self.group)
+            self._busy = True
+            try:
+                out = bt.nn.functional.linear(x, self.weight)
+            finally:
+                self._busy = False
+            self._logits.add(id(out))
+            return out
+        if op in ("view", "reshape") and id(inputs[0]) in self._logits:
+            out = run()
+            self._logits.add(id(out))
+            return out
+        if op == "cross_entropy" and id(inputs[0]) in self._logits:
+            self._logits.clear()
+            if attrs.get("reduction", "mean") != "mean" or attrs.get("label_smoothing", 0.0):
+                raise NotImplementedError("vocabulary-parallel cross_entropy supports reduction='mean' only")
+            return _VocabCrossEntropy.apply(inputs[0], inputs[1], self.group, self.lo,
+                                            attrs.get("ignore_index", -100))
+        return run()
+
+
+#: GPT-2's tensor-parallel plan: module-name pattern -> (style, options)
+GPT2_PLAN = {
+    "blocks.*.attn.c_attn": ("colwise", {"chunks": 3}),
+    "blocks.*.attn.c_proj": ("rowwise", {}),
+    "blocks.*.mlp.c_fc": ("colwise", {}),
+    "blocks.*.mlp.c_proj": ("rowwise", {}),
+    "blocks.*.attn": ("heads", {}),
+    "wte": ("vocab", {}),
+}
+
+
+class TensorParallel:
+    """Handle returned by :func:`apply_tensor_parallel`; ``close()`` removes the dispatch observer."""
+
+    def __init__(self, observer):
+        self.observer = observer
+
+    def close(self) -> None:
+        if self.observer is not None:
+            dispatch.remove_observer(self.observer)
+            self.observer = None
+
+
+def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict | None = None,
+                          async_chunks: int = 1) -> TensorParallel:
+    """Shard ``model`` in place over ``group`` following ``plan`` (default: GPT-2's)."""
+    plan = GPT2_PLAN if plan is None else plan
+    n, r = group.size(), group.rank()
+    observer = None
+    for name, mod in list(model.named_modules()):
+        for pat, (style, opts) in plan.items():
+            if not fnmatch.fnmatchcase(name, pat):
+                continue
+            if style == "heads":
+                if mod.n_head % n:
+                    raise ValueError(f"tensor parallel: {name}.n_head={mod.n_head} not divisible by tp={n}")
+                if not hasattr(mod, "head_dim"):
+                    object.__setattr__(mod, "head_dim", mod.d_model // mod.n_head)
+                object.__setattr__(mod, "n_head", mod.n_head // n)
+                continue
+            parent, leaf = _parent(model, name)
+            if style == "colwise":
+                setattr(parent, leaf, ColumnParallelLinear(mod, group, opts.get("chunks", 1)))
+            elif style == "rowwise":
+                setattr(parent, leaf, RowParallelLinear(mod, group, opts.get("async_chunks", async_chunks)))
+            elif style == "vocab":
+                w = mod.weight
+                V = w.shape[0]
+                if V % n:
+                    raise ValueError(f"tensor parallel: vocabulary {V} of {name} is not divisible by tp={n}")
+                lo = r * (V // n)
+                mod.weight = _param(w._data[lo:lo + V // n], w)
+                observer = VocabParallel(mod.weight, group, lo)
+            else:
+                raise ValueError(f"tensor parallel plan: unknown style {style!r} for {pat!r}")
+    if observer is not None:
+        dispatch.add_observer(observer)
+    return TensorParallel(observer)
+
+
+def _parent(model: Module, name: str):
+    parts = name.split(".")
+    m = model
+    for p in parts[:-1]:
+        m = getattr(m, p) if not p.isdigit() else m[int(p)]
+    return m, parts[-1]
