@@ -7,7 +7,8 @@ Two sources, both feeding one list of :class:`MemEvent`:
   It sees CuPy's own memory pool only; an allocator installed with ``cupy.cuda.set_allocator``
   (bluallocator's caching allocator) bypasses CuPy's hooks.
 * CPU (and CuPy arrays when the hook is off): op outputs and backward gradients are tracked when
-  they own their buffer, and ``weakref.finalize`` records the free when the array dies.
+  they own their buffer (the root of a view chain), and a ``weakref`` callback records the free
+  when the buffer dies.
 """
 
 from __future__ import annotations
@@ -29,32 +30,40 @@ class MemoryTracker:
     def __init__(self, owner: Callable[[], str]):
         self.events: list[MemEvent] = []
         self.owner = owner
-        self._finalizers: dict[int, weakref.finalize] = {}
+        # id(root buffer) -> (weakref to it, nbytes, owner, device); the weakref's callback records the free
+        self._live: dict[int, tuple] = {}
+        self._ref_key: dict[int, int] = {}
         self._hook = None
         self.active = False
 
     # ---- array-level tracking (CPU) ----
-    def track(self, arr: Any, owner: str) -> None:
-        """Record ``arr``'s buffer as allocated by ``owner`` if it owns it; record its free later."""
-        if getattr(arr, "base", 0) is not None or not hasattr(arr, "nbytes"):
-            return  # a view, or not an array: no new memory
-        key = id(arr)
-        if key in self._finalizers:
+    def track(self, arr: Any, owner: str, exclude: tuple = ()) -> None:
+        """Record the buffer behind ``arr`` as allocated by ``owner`` unless it is already tracked or
+        is the buffer of one of ``exclude`` (the op's inputs: ``arr`` is then a view of an input);
+        record its free when the buffer dies. A fresh result reshaped by the kernel is a view of a
+        temporary: its root buffer is what was allocated."""
+        root = arr if arr.base is None else root_of(arr)
+        key = id(root)
+        if key in self._live:
             return
-        dev = "cpu" if type(arr).__module__ == "numpy" else f"cuda:{arr.device.id}"
-        n = int(arr.nbytes)
-        self.events.append(MemEvent(_now(), "alloc", n, key, 0, owner, dev))
+        for x in exclude:
+            if x is not None and (x is root or x.base is root or root_of(x) is root):
+                return
         try:
-            f = weakref.finalize(arr, self._freed, key, n, owner, dev)
+            r = weakref.ref(root, self._dead)
         except TypeError:
             return
-        f.atexit = False
-        self._finalizers[key] = f
+        dev = "cpu" if type(root).__module__ == "numpy" else f"cuda:{root.device.id}"
+        n = root.nbytes
+        self._live[key] = (r, n, owner, dev)
+        self._ref_key[id(r)] = key
+        self.events.append(MemEvent(_now(), "alloc", n, key, 0, owner, dev))
 
-    def _freed(self, key: int, n: int, owner: str, dev: str) -> None:
-        self._finalizers.pop(key, None)
-        if self.active:
-            self.events.append(MemEvent(_now(), "free", n, key, 0, owner, dev))
+    def _dead(self, r: Any) -> None:
+        key = self._ref_key.pop(id(r), None)
+        rec = self._live.pop(key, None) if key is not None else None
+        if rec is not None and self.active:
+            self.events.append(MemEvent(_now(), "free", rec[1], key, 0, rec[2], rec[3]))
 
     # ---- CUDA memory hook ----
     def install_cuda_hook(self, cupy: Any) -> None:
@@ -69,9 +78,8 @@ class MemoryTracker:
         if self._hook is not None:
             self._hook.__exit__(None, None, None)
             self._hook = None
-        for f in list(self._finalizers.values()):
-            f.detach()
-        self._finalizers.clear()
+        self._live.clear()  # dropping the weakrefs drops their callbacks
+        self._ref_key.clear()
 
 
 def make_cupy_hook(cupy: Any, tracker: MemoryTracker) -> Any:
@@ -102,6 +110,14 @@ def make_cupy_hook(cupy: Any, tracker: MemoryTracker) -> Any:
                                            self.stream().ptr, tracker.owner(), f"cuda:{kw['device_id']}"))
 
     return BluprofilerMemoryHook()
+
+
+def root_of(a: Any) -> Any:
+    """The array that owns the memory ``a`` views (``a`` itself when it owns it)."""
+    b = getattr(a, "base", None)
+    while b is not None and hasattr(b, "nbytes"):
+        a, b = b, getattr(b, "base", None)
+    return a
 
 
 # ---- analysis ----

@@ -183,7 +183,7 @@ class Profiler:
         if self.record_shapes:
             ev.out_shape = _shape(res)
         if self._cpu_track:
-            self.mem.track(res._data, ev.key)
+            self.mem.track(res._data, ev.key, tuple(getattr(x, "_data", None) for x in inputs))
         return res
 
     @contextmanager
@@ -211,7 +211,7 @@ class Profiler:
             if prof._cpu_track:
                 for g in grads if isinstance(grads, tuple) else (grads,):
                     if g is not None:
-                        prof.mem.track(g, ev.key)
+                        prof.mem.track(g, ev.key, (grad,))
             return grads
 
         apply.__wrapped__ = orig
