@@ -1,6 +1,6 @@
 """A training loop without the Trainer: model, loader, AdamW, LR schedule, checkpoints (resumable).
 
-Usage: python custom_loop.py DATA_DIR OUT_DIR [STEPS]   (DATA_DIR from `blutrain prepare`)
+Usage: python custom_loop.py DATA_DIR OUT_DIR [STOP_AT]   (DATA_DIR from `blutrain prepare`)
 """
 import json
 import sys
@@ -15,7 +15,8 @@ from blumodels.state import restore_training_state, training_state
 from blutensor.optim.lr_scheduler import warmup_cosine
 
 data_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
-steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
+steps = 20  # length of the LR schedule
+stop_at = int(sys.argv[3]) if len(sys.argv) > 3 else steps  # stop early (and resume later)
 vocab = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
 cfg = ModelConfig(n_layer=2, n_head=2, d_model=64, block_size=64, vocab_size=vocab)
 model = build_model(cfg, seed=0)  # on "cpu"; build_model(cfg, device="cuda") on a GPU
@@ -25,7 +26,7 @@ ckpt = CheckpointManager(out / "checkpoints", keep=2)
 step = 0
 if (found := ckpt.latest_good()) is not None:  # resume: params, moments, RNG, loader position
     step = restore_training_state(found[1], found[2], model, opt, loader)
-while step < steps:
+while step < stop_at:
     for g in opt.param_groups:
         g["lr"] = warmup_cosine(step, 1e-3, 1e-4, 5, steps)
     x, y = loader.next_batch()
@@ -36,6 +37,6 @@ while step < steps:
     opt.step()
     step += 1
     print(json.dumps({"step": step - 1, "loss": loss.item()}), flush=True)
-    if step % 10 == 0 or step == steps:
+    if step % 10 == 0 or step == stop_at:
         ckpt.save(step, *training_state(model, opt, step, loader))
 ckpt.close()

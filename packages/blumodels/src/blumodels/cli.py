@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model (prepares the built-in corpus when data is missing)")
     _add_common(p)
     p.add_argument("--steps", type=int, help="number of optimisation steps (train.steps)")
+    p.add_argument("--stop-at", type=int, help="stop after this many steps; the LR schedule still spans "
+                   "train.steps (split a run: --stop-at 500, later --resume)")
     p.add_argument("--data", help="prepared data directory (data.dir); default <out>/data")
     p.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -111,7 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = args.out or f"runs/{args.preset or (Path(args.config).stem if args.config else 'tiny')}"
     tr = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
     try:
-        summary = tr.fit()
+        summary = tr.fit(args.stop_at)
         if not args.quiet:
             fv, lv = summary["first_val_loss"], summary["last_val_loss"]
             vals = f", val loss {fv:.3f} -> {lv:.3f}" if fv is not None and lv is not None else ""

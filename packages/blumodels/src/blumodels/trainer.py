@@ -305,7 +305,8 @@ class Trainer:
             png = str(plot_losses(self.log_path, self.out / "loss.png", title=title))
         summary = {"steps": self.step, "elapsed_s": elapsed, "first_val_loss": first_val,
                    "last_val_loss": last_val, "final_loss": self.history[-1]["loss"] if self.history else None,
-                   "device": self.device, "log": str(self.log_path), "plot": png, "resumed_from": self.resumed_from}
+                   "device": self.device, "log": str(self.log_path), "plot": png,
+                   "resumed_from": self.resumed_from}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 

@@ -1,0 +1,74 @@
+"""The `blutrain` CLI: train/resume/sample/eval on the micro config, plugins table, config errors."""
+
+import json
+
+import pytest
+from models_helpers import micro_data
+
+from blumodels.cli import main, plugin_rows
+
+MICRO = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.block_size=32", "train.seq_len=32",
+         "train.micro_batch=4", "train.batch_tokens=128", "train.eval_interval=3", "train.eval_steps=2",
+         "train.checkpoint_interval=3", "train.sample_tokens=8", "train.warmup_steps=1", "train.plot=true"]
+
+
+def _log(out):
+    return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_train_resume_sample_eval(tmp_path, capsys):
+    out = tmp_path / "run"
+    data = str(micro_data())
+    assert main(["train", "--preset", "tiny", "--device", "cpu", "--steps", "4", "--out", str(out),
+                 "--data", data, *MICRO]) == 0
+    text = capsys.readouterr().out
+    assert "sample:" in text and "4 steps in" in text
+    recs = _log(out)
+    assert [r["step"] for r in recs] == [0, 1, 2, 3] and all("loss" in r for r in recs)
+    assert (out / "loss.png").stat().st_size > 1000
+    assert (out / "checkpoints" / "step_00000004.rank0.safetensors").is_file()
+    # resume to 6 steps: config comes back from the run directory
+    assert main(["train", "--out", str(out), "--resume", "--steps", "6", "--quiet"]) == 0
+    assert [r["step"] for r in _log(out)] == list(range(6))
+    assert main(["sample", "--out", str(out), "--tokens", "5", "--prompt", "def "]) == 0
+    assert capsys.readouterr().out.startswith("def ")
+    assert main(["eval", "--out", str(out), "--batches", "2"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["step"] == 6 and ev["val_loss"] > 0
+
+
+def test_plugins_table_lists_gpt2(capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["KIND", "NAME", "PACKAGE", "VERSION"]
+    rows = plugin_rows()
+    assert ("model", "gpt2", "blumodels", "0.1.0") in rows
+    assert any(r[0] == "kernel" and r[2] == "blutensor" for r in rows)
+    assert any(ln.split()[:3] == ["model", "gpt2", "blumodels"] for ln in out)
+
+
+def test_presets_listing(capsys):
+    assert main(["presets"]) == 0
+    text = capsys.readouterr().out
+    assert "gpt2-124m" in text and "124.5M" in text and "tiny" in text
+
+
+def test_config_error_exit_code(tmp_path, capsys):
+    assert main(["train", "--preset", "tiny", "--out", str(tmp_path), "model.n_head=3"]) == 2
+    assert "model.n_head=3 does not divide model.d_model=128" in capsys.readouterr().err
+    assert main(["train", "--preset", "tiny", "--out", str(tmp_path), "train.bogus=1"]) == 2
+    assert "train.bogus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["nonsense"])
+
+
+def test_device_auto_resolves_to_cpu_here():
+    import blutensor as bt
+    from blumodels.trainer import resolve_device
+
+    assert resolve_device("auto") == ("cuda" if bt.cuda.is_available() else "cpu")
+    if not bt.cuda.is_available():
+        from blumodels.config import ConfigError
+
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            resolve_device("cuda")
