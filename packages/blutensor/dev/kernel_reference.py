@@ -22,7 +22,7 @@ TOL = {
     "cross_entropy.grad": {"f32": 2e-5, "bf16": 8e-3},
     "embedding.fwd": {"f32": 0.0, "bf16": 0.0},
     "embedding.bwd": {"f32": 1e-6, "bf16": 8e-3},
-    "adamw": {"f32": 1e-5, "bf16": 8e-3},
+    "adamw": {"f32": 1e-4, "bf16": 8e-3},  # f32: on the update (p - p0), bf16: on p
     "grad_norm": {"f32": 1e-5, "bf16": 1e-5},
     "sdpa.fwd": {"f32": 1e-5, "tf32": 4e-3, "bf16": 2e-2},
     "sdpa.bwd": {"f32": 5e-5, "tf32": 1e-2, "bf16": 4e-2},
@@ -91,14 +91,14 @@ def _erf(x):
 
 def gelu(x, approximate="tanh"):
     if approximate == "tanh":
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
 
 
 def gelu_backward(g, x, approximate="tanh"):
     if approximate == "tanh":
         c = math.sqrt(2 / math.pi)
-        t = np.tanh(c * (x + 0.044715 * x ** 3))
+        t = np.tanh(c * (x + 0.044715 * x**3))
         d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
     else:
         d = 0.5 * (1 + _erf(x / math.sqrt(2))) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
@@ -140,8 +140,8 @@ def adamw(p, g, m, v, step, lr, b1, b2, eps, wd):
     p = p * (1 - lr * wd)
     m = m + (1 - b1) * (g - m)
     v = v * b2 + (1 - b2) * g * g
-    bc1 = 1 - b1 ** step
-    bc2 = math.sqrt(1 - b2 ** step)
+    bc1 = 1 - b1**step
+    bc2 = math.sqrt(1 - b2**step)
     p = p - (lr / bc1) * m / (np.sqrt(v) / bc2 + eps)
     return p, m, v
 

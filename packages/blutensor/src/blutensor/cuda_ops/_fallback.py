@@ -8,7 +8,6 @@ import numpy as np
 
 def _widen(a):
     from blutensor.backend import bf16_bits_to_f32
-
     from blutensor.cuda_ops._loader import cupy
 
     return bf16_bits_to_f32(a, cupy())
@@ -16,7 +15,6 @@ def _widen(a):
 
 def _narrow(a):
     from blutensor.backend import f32_to_bf16_bits
-
     from blutensor.cuda_ops._loader import cupy
 
     return f32_to_bf16_bits(a, cupy())
@@ -45,8 +43,10 @@ def backward(ctx, generic_backward, g):
     grads = generic_backward(ctx, g)
     if not isinstance(grads, tuple):
         grads = (grads,)
-    return tuple(_narrow(gr) if gr is not None and i < len(mask) and mask[i] and gr.dtype == np.float32 else gr
-                 for i, gr in enumerate(grads))
+    return tuple(
+        _narrow(gr) if gr is not None and i < len(mask) and mask[i] and gr.dtype == np.float32 else gr
+        for i, gr in enumerate(grads)
+    )
 
 
 def used(ctx) -> bool:

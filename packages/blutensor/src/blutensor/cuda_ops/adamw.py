@@ -16,8 +16,10 @@ def _scalar_arg(x, name: str):
     """(host value, device pointer) for a Python number or a 1-element float32 CuPy array."""
     if hasattr(x, "data") and hasattr(x, "dtype") and not isinstance(x, np.ndarray | np.generic):
         if x.dtype != np.float32 or x.size != 1:
-            raise DTypeError(f"multi_tensor_adamw: device {name} must be a 1-element float32 array, got "
-                             f"dtype {x.dtype} size {x.size}")
+            raise DTypeError(
+                f"multi_tensor_adamw: device {name} must be a 1-element float32 array, got "
+                f"dtype {x.dtype} size {x.size}"
+            )
         return np.float64(0.0), x
     return np.float64(float(x)), NULL
 
@@ -38,17 +40,38 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
     for i, (p, g) in enumerate(zip(params, grads)):
         for what, a in (("param", p), ("grad", g)):
             if a.dtype not in (np.float32, np.uint16):
-                raise DTypeError(f"multi_tensor_adamw: {what} {i} has dtype {a.dtype}; expected float32 or "
-                                 f"bfloat16 bits (uint16)")
+                raise DTypeError(
+                    f"multi_tensor_adamw: {what} {i} has dtype {a.dtype}; expected float32 or "
+                    f"bfloat16 bits (uint16)"
+                )
         flags.append(int(p.dtype == np.uint16) | (int(g.dtype == np.uint16) << 1))
     t = table_for((params, grads, exp_avgs, exp_avg_sqs), flags)
     if t.n_chunks == 0:
         return
     lr_v, lr_p = _scalar_arg(lr, "lr")
     st_v, st_p = _scalar_arg(step, "step")
-    launch(FILE, "blu_adamw_step", t.n_chunks, BLOCK,
-           (*t.ptrs, t.flags, t.numel, t.chunk_tensor, t.chunk_start, np.int64(t.chunk), lr_v, lr_p, st_v, st_p,
-            np.float64(b1), np.float64(b2), np.float64(eps), np.float64(wd)))
+    launch(
+        FILE,
+        "blu_adamw_step",
+        t.n_chunks,
+        BLOCK,
+        (
+            *t.ptrs,
+            t.flags,
+            t.numel,
+            t.chunk_tensor,
+            t.chunk_start,
+            np.int64(t.chunk),
+            lr_v,
+            lr_p,
+            st_v,
+            st_p,
+            np.float64(b1),
+            np.float64(b2),
+            np.float64(eps),
+            np.float64(wd),
+        ),
+    )
 
 
 def fused_step(optimizer, group) -> None:
@@ -67,14 +90,26 @@ def fused_step(optimizer, group) -> None:
         st = optimizer.state.get(p)
         if st is None:
             f32 = "float32" if p.dtype.name == "bfloat16" else None
-            st = optimizer.state[p] = {"step": 0, "exp_avg": zeros_like(p, dtype=f32),
-                                       "exp_avg_sq": zeros_like(p, dtype=f32)}
+            st = optimizer.state[p] = {
+                "step": 0,
+                "exp_avg": zeros_like(p, dtype=f32),
+                "exp_avg_sq": zeros_like(p, dtype=f32),
+            }
         st["step"] += 1
         by_step.setdefault(st["step"], []).append((p, st))
     cp = cupy()
     for step, items in by_step.items():
-        multi_tensor_adamw([p._data for p, _ in items], [cp.ascontiguousarray(p.grad._data) for p, _ in items],
-                           [st["exp_avg"]._data for _, st in items], [st["exp_avg_sq"]._data for _, st in items],
-                           step, float(lr), b1, b2, eps, wd)
+        multi_tensor_adamw(
+            [p._data for p, _ in items],
+            [cp.ascontiguousarray(p.grad._data) for p, _ in items],
+            [st["exp_avg"]._data for _, st in items],
+            [st["exp_avg_sq"]._data for _, st in items],
+            step,
+            float(lr),
+            b1,
+            b2,
+            eps,
+            wd,
+        )
         for p, _ in items:
             p._version.v += 1

@@ -20,8 +20,15 @@ FILE = "cross_entropy.cu"
 _STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
 
 
-def cross_entropy_forward(logits, target, ignore_index: int = -100, reduction: str = "mean",
-                          label_smoothing: float = 0.0, want_grad: bool = True, inplace_grad: bool = False):
+def cross_entropy_forward(
+    logits,
+    target,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    want_grad: bool = True,
+    inplace_grad: bool = False,
+):
     """(loss, grad, lse) for contiguous ``logits`` (N, C) fp32/bf16-bits and int64 ``target`` (N,).
 
     loss: 0-d array ('mean'/'sum', logits' storage dtype) or (N,) ('none'); grad: d(loss)/d(logits)
@@ -41,9 +48,26 @@ def cross_entropy_forward(logits, target, ignore_index: int = -100, reduction: s
         grad = logits if inplace_grad else cp.empty_like(logits)
     if N:
         vec = aligned16(logits, grad) and C % (16 // logits.dtype.itemsize) == 0
-        launch(FILE, f"blu_cross_entropy_forward_{sfx}", min(N, 2**31 - 1), 1024,
-               (logits, target, np.int64(N), np.int32(C), np.int64(ignore_index), np.float32(label_smoothing),
-                loss_rows, lse, NULL if grad is None else grad, count, np.int32(mean), np.int32(vec)))
+        launch(
+            FILE,
+            f"blu_cross_entropy_forward_{sfx}",
+            min(N, 2**31 - 1),
+            1024,
+            (
+                logits,
+                target,
+                np.int64(N),
+                np.int32(C),
+                np.int64(ignore_index),
+                np.float32(label_smoothing),
+                loss_rows,
+                lse,
+                NULL if grad is None else grad,
+                count,
+                np.int32(mean),
+                np.int32(vec),
+            ),
+        )
     if reduction == "none":
         if logits.dtype == np.uint16:
             from blutensor.backend import f32_to_bf16_bits
@@ -51,7 +75,9 @@ def cross_entropy_forward(logits, target, ignore_index: int = -100, reduction: s
             return f32_to_bf16_bits(loss_rows, cp), grad, lse
         return loss_rows, grad, lse
     out = cp.empty((), dtype=logits.dtype)
-    launch(FILE, f"blu_cross_entropy_reduce_{sfx}", 1, 1024, (loss_rows, np.int64(N), count, np.int32(mean), out))
+    launch(
+        FILE, f"blu_cross_entropy_reduce_{sfx}", 1, 1024, (loss_rows, np.int64(N), count, np.int32(mean), out)
+    )
     return out, grad, lse
 
 
@@ -61,8 +87,13 @@ def scale_grad_(grad, g) -> None:
     per_row = g.size != 1
     vec = aligned16(grad) and C % (16 // grad.dtype.itemsize) == 0
     grid = min(N, 2**31 - 1) if per_row else max(1, min(-(-grad.size // (256 * 8)), num_sms() * 8))
-    launch(FILE, f"blu_cross_entropy_backward_{suffix(grad)}", grid, 256,
-           (grad, np.int64(N), np.int32(C), g, np.int32(per_row), np.int32(vec)))
+    launch(
+        FILE,
+        f"blu_cross_entropy_backward_{suffix(grad)}",
+        grid,
+        256,
+        (grad, np.int64(N), np.int32(C), g, np.int32(per_row), np.int32(vec)),
+    )
 
 
 class CrossEntropyCuda(Kernel):
@@ -77,23 +108,35 @@ class CrossEntropyCuda(Kernel):
     SAVES = ()  # the backward needs only the gradient buffer it owns
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, inplace_grad=False):
+    def forward(
+        ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, inplace_grad=False
+    ):
         cp = cupy()
-        ok = (logits.dtype in _STORAGE and logits.ndim >= 1 and tuple(target.shape) == tuple(logits.shape[:-1])
-              and reduction in ("mean", "sum", "none") and target.dtype.kind in "iu" and logits.shape[-1] > 0)
+        ok = (
+            logits.dtype in _STORAGE
+            and logits.ndim >= 1
+            and tuple(target.shape) == tuple(logits.shape[:-1])
+            and reduction in ("mean", "sum", "none")
+            and target.dtype.kind in "iu"
+            and logits.shape[-1] > 0
+        )
         if not ok:
-            return _fallback.forward(ctx, nn_ops.cross_entropy_forward, (logits, target),
-                                     dict(ignore_index=ignore_index, reduction=reduction,
-                                          label_smoothing=label_smoothing), bf16_inputs=(logits.dtype == np.uint16,
-                                                                                         False))
+            return _fallback.forward(
+                ctx,
+                nn_ops.cross_entropy_forward,
+                (logits, target),
+                dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing),
+                bf16_inputs=(logits.dtype == np.uint16, False),
+            )
         C = logits.shape[-1]
         want_grad = bool(ctx.needs) and bool(ctx.needs[0])
         z = logits.reshape(-1, C)
         inplace = bool(inplace_grad) and z.flags.c_contiguous and z.data.ptr == logits.data.ptr
         z = cp.ascontiguousarray(z)
         t = cp.ascontiguousarray(target.reshape(-1), dtype=cp.int64)
-        loss, grad, _ = cross_entropy_forward(z, t, int(ignore_index), reduction, float(label_smoothing),
-                                              want_grad, inplace)
+        loss, grad, _ = cross_entropy_forward(
+            z, t, int(ignore_index), reduction, float(label_smoothing), want_grad, inplace
+        )
         ctx.saved = (grad, logits.shape, reduction)
         ctx.ce_done = False
         return loss.reshape(target.shape) if reduction == "none" else loss
@@ -104,9 +147,11 @@ class CrossEntropyCuda(Kernel):
             return _fallback.backward(ctx, nn_ops.cross_entropy_backward, g)
         grad, shape, reduction = ctx.saved
         if ctx.ce_done:
-            raise AutogradError("cross_entropy (fused CUDA kernel) can run its backward only once: its gradient "
-                                "buffer was already handed out; select the generic kernel with "
-                                "BLUTRAIN_KERNELS=cross_entropy=blutensor.cross_entropy for repeated backward")
+            raise AutogradError(
+                "cross_entropy (fused CUDA kernel) can run its backward only once: its gradient "
+                "buffer was already handed out; select the generic kernel with "
+                "BLUTRAIN_KERNELS=cross_entropy=blutensor.cross_entropy for repeated backward"
+            )
         ctx.ce_done = True
         cp = cupy()
         g = cp.ascontiguousarray(g, dtype=grad.dtype)

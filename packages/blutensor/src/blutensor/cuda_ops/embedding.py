@@ -17,7 +17,7 @@ _STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
 
 
 def embedding_forward(idx, weight):
-    """out[i] = weight[idx[i]] for int64 ``idx`` (N,) and contiguous ``weight`` (V, C); bad index -> NaN row."""
+    """out[i] = weight[idx[i]] for int64 ``idx`` (N,), contiguous ``weight`` (V, C); bad index: NaN row."""
     cp = cupy()
     V, C = weight.shape
     N = idx.size
@@ -25,8 +25,13 @@ def embedding_forward(idx, weight):
     if N and C:
         vec = aligned16(weight, out) and C % (16 // weight.dtype.itemsize) == 0
         wpb = 8
-        launch(FILE, f"blu_embedding_forward_{suffix(weight)}", min(math.ceil(N / wpb), num_sms() * 16), wpb * 32,
-               (idx, weight, out, np.int64(N), np.int64(V), np.int32(C), np.int32(vec)))
+        launch(
+            FILE,
+            f"blu_embedding_forward_{suffix(weight)}",
+            min(math.ceil(N / wpb), num_sms() * 16),
+            wpb * 32,
+            (idx, weight, out, np.int64(N), np.int64(V), np.int32(C), np.int32(vec)),
+        )
     return out
 
 
@@ -41,8 +46,13 @@ def embedding_backward(idx, g, num_embeddings: int):
     sorted_idx = cp.ascontiguousarray(idx[order])
     order = cp.ascontiguousarray(order, dtype=cp.int64)
     block = 128 if C >= 128 else 32 * math.ceil(C / 32)
-    launch(FILE, f"blu_embedding_backward_{suffix(g)}", (N, math.ceil(C / block)), block,
-           (sorted_idx, order, g, dw, np.int64(N), np.int64(num_embeddings), np.int32(C)))
+    launch(
+        FILE,
+        f"blu_embedding_backward_{suffix(g)}",
+        (N, math.ceil(C / block)),
+        block,
+        (sorted_idx, order, g, dw, np.int64(N), np.int64(num_embeddings), np.int32(C)),
+    )
     return dw
 
 
@@ -60,8 +70,13 @@ class EmbeddingCuda(Kernel):
     @staticmethod
     def forward(ctx, idx, weight):
         if weight.dtype not in _STORAGE or weight.ndim != 2 or idx.dtype.kind not in "iu":
-            return _fallback.forward(ctx, nn_ops.embedding_forward, (idx, weight), {},
-                                     bf16_inputs=(False, weight.dtype == np.uint16))
+            return _fallback.forward(
+                ctx,
+                nn_ops.embedding_forward,
+                (idx, weight),
+                {},
+                bf16_inputs=(False, weight.dtype == np.uint16),
+            )
         cp = cupy()
         flat = cp.ascontiguousarray(idx.reshape(-1), dtype=cp.int64)
         out = embedding_forward(flat, cp.ascontiguousarray(weight))

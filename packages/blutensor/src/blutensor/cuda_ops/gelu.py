@@ -25,8 +25,13 @@ def gelu_forward(x, approximate: str = "tanh"):
     n = x.size
     if n:
         vec = aligned16(x, y)
-        launch(FILE, f"blu_gelu_forward_{suffix(x)}", _grid(n, 16 // x.dtype.itemsize), 256,
-               (x, y, np.int64(n), np.int32(_APPROX[approximate]), np.int32(vec)))
+        launch(
+            FILE,
+            f"blu_gelu_forward_{suffix(x)}",
+            _grid(n, 16 // x.dtype.itemsize),
+            256,
+            (x, y, np.int64(n), np.int32(_APPROX[approximate]), np.int32(vec)),
+        )
     return y
 
 
@@ -37,8 +42,13 @@ def gelu_backward(g, x, approximate: str = "tanh"):
     n = x.size
     if n:
         vec = aligned16(g, x, dx)
-        launch(FILE, f"blu_gelu_backward_{suffix(x)}", _grid(n, 16 // x.dtype.itemsize), 256,
-               (g, x, dx, np.int64(n), np.int32(_APPROX[approximate]), np.int32(vec)))
+        launch(
+            FILE,
+            f"blu_gelu_backward_{suffix(x)}",
+            _grid(n, 16 // x.dtype.itemsize),
+            256,
+            (g, x, dx, np.int64(n), np.int32(_APPROX[approximate]), np.int32(vec)),
+        )
     return dx
 
 

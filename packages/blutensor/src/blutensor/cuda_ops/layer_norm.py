@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import NULL, aligned16, cupy, launch, num_sms, ptr, suffix
+from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, ptr, suffix
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
@@ -36,14 +36,32 @@ def layer_norm_forward(x, weight, bias, eps: float = 1e-5, residual=None, write_
     vec = _vec_ok(C, x.dtype, x, residual, s, weight, bias, y)
     wpb = 8
     grid = min(math.ceil(N / wpb), num_sms() * 16)
-    launch(FILE, f"blu_layer_norm_forward_{suffix(x)}", grid, wpb * 32,
-           (x, ptr(residual), ptr(s), ptr(weight), ptr(bias), y, mean, rstd, np.int64(N), np.int32(C),
-            np.float32(eps), np.int32(vec)))
+    launch(
+        FILE,
+        f"blu_layer_norm_forward_{suffix(x)}",
+        grid,
+        wpb * 32,
+        (
+            x,
+            ptr(residual),
+            ptr(s),
+            ptr(weight),
+            ptr(bias),
+            y,
+            mean,
+            rstd,
+            np.int64(N),
+            np.int32(C),
+            np.float32(eps),
+            np.int32(vec),
+        ),
+    )
     return y, mean, rstd, s
 
 
-def layer_norm_backward(g, x, weight, mean, rstd, grad_sum=None, need_dx: bool = True, need_dw: bool = True,
-                        need_db: bool = True):
+def layer_norm_backward(
+    g, x, weight, mean, rstd, grad_sum=None, need_dx: bool = True, need_dw: bool = True, need_db: bool = True
+):
     """Gradients (dx, dweight, dbias) of LayerNorm; ``x`` is the LayerNorm input (the sum when fused).
 
     ``grad_sum``, the gradient reaching the residual sum directly, is added into dx (fused residual).
@@ -67,12 +85,36 @@ def layer_norm_backward(g, x, weight, mean, rstd, grad_sum=None, need_dx: bool =
     smem = wpb * 2 * C * 4 if want_wb else 0
     nblocks = min(math.ceil(N / wpb), num_sms() * 8)
     part = cp.empty((nblocks, 2 * C), dtype=cp.float32) if want_wb else None
-    launch(FILE, f"blu_layer_norm_backward_{suffix(x)}", nblocks, wpb * 32,
-           (g, x, ptr(weight), mean, rstd, ptr(grad_sum), ptr(dx), ptr(part), np.int64(N), np.int32(C),
-            np.int32(vec), np.int32(need_dx), np.int32(want_wb)), shared_mem=smem)
+    launch(
+        FILE,
+        f"blu_layer_norm_backward_{suffix(x)}",
+        nblocks,
+        wpb * 32,
+        (
+            g,
+            x,
+            ptr(weight),
+            mean,
+            rstd,
+            ptr(grad_sum),
+            ptr(dx),
+            ptr(part),
+            np.int64(N),
+            np.int32(C),
+            np.int32(vec),
+            np.int32(need_dx),
+            np.int32(want_wb),
+        ),
+        shared_mem=smem,
+    )
     if want_wb:
-        launch(FILE, f"blu_layer_norm_backward_reduce_{suffix(x)}", math.ceil(2 * C / 256), 256,
-               (part, np.int32(nblocks), np.int32(C), ptr(dw), ptr(db)))
+        launch(
+            FILE,
+            f"blu_layer_norm_backward_reduce_{suffix(x)}",
+            math.ceil(2 * C / 256),
+            256,
+            (part, np.int32(nblocks), np.int32(C), ptr(dw), ptr(db)),
+        )
     return dx, dw, db
 
 
@@ -91,12 +133,19 @@ class LayerNormCuda(Kernel):
     @staticmethod
     def forward(ctx, x, w=None, b=None, normalized_shape=(), eps=1e-5):
         n = len(normalized_shape)
-        ok = (x.dtype in _STORAGE and n >= 1 and tuple(x.shape[x.ndim - n:]) == tuple(normalized_shape)
-              and all(p is None or (p.dtype == x.dtype and tuple(p.shape) == tuple(normalized_shape))
-                      for p in (w, b)))
+        ok = (
+            x.dtype in _STORAGE
+            and n >= 1
+            and tuple(x.shape[x.ndim - n :]) == tuple(normalized_shape)
+            and all(
+                p is None or (p.dtype == x.dtype and tuple(p.shape) == tuple(normalized_shape))
+                for p in (w, b)
+            )
+        )
         if not ok:
-            return _fallback.forward(ctx, nn_ops.layer_norm_forward, (x, w, b),
-                                     dict(normalized_shape=normalized_shape, eps=eps))
+            return _fallback.forward(
+                ctx, nn_ops.layer_norm_forward, (x, w, b), dict(normalized_shape=normalized_shape, eps=eps)
+            )
         cp = cupy()
         C = math.prod(normalized_shape)
         x2 = cp.ascontiguousarray(x).reshape(-1, C)
@@ -114,7 +163,11 @@ class LayerNormCuda(Kernel):
         x2, w1, mean, rstd, shape, nshape, has_b = ctx.saved
         needs = tuple(ctx.needs) + (False,) * 3
         g2 = cp.ascontiguousarray(g).reshape(x2.shape)
-        dx, dw, db = layer_norm_backward(g2, x2, w1, mean, rstd, None, needs[0], needs[1] and w1 is not None,
-                                         needs[2] and has_b)
-        return (None if dx is None else dx.reshape(shape), None if dw is None else dw.reshape(nshape),
-                None if db is None else db.reshape(nshape))
+        dx, dw, db = layer_norm_backward(
+            g2, x2, w1, mean, rstd, None, needs[0], needs[1] and w1 is not None, needs[2] and has_b
+        )
+        return (
+            None if dx is None else dx.reshape(shape),
+            None if dw is None else dw.reshape(nshape),
+            None if db is None else db.reshape(nshape),
+        )

@@ -44,11 +44,14 @@ class TensorTable:
                 raise ShapeError(f"multi-tensor apply: list {li} has {len(lst)} arrays, list 0 has {n}")
             for i, a in enumerate(lst):
                 if a.size != lists[0][i].size:
-                    raise ShapeError(f"multi-tensor apply: array {i} of list {li} has {a.size} elements, "
-                                     f"list 0's has {lists[0][i].size}")
+                    raise ShapeError(
+                        f"multi-tensor apply: array {i} of list {li} has {a.size} elements, "
+                        f"list 0's has {lists[0][i].size}"
+                    )
                 if not a.flags.c_contiguous:
-                    raise ShapeError(f"multi-tensor apply: array {i} of list {li} (shape {a.shape}) is not "
-                                     f"contiguous")
+                    raise ShapeError(
+                        f"multi-tensor apply: array {i} of list {li} (shape {a.shape}) is not contiguous"
+                    )
         numels = [a.size for a in lists[0]]
         ct, cs = build_chunk_table(numels, chunk)
         self.n_chunks = len(ct)
@@ -68,8 +71,12 @@ def table_for(lists, flags, chunk: int = CHUNK) -> TensorTable:
     """The cached TensorTable of these arrays (built once per distinct list of addresses/sizes/dtypes)."""
     import cupy as cp
 
-    key = (cp.cuda.runtime.getDevice(), chunk, tuple(flags),
-           tuple(tuple((a.data.ptr, a.size, a.dtype.char) for a in lst) for lst in lists))
+    key = (
+        cp.cuda.runtime.getDevice(),
+        chunk,
+        tuple(flags),
+        tuple(tuple((a.data.ptr, a.size, a.dtype.char) for a in lst) for lst in lists),
+    )
     t = _cache.get(key)
     if t is None:
         t = _cache[key] = TensorTable(lists, flags, chunk)

@@ -16,8 +16,9 @@ def _table(grads):
     flags = []
     for i, g in enumerate(grads):
         if g.dtype not in (np.float32, np.uint16):
-            raise DTypeError(f"global_grad_norm: grad {i} has dtype {g.dtype}; expected float32 or bfloat16 "
-                             f"bits (uint16)")
+            raise DTypeError(
+                f"global_grad_norm: grad {i} has dtype {g.dtype}; expected float32 or bfloat16 bits (uint16)"
+            )
         flags.append(int(g.dtype == np.uint16))
     return table_for((grads,), flags)
 
@@ -32,8 +33,13 @@ def global_grad_norm(grads):
     if t.n_chunks == 0:
         return out
     partial = cp.empty(t.n_chunks, dtype=cp.float32)
-    launch(FILE, "blu_grad_norm_partial", t.n_chunks, BLOCK,
-           (*t.ptrs, t.flags, t.numel, t.chunk_tensor, t.chunk_start, np.int64(t.chunk), partial))
+    launch(
+        FILE,
+        "blu_grad_norm_partial",
+        t.n_chunks,
+        BLOCK,
+        (*t.ptrs, t.flags, t.numel, t.chunk_tensor, t.chunk_start, np.int64(t.chunk), partial),
+    )
     launch(FILE, "blu_grad_norm_finalize", 1, 1024, (partial, np.int32(t.n_chunks), out))
     return out
 
@@ -46,7 +52,20 @@ def clip_grads_(grads, max_norm: float, norm=None):
     if grads:
         t = _table(grads)
         if t.n_chunks:
-            launch(FILE, "blu_grad_norm_scale", t.n_chunks, BLOCK,
-                   (*t.ptrs, t.flags, t.numel, t.chunk_tensor, t.chunk_start, np.int64(t.chunk), norm,
-                    np.float32(max_norm)))
+            launch(
+                FILE,
+                "blu_grad_norm_scale",
+                t.n_chunks,
+                BLOCK,
+                (
+                    *t.ptrs,
+                    t.flags,
+                    t.numel,
+                    t.chunk_tensor,
+                    t.chunk_start,
+                    np.int64(t.chunk),
+                    norm,
+                    np.float32(max_norm),
+                ),
+            )
     return norm

@@ -1,0 +1,213 @@
+"""Flash attention on CUDA: forward saves only the log-sum-exp, backward recomputes.
+
+Variants: 'f32' (kernels/sdpa.cu, SIMT fp32, HD 32/64/128), 'tf32' and 'bf16' (kernels/sdpa_mma.cu,
+mma.sync on the matrix units, HD 64/128). fp32 tensors use 'tf32' when blutensor's matmul precision is
+'tf32' or 'bf16', else 'f32'; bf16 tensors use 'bf16'. Calls the kernels do not cover (an explicit mask,
+dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blutensor.cuda_ops import _fallback
+from blutensor.cuda_ops._loader import cupy, launch, suffix
+from blutensor.errors import ShapeError
+from blutensor.ops import nn_ops
+from blutensor.ops.table import Kernel
+
+SIMT_HD = (32, 64, 128)
+MMA_HD = (64, 128)
+BR = 64  # query (or key) rows per block in every variant
+
+
+def supports(variant: str, hd: int) -> bool:
+    return hd in (SIMT_HD if variant == "f32" else MMA_HD)
+
+
+def _check(q, k, v, variant):
+    if (
+        q.ndim != 3
+        or k.ndim != 3
+        or v.ndim != 3
+        or q.shape[0] != k.shape[0]
+        or k.shape != v.shape
+        or q.shape[2] != k.shape[2]
+    ):
+        raise ShapeError(
+            f"flash attention: q {q.shape}, k {k.shape}, v {v.shape} must be (BH, L, HD), "
+            f"(BH, S, HD), (BH, S, HD)"
+        )
+    want = np.uint16 if variant == "bf16" else np.float32
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a.dtype != want or not a.flags.c_contiguous:
+            raise ShapeError(
+                f"flash attention ({variant}): {name} must be contiguous {np.dtype(want)}, got "
+                f"{a.dtype}{'' if a.flags.c_contiguous else ' (not contiguous)'}"
+            )
+    if not supports(variant, q.shape[2]):
+        raise ShapeError(f"flash attention ({variant}): head dim {q.shape[2]} not supported")
+
+
+def _names(variant: str, hd: int):
+    if variant == "f32":
+        return "sdpa.cu", f"simt_hd{hd}", 64 * (hd // 32)
+    return "sdpa_mma.cu", f"{variant}_hd{hd}", 128
+
+
+def _mma_smem(variant: str, hd: int, kind: str) -> int:
+    """Dynamic shared memory of the mma kernels (must match sdpa_mma.cu)."""
+    es = 4 if variant == "tf32" else 2
+    pad = 8 if variant == "tf32" else 8
+    row = (hd + pad) * es
+    if kind == "fwd":
+        return 2 * BR * row
+    return 4 * BR * row + 2 * BR * 4
+
+
+def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "f32"):
+    """(o, lse) for q (BH, L, HD), k/v (BH, S, HD); lse (BH, L) fp32, natural log."""
+    cp = cupy()
+    _check(q, k, v, variant)
+    BH, L, hd = q.shape
+    S = k.shape[1]
+    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    o = cp.empty_like(q)
+    lse = cp.empty((BH, L), dtype=cp.float32)
+    if BH == 0 or L == 0:
+        return o, lse
+    file, tag, threads = _names(variant, hd)
+    smem = 0 if variant == "f32" else _mma_smem(variant, hd, "fwd")
+    launch(
+        file,
+        f"blu_sdpa_forward_{tag}",
+        (math.ceil(L / BR), BH),
+        threads,
+        (q, k, v, o, lse, np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal))),
+        shared_mem=smem,
+    )
+    return o, lse
+
+
+def flash_attention_backward(
+    q, k, v, o, lse, do, causal: bool = False, scale: float | None = None, variant: str = "f32"
+):
+    """(dq, dk, dv): recomputes the probabilities from q, k and lse; deterministic (no atomics)."""
+    cp = cupy()
+    _check(q, k, v, variant)
+    BH, L, hd = q.shape
+    S = k.shape[1]
+    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
+    if BH == 0 or L == 0 or S == 0:
+        dq.fill(0), dk.fill(0), dv.fill(0)
+        return dq, dk, dv
+    D = cp.empty((BH, L), dtype=cp.float32)
+    rows = BH * L
+    launch(
+        "sdpa.cu",
+        f"blu_sdpa_backward_preprocess_{suffix(q)}",
+        min(math.ceil(rows / 8), 65535 * 8),
+        256,
+        (do, o, D, np.int64(rows), np.int32(hd)),
+    )
+    file, tag, threads = _names(variant, hd)
+    smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
+    args = (q, k, v, do, lse, D)
+    tail = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
+    launch(
+        file,
+        f"blu_sdpa_backward_dkdv_{tag}",
+        (math.ceil(S / BR), BH),
+        threads,
+        args + (dk, dv) + tail,
+        shared_mem=smem,
+    )
+    launch(
+        file,
+        f"blu_sdpa_backward_dq_{tag}",
+        (math.ceil(L / BR), BH),
+        threads,
+        args + (dq,) + tail,
+        shared_mem=smem,
+    )
+    return dq, dk, dv
+
+
+def pick_variant(dtype, hd: int) -> str | None:
+    """Variant for storage ``dtype`` and head dim under blutensor's matmul precision (None: unsupported)."""
+    if dtype == np.uint16:
+        return "bf16" if hd in MMA_HD else None
+    if dtype != np.float32:
+        return None
+    from blutensor.gemm import get_matmul_precision
+
+    if get_matmul_precision() in ("tf32", "bf16") and hd in MMA_HD:
+        return "tf32"
+    return "f32" if hd in SIMT_HD else None
+
+
+class SdpaCuda(Kernel):
+    """scaled_dot_product_attention on CUDA as flash attention (no probabilities kept)."""
+
+    PLUGIN_NAME = "blutensor.cuda.sdpa"
+    OP = "sdpa"
+    BACKEND = "cuda"
+    DTYPES = ("float32", "bfloat16")
+    PRIORITY = 10
+    BF16_NATIVE = True
+    SAVES = (0, 1, 2)
+    SAVES_OUTPUT = True
+    SAME_DTYPE = (0, 1, 2)
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask=None, scale=None, is_causal=False, dropout_p=0.0, seed=0, offset=0):
+        variant = pick_variant(q.dtype, q.shape[-1]) if q.ndim >= 2 else None
+        ok = (
+            variant is not None
+            and mask is None
+            and not dropout_p
+            and q.ndim >= 2
+            and k.ndim == q.ndim
+            and v.ndim == q.ndim
+            and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+            and k.shape == v.shape
+            and q.shape[-1] == k.shape[-1]
+            and k.dtype == q.dtype == v.dtype
+        )
+        if not ok:
+            return _fallback.forward(
+                ctx,
+                nn_ops.sdpa_forward,
+                (q, k, v),
+                dict(
+                    mask=mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p, seed=seed, offset=offset
+                ),
+                bf16_inputs=(q.dtype == np.uint16,) * 3,
+            )
+        cp = cupy()
+        L, hd = q.shape[-2:]
+        S = k.shape[-2]
+        q3 = cp.ascontiguousarray(q).reshape(-1, L, hd)
+        k3 = cp.ascontiguousarray(k).reshape(-1, S, hd)
+        v3 = cp.ascontiguousarray(v).reshape(-1, S, hd)
+        o, lse = flash_attention_forward(q3, k3, v3, bool(is_causal), scale, variant)
+        ctx.saved = (q3, k3, v3, o, lse, bool(is_causal), scale, variant, q.shape, k.shape)
+        return o.reshape(q.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        if _fallback.used(ctx):
+            return _fallback.backward(ctx, nn_ops.sdpa_backward, g)
+        q3, k3, v3, o, lse, causal, scale, variant, qshape, kshape = ctx.saved
+        do = cupy().ascontiguousarray(g).reshape(q3.shape)
+        dq, dk, dv = flash_attention_backward(q3, k3, v3, o, lse, do, causal, scale, variant)
+        needs = tuple(ctx.needs) + (True,) * 3
+        return (
+            dq.reshape(qshape) if needs[0] else None,
+            dk.reshape(kshape) if needs[1] else None,
+            dv.reshape(kshape) if needs[2] else None,
+            None,
+        )
