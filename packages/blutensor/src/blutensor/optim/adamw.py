@@ -82,6 +82,6 @@ def adamw_update(p, m, v, step: int, lr: float, b1: float, b2: float, eps: float
     step_size = lr / bc1
     xp = np if type(x) is np.ndarray else __import__("cupy")
     denom = xp.sqrt(v) / dt(bc2_sqrt) + dt(eps)
-    x += dt(-step_size) * (m / denom)
+    x += (dt(-step_size) * m) / denom  # addcdiv_(m, denom, value=-step_size): (value * m) / denom
     if write is not None:
         write(x)
