@@ -190,8 +190,23 @@ def test_fallback_corrupt_truncated_deleted(tmp_path, caplog):
     assert m.latest_good()[2]["step"] == 2
     files[1].unlink()  # deleted
     assert m.latest_good()[2]["step"] == 1
+    assert m.good_steps() == [1]
     _corrupt(files[0])
-    assert m.latest_good() is None
+    assert m.latest_good() is None and m.good_steps() == []
+
+
+def test_max_step_and_load(tmp_path):
+    m = CheckpointManager(tmp_path, keep=None)
+    for step in (5, 10, 15):
+        m.save(step, _tensors(step), {})
+    assert m.good_steps() == [5, 10, 15]
+    assert m.latest_good(max_step=12)[2]["step"] == 10
+    assert m.latest_good(max_step=4) is None
+    path, tensors, meta = m.load(15)
+    assert meta["step"] == 15 and m.step_of(path) == 15
+    _assert_exact(tensors, _tensors(15))
+    with pytest.raises(CheckpointError, match="no such file"):
+        m.load(7)
 
 
 def test_prune_keeps_newest_good(tmp_path):

@@ -146,6 +146,9 @@ def test_loader_errors(tmp_path, shards):
         TokenLoader(d, "train", 2, 16, rank=2, world_size=2)
     with pytest.raises(ValueError, match="pinned=True"):
         TokenLoader(d, "train", 2, 16, pinned=True)
+    if not _cuda_ok():
+        with pytest.raises(RuntimeError, match="needs CuPy and a CUDA GPU"):
+            TokenLoader(d, "train", 2, 16, device="cuda")
 
 
 def test_uint32_shards(tmp_path):

@@ -221,10 +221,33 @@ class CheckpointManager:
                 good += 1
         return removed
 
-    def latest_good(self) -> tuple[Path, dict[str, np.ndarray], dict] | None:
-        """(path, tensors, meta) of the newest checkpoint that verifies, trying older ones on failure."""
+    def step_of(self, path: str | os.PathLike) -> int:
+        """The step number in a checkpoint file name."""
+        m = self.NAME_RE.match(Path(path).name)
+        if m is None:
+            raise ValueError(f"{path} is not a checkpoint file name (step_NNNNNNNN.rankR.safetensors)")
+        return int(m.group(1))
+
+    def good_steps(self) -> list[int]:
+        """Steps of this rank's checkpoints that verify (oldest first); ranks can agree on a common one."""
         self.wait()
-        for p in reversed(self.list()):
+        return [self.step_of(p) for p in self.list() if self._is_good(p)]
+
+    def load(self, step: int) -> tuple[Path, dict[str, np.ndarray], dict]:
+        """(path, tensors, meta) of the checkpoint of ``step``; CheckpointError if missing or bad."""
+        self.wait()
+        path = self.path_for(step)
+        tensors, meta = load_checkpoint(path)
+        return path, tensors, meta
+
+    def latest_good(self, max_step: int | None = None) -> tuple[Path, dict[str, np.ndarray], dict] | None:
+        """(path, tensors, meta) of the newest checkpoint that verifies, trying older ones on failure.
+
+        ``max_step`` ignores newer checkpoints (e.g. the newest step every rank has). None if none is good.
+        """
+        self.wait()
+        paths = [p for p in self.list() if max_step is None or self.step_of(p) <= max_step]
+        for p in reversed(paths):
             try:
                 tensors, meta = load_checkpoint(p)
             except (CheckpointError, OSError) as e:

@@ -52,6 +52,19 @@ def _pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 _PINNED_ALLOC: Any = None
 
 
+def _require_cupy(device: Any) -> None:
+    """Clear error (before any work) when a CUDA loader is asked for without CuPy or a GPU."""
+    try:
+        import cupy as cp
+
+        ok = cp.cuda.runtime.getDeviceCount() > 0 if hasattr(cp.cuda, "runtime") else True
+    except Exception:
+        ok = False
+    if not ok:
+        raise RuntimeError(f"TokenLoader(device={str(device)!r}) needs CuPy and a CUDA GPU "
+                           "(pip install 'blutensor[cuda12]' or 'blutensor[cuda13]'), or use device='cpu'")
+
+
 class TokenLoader:
     """Batches ``(x, y)`` of int64 token ids, shape (B, T), from the token shards of one split.
 
@@ -93,6 +106,8 @@ class TokenLoader:
         self._open_idx = -1
         self._cuda = self.device.type == "cuda"
         self._pinned_ok = False
+        if self._cuda:
+            _require_cupy(self.device)
         if pinned and not self._cuda:
             raise ValueError(f"TokenLoader(pinned=True) needs a CUDA device, got device={self.device}")
         if self._cuda and pinned is not False:

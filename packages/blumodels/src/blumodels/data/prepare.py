@@ -102,6 +102,7 @@ def prepare(out_dir: str | os.PathLike, sources: list[str] | None = None, corpus
     if not docs:
         raise ValueError("prepare: no documents (give sources=[files or folders] and/or corpus='pydocs')")
     out.mkdir(parents=True, exist_ok=True)
+    (out / META_FILE).unlink(missing_ok=True)  # written last: a crashed run never looks prepared
     for split in ("train", "val"):  # a re-run must not leave shards of a previous, larger run behind
         for old in list_shards(out, split):
             old.unlink()
