@@ -1,7 +1,8 @@
 """The plugin manager: loads ``blutrain`` entry points into per-kind registries.
 
 ``BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD=1`` loads only what is registered by hand;
-``BLUTRAIN_BLOCK_PLUGINS=a,b`` blocks entry points by name.
+``BLUTRAIN_BLOCK_PLUGINS=a,b`` blocks entry points (and hand registrations) by name; blutensor's
+own registrations cannot be blocked.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class PluginHost:
         if blocked is None:
             blocked = tuple(b for b in os.environ.get("BLUTRAIN_BLOCK_PLUGINS", "").split(",") if b)
         for name in blocked:
-            self.pm.set_blocked(name)
+            if name != "blutensor":  # the host's own pieces cannot be blocked
+                self.pm.set_blocked(name)
         if autoload is None:
             autoload = os.environ.get("BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true", "yes")
         self.autoload = autoload
@@ -59,10 +61,14 @@ class PluginHost:
             return
         if self.pm.is_registered(plugin):
             return
-        self.pm.register(plugin, name=name)
+        if self.pm.register(plugin, name=name) is None:
+            return  # blocked by name
         if package:
             self._dists[id(plugin)] = (package, version or "?")
         self._collect()
+        from blutensor.ops import dispatch
+
+        dispatch.clear_cache()  # a new kernel may now win for some op
 
     def _collect(self) -> None:
         for plugin in self.pm.get_plugins():

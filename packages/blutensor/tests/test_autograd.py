@@ -1,0 +1,219 @@
+"""Autograd: dynamic graph, topological order, accumulation, backward(gradient), retain_graph,
+no_grad/enable_grad, detach, requires_grad_, hooks, "gradient ready" hooks, version checks,
+graph release."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from conftest import host
+
+import blutensor as bt
+
+
+def test_reused_tensor_accumulates(device):
+    x = bt.tensor([1.0, 2.0, 3.0], device=device, requires_grad=True)
+    y = x * x + x * 3 + x.exp()  # x used four times
+    y.sum().backward()
+    np.testing.assert_allclose(host(x.grad), 2 * host(x) + 3 + np.exp(host(x)), rtol=1e-6)
+    # a second backward accumulates into .grad
+    (x * 2).sum().backward()
+    np.testing.assert_allclose(host(x.grad), 2 * host(x) + 5 + np.exp(host(x)), rtol=1e-6)
+
+
+def test_diamond_graph_topological_order(device):
+    """a -> (b, c) -> d: a's node must run once, after both branches delivered their gradient."""
+    x = bt.tensor([0.5, -1.0], dtype=bt.float64, device=device, requires_grad=True)
+    tx = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    for t, lib in ((x, bt), (tx, torch)):
+        a = t.tanh()
+        b = a * 2
+        c = a.exp()
+        d = (b * c + a).sum()
+        d.backward()
+    np.testing.assert_allclose(host(x.grad), tx.grad.numpy(), rtol=1e-12)
+
+
+def test_backward_with_gradient_for_non_scalar(device):
+    x = bt.tensor([[1.0, 2.0], [3.0, 4.0]], device=device, requires_grad=True)
+    y = x * x
+    g = bt.tensor([[1.0, 0.5], [0.0, -1.0]], device=device)
+    y.backward(g)
+    np.testing.assert_allclose(host(x.grad), 2 * host(x) * host(g))
+    with pytest.raises(bt.AutogradError, match="scalar"):
+        (x * 2).backward()
+
+
+def test_retain_graph(device):
+    x = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
+    y = (x.exp() * x).sum()
+    y.backward(retain_graph=True)
+    g1 = host(x.grad).copy()
+    y.backward()
+    np.testing.assert_allclose(host(x.grad), 2 * g1)
+    with pytest.raises(bt.AutogradError, match="second time.*retain_graph"):
+        y.backward()
+
+
+def test_graph_freed_after_backward(device):
+    x = bt.tensor(np.ones((64, 64)), device=device, requires_grad=True)
+    y = x.exp()
+    z = (y * 2).sum()
+    node = z.grad_fn
+    exp_node = y.grad_fn
+    z.backward()
+    assert node.ctx is None and exp_node.ctx is None, "saved tensors must be released after backward"
+    # the saved output of exp is no longer referenced by the graph
+    ref = weakref.ref(y)
+    del y, z, node, exp_node
+    gc.collect()
+    assert ref() is None
+
+
+def test_no_grad_enable_grad_set_grad_enabled(device):
+    x = bt.ones(3, device=device, requires_grad=True)
+    with bt.no_grad():
+        y = x * 2
+        assert not bt.is_grad_enabled()
+        with bt.enable_grad():
+            z = x * 2
+    assert not y.requires_grad and y.grad_fn is None
+    assert z.requires_grad and z.grad_fn is not None
+
+    @bt.no_grad()
+    def f(t):
+        return t * 3
+
+    assert not f(x).requires_grad and bt.is_grad_enabled()
+    with bt.set_grad_enabled(False):
+        assert not (x + 1).requires_grad
+    assert bt.is_grad_enabled()
+
+
+def test_detach_and_requires_grad_(device):
+    x = bt.ones(3, device=device, requires_grad=True)
+    d = (x * 2).detach()
+    assert not d.requires_grad and d.grad_fn is None
+    d2 = x.detach()
+    d2.add_(1)  # detach shares storage and version counter
+    assert x._version.v == 1 and host(x)[0] == 2
+    y = bt.zeros(2, device=device)
+    assert y.requires_grad_() is y and y.requires_grad
+    with pytest.raises(bt.AutogradError, match="floating"):
+        bt.arange(3, device=device).requires_grad_()
+
+
+def test_tensor_hooks(device):
+    x = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
+    seen = []
+    h = x.register_hook(lambda g: seen.append(host(g).copy()) or g * 10)
+    y = x * 3
+    y.register_hook(lambda g: g + 1)  # non-leaf hook changes the gradient flowing on
+    y.sum().backward()
+    np.testing.assert_allclose(seen[0], [6.0, 6.0])
+    np.testing.assert_allclose(host(x.grad), [60.0, 60.0])
+    h.remove()
+    x.grad = None
+    (x * 3).sum().backward()
+    np.testing.assert_allclose(host(x.grad), [3.0, 3.0])
+
+
+def test_gradient_ready_hook_fires_once_with_complete_grad(device):
+    w = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
+    events = []
+    w.register_post_accumulate_grad_hook(lambda p: events.append(host(p.grad).copy()))
+    loss = (w * 2).sum() + (w * w).sum() + w.sum()  # three uses: one "ready" event after all of them
+    loss.backward()
+    assert len(events) == 1
+    np.testing.assert_allclose(events[0], 2 + 2 * host(w) + 1)
+    with pytest.raises(bt.AutogradError, match="leaf"):
+        (w * 2).register_post_accumulate_grad_hook(lambda p: None)
+
+
+def test_saved_tensor_modified_in_place_is_an_error(device):
+    x = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
+    a = x * 1  # non-leaf
+    y = a * a  # saves a
+    a.add_(1)
+    with pytest.raises(bt.AutogradError, match=r"'mul'.*modified in place.*version is 1, expected 0"):
+        y.sum().backward()
+    b = x * 1
+    z = b + 2  # add saves no tensor: modifying b afterwards is fine
+    with bt.no_grad():
+        b.mul_(3)
+    z.sum().backward()
+    np.testing.assert_allclose(host(x.grad), [1.0, 1.0])
+
+
+def test_saved_output_modified_in_place_is_an_error(device):
+    x = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
+    e = x.exp()  # saves its output
+    with bt.no_grad():
+        e.mul_(3)
+    with pytest.raises(bt.AutogradError, match="'exp'.*its output"):
+        e.sum().backward()
+
+
+def test_view_modification_bumps_base_version(device):
+    x = bt.tensor([1.0, 2.0, 3.0], device=device, requires_grad=True)
+    a = x * 1
+    y = a * a  # saves a
+    v = a[1:]
+    with bt.no_grad():
+        v.mul_(2)  # changes a through its view
+    assert a._version.v == 1
+    with pytest.raises(bt.AutogradError, match="modified in place"):
+        y.sum().backward()
+
+
+def test_inplace_on_non_leaf_is_differentiable(device):
+    x = bt.tensor([1.0, 2.0], dtype=bt.float64, device=device, requires_grad=True)
+    tx = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    for t in (x, tx):
+        y = t * 2
+        y.add_(t)
+        y.mul_(t)
+        y.sum().backward()
+    np.testing.assert_allclose(host(x.grad), tx.grad.numpy())
+    with pytest.raises(bt.AutogradError, match="leaf"):
+        x.add_(1)
+
+
+def test_backward_without_grad_is_an_error(device):
+    x = bt.ones(2, device=device)
+    with pytest.raises(bt.AutogradError, match=r"backward\(\) called on Tensor\(shape=\(\), dtype=float32.*does not require grad"):
+        x.sum().backward()
+
+
+def test_autograd_grad_function(device):
+    x = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
+    (g,) = bt.grad((x * x).sum(), x)
+    np.testing.assert_allclose(host(g), 2 * host(x))
+    assert x.grad is None
+
+
+def test_retain_grad_non_leaf(device):
+    x = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
+    y = x * 3
+    y.retain_grad()
+    (y * y).sum().backward()
+    np.testing.assert_allclose(host(y.grad), 2 * host(y))
+
+
+def test_cross_device_move_is_differentiable(device):
+    x = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
+    y = x.to("cpu") * 2
+    y.sum().backward()
+    assert x.grad.device == bt.device(device)
+    np.testing.assert_allclose(host(x.grad), [2.0, 2.0])
+
+
+def test_no_graph_for_non_float_outputs(device):
+    x = bt.tensor([1.5, -2.0], device=device, requires_grad=True)
+    assert not (x > 0).requires_grad
+    assert not x.argmax().requires_grad
+    assert not x.long().requires_grad
