@@ -216,6 +216,9 @@ class TokenLoader:
         with cp.cuda.Device(self.device.index or 0):
             compute = cp.cuda.get_current_stream()
             if not self._primed:
+                if any(self._h2d_used):  # re-priming after reset/load: X/Y may still be read by compute
+                    self._consumer_done.record(compute)
+                    self._copy_stream.wait_event(self._consumer_done)
                 self._issue_prefetch(0)
                 self._issue_prefetch(1)
                 self._primed, self._buf = True, 0

@@ -113,7 +113,11 @@ class TiktokenGPT2:
     """GPT-2's BPE (50257 tokens, EOT 50256) through tiktoken, built from local files only."""
 
     def __init__(self, vocab_bpe: str | os.PathLike, encoder_json: str | os.PathLike) -> None:
-        import tiktoken
+        try:
+            import tiktoken
+        except ImportError:
+            raise ImportError("the GPT-2 tokenizer needs tiktoken: pip install 'blumodels[tiktoken]' "
+                              "(or prepare with tokenizer='bpe')") from None
 
         self._files = (Path(vocab_bpe), Path(encoder_json))
         ranks = _data_gym_ranks(self._files[0].read_bytes(), self._files[1].read_bytes())
