@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import blutensor as bt
+import pytest
 from bluprofiler.cli import profile_main
 from bluprofiler.run import profile_steps
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import blutensor as bt
+import pytest
 from bluprofiler import profile, record_graph, record_shapes, save_graph, to_dot
 from bluprofiler.demo import GPT, PRESETS
 from bluprofiler.graph import GraphError

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import gc
 
-import numpy as np
-
 import blutensor as bt
+import numpy as np
 from bluprofiler import profile, record_function
-from bluprofiler.memory import peak, timeline
 from bluprofiler.events import MemEvent
+from bluprofiler.memory import peak, timeline
 
 
 def test_cpu_allocations_have_size_owner_and_free():
@@ -89,7 +88,6 @@ def test_gpt_step_memory_timeline_is_consistent():
 
 def test_cuda_memory_hook_attributes_allocations():
     import pytest
-
     from bluprofiler.timing import cupy_or_none
 
     cp = cupy_or_none()

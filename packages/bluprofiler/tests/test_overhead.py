@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 
-from blutensor.autograd.node import Node
-from blutensor.ops import dispatch
 from bluprofiler import profile
 from bluprofiler.demo import make_gpt_step
+from blutensor.autograd.node import Node
+from blutensor.ops import dispatch
 
 
 def _block(step, n):

@@ -238,19 +238,27 @@ def _kernel_name(kernel: Any) -> str:
     return getattr(k, "PLUGIN_NAME", None) or getattr(k, "__name__", type(k).__name__)
 
 
-def _resolved_kernel(op: str, inputs) -> str:
-    from blutensor.ops import dispatch
+_kernel_names: dict[tuple, str] = {}
 
+
+def _resolved_kernel(op: str, inputs) -> str:
+    """The kernel plugin name dispatch chose for an op that recorded no node (cached per key)."""
     for t in inputs:
         dev = getattr(t, "device", None)
-        if dev is not None and hasattr(t, "dtype"):
-            k = dispatch._cache.get((op, dev.type, t.dtype.name))
-            if k is None:
-                try:
-                    k = dispatch.resolve(op, dev.type, dispatch._dtype_key(op, inputs))
-                except Exception:
-                    return ""
-            return getattr(k, "PLUGIN_NAME", "")
+        dt = getattr(t, "dtype", None)
+        if dev is None or dt is None:
+            continue
+        key = (op, dev.type, dt.name)
+        name = _kernel_names.get(key)
+        if name is None:
+            from blutensor.ops import dispatch
+
+            try:
+                name = getattr(dispatch.resolve(op, dev.type, dt.name), "PLUGIN_NAME", "")
+            except Exception:
+                name = ""
+            _kernel_names[key] = name
+        return name
     return ""
 
 
