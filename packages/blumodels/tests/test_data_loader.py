@@ -276,6 +276,8 @@ def test_algorithm2_emulated(shards, fake_cuda, W, r):
     b = TokenLoader(d, "train", B, T, rank=r, world_size=W, device="cuda")
     b.load_state_dict(a.state_dict())
     _assert_same(_take(b, n - 37), got[37:])
+    fast.reset()  # re-priming mid-stream (as an evaluation loop does)
+    _assert_same(_take(fast, 5), got[:5])
 
 
 def test_algorithm2_emulation_catches_missing_wait(shards, fake_cuda):
