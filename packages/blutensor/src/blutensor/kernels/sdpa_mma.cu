@@ -1,0 +1,473 @@
+// Flash attention on the matrix units (mma.sync, sm_80+): tf32 (fp32 storage, m16n8k8) and bf16 (raw uint16
+// storage, m16n8k16), fp32 accumulation and softmax. Forward saves only the log-sum-exp; backward recomputes.
+// Layout: q (BH, L, HD), k/v (BH, S, HD) contiguous; o like q; lse (BH, L) fp32 natural log; HD in {64, 128}.
+// causal = query i sees keys j <= i (tril(ones(L, S))).
+// Blocks of 4 warps own 64 rows (queries in forward/dQ, keys in dK/dV); each warp owns 16 of them. Tiles of
+// 64 rows are staged in dynamic shared memory (row stride HD+4 floats for tf32, HD+8 halfwords for bf16,
+// which keeps the fragment loads free of bank conflicts); fragments are built with plain shared loads.
+// The accumulator layout of S = Q K^T is turned into the A operand of P V in registers (quad shuffles for
+// tf32, packing for bf16). Backward: D = rowsum(dO*O) (sdpa.cu preprocess), then a dK/dV kernel and a dQ
+// kernel, each recomputing P: no atomics, deterministic.
+// Self-contained (no headers) so that NVRTC compiles it anywhere.
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+
+#define BLU_NEG_INF (-__int_as_float(0x7f800000))
+#define BLU_LOG2E 1.4426950408889634f
+#define BLU_LN2 0.6931471805599453f
+
+namespace mma {
+
+constexpr int BR = 64;    // rows per block (4 warps x 16)
+constexpr int NWARP = 4;
+
+__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
+__device__ __forceinline__ u32 f2bf(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) { return f2bf(lo) | (f2bf(hi) << 16); }
+__device__ __forceinline__ u32 to_tf32(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+template <typename T> struct Tr;
+
+// ---------------------------------------------------------------- tf32: m16n8k8, fp32 storage
+template <> struct Tr<float> {
+    static constexpr int KS = 8;    // k per mma
+    static constexpr int PAD = 4;   // row padding (elements)
+    // A (16 x 8) from row-major X[r][k] at (r0, k0)
+    static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        a[0] = to_tf32(X[(r0 + g) * ld + k0 + t]);
+        a[1] = to_tf32(X[(r0 + g + 8) * ld + k0 + t]);
+        a[2] = to_tf32(X[(r0 + g) * ld + k0 + t + 4]);
+        a[3] = to_tf32(X[(r0 + g + 8) * ld + k0 + t + 4]);
+    }
+    // B (8 x 8) with B[k][n] = X[n0 + n][k0 + k]   ("K-like": rows of X are the n index)
+    static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
+        b[0] = to_tf32(X[(n0 + g) * ld + k0 + t]);
+        b[1] = to_tf32(X[(n0 + g) * ld + k0 + t + 4]);
+    }
+    // B (8 x 8) with B[k][n] = X[k0 + k][n0 + n]   ("V-like": rows of X are the k index)
+    static __device__ __forceinline__ void load_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
+        b[0] = to_tf32(X[(k0 + t) * ld + n0 + g]);
+        b[1] = to_tf32(X[(k0 + t + 4) * ld + n0 + g]);
+    }
+    static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    // A operand for k-step kk (keys kk*8 .. +7) from accumulator n-tiles c[nt][4] (n-tile kk)
+    static __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, u32* a, int lane) {
+        const int t = lane & 3;
+        const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
+        const bool odd = t & 1;
+        float x0 = __shfl_sync(0xffffffffu, c[kk][0], src1), x1 = __shfl_sync(0xffffffffu, c[kk][1], src1);
+        float y0 = __shfl_sync(0xffffffffu, c[kk][2], src1), y1 = __shfl_sync(0xffffffffu, c[kk][3], src1);
+        float z0 = __shfl_sync(0xffffffffu, c[kk][0], src2), z1 = __shfl_sync(0xffffffffu, c[kk][1], src2);
+        float w0 = __shfl_sync(0xffffffffu, c[kk][2], src2), w1 = __shfl_sync(0xffffffffu, c[kk][3], src2);
+        a[0] = to_tf32(odd ? x1 : x0);  // (g,   t)
+        a[1] = to_tf32(odd ? y1 : y0);  // (g+8, t)
+        a[2] = to_tf32(odd ? z1 : z0);  // (g,   t+4)
+        a[3] = to_tf32(odd ? w1 : w0);  // (g+8, t+4)
+    }
+    static __device__ __forceinline__ float ld(const float* p) { return *p; }
+    static __device__ __forceinline__ void store2(float* p, float a, float b) {
+        *reinterpret_cast<float2*>(p) = make_float2(a, b);
+    }
+};
+
+// ---------------------------------------------------------------- bf16: m16n8k16, raw uint16 storage
+template <> struct Tr<bf16_t> {
+    static constexpr int KS = 16;
+    static constexpr int PAD = 8;
+    static __device__ __forceinline__ u32 ld2(const bf16_t* p) { return *reinterpret_cast<const u32*>(p); }
+    static __device__ __forceinline__ void load_a(const bf16_t* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        a[0] = ld2(X + (r0 + g) * ld + k0 + 2 * t);
+        a[1] = ld2(X + (r0 + g + 8) * ld + k0 + 2 * t);
+        a[2] = ld2(X + (r0 + g) * ld + k0 + 2 * t + 8);
+        a[3] = ld2(X + (r0 + g + 8) * ld + k0 + 2 * t + 8);
+    }
+    static __device__ __forceinline__ void load_bt(const bf16_t* X, int ld, int n0, int k0, u32* b, int g, int t) {
+        b[0] = ld2(X + (n0 + g) * ld + k0 + 2 * t);
+        b[1] = ld2(X + (n0 + g) * ld + k0 + 2 * t + 8);
+    }
+    static __device__ __forceinline__ void load_b(const bf16_t* X, int ld, int k0, int n0, u32* b, int g, int t) {
+        b[0] = (u32)X[(k0 + 2 * t) * ld + n0 + g] | ((u32)X[(k0 + 2 * t + 1) * ld + n0 + g] << 16);
+        b[1] = (u32)X[(k0 + 2 * t + 8) * ld + n0 + g] | ((u32)X[(k0 + 2 * t + 9) * ld + n0 + g] << 16);
+    }
+    static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    // A operand for k-step kk (keys kk*16 .. +15) = accumulator n-tiles 2kk, 2kk+1
+    static __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, u32* a, int) {
+        a[0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
+        a[1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
+        a[2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+        a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+    }
+    static __device__ __forceinline__ float ld(const bf16_t* p) { return bf2f(*p); }
+    static __device__ __forceinline__ void store2(bf16_t* p, float a, float b) {
+        *reinterpret_cast<u32*>(p) = pack_bf16(a, b);
+    }
+};
+
+// rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride LD (zeros past n); 16-byte copies
+template <typename T, int HD>
+__device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int r0, int n) {
+    constexpr int LD = HD + Tr<T>::PAD;
+    constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
+    constexpr int Q = HD / E;
+    for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
+        const int r = i / Q, c = i % Q;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r0 + r < n) v = *reinterpret_cast<const uint4*>(src + (long long)(r0 + r) * HD + c * E);
+        *reinterpret_cast<uint4*>(dst + r * LD + c * E) = v;
+    }
+}
+
+// ================================================================ forward
+template <typename T, int HD>
+__device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                        float* __restrict__ lse, int L, int S, float scale, int causal) {
+    using X = Tr<T>;
+    constexpr int KS = X::KS, LD = HD + X::PAD, NT = BR / 8, DT = HD / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* Ks = reinterpret_cast<T*>(smem_raw);
+    T* Vs = Ks + BR * LD;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y, q0 = blockIdx.x * BR;
+    const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;  // this thread's two query rows
+    const T* qb = q + (long long)bh * L * HD;
+    const T* kb = k + (long long)bh * S * HD;
+    const T* vb = v + (long long)bh * S * HD;
+    const float c = scale * BLU_LOG2E;
+
+    // Q fragments of this warp's 16 rows, kept in registers
+    u32 qa[HD / KS][4];
+    load_tile<T, HD>(Ks, qb, q0, L);
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < HD / KS; ++ks) X::load_a(Ks, LD, warp * 16, ks * KS, qa[ks], g, t);
+
+    float acc[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
+    float m0 = BLU_NEG_INF, m1 = BLU_NEG_INF, l0 = 0.f, l1 = 0.f;
+    int kend = S;
+    if (causal) kend = min(S, q0 + BR);
+    for (int k0 = 0; k0 < kend; k0 += BR) {
+        __syncthreads();
+        load_tile<T, HD>(Ks, kb, k0, S);
+        load_tile<T, HD>(Vs, vb, k0, S);
+        __syncthreads();
+        float s[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < HD / KS; ++ks) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                u32 b[2];
+                X::load_bt(Ks, LD, n * 8, ks * KS, b, g, t);
+                X::mma(s[n], qa[ks], b);
+            }
+        }
+        float mx0 = BLU_NEG_INF, mx1 = BLU_NEG_INF;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + n * 8 + 2 * t + (e & 1);
+                const int row = (e < 2) ? row0 : row1;
+                float x = s[n][e] * c;
+                if (key >= S || (causal && key > row)) x = BLU_NEG_INF;
+                s[n][e] = x;
+                if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float mu0 = mn0 == BLU_NEG_INF ? 0.f : mn0, mu1 = mn1 == BLU_NEG_INF ? 0.f : mn1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        l0 *= al0;
+        l1 *= al1;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            s[n][0] = exp2f(s[n][0] - mu0);
+            s[n][1] = exp2f(s[n][1] - mu0);
+            s[n][2] = exp2f(s[n][2] - mu1);
+            s[n][3] = exp2f(s[n][3] - mu1);
+            l0 += s[n][0] + s[n][1];
+            l1 += s[n][2] + s[n][3];
+        }
+#pragma unroll
+        for (int d = 0; d < DT; ++d) { acc[d][0] *= al0; acc[d][1] *= al0; acc[d][2] *= al1; acc[d][3] *= al1; }
+#pragma unroll
+        for (int kk = 0; kk < BR / KS; ++kk) {
+            u32 a[4];
+            X::c_to_a(s, kk, a, lane);
+#pragma unroll
+            for (int d = 0; d < DT; ++d) {
+                u32 b[2];
+                X::load_b(Vs, LD, kk * KS, d * 8, b, g, t);
+                X::mma(acc[d], a, b);
+            }
+        }
+        m0 = mn0;
+        m1 = mn1;
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    T* ob = o + (long long)bh * L * HD;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+        if (row0 < L) X::store2(ob + (long long)row0 * HD + d * 8 + 2 * t, acc[d][0] * i0, acc[d][1] * i0);
+        if (row1 < L) X::store2(ob + (long long)row1 * HD + d * 8 + 2 * t, acc[d][2] * i1, acc[d][3] * i1);
+    }
+    if (t == 0) {
+        if (row0 < L) lse[(long long)bh * L + row0] = l0 > 0.f ? (m0 + log2f(l0)) * BLU_LN2 : BLU_NEG_INF;
+        if (row1 < L) lse[(long long)bh * L + row1] = l1 > 0.f ? (m1 + log2f(l1)) * BLU_LN2 : BLU_NEG_INF;
+    }
+}
+
+// ================================================================ backward: dK, dV (block owns 64 keys)
+// smem: Ks, Vs (own keys), Qs, Os (=dO) tiles of 64 queries, then Ls[64] (lse * log2 e), Ds[64]
+template <typename T, int HD>
+__device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                              const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
+                              T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal) {
+    using X = Tr<T>;
+    constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
+    constexpr int QSUB = 32, NT = QSUB / 8;  // queries per sub-pass
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* Ks = reinterpret_cast<T*>(smem_raw);
+    T* Vs = Ks + BR * LD;
+    T* Qs = Vs + BR * LD;
+    T* Os = Qs + BR * LD;
+    float* Ls = reinterpret_cast<float*>(Os + BR * LD);
+    float* Ds = Ls + BR;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y, kb0 = blockIdx.x * BR;
+    const int key0 = kb0 + warp * 16 + g, key1 = key0 + 8;
+    const T* qb = q + (long long)bh * L * HD;
+    const T* ob = dout + (long long)bh * L * HD;
+    const float c = scale * BLU_LOG2E;
+    load_tile<T, HD>(Ks, k + (long long)bh * S * HD, kb0, S);
+    load_tile<T, HD>(Vs, v + (long long)bh * S * HD, kb0, S);
+    float dka[DT][4], dva[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) { dka[d][e] = 0.f; dva[d][e] = 0.f; }
+    for (int q0 = causal ? kb0 : 0; q0 < L; q0 += BR) {
+        __syncthreads();
+        load_tile<T, HD>(Qs, qb, q0, L);
+        load_tile<T, HD>(Os, ob, q0, L);
+        for (int i = threadIdx.x; i < BR; i += blockDim.x) {
+            const bool ok = q0 + i < L;
+            Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
+            Ds[i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 1
+        for (int sub = 0; sub < BR / QSUB; ++sub) {
+            const int qs0 = sub * QSUB;  // offset of the sub-pass inside the tile
+            float st[NT][4], dpt[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) { st[n][e] = 0.f; dpt[n][e] = 0.f; }
+#pragma unroll
+            for (int ks = 0; ks < HD / KS; ++ks) {
+                u32 ak[4], av[4];
+                X::load_a(Ks, LD, warp * 16, ks * KS, ak, g, t);
+                X::load_a(Vs, LD, warp * 16, ks * KS, av, g, t);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    u32 b[2];
+                    X::load_bt(Qs, LD, qs0 + n * 8, ks * KS, b, g, t);
+                    X::mma(st[n], ak, b);   // S^T = K Q^T
+                    X::load_bt(Os, LD, qs0 + n * 8, ks * KS, b, g, t);
+                    X::mma(dpt[n], av, b);  // dP^T = V dO^T
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int qi = qs0 + n * 8 + 2 * t + (e & 1);  // index inside the tile
+                    const int qg = q0 + qi;
+                    const int key = (e < 2) ? key0 : key1;
+                    float p = exp2f(st[n][e] * c - Ls[qi]);
+                    if (qg >= L || key >= S || (causal && key > qg)) p = 0.f;
+                    st[n][e] = p;
+                    dpt[n][e] = p * (dpt[n][e] - Ds[qi]);
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < QSUB / KS; ++kk) {
+                u32 ap[4], ads[4];
+                X::c_to_a(st, kk, ap, lane);
+                X::c_to_a(dpt, kk, ads, lane);
+#pragma unroll
+                for (int d = 0; d < DT; ++d) {
+                    u32 b[2];
+                    X::load_b(Os, LD, qs0 + kk * KS, d * 8, b, g, t);
+                    X::mma(dva[d], ap, b);   // dV += P^T dO
+                    X::load_b(Qs, LD, qs0 + kk * KS, d * 8, b, g, t);
+                    X::mma(dka[d], ads, b);  // dK += dS^T Q
+                }
+            }
+        }
+    }
+    T* dkb = dk + (long long)bh * S * HD;
+    T* dvb = dv + (long long)bh * S * HD;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+        if (key0 < S) {
+            X::store2(dkb + (long long)key0 * HD + d * 8 + 2 * t, dka[d][0] * scale, dka[d][1] * scale);
+            X::store2(dvb + (long long)key0 * HD + d * 8 + 2 * t, dva[d][0], dva[d][1]);
+        }
+        if (key1 < S) {
+            X::store2(dkb + (long long)key1 * HD + d * 8 + 2 * t, dka[d][2] * scale, dka[d][3] * scale);
+            X::store2(dvb + (long long)key1 * HD + d * 8 + 2 * t, dva[d][2], dva[d][3]);
+        }
+    }
+}
+
+// ================================================================ backward: dQ (block owns 64 queries)
+// smem: Qs, Os (=dO) of own queries, Ks, Vs tiles of 64 keys, then Ls[64], Ds[64] of own queries
+template <typename T, int HD>
+__device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                            const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
+                            T* __restrict__ dq, int L, int S, float scale, int causal) {
+    using X = Tr<T>;
+    constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
+    constexpr int KSUB = 32, NT = KSUB / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* Qs = reinterpret_cast<T*>(smem_raw);
+    T* Os = Qs + BR * LD;
+    T* Ks = Os + BR * LD;
+    T* Vs = Ks + BR * LD;
+    float* Ls = reinterpret_cast<float*>(Vs + BR * LD);
+    float* Ds = Ls + BR;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y, q0 = blockIdx.x * BR;
+    const int r0 = warp * 16 + g, r1 = r0 + 8;  // rows inside the block
+    const T* kb = k + (long long)bh * S * HD;
+    const T* vb = v + (long long)bh * S * HD;
+    const float c = scale * BLU_LOG2E;
+    load_tile<T, HD>(Qs, q + (long long)bh * L * HD, q0, L);
+    load_tile<T, HD>(Os, dout + (long long)bh * L * HD, q0, L);
+    for (int i = threadIdx.x; i < BR; i += blockDim.x) {
+        const bool ok = q0 + i < L;
+        Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
+        Ds[i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
+    }
+    float dqa[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; ++d) dqa[d][0] = dqa[d][1] = dqa[d][2] = dqa[d][3] = 0.f;
+    int kend = S;
+    if (causal) kend = min(S, q0 + BR);
+    for (int k0 = 0; k0 < kend; k0 += BR) {
+        __syncthreads();
+        load_tile<T, HD>(Ks, kb, k0, S);
+        load_tile<T, HD>(Vs, vb, k0, S);
+        __syncthreads();
+        const float l0 = Ls[r0], l1 = Ls[r1], d0 = Ds[r0], d1 = Ds[r1];
+#pragma unroll 1
+        for (int sub = 0; sub < BR / KSUB; ++sub) {
+            const int ks0 = sub * KSUB;
+            float s[NT][4], dp[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) { s[n][e] = 0.f; dp[n][e] = 0.f; }
+#pragma unroll
+            for (int ks = 0; ks < HD / KS; ++ks) {
+                u32 aq[4], ao[4];
+                X::load_a(Qs, LD, warp * 16, ks * KS, aq, g, t);
+                X::load_a(Os, LD, warp * 16, ks * KS, ao, g, t);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    u32 b[2];
+                    X::load_bt(Ks, LD, ks0 + n * 8, ks * KS, b, g, t);
+                    X::mma(s[n], aq, b);   // S = Q K^T
+                    X::load_bt(Vs, LD, ks0 + n * 8, ks * KS, b, g, t);
+                    X::mma(dp[n], ao, b);  // dP = dO V^T
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = k0 + ks0 + n * 8 + 2 * t + (e & 1);
+                    const int row = q0 + ((e < 2) ? r0 : r1);
+                    float p = exp2f(s[n][e] * c - ((e < 2) ? l0 : l1));
+                    if (row >= L || key >= S || (causal && key > row)) p = 0.f;
+                    dp[n][e] = p * (dp[n][e] - ((e < 2) ? d0 : d1));
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < KSUB / KS; ++kk) {
+                u32 a[4];
+                X::c_to_a(dp, kk, a, lane);
+#pragma unroll
+                for (int d = 0; d < DT; ++d) {
+                    u32 b[2];
+                    X::load_b(Ks, LD, ks0 + kk * KS, d * 8, b, g, t);
+                    X::mma(dqa[d], a, b);  // dQ += dS K
+                }
+            }
+        }
+    }
+    T* dqb = dq + (long long)bh * L * HD;
+    const int row0 = q0 + r0, row1 = q0 + r1;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+        if (row0 < L) X::store2(dqb + (long long)row0 * HD + d * 8 + 2 * t, dqa[d][0] * scale, dqa[d][1] * scale);
+        if (row1 < L) X::store2(dqb + (long long)row1 * HD + d * 8 + 2 * t, dqa[d][2] * scale, dqa[d][3] * scale);
+    }
+}
+
+}  // namespace mma
+
+#define MMA_ENTRIES(NAME, T, HD)                                                                               \
+extern "C" __global__ void __launch_bounds__(128)                                                              \
+blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,          \
+                                 float scale, int causal) {                                                    \
+    mma::forward<T, HD>(q, k, v, o, lse, L, S, scale, causal);                                                 \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(128)                                                              \
+blu_sdpa_backward_dkdv_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,    \
+                                       const float* D, T* dk, T* dv, int L, int S, float scale, int causal) {  \
+    mma::backward_dkdv<T, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal);                             \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(128)                                                              \
+blu_sdpa_backward_dq_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,      \
+                                     const float* D, T* dq, int L, int S, float scale, int causal) {           \
+    mma::backward_dq<T, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal);                                   \
+}
+
+MMA_ENTRIES(tf32, float, 64)
+MMA_ENTRIES(tf32, float, 128)
+MMA_ENTRIES(bf16, bf16_t, 64)
+MMA_ENTRIES(bf16, bf16_t, 128)
