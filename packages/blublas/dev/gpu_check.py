@@ -378,8 +378,7 @@ def main() -> None:
         print(f"{k:28s} pass {v['pass']:4d} fail {v['fail']:3d} worst err/tol {v['worst_err_over_tol']:.3f}")
     for prec, s in RESULT.get("bench_summary", {}).items():
         print(
-            f"bench {prec}: geomean {s['geomean_ratio']:.3f}x cuBLAS (target {s['target']}), "
-            f"min {s['min_ratio']:.3f}"
+            f"bench {prec}: geomean {s['geomean_ratio']:.3f}x cuBLAS (target {s['target']}), min {s['min_ratio']:.3f}"
         )
     print(
         f"failures: {len(RESULT['failures'])}; total {RESULT['timings']['total_s']}s; "

@@ -59,9 +59,7 @@ def test_bad_input_raises_clear_error(call, match):
 def test_misaligned_pointer_is_rejected():
     buf = np.zeros(4 * 20 + 1, dtype=np.uint8)
     a = np.frombuffer(buf.data, dtype=np.float32, count=20, offset=1).reshape(4, 5)
-    with pytest.raises(
-        GemmError, match=r"a: misaligned pointer 0x[0-9a-f]+; float32 data must be 4-byte aligned"
-    ):
+    with pytest.raises(GemmError, match=r"a: misaligned pointer 0x[0-9a-f]+; float32 data must be 4-byte aligned"):
         gemm(a, f32(5, 3))
 
 

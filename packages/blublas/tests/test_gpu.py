@@ -48,9 +48,7 @@ EPILOGUES = [
 
 @pytest.mark.parametrize("provider", ["blublas", "cublas"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(
-    "precision,out_bf16", [("fp32", False), ("tf32", False), ("bf16", True), ("bf16", False)]
-)
+@pytest.mark.parametrize("precision,out_bf16", [("fp32", False), ("tf32", False), ("bf16", True), ("bf16", False)])
 @pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: "-".join(f"{k}={v}" for k, v in e.items()))
 def test_gpu_epilogues_match_float64(provider, layout, precision, out_bf16, epi):
     cp = _cupy()

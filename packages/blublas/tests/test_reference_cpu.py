@@ -34,9 +34,7 @@ EPILOGUES = [
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(
-    "precision,out_bf16", [("fp32", False), ("tf32", False), ("bf16", True), ("bf16", False)]
-)
+@pytest.mark.parametrize("precision,out_bf16", [("fp32", False), ("tf32", False), ("bf16", True), ("bf16", False)])
 @pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: "-".join(f"{k}={v}" for k, v in e.items()))
 def test_epilogues_match_float64(layout, precision, out_bf16, epi):
     rng = np.random.default_rng(7)

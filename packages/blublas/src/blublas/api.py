@@ -62,9 +62,7 @@ def _mat_info(x: Any, name: str, batched: bool, backend: str) -> MatInfo:
     rows, cols = shape[-2], shape[-1]
     if x.size == 0:  # empty operands: strides are meaningless, nothing is read or written
         ptr = int(x.data.ptr) if backend == "cupy" else 0
-        return MatInfo(
-            rows, cols, max(cols, 1), shape[0] if x.ndim == 3 else 0, rows * max(cols, 1), isz, ptr, 0
-        )
+        return MatInfo(rows, cols, max(cols, 1), shape[0] if x.ndim == 3 else 0, rows * max(cols, 1), isz, ptr, 0)
     if cols > 1 and strides[-1] != isz:
         raise GemmError(
             f"{name}: the last axis must be contiguous (stride {isz} bytes), got strides {strides}; "
@@ -80,9 +78,7 @@ def _mat_info(x: Any, name: str, batched: bool, backend: str) -> MatInfo:
     if x.ndim == 3:
         batch = shape[0]
         if strides[0] % isz or strides[0] < 0:
-            raise GemmError(
-                f"{name}: batch stride {strides[0]} bytes is not a non-negative multiple of {isz}"
-            )
+            raise GemmError(f"{name}: batch stride {strides[0]} bytes is not a non-negative multiple of {isz}")
         bstride = strides[0] // isz
     ptr = int(x.data.ptr) if backend == "cupy" else int(x.__array_interface__["data"][0])
     if ptr % isz:
@@ -158,9 +154,7 @@ def plan(
     be = _backend(a, "a")
     for nm, x in (("b", b), ("out", out), ("bias", bias), ("save_preact", save_preact)):
         if x is not None and _backend(x, nm) != be:
-            raise GemmError(
-                f"{nm} is a {_backend(x, nm)} array but a is a {be} array; put both on one device"
-            )
+            raise GemmError(f"{nm} is a {_backend(x, nm)} array but a is a {be} array; put both on one device")
     device_id = None
     if be == "cupy":
         device_id = int(a.device.id)
@@ -210,9 +204,7 @@ def plan(
         ok = (ot == in_tag and out.dtype == a.dtype) or (precision == "bf16" and ot == "f32")
         if not ok:
             want = f"{a.dtype} or float32" if precision == "bf16" else str(a.dtype)
-            raise GemmError(
-                f"out has dtype {out.dtype}; precision {precision!r} with {a.dtype} inputs needs {want}"
-            )
+            raise GemmError(f"out has dtype {out.dtype}; precision {precision!r} with {a.dtype} inputs needs {want}")
         if tuple(out.shape) != out_shape:
             raise GemmError(f"out has shape {tuple(out.shape)}, expected {out_shape}")
     elif beta != 0.0:
@@ -226,9 +218,7 @@ def plan(
         if bias_tag not in allowed_b:
             raise GemmError(f"bias dtype {bias.dtype} is not supported (float32 or bfloat16)")
         if bias.ndim != 1 or bias.shape[0] != N:
-            raise GemmError(
-                f"bias must be 1-D of length N={N} (one value per output column), got {tuple(bias.shape)}"
-            )
+            raise GemmError(f"bias must be 1-D of length N={N} (one value per output column), got {tuple(bias.shape)}")
         if bias.shape[0] > 1 and bias.strides[0] != bias.dtype.itemsize:
             raise GemmError(f"bias must be contiguous, got strides {bias.strides}")
         if be == "cupy" and int(bias.data.ptr) % bias.dtype.itemsize:
@@ -320,9 +310,7 @@ def _run_numpy(p: Problem) -> Any:
     return p.out
 
 
-def _dispatch(
-    p: Problem, provider: str, stream: Any, config: Any, splits: int | None, autotune: bool | None
-) -> Any:
+def _dispatch(p: Problem, provider: str, stream: Any, config: Any, splits: int | None, autotune: bool | None) -> Any:
     if p.backend == "numpy":
         return _run_numpy(p)
     if provider not in PROVIDERS:

@@ -24,9 +24,7 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "blublas"
 
 
-def problem_key(
-    cc: int, variant: str, layout: str, m: int, n: int, k: int, batch: int, out_dtype: str
-) -> str:
+def problem_key(cc: int, variant: str, layout: str, m: int, n: int, k: int, batch: int, out_dtype: str) -> str:
     """Cache key of one GEMM problem class."""
     return f"sm{cc}|{variant}|{layout}|{m}x{n}x{k}|b{batch}|{out_dtype}"
 

@@ -246,18 +246,14 @@ class _Descs:
                 "layout batch count",
             )
             _check(
-                self.lib.cublasLtMatrixLayoutSetAttribute(
-                    lay, LAYOUT_STRIDED_BATCH_OFFSET, ctypes.byref(off), 8
-                ),
+                self.lib.cublasLtMatrixLayoutSetAttribute(lay, LAYOUT_STRIDED_BATCH_OFFSET, ctypes.byref(off), 8),
                 "layout batch stride",
             )
         return lay
 
     def set_desc(self, attr: int, value: Any) -> None:
         _check(
-            self.lib.cublasLtMatmulDescSetAttribute(
-                self.desc, attr, ctypes.byref(value), ctypes.sizeof(value)
-            ),
+            self.lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
             f"MatmulDescSetAttribute({attr})",
         )
 
@@ -284,11 +280,7 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
     if fuse:
         has_b, aux = p.bias is not None, p.preact is not None
         if p.gelu:
-            epi = (
-                (EPI_GELU_AUX_BIAS if has_b else EPI_GELU_AUX)
-                if aux
-                else (EPI_GELU_BIAS if has_b else EPI_GELU)
-            )
+            epi = (EPI_GELU_AUX_BIAS if has_b else EPI_GELU_AUX) if aux else (EPI_GELU_BIAS if has_b else EPI_GELU)
         elif has_b:
             epi = EPI_BIAS
     batch = p.batch
@@ -299,9 +291,7 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
         d.set_desc(DESC_EPILOGUE, ctypes.c_int32(epi))
         if epi in (EPI_BIAS, EPI_GELU_BIAS, EPI_GELU_AUX_BIAS):
             d.set_desc(DESC_BIAS_POINTER, ctypes.c_void_p(int(p.bias.data.ptr)))
-            d.set_desc(
-                DESC_BIAS_DATA_TYPE, ctypes.c_int32(CUDA_R_16BF if p.bias_tag == "bf16" else CUDA_R_32F)
-            )
+            d.set_desc(DESC_BIAS_DATA_TYPE, ctypes.c_int32(CUDA_R_16BF if p.bias_tag == "bf16" else CUDA_R_32F))
         if epi in (EPI_GELU_AUX, EPI_GELU_AUX_BIAS):
             d.set_desc(DESC_AUX_POINTER, ctypes.c_void_p(int(p.preact.data.ptr)))
             d.set_desc(DESC_AUX_LD, ctypes.c_int64(p.P.ld))
@@ -350,9 +340,7 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
             _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(d.pref)), "PreferenceCreate")
             ws = ctypes.c_size_t(WORKSPACE_BYTES)
             _check(
-                lib.cublasLtMatmulPreferenceSetAttribute(
-                    d.pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8
-                ),
+                lib.cublasLtMatmulPreferenceSetAttribute(d.pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8),
                 "PreferenceSetAttribute",
             )
             res = _HeuristicResult()

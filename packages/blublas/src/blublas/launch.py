@@ -173,9 +173,7 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
     if config is not None:
         cfg = config if isinstance(config, configs.TileConfig) else configs.get_config(variant, config)
         if cfg.variant != variant:
-            raise GemmError(
-                f"config {cfg.name} is a {cfg.variant} config; precision {p.precision} needs {variant}"
-            )
+            raise GemmError(f"config {cfg.name} is a {cfg.variant} config; precision {p.precision} needs {variant}")
         if cfg.max_smem_bytes() > configs.arch_info(cc).smem_optin:
             raise GemmError(
                 f"config {cfg.name} needs {cfg.max_smem_bytes()} bytes of shared memory; sm_{cc} has "

@@ -78,9 +78,7 @@ def get_module(filename: str, device_id: int | None = None) -> Any:
                         mod.get_function(_first_kernel(filename))  # compile now, so errors name the file
                     except cupy.cuda.compiler.CompileException as exc:
                         if "arch" not in str(exc):
-                            raise RuntimeError(
-                                f"NVRTC failed to compile {filename} for sm_{cc}:\n{exc}"
-                            ) from exc
+                            raise RuntimeError(f"NVRTC failed to compile {filename} for sm_{cc}:\n{exc}") from exc
                         # some CuPy versions add their own -arch: retry letting CuPy choose it
                         mod = cupy.RawModule(code=_source(filename), options=("-std=c++17",))
                 _modules[key] = mod
@@ -88,18 +86,16 @@ def get_module(filename: str, device_id: int | None = None) -> Any:
 
 
 def _first_kernel(filename: str) -> str:
-    m = re.search(
-        r'extern "C" __global__ void(?:\s+__launch_bounds__\([^)]*\))?\s+(\w+)\(', _source(filename)
-    )
-    if m:
-        return m.group(1)
-    m = re.search(r"blu_gemm_(simt|tf32|bf16)_##NAME##_##SUF", _source(filename))
-    from .configs import ALL_CONFIGS
+    """Name of one kernel defined by ``filename`` (used to force compilation)."""
+    from .configs import ALL_CONFIGS, FILE_OF_VARIANT
 
-    if m:
-        cfg = next(iter(ALL_CONFIGS[m.group(1)].values()))
-        return cfg.kernel_name("nn")
-    raise RuntimeError(f'no extern "C" kernel found in {filename}')
+    for variant, fname in FILE_OF_VARIANT.items():
+        if fname == filename:
+            return next(iter(ALL_CONFIGS[variant].values())).kernel_name("nn")
+    m = re.search(r'extern "C" __global__ void\s+(blu_\w+)\s*\(', _source(filename))
+    if not m:
+        raise RuntimeError(f'no extern "C" kernel found in {filename}')
+    return m.group(1)
 
 
 def get_function(filename: str, name: str, smem_bytes: int = 0, device_id: int | None = None) -> Any:

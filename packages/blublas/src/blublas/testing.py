@@ -166,9 +166,7 @@ def normalized_error(got: np.ndarray, ref: np.ndarray, scale: float, is_bf16: bo
     return float(np.max(np.abs(g - ref), initial=0.0)) / scale
 
 
-def run_case(
-    case: Case, xp: Any = np, provider: str = "blublas", **kw: Any
-) -> tuple[np.ndarray, np.ndarray | None]:
+def run_case(case: Case, xp: Any = np, provider: str = "blublas", **kw: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """Run ``case`` through blublas.gemm/gemm_batched on ``xp`` arrays; returns host (out, preact)."""
     from .api import gemm, gemm_batched
 

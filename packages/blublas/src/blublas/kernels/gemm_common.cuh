@@ -147,6 +147,27 @@ __device__ __forceinline__ void blu_epi_store(const BluEpi& e, int r, int c, flo
     ((float*)e.C)[off] = v;
 }
 
+// Output tile of this CTA: blockIdx.x/y enumerate (n tiles, m tiles); consecutive CTAs are grouped by
+// GROUP_M m-tiles so the A rows and B columns they share stay in L2 (grouped "super-tile" order).
+struct BluTile {
+  int m0, n0;
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ BluTile blu_tile_coords() {
+  constexpr int GROUP_M = 8;
+  const int gx = gridDim.x, gy = gridDim.y;
+  const int pid = blockIdx.y * gx + blockIdx.x;
+  const int width = GROUP_M * gx;
+  const int first_m = (pid / width) * GROUP_M;
+  const int gsize = (gy - first_m) < GROUP_M ? (gy - first_m) : GROUP_M;
+  const int r = pid % width;
+  BluTile t;
+  t.m0 = (first_m + r % gsize) * BM;
+  t.n0 = (r / gsize) * BN;
+  return t;
+}
+
 // Split of blockIdx.z into (batch, k split) and the k range of this split.
 struct BluKRange {
   int batch, k_begin, k_end;

@@ -46,7 +46,8 @@ __device__ __forceinline__ void gemm_bf16_body(BLU_GEMM_PARAMS) {
   const int wm = (warp / WARPS_N) * WTM, wn = (warp % WARPS_N) * WTN;
   const int g = lane >> 2, t = lane & 3;
   const int lr = lane & 7, lmat = lane >> 3;
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const BluTile tile = blu_tile_coords<BM, BN>();
+  const int m0 = tile.m0, n0 = tile.n0;
   const BluKRange kr = blu_k_range(K, splits, k_chunk);
   const bf16_t* gA = (const bf16_t*)A + (i64)kr.batch * sA;
   const bf16_t* gB = (const bf16_t*)B + (i64)kr.batch * sB;

@@ -36,7 +36,8 @@ __device__ __forceinline__ void gemm_tf32_body(BLU_GEMM_PARAMS) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = (warp / WARPS_N) * WTM, wn = (warp % WARPS_N) * WTN;
   const int g = lane >> 2, t = lane & 3;
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const BluTile tile = blu_tile_coords<BM, BN>();
+  const int m0 = tile.m0, n0 = tile.n0;
   const BluKRange kr = blu_k_range(K, splits, k_chunk);
   const float* gA = (const float*)A + (i64)kr.batch * sA;
   const float* gB = (const float*)B + (i64)kr.batch * sB;

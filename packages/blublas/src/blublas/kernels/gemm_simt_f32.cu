@@ -17,7 +17,8 @@ __device__ __forceinline__ void gemm_simt_body(BLU_GEMM_PARAMS) {
 
   const int tid = threadIdx.x;
   const int tx = tid % TX, ty = tid / TX;
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const BluTile tile = blu_tile_coords<BM, BN>();
+  const int m0 = tile.m0, n0 = tile.n0;
   const BluKRange kr = blu_k_range(K, splits, k_chunk);
   const float* gA = (const float*)A + (i64)kr.batch * sA;
   const float* gB = (const float*)B + (i64)kr.batch * sB;

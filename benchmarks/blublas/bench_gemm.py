@@ -1,0 +1,119 @@
+"""pytest-benchmark suite: BluBLAS kernels beside cuBLASLt on GPT-2 124M's GEMMs at B*T=16384.
+
+Run on a GPU machine from the repo root:
+    pytest benchmarks/blublas/bench_gemm.py --benchmark-json=benchmarks/results/blublas_gemm.json
+Each benchmark's ``extra_info`` holds the shape, layout, precision, provider, TFLOP/s and (for blublas) the
+tile config and split-K chosen. Without CuPy or a GPU every benchmark is skipped. The autotuner runs once per
+shape before timing (BLUBLAS_AUTOTUNE=0 keeps the heuristic choice); its cache is reused across runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+SHAPES = [  # (name, layout, M, N, K): weights stored (out, in) like torch.nn.Linear
+    ("fwd_qkv", "nt", 16384, 2304, 768),
+    ("fwd_attn_proj", "nt", 16384, 768, 768),
+    ("fwd_fc", "nt", 16384, 3072, 768),
+    ("fwd_fc_proj", "nt", 16384, 768, 3072),
+    ("fwd_lm_head", "nt", 16384, 50304, 768),
+    ("dx_qkv", "nn", 16384, 768, 2304),
+    ("dx_attn_proj", "nn", 16384, 768, 768),
+    ("dx_fc", "nn", 16384, 768, 3072),
+    ("dx_fc_proj", "nn", 16384, 3072, 768),
+    ("dx_lm_head", "nn", 16384, 768, 50304),
+    ("dw_qkv", "tn", 2304, 768, 16384),
+    ("dw_attn_proj", "tn", 768, 768, 16384),
+    ("dw_fc", "tn", 3072, 768, 16384),
+    ("dw_fc_proj", "tn", 768, 3072, 16384),
+    ("dw_lm_head", "tn", 50304, 768, 16384),
+]
+PRECISIONS = ("fp32", "tf32", "bf16")
+PROVIDERS = ("blublas", "cublas")
+
+
+def _cupy():
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+        return cupy
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"needs CuPy and a CUDA GPU: {exc}")
+
+
+_inputs: dict = {}
+
+
+def _operands(cp, prec: str, layout: str, m: int, n: int, k: int):
+    key = (prec, layout, m, n, k)
+    if key not in _inputs:
+        _inputs.clear()
+        cp.get_default_memory_pool().free_all_blocks()
+        ta, tb = layout[0] == "t", layout[1] == "t"
+        a = cp.random.standard_normal((k, m) if ta else (m, k), dtype=cp.float32) * 0.5
+        b = cp.random.standard_normal((n, k) if tb else (k, n), dtype=cp.float32) * 0.5
+        dt = cp.float32
+        if prec == "bf16":
+            a = (a.view(cp.uint32) >> 16).astype(cp.uint16)
+            b = (b.view(cp.uint32) >> 16).astype(cp.uint16)
+            dt = cp.uint16
+        _inputs[key] = (a, b, cp.empty((m, n), dt))
+    return _inputs[key]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_gemm_gpt2(benchmark, shape, precision, provider):
+    cp = _cupy()
+    from blublas import gemm, loader
+
+    name, layout, m, n, k = shape
+    a, b, out = _operands(cp, precision, layout, m, n, k)
+    kw = dict(trans_a=layout[0] == "t", trans_b=layout[1] == "t", precision=precision, provider=provider)
+    tune = os.environ.get("BLUBLAS_AUTOTUNE", "1") != "0"
+    gemm(a, b, out, autotune=tune if provider == "blublas" else None, **kw)  # compile, tune, warm up
+    cp.cuda.Device().synchronize()
+
+    def run():
+        gemm(a, b, out, **kw)
+        cp.cuda.get_current_stream().synchronize()
+
+    benchmark.pedantic(run, rounds=10, iterations=1, warmup_rounds=2)
+    flops = 2.0 * m * n * k
+    benchmark.extra_info.update(
+        name=name,
+        layout=layout,
+        M=m,
+        N=n,
+        K=k,
+        precision=precision,
+        provider=provider,
+        tflops=round(flops / benchmark.stats.stats.median / 1e12, 1),
+        gpu=cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode(),
+        cc=loader.compute_capability(),
+    )
+    if provider == "blublas":
+        from blublas import api, launch
+
+        p = api.plan(
+            a,
+            b,
+            out,
+            alpha=1.0,
+            beta=0.0,
+            bias=None,
+            epilogue="none",
+            save_preact=None,
+            batched=False,
+            trans_a=kw["trans_a"],
+            trans_b=kw["trans_b"],
+            precision=precision,
+        )
+        cfg, s = launch.select(p, cp.cuda.get_current_stream(), None, None, False)
+        benchmark.extra_info.update(config=cfg.name, splits=s)

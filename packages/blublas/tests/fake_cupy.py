@@ -1,0 +1,220 @@
+"""A host-memory stand-in for the parts of CuPy that blublas uses, whose kernels are NumPy emulations of the
+documented kernel contract (argument list, flags, split-K layout). It checks the Python launch plumbing
+(argument order, leading dimensions, batch strides, flags, grids, shared memory) on a CPU-only machine;
+the CUDA code itself is checked by NVRTC (tests/test_nvrtc_compile.py) and on a GPU (dev/gpu_check.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import types
+
+import numpy as np
+from blublas import configs
+from blublas.reference import bf16_bits_to_f32, f32_to_bf16_bits, gelu_tanh
+
+float32, float64, uint16, uint8, uint32 = np.float32, np.float64, np.uint16, np.uint8, np.uint32
+LAUNCHES: list[dict] = []
+
+
+class _Ptr:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+class _Dev:
+    def __init__(self, i: int = 0):
+        self.id = i
+
+
+class ndarray:  # noqa: N801 - mirrors cupy.ndarray
+    """Wraps a NumPy array; ``data.ptr`` is its host address."""
+
+    def __init__(self, a: np.ndarray):
+        self._a = a
+
+    shape = property(lambda self: self._a.shape)
+    strides = property(lambda self: self._a.strides)
+    ndim = property(lambda self: self._a.ndim)
+    dtype = property(lambda self: self._a.dtype)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    device = property(lambda self: _Dev(0))
+    data = property(lambda self: _Ptr(self._a.__array_interface__["data"][0]))
+    T = property(lambda self: ndarray(self._a.T))
+
+    def get(self) -> np.ndarray:
+        return self._a.copy()
+
+    def __getitem__(self, k):
+        return ndarray(self._a[k])
+
+    def __setitem__(self, k, v):
+        self._a[k] = v._a if isinstance(v, ndarray) else v
+
+    def fill(self, v):
+        self._a.fill(v)
+
+
+ndarray.__module__ = "cupy"
+
+
+def asarray(x, dtype=None):
+    return ndarray(np.array(x._a if isinstance(x, ndarray) else x, dtype=dtype, copy=True))
+
+
+def array(x, copy=True, dtype=None):
+    return asarray(x, dtype)
+
+
+def zeros(shape, dtype=np.float32):
+    return ndarray(np.zeros(shape, dtype))
+
+
+def empty(shape, dtype=np.float32):
+    return ndarray(
+        np.full(shape, 0x7F if np.dtype(dtype) == np.uint8 else np.nan, dtype=dtype)
+        if np.dtype(dtype).kind == "f"
+        else np.zeros(shape, dtype)
+    )
+
+
+def empty_like(x):
+    return empty(x.shape, x.dtype)
+
+
+class _Stream:
+    ptr = 0
+
+    def __init__(self, non_blocking: bool = False):
+        pass
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+class _Device:
+    compute_capability = "90"
+    attributes = {"MultiProcessorCount": 132}
+
+    def __init__(self, i=None):
+        self.id = 0 if i is None else int(i)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _view(ptr: int, dtype, shape: tuple, strides_el: tuple) -> np.ndarray:
+    """A NumPy view of host memory at ``ptr`` with element strides."""
+    isz = np.dtype(dtype).itemsize
+    if any(s == 0 for s in shape):
+        return np.zeros(shape, dtype)
+    span = (sum((n - 1) * s for n, s in zip(shape, strides_el, strict=True)) + 1) * isz
+    buf = (ctypes.c_byte * span).from_address(ptr)
+    base = np.frombuffer(buf, dtype=dtype)
+    return np.lib.stride_tricks.as_strided(base, shape=shape, strides=tuple(s * isz for s in strides_el))
+
+
+def _f(x: np.ndarray, bf16: bool) -> np.ndarray:
+    return bf16_bits_to_f32(x).astype(np.float64) if bf16 else x.astype(np.float64)
+
+
+def _epilogue(acc, C, bias, P, M, N, ldc, ldp, z_c, z_p, alpha, beta, flags):
+    obf = bool(flags & 16)
+    odt = np.uint16 if obf else np.float32
+    c = _view(C + z_c * (2 if obf else 4), odt, (M, N), (ldc, 1))
+    v = alpha * acc
+    if flags & 32:
+        v = v + beta * _f(c, obf)
+    if flags & 1:
+        bdt = np.uint16 if flags & 2 else np.float32
+        v = v + _f(_view(bias, bdt, (N,), (1,)), bool(flags & 2))
+    if flags & 4:
+        if flags & 8:
+            p = _view(P + z_p * (2 if obf else 4), odt, (M, N), (ldp, 1))
+            p[...] = f32_to_bf16_bits(v.astype(np.float32)) if obf else v
+        v = gelu_tanh(v)
+    c[...] = f32_to_bf16_bits(v.astype(np.float32)) if obf else v.astype(np.float32)
+
+
+class _Kernel:
+    def __init__(self, name: str):
+        self.name = name
+        self.max_dynamic_shared_size_bytes = 48 * 1024
+
+    def __call__(self, grid, block, args, shared_mem: int = 0):
+        vals = [int(a.data.ptr) if isinstance(a, ndarray) else a.item() for a in args]
+        LAUNCHES.append({"name": self.name, "grid": grid, "block": block, "smem": shared_mem})
+        if self.name == "blu_gemm_splitk_reduce":
+            W, C, bias, P, M, N, batch, splits, ldc, ldp, sC, sP, alpha, beta, flags = vals
+            for b in range(batch):
+                acc = sum(
+                    _view(W + 4 * ((b * splits + s) * M * N), np.float32, (M, N), (N, 1)).astype(np.float64)
+                    for s in range(splits)
+                )
+                _epilogue(acc, C, bias, P, M, N, ldc, ldp, b * sC, b * sP, alpha, beta, flags)
+            return
+        if self.name == "blu_gemm_epilogue_apply":
+            C, bias, P, M, N, batch, ldc, ldp, sC, sP, flags = vals
+            obf = bool(flags & 16)
+            for b in range(batch):
+                cur = _f(_view(C + b * sC * (2 if obf else 4), np.uint16 if obf else np.float32, (M, N), (ldc, 1)), obf)
+                _epilogue(cur, C, bias, P, M, N, ldc, ldp, b * sC, b * sP, 1.0, 0.0, flags & ~32)
+            return
+        m = re.fullmatch(r"blu_gemm_(simt|tf32|bf16)_(\w+)_(nn|nt|tn)", self.name)
+        assert m, self.name
+        variant, cname, layout = m.groups()
+        cfg = configs.ALL_CONFIGS[variant][cname]
+        assert block == (cfg.threads,), (block, cfg.threads)
+        assert shared_mem == cfg.smem_bytes(layout), (shared_mem, cfg.smem_bytes(layout))
+        if shared_mem > 48 * 1024:
+            assert self.max_dynamic_shared_size_bytes >= shared_mem, "dynamic smem limit not raised"
+        (A, B, C, bias, P, M, N, K, lda, ldb, ldc, ldp, sA, sB, sC, sP, alpha, beta, flags, splits, chunk) = vals
+        assert len(args) == 21
+        assert grid[0] == -(-N // cfg.bn) and grid[1] == -(-M // cfg.bm), (grid, M, N)
+        if flags & 64:
+            per = 8 if variant == "bf16" else 4
+            assert A % 16 == 0 and B % 16 == 0 and lda % per == 0 and ldb % per == 0, "vector path misused"
+        ta, tb = layout[0] == "t", layout[1] == "t"
+        idt = np.uint16 if variant == "bf16" else np.float32
+        for z in range(grid[2]):
+            b, s = divmod(z, splits)
+            k0, k1 = s * chunk, min(K, (s + 1) * chunk)
+            a = _view(A + b * sA * np.dtype(idt).itemsize, idt, (K, M) if ta else (M, K), (lda, 1))
+            bb = _view(B + b * sB * np.dtype(idt).itemsize, idt, (N, K) if tb else (K, N), (ldb, 1))
+            a = _f(a, variant == "bf16")
+            bb = _f(bb, variant == "bf16")
+            opa = a.T if ta else a
+            opb = bb.T if tb else bb
+            acc = opa[:, k0:k1] @ opb[k0:k1, :] if k1 > k0 else np.zeros((M, N))
+            _epilogue(acc, C, bias, P, M, N, ldc, ldp, z * sC, z * sP, alpha, beta, flags)
+
+
+class RawModule:
+    def __init__(self, code: str, options=()):
+        assert "-std=c++17" in options
+        self.names = set(re.findall(r"\b(blu_\w+)\(", code))
+        self.code = code
+
+    def get_function(self, name: str) -> _Kernel:
+        if name not in self.names and not re.fullmatch(r"blu_gemm_(simt|tf32|bf16)_\w+_(nn|nt|tn)", name):
+            raise KeyError(name)
+        return _Kernel(name)
+
+
+cuda = types.SimpleNamespace(
+    Device=_Device,
+    Stream=_Stream,
+    get_current_stream=lambda: _Stream(),
+    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 13000),
+    compiler=types.SimpleNamespace(CompileException=RuntimeError),
+)

@@ -1,0 +1,175 @@
+"""The GPU launch path (config choice, kernel arguments, split-K workspace and reduction, epilogue flags,
+batch strides, views) run against fake_cupy, whose kernels emulate the documented kernel contract."""
+
+from __future__ import annotations
+
+import sys
+
+import fake_cupy
+import numpy as np
+import pytest
+from blublas import configs, loader
+from blublas.testing import check_case, make_case
+
+
+@pytest.fixture
+def fcp(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(loader, "_modules", {})
+    monkeypatch.setattr(loader, "_functions", {})
+    monkeypatch.setattr(loader, "_smem_set", {})
+    monkeypatch.setattr(loader, "_workspaces", {})
+    fake_cupy.LAUNCHES.clear()
+    return fake_cupy
+
+
+LAYOUTS = ("nn", "nt", "tn")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("precision,out_bf16", [("fp32", False), ("tf32", False), ("bf16", True), ("bf16", False)])
+def test_launch_plumbing_every_config(fcp, layout, precision, out_bf16):
+    rng = np.random.default_rng(0)
+    for cfg in configs.configs_for(configs.VARIANT_OF_PRECISION[precision], 90):
+        case = make_case(
+            rng,
+            37,
+            29,
+            45,
+            layout=layout,
+            precision=precision,
+            out_bf16=out_bf16,
+            bias="f32",
+            epilogue="gelu",
+            save_preact=True,
+            alpha=0.5,
+            beta=0.75,
+        )
+        assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("splits", [2, 3])
+def test_launch_plumbing_split_k(fcp, layout, precision, splits):
+    rng = np.random.default_rng(1)
+    case = make_case(
+        rng,
+        40,
+        24,
+        300,
+        layout=layout,
+        precision=precision,
+        bias="bf16",
+        epilogue="gelu",
+        save_preact=True,
+        alpha=2.0,
+        beta=0.5,
+    )
+    cfg = configs.configs_for(configs.VARIANT_OF_PRECISION[precision], 90)[-1].name
+    assert check_case(case, fcp, config=cfg, splits=splits) <= case.tol, case.describe()
+    names = [rec["name"] for rec in fcp.LAUNCHES]
+    assert "blu_gemm_splitk_reduce" in names
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_launch_plumbing_batched_and_heuristic(fcp, layout):
+    rng = np.random.default_rng(2)
+    for precision in ("fp32", "tf32", "bf16"):
+        case = make_case(
+            rng, 33, 18, 20, layout=layout, precision=precision, batch=3, bias="f32", epilogue="gelu", save_preact=True
+        )
+        assert check_case(case, fcp) <= case.tol, case.describe()
+        case = make_case(rng, 64, 64, 4096, layout=layout, precision=precision, batch=2)
+        assert check_case(case, fcp) <= case.tol, case.describe()
+
+
+def test_launch_plumbing_views_and_vector_flag(fcp):
+    from blublas import gemm
+
+    rng = np.random.default_rng(3)
+    big = fcp.asarray(rng.standard_normal((64, 41)).astype(np.float32))
+    a = big[1:, 1:]  # ld 41, misaligned for 16-byte loads -> element path
+    b = fcp.asarray(rng.standard_normal((40, 16)).astype(np.float32))
+    out = gemm(a, b, precision="tf32")
+    np.testing.assert_allclose(out.get(), a.get().astype(np.float64) @ b.get(), rtol=1e-4, atol=1e-4)
+    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_tf32_")
+    a2 = fcp.asarray(rng.standard_normal((64, 32)).astype(np.float32))
+    gemm(a2, b[:32], precision="tf32")  # b[:32] is 16-byte aligned with ld 16
+    assert fcp.LAUNCHES[-1]["block"]
+
+
+def test_autotune_measures_once_then_reuses_cache(fcp, monkeypatch):
+    from blublas import autotune, gemm
+
+    calls = []
+
+    def fake_timer(run, warmup=2, reps=5):
+        def t(cand):
+            calls.append(cand)
+            run(cand)
+            return {"128x128x32_w2x2_s4": 1.0}.get(cand[0].name, 2.0) + 0.1 * cand[1]
+
+        return t
+
+    monkeypatch.setattr(autotune, "cuda_event_timer", fake_timer)
+    rng = np.random.default_rng(4)
+    a = fcp.asarray(rng.standard_normal((64, 48)).astype(np.float32))
+    b = fcp.asarray(rng.standard_normal((48, 32)).astype(np.float32))
+    from blublas.reference import f32_to_bf16_bits
+
+    a16, b16 = fcp.asarray(f32_to_bf16_bits(a.get())), fcp.asarray(f32_to_bf16_bits(b.get()))
+    gemm(a16, b16, precision="bf16", autotune=True)
+    assert calls
+    n = len(calls)
+    fcp.LAUNCHES.clear()
+    gemm(a16, b16, precision="bf16", autotune=True)
+    assert len(calls) == n  # cached
+    assert fcp.LAUNCHES[-1]["name"] == "blu_gemm_bf16_128x128x32_w2x2_s4_nn"
+    entries = autotune.default_cache()
+    assert len(entries) == 1
+
+
+@pytest.mark.parametrize("precision,out_bf16", [("fp32", False), ("bf16", True), ("bf16", False)])
+def test_cublas_fallback_epilogue_kernel_arguments(fcp, monkeypatch, precision, out_bf16):
+    """When cuBLASLt rejects the fused epilogue, the plain GEMM + our epilogue kernel give the same result."""
+    from blublas import cublas
+    from blublas.testing import to_f64
+
+    def fake_matmul(p, st, stream, fuse):
+        if fuse:
+            return False
+        a = to_f64(p.a.get(), p.precision == "bf16")
+        b = to_f64(p.b.get(), p.precision == "bf16")
+        opa = np.swapaxes(a, -1, -2) if p.trans_a else a
+        opb = np.swapaxes(b, -1, -2) if p.trans_b else b
+        v = p.alpha * (opa @ opb)
+        if p.beta:
+            v = v + p.beta * to_f64(p.out.get(), p.out_tag == "bf16")
+        from blublas.reference import f32_to_bf16_bits
+
+        p.out[...] = f32_to_bf16_bits(v.astype(np.float32)) if p.out_tag == "bf16" else v.astype(np.float32)
+        return True
+
+    monkeypatch.setattr(cublas, "_matmul", fake_matmul)
+    monkeypatch.setattr(cublas, "_state", lambda dev: None)
+    rng = np.random.default_rng(5)
+    for batch in (0, 2):
+        case = make_case(
+            rng,
+            21,
+            14,
+            9,
+            layout="nt",
+            precision=precision,
+            out_bf16=out_bf16,
+            batch=batch,
+            bias="f32",
+            epilogue="gelu",
+            save_preact=True,
+            alpha=0.5,
+            beta=0.25,
+        )
+        assert check_case(case, fcp, "cublas") <= case.tol, case.describe()
+    assert fcp.LAUNCHES[-1]["name"] == "blu_gemm_epilogue_apply"
