@@ -34,6 +34,30 @@ def block(step, n: int) -> list[float]:
     return out
 
 
+def per_span_cost(n: int = 20000) -> dict[str, float]:
+    """Microseconds added per op span: ``bt.add`` of two 4-element tensors, off vs on (min of 5)."""
+    import blutensor as bt
+
+    a, b = bt.randn(4), bt.randn(4)
+
+    def loop() -> float:
+        t = CLOCK()
+        for _ in range(n):
+            bt.add(a, b)
+        return (CLOCK() - t) / n * 1e6
+
+    res: dict[str, list[float]] = {"off": [], "on": [], "on-timing-only": []}
+    for _ in range(5):
+        res["off"].append(loop())
+        with profile(nvtx=False):
+            res["on"].append(loop())
+        with profile(memory=False, nvtx=False):
+            res["on-timing-only"].append(loop())
+    base = min(res["off"])
+    return {"op_us": base, "span_us_on": min(res["on"]) - base,
+            "span_us_timing_only": min(res["on-timing-only"]) - base}
+
+
 def main() -> None:
     preset = sys.argv[1] if len(sys.argv) > 1 else "small"
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -50,6 +74,9 @@ def main() -> None:
             times["on"] += block(step, reps)
         with profile(memory=False, nvtx=False):
             times["on-timing-only"] += block(step, reps)
+    c = per_span_cost()
+    print(f"per op span: plain bt.add {c['op_us']:.2f} us; profiler adds {c['span_us_on']:.2f} us "
+          f"(timing+memory), {c['span_us_timing_only']:.2f} us (timing only)")
     base, base_med = min(times["never"]), statistics.median(times["never"])
     print(f"preset={preset} steps per mode={3 * reps} (process CPU time, 1 BLAS thread)")
     for m, ts in times.items():

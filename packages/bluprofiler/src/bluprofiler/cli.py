@@ -70,3 +70,7 @@ def profile_main(argv: list[str] | None = None, prog: str = "bluprofile") -> int
 
 def main() -> None:
     sys.exit(profile_main())
+
+
+if __name__ == "__main__":
+    main()

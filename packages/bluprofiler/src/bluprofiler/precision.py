@@ -162,13 +162,22 @@ class TorchPrecisionLogger(_Dump):
 
 # ---- files ----
 
+def _safetensors():
+    try:
+        import safetensors
+        import safetensors.numpy  # noqa: F401
+    except ImportError:
+        raise PrecisionError("writing/reading .safetensors dumps needs safetensors: pip install "
+                             "'bluprofiler[safetensors]' (or use a .npz path)") from None
+    return safetensors
+
 def save_dump(tensors: dict, path: str | Path) -> Path:
     """Write a dump as ``.safetensors`` (order in the metadata) or ``.npz`` (order in ``__order__``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     if path.suffix == ".safetensors":
-        from safetensors.numpy import save_file
+        save_file = _safetensors().numpy.save_file
 
         save_file(arrays, str(path), metadata={ORDER_KEY: json.dumps(list(arrays))})
     elif path.suffix == ".npz":
@@ -184,7 +193,7 @@ def load_dump(path: str | Path) -> OrderedDict:
     if not path.exists():
         raise PrecisionError(f"load_dump: {path} does not exist")
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
+        safe_open = _safetensors().safe_open
 
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}

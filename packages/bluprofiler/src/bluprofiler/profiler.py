@@ -27,6 +27,7 @@ from bluprofiler.result import ProfileResult
 from bluprofiler.timing import GpuTimer, Nvtx, cupy_or_none
 
 _now = time.perf_counter_ns
+_tid = threading.get_ident
 _active: Profiler | None = None
 _lock = threading.Lock()
 
@@ -58,6 +59,7 @@ class Profiler:
         self.record_shapes, self.backward = record_shapes, backward
         self.device = device
         self.events: list[OpEvent] = []
+        self._raw: list[tuple] = []
         self._stack: list[str] = []
         self._index = 0
         self._running = False
@@ -113,6 +115,8 @@ class Profiler:
         self._unpatch_backward()
         self._running = False
         t1 = _now()
+        self.events = self._events()
+        self._raw = []
         if self.gpu is not None:
             self.gpu.resolve(self.events)
         mem_events = []
@@ -139,61 +143,106 @@ class Profiler:
             raise ProfilerError("Profiler.result: the session has not stopped yet (leave the with-block first)")
         return self._result
 
-    # ---- attribution ----
+    # ---- attribution (the hot path: raw tuples now, OpEvents when the session stops) ----
     def _owner(self) -> str:
         return self._stack[-1] if self._stack else "other"
 
-    def _begin(self, name: str, phase: str, kernel: str, shapes) -> OpEvent:
-        key = name if phase == "region" else f"{name}.{phase}"
-        ev = OpEvent(name, phase, kernel, self._index, len(self._stack), threading.get_ident(), 0,
-                     shapes=shapes)
-        self._index += 1
-        self._stack.append(key)
+    def _observe(self, op: str, inputs, attrs, run):
+        stack = self._stack
+        key = op + ".forward"
+        idx = self._index
+        self._index = idx + 1
+        depth = len(stack)
+        stack.append(key)
+        gpu = self.gpu
         if self._push is not None:
             self._push(key)
-        if self.gpu is not None:
-            a, ev.stream = self.gpu.begin()
-            ev._ev = (a, None)
-        ev.start_ns = _now()
-        return ev
-
-    def _end(self, ev: OpEvent) -> None:
-        ev.end_ns = _now()
-        if self.gpu is not None:
-            ev._ev = (ev._ev[0], self.gpu.end())
-        if self._pop is not None:
-            self._pop()
-        self._stack.pop()
-        self.events.append(ev)
-
-    def _observe(self, op: str, inputs, attrs, run):
-        shapes = tuple(_shape(x) for x in inputs) if self.record_shapes else None
-        ev = self._begin(op, "forward", "", shapes)
+        ga = gpu.begin() if gpu is not None else None
+        t0 = _now()
         try:
             res = run()
         finally:
-            self._end(ev)
+            t1 = _now()
+            gb = gpu.end() if gpu is not None else None
+            if self._pop is not None:
+                self._pop()
+            stack.pop()
         node = getattr(res, "grad_fn", None)
-        if node is not None:
-            ev.kernel = _kernel_name(node.kernel)
-            if self.record_shapes:
-                _annotate(node, shapes, _shape(res))
-        else:
-            ev.kernel = _resolved_kernel(op, inputs)
         if self.record_shapes:
-            ev.out_shape = _shape(res)
+            shapes = tuple([getattr(x, "shape", None) for x in inputs])
+            out_shape = getattr(res, "shape", None)
+            if node is not None:
+                _annotate(node, shapes, out_shape)
+        else:
+            shapes = out_shape = None
+        kernel = node.kernel if node is not None else (op, inputs)
+        self._raw.append((op, "forward", kernel, idx, depth, _tid(), t0, t1, shapes, out_shape, ga, gb))
         if self._cpu_track:
-            self.mem.track(res._data, ev.key, tuple(getattr(x, "_data", None) for x in inputs))
+            self.mem.track(res._data, key, tuple([getattr(x, "_data", None) for x in inputs]))
         return res
+
+    def _span(self, name: str, phase: str, kernel, fn, *args):
+        """Run ``fn(*args)`` as one span (regions and backward nodes)."""
+        stack = self._stack
+        key = name if phase == "region" else f"{name}.{phase}"
+        idx = self._index
+        self._index = idx + 1
+        depth = len(stack)
+        stack.append(key)
+        gpu = self.gpu
+        if self._push is not None:
+            self._push(key)
+        ga = gpu.begin() if gpu is not None else None
+        t0 = _now()
+        try:
+            return fn(*args)
+        finally:
+            t1 = _now()
+            gb = gpu.end() if gpu is not None else None
+            if self._pop is not None:
+                self._pop()
+            stack.pop()
+            self._raw.append((name, phase, kernel, idx, depth, _tid(), t0, t1, None, None, ga, gb))
 
     @contextmanager
     def region(self, name: str) -> Iterator[None]:
         """Time a named range (a step, the optimizer, a data load) as its own span and memory owner."""
-        ev = self._begin(name, "region", "", None)
+        stack = self._stack
+        idx = self._index
+        self._index = idx + 1
+        depth = len(stack)
+        stack.append(name)
+        gpu = self.gpu
+        if self._push is not None:
+            self._push(name)
+        ga = gpu.begin() if gpu is not None else None
+        t0 = _now()
         try:
             yield
         finally:
-            self._end(ev)
+            t1 = _now()
+            gb = gpu.end() if gpu is not None else None
+            if self._pop is not None:
+                self._pop()
+            stack.pop()
+            self._raw.append((name, "region", "", idx, depth, _tid(), t0, t1, None, None, ga, gb))
+
+    def _events(self) -> list[OpEvent]:
+        """The raw span tuples as OpEvents (kernel names resolved), in start order."""
+        out = []
+        for name, phase, kernel, idx, depth, tid, t0, t1, shapes, out_shape, ga, gb in self._raw:
+            if isinstance(kernel, tuple):
+                kernel = _resolved_kernel(*kernel)
+            elif not isinstance(kernel, str):
+                kernel = _kernel_name(kernel)
+            e = OpEvent(name, phase, kernel, idx, depth, tid, t0, t1,
+                        tuple(tuple(s) if s is not None else None for s in shapes) if shapes is not None else None,
+                        tuple(out_shape) if out_shape is not None else None)
+            if ga is not None:
+                e._ev, e.stream = (ga[0], gb), ga[1]
+            out.append(e)
+        out.sort(key=lambda e: e.start_ns)
+        return out
 
     # ---- backward ----
     def _patch_backward(self) -> None:
@@ -203,15 +252,12 @@ class Profiler:
         prof = self
 
         def apply(node, grad):
-            ev = prof._begin(node.op, "backward", _kernel_name(node.kernel), None)
-            try:
-                grads = orig(node, grad)
-            finally:
-                prof._end(ev)
+            grads = prof._span(node.op, "backward", node.kernel, orig, node, grad)
             if prof._cpu_track:
+                key = node.op + ".backward"
                 for g in grads if isinstance(grads, tuple) else (grads,):
                     if g is not None:
-                        prof.mem.track(g, ev.key, (grad,))
+                        prof.mem.track(g, key, (grad,))
             return grads
 
         apply.__wrapped__ = orig

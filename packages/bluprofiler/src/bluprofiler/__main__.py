@@ -1,0 +1,5 @@
+"""``python -m bluprofiler ...``: the bluprofile command."""
+
+from bluprofiler.cli import main
+
+main()
