@@ -74,11 +74,34 @@ def num_sms() -> int:
 def launch(file: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
     """Launch ``name`` from ``kernels/<file>`` on the current stream."""
     fn = function(file, name)
-    if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
-        fn.max_dynamic_shared_size_bytes = shared_mem
+    if shared_mem > 48 * 1024:
+        _raise_smem_limit(fn, file, name, shared_mem)
     grid = grid if isinstance(grid, tuple) else (grid,)
     block = block if isinstance(block, tuple) else (block,)
     fn(grid, block, args, shared_mem=shared_mem)
+
+
+_smem_set: dict[tuple[str, int, str], int] = {}
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+def _raise_smem_limit(fn, file: str, name: str, nbytes: int) -> None:
+    """Opt the kernel in to more than 48 KiB of dynamic shared memory (once per size and device)."""
+    cp = cupy()
+    dev = cp.cuda.runtime.getDevice()
+    key = (file, dev, name)
+    if _smem_set.get(key, 0) >= nbytes:
+        return
+    limit = int(cp.cuda.runtime.getDeviceProperties(dev).get("sharedMemPerBlockOptin", 0))
+    if limit and nbytes > limit:
+        raise BluTensorError(
+            f"kernels/{file}:{name} needs {nbytes} bytes of shared memory per block; this device allows {limit}"
+        )
+    if hasattr(fn, "max_dynamic_shared_size_bytes"):
+        fn.max_dynamic_shared_size_bytes = nbytes
+    else:
+        cp.cuda.driver.funcSetAttribute(fn.ptr, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+    _smem_set[key] = nbytes
 
 
 def suffix(arr) -> str:

@@ -41,8 +41,7 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
         for what, a in (("param", p), ("grad", g)):
             if a.dtype not in (np.float32, np.uint16):
                 raise DTypeError(
-                    f"multi_tensor_adamw: {what} {i} has dtype {a.dtype}; expected float32 or "
-                    f"bfloat16 bits (uint16)"
+                    f"multi_tensor_adamw: {what} {i} has dtype {a.dtype}; expected float32 or bfloat16 bits (uint16)"
                 )
         flags.append(int(p.dtype == np.uint16) | (int(g.dtype == np.uint16) << 1))
     t = table_for((params, grads, exp_avgs, exp_avg_sqs), flags)

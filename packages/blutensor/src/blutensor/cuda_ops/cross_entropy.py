@@ -75,9 +75,7 @@ def cross_entropy_forward(
             return f32_to_bf16_bits(loss_rows, cp), grad, lse
         return loss_rows, grad, lse
     out = cp.empty((), dtype=logits.dtype)
-    launch(
-        FILE, f"blu_cross_entropy_reduce_{sfx}", 1, 1024, (loss_rows, np.int64(N), count, np.int32(mean), out)
-    )
+    launch(FILE, f"blu_cross_entropy_reduce_{sfx}", 1, 1024, (loss_rows, np.int64(N), count, np.int32(mean), out))
     return out, grad, lse
 
 
@@ -108,9 +106,7 @@ class CrossEntropyCuda(Kernel):
     SAVES = ()  # the backward needs only the gradient buffer it owns
 
     @staticmethod
-    def forward(
-        ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, inplace_grad=False
-    ):
+    def forward(ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, inplace_grad=False):
         cp = cupy()
         ok = (
             logits.dtype in _STORAGE

@@ -137,10 +137,7 @@ class LayerNormCuda(Kernel):
             x.dtype in _STORAGE
             and n >= 1
             and tuple(x.shape[x.ndim - n :]) == tuple(normalized_shape)
-            and all(
-                p is None or (p.dtype == x.dtype and tuple(p.shape) == tuple(normalized_shape))
-                for p in (w, b)
-            )
+            and all(p is None or (p.dtype == x.dtype and tuple(p.shape) == tuple(normalized_shape)) for p in (w, b))
         )
         if not ok:
             return _fallback.forward(

@@ -49,9 +49,7 @@ class TensorTable:
                         f"list 0's has {lists[0][i].size}"
                     )
                 if not a.flags.c_contiguous:
-                    raise ShapeError(
-                        f"multi-tensor apply: array {i} of list {li} (shape {a.shape}) is not contiguous"
-                    )
+                    raise ShapeError(f"multi-tensor apply: array {i} of list {li} (shape {a.shape}) is not contiguous")
         numels = [a.size for a in lists[0]]
         ct, cs = build_chunk_table(numels, chunk)
         self.n_chunks = len(ct)

@@ -37,8 +37,7 @@ def _check(q, k, v, variant):
         or q.shape[2] != k.shape[2]
     ):
         raise ShapeError(
-            f"flash attention: q {q.shape}, k {k.shape}, v {v.shape} must be (BH, L, HD), "
-            f"(BH, S, HD), (BH, S, HD)"
+            f"flash attention: q {q.shape}, k {k.shape}, v {v.shape} must be (BH, L, HD), (BH, S, HD), (BH, S, HD)"
         )
     want = np.uint16 if variant == "bf16" else np.float32
     for name, a in (("q", q), ("k", k), ("v", v)):
@@ -60,7 +59,7 @@ def _names(variant: str, hd: int):
 def _mma_smem(variant: str, hd: int, kind: str) -> int:
     """Dynamic shared memory of the mma kernels (must match sdpa_mma.cu)."""
     es = 4 if variant == "tf32" else 2
-    pad = 8 if variant == "tf32" else 8
+    pad = 4 if variant == "tf32" else 8  # Tr<T>::PAD in sdpa_mma.cu
     row = (hd + pad) * es
     if kind == "fwd":
         return 2 * BR * row
@@ -182,9 +181,7 @@ class SdpaCuda(Kernel):
                 ctx,
                 nn_ops.sdpa_forward,
                 (q, k, v),
-                dict(
-                    mask=mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p, seed=seed, offset=offset
-                ),
+                dict(mask=mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p, seed=seed, offset=offset),
                 bf16_inputs=(q.dtype == np.uint16,) * 3,
             )
         cp = cupy()

@@ -20,7 +20,6 @@ typedef unsigned int u32;
 namespace mma {
 
 constexpr int BR = 64;    // rows per block (4 warps x 16)
-constexpr int NWARP = 4;
 
 __device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
 __device__ __forceinline__ u32 f2bf(float x) {
