@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import os
+import sys
 from typing import Any
 
 from .env import LaunchError, LaunchInfo, detect_launch
@@ -20,6 +21,8 @@ def cuda_available() -> bool:
     """True when CuPy imports and sees at least one GPU (never raises)."""
     if importlib.util.find_spec("cupy") is None:
         return False
+    if sys.platform.startswith("linux") and not any(os.path.exists(d) for d in ("/dev/nvidiactl", "/dev/dxg")):
+        return False  # no NVIDIA driver device: skip importing CuPy (slow) for nothing
     try:
         import cupy
 
@@ -46,7 +49,7 @@ def default_backend(info: LaunchInfo) -> str:
 class _SingleBootstrap:
     """Bootstrap for a NCCL group of one process: no exchange needed."""
 
-    def share(self, uid: tuple | None) -> tuple:
+    def share(self, uid: bytes | None) -> bytes | None:
         return uid
 
     def split(self, ranks: list[int], index: int, my_rank: int) -> _SingleBootstrap:

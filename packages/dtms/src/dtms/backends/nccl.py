@@ -10,7 +10,6 @@ Keep the arrays (and the Work) alive until ``wait()``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -40,9 +39,22 @@ def import_nccl() -> tuple[Any, Any]:
         from cupy.cuda import nccl
     except ImportError as e:
         raise RuntimeError(f"the 'nccl' backend needs CuPy built with NCCL: {CUDA_HINT}") from e
-    if not getattr(cupy.cuda, "nccl_enabled", True):
-        raise RuntimeError(f"this CuPy has no NCCL support: {CUDA_HINT}")
+    if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
+        raise RuntimeError(f"CuPy could not load the NCCL library (libnccl.so.2): {CUDA_HINT}")
     return cupy, nccl
+
+
+def uid_bytes(uid: bytes | tuple) -> bytes:
+    """A NCCL unique id as 128 raw bytes (CuPy >= 14 returns bytes, older CuPy a tuple of ints)."""
+    return bytes(uid) if isinstance(uid, bytes | bytearray) else bytes(int(v) & 0xFF for v in uid)
+
+
+def make_communicator(nccl: Any, size: int, uid: bytes, rank: int) -> Any:
+    """``NcclCommunicator(size, uid, rank)``, passing the id in the form this CuPy expects."""
+    try:
+        return nccl.NcclCommunicator(size, uid, rank)
+    except TypeError:  # older CuPy: a tuple of signed chars
+        return nccl.NcclCommunicator(size, tuple(v - 256 if v > 127 else v for v in uid), rank)
 
 
 class NCCLWork(Work):
@@ -71,12 +83,15 @@ class StoreBootstrap:
     def __init__(self, store: Any, prefix: str, timeout: float):
         self.store, self.prefix, self.timeout = store, prefix, timeout
 
-    def share(self, uid: tuple | None) -> tuple:
+    def share(self, uid: bytes | None) -> bytes:
         key = f"{self.prefix}/nccl_unique_id"
         if uid is not None:
-            self.store.set(key, json.dumps(list(uid)))
+            self.store.set(key, uid)
             return uid
-        return tuple(json.loads(self.store.get(key, timeout=self.timeout)))
+        got = self.store.get(key, timeout=self.timeout)
+        if len(got) != 128:
+            raise RuntimeError(f"store key {key!r} holds {len(got)} bytes, not a 128-byte NCCL unique id")
+        return got
 
     def split(self, ranks: list[int], index: int, my_rank: int) -> StoreBootstrap:
         return StoreBootstrap(self.store, f"{self.prefix}/g{index}", self.timeout)
@@ -88,12 +103,12 @@ class MPIBootstrap:
     def __init__(self, comm: Any, MPI: Any):
         self.comm, self.MPI = comm, MPI
 
-    def share(self, uid: tuple | None) -> tuple:
-        buf = np.zeros(128, dtype=np.int64)
+    def share(self, uid: bytes | None) -> bytes:
+        buf = np.zeros(128, dtype=np.uint8)
         if uid is not None:
-            buf[: len(uid)] = uid
-        self.comm.Bcast([buf, self.MPI.INT64_T], root=0)
-        return tuple(int(v) for v in buf)
+            buf[:] = np.frombuffer(uid, dtype=np.uint8)
+        self.comm.Bcast([buf, self.MPI.BYTE], root=0)
+        return buf.tobytes()
 
     def split(self, ranks: list[int], index: int, my_rank: int) -> MPIBootstrap | None:
         member = my_rank in ranks
@@ -112,8 +127,8 @@ class NCCLProcessGroup(ProcessGroup):
         self.cupy, self.nccl = cupy, nccl
         self.device = cupy.cuda.Device(device if device is not None else cupy.cuda.runtime.getDevice())
         self.device.use()
-        uid = bootstrap.share(nccl.get_unique_id() if rank == 0 else None)
-        self.comm = nccl.NcclCommunicator(size, uid, rank)
+        uid = bootstrap.share(uid_bytes(nccl.get_unique_id()) if rank == 0 else None)
+        self.comm = make_communicator(nccl, size, uid, rank)
         self.bootstrap = bootstrap
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.use_side_stream = use_side_stream
