@@ -1,0 +1,224 @@
+"""GPT-2 124M training step: BluTrain and PyTorch side by side on one GPU, per precision mode.
+
+    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/e2e_gpt2.py --out benchmarks/results/e2e_gpt2_h200.json
+
+Every configuration runs in its own subprocess (CuPy reads CUPY_TF32 at import; torch.compile caches),
+from the same initial weights (BluTrain's, copied into the PyTorch model) and the same batches (bytes of
+the Python standard library's source as tokens). Reported: tokens/s (median of timed steps), step ms,
+peak memory, per-step losses; ratios BluTrain / PyTorch are computed from this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def corpus_tokens(n: int) -> np.ndarray:
+    """n tokens: the bytes of the stdlib's .py files (deterministic order), as int64."""
+    out, total = [], 0
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        b = np.frombuffer(p.read_bytes(), dtype=np.uint8)
+        out.append(b)
+        total += b.size
+        if total >= n:
+            break
+    return np.concatenate(out)[:n].astype(np.int64)
+
+
+def batches(B: int, T: int, steps: int):
+    toks = corpus_tokens(B * (T + 1) * steps + 1)
+    for s in range(steps):
+        chunk = toks[s * B * (T + 1):(s + 1) * B * (T + 1)].reshape(B, T + 1)
+        yield chunk[:, :-1], chunk[:, 1:]
+
+
+def config(n_layer):
+    from blumodels.config import ModelConfig
+
+    return ModelConfig(n_layer=n_layer, n_head=12, d_model=768, block_size=1024, vocab_size=50257)
+
+
+def run_blutrain(a) -> dict:
+    import cupy
+
+    import blutensor as bt
+    from blumodels.gpt2 import build_model
+
+    if a.allocator == "caching":
+        import bluallocator
+
+        alloc = bluallocator.install()
+    bt.set_matmul_precision(a.precision if a.precision != "bf16" else "fp32")
+    model = build_model(config(a.layers), device="cuda", seed=0)
+    groups = model.param_groups(0.1)
+    opt = bt.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True if a.fused else None)
+    losses, times = [], []
+    for s, (x, y) in enumerate(batches(a.batch, a.seq, a.steps)):
+        xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        _, loss = model(xi, yi)
+        loss.backward()
+        bt.optim.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        cupy.cuda.Device().synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()))
+    mem = {}
+    if a.allocator == "caching":
+        st = alloc.memory_stats()
+        mem = {"peak_allocated_gib": st["peak_allocated_bytes"] / 2**30, "peak_reserved_gib": st["peak_reserved_bytes"] / 2**30}
+    else:
+        mem = {"pool_reserved_gib": cupy.get_default_memory_pool().total_bytes() / 2**30}
+    return {"losses": losses, "step_s": times, **mem}
+
+
+def run_torch(a) -> dict:
+    import torch
+
+    import blutensor  # noqa: F401  (weights come from the BluTrain model)
+    from blumodels.gpt2 import build_model
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from torch_gpt2 import from_blutrain
+
+    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
+    model = from_blutrain(build_model(config(a.layers), device="cpu", seed=0))
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    step_model = torch.compile(model) if a.compile else model
+    losses, times = [], []
+    torch.cuda.reset_peak_memory_stats()
+    for x, y in batches(a.batch, a.seq, a.steps):
+        xi, yi = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = step_model(xi, yi)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()))
+    return {"losses": losses, "step_s": times,
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30, "torch": torch.__version__}
+
+
+def summarize(r: dict, a) -> dict:
+    t = sorted(r["step_s"][a.warmup:]) or sorted(r["step_s"])
+    med = t[len(t) // 2]
+    r["median_step_ms"] = med * 1e3
+    r["tokens_per_s"] = a.batch * a.seq / med
+    return r
+
+
+def child(a) -> None:
+    try:
+        r = run_blutrain(a) if a.framework == "blutrain" else run_torch(a)
+        r = summarize(r, a)
+    except Exception as e:  # noqa: BLE001 - the driver records the failure
+        import traceback
+
+        r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    print("RESULT " + json.dumps(r), flush=True)
+
+
+RUNS = [  # (name, framework, precision, compile, extra env)
+    ("torch_eager_fp32", "torch", "fp32", False, {}),
+    ("torch_compile_fp32", "torch", "fp32", True, {}),
+    ("blutrain_fp32", "blutrain", "fp32", False, {}),
+    ("torch_eager_tf32", "torch", "tf32", False, {}),
+    ("torch_compile_tf32", "torch", "tf32", True, {}),
+    ("blutrain_tf32", "blutrain", "tf32", False, {"CUPY_TF32": "1"}),
+    ("torch_eager_bf16", "torch", "bf16", False, {}),
+]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--framework", default="blutrain")
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--fused", action="store_true")
+    p.add_argument("--allocator", default="cupy-default")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--only", default="")
+    p.add_argument("--extra", default="", help="comma list of extra blutrain runs: caching,fused")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "e2e_gpt2.json"))
+    a = p.parse_args()
+    if a.child:
+        return child(a)
+    runs = list(RUNS)
+    for ex in filter(None, a.extra.split(",")):
+        runs.append((f"blutrain_fp32_{ex}", "blutrain", "fp32", False, {"_" + ex: "1"}))
+    if a.only:
+        runs = [r for r in runs if r[0] in a.only.split(",")]
+    results = {}
+    for name, fw, prec, comp, env in runs:
+        cmd = [sys.executable, __file__, "--child", "--framework", fw, "--precision", prec, "--batch", str(a.batch),
+               "--seq", str(a.seq), "--layers", str(a.layers), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+        if comp:
+            cmd.append("--compile")
+        if env.get("_caching"):
+            cmd += ["--allocator", "caching"]
+        if env.get("_fused"):
+            cmd.append("--fused")
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **{k: v for k, v in env.items()
+                                                                                          if not k.startswith("_")}},
+                              timeout=900)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        results[name] = json.loads(line[-1][7:]) if line else {"error": proc.stderr[-3000:]}
+        results[name]["wall_s"] = round(time.time() - t0, 1)
+        print(name, {k: results[name].get(k) for k in ("tokens_per_s", "median_step_ms", "peak_reserved_gib",
+                                                        "peak_allocated_gib", "error")}, flush=True)
+    ratios = {}
+
+    def tps(n):
+        return results.get(n, {}).get("tokens_per_s")
+
+    for ours, ref in (("blutrain_fp32", "torch_compile_fp32"), ("blutrain_fp32", "torch_eager_fp32"),
+                      ("blutrain_tf32", "torch_compile_tf32"), ("blutrain_tf32", "torch_eager_tf32")):
+        if tps(ours) and tps(ref):
+            ratios[f"{ours}/{ref}"] = tps(ours) / tps(ref)
+    loss_diff = None
+    if "losses" in results.get("blutrain_fp32", {}) and "losses" in results.get("torch_eager_fp32", {}):
+        la, lb = results["blutrain_fp32"]["losses"], results["torch_eager_fp32"]["losses"]
+        loss_diff = max(abs(x - y) for x, y in zip(la, lb))
+    import cupy
+
+    doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 " + " ".join(sys.argv),
+           "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy": cupy.__version__,
+           "python": platform.python_version(), "config": {"model": "gpt2-124m", "batch": a.batch, "seq": a.seq,
+                                                          "layers": a.layers, "steps": a.steps, "warmup": a.warmup},
+           "results": results, "ratios_tokens_per_s": ratios, "max_abs_loss_diff_fp32_vs_torch_eager": loss_diff}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=1))
+    print("ratios", json.dumps(ratios), "loss diff", loss_diff)
+
+
+if __name__ == "__main__":
+    main()

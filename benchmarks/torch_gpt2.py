@@ -1,0 +1,63 @@
+"""The same GPT-2 in PyTorch (the benchmark and test reference only; never imported by src/ code).
+
+Architecture identical to blumodels.gpt2: pre-LN blocks, fused QKV, causal SDPA, tanh-GELU MLP,
+tied embeddings, vocabulary padded to a multiple of 64; weights are copied from a BluTrain model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, h, eps):
+        super().__init__()
+        self.h = h
+        self.ln_1 = nn.LayerNorm(d, eps=eps)
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.attn_proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d, eps=eps)
+        self.c_fc = nn.Linear(d, 4 * d)
+        self.mlp_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).view(B, T, 3, self.h, C // self.h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        x = x + self.attn_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class TorchGPT2(nn.Module):
+    def __init__(self, vocab_padded, block_size, d, n_layer, n_head, eps=1e-5):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_padded, d)
+        self.wpe = nn.Embedding(block_size, d)
+        self.blocks = nn.ModuleList([Block(d, n_head, eps) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(d, eps=eps)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.view(B * T, -1).float(), targets.view(B * T))
+
+
+_RENAME = {"attn.c_attn": "c_attn", "attn.c_proj": "attn_proj", "mlp.c_fc": "c_fc", "mlp.c_proj": "mlp_proj"}
+
+
+def from_blutrain(bt_model, device="cuda") -> TorchGPT2:
+    """A TorchGPT2 holding exactly the BluTrain model's weights."""
+    c = bt_model.config
+    m = TorchGPT2(c.padded_vocab_size, c.block_size, c.d_model, c.n_layer, c.n_head, c.ln_eps)
+    sd = {}
+    for name, t in bt_model.state_dict().items():
+        for a, b in _RENAME.items():
+            name = name.replace(a, b)
+        sd[name] = torch.from_numpy(t.numpy().copy())
+    m.load_state_dict(sd, strict=True)
+    return m.to(device)
