@@ -1,6 +1,7 @@
 """GPT-2 124M training step: BluTrain and PyTorch side by side on one GPU, per precision mode.
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/e2e_gpt2.py --out benchmarks/results/e2e_gpt2_h200.json
+    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) \
+        python3 benchmarks/e2e_gpt2.py --out benchmarks/results/e2e_gpt2_h200.json
 
 Every configuration runs in its own subprocess (CuPy reads CUPY_TF32 at import; torch.compile caches),
 from the same initial weights (BluTrain's, copied into the PyTorch model) and the same batches (bytes of
@@ -51,9 +52,8 @@ def config(n_layer):
 
 
 def run_blutrain(a) -> dict:
-    import cupy
-
     import blutensor as bt
+    import cupy
     from blumodels.gpt2 import build_model
 
     if a.allocator == "caching":
@@ -65,7 +65,7 @@ def run_blutrain(a) -> dict:
     groups = model.param_groups(0.1)
     opt = bt.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True if a.fused else None)
     losses, times = [], []
-    for s, (x, y) in enumerate(batches(a.batch, a.seq, a.steps)):
+    for x, y in batches(a.batch, a.seq, a.steps):
         xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
@@ -80,16 +80,16 @@ def run_blutrain(a) -> dict:
     mem = {}
     if a.allocator == "caching":
         st = alloc.memory_stats()
-        mem = {"peak_allocated_gib": st["peak_allocated_bytes"] / 2**30, "peak_reserved_gib": st["peak_reserved_bytes"] / 2**30}
+        mem = {"peak_allocated_gib": st["peak_allocated_bytes"] / 2**30,
+               "peak_reserved_gib": st["peak_reserved_bytes"] / 2**30}
     else:
         mem = {"pool_reserved_gib": cupy.get_default_memory_pool().total_bytes() / 2**30}
     return {"losses": losses, "step_s": times, **mem}
 
 
 def run_torch(a) -> dict:
-    import torch
-
     import blutensor  # noqa: F401  (weights come from the BluTrain model)
+    import torch
     from blumodels.gpt2 import build_model
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from torch_gpt2 import from_blutrain

@@ -69,7 +69,8 @@ def _():
     errs["randn_maxdiff"] = float(np.abs(r1 - r2).max())
     xb = bt.randn(64, 64, dtype=bt.bfloat16, device="cuda", requires_grad=True)
     (xb * xb).sum().backward()
-    errs["bf16_grad_ok"] = bool(np.allclose(xb.grad.numpy().astype(np.float32), 2 * xb.numpy().astype(np.float32), rtol=1e-2))
+    g32, x32 = xb.grad.numpy().astype(np.float32), xb.numpy().astype(np.float32)
+    errs["bf16_grad_ok"] = bool(np.allclose(g32, 2 * x32, rtol=1e-2))
     return errs
 
 
@@ -84,7 +85,7 @@ def _():
     B, T = 4, 1024
     losses, times = [], []
     import cupy
-    for s in range(6):
+    for _ in range(6):
         x = rng.integers(0, 50257, (B, T + 1))
         xi, yi = bt.tensor(x[:, :-1], device="cuda"), bt.tensor(x[:, 1:], device="cuda")
         cupy.cuda.Device().synchronize()
