@@ -67,7 +67,7 @@ blu_adamw_step(const unsigned long long* __restrict__ p_ptr, const unsigned long
                 float vu = vv[u] * b2f;
                 vu = vu + omb2 * g[u] * g[u];
                 float denom = sqrtf(vu) / bc2f + epsf;
-                xu = xu + nss * (mu / denom);
+                xu = xu + (nss * mu) / denom;  // addcdiv_(m, denom, value=-step_size) order
                 m[i] = mu;
                 v[i] = vu;
                 if (pbf) pb[i] = f2bf(xu); else pf[i] = xu;

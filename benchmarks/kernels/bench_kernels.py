@@ -1,0 +1,320 @@
+"""pytest-benchmark suite: blutensor's CUDA kernels beside their PyTorch counterparts on the paper's
+Appendix B shapes (attention B x NH x HD at T = 512/1024/2048, GELU 16x1024x3072, LayerNorm 16384x768,
+cross-entropy 16384x50304, AdamW and the gradient norm over GPT-2 124M's parameters).
+
+Run on a GPU machine from the repo root (PYTHONPATH=packages/blutensor/src):
+    pytest benchmarks/kernels/bench_kernels.py --benchmark-json=benchmarks/results/kernels.json
+Each benchmark's ``extra_info`` holds the impl (blutrain|torch), shape, dtype, the median device time from
+CUDA events (``device_ms``) and, for memory-bound kernels, GB/s and the fraction of the device-copy
+bandwidth measured in the same process (``frac_copy_bw``; the target is >= 0.8); for attention TFLOP/s.
+Without CuPy or a GPU every benchmark is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+ROUNDS = 20
+
+
+def _cupy():
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+        return cupy
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"needs CuPy and a CUDA GPU: {exc}")
+
+
+def _torch():
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no GPU")
+        return torch
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"needs PyTorch with CUDA: {exc}")
+
+
+def _device_ms(fn, sync, event, rounds=ROUNDS) -> float:
+    """Median device ms of fn() by CUDA events (``event()`` makes one; ``sync()`` waits)."""
+    ts = []
+    for _ in range(3):
+        fn()
+    for _ in range(rounds):
+        a, b = event(), event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(b.time_since(a) if hasattr(b, "time_since") else a.elapsed_time(b))
+    return float(np.median(ts))
+
+
+class _CpEvent:
+    def __init__(self):
+        import cupy
+
+        self.e = cupy.cuda.Event()
+
+    def record(self):
+        self.e.record()
+
+    def synchronize(self):
+        self.e.synchronize()
+
+    def time_since(self, a):
+        import cupy
+
+        return cupy.cuda.get_elapsed_time(a.e, self.e)
+
+
+_copy_bw: list = []
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + written), measured once per process."""
+    if not _copy_bw:
+        cp = _cupy()
+        a = cp.empty(2 * 1024**3 // 4, cp.float32)
+        b = cp.empty_like(a)
+        ms = _device_ms(lambda: cp.copyto(b, a), cp.cuda.Device().synchronize, _CpEvent, rounds=10)
+        _copy_bw.append(2 * a.nbytes / ms / 1e6)
+        del a, b
+    return _copy_bw[0]
+
+
+def _run(benchmark, impl, fn, info, nbytes=None, flops=None):
+    """Time ``fn`` with pytest-benchmark (wall, synchronised) and CUDA events (device) into extra_info."""
+    if impl == "torch":
+        torch = _torch()
+        sync = torch.cuda.synchronize
+
+        def event():
+            return torch.cuda.Event(enable_timing=True)
+    else:
+        cp = _cupy()
+        sync = cp.cuda.Device().synchronize
+        event = _CpEvent
+    ms = _device_ms(fn, sync, event)
+    info = dict(info, impl=impl, device_ms=ms)
+    if nbytes:
+        gbs = nbytes / ms / 1e6
+        info.update(GBps=gbs, frac_copy_bw=gbs / copy_bandwidth())
+    if flops:
+        info["TFLOPs"] = flops / ms / 1e9
+    benchmark.extra_info.update(info)
+
+    def step():
+        fn()
+        sync()
+
+    benchmark.pedantic(step, rounds=ROUNDS, iterations=1, warmup_rounds=2)
+
+
+def _dev(cp, shape, storage, scale=1.0):
+    a = cp.random.standard_normal(shape, dtype=cp.float32) * scale
+    if storage == "bf16":
+        from blutensor.backend import f32_to_bf16_bits
+
+        return f32_to_bf16_bits(a, cp)
+    return a
+
+
+def _tdt(torch, storage):
+    return torch.float32 if storage == "f32" else torch.bfloat16
+
+
+STORAGES = ("f32", "bf16")
+IMPLS = ("blutrain", "torch")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("pass_", ("fwd", "bwd"))
+def test_layer_norm(benchmark, impl, storage, pass_):
+    N, C = 16384, 768
+    es = 4 if storage == "f32" else 2
+    nbytes = (2 if pass_ == "fwd" else 3) * N * C * es
+    info = dict(kernel="layer_norm", shape=f"{N}x{C}", dtype=storage, pass_=pass_)
+    if impl == "torch":
+        torch = _torch()
+        x = torch.randn(N, C, device="cuda", dtype=_tdt(torch, storage), requires_grad=True)
+        w = torch.randn(C, device="cuda", dtype=x.dtype, requires_grad=True)
+        b = torch.randn(C, device="cuda", dtype=x.dtype, requires_grad=True)
+        if pass_ == "fwd":
+            fn = lambda: torch.nn.functional.layer_norm(x, (C,), w, b)  # noqa: E731
+        else:
+            y = torch.nn.functional.layer_norm(x, (C,), w, b)
+            g = torch.ones_like(y)
+            fn = lambda: torch.autograd.grad(y, (x, w, b), g, retain_graph=True)  # noqa: E731
+    else:
+        from blutensor.cuda_ops.layer_norm import layer_norm_backward, layer_norm_forward
+
+        cp = _cupy()
+        x, w, b = _dev(cp, (N, C), storage), _dev(cp, (C,), storage), _dev(cp, (C,), storage)
+        if pass_ == "fwd":
+            fn = lambda: layer_norm_forward(x, w, b)  # noqa: E731
+        else:
+            _, mean, rstd, _ = layer_norm_forward(x, w, b)
+            g = _dev(cp, (N, C), storage)
+            fn = lambda: layer_norm_backward(g, x, w, mean, rstd)  # noqa: E731
+    _run(benchmark, impl, fn, info, nbytes=nbytes)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("pass_", ("fwd", "bwd"))
+def test_gelu(benchmark, impl, storage, pass_):
+    shape = (16, 1024, 3072)
+    n = math.prod(shape)
+    es = 4 if storage == "f32" else 2
+    nbytes = (2 if pass_ == "fwd" else 3) * n * es
+    info = dict(kernel="gelu_tanh", shape="16x1024x3072", dtype=storage, pass_=pass_)
+    if impl == "torch":
+        torch = _torch()
+        x = torch.randn(*shape, device="cuda", dtype=_tdt(torch, storage))
+        g = torch.randn_like(x)
+        if pass_ == "fwd":
+            fn = lambda: torch.nn.functional.gelu(x, approximate="tanh")  # noqa: E731
+        else:
+            fn = lambda: torch.ops.aten.gelu_backward(g, x, approximate="tanh")  # noqa: E731
+    else:
+        from blutensor.cuda_ops.gelu import gelu_backward, gelu_forward
+
+        cp = _cupy()
+        x, g = _dev(cp, shape, storage), _dev(cp, shape, storage)
+        fn = (lambda: gelu_forward(x, "tanh")) if pass_ == "fwd" else (lambda: gelu_backward(g, x, "tanh"))
+    _run(benchmark, impl, fn, info, nbytes=nbytes)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("storage", STORAGES)
+def test_cross_entropy_fwd_and_logits_grad(benchmark, impl, storage):
+    N, C = 16384, 50304
+    es = 4 if storage == "f32" else 2
+    info = dict(kernel="cross_entropy(loss+dlogits)", shape=f"{N}x{C}", dtype=storage)
+    if impl == "torch":
+        torch = _torch()
+        z = torch.randn(N, C, device="cuda", dtype=_tdt(torch, storage), requires_grad=True)
+        t = torch.randint(0, 50257, (N,), device="cuda")
+
+        def fn():
+            torch.nn.functional.cross_entropy(z, t).backward()
+            z.grad = None
+    else:
+        from blutensor.cuda_ops.cross_entropy import cross_entropy_forward
+
+        cp = _cupy()
+        z = _dev(cp, (N, C), storage)
+        t = cp.random.randint(0, 50257, N).astype(cp.int64)
+        fn = lambda: cross_entropy_forward(z, t, want_grad=True, inplace_grad=True)  # noqa: E731
+    _run(benchmark, impl, fn, info, nbytes=2 * N * C * es)  # minimum traffic: read + write the logits once
+
+
+GPT2_SHAPES = (
+    [(50304, 768), (1024, 768)]
+    + [
+        (768,),
+        (768,),
+        (2304, 768),
+        (2304,),
+        (768, 768),
+        (768,),
+        (768,),
+        (768,),
+        (3072, 768),
+        (3072,),
+        (768, 3072),
+        (768,),
+    ]
+    * 12
+    + [(768,), (768,)]
+)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_adamw_gpt2(benchmark, impl):
+    total = sum(math.prod(s) for s in GPT2_SHAPES)
+    info = dict(kernel="adamw", shape=f"GPT-2 124M ({len(GPT2_SHAPES)} tensors, {total} elements)", dtype="f32")
+    if impl == "torch":
+        torch = _torch()
+        ps = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in GPT2_SHAPES]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(ps, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+        fn = opt.step
+    else:
+        from blutensor.cuda_ops.adamw import multi_tensor_adamw
+
+        cp = _cupy()
+        ps = [_dev(cp, s, "f32").ravel() for s in GPT2_SHAPES]
+        gs = [_dev(cp, s, "f32").ravel() for s in GPT2_SHAPES]
+        ms = [cp.zeros(math.prod(s), cp.float32) for s in GPT2_SHAPES]
+        vs = [cp.zeros(math.prod(s), cp.float32) for s in GPT2_SHAPES]
+        fn = lambda: multi_tensor_adamw(ps, gs, ms, vs, 10, 6e-4, 0.9, 0.95, 1e-8, 0.1)  # noqa: E731
+    _run(benchmark, impl, fn, info, nbytes=28 * total)  # read p, g, m, v; write p, m, v
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_grad_norm_gpt2(benchmark, impl):
+    total = sum(math.prod(s) for s in GPT2_SHAPES)
+    info = dict(kernel="grad_norm", shape="GPT-2 124M", dtype="f32")
+    if impl == "torch":
+        torch = _torch()
+        gs = [torch.randn(s, device="cuda") for s in GPT2_SHAPES]
+        fn = lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gs)))  # noqa: E731
+    else:
+        from blutensor.cuda_ops.norm import global_grad_norm
+
+        cp = _cupy()
+        gs = [_dev(cp, s, "f32").ravel() for s in GPT2_SHAPES]
+        fn = lambda: global_grad_norm(gs)  # noqa: E731
+    _run(benchmark, impl, fn, info, nbytes=4 * total)
+
+
+ATTN = [(T, B, H, D) for T in (512, 1024) for (B, H, D) in ((1, 12, 64), (4, 12, 64), (8, 16, 64), (16, 12, 64))] + [
+    (2048, B, H, D) for (B, H, D) in ((1, 16, 64), (1, 32, 128), (4, 32, 128))
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("variant", ("f32", "tf32", "bf16"))
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("pass_", ("fwd", "bwd"))
+@pytest.mark.parametrize("cfg", ATTN, ids=lambda c: f"T{c[0]}-{c[1]}x{c[2]}x{c[3]}")
+def test_attention(benchmark, impl, variant, causal, pass_, cfg):
+    T, B, H, D = cfg
+    flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0) * (2.5 if pass_ == "bwd" else 1.0)
+    info = dict(kernel="attention", shape=f"T={T} {B}x{H}x{D}", dtype=variant, causal=causal, pass_=pass_)
+    if impl == "torch":
+        torch = _torch()
+        torch.backends.cuda.matmul.allow_tf32 = variant == "tf32"
+        dt = torch.bfloat16 if variant == "bf16" else torch.float32
+        q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if pass_ == "fwd":
+            fn = lambda: sdpa(q, k, v, is_causal=causal)  # noqa: E731
+        else:
+            o = sdpa(q, k, v, is_causal=causal)
+            g = torch.randn_like(o)
+            fn = lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)  # noqa: E731
+    else:
+        from blutensor.cuda_ops.sdpa import flash_attention_backward, flash_attention_forward
+
+        cp = _cupy()
+        storage = "bf16" if variant == "bf16" else "f32"
+        q, k, v = (_dev(cp, (B * H, T, D), storage) for _ in range(3))
+        if pass_ == "fwd":
+            fn = lambda: flash_attention_forward(q, k, v, causal, None, variant)  # noqa: E731
+        else:
+            o, lse = flash_attention_forward(q, k, v, causal, None, variant)
+            do = _dev(cp, (B * H, T, D), storage)
+            fn = lambda: flash_attention_backward(q, k, v, o, lse, do, causal, None, variant)  # noqa: E731
+    _run(benchmark, impl, fn, info, flops=flops)
