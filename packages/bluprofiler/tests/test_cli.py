@@ -64,3 +64,15 @@ def test_sinks_registered_through_the_plugin_host():
     from bluprofiler.sinks import get_sink
 
     assert get_sink("jsonl").PLUGIN_NAME == "jsonl"
+
+
+def test_events_jsonl_rebuilds_the_result(tmp_path):
+    from bluprofiler.plot import main as plot_main
+    from bluprofiler.sinks import load_jsonl
+
+    s = profile_steps(make_step(), 2, tmp_path, device="cpu", plot=False)
+    res = load_jsonl(tmp_path / "events.jsonl")
+    assert [r["calls"] for r in res.summary()] == [r["calls"] for r in s["rows"]]
+    assert res.peak_memory()["peak_bytes"] == s["memory"]["peak_bytes"]
+    assert res.step_ms() == pytest.approx(s["step_ms"], rel=1e-6)
+    assert plot_main([str(tmp_path)]) == 0 and (tmp_path / "memory.png").exists()

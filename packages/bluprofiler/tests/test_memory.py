@@ -6,6 +6,7 @@ import gc
 
 import blutensor as bt
 import numpy as np
+import pytest
 from bluprofiler import profile, record_function
 from bluprofiler.events import MemEvent
 from bluprofiler.memory import peak, timeline
@@ -86,8 +87,8 @@ def test_gpt_step_memory_timeline_is_consistent():
     assert alloc[-1] < p["peak_bytes"]
 
 
+@pytest.mark.cuda
 def test_cuda_memory_hook_attributes_allocations():
-    import pytest
     from bluprofiler.timing import cupy_or_none
 
     cp = cupy_or_none()
@@ -107,5 +108,3 @@ def test_cuda_memory_hook_attributes_allocations():
     assert all(m.device.startswith("cuda") for m in res.mem_events)
     assert np.isfinite(res.peak_memory()["peak_bytes"])
 
-
-test_cuda_memory_hook_attributes_allocations.pytestmark = [__import__("pytest").mark.cuda]

@@ -55,3 +55,23 @@ def plot_memory(res: ProfileResult, path: str | Path, title: str | None = None) 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bluprofiler.plot OUT_DIR``: (re)draw OUT_DIR/memory.png from OUT_DIR/events.jsonl."""
+    import sys
+
+    from bluprofiler.sinks import load_jsonl
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m bluprofiler.plot OUT_DIR  (a folder written by profile_steps)")
+        return 2
+    out = Path(args[0])
+    p = plot_memory(load_jsonl(out / "events.jsonl"), out / "memory.png")
+    print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -52,9 +52,44 @@ class JsonlSink:
         items += [(m.ts_ns, m.as_dict(result.t0)) for m in result.mem_events]
         items.sort(key=lambda it: it[0])
         with p.open("w") as f:
+            f.write(json.dumps(session_header(result)) + "\n")
             for _, d in items:
                 f.write(json.dumps(d) + "\n")
         return p
+
+
+def session_header(result: ProfileResult) -> dict:
+    """The first line of events.jsonl: what :func:`load_jsonl` needs to rebuild the result."""
+    return {"type": "session", "device": result.device, "gpu_timing": result.gpu_timing, "t0": 0,
+            "t1": result.t1 - result.t0, "wall0_ns": result.wall0_ns, "baseline_bytes": result.baseline_bytes,
+            "pid": result.pid}
+
+
+def load_jsonl(path: str | Path) -> ProfileResult:
+    """Rebuild a ProfileResult from ``events.jsonl`` (e.g. to plot on a machine with matplotlib)."""
+    from bluprofiler.events import MemEvent, OpEvent
+
+    head, ops, mems = None, [], []
+    with Path(path).open() as f:
+        for line in f:
+            d = json.loads(line)
+            t = d.pop("type")
+            if t == "session":
+                head = d
+            elif t == "op":
+                e = OpEvent(d["name"], d["phase"], d["kernel"], d["index"], d["depth"], d["tid"], d["start_ns"],
+                            d["end_ns"], tuple(tuple(s) if s is not None else None for s in d["shapes"])
+                            if "shapes" in d else None, tuple(d["out_shape"]) if "out_shape" in d else None,
+                            d.get("stream", 0), d.get("gpu_start_ms"), d.get("gpu_ms"))
+                ops.append(e)
+            else:
+                mems.append(MemEvent(d["ts_ns"], d["kind"], d["nbytes"], d["addr"], d["stream"], d["owner"],
+                                     d["device"]))
+    if head is None:
+        raise ValueError(f"{path}: no session header line (written by an older bluprofiler?)")
+    return ProfileResult(events=ops, mem_events=mems, t0=0, t1=head["t1"], wall0_ns=head["wall0_ns"],
+                         device=head["device"], gpu_timing=head["gpu_timing"],
+                         baseline_bytes=head["baseline_bytes"], pid=head["pid"])
 
 
 BUILTIN_SINKS = {c.PLUGIN_NAME: c for c in (ChromeTraceSink, TableSink, JsonlSink)}
