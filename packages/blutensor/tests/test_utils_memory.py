@@ -1,8 +1,7 @@
 """Activation checkpointing and the optimizer step fused into backward equal plain training exactly."""
 
-import numpy as np
-
 import blutensor as bt
+import numpy as np
 from blutensor import nn
 from blutensor.nn import functional as F
 from blutensor.utils import OptimizerInBackward, checkpoint

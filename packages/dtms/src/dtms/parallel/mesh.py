@@ -68,9 +68,10 @@ class Mesh:
         self.dp_i, self.cp_i, self.tp_i = dims.coords(self.rank)
         self.base = base
         d = dims
-        self.tp = self._make(base, [[d.rank_of(a, c, t) for t in range(d.tp)] for a in range(d.dp) for c in range(d.cp)])
-        self.cp = self._make(base, [[d.rank_of(a, c, t) for c in range(d.cp)] for a in range(d.dp) for t in range(d.tp)])
-        self.dp = self._make(base, [[d.rank_of(a, c, t) for a in range(d.dp)] for c in range(d.cp) for t in range(d.tp)])
+        A, C, T = range(d.dp), range(d.cp), range(d.tp)
+        self.tp = self._make(base, [[d.rank_of(a, c, t) for t in T] for a in A for c in C])
+        self.cp = self._make(base, [[d.rank_of(a, c, t) for c in C] for a in A for t in T])
+        self.dp = self._make(base, [[d.rank_of(a, c, t) for a in A] for c in C for t in T])
         # gradients of replicated parameters are averaged over every rank that saw other tokens
         self.dp_cp = self._make(base, [[d.rank_of(a, c, t) for a in range(d.dp) for c in range(d.cp)]
                                        for t in range(d.tp)])
