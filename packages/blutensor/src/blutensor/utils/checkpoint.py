@@ -54,3 +54,18 @@ def checkpoint(fn, *args, params=None):
         params = list(fn.parameters()) if hasattr(fn, "parameters") else []
     params = [p for p in params if p.requires_grad]
     return _Checkpoint.apply(fn, len(params), *params, *args)
+
+
+def checkpoint_modules(model, pattern: str = "blocks.*") -> list[str]:
+    """Recompute every submodule whose dotted name matches ``pattern`` in backward (from outside the
+    model: each matching module's ``forward`` is wrapped). Returns the names wrapped."""
+    import fnmatch
+
+    done = []
+    for name, mod in model.named_modules():
+        if name and fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count("."):
+            inner = type(mod).forward.__get__(mod)
+            params = [p for p in mod.parameters() if p.requires_grad]
+            object.__setattr__(mod, "forward", lambda *a, _f=inner, _p=params: checkpoint(_f, *a, params=_p))
+            done.append(name)
+    return done
