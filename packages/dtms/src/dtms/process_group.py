@@ -189,6 +189,9 @@ class ProcessGroup(ABC):
     def _check_device(self, what: str, *arrays: Any) -> None:  # noqa: B027 (optional hook)
         """Backends override: refuse arrays on the wrong device with a clear message."""
 
+    def _flush_p2p(self) -> None:  # noqa: B027 (optional hook)
+        """Backends that coalesce point-to-point ops launch the queued ones here (before a collective)."""
+
     def _cross_check(self, kind: str, op: str | None, a: Any) -> None:  # noqa: B027 (optional hook)
         """Backends override: compare (kind, op, dtype, shape) across ranks when checks are on."""
 
@@ -197,6 +200,7 @@ class ProcessGroup(ABC):
         """Reduce ``tensor`` over all ranks in place (op: sum, avg, max, min, prod)."""
         a = raw_array(tensor, "all_reduce")
         self._check_device("all_reduce", a)
+        self._flush_p2p()
         op = self._op("all_reduce", op, a)
         self._cross_check("all_reduce", op, a)
         return self._ret(self._all_reduce(a, op), async_op)
@@ -205,6 +209,7 @@ class ProcessGroup(ABC):
         """Reduce ``input`` (group size x output size) over ranks; rank r gets chunk r."""
         o, i = raw_array(output, "reduce_scatter", "output"), raw_array(input, "reduce_scatter", "input")
         self._check_device("reduce_scatter", o, i)
+        self._flush_p2p()
         self._same_dtype("reduce_scatter", o, i)
         if i.size != o.size * self._size:
             raise CollectiveError(
@@ -219,6 +224,7 @@ class ProcessGroup(ABC):
         """Concatenate every rank's ``input`` in rank order into ``output`` (group size x input size)."""
         o, i = raw_array(output, "all_gather", "output"), raw_array(input, "all_gather", "input")
         self._check_device("all_gather", o, i)
+        self._flush_p2p()
         self._same_dtype("all_gather", o, i)
         if o.size != i.size * self._size:
             raise CollectiveError(
@@ -232,6 +238,7 @@ class ProcessGroup(ABC):
         """Copy ``tensor`` of group rank ``src`` into ``tensor`` on every rank."""
         a = raw_array(tensor, "broadcast")
         self._check_device("broadcast", a)
+        self._flush_p2p()
         src = self._peer("broadcast", src, "src")
         self._cross_check("broadcast", None, a)
         return self._ret(self._broadcast(a, src), async_op)
@@ -240,6 +247,7 @@ class ProcessGroup(ABC):
         """Split ``input`` into equal chunks; chunk j goes to rank j, where it lands as chunk i (our rank)."""
         o, i = raw_array(output, "all_to_all", "output"), raw_array(input, "all_to_all", "input")
         self._check_device("all_to_all", o, i)
+        self._flush_p2p()
         self._same_dtype("all_to_all", o, i)
         if o.size != i.size or i.size % self._size:
             raise CollectiveError(
@@ -277,6 +285,7 @@ class ProcessGroup(ABC):
 
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank of the group has reached the barrier."""
+        self._flush_p2p()
         w = self._barrier()
         if async_op:
             return w
@@ -294,6 +303,7 @@ class ProcessGroup(ABC):
         if bad:
             raise CollectiveError(f"new_group: ranks {bad} are not in this group of size {self._size}")
         self._n_subgroups += 1
+        self._flush_p2p()
         return self._new_group(rs, self._n_subgroups)
 
     def destroy(self) -> None:  # noqa: B027 (optional hook)

@@ -5,7 +5,8 @@ stream wait on an event recorded on the caller's current stream (so it sees all 
 NCCL there, and records a completion event. ``work.wait()`` makes the current stream wait on that
 event (the host never blocks); ``work.synchronize()`` blocks the host. Inside CUDA-graph capture the
 same fork/join through events is captured; an async op must be ``wait()``-ed before capture ends.
-Keep the arrays (and the Work) alive until ``wait()``.
+Keep the arrays (and the Work) alive until ``wait()``. isend/irecv are queued and launched together
+as one NCCL group (see ``_flush_p2p``), so ring exchanges do not deadlock.
 """
 
 from __future__ import annotations
@@ -77,6 +78,28 @@ class NCCLWork(Work):
         return bool(self.event.done)
 
 
+class PendingP2PWork(Work):
+    """An isend/irecv queued for coalescing: launched (with the other queued ones, in one NCCL group)
+    at the first wait/synchronize/is_completed on any of them or at the next collective."""
+
+    def __init__(self, pg: NCCLProcessGroup, keep: tuple):
+        self._pg, self._outputs, self.work = pg, keep[:1], None
+
+    def _launched(self) -> NCCLWork:
+        if self.work is None:
+            self._pg._flush_p2p()
+        return self.work
+
+    def wait(self, stream: Any = None) -> bool:
+        return self._launched().wait(stream)
+
+    def synchronize(self) -> None:
+        self._launched().synchronize()
+
+    def is_completed(self) -> bool:
+        return self._launched().is_completed()
+
+
 class StoreBootstrap:
     """Shares NCCL unique ids through the rendezvous store (root sets, members get)."""
 
@@ -135,6 +158,7 @@ class NCCLProcessGroup(ProcessGroup):
         self.check = checks_enabled(default=False)
         super().__init__(rank, size, global_ranks or tuple(range(size)))
         self._avg_native = nccl.get_version() >= 21000
+        self._p2p_queue: list[tuple[str, Any, int, PendingP2PWork]] = []
 
     # --- plumbing ---
     def _check_device(self, what: str, *arrays: Any) -> None:
@@ -238,13 +262,36 @@ class NCCLProcessGroup(ProcessGroup):
 
         return self._launch(run, (o, i))
 
+    # Point to point: NCCL send/recv block on the GPU until the peer's matching call runs, so a ring
+    # (isend to r+1, irecv from r-1) deadlocks unless both are in one NCCL group. We queue them and
+    # launch the queue as one group at the first wait on any of them or before the next collective.
     def _send(self, a: Any, dst: int, tag: int) -> Work:
-        t, n = self._move_type(a)
-        return self._launch(lambda s: self.comm.send(a.data.ptr, n, t, dst, s.ptr), (a,))
+        w = PendingP2PWork(self, (a,))
+        self._p2p_queue.append(("send", a, dst, w))
+        return w
 
     def _recv(self, a: Any, src: int, tag: int) -> Work:
-        t, n = self._move_type(a)
-        return self._launch(lambda s: self.comm.recv(a.data.ptr, n, t, src, s.ptr), (a,))
+        w = PendingP2PWork(self, (a,))
+        self._p2p_queue.append(("recv", a, src, w))
+        return w
+
+    def _flush_p2p(self) -> None:
+        if not self._p2p_queue:
+            return
+        queue, self._p2p_queue = self._p2p_queue, []
+
+        def run(s: Any) -> None:
+            self.nccl.groupStart()
+            try:
+                for kind, a, peer, _ in queue:
+                    t, n = self._move_type(a)
+                    (self.comm.send if kind == "send" else self.comm.recv)(a.data.ptr, n, t, peer, s.ptr)
+            finally:
+                self.nccl.groupEnd()
+
+        work = self._launch(run, tuple(a for _, a, _, _ in queue))
+        for *_, pending in queue:
+            pending.work = work
 
     def _barrier(self) -> Work:
         buf = self.cupy.zeros(1, dtype=self.cupy.float32)
@@ -259,6 +306,7 @@ class NCCLProcessGroup(ProcessGroup):
                                 self.use_side_stream)
 
     def destroy(self) -> None:
+        self._flush_p2p()
         comm, self.comm = self.comm, None
         if comm is not None:
             comm.destroy()
