@@ -7,10 +7,9 @@
 
 from __future__ import annotations
 
+import blutensor as bt
 import numpy as np
 import pytest
-
-import blutensor as bt
 
 HAS_CUDA = bt.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(

@@ -7,12 +7,11 @@ from __future__ import annotations
 import gc
 import weakref
 
+import blutensor as bt
 import numpy as np
 import pytest
 import torch
 from conftest import host
-
-import blutensor as bt
 
 
 def test_reused_tensor_accumulates(device):
@@ -29,7 +28,7 @@ def test_diamond_graph_topological_order(device):
     """a -> (b, c) -> d: a's node must run once, after both branches delivered their gradient."""
     x = bt.tensor([0.5, -1.0], dtype=bt.float64, device=device, requires_grad=True)
     tx = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
-    for t, lib in ((x, bt), (tx, torch)):
+    for t in (x, tx):
         a = t.tanh()
         b = a * 2
         c = a.exp()
@@ -185,7 +184,8 @@ def test_inplace_on_non_leaf_is_differentiable(device):
 
 def test_backward_without_grad_is_an_error(device):
     x = bt.ones(2, device=device)
-    with pytest.raises(bt.AutogradError, match=r"backward\(\) called on Tensor\(shape=\(\), dtype=float32.*does not require grad"):
+    with pytest.raises(bt.AutogradError,
+                       match=r"backward\(\) called on Tensor\(shape=\(\), dtype=float32.*does not require grad"):
         x.sum().backward()
 
 

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
+import blutensor as bt
 import ml_dtypes
 import numpy as np
 import pytest
 from conftest import host
-
-import blutensor as bt
 
 DTYPES = [bt.float32, bt.float64, bt.bfloat16, bt.int32, bt.int64, bt.uint16]
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 
+import blutensor as bt
 import numpy as np
 import pytest
 import torch
 from conftest import check_forward, check_vs_torch, gradcheck, host, rng
-
-import blutensor as bt
 
 r = rng(0)
 POS = lambda *s: r.uniform(0.5, 2.0, s)  # noqa: E731
@@ -24,7 +23,8 @@ BINARY = {
     "pow": (lambda a, b: a ** b, np.power, lambda a, b: a ** b),
     "maximum": (bt.maximum, np.maximum, torch.maximum),
     "minimum": (bt.minimum, np.minimum, torch.minimum),
-    "add_alpha": (lambda a, b: bt.add(a, b, alpha=0.5), lambda a, b: a + 0.5 * b, lambda a, b: torch.add(a, b, alpha=0.5)),
+    "add_alpha": (lambda a, b: bt.add(a, b, alpha=0.5), lambda a, b: a + 0.5 * b,
+                  lambda a, b: torch.add(a, b, alpha=0.5)),
 }
 # broadcasting shape pairs
 SHAPES = [((3, 4), (3, 4)), ((2, 3, 4), (4,)), ((3, 1), (1, 4)), ((2, 1, 4), (3, 1))]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-from conftest import HAS_CUDA
-
 import blutensor as bt
 import blutensor.nn.functional as F
+import pytest
+from conftest import HAS_CUDA
 
 
 def test_broadcast_mismatch_names_op_and_shapes(device):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 
+import blutensor as bt
+import blutensor.nn as nn
 import numpy as np
 import pytest
 import torch
 from conftest import host
-
-import blutensor as bt
-import blutensor.nn as nn
 
 
 class Block(nn.Module):

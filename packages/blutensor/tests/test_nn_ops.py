@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 
+import blutensor as bt
+import blutensor.nn.functional as F
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
 from conftest import check_forward, check_vs_torch, gradcheck, host, rng
-
-import blutensor as bt
-import blutensor.nn.functional as F
 
 R = rng(5)
 
@@ -168,8 +167,8 @@ def test_sdpa_masks(device):
     np.fill_diagonal(mask, True)
     addm = R.standard_normal((4, 4))
     for m in (mask, addm):
-        fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=bt.tensor(m, device=a.device))  # noqa: E731
-        tfn = lambda a, b, c: TF.scaled_dot_product_attention(a, b, c, attn_mask=torch.tensor(m))  # noqa: E731
+        fn = lambda a, b, c, m=m: F.scaled_dot_product_attention(a, b, c, attn_mask=bt.tensor(m, device=a.device))  # noqa: E731
+        tfn = lambda a, b, c, m=m: TF.scaled_dot_product_attention(a, b, c, attn_mask=torch.tensor(m))  # noqa: E731
         check_vs_torch(fn, tfn, [q, k, v], device)
 
 

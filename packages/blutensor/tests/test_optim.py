@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
+import blutensor as bt
 import numpy as np
 import pytest
 import torch
-from conftest import host, rng
-
-import blutensor as bt
 from blutensor import optim
+from conftest import host, rng
 
 
 def _pair(device, shapes=((4, 3), (3,)), dtype=np.float32):

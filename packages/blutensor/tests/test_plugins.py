@@ -4,13 +4,12 @@ explicit selection (use_kernel / BLUTRAIN_KERNELS)."""
 
 from __future__ import annotations
 
+import blutensor as bt
 import numpy as np
 import pytest
-from conftest import host
-
-import blutensor as bt
 from blutensor.ops import dispatch
 from blutensor.plugin import PluginError, PluginHost, get_host, hookimpl, reset_host
+from conftest import host
 
 CALLS = {"forward": 0, "backward": 0}
 

@@ -3,13 +3,12 @@ same stream (dropout masks, rand, randn) on CPU and CUDA."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from conftest import HAS_CUDA, host
-
 import blutensor as bt
 import blutensor.nn.functional as F
+import numpy as np
+import pytest
 from blutensor.random import Generator, philox4x32
+from conftest import HAS_CUDA, host
 
 M = 0xFFFFFFFF
 

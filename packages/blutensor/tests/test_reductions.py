@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import blutensor as bt
 import numpy as np
 import pytest
 import torch
 from conftest import check_forward, check_vs_torch, gradcheck, host, rng
-
-import blutensor as bt
 
 DIMS = [None, 0, 1, -1, (0, 2)]
 

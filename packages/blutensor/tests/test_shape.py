@@ -4,12 +4,11 @@ split, chunk), and their gradients."""
 
 from __future__ import annotations
 
+import blutensor as bt
 import numpy as np
 import pytest
 import torch
 from conftest import check_vs_torch, gradcheck, host, rng
-
-import blutensor as bt
 
 X = rng(3).standard_normal((2, 3, 4))
 

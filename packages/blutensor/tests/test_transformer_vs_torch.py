@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import pytest
-import torch
-
 import blutensor as bt
 import blutensor.nn as nn
 import blutensor.nn.functional as F
+import numpy as np
+import pytest
+import torch
 
 CFG = dict(vocab=64, d=32, heads=4, layers=2, seq=16, batch=4, steps=20, lr=1e-2, warmup=3, wd=0.1, clip=1.0)
 

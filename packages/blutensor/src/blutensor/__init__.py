@@ -3,8 +3,13 @@
 ``import blutensor as bt``; names follow PyTorch where the concept is the same.
 """
 
+from blutensor import (  # noqa: E402,F401
+    cuda,  # noqa: F401
+    nn,
+    optim,
+)
 from blutensor.__about__ import __version__
-from blutensor import cuda  # noqa: F401
+from blutensor._tensor import Tensor
 from blutensor.autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
 from blutensor.creation import (
     arange,
@@ -91,12 +96,24 @@ from blutensor.functional import (
 )
 from blutensor.gemm import get_matmul_precision, set_gemm_provider, set_matmul_precision
 from blutensor.random import Generator, get_rng_state, manual_seed, set_rng_state
-from blutensor._tensor import Tensor
-from blutensor import nn, optim  # noqa: E402,F401
 
 bool = bool_  # noqa: A001 - PyTorch's name for the dtype
 long = int64
 float = float32  # noqa: A001
 double = float64
 
-__all__ = [n for n in dir() if not n.startswith("_")]
+__all__ = [
+    "__version__", "AutogradError", "BluTensorError", "DTypeError", "DeviceError", "Generator", "ShapeError", "Tensor",
+    "abs", "add", "amax", "amin", "arange", "argmax", "argmin", "autograd", "backend", "bfloat16",
+    "bmm", "bool", "bool_", "cat", "chunk", "clamp", "cos", "creation", "cuda", "device", "div",
+    "double", "dtype", "dtypes", "empty", "empty_like", "enable_grad", "errors", "exp", "flatten",
+    "float", "float16", "float32", "float64", "from_numpy", "full", "full_like", "functional", "gemm",
+    "get_default_dtype", "get_matmul_precision", "get_rng_state", "grad", "int32", "int64",
+    "is_grad_enabled", "linspace", "log", "log_softmax", "long", "manual_seed", "matmul", "max",
+    "maximum", "mean", "min", "minimum", "mul", "neg", "nn", "no_grad", "norm", "ones", "ones_like",
+    "ops", "optim", "permute", "pow", "rand", "rand_like", "randint", "randn", "randn_like", "random",
+    "relu", "reshape", "rsqrt", "set_default_dtype", "set_gemm_provider", "set_grad_enabled",
+    "set_matmul_precision", "set_rng_state", "sigmoid", "sin", "softmax", "split", "sqrt", "squeeze",
+    "stack", "std", "sub", "sum", "tanh", "tensor", "transpose", "tril", "triu", "uint16", "unsqueeze",
+    "var", "where", "zeros", "zeros_like",
+]

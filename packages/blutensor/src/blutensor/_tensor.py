@@ -24,8 +24,16 @@ from blutensor.ops.dispatch import apply
 class Tensor:
     """An n-dimensional array with a dtype, a device and optional autograd history."""
 
-    __slots__ = ("_data", "dtype", "device", "requires_grad", "grad", "grad_fn", "_version", "_base",
-                 "_hooks", "_post_hooks", "_acc", "__weakref__", "__dict__")
+    # Hot attributes live in slots; autograd state that most tensors never set is a class-level
+    # default (an instance writes it into its __dict__ only when it has one), so creating a tensor
+    # on the dispatch hot path sets five attributes.
+    __slots__ = ("_data", "dtype", "device", "_version", "_base", "__weakref__", "__dict__")
+    requires_grad = False
+    grad = None
+    grad_fn = None
+    _hooks = None
+    _post_hooks = None
+    _acc = None
     __array_priority__ = 1000  # NumPy scalars defer to Tensor's operators
 
     def __init__(self, data, dtype=None, device=None, requires_grad: bool = False):
@@ -37,14 +45,8 @@ class Tensor:
         self._data = data
         self.dtype = dt
         self.device = dev
-        self.requires_grad = False
-        self.grad = None
-        self.grad_fn = None
         self._version = _Version()
         self._base = None
-        self._hooks = None
-        self._post_hooks = None
-        self._acc = None
 
     @classmethod
     def _from_data(cls, data, dt: dtype | None, dev: device) -> Tensor:
@@ -53,14 +55,8 @@ class Tensor:
         t._data = data
         t.dtype = from_numpy_dtype(data.dtype) if dt is None else dt
         t.device = dev
-        t.requires_grad = False
-        t.grad = None
-        t.grad_fn = None
         t._version = _Version()
         t._base = None
-        t._hooks = None
-        t._post_hooks = None
-        t._acc = None
         return t
 
     @staticmethod
@@ -524,7 +520,7 @@ class _Handle:
 
 
 def _scalar(o):
-    if isinstance(o, Tensor):
+    if type(o) is float or type(o) is int or isinstance(o, Tensor):
         return o
     if isinstance(o, bool):
         return o

@@ -26,5 +26,5 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False):
             t.grad = g
 
 
-__all__ = ["AccumulateGrad", "Ctx", "Function", "FunctionCtx", "Node", "enable_grad", "grad", "is_grad_enabled", "no_grad",
-           "run_backward", "set_grad_enabled"]
+__all__ = ["AccumulateGrad", "Ctx", "Function", "FunctionCtx", "Node", "enable_grad", "grad", "is_grad_enabled",
+           "no_grad", "run_backward", "set_grad_enabled"]

@@ -40,8 +40,9 @@ class Node:
         self.meta = None
 
     def check_saved(self) -> None:
-        for counter, expected, what in self.versions:
+        for counter, expected, which, shape in self.versions:
             if counter.v != expected:
+                what = f"its output of shape {tuple(shape)}" if which < 0 else f"input {which} of shape {tuple(shape)}"
                 raise AutogradError(
                     f"one of the tensors saved by '{self.op}' for backward ({what}) was modified in place "
                     f"after it was saved: its version is {counter.v}, expected {expected}. Clone it before "

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from blutensor._tensor import Tensor
 from blutensor.autograd.grad_mode import no_grad
 from blutensor.errors import BluTensorError, ShapeError
 from blutensor.nn.parameter import Parameter
-from blutensor._tensor import Tensor
 
 
 class Module:
@@ -128,7 +128,7 @@ class Module:
         """Move/cast parameters and buffers in place (Parameter objects keep their identity)."""
         for m in self.modules():
             for d in (m._parameters, m._buffers):
-                for k, t in d.items():
+                for t in d.values():
                     if t is None:
                         continue
                     new = t.detach().to(*args, **kwargs)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-
 from blutensor.autograd.grad_mode import STATE
 from blutensor.autograd.node import Ctx, Node
 from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
@@ -233,7 +232,7 @@ def _apply(op: str, inputs, attrs):
     ctx = Ctx()
     record = rg and STATE.enabled and kcls.DIFFERENTIABLE
     if record:
-        ctx.needs = tuple(isinstance(t, T) and t.requires_grad for t in inputs)
+        ctx.needs = tuple([isinstance(t, T) and t.requires_grad for t in inputs])
     try:
         out = kcls.forward(ctx, *arrays, **attrs)
     except BluTensorError:
@@ -257,10 +256,6 @@ def _apply(op: str, inputs, attrs):
     res._data = out
     res.dtype = odt
     res.device = dev
-    res.grad = None
-    res._hooks = None
-    res._post_hooks = None
-    res._acc = None
     if kcls.VIEW:
         res._version = first._version
         res._base = first if first._base is None else first._base
@@ -268,15 +263,13 @@ def _apply(op: str, inputs, attrs):
         res._version = _Version()
         res._base = None
     if record and odt.is_floating_point:
-        versions = [(inputs[i]._version, inputs[i]._version.v, f"input {i} of shape {tuple(inputs[i].shape)}")
+        # (counter, value now, which input (-1: the output), its shape) checked before backward
+        versions = [(inputs[i]._version, inputs[i]._version.v, i, inputs[i]._data.shape)
                     for i in kcls.SAVES if i < len(inputs) and isinstance(inputs[i], T)] if kcls.SAVES else []
         if kcls.SAVES_OUTPUT:
-            versions.append((res._version, res._version.v, f"its output of shape {tuple(res.shape)}"))
+            versions.append((res._version, res._version.v, -1, out.shape))
         res.grad_fn = Node(op, kernel, ctx, inputs, versions)
         res.requires_grad = True
-    else:
-        res.grad_fn = None
-        res.requires_grad = False
     return res
 
 

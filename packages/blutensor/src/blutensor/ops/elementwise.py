@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from blutensor.ops._util import shape_of, unbroadcast, xp_of
 
 # ---- binary arithmetic ----

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from blutensor.errors import ShapeError
 from blutensor.ops._util import unbroadcast
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from blutensor.errors import ShapeError
 from blutensor.ops._util import norm_dim, scatter_add, xp_of
 
 
 def softmax_forward(ctx, a, dim=-1):
     xp = xp_of(a)
-    d = norm_dim(dim, a.ndim, "softmax")
-    e = xp.exp(a - a.max(axis=d, keepdims=True))
-    out = e / e.sum(axis=d, keepdims=True)
-    ctx.saved = (out, d)
-    return out
+    d = dim if -a.ndim <= dim < max(a.ndim, 1) else norm_dim(dim, a.ndim, "softmax")
+    e = a - a.max(axis=d, keepdims=True)
+    xp.exp(e, out=e)
+    e /= e.sum(axis=d, keepdims=True)
+    ctx.saved = (e, d)
+    return e
 
 
 def softmax_backward(ctx, g):
@@ -225,8 +225,8 @@ def sdpa_forward(ctx, q, k, v, mask=None, scale=None, is_causal=False, dropout_p
 
 
 def sdpa_backward(ctx, g):
-    from blutensor.ops.linalg import gemm
     from blutensor.ops._util import unbroadcast
+    from blutensor.ops.linalg import gemm
 
     q, k, v, p, keep, sc, dp = ctx.saved
     pd = p if keep is None else p * keep * (1.0 / (1.0 - dp))

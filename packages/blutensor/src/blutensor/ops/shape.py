@@ -4,7 +4,6 @@ indexing) and the copying ones (contiguous, cat, stack, advanced indexing, setit
 from __future__ import annotations
 
 import numpy as np
-
 from blutensor.errors import ShapeError
 from blutensor.ops._util import norm_dim, scatter_add, unbroadcast, xp_of
 
@@ -31,10 +30,14 @@ def _resolve_shape(shape, numel: int, op: str, src) -> tuple:
 
 
 def view_forward(ctx, a, shape=()):
-    shape = _resolve_shape(shape, a.size, "view", a.shape)
     ctx.saved = a.shape
     if a.flags.c_contiguous:
-        return a.reshape(shape)
+        try:
+            return a.reshape(shape)  # the array module checks the size (and resolves -1)
+        except (ValueError, TypeError):
+            _resolve_shape(shape, a.size, "view", a.shape)  # raises the descriptive error
+            raise
+    shape = _resolve_shape(shape, a.size, "view", a.shape)
     out = a.reshape(shape)
     if out.size and _ptr(out) != _ptr(a) or out.base is None:
         raise ShapeError(
@@ -79,9 +82,11 @@ def permute_backward(ctx, g):
 
 
 def transpose_forward(ctx, a, dim0=0, dim1=1):
-    d0, d1 = norm_dim(dim0, a.ndim, "transpose"), norm_dim(dim1, a.ndim, "transpose")
-    ctx.saved = (d0, d1)
-    return a.swapaxes(d0, d1)
+    n = a.ndim
+    if not (-n <= dim0 < n and -n <= dim1 < n):
+        norm_dim(dim0, n, "transpose"), norm_dim(dim1, n, "transpose")  # raises the descriptive error
+    ctx.saved = (dim0, dim1)
+    return a.swapaxes(dim0, dim1)
 
 
 def transpose_backward(ctx, g):

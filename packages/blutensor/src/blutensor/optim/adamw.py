@@ -17,9 +17,9 @@ def _f32(p):
     d = p._data
     if p.dtype.name != "bfloat16":
         return d, None
-    from blutensor.ops.elementwise import _convert
-    from blutensor.ops._util import xp_of
     from blutensor.dtypes import float32
+    from blutensor.ops._util import xp_of
+    from blutensor.ops.elementwise import _convert
 
     return _convert(d, p.dtype, float32, xp_of(d)), lambda v: d.__setitem__(
         Ellipsis, _convert(v, float32, p.dtype, xp_of(d)))
@@ -67,9 +67,9 @@ def adamw_update(p, m, v, step: int, lr: float, b1: float, b2: float, eps: float
     x, write = _f32(p)
     gr = p.grad._data
     if gr.dtype != m.dtype:
-        from blutensor.ops.elementwise import _convert
-        from blutensor.ops._util import xp_of
         from blutensor.dtypes import float32
+        from blutensor.ops._util import xp_of
+        from blutensor.ops.elementwise import _convert
 
         gr = _convert(gr, p.grad.dtype, float32, xp_of(gr))
     dt = x.dtype.type
