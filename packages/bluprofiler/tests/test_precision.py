@@ -112,7 +112,7 @@ def test_blutrain_vs_pytorch_through_adapter(style, tmp_path):
     load_from_ours(tm, ours)
     a = ours_dump(ours, x, y)
     b = torch_dump(tm, x, y)
-    adapter = gpt2_adapter() if style == "hf" else Adapter(rules=CUSTOM_RULES)
+    adapter = gpt2_adapter("hf", ours="demo") if style == "hf" else Adapter(rules=CUSTOM_RULES)
     a.save(tmp_path / "ours.safetensors")
     b.save(tmp_path / "torch.npz")
     r = compare(tmp_path / "ours.safetensors", tmp_path / "torch.npz", adapter=adapter, rtol=2e-5)
@@ -123,7 +123,7 @@ def test_blutrain_vs_pytorch_through_adapter(style, tmp_path):
     assert not [k for k in r.only_reference if k.startswith("grad:")]
     # without the adapter's transposes (hf) or names (custom) the comparison must fail
     if style == "hf":
-        bad = compare(a, b, adapter=gpt2_adapter(conv1d=False), rtol=2e-5, keys="^grad:")
+        bad = compare(a, b, adapter=gpt2_adapter("nanogpt", ours="demo"), rtol=2e-5, keys="^grad:")
         assert not bad.ok and "c_attn.weight" in bad.first_divergence.key
     else:
         with pytest.raises(PrecisionError, match="no common keys"):
@@ -138,8 +138,82 @@ def test_torch_divergence_located_in_forward_order():
     load_from_ours(tm, ours)
     with torch.no_grad():
         tm.transformer.h[0].ln_2.bias.add_(1e-2)
-    r = compare(ours_dump(ours, x, y), torch_dump(tm, x, y), adapter=gpt2_adapter(), rtol=2e-5)
+    r = compare(ours_dump(ours, x, y), torch_dump(tm, x, y), adapter=gpt2_adapter("hf", ours="demo"), rtol=2e-5)
     assert r.first_divergence.key == "module:transformer.h.0.ln_2"
+
+
+def _blumodels_and_reference():
+    """blumodels.gpt2 and benchmarks/torch_gpt2.py when this checkout has them (else skip)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    try:
+        import blumodels.gpt2  # noqa: F401
+    except ImportError:
+        src = root / "packages" / "blumodels" / "src"
+        if not (src / "blumodels" / "gpt2.py").exists():
+            pytest.skip("blumodels.gpt2 is not available")
+        sys.path.insert(0, str(src))
+    ref = root / "benchmarks" / "torch_gpt2.py"
+    if not ref.exists():
+        pytest.skip("benchmarks/torch_gpt2.py (the PyTorch GPT-2 reference) is not in this checkout")
+    spec = importlib.util.spec_from_file_location("torch_gpt2_reference", ref)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from blumodels.config import ModelConfig
+    from blumodels.gpt2 import build_model
+
+    return ModelConfig, build_model, mod
+
+
+def test_blumodels_gpt2_vs_the_pytorch_reference_through_gpt2_adapter():
+    ModelConfig, build_model, ref = _blumodels_and_reference()
+    cfg = ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=16, vocab_size=96)
+    ours = build_model(cfg, device="cpu", seed=0)
+    tm = ref.from_blutrain(ours, device="cpu")
+    x, y = _batch()
+    xi, yi = bt.tensor(x, dtype=bt.int64), bt.tensor(y, dtype=bt.int64)
+    with PrecisionLogger(ours) as log:
+        _, loss = ours(xi, yi)
+    loss.backward()
+    log.capture_grads(ours)
+    with TorchPrecisionLogger(tm) as tlog:
+        tloss = tm(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)))
+    tloss.backward()
+    tlog.capture_grads()
+    r = compare(log, tlog, adapter=gpt2_adapter("reference"), rtol=2e-5)
+    assert r.ok, r.report()
+    keys = {row.key for row in r.rows}
+    assert {"module:<root>.out1", "module:blocks.1.attn.c_proj", "grad:blocks.0.mlp.c_fc.weight",
+            "grad:wte.weight"} <= keys
+    assert not [k for k in r.only_reference if k.startswith("grad:")]
+    # a perturbed reference weight shows up at the first module that reads it
+    with torch.no_grad():
+        tm.blocks[1].attn_proj.weight[2, 3] += 0.05
+    with TorchPrecisionLogger(tm) as tlog2:
+        tm(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)))
+    r2 = compare(log, tlog2, adapter=gpt2_adapter("reference"), rtol=2e-5, keys="^module:")
+    assert r2.first_divergence.key == "module:blocks.1.attn.c_proj"
+
+
+def test_gpt2_adapter_names_and_crop():
+    a = gpt2_adapter("hf")
+    assert a.map_key("grad:transformer.h.3.attn.c_attn.weight") == "grad:blocks.3.attn.c_attn.weight"
+    assert a.map_key("module:transformer.ln_f") == "module:ln_f" and a.map_key("module:lm_head") == "module:<root>"
+    assert a.map_key("module:transformer.h.0.attn.out1") is None
+    d = a.apply({"grad:transformer.h.0.mlp.c_fc.weight": np.arange(6.0).reshape(2, 3)})
+    assert d["grad:blocks.0.mlp.c_fc.weight"].shape == (3, 2)
+    assert gpt2_adapter("reference").map_key("grad:blocks.1.mlp_proj.bias") == "grad:blocks.1.mlp.c_proj.bias"
+    assert gpt2_adapter("reference", ours="demo").map_key("grad:blocks.1.c_attn.weight") == \
+        "grad:transformer.h.1.attn.c_attn.weight"
+    # padded vocabulary: ours (128 rows) is compared on the reference's 96 rows
+    w = np.random.default_rng(0).standard_normal((128, 4))
+    r = compare({"grad:wte.weight": w}, {"grad:transformer.wte.weight": w[:96]}, adapter=a, rtol=0)
+    assert r.ok and "cropped" in r.rows[0].note
+    with pytest.raises(ValueError, match="source"):
+        gpt2_adapter("keras")
 
 
 def test_compare_errors_and_nonfinite():

@@ -24,11 +24,13 @@ class Adapter:
     """Maps reference keys to ours: regex ``rules`` [(pattern, replacement)] applied in order, each
     to the result of the previous (keys no rule matches pass unchanged); ``transforms``
     [(pattern on OUR key, fn(array))], the first match applies; ``drop``: patterns of reference
-    keys with no counterpart."""
+    keys with no counterpart; ``crop``: patterns of our keys whose arrays may be larger than the
+    reference's (a padded vocabulary) and are compared on the reference's leading slice."""
 
     rules: list[tuple[str, str]] = field(default_factory=list)
     transforms: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
+    crop: list[str] = field(default_factory=list)
 
     def map_key(self, key: str) -> str | None:
         if any(re.search(p, key) for p in self.drop):
@@ -51,18 +53,48 @@ class Adapter:
             out[nk] = v
         return out
 
+    def then(self, other: Adapter) -> Adapter:
+        """This adapter followed by ``other`` (rules chained; other's transforms, drops and crops added)."""
+        return Adapter(self.rules + other.rules, self.transforms + other.transforms, self.drop,
+                       self.crop + other.crop)
 
-def gpt2_adapter(conv1d: bool = True) -> Adapter:
-    """PyTorch GPT-2 (Hugging Face ``GPT2LMHeadModel`` names) -> BluTrain GPT-2 (nanoGPT-style names:
-    ``transformer.wte``, ``transformer.h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}``,
-    ``transformer.ln_f``, ``lm_head``). Names agree; HF's Conv1D stores weights (in, out) where a
-    Linear stores (out, in), so with ``conv1d`` their weight gradients are transposed. Attention
-    and block modules return tuples in HF: their extra outputs (``.out<i>``) are dropped."""
-    return Adapter(
-        rules=[(r"^(module|grad):(model\.)?", r"\1:")],
-        transforms=[(r"^grad:.*\.(c_attn|c_proj|c_fc)\.weight$", np.transpose)] if conv1d else [],
-        drop=[r"\.out\d+$"],
-    )
+
+#: keys of blumodels.gpt2.GPT2 -> bluprofiler.demo.GPT (nanoGPT names under ``transformer.``)
+_TO_DEMO = [(r"^(module|grad):blocks\.", r"\1:transformer.h."),
+            (r"^(module|grad):(wte|wpe|ln_f)\b", r"\1:transformer.\2")]
+
+
+def gpt2_adapter(source: str = "reference", ours: str = "blumodels") -> Adapter:
+    """Name adapter from a PyTorch GPT-2 to a BluTrain GPT-2 for :func:`compare`.
+
+    source: ``"reference"`` benchmarks/torch_gpt2.py ``TorchGPT2`` (``blocks.<i>.{c_attn, attn_proj,
+    c_fc, mlp_proj}``, forward returns the loss); ``"hf"`` Hugging Face ``GPT2LMHeadModel``
+    (``transformer.h.<i>...``, Conv1D weights stored (in, out): their gradients are transposed;
+    attention/block tuple extras dropped; ``lm_head`` is our root's logits); ``"nanogpt"`` the HF
+    names with nn.Linear (no transposes).
+    ours: ``"blumodels"`` (blumodels.gpt2.GPT2: ``wte``, ``blocks.<i>.attn.c_attn`` ..., forward
+    returns (logits, loss), vocabulary padded to 64: wte gradients and logits are cropped to the
+    reference's vocabulary) or ``"demo"`` (bluprofiler.demo.GPT, nanoGPT names).
+    """
+    if source == "reference":
+        a = Adapter(rules=[(r"\.c_attn\b", ".attn.c_attn"), (r"\.attn_proj\b", ".attn.c_proj"),
+                           (r"\.c_fc\b", ".mlp.c_fc"), (r"\.mlp_proj\b", ".mlp.c_proj"),
+                           (r"^module:<root>$", "module:<root>.out1")])
+    elif source in ("hf", "nanogpt"):
+        a = Adapter(rules=[(r"^(module|grad):transformer\.h\.", r"\1:blocks."),
+                           (r"^(module|grad):transformer\.", r"\1:"), (r"^module:lm_head$", "module:<root>")],
+                    transforms=[(r"^grad:.*\.(c_attn|c_proj|c_fc)\.weight$", np.transpose)] if source == "hf" else [],
+                    drop=[r"\.out\d+$"])
+    else:
+        raise ValueError(f"gpt2_adapter: source must be 'reference', 'hf' or 'nanogpt', got {source!r}")
+    a.crop = [r"^grad:(transformer\.)?wte\.weight$", r"^module:<root>$", r"^module:lm_head$"]
+    if ours == "demo":
+        a = a.then(Adapter(rules=_TO_DEMO))
+        if source in ("hf", "nanogpt"):
+            a.rules.append((r"^module:<root>$", "module:lm_head"))  # the demo has an lm_head module
+    elif ours != "blumodels":
+        raise ValueError(f"gpt2_adapter: ours must be 'blumodels' or 'demo', got {ours!r}")
+    return a
 
 
 @dataclass
@@ -166,8 +198,14 @@ def compare(ours: Any, reference: Any, adapter: Adapter | None = None, rtol: flo
         raise PrecisionError(f"compare: no common keys (ours: {list(a)[:5]}..., reference: {list(b)[:5]}...); "
                              f"is an adapter needed?")
     rows = []
+    crop = adapter.crop if adapter is not None else []
     for k in common:
         x, y = np.asarray(a[k]), np.asarray(b[k])
+        note = ""
+        if (x.shape != y.shape and x.ndim == y.ndim and any(re.search(p, k) for p in crop)
+                and all(i >= j for i, j in zip(x.shape, y.shape))):
+            x = x[tuple(slice(0, n) for n in y.shape)]
+            note = f"ours cropped to {tuple(y.shape)}"
         if x.shape != y.shape:
             if x.size == y.size and x.squeeze().shape == y.squeeze().shape:
                 y = y.reshape(x.shape)
@@ -190,7 +228,7 @@ def compare(ours: Any, reference: Any, adapter: Adapter | None = None, rtol: flo
             continue
         r = rel_l2(x, y)
         li = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) if x.size else 0.0
-        rows.append(Row(k, tuple(x.shape), r, li, r <= rtol and li <= atol))
+        rows.append(Row(k, tuple(x.shape), r, li, r <= rtol and li <= atol, note))
     only_ours = [k for k in sel if k not in b]
     only_ref = [k for k in b if k not in a]
     return Comparison(rows, only_ours, only_ref, rtol, atol)
