@@ -101,3 +101,21 @@ def test_mpi_world_mismatch_with_environment():
 def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown backend 'gloo'"):
         dtms.init_process_group("gloo")
+
+
+@pytest.mark.parametrize("gpus, env, pinned, want", [
+    (1, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, False, "mpi"),  # 2 CPU ranks, 1 GPU
+    (2, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, False, "nccl"),
+    (1, {"RANK": "1", "WORLD_SIZE": "2", "BLUTRAIN_RUN_ID": "x"}, True, "nccl"),  # blurun pinned a GPU
+    (0, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}, False, "mpi"),
+    (0, {}, False, "local"),
+])
+def test_default_backend_choice(monkeypatch, gpus, env, pinned, want):
+    import dtms.world as w
+
+    monkeypatch.setattr(w, "gpu_count", lambda: gpus)
+    if pinned:
+        monkeypatch.setenv("BLUTRAIN_GPU_PINNED", "1")
+    else:
+        monkeypatch.delenv("BLUTRAIN_GPU_PINNED", raising=False)
+    assert default_backend(detect_launch(env)) == want

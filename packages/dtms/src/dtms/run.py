@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "MASTER_PORT": str(port), "BLUTRAIN_STORE_HOSTED": "1", "PYTHONUNBUFFERED": "1",
         "GROUP_RANK": str(a.node_rank), "NNODES": str(a.nnodes),
     })
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "BLUTRAIN_GPU_PINNED"):
         base.pop(k, None)
     stop = _Stop()
     print(f"blurun: run {run_id}: {world} rank(s) ({launcher}), store {a.master_addr}:{port}, logs {log_dir}",
@@ -148,6 +148,7 @@ def _run_direct(a: argparse.Namespace, base: dict, gpus: list[str], log_dir: Pat
                    LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(a.nproc_per_node))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[local]
+            env["BLUTRAIN_GPU_PINNED"] = "1"
         argv = [sys.executable, "-u", "-m", "dtms.runscript", a.script, *a.args]
         ranks.append(RankProcess(rank, argv, env, log_dir, a.tail_lines))
     failed: RankProcess | None = None

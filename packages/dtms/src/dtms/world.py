@@ -17,23 +17,31 @@ BACKENDS = ("nccl", "mpi", "local")
 _state: dict[str, Any] = {"pg": None, "info": None, "store": None}
 
 
-def cuda_available() -> bool:
-    """True when CuPy imports and sees at least one GPU (never raises)."""
+def gpu_count() -> int:
+    """GPUs CuPy can see (0 without CuPy, a driver or a GPU; never raises)."""
     if importlib.util.find_spec("cupy") is None:
-        return False
+        return 0
     if sys.platform.startswith("linux") and not any(os.path.exists(d) for d in ("/dev/nvidiactl", "/dev/dxg")):
-        return False  # no NVIDIA driver device: skip importing CuPy (slow) for nothing
+        return 0  # no NVIDIA driver device: skip importing CuPy (slow) for nothing
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:
-        return False
+        return 0
+
+
+def cuda_available() -> bool:
+    """True when CuPy imports and sees at least one GPU (never raises)."""
+    return gpu_count() > 0
 
 
 def default_backend(info: LaunchInfo) -> str:
-    """nccl with CuPy and a GPU; mpi under an MPI launcher; local for one process; else a clear error."""
-    if cuda_available():
+    """nccl when every local rank can have its own GPU (or blurun pinned one); else mpi under an MPI
+    launcher; local for one process; else a clear error. More local ranks than GPUs under mpirun means
+    CPU processes (NCCL refuses two ranks on one GPU), so those get mpi."""
+    n = gpu_count()
+    if n and (os.environ.get("BLUTRAIN_GPU_PINNED") == "1" or info.local_world_size <= n):
         return "nccl"
     if info.under_mpi:
         return "mpi"
@@ -43,6 +51,7 @@ def default_backend(info: LaunchInfo) -> str:
         f"world size {info.world_size} on CPU needs an MPI world, but this process was started by "
         f"{info.launcher} without MPI: launch with `blurun` (it uses mpiexec on CPU) or `mpirun`"
         + ("" if mpi4py_available() else f"; {MPI_HINT}")
+        + (f" ({n} GPU(s) for {info.local_world_size} local ranks)" if n else "")
     )
 
 
