@@ -46,6 +46,9 @@ def _check(q, k, v, variant):
                 f"flash attention ({variant}): {name} must be contiguous {np.dtype(want)}, got "
                 f"{a.dtype}{'' if a.flags.c_contiguous else ' (not contiguous)'}"
             )
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a.data.ptr % 16:
+            raise ShapeError(f"flash attention: {name} must start on a 16-byte boundary (copy it)")
     if not supports(variant, q.shape[2]):
         raise ShapeError(f"flash attention ({variant}): head dim {q.shape[2]} not supported")
 
@@ -135,6 +138,15 @@ def flash_attention_backward(
     return dq, dk, dv
 
 
+def _prepared(a, n: int, hd: int):
+    """``a`` as a contiguous, 16-byte aligned (BH, n, hd) array (copied only when needed)."""
+    cp = cupy()
+    a = cp.ascontiguousarray(a)
+    if a.data.ptr % 16:
+        a = a.copy()
+    return a.reshape(-1, n, hd)
+
+
 def pick_variant(dtype, hd: int) -> str | None:
     """Variant for storage ``dtype`` and head dim under blutensor's matmul precision (None: unsupported)."""
     if dtype == np.uint16:
@@ -184,12 +196,11 @@ class SdpaCuda(Kernel):
                 dict(mask=mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p, seed=seed, offset=offset),
                 bf16_inputs=(q.dtype == np.uint16,) * 3,
             )
-        cp = cupy()
         L, hd = q.shape[-2:]
         S = k.shape[-2]
-        q3 = cp.ascontiguousarray(q).reshape(-1, L, hd)
-        k3 = cp.ascontiguousarray(k).reshape(-1, S, hd)
-        v3 = cp.ascontiguousarray(v).reshape(-1, S, hd)
+        q3 = _prepared(q, L, hd)
+        k3 = _prepared(k, S, hd)
+        v3 = _prepared(v, S, hd)
         o, lse = flash_attention_forward(q3, k3, v3, bool(is_causal), scale, variant)
         ctx.saved = (q3, k3, v3, o, lse, bool(is_causal), scale, variant, q.shape, k.shape)
         return o.reshape(q.shape)
@@ -199,7 +210,7 @@ class SdpaCuda(Kernel):
         if _fallback.used(ctx):
             return _fallback.backward(ctx, nn_ops.sdpa_backward, g)
         q3, k3, v3, o, lse, causal, scale, variant, qshape, kshape = ctx.saved
-        do = cupy().ascontiguousarray(g).reshape(q3.shape)
+        do = _prepared(g, q3.shape[1], q3.shape[2])
         dq, dk, dv = flash_attention_backward(q3, k3, v3, o, lse, do, causal, scale, variant)
         needs = tuple(ctx.needs) + (True,) * 3
         return (
