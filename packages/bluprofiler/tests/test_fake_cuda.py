@@ -29,12 +29,19 @@ class _Event:
         pass
 
 
+class _Pool:
+    def malloc(self, n):
+        raise AssertionError("not called")
+
+
 class FakeCupy:
     hooks: list = []
     pushed: list = []
 
-    def __init__(self):
+    def __init__(self, allocator=None):
+        pool = _Pool()
         self.cuda = types.SimpleNamespace(
+            MemoryPool=_Pool, get_allocator=lambda: allocator or pool.malloc,
             MemoryHook=_Hook, Event=_Event, get_current_stream=lambda: types.SimpleNamespace(ptr=0x77),
             get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
             Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
@@ -84,3 +91,18 @@ def test_profiler_cuda_path_with_fake_cupy(monkeypatch, tmp_path):
     names = {e["args"]["name"] for e in tr["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert "stream 0x77" in names
     assert "host ms" in res.table()
+
+
+def test_foreign_allocator_falls_back_to_output_tracking(monkeypatch):
+    """With an allocator that is not a CuPy MemoryPool (bluallocator), pool hooks would see nothing:
+    the profiler tracks op outputs instead and says so."""
+    fake = FakeCupy(allocator=lambda n: None)
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
+    a = bt.randn(16, 16)
+    with profile() as prof:
+        assert FakeCupy.hooks == []
+        bt.exp(a)
+    res = prof.result
+    assert [(m.kind, m.owner, m.nbytes) for m in res.mem_events if m.kind == "alloc"] == [
+        ("alloc", "exp.forward", 16 * 16 * 4)]
+    assert "not a MemoryPool" in res.meta["memory_source"] and "not a MemoryPool" in res.table()

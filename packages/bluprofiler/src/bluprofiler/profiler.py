@@ -87,14 +87,20 @@ class Profiler:
         self._push = nv.push if nv is not None and nv.available else None
         self._pop = nv.pop if self._push is not None else None
         self.mem = MemoryTracker(self._owner) if self.memory else None
-        self._cpu_track = self.mem is not None and not self.cuda
-        if self.mem is not None:
-            if self.cuda:
+        self._array_track = self.mem is not None and not self.cuda
+        self.memory_source = "op outputs (root buffers)" if self.mem is not None else "off"
+        self.baseline_bytes = 0
+        if self.mem is not None and self.cuda:
+            if uses_cupy_pool(cp):
                 self.mem.install_cuda_hook(cp)
-                pool = cp.get_default_memory_pool()
-                self.baseline_bytes = int(pool.used_bytes())
+                self.baseline_bytes = int(cp.get_default_memory_pool().used_bytes())
+                self.memory_source = "CuPy memory pool hook"
             else:
-                self.baseline_bytes = 0
+                # another allocator (e.g. bluallocator's) bypasses CuPy's hooks: track op outputs instead
+                self._array_track = True
+                self.memory_source = ("op outputs (root buffers): the CuPy allocator is not a MemoryPool, "
+                                      "so pool hooks see nothing")
+        if self.mem is not None:
             self.mem.start()
         self.t0 = _now()
         self.wall0_ns = time.time_ns()
@@ -126,7 +132,8 @@ class Profiler:
         self._result = ProfileResult(
             events=self.events, mem_events=mem_events, t0=self.t0, t1=t1, wall0_ns=self.wall0_ns,
             device="cuda" if self.cuda else "cpu", gpu_timing=self.gpu is not None,
-            baseline_bytes=getattr(self, "baseline_bytes", 0), pid=self.pid)
+            baseline_bytes=self.baseline_bytes, pid=self.pid)
+        self._result.meta["memory_source"] = self.memory_source
         _release()
         return self._result
 
@@ -177,7 +184,7 @@ class Profiler:
             shapes = out_shape = None
         kernel = node.kernel if node is not None else (op, inputs)
         self._raw.append((op, "forward", kernel, idx, depth, _tid(), t0, t1, shapes, out_shape, ga, gb))
-        if self._cpu_track:
+        if self._array_track:
             self.mem.track(res._data, key, tuple([getattr(x, "_data", None) for x in inputs]))
         return res
 
@@ -253,7 +260,7 @@ class Profiler:
 
         def apply(node, grad):
             grads = prof._span(node.op, "backward", node.kernel, orig, node, grad)
-            if prof._cpu_track:
+            if prof._array_track:
                 key = node.op + ".backward"
                 for g in grads if isinstance(grads, tuple) else (grads,):
                     if g is not None:
@@ -271,6 +278,17 @@ class Profiler:
 
         Node.apply = self._orig_apply
         self._orig_apply = None
+
+
+def uses_cupy_pool(cp: Any) -> bool:
+    """True when CuPy allocates through a ``cupy.cuda.MemoryPool`` (whose malloc/free call memory hooks)."""
+    try:
+        alloc = cp.cuda.get_allocator()
+    except Exception:
+        return True  # cannot tell: assume CuPy's default
+    owner = getattr(alloc, "__self__", None)
+    pool_cls = getattr(cp.cuda, "MemoryPool", None)
+    return owner is not None and pool_cls is not None and isinstance(owner, pool_cls)
 
 
 def _release() -> None:

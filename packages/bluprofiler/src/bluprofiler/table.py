@@ -43,6 +43,8 @@ def format_table(res: ProfileResult, top: int = 25, sort_by: str = "total") -> s
         lines.append("")
         lines.append(f"memory: peak {_mib(p['peak_bytes'])} above the start ({p['n_alloc']} allocations, "
                      f"{p['n_free']} frees; baseline {_mib(p['baseline_bytes'])}); live at the peak by owner:")
+        if res.meta.get("memory_source"):
+            lines.append(f"  (source: {res.meta['memory_source']})")
         for owner, n in list(p["by_owner"].items())[:15]:
             lines.append(f"  {owner:<40} {_mib(n):>16}")
     return head + "\n".join(lines) + "\n"
