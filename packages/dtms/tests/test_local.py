@@ -57,3 +57,18 @@ def test_hooks_module_is_a_valid_plugin():
     for provided in pm.hook.blutrain_register_parallel_strategies():
         for cls in provided if isinstance(provided, list) else [provided]:
             assert isinstance(cls.PLUGIN_NAME, str)
+
+
+def test_missing_backends_name_the_extra(monkeypatch):
+    import sys
+
+    from dtms.backends.mpi import import_mpi
+    from dtms.backends.nccl import import_nccl
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", None)
+    with pytest.raises(RuntimeError, match=r"'mpi' backend needs mpi4py.*pip install dtms\[mpi\]"):
+        import_mpi()
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(RuntimeError, match=r"'nccl' backend needs CuPy.*pip install dtms\[cuda12\]"):
+        import_nccl()

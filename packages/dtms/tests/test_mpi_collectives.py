@@ -21,3 +21,21 @@ def test_collectives_match_numpy(nproc, tmp_path):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got["world"] == nproc and got["rank"] == r
         assert set(got["passed"]) == EXPECTED, sorted(EXPECTED - set(got["passed"]))
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_raising_rank_under_plain_mpiexec_ends_the_job():
+    """init_process_group installs an excepthook: the raising rank exits at once (no MPI_Finalize hang)."""
+    import subprocess
+    import sys
+    import time
+
+    from dtms.mpi import mpiexec_command, mpiexec_env
+    from dtms_testutil import clean_env
+
+    t0 = time.monotonic()
+    p = subprocess.run(mpiexec_command(2, [sys.executable, str(WORKERS / "raise_worker.py")]),
+                       env=mpiexec_env(clean_env()), capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "ValueError: rank 1 gives up" in p.stderr
+    assert "unreachable" not in p.stdout and time.monotonic() - t0 < 30

@@ -165,3 +165,15 @@ def test_missing_secret_and_unreachable(monkeypatch):
     c = TCPStore("127.0.0.1", port, secret=SECRET, timeout=0.3)
     with pytest.raises(StoreTimeout, match="unreachable after 0.3s"):
         c.set("k", "v")
+
+
+def test_malformed_authenticated_requests_get_errors_not_crashes(server):
+    c = client(server)
+    with pytest.raises(StoreError, match="unknown store op 'explode'"):
+        c._raise(c._request({"op": "explode"})[0])
+    with pytest.raises(StoreError, match="key must be a non-empty string"):
+        c._raise(c._request({"op": "set", "key": 5})[0])
+    with pytest.raises(StoreError, match="bad 'add' request"):
+        c._raise(c._request({"op": "add", "key": "k", "delta": "x"})[0])
+    c.set("still", "alive")
+    assert c.get("still") == b"alive"

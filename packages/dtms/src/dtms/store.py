@@ -178,7 +178,15 @@ class _Server:
                 pass
 
     def _handle(self, h: dict, value: bytes) -> tuple[dict, bytes]:
+        try:
+            return self._apply(h, value)
+        except (KeyError, TypeError, ValueError) as e:  # a malformed (but authenticated) request
+            return {"ok": False, "error": f"bad {h.get('op')!r} request: {type(e).__name__}: {e}"}, b""
+
+    def _apply(self, h: dict, value: bytes) -> tuple[dict, bytes]:
         op, key = h.get("op"), h.get("key")
+        if op in ("set", "get", "add", "compare_set", "delete") and (not isinstance(key, str) or not key):
+            return {"ok": False, "error": f"{op}: key must be a non-empty string, got {key!r}"}, b""
         with self.cond:
             if op == "set":
                 self.data[key] = value
