@@ -61,8 +61,10 @@ class Tensor:
 
     @staticmethod
     def _wrap_grad(g, node) -> Tensor:
-        dev = CPU if type(g) is np.ndarray else as_device(f"cuda:{g.device.id}")
-        return Tensor._from_data(g, None, dev)
+        """A gradient array as a Tensor (for hooks); uint16 gradients are bfloat16 bits on CUDA."""
+        if type(g) is np.ndarray:
+            return Tensor._from_data(g, None, CPU)
+        return Tensor._from_data(g, bfloat16 if g.dtype == np.uint16 else None, as_device(f"cuda:{g.device.id}"))
 
     # ---- metadata ----
     @property
@@ -576,7 +578,7 @@ def _device_index(index, dev):
 def _storage_scalar(value, dt: dtype, dev):
     """A Python scalar as it is stored for dtype ``dt`` on ``dev`` (bfloat16 bits on CUDA)."""
     if dt is bfloat16 and dev.type == "cuda":
-        return np.asarray(value, dtype=bfloat16.np).view(np.uint16)
+        return int(np.asarray(value, dtype=bfloat16.np).view(np.uint16))
     return value
 
 

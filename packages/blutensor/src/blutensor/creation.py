@@ -89,7 +89,7 @@ def _fill(xp, shape, store, fill, dt):
     if fill == 0:
         return xp.zeros(shape, dtype=store)
     if dt is bfloat16 and store == np.uint16:
-        bits = np.asarray(fill, dtype=bfloat16.np).view(np.uint16)
+        bits = int(np.asarray(fill, dtype=bfloat16.np).view(np.uint16))
         return xp.full(shape, bits, dtype=store)
     return xp.full(shape, fill, dtype=store)
 
