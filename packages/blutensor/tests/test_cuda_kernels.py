@@ -378,3 +378,23 @@ def test_cuda_cross_entropy_inplace_grad_through_autograd():
     loss.backward()
     _, egrad, _ = ref.cross_entropy(z.astype(np.float64), t)
     assert ref.rel_err(cupy.asnumpy(zt.grad._data), egrad) < ref.TOL["cross_entropy.grad"]["f32"]
+
+
+@pytest.mark.parametrize("variant", ["tf32", "bf16"])
+@pytest.mark.parametrize("L,S,causal", [(77, 77, True), (100, 130, False)])
+def test_cpu_emulated_mma_flash_attention(variant, L, S, causal):
+    """CPU twin of the tf32/bf16 GPU checks: a lane-level NumPy transliteration of sdpa_mma.cu
+    (dev/emulate_sdpa_mma.py) meets the same tolerances against the float64 reference."""
+    import emulate_sdpa_mma as em
+
+    X = em.Tf32 if variant == "tf32" else em.Bf16
+    hd = 64
+    q, k, v, do = (X.cast(RNG.standard_normal((n, hd))) for n in (L, S, S, L))
+    o, lse = em.forward(X, q, k, v, L, S, hd, 1 / 8, causal)
+    eo, else_ = ref.sdpa(*(a.astype(np.float64) for a in (q, k, v)), causal)
+    assert ref.rel_err(o, eo) <= ref.TOL["sdpa.fwd"][variant]
+    assert ref.rel_err(lse, else_) <= ref.TOL["sdpa.fwd"][variant]
+    D = (o.astype(np.float32) * do).sum(-1).astype(np.float32)
+    grads = em.backward(X, q, k, v, do, lse, D, L, S, hd, 1 / 8, causal)
+    for a, e in zip(grads, ref.sdpa_backward(*(a.astype(np.float64) for a in (q, k, v, do)), causal)):
+        assert ref.rel_err(a, e) <= ref.TOL["sdpa.bwd"][variant]

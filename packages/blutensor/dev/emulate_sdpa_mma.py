@@ -1,0 +1,342 @@
+"""Lane-level NumPy emulation of kernels/sdpa_mma.cu (no GPU): a line-by-line transliteration of the
+forward, dK/dV and dQ kernels over the 32 lanes of each warp, with mma.sync modelled by the PTX fragment
+layouts (m16n8k8 tf32, m16n8k16 bf16). It checks the tiling, masking, online softmax and the
+accumulator -> A-operand conversion against the float64 reference; the fragment layouts themselves are
+the PTX ISA's and are confirmed only by the GPU run (gpu_check_kernels.py).
+
+Usage: python packages/blutensor/dev/emulate_sdpa_mma.py
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernel_reference as ref  # noqa: E402
+
+LANE = np.arange(32)
+G = LANE >> 2
+T = LANE & 3
+BR = 64
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def f32(x):
+    return np.asarray(x, dtype=np.float32)
+
+
+def tf32(x):
+    """cvt.rna.tf32.f32: keep 10 mantissa bits, round to nearest, ties away from zero."""
+    u = f32(x).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x1000) & 0xFFFFE000).astype(np.uint32)
+    return u.view(np.float32)
+
+
+def bf16(x):
+    return f32(ref.bf16_round(f32(x)))
+
+
+class Tf32:
+    KS, PAD = 8, 4
+
+    @staticmethod
+    def load_a(X, r0, k0):  # -> (32, 4)
+        return np.stack(
+            [
+                tf32(X[r0 + G, k0 + T]),
+                tf32(X[r0 + G + 8, k0 + T]),
+                tf32(X[r0 + G, k0 + T + 4]),
+                tf32(X[r0 + G + 8, k0 + T + 4]),
+            ],
+            1,
+        )
+
+    @staticmethod
+    def load_bt(X, n0, k0):  # B[k][n] = X[n0 + n][k0 + k] -> (32, 2)
+        return np.stack([tf32(X[n0 + G, k0 + T]), tf32(X[n0 + G, k0 + T + 4])], 1)
+
+    @staticmethod
+    def load_b(X, k0, n0):  # B[k][n] = X[k0 + k][n0 + n]
+        return np.stack([tf32(X[k0 + T, n0 + G]), tf32(X[k0 + T + 4, n0 + G])], 1)
+
+    @staticmethod
+    def mma(c, a, b):
+        A = np.zeros((16, 8), np.float64)
+        A[G, T], A[G + 8, T], A[G, T + 4], A[G + 8, T + 4] = a[:, 0], a[:, 1], a[:, 2], a[:, 3]
+        B = np.zeros((8, 8), np.float64)
+        B[T, G], B[T + 4, G] = b[:, 0], b[:, 1]
+        return c + c_frag(A @ B)
+
+    @staticmethod
+    def c_to_a(cs, kk):  # cs: list of (32, 4) accumulators
+        c = cs[kk]
+        src1 = (LANE & ~3) | (T >> 1)
+        src2 = src1 + 2
+        odd = (T & 1).astype(bool)
+        a0 = np.where(odd, c[src1, 1], c[src1, 0])
+        a1 = np.where(odd, c[src1, 3], c[src1, 2])
+        a2 = np.where(odd, c[src2, 1], c[src2, 0])
+        a3 = np.where(odd, c[src2, 3], c[src2, 2])
+        return tf32(np.stack([a0, a1, a2, a3], 1))
+
+    cast = staticmethod(f32)
+
+
+class Bf16:
+    KS, PAD = 16, 8
+
+    @staticmethod
+    def load_a(X, r0, k0):  # -> (32, 4, 2)
+        def pair(r, k):
+            return np.stack([X[r, k], X[r, k + 1]], -1)
+
+        return np.stack(
+            [
+                pair(r0 + G, k0 + 2 * T),
+                pair(r0 + G + 8, k0 + 2 * T),
+                pair(r0 + G, k0 + 2 * T + 8),
+                pair(r0 + G + 8, k0 + 2 * T + 8),
+            ],
+            1,
+        )
+
+    @staticmethod
+    def load_bt(X, n0, k0):
+        return np.stack(
+            [
+                np.stack([X[n0 + G, k0 + 2 * T], X[n0 + G, k0 + 2 * T + 1]], -1),
+                np.stack([X[n0 + G, k0 + 2 * T + 8], X[n0 + G, k0 + 2 * T + 9]], -1),
+            ],
+            1,
+        )
+
+    @staticmethod
+    def load_b(X, k0, n0):
+        return np.stack(
+            [
+                np.stack([X[k0 + 2 * T, n0 + G], X[k0 + 2 * T + 1, n0 + G]], -1),
+                np.stack([X[k0 + 2 * T + 8, n0 + G], X[k0 + 2 * T + 9, n0 + G]], -1),
+            ],
+            1,
+        )
+
+    @staticmethod
+    def mma(c, a, b):
+        A = np.zeros((16, 16), np.float64)
+        for j in (0, 1):
+            A[G, 2 * T + j], A[G + 8, 2 * T + j] = a[:, 0, j], a[:, 1, j]
+            A[G, 2 * T + 8 + j], A[G + 8, 2 * T + 8 + j] = a[:, 2, j], a[:, 3, j]
+        B = np.zeros((16, 8), np.float64)
+        for j in (0, 1):
+            B[2 * T + j, G], B[2 * T + 8 + j, G] = b[:, 0, j], b[:, 1, j]
+        return c + c_frag(A @ B)
+
+    @staticmethod
+    def c_to_a(cs, kk):
+        c0, c1 = cs[2 * kk], cs[2 * kk + 1]
+        return bf16(np.stack([c0[:, 0:2], c0[:, 2:4], c1[:, 0:2], c1[:, 2:4]], 1))
+
+    cast = staticmethod(bf16)
+
+
+def c_frag(Cm):
+    """(16, 8) matrix -> (32, 4) accumulator fragments."""
+    return np.stack([Cm[G, 2 * T], Cm[G, 2 * T + 1], Cm[G + 8, 2 * T], Cm[G + 8, 2 * T + 1]], 1)
+
+
+def load_tile(src, r0, n, hd, pad):
+    tile = np.zeros((BR, hd + pad), np.float32)
+    rows = min(BR, max(0, n - r0))
+    tile[:rows, :hd] = src[r0 : r0 + rows]
+    return tile
+
+
+def forward(X, q, k, v, L, S, hd, scale, causal):
+    """One (BH) slice: returns (o, lse) like blu_sdpa_forward_*."""
+    o = np.zeros((L, hd), np.float32)
+    lse = np.zeros(L, np.float32)
+    c = np.float32(scale * LOG2E)
+    for bx in range(math.ceil(L / BR)):
+        q0 = bx * BR
+        Qs = load_tile(q, q0, L, hd, X.PAD)
+        for w in range(4):
+            row0, row1 = q0 + w * 16 + G, q0 + w * 16 + G + 8
+            qa = [X.load_a(Qs, w * 16, ks * X.KS) for ks in range(hd // X.KS)]
+            acc = [np.zeros((32, 4)) for _ in range(hd // 8)]
+            m0 = np.full(32, -np.inf, np.float32)
+            m1 = m0.copy()
+            l0 = np.zeros(32, np.float32)
+            l1 = l0.copy()
+            kend = min(S, q0 + BR) if causal else S
+            for k0 in range(0, kend, BR):
+                Ks, Vs = load_tile(k, k0, S, hd, X.PAD), load_tile(v, k0, S, hd, X.PAD)
+                s = [np.zeros((32, 4)) for _ in range(BR // 8)]
+                for ks in range(hd // X.KS):
+                    for n in range(BR // 8):
+                        s[n] = X.mma(s[n], qa[ks], X.load_bt(Ks, n * 8, ks * X.KS))
+                for n in range(BR // 8):
+                    s[n] = f32(s[n]) * c
+                    for e in range(4):
+                        key = k0 + n * 8 + 2 * T + (e & 1)
+                        row = row0 if e < 2 else row1
+                        s[n][:, e] = np.where((key >= S) | (causal & (key > row)), -np.inf, s[n][:, e])
+                mx0 = np.max([s[n][:, e] for n in range(BR // 8) for e in (0, 1)], 0)
+                mx1 = np.max([s[n][:, e] for n in range(BR // 8) for e in (2, 3)], 0)
+                for off in (1, 2):
+                    mx0 = np.maximum(mx0, mx0[LANE ^ off])
+                    mx1 = np.maximum(mx1, mx1[LANE ^ off])
+                mn0, mn1 = np.maximum(m0, mx0), np.maximum(m1, mx1)
+                mu0, mu1 = np.where(mn0 == -np.inf, 0, mn0), np.where(mn1 == -np.inf, 0, mn1)
+                al0, al1 = np.exp2(m0 - mu0), np.exp2(m1 - mu1)
+                l0, l1 = l0 * al0, l1 * al1
+                for n in range(BR // 8):
+                    s[n][:, 0:2] = np.exp2(s[n][:, 0:2] - mu0[:, None])
+                    s[n][:, 2:4] = np.exp2(s[n][:, 2:4] - mu1[:, None])
+                    l0 = l0 + s[n][:, 0] + s[n][:, 1]
+                    l1 = l1 + s[n][:, 2] + s[n][:, 3]
+                for d in range(hd // 8):
+                    acc[d][:, 0:2] *= al0[:, None]
+                    acc[d][:, 2:4] *= al1[:, None]
+                for kk in range(BR // X.KS):
+                    a = X.c_to_a(s, kk)
+                    for d in range(hd // 8):
+                        acc[d] = X.mma(acc[d], a, X.load_b(Vs, kk * X.KS, d * 8))
+                m0, m1 = mn0, mn1
+            for off in (1, 2):
+                l0 = l0 + l0[LANE ^ off]
+                l1 = l1 + l1[LANE ^ off]
+            for d in range(hd // 8):
+                for rows, cols, li in ((row0, (0, 1), l0), (row1, (2, 3), l1)):
+                    ok = rows < L
+                    for j, col in enumerate(cols):
+                        o[rows[ok], d * 8 + 2 * T[ok] + j] = X.cast(acc[d][ok, col] / li[ok])
+            for rows, m, li in ((row0, m0, l0), (row1, m1, l1)):
+                ok = (rows < L) & (T == 0)
+                lse[rows[ok]] = (m[ok] + np.log2(li[ok])) * LN2
+    return o, lse
+
+
+def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
+    """(dq, dk, dv) of one slice like blu_sdpa_backward_dkdv_* and blu_sdpa_backward_dq_*."""
+    c = np.float32(scale * LOG2E)
+    dk, dv, dq = np.zeros((S, hd)), np.zeros((S, hd)), np.zeros((L, hd))
+    sub = 32
+    for bx in range(math.ceil(S / BR)):  # ---- dK/dV
+        kb0 = bx * BR
+        Ks, Vs = load_tile(k, kb0, S, hd, X.PAD), load_tile(v, kb0, S, hd, X.PAD)
+        for w in range(4):
+            key0, key1 = kb0 + w * 16 + G, kb0 + w * 16 + G + 8
+            dka = [np.zeros((32, 4)) for _ in range(hd // 8)]
+            dva = [np.zeros((32, 4)) for _ in range(hd // 8)]
+            for q0 in range(kb0 if causal else 0, L, BR):
+                Qs, Os = load_tile(q, q0, L, hd, X.PAD), load_tile(do, q0, L, hd, X.PAD)
+                Ls = np.zeros(BR, np.float32)
+                Ds = np.zeros(BR, np.float32)
+                nr = min(BR, L - q0)
+                Ls[:nr], Ds[:nr] = lse[q0 : q0 + nr] * np.float32(LOG2E), D[q0 : q0 + nr]
+                for qs0 in range(0, BR, sub):
+                    st = [np.zeros((32, 4)) for _ in range(sub // 8)]
+                    dpt = [np.zeros((32, 4)) for _ in range(sub // 8)]
+                    for ks in range(hd // X.KS):
+                        ak, av = X.load_a(Ks, w * 16, ks * X.KS), X.load_a(Vs, w * 16, ks * X.KS)
+                        for n in range(sub // 8):
+                            st[n] = X.mma(st[n], ak, X.load_bt(Qs, qs0 + n * 8, ks * X.KS))
+                            dpt[n] = X.mma(dpt[n], av, X.load_bt(Os, qs0 + n * 8, ks * X.KS))
+                    for n in range(sub // 8):
+                        for e in range(4):
+                            qi = qs0 + n * 8 + 2 * T + (e & 1)
+                            qg = q0 + qi
+                            key = key0 if e < 2 else key1
+                            p = np.exp2(f32(st[n][:, e]) * c - Ls[qi])
+                            p = np.where((qg >= L) | (key >= S) | (causal & (key > qg)), 0, p)
+                            st[n][:, e] = p
+                            dpt[n][:, e] = p * (f32(dpt[n][:, e]) - Ds[qi])
+                    for kk in range(sub // X.KS):
+                        ap, ads = X.c_to_a(st, kk), X.c_to_a(dpt, kk)
+                        for d in range(hd // 8):
+                            dva[d] = X.mma(dva[d], ap, X.load_b(Os, qs0 + kk * X.KS, d * 8))
+                            dka[d] = X.mma(dka[d], ads, X.load_b(Qs, qs0 + kk * X.KS, d * 8))
+            for d in range(hd // 8):
+                for keys, cols in ((key0, (0, 1)), (key1, (2, 3))):
+                    ok = keys < S
+                    for j, col in enumerate(cols):
+                        dk[keys[ok], d * 8 + 2 * T[ok] + j] = X.cast(dka[d][ok, col] * scale)
+                        dv[keys[ok], d * 8 + 2 * T[ok] + j] = X.cast(dva[d][ok, col])
+    for bx in range(math.ceil(L / BR)):  # ---- dQ
+        q0 = bx * BR
+        Qs, Os = load_tile(q, q0, L, hd, X.PAD), load_tile(do, q0, L, hd, X.PAD)
+        Ls = np.zeros(BR, np.float32)
+        Ds = np.zeros(BR, np.float32)
+        nr = min(BR, L - q0)
+        Ls[:nr], Ds[:nr] = lse[q0 : q0 + nr] * np.float32(LOG2E), D[q0 : q0 + nr]
+        for w in range(4):
+            r0, r1 = w * 16 + G, w * 16 + G + 8
+            dqa = [np.zeros((32, 4)) for _ in range(hd // 8)]
+            kend = min(S, q0 + BR) if causal else S
+            for k0 in range(0, kend, BR):
+                Ks, Vs = load_tile(k, k0, S, hd, X.PAD), load_tile(v, k0, S, hd, X.PAD)
+                for ks0 in range(0, BR, sub):
+                    s = [np.zeros((32, 4)) for _ in range(sub // 8)]
+                    dp = [np.zeros((32, 4)) for _ in range(sub // 8)]
+                    for ks in range(hd // X.KS):
+                        aq, ao = X.load_a(Qs, w * 16, ks * X.KS), X.load_a(Os, w * 16, ks * X.KS)
+                        for n in range(sub // 8):
+                            s[n] = X.mma(s[n], aq, X.load_bt(Ks, ks0 + n * 8, ks * X.KS))
+                            dp[n] = X.mma(dp[n], ao, X.load_bt(Vs, ks0 + n * 8, ks * X.KS))
+                    for n in range(sub // 8):
+                        for e in range(4):
+                            key = k0 + ks0 + n * 8 + 2 * T + (e & 1)
+                            rr = r0 if e < 2 else r1
+                            row = q0 + rr
+                            p = np.exp2(f32(s[n][:, e]) * c - Ls[rr])
+                            p = np.where((row >= L) | (key >= S) | (causal & (key > row)), 0, p)
+                            dp[n][:, e] = p * (f32(dp[n][:, e]) - Ds[rr])
+                    for kk in range(sub // X.KS):
+                        a = X.c_to_a(dp, kk)
+                        for d in range(hd // 8):
+                            dqa[d] = X.mma(dqa[d], a, X.load_b(Ks, ks0 + kk * X.KS, d * 8))
+            for d in range(hd // 8):
+                for rr, cols in ((r0, (0, 1)), (r1, (2, 3))):
+                    ok = q0 + rr < L
+                    for j, col in enumerate(cols):
+                        dq[q0 + rr[ok], d * 8 + 2 * T[ok] + j] = X.cast(dqa[d][ok, col] * scale)
+    return dq, dk, dv
+
+
+def main() -> int:
+    rng = np.random.default_rng(0)
+    bad = 0
+    for name, X, tol_f, tol_b in (("tf32", Tf32, 4e-3, 1e-2), ("bf16", Bf16, 2e-2, 4e-2)):
+        for L, S, causal in ((77, 77, False), (77, 77, True), (100, 130, False), (130, 100, True)):
+            hd = 64
+            q, k, v, do = (X.cast(rng.standard_normal((n, hd))) for n in (L, S, S, L))
+            scale = 1 / math.sqrt(hd)
+            o, lse = forward(X, q, k, v, L, S, hd, scale, causal)
+            eo, else_ = ref.sdpa(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), causal)
+            D = (f32(do) * f32(o)).sum(-1).astype(np.float32)
+            dq, dk, dv = backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal)
+            e = ref.sdpa_backward(*(a.astype(np.float64) for a in (q, k, v, do)), causal)
+            errs = dict(
+                o=ref.rel_err(o, eo),
+                lse=ref.rel_err(lse, else_),
+                dq=ref.rel_err(dq, e[0]),
+                dk=ref.rel_err(dk, e[1]),
+                dv=ref.rel_err(dv, e[2]),
+            )
+            ok = errs["o"] <= tol_f and errs["lse"] <= tol_f and max(errs["dq"], errs["dk"], errs["dv"]) <= tol_b
+            bad += not ok
+            print(
+                f"{'PASS' if ok else 'FAIL'} {name} L={L} S={S} causal={causal}: "
+                + " ".join(f"{k_}={v_:.2e}" for k_, v_ in errs.items()),
+                flush=True,
+            )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
