@@ -27,14 +27,15 @@ def test_off_is_the_untouched_code_path_and_measures_the_same():
     step, _ = make_gpt_step("tiny")
     step()
     apply_fn, obs = Node.apply, list(dispatch.observers)
-    never = _block(step, 40)
+    never = _block(step, 60)
     with profile():
         step()
     assert Node.apply is apply_fn and dispatch.observers == obs == []
-    off = _block(step, 40)
+    off = _block(step, 60)
     ratio = min(off) / min(never)
     print(f"profiler off vs never attached: {ratio:.3f}")
-    assert ratio < 1.15
+    # identical code path (asserted above); the bound only catches gross regressions on a noisy CI box
+    assert ratio < 1.3
 
 
 def test_on_overhead_is_bounded_on_a_small_model():
