@@ -21,7 +21,8 @@ def gpu_count() -> int:
     """GPUs CuPy can see (0 without CuPy, a driver or a GPU; never raises)."""
     if importlib.util.find_spec("cupy") is None:
         return 0
-    if sys.platform.startswith("linux") and not any(os.path.exists(d) for d in ("/dev/nvidiactl", "/dev/dxg")):
+    driver_nodes = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
+    if sys.platform.startswith("linux") and not any(os.path.exists(d) for d in driver_nodes):
         return 0  # no NVIDIA driver device: skip importing CuPy (slow) for nothing
     try:
         import cupy
