@@ -248,3 +248,22 @@ def test_cpu_vs_cuda_dump():
     r = compare(b, a, rtol=1e-4)
     assert r.ok, r.report()
     assert len(r.rows) == len(a.tensors)
+
+
+def test_compare_command(tmp_path, capsys):
+    from bluprofiler.compare import main
+
+    x = np.linspace(0, 1, 10, dtype=np.float32)
+    from bluprofiler import save_dump
+
+    save_dump({"module:a": x, "grad:w": x * 2}, tmp_path / "a.npz")
+    save_dump({"module:a": x, "grad:w": x * 2 + 1e-3}, tmp_path / "b.safetensors")
+    assert main([str(tmp_path / "a.npz"), str(tmp_path / "b.safetensors"), "--json", str(tmp_path / "r.json")]) == 1
+    out = capsys.readouterr().out
+    assert ">>> grad:w" in out and "first divergence: grad:w" in out
+    assert main([str(tmp_path / "a.npz"), str(tmp_path / "b.safetensors"), "--rtol", "1e-2"]) == 0
+    import json
+
+    assert json.loads((tmp_path / "r.json").read_text())["first_divergence"] == "grad:w"
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "a.npz"), str(tmp_path / "a.npz"), "--adapter", "bert:x"])

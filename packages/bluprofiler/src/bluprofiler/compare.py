@@ -232,3 +232,36 @@ def compare(ours: Any, reference: Any, adapter: Adapter | None = None, rtol: flo
     only_ours = [k for k in sel if k not in b]
     only_ref = [k for k in b if k not in a]
     return Comparison(rows, only_ours, only_ref, rtol, atol)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bluprofiler.compare OURS REFERENCE [--adapter gpt2:reference] [--rtol 1e-5]``:
+    print the comparison of two dump files; exit status 1 when they diverge."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m bluprofiler.compare", description=main.__doc__.split(":")[0])
+    p.add_argument("ours")
+    p.add_argument("reference")
+    p.add_argument("--adapter", default=None,
+                   help="gpt2:<reference|hf|nanogpt>[:<blumodels|demo>] (default: keys compared as they are)")
+    p.add_argument("--rtol", type=float, default=1e-5, help="relative L2 tolerance (default 1e-5)")
+    p.add_argument("--atol", type=float, default=float("inf"), help="L-inf tolerance (default none)")
+    p.add_argument("--keys", default=None, help="regex on our keys to compare")
+    p.add_argument("--json", default=None, help="also write the comparison as JSON here")
+    a = p.parse_args(argv)
+    adapter = None
+    if a.adapter:
+        parts = a.adapter.split(":")
+        if parts[0] != "gpt2" or len(parts) not in (2, 3):
+            p.error(f"--adapter {a.adapter!r}: expected gpt2:<reference|hf|nanogpt>[:<blumodels|demo>]")
+        adapter = gpt2_adapter(parts[1], *(parts[2:]))
+    r = compare(a.ours, a.reference, adapter=adapter, rtol=a.rtol, atol=a.atol, keys=a.keys)
+    print(r.report(), end="")
+    if a.json:
+        Path(a.json).write_text(json.dumps(r.to_dict(), indent=1))
+    return 0 if r.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
