@@ -38,9 +38,10 @@ def run_mpi(n: int, script: Path, *args: str, timeout: float = 60.0) -> subproce
     return p
 
 
-def run_blurun(*args: str, timeout: float = 60.0, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_blurun(*args: str, timeout: float = 60.0, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m dtms.run args`` (the blurun entry point) with a time limit."""
-    return subprocess.run([sys.executable, "-m", "dtms.run", *args], env=clean_env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dtms.run", *args], env=env or clean_env(), capture_output=True,
                           text=True, timeout=timeout, cwd=cwd)
 
 

@@ -1,5 +1,6 @@
 """blurun: environment, per-rank logs, failure of one rank ends the gang (named, no hang), port reuse."""
 
+import json
 import os
 import re
 import signal
@@ -142,3 +143,22 @@ def test_python_m_dtms_run_help():
     p = subprocess.run([sys.executable, "-m", "dtms.run", "--help"], capture_output=True, text=True, timeout=30,
                        env=dict(os.environ))
     assert p.returncode == 0 and "--nproc-per-node" in p.stdout
+
+
+def test_two_node_rendezvous_through_the_store(tmp_path):
+    """Two blurun 'nodes' on this machine (direct mode, 2 ranks each) meet in node 0's store."""
+    port = str(free_port())
+    env = clean_env(BLUTRAIN_STORE_SECRET="shared-secret-of-the-job")
+    common = ["--launcher", "direct", "--nnodes", "2", "--nproc-per-node", "2", "--master-port", port]
+    node1 = subprocess.Popen([sys.executable, "-m", "dtms.run", *common, "--node-rank", "1", "--log-dir",
+                              str(tmp_path / "logs1"), str(WORKERS / "store_worker.py"), str(tmp_path)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p0 = run_blurun(*common, "--node-rank", "0", "--log-dir", str(tmp_path / "logs0"),
+                    str(WORKERS / "store_worker.py"), str(tmp_path), env=env, timeout=LIMIT)
+    _, err1 = node1.communicate(timeout=LIMIT)
+    assert p0.returncode == 0 and node1.returncode == 0, (p0.stderr, err1)
+    want = [f"rank {r} on node {r // 2}" for r in range(4)]
+    for r in range(4):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got == {"rank": r, "local": r % 2, "world": 4, "seen": want}
+    assert (tmp_path / "logs1" / "rank3.err").exists() and (tmp_path / "logs0" / "rank0.out").exists()
