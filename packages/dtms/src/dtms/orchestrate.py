@@ -1,0 +1,52 @@
+"""``python -m dtms.orchestrate [options] script.py [args]``: run a script on a gang of ranks (through
+``blurun``) with heartbeats, fault classification and gang restarts from the last verified checkpoint.
+
+Exit codes: 0 success, 70 fatal fault, 71 restart budget spent, 72 no progress, 75 preempted (requeue)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .orchestrator import Orchestrator, OrchestratorConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dtms.orchestrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", required=True, help="state, events.jsonl, logs, stacks (reuse it to continue)")
+    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--launcher", choices=("auto", "direct", "mpi"), default="auto")
+    p.add_argument("--max-restarts", type=int, default=3, help="gang restarts allowed after faults")
+    p.add_argument("--max-no-progress", type=int, default=2,
+                   help="restarts in a row without a new step before giving up (exit 72)")
+    p.add_argument("--heartbeat-interval", type=float, default=0.5)
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="seconds without a heartbeat = hung")
+    p.add_argument("--progress-timeout", type=float, default=120.0, help="seconds without a step = hung")
+    p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to the first step")
+    p.add_argument("--grace-period", type=float, default=10.0, help="SIGTERM -> checkpoint -> exit window")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics (0: any port)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address (loopback by default)")
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.nproc_per_node < 1 or a.max_restarts < 0 or a.max_no_progress < 0:
+        print("orchestrate: error: need --nproc-per-node >= 1, --max-restarts >= 0, --max-no-progress >= 0",
+              file=sys.stderr)
+        return 2
+    cfg = OrchestratorConfig(
+        script=a.script, args=list(a.args), run_dir=a.run_dir, nproc_per_node=a.nproc_per_node,
+        launcher=a.launcher, max_restarts=a.max_restarts, max_no_progress=a.max_no_progress,
+        heartbeat_interval=a.heartbeat_interval, heartbeat_timeout=a.heartbeat_timeout,
+        progress_timeout=a.progress_timeout, startup_timeout=a.startup_timeout, grace_period=a.grace_period,
+        metrics_host=a.metrics_host, metrics_port=a.metrics_port, run_id=a.run_id, quiet=a.quiet)
+    return Orchestrator(cfg).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
