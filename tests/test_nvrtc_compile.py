@@ -3,7 +3,8 @@
 Runs without a GPU (NVRTC is a compiler library), so a broken kernel fails CI. Files are discovered under
 packages/*/src/**/kernels/*.cu, so kernels added later by any package are checked automatically. Local
 quoted includes resolve against the file's own directory (-I); CUDA headers (cuda_bf16.h, ...) come from
-the nvidia-cuda-runtime wheel or a CUDA toolkit when one is found. Skips only when cuda-bindings
+the nvidia-cuda-runtime wheel or a CUDA toolkit when one is found. A file may ask for extra targets with a
+comment ``// blu-nvrtc-archs: 90a`` (arch-specific features such as wgmma). Skips only when cuda-bindings
 (``cuda.bindings.nvrtc``) is not installed.
 """
 
@@ -22,9 +23,7 @@ ARCHS = ("80", "86", "89", "90")
 KERNELS = sorted(
     {
         Path(p)
-        for p in glob.glob(
-            str(ROOT / "packages" / "*" / "src" / "**" / "kernels" / "**" / "*.cu"), recursive=True
-        )
+        for p in glob.glob(str(ROOT / "packages" / "*" / "src" / "**" / "kernels" / "**" / "*.cu"), recursive=True)
     }
 )
 
@@ -87,6 +86,15 @@ def compile_file(path: Path, arch: str) -> tuple[bool, str]:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def extra_archs(path: Path) -> list[str]:
+    """Arch-specific targets a kernel file declares with ``blu-nvrtc-archs: 90a[, ...]``."""
+    m = re.search(r"blu-nvrtc-archs:\s*([0-9a-z ,]+)", path.read_text(errors="ignore"))
+    return [a for a in m.group(1).replace(",", " ").split() if a not in ARCHS] if m else []
+
+
+CASES = [(p, a) for p in KERNELS for a in ARCHS + tuple(extra_archs(p))]
+
+
 def test_kernel_files_found():
     """The discovery glob sees the kernels of the packages that ship them."""
     assert KERNELS, "no .cu files found under packages/*/src/**/kernels/"
@@ -96,8 +104,7 @@ def test_kernel_files_found():
     nvrtc is None,
     reason="cuda-bindings (cuda.bindings.nvrtc) is not installed: pip install blublas[nvrtc]",
 )
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("path", KERNELS, ids=[str(p.relative_to(ROOT / "packages")) for p in KERNELS])
+@pytest.mark.parametrize("path,arch", CASES, ids=[f"{p.relative_to(ROOT / 'packages')}-sm_{a}" for p, a in CASES])
 def test_nvrtc_compiles(path: Path, arch: str):
     ok, log = compile_file(path, arch)
     assert ok, f"NVRTC failed to compile {path.relative_to(ROOT)} for sm_{arch}:\n{log}"

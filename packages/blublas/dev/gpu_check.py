@@ -159,6 +159,52 @@ def correctness(cp) -> None:
             run_check("heuristic_aligned", case, cp)
     RESULT["timings"]["correctness_s"] = round(time.time() - t, 1)
     log(f"correctness done ({time.time() - t:.1f}s)")
+    if cc == 90:
+        wgmma_checks(cp, rng)
+
+
+def wgmma_checks(cp, rng) -> None:
+    """The sm_90a wgmma BF16 variant (opt-in via BLUBLAS_WGMMA=1): validated here; benchmarked only if correct."""
+    from blublas import configs
+    from blublas.testing import make_case
+
+    os.environ["BLUBLAS_WGMMA"] = "1"
+    t = time.time()
+    before = len(RESULT["failures"])
+    shapes = [(1, 1, 1), (7, 5, 3), (130, 67, 19), (257, 129, 200), (256, 256, 64), (300, 270, 129), (128, 512, 1024)]
+    for cfg in configs.configs_for("wgmma", 90):
+        for lay in configs.LAYOUTS:
+            for shp in shapes:
+                case = make_case(rng, *shp, layout=lay, precision="bf16", bias="f32")
+                run_check("wgmma_config_sweep", case, cp, config=cfg.name)
+            for obf in (True, False):
+                case = make_case(
+                    rng,
+                    133,
+                    200,
+                    96,
+                    layout=lay,
+                    precision="bf16",
+                    out_bf16=obf,
+                    bias="f32",
+                    epilogue="gelu",
+                    save_preact=True,
+                    alpha=0.5,
+                    beta=0.5,
+                )
+                run_check("wgmma_epilogue", case, cp, config=cfg.name)
+            case = make_case(
+                rng, 96, 300, 1500, layout=lay, precision="bf16", bias="f32", epilogue="gelu", save_preact=True
+            )
+            run_check("wgmma_split_k", case, cp, config=cfg.name, splits=3)
+            case = make_case(rng, 67, 130, 70, layout=lay, precision="bf16", batch=3)
+            run_check("wgmma_batched", case, cp, config=cfg.name)
+    ok = len(RESULT["failures"]) == before and any(k.startswith("wgmma") for k in RESULT["checks"])
+    RESULT["wgmma_validated"] = ok
+    if not ok:
+        os.environ["BLUBLAS_WGMMA"] = "0"
+    RESULT["timings"]["wgmma_checks_s"] = round(time.time() - t, 1)
+    log(f"wgmma checks done: validated={ok} ({time.time() - t:.1f}s); benchmark {'with' if ok else 'without'} wgmma")
 
 
 def capture(cp) -> None:
@@ -266,12 +312,13 @@ def bench_one(cp, prec: str, name: str, lay: str, m: int, n: int, k: int, row: d
         b = (b.view(cp.uint32) >> 16).astype(cp.uint16)
     ours, ref = cp.empty((m, n), dt), cp.empty((m, n), dt)
     kw = dict(trans_a=ta, trans_b=tb, precision=prec)
-    heur = configs.choose(variant, cc, m, n, k, 1, sms=sms, out_bytes=2 if prec == "bf16" else 4)
+    heur = configs.choose(variant, cc, m, n, k, 1, sms=sms, out_bytes=2 if prec == "bf16" else 4, precision=prec)
     cands = {(heur[0].name, heur[1])}
-    for cfg in configs.configs_for(variant, cc):
-        cands.add((cfg.name, 1))
-        if heur[1] > 1:
-            cands.add((cfg.name, heur[1]))
+    for v in configs.variants_for(prec, cc):
+        for cfg in configs.configs_for(v, cc):
+            cands.add((cfg.name, 1))
+            if heur[1] > 1:
+                cands.add((cfg.name, heur[1]))
     timings = {}
     for cname, s in sorted(cands):
         timings[f"{cname}/s{s}"] = _time_ms(
@@ -376,6 +423,7 @@ def main() -> None:
     print("\n==== blublas gpu_check summary ====")
     for k, v in RESULT["checks"].items():
         print(f"{k:28s} pass {v['pass']:4d} fail {v['fail']:3d} worst err/tol {v['worst_err_over_tol']:.3f}")
+    print(f"wgmma (sm_90a) validated: {RESULT.get('wgmma_validated')}")
     for prec, s in RESULT.get("bench_summary", {}).items():
         print(
             f"bench {prec}: geomean {s['geomean_ratio']:.3f}x cuBLAS (target {s['target']}), min {s['min_ratio']:.3f}"

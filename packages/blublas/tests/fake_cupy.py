@@ -170,7 +170,7 @@ class _Kernel:
                 cur = _f(_view(C + b * sC * (2 if obf else 4), np.uint16 if obf else np.float32, (M, N), (ldc, 1)), obf)
                 _epilogue(cur, C, bias, P, M, N, ldc, ldp, b * sC, b * sP, 1.0, 0.0, flags & ~32)
             return
-        m = re.fullmatch(r"blu_gemm_(simt|tf32|bf16)_(\w+)_(nn|nt|tn)", self.name)
+        m = re.fullmatch(r"blu_gemm_(simt|tf32|bf16|wgmma)_(\w+)_(nn|nt|tn)", self.name)
         assert m, self.name
         variant, cname, layout = m.groups()
         cfg = configs.ALL_CONFIGS[variant][cname]
@@ -181,18 +181,19 @@ class _Kernel:
         (A, B, C, bias, P, M, N, K, lda, ldb, ldc, ldp, sA, sB, sC, sP, alpha, beta, flags, splits, chunk) = vals
         assert len(args) == 21
         assert grid[0] == -(-N // cfg.bn) and grid[1] == -(-M // cfg.bm), (grid, M, N)
+        bf = variant in ("bf16", "wgmma")
         if flags & 64:
-            per = 8 if variant == "bf16" else 4
+            per = 8 if bf else 4
             assert A % 16 == 0 and B % 16 == 0 and lda % per == 0 and ldb % per == 0, "vector path misused"
         ta, tb = layout[0] == "t", layout[1] == "t"
-        idt = np.uint16 if variant == "bf16" else np.float32
+        idt = np.uint16 if bf else np.float32
         for z in range(grid[2]):
             b, s = divmod(z, splits)
             k0, k1 = s * chunk, min(K, (s + 1) * chunk)
             a = _view(A + b * sA * np.dtype(idt).itemsize, idt, (K, M) if ta else (M, K), (lda, 1))
             bb = _view(B + b * sB * np.dtype(idt).itemsize, idt, (N, K) if tb else (K, N), (ldb, 1))
-            a = _f(a, variant == "bf16")
-            bb = _f(bb, variant == "bf16")
+            a = _f(a, bf)
+            bb = _f(bb, bf)
             opa = a.T if ta else a
             opb = bb.T if tb else bb
             acc = opa[:, k0:k1] @ opb[k0:k1, :] if k1 > k0 else np.zeros((M, N))
@@ -200,13 +201,15 @@ class _Kernel:
 
 
 class RawModule:
-    def __init__(self, code: str, options=()):
-        assert "-std=c++17" in options
-        self.names = set(re.findall(r"\b(blu_\w+)\(", code))
-        self.code = code
+    def __init__(self, code: str | None = None, options=(), path: str | None = None):
+        assert path is not None or "-std=c++17" in options
+        self.names = set(re.findall(r"\b(blu_\w+)\(", code or ""))
+        self.path = path
 
     def get_function(self, name: str) -> _Kernel:
-        if name not in self.names and not re.fullmatch(r"blu_gemm_(simt|tf32|bf16)_\w+_(nn|nt|tn)", name):
+        if self.path:
+            assert "wgmma" in self.path and name.startswith("blu_gemm_wgmma_"), (self.path, name)
+        elif name not in self.names and not re.fullmatch(r"blu_gemm_(simt|tf32|bf16)_\w+_(nn|nt|tn)", name):
             raise KeyError(name)
         return _Kernel(name)
 

@@ -9,11 +9,11 @@ import pytest
 from blublas import autotune, configs, loader
 from blublas.errors import GemmError, ProviderUnavailable
 
-MACRO = re.compile(r"^BLU_(SIMT|TF32|BF16)_CONFIG\((\w+),\s*([\d,\s]+)\)", re.M)
+MACRO = re.compile(r"^BLU_(SIMT|TF32|BF16|WGMMA)_CONFIG\((\w+),\s*([\d,\s]+)\)", re.M)
 
 
 def _cu_configs() -> dict[str, dict[str, tuple[int, ...]]]:
-    out: dict[str, dict[str, tuple[int, ...]]] = {"simt": {}, "tf32": {}, "bf16": {}}
+    out: dict[str, dict[str, tuple[int, ...]]] = {v: {} for v in configs.FILE_OF_VARIANT}
     for variant, fname in configs.FILE_OF_VARIANT.items():
         text = (loader.KERNEL_DIR / fname).read_text()
         for m in MACRO.finditer(text):
@@ -28,7 +28,7 @@ def test_python_config_table_matches_the_cu_instantiations():
         assert set(table) == set(cu[variant]), variant
         for name, cfg in table.items():
             nums = cu[variant][name]
-            if variant == "simt":
+            if variant in ("simt", "wgmma"):
                 assert nums == (cfg.bm, cfg.bn, cfg.bk, cfg.stages)
             else:
                 bm, bn, bk, wm, wn, st = nums
@@ -47,9 +47,9 @@ def test_every_kernel_name_exists_in_its_source():
 @pytest.mark.parametrize("cc", [80, 86, 89, 90])
 def test_configs_for_each_arch_fit_its_shared_memory(cc):
     info = configs.arch_info(cc)
-    for variant in ("simt", "tf32", "bf16"):
+    for variant in ("simt", "tf32", "bf16", "wgmma"):
         cfgs = configs.configs_for(variant, cc)
-        assert cfgs, (cc, variant)
+        assert cfgs or (variant == "wgmma" and cc != 90), (cc, variant)
         assert all(c.max_smem_bytes() <= info.smem_optin for c in cfgs)
 
 
@@ -139,3 +139,21 @@ def test_all_candidates_failing_is_an_error(tmp_path):
 
     with pytest.raises(RuntimeError, match="every candidate failed"):
         autotune.tune("k", [1, 2], timer, cache=autotune.AutotuneCache(tmp_path / "a.json"))
+
+
+def test_wgmma_only_on_sm90_and_only_when_enabled(monkeypatch):
+    monkeypatch.delenv("BLUBLAS_WGMMA", raising=False)
+    assert configs.variants_for("bf16", 90) == ["bf16"]
+    monkeypatch.setenv("BLUBLAS_WGMMA", "1")
+    assert configs.variants_for("bf16", 90) == ["bf16", "wgmma"]
+    assert configs.variants_for("bf16", 100) == ["bf16"]  # sm_90a code does not run on sm_100
+    assert configs.variants_for("tf32", 90) == ["tf32"]
+    assert configs.configs_for("wgmma", 89) == []
+    cfg, s = configs.choose("bf16", 90, 16384, 2304, 768, sms=132, precision="bf16")
+    assert cfg.variant == "wgmma"
+
+
+def test_arch_specific_kernel_file_declares_its_target():
+    assert loader.arch_suffix("gemm_wgmma_bf16.cu", 90) == "a"
+    assert loader.arch_suffix("gemm_wgmma_bf16.cu", 89) == ""
+    assert loader.arch_suffix("gemm_mma_bf16.cu", 90) == ""

@@ -173,3 +173,27 @@ def test_cublas_fallback_epilogue_kernel_arguments(fcp, monkeypatch, precision, 
         )
         assert check_case(case, fcp, "cublas") <= case.tol, case.describe()
     assert fcp.LAUNCHES[-1]["name"] == "blu_gemm_epilogue_apply"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_launch_plumbing_wgmma(fcp, monkeypatch, tmp_path, layout):
+    """With BLUBLAS_WGMMA=1 on sm_90 the wgmma variant is chosen for bf16 and compiled for sm_90a."""
+    monkeypatch.setenv("BLUBLAS_WGMMA", "1")
+    built = []
+
+    def fake_cubin(filename, arch):
+        built.append((filename, arch))
+        return tmp_path / "gemm_wgmma_bf16_sm90a.cubin"
+
+    monkeypatch.setattr(loader, "_cubin_with_nvrtc", fake_cubin)
+    rng = np.random.default_rng(6)
+    for cfg in configs.configs_for("wgmma", 90):
+        case = make_case(
+            rng, 130, 70, 100, layout=layout, precision="bf16", bias="f32", epilogue="gelu", save_preact=True, beta=0.5
+        )
+        assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
+        assert fcp.LAUNCHES[-1]["name"] == cfg.kernel_name(layout)
+    case = make_case(rng, 512, 512, 256, layout=layout, precision="bf16")
+    assert check_case(case, fcp) <= case.tol
+    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
+    assert built == [("gemm_wgmma_bf16.cu", "90a")]

@@ -9,13 +9,21 @@ autotuner (autotune.py) replaces that guess by a measurement when asked.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from .errors import GemmError, ProviderUnavailable
 
 #: precision -> kernel variant -> source file
 VARIANT_OF_PRECISION = {"fp32": "simt", "tf32": "tf32", "bf16": "bf16"}
-FILE_OF_VARIANT = {"simt": "gemm_simt_f32.cu", "tf32": "gemm_mma_tf32.cu", "bf16": "gemm_mma_bf16.cu"}
+FILE_OF_VARIANT = {
+    "simt": "gemm_simt_f32.cu",
+    "tf32": "gemm_mma_tf32.cu",
+    "bf16": "gemm_mma_bf16.cu",
+    "wgmma": "gemm_wgmma_bf16.cu",
+}
+#: variants compiled for an arch-specific target (sm_90a): only on exactly that compute capability
+ARCH_SPECIFIC = {"wgmma": 90}
 LAYOUTS = ("nn", "nt", "tn")
 
 
@@ -37,6 +45,8 @@ class TileConfig:
         bm, bn, bk, st = self.bm, self.bn, self.bk, self.stages
         if self.variant == "simt":
             return st * 4 * (bk * (bm + 4) + bk * (bn + 4))
+        if self.variant == "wgmma":  # 128-byte-swizzled atoms, +1024 to align the base
+            return st * 2 * (bm * 64 + bn * 64) + 1024
         if self.variant == "tf32":
             a = bk * (bm + 8) if ta else bm * (bk + 4)
             b = bn * (bk + 4) if tb else bk * (bn + 8)
@@ -57,6 +67,10 @@ def _mma(variant: str, bm: int, bn: int, bk: int, wm: int, wn: int, st: int) -> 
     return TileConfig(variant, f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}", bm, bn, bk, wm * wn * 32, st)
 
 
+def _wgmma(bm: int, bn: int, st: int) -> TileConfig:
+    return TileConfig("wgmma", f"{bm}x{bn}x64_wg2_s{st}", bm, bn, 64, 256, st)
+
+
 def _simt(bm: int, bn: int, bk: int, st: int) -> TileConfig:
     return TileConfig("simt", f"{bm}x{bn}x{bk}_s{st}", bm, bn, bk, (bm // 8) * (bn // 8), st)
 
@@ -71,6 +85,7 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _mma("bf16", 64, 128, 32, 2, 2, 4),
         )
     },
+    "wgmma": {c.name: c for c in (_wgmma(128, 256, 4), _wgmma(128, 128, 5))},
     "tf32": {
         c.name: c
         for c in (
@@ -150,12 +165,13 @@ ARCHS: dict[int, ArchInfo] = {
         232448,
         233472,
         132,
-        {"bf16": 3.0e12, "tf32": 1.5e12, "simt": 0.5e12},
+        {"bf16": 3.0e12, "tf32": 1.5e12, "simt": 0.5e12, "wgmma": 5.5e12},
         4.0e12,
         {
             "bf16": ("128x256x32_w2x4_s4", "128x128x64_w2x2_s3", "128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
             "tf32": ("128x128x32_w2x2_s3", "128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
             "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4"),
+            "wgmma": ("128x256x64_wg2_s4", "128x128x64_wg2_s5"),
         },
     ),
 }
@@ -174,11 +190,27 @@ def arch_info(cc: int) -> ArchInfo:
     return ARCHS[max(k for k in ARCHS if k <= cc)]
 
 
+def wgmma_enabled() -> bool:
+    """The sm_90a wgmma BF16 kernels are used only when BLUBLAS_WGMMA=1 (until validated on hardware)."""
+    return os.environ.get("BLUBLAS_WGMMA", "0") not in ("", "0", "false", "False")
+
+
+def variants_for(precision: str, cc: int) -> list[str]:
+    """Kernel variants that may serve ``precision`` on compute capability ``cc`` (primary first)."""
+    out = [VARIANT_OF_PRECISION[precision]]
+    if precision == "bf16" and cc == ARCH_SPECIFIC["wgmma"] and wgmma_enabled():
+        out.append("wgmma")
+    return out
+
+
 def configs_for(variant: str, cc: int) -> list[TileConfig]:
     """The configs of ``variant`` tuned for ``cc``, in preference order, that fit its shared memory."""
+    if variant in ARCH_SPECIFIC and cc != ARCH_SPECIFIC[variant]:
+        return []
     info = arch_info(cc)
     table = ALL_CONFIGS[variant]
-    return [table[n] for n in info.order[variant] if table[n].max_smem_bytes() <= info.smem_optin]
+    order = info.order.get(variant, ())
+    return [table[n] for n in order if table[n].max_smem_bytes() <= info.smem_optin]
 
 
 def get_config(variant: str, name: str) -> TileConfig:
@@ -244,14 +276,36 @@ def candidates(variant: str, cc: int, m: int, n: int, k: int, batch: int) -> lis
     return out
 
 
+def candidates_for_precision(precision: str, cc: int, m: int, n: int, k: int, batch: int) -> list:
+    """``candidates`` of every variant serving ``precision`` on ``cc``."""
+    out = []
+    for v in variants_for(precision, cc):
+        out += candidates(v, cc, m, n, k, batch)
+    return out
+
+
 def choose(
-    variant: str, cc: int, m: int, n: int, k: int, batch: int = 1, sms: int | None = None, out_bytes: int = 4
+    variant: str,
+    cc: int,
+    m: int,
+    n: int,
+    k: int,
+    batch: int = 1,
+    sms: int | None = None,
+    out_bytes: int = 4,
+    precision: str | None = None,
 ) -> tuple[TileConfig, int]:
-    """Heuristic (config, splits) for a shape: the lowest estimated time among ``candidates``."""
+    """Heuristic (config, splits) for a shape: the lowest estimated time among the candidates
+    (of ``variant``, or of every variant serving ``precision`` when given)."""
     sms = sms or arch_info(cc).sms_default
     best = None
     best_split = None
-    for cfg, s in candidates(variant, cc, m, n, k, batch):
+    cands = (
+        candidates_for_precision(precision, cc, m, n, k, batch)
+        if precision
+        else candidates(variant, cc, m, n, k, batch)
+    )
+    for cfg, s in cands:
         t = estimate_seconds(cfg, s, m, n, k, batch, cc, sms, out_bytes)
         if s == 1 and (best is None or t < best[0]):
             best = (t, cfg, s)

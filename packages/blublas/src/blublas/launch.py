@@ -166,14 +166,25 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
     )
 
 
+def _find_config(precision: str, variant: str, name: str) -> configs.TileConfig:
+    if precision == "bf16" and name in configs.ALL_CONFIGS["wgmma"]:
+        return configs.ALL_CONFIGS["wgmma"][name]
+    return configs.get_config(variant, name)
+
+
 def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: bool | None) -> tuple:
     """(config, splits) for p: forced > cached > tuned (if enabled and not capturing) > heuristic."""
     variant = configs.VARIANT_OF_PRECISION[p.precision]
     cc = loader.compute_capability()
     if config is not None:
-        cfg = config if isinstance(config, configs.TileConfig) else configs.get_config(variant, config)
-        if cfg.variant != variant:
+        cfg = config if isinstance(config, configs.TileConfig) else _find_config(p.precision, variant, config)
+        allowed = {variant, "wgmma"} if p.precision == "bf16" else {variant}
+        if cfg.variant not in allowed:
             raise GemmError(f"config {cfg.name} is a {cfg.variant} config; precision {p.precision} needs {variant}")
+        if cfg.variant in configs.ARCH_SPECIFIC and cc != configs.ARCH_SPECIFIC[cfg.variant]:
+            raise GemmError(
+                f"config {cfg.name} ({cfg.variant}) needs sm_{configs.ARCH_SPECIFIC[cfg.variant]}, not sm_{cc}"
+            )
         if cfg.max_smem_bytes() > configs.arch_info(cc).smem_optin:
             raise GemmError(
                 f"config {cfg.name} needs {cfg.max_smem_bytes()} bytes of shared memory; sm_{cc} has "
@@ -183,14 +194,16 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
     key = _at.problem_key(cc, variant, p.layout, p.M, p.N, p.K, p.batch, p.out_tag)
     cache = _at.default_cache()
     hit = cache.get(key)
-    if hit is not None and hit.get("config") in configs.ALL_CONFIGS[variant]:
-        return configs.ALL_CONFIGS[variant][hit["config"]], int(hit.get("splits", 1))
+    if hit is not None:
+        for v in configs.variants_for(p.precision, cc):
+            if hit.get("config") in configs.ALL_CONFIGS[v]:
+                return configs.ALL_CONFIGS[v][hit["config"]], int(hit.get("splits", 1))
     if _autotune_enabled(autotune) and not _is_capturing(stream):
         import cupy
 
         scratch = cupy.empty_like(p.out)
         pre = cupy.empty_like(p.out) if p.preact is not None else None
-        cands = configs.candidates(variant, cc, p.M, p.N, p.K, p.batch)
+        cands = configs.candidates_for_precision(p.precision, cc, p.M, p.N, p.K, p.batch)
 
         def run(c: tuple) -> None:
             launch(p, c[0], c[1], scratch, pre, 0.0)
@@ -202,9 +215,17 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
             cache,
             describe=lambda c: {"config": c[0].name, "splits": c[1]},
         )
-        return configs.ALL_CONFIGS[variant][rec["config"]], int(rec["splits"])
+        return _find_config(p.precision, variant, rec["config"]), int(rec["splits"])
     return configs.choose(
-        variant, cc, p.M, p.N, p.K, p.batch, sms=loader.sm_count(), out_bytes=2 if p.out_tag == "bf16" else 4
+        variant,
+        cc,
+        p.M,
+        p.N,
+        p.K,
+        p.batch,
+        sms=loader.sm_count(),
+        out_bytes=2 if p.out_tag == "bf16" else 4,
+        precision=p.precision,
     )
 
 

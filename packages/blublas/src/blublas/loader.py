@@ -60,6 +60,53 @@ def sm_count(device_id: int | None = None) -> int:
     return int(dev.attributes["MultiProcessorCount"])
 
 
+_ARCH_MARK = re.compile(r"blu-nvrtc-archs:\s*([0-9a-z ,]+)")
+
+
+def arch_suffix(filename: str, cc: int) -> str:
+    """'a' when ``filename`` declares an arch-specific target (e.g. 90a) for this cc, else ''."""
+    m = _ARCH_MARK.search(_source(filename))
+    if m and f"{cc}a" in m.group(1).replace(",", " ").split():
+        return "a"
+    return ""
+
+
+def _cubin_with_nvrtc(filename: str, arch: str) -> Path:
+    """Compile to a cubin with cuda.bindings' NVRTC (CuPy adds its own -arch=sm_XX, which would drop the
+    'a' feature suffix), cached under BLUBLAS_CACHE_DIR/kernels by source hash."""
+    import hashlib
+    import os
+
+    from cuda.bindings import nvrtc
+
+    src = _source(filename).encode()
+    err, major, minor = nvrtc.nvrtcVersion()
+    digest = hashlib.sha256(src + f"|sm_{arch}|{major}.{minor}".encode()).hexdigest()[:24]
+    base = Path(os.environ.get("BLUBLAS_CACHE_DIR") or Path.home() / ".cache" / "blublas") / "kernels"
+    out = base / f"{Path(filename).stem}_sm{arch}_{digest}.cubin"
+    if out.is_file():
+        return out
+    err, prog = nvrtc.nvrtcCreateProgram(src, filename.encode(), 0, [], [])
+    opts = [b"-std=c++17", f"-arch=sm_{arch}".encode()]
+    try:
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * n
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"NVRTC failed to compile {filename} for sm_{arch}:\n{log.decode(errors='replace')}")
+        _, n = nvrtc.nvrtcGetCUBINSize(prog)
+        cubin = b" " * n
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, out)
+    return out
+
+
 def get_module(filename: str, device_id: int | None = None) -> Any:
     """The compiled RawModule of ``filename`` for the current (or given) device, built once."""
     import cupy
@@ -72,6 +119,11 @@ def get_module(filename: str, device_id: int | None = None) -> Any:
             mod = _modules.get(key)
             if mod is None:
                 cc = int(dev.compute_capability)
+                if arch_suffix(filename, cc):
+                    with dev:
+                        mod = cupy.RawModule(path=str(_cubin_with_nvrtc(filename, f"{cc}a")))
+                    _modules[key] = mod
+                    return mod
                 with dev:
                     mod = cupy.RawModule(code=_source(filename), options=("-std=c++17", f"-arch=sm_{cc}"))
                     try:
