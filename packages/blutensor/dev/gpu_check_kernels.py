@@ -194,6 +194,15 @@ def check_cross_entropy():
                     storage,
                     "" if same else "NOT IN PLACE",
                 )
+            if C % 8 == 0:  # also the two-pass kernel (rows re-read from L2) on a vectorisable width
+                import blutensor.cuda_ops.cross_entropy as ce_mod
+
+                ce_mod.USE_SMEM_ROW = False
+                try:
+                    _, grad2, _ = cross_entropy_forward(z, t, -100, red, ls, want_grad=True, inplace_grad=False)
+                finally:
+                    ce_mod.USE_SMEM_ROW = True
+                check("cross_entropy.grad", tag + " two-pass", grad2, egrad, "cross_entropy.grad", storage)
             if red == "none":
                 gr, gr64 = dev(RNG.standard_normal(N), storage)
                 scale_grad_(grad, gr)

@@ -71,6 +71,20 @@ def num_sms() -> int:
     return n
 
 
+_optin: dict[int, int] = {}
+
+
+def smem_optin() -> int:
+    """Largest dynamic shared memory a block may opt in to on the current device (bytes, cached)."""
+    cp = cupy()
+    dev = cp.cuda.runtime.getDevice()
+    n = _optin.get(dev)
+    if n is None:
+        props = cp.cuda.runtime.getDeviceProperties(dev)
+        n = _optin[dev] = int(props.get("sharedMemPerBlockOptin", props.get("sharedMemPerBlock", 48 * 1024)))
+    return n
+
+
 def launch(file: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
     """Launch ``name`` from ``kernels/<file>`` on the current stream."""
     fn = function(file, name)
@@ -92,8 +106,8 @@ def _raise_smem_limit(fn, file: str, name: str, nbytes: int) -> None:
     key = (file, dev, name)
     if _smem_set.get(key, 0) >= nbytes:
         return
-    limit = int(cp.cuda.runtime.getDeviceProperties(dev).get("sharedMemPerBlockOptin", 0))
-    if limit and nbytes > limit:
+    limit = smem_optin()
+    if nbytes > limit:
         raise BluTensorError(
             f"kernels/{file}:{name} needs {nbytes} bytes of shared memory per block; this device allows {limit}"
         )

@@ -11,13 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import NULL, aligned16, cupy, launch, num_sms, suffix
+from blutensor.cuda_ops._loader import NULL, aligned16, cupy, launch, num_sms, smem_optin, suffix
 from blutensor.errors import AutogradError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
 FILE = "cross_entropy.cu"
 _STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
+#: keep each row in shared memory between the passes when it fits (False: always the two-pass kernel)
+USE_SMEM_ROW = True
 
 
 def cross_entropy_forward(
@@ -48,26 +50,33 @@ def cross_entropy_forward(
         grad = logits if inplace_grad else cp.empty_like(logits)
     if N:
         vec = aligned16(logits, grad) and C % (16 // logits.dtype.itemsize) == 0
-        launch(
-            FILE,
-            f"blu_cross_entropy_forward_{sfx}",
-            min(N, 2**31 - 1),
-            1024,
-            (
-                logits,
-                target,
-                np.int64(N),
-                np.int32(C),
-                np.int64(ignore_index),
-                np.float32(label_smoothing),
-                loss_rows,
-                lse,
-                NULL if grad is None else grad,
-                count,
-                np.int32(mean),
-                np.int32(vec),
-            ),
-        )
+        row_bytes = C * logits.dtype.itemsize
+        if USE_SMEM_ROW and grad is not None and vec and row_bytes + 1024 <= smem_optin():
+            # the row stays in shared memory between the two passes: logits read once, gradient written once
+            launch(
+                FILE,
+                f"blu_cross_entropy_forward_smem_{sfx}",
+                min(N, 2**31 - 1),
+                1024,
+                (
+                    logits,
+                    target,
+                    np.int64(N),
+                    np.int32(C),
+                    np.int64(ignore_index),
+                    np.float32(label_smoothing),
+                    loss_rows,
+                    lse,
+                    grad,
+                    count,
+                    np.int32(mean),
+                ),
+                shared_mem=row_bytes,
+            )
+        else:
+            _launch_two_pass(
+                logits, target, N, C, ignore_index, label_smoothing, loss_rows, lse, grad, count, mean, vec, sfx
+            )
     if reduction == "none":
         if logits.dtype == np.uint16:
             from blutensor.backend import f32_to_bf16_bits
@@ -77,6 +86,30 @@ def cross_entropy_forward(
     out = cp.empty((), dtype=logits.dtype)
     launch(FILE, f"blu_cross_entropy_reduce_{sfx}", 1, 1024, (loss_rows, np.int64(N), count, np.int32(mean), out))
     return out, grad, lse
+
+
+def _launch_two_pass(logits, target, N, C, ignore_index, ls, loss_rows, lse, grad, count, mean, vec, sfx):
+    """Rows too wide for shared memory (or unaligned): pass 2 re-reads the logits (mostly from L2)."""
+    launch(
+        FILE,
+        f"blu_cross_entropy_forward_{sfx}",
+        min(N, 2**31 - 1),
+        1024,
+        (
+            logits,
+            target,
+            np.int64(N),
+            np.int32(C),
+            np.int64(ignore_index),
+            np.float32(ls),
+            loss_rows,
+            lse,
+            NULL if grad is None else grad,
+            count,
+            np.int32(mean),
+            np.int32(vec),
+        ),
+    )
 
 
 def scale_grad_(grad, g) -> None:

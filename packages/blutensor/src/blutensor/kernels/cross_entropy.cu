@@ -165,6 +165,94 @@ __device__ void ce_forward(const T* logits, const long long* __restrict__ target
     }
 }
 
+// Same contract as ce_forward with a gradient wanted, for rows that fit in shared memory (vec path only):
+// pass 1 copies the row into dynamic shared memory while computing the statistics (4 x 16-byte loads in
+// flight per thread), pass 2 reads the row back from shared memory, so the logits cross HBM exactly once
+// in each direction (read once, gradient written once).
+template <typename T>
+__device__ void ce_forward_smem(const T* logits, const long long* __restrict__ target, long long N, int C,
+                                long long ignore_index, float ls, float* __restrict__ loss_rows,
+                                float* __restrict__ lse_out, T* grad, const float* __restrict__ count, int mean) {
+    constexpr int V = VecN<T>::N;
+    extern __shared__ __align__(16) unsigned char ce_row_raw[];
+    uint4* row_s = reinterpret_cast<uint4*>(ce_row_raw);
+    __shared__ float sh_m[32], sh_s[32], sh_z[32];
+    __shared__ float sh_lse;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int nv = C / V;
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const uint4* z = reinterpret_cast<const uint4*>(logits + row * (long long)C);
+        float m = BLU_NEG_INF, s = 0.f, zs = 0.f;
+        for (int i0 = threadIdx.x; i0 < nv; i0 += 4 * blockDim.x) {
+            uint4 u[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int i = i0 + j * blockDim.x;
+                if (i < nv) u[j] = z[i];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int i = i0 + j * blockDim.x;
+                if (i < nv) {
+                    row_s[i] = u[j];
+                    float v[V];
+                    unpack(u[j], v, T());
+                    float vm = v[0];
+#pragma unroll
+                    for (int k = 1; k < V; ++k) vm = fmaxf(vm, v[k]);
+                    float vs = 0.f;
+#pragma unroll
+                    for (int k = 0; k < V; ++k) { vs += __expf(v[k] - vm); zs += v[k]; }
+                    ms_merge(m, s, vm, vs);
+                }
+            }
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            float mb = __shfl_xor_sync(0xffffffffu, m, off);
+            float sb = __shfl_xor_sync(0xffffffffu, s, off);
+            zs += __shfl_xor_sync(0xffffffffu, zs, off);
+            ms_merge(m, s, mb, sb);
+        }
+        if (lane == 0) { sh_m[warp] = m; sh_s[warp] = s; sh_z[warp] = zs; }
+        __syncthreads();
+        const long long t = target[row];
+        if (threadIdx.x == 0) {
+            float M = BLU_NEG_INF, S = 0.f, Z = 0.f;
+            for (int k = 0; k < nw; ++k) { ms_merge(M, S, sh_m[k], sh_s[k]); Z += sh_z[k]; }
+            const float lse = M + logf(S);
+            float loss;
+            if (t == ignore_index) loss = 0.f;
+            else if (t < 0 || t >= C) loss = BLU_NAN;
+            else {
+                float vt[V];
+                unpack(row_s[t / V], vt, T());
+                loss = lse - vt[t % V];
+                if (ls != 0.f) loss = (1.f - ls) * loss + ls * (lse - Z / (float)C);
+            }
+            loss_rows[row] = loss;
+            if (lse_out) lse_out[row] = lse;
+            sh_lse = lse;
+        }
+        __syncthreads();
+        const float lse = sh_lse;
+        const bool ok = t != ignore_index && t >= 0 && t < C;
+        const float scale = ok ? (mean ? 1.f / count[0] : 1.f) : 0.f;
+        const float off_c = ls / (float)C;
+        uint4* gr = reinterpret_cast<uint4*>(grad + row * (long long)C);
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float v[V];
+            unpack(row_s[i], v, T());
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const int c = i * V + k;
+                v[k] = (__expf(v[k] - lse) - off_c - (c == t ? 1.f - ls : 0.f)) * scale;
+            }
+            gr[i] = pack(v, T());
+        }
+        __syncthreads();  // row_s and sh_* reused by the next row
+    }
+}
+
 // out[0] = sum(loss_rows) (mode 1) or sum / count (mode 0: mean); one block, fixed order, double accumulation.
 template <typename T>
 __device__ void ce_reduce(const float* __restrict__ loss_rows, long long N, const float* __restrict__ count, int mean,
@@ -219,6 +307,11 @@ extern "C" __global__ void blu_cross_entropy_forward_##SUF(const T* logits, cons
         long long N, int C, long long ignore_index, float ls, float* loss_rows, float* lse, T* grad,           \
         const float* count, int mean, int vec) {                                                               \
     ce_forward<T>(logits, target, N, C, ignore_index, ls, loss_rows, lse, grad, count, mean, vec);             \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(1024) blu_cross_entropy_forward_smem_##SUF(const T* logits,         \
+        const long long* target, long long N, int C, long long ignore_index, float ls, float* loss_rows,      \
+        float* lse, T* grad, const float* count, int mean) {                                                   \
+    ce_forward_smem<T>(logits, target, N, C, ignore_index, ls, loss_rows, lse, grad, count, mean);             \
 }                                                                                                              \
 extern "C" __global__ void blu_cross_entropy_reduce_##SUF(const float* loss_rows, long long N,                 \
         const float* count, int mean, T* out) {                                                                \
