@@ -3,9 +3,8 @@
 import json
 
 import pytest
-from models_helpers import micro_data
-
 from blumodels.cli import main, plugin_rows
+from models_helpers import micro_data
 
 MICRO = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.block_size=32", "train.seq_len=32",
          "train.micro_batch=4", "train.batch_tokens=128", "train.eval_interval=3", "train.eval_steps=2",
@@ -72,3 +71,44 @@ def test_device_auto_resolves_to_cpu_here():
 
         with pytest.raises(ConfigError, match="no CUDA GPU"):
             resolve_device("cuda")
+
+
+def test_model_family_plugin_builds_gpt2():
+    from blumodels.config import ModelConfig
+    from blumodels.gpt2 import GPT2
+    from blutensor.plugin.manager import get_host
+
+    fam = get_host().registry("model").get("gpt2")
+    assert "tiny" in fam.presets() and "gpt2-124m" in fam.presets()
+    m = fam.build(ModelConfig(n_layer=1, n_head=2, d_model=16, block_size=8, vocab_size=65), seed=0)
+    assert isinstance(m, GPT2) and m.wte.weight.shape[0] == 128
+
+
+def test_step_end_hook_receives_metrics(tmp_path):
+    import pluggy
+    from blumodels.trainer import Trainer
+    from blutensor.plugin.manager import get_host
+    from models_helpers import micro_config
+
+    seen = []
+
+    class Recorder:
+        @pluggy.HookimplMarker("blutrain")
+        def blutrain_on_step_end(self, step, metrics):
+            seen.append((step, metrics["loss"]))
+
+        @pluggy.HookimplMarker("blutrain")
+        def blutrain_on_checkpoint_saved(self, path, step):
+            seen.append(("saved", step))
+
+    rec = Recorder()
+    host = get_host()
+    host.pm.register(rec)
+    try:
+        tr = Trainer(micro_config(steps=2, eval_interval=0, checkpoint_interval=0), tmp_path, quiet=True)
+        tr.fit()
+        tr.close()
+    finally:
+        host.pm.unregister(rec)
+    assert [s for s in seen if s[0] != "saved"] == [(r["step"], r["loss"]) for r in tr.history]
+    assert ("saved", 2) in seen

@@ -302,7 +302,10 @@ class Trainer:
 
             m = self.cfg.model
             title = f"GPT-2 {m.n_layer}L d{m.d_model} on {self.meta.get('corpus', 'data')}"
-            png = str(plot_losses(self.log_path, self.out / "loss.png", title=title))
+            try:
+                png = str(plot_losses(self.log_path, self.out / "loss.png", title=title))
+            except ImportError:
+                self.log("[blutrain] matplotlib is not installed: no loss.png (pip install matplotlib)")
         summary = {"steps": self.step, "elapsed_s": elapsed, "first_val_loss": first_val,
                    "last_val_loss": last_val, "final_loss": self.history[-1]["loss"] if self.history else None,
                    "device": self.device, "log": str(self.log_path), "plot": png,
