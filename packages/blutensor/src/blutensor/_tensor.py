@@ -501,6 +501,12 @@ class Tensor:
 
     # ---- methods delegating to functional are bound below (_bind_methods) ----
 
+    def view(self, *shape) -> Tensor:
+        """A view with a new shape (no copy; errors when the strides do not allow one)."""
+        if len(shape) == 1 and type(shape[0]) is not int:
+            shape = tuple(shape[0])
+        return apply("view", self, shape=shape)
+
     @property
     def T(self) -> Tensor:  # noqa: N802
         return F.permute(self, tuple(reversed(range(self.ndim))))
@@ -584,7 +590,7 @@ def _storage_scalar(value, dt: dtype, dev):
 
 _METHOD_NAMES = (
     "sum mean max min amax amin argmax argmin var std exp log tanh sqrt rsqrt sin cos abs sigmoid relu "
-    "clamp pow view reshape transpose permute expand expand_as contiguous squeeze unsqueeze flatten split "
+    "clamp pow reshape transpose permute expand expand_as contiguous squeeze unsqueeze flatten split "
     "chunk masked_fill matmul softmax log_softmax clone where maximum minimum tril triu gelu norm "
     "add sub mul div neg view_as all any square eq ne lt le gt ge bmm"
 ).split()

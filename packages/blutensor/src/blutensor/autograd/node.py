@@ -31,7 +31,7 @@ class Node:
         self.kernel = kernel
         self.ctx = ctx
         # next[i] = node that receives the gradient of input i (None if it needs none)
-        self.next = tuple(_grad_target(t) for t in inputs)
+        self.next = tuple([_grad_target(t) if getattr(t, "requires_grad", False) else None for t in inputs])
         self.versions = versions
         self.seq = next(_seq)
         self.hooks = None
