@@ -163,3 +163,22 @@ def test_nvtx_available_on_gpu():
     from bluprofiler.timing import Nvtx, cupy_or_none
 
     assert Nvtx(cupy_or_none()).available
+
+
+def test_nested_op_spans_are_not_counted_twice():
+    """An op run inside another op's span (e.g. a checkpointed forward recomputed in backward)."""
+    from bluprofiler.events import OpEvent
+    from bluprofiler.result import ProfileResult
+
+    ms = 1_000_000
+    ev = [OpEvent("step", "region", "", 0, 0, 1, 0, 100 * ms),
+          OpEvent("mm", "backward", "k", 1, 1, 1, 10 * ms, 50 * ms),
+          OpEvent("mm", "forward", "k", 2, 2, 1, 20 * ms, 30 * ms),
+          OpEvent("gelu", "forward", "k", 3, 2, 1, 32 * ms, 36 * ms),
+          OpEvent("mm", "forward", "k", 4, 1, 1, 60 * ms, 70 * ms)]
+    res = ProfileResult(ev, [], 0, 100 * ms, 0, "cpu", False)
+    rows = {r["name"]: r for r in res.summary()}
+    assert rows["mm.backward"]["total_ms"] == pytest.approx(40) and rows["mm.backward"]["self_ms"] == pytest.approx(26)
+    assert rows["mm.forward"]["self_ms"] == pytest.approx(20) and rows["gelu.forward"]["self_ms"] == pytest.approx(4)
+    assert sum(r["share"] for r in rows.values()) == pytest.approx(50.0)
+    assert res.summary(sort_by="self")[0]["name"] == "mm.backward"

@@ -41,34 +41,63 @@ class ProfileResult:
             return self.wall_ms
         return sum(e.cpu_us for e in steps) / 1e3
 
-    def summary(self, sort_by: str = "total", top: int | None = None) -> list[dict]:
-        """One row per (op, phase, kernel): calls, total/mean time (GPU if timed, else host), share.
+    def self_times(self) -> dict[int, tuple[float, float | None]]:
+        """id(op span) -> (self host us, self GPU ms): its time minus that of the op spans nested
+        directly inside it (an op run inside another op's span, e.g. a checkpointed forward
+        recomputed inside a backward), so that nested work is not counted twice."""
+        out: dict[int, list] = {}
+        by_tid: dict[int, list[OpEvent]] = {}
+        for e in self.events:
+            by_tid.setdefault(e.tid, []).append(e)
+        for evs in by_tid.values():
+            evs.sort(key=lambda e: (e.start_ns, -e.end_ns))
+            stack: list[OpEvent] = []
+            for e in evs:
+                while stack and stack[-1].end_ns <= e.start_ns:
+                    stack.pop()
+                if e.phase != "region":
+                    out[id(e)] = [e.cpu_us, e.gpu_ms]
+                    parent = next((p for p in reversed(stack) if p.phase != "region"), None)
+                    if parent is not None:
+                        rec = out[id(parent)]
+                        rec[0] -= e.cpu_us
+                        if rec[1] is not None and e.gpu_ms is not None:
+                            rec[1] -= e.gpu_ms
+                stack.append(e)
+        return {k: (max(v[0], 0.0), None if v[1] is None else max(v[1], 0.0)) for k, v in out.items()}
 
-        ``share`` is the row's total over the step time (``step_ms``), in percent; nested spans
-        (ops called inside ops, ops inside regions) are counted in their own row only.
+    def summary(self, sort_by: str = "total", top: int | None = None) -> list[dict]:
+        """One row per (op, phase, kernel): calls, total/self/mean time (GPU if timed, else host), share.
+
+        ``total_ms`` includes op spans nested inside (rare: ops run inside another op's span);
+        ``self_ms`` excludes them, and ``share`` is ``self_ms`` over the step time (``step_ms``) in
+        percent, so the shares of all rows add up to at most 100.
         """
         rows: dict[tuple, dict] = {}
+        selft = self.self_times()
         for e in self.ops():
             k = (e.name, e.phase, e.kernel)
             r = rows.get(k)
             if r is None:
                 r = rows[k] = {"name": e.key, "op": e.name, "phase": e.phase, "kernel": e.kernel, "calls": 0,
-                               "cpu_ms": 0.0, "gpu_ms": 0.0 if self.gpu_timing else None}
+                               "cpu_ms": 0.0, "gpu_ms": 0.0 if self.gpu_timing else None, "self_ms": 0.0}
             r["calls"] += 1
             r["cpu_ms"] += e.cpu_us / 1e3
+            sc, sg = selft[id(e)]
             if e.gpu_ms is not None:
                 r["gpu_ms"] += e.gpu_ms
+            r["self_ms"] += sg if (self.gpu_timing and sg is not None) else sc / 1e3
         step = self.step_ms() or 1e-9
         out = []
         for r in rows.values():
             t = r["gpu_ms"] if r["gpu_ms"] is not None else r["cpu_ms"]
             r["total_ms"] = t
             r["mean_us"] = 1e3 * t / r["calls"]
-            r["share"] = 100.0 * t / step
+            r["share"] = 100.0 * r["self_ms"] / step
             out.append(r)
-        key = {"total": "total_ms", "calls": "calls", "mean": "mean_us"}.get(sort_by)
+        key = {"total": "total_ms", "self": "self_ms", "calls": "calls", "mean": "mean_us"}.get(sort_by)
         if key is None:
-            raise ValueError(f"summary(sort_by={sort_by!r}): expected 'total', 'calls' or 'mean'")
+            raise ValueError(f"summary(sort_by={sort_by!r}): expected 'total', 'self', 'calls' or 'mean'")
         out.sort(key=lambda r: -r[key])
         return out[:top] if top else out
 

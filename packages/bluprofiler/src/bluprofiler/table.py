@@ -18,26 +18,28 @@ def format_table(res: ProfileResult, top: int = 25, sort_by: str = "total") -> s
     timed = "GPU" if res.gpu_timing else "host"
     head = (f"bluprofiler: {len(res.ops())} op spans on {res.device}, step time {res.step_ms():.3f} ms "
             f"(wall {res.wall_ms:.3f} ms), times are {timed} times\n")
-    cols = ["name", "kernel", "calls", f"total ms ({timed})", "mean us", "share %"]
+    cols = ["name", "kernel", "calls", f"total ms ({timed})", "self ms", "mean us", "share %"]
     if res.gpu_timing:
         cols.append("host ms")
     lines = []
     w0 = max([len(cols[0])] + [len(r["name"]) for r in rows[:top]])
     w1 = max([len(cols[1])] + [len(r["kernel"]) for r in rows[:top]])
-    fmt = f"{{:<{w0}}}  {{:<{w1}}}  {{:>7}}  {{:>16}}  {{:>11}}  {{:>8}}" + ("  {:>10}" if res.gpu_timing else "")
+    fmt = (f"{{:<{w0}}}  {{:<{w1}}}  {{:>7}}  {{:>16}}  {{:>10}}  {{:>11}}  {{:>8}}"
+           + ("  {:>10}" if res.gpu_timing else ""))
     lines.append(fmt.format(*cols))
     lines.append("-" * len(lines[0]))
     for r in rows[:top]:
-        vals = [r["name"], r["kernel"], r["calls"], f"{r['total_ms']:.3f}", f"{r['mean_us']:.1f}",
-                f"{r['share']:.1f}"]
+        vals = [r["name"], r["kernel"], r["calls"], f"{r['total_ms']:.3f}", f"{r['self_ms']:.3f}",
+                f"{r['mean_us']:.1f}", f"{r['share']:.1f}"]
         if res.gpu_timing:
             vals.append(f"{r['cpu_ms']:.3f}")
         lines.append(fmt.format(*vals))
     if len(rows) > top:
         rest = rows[top:]
-        lines.append(f"... {len(rest)} more rows, {sum(r['total_ms'] for r in rest):.3f} ms in total")
-    total = sum(r["total_ms"] for r in rows)
-    lines.append(f"sum of op rows: {total:.3f} ms = {100 * total / (res.step_ms() or 1e-9):.1f}% of the step")
+        lines.append(f"... {len(rest)} more rows, {sum(r['self_ms'] for r in rest):.3f} ms self time in total")
+    total = sum(r["self_ms"] for r in rows)
+    lines.append(f"sum of op self times: {total:.3f} ms = {100 * total / (res.step_ms() or 1e-9):.1f}% of the step "
+                 f"(the rest: Python between ops, optimizer and other work outside ops)")
     if res.mem_events:
         p = res.peak_memory()
         lines.append("")
