@@ -2,12 +2,13 @@
 
     python3 packages/bluprofiler/dev/gpu_check.py $OUT      # PYTHONPATH=packages/*/src, < 3 min
 
-1. the cuda-marked tests of packages/bluprofiler/tests (pytest -m cuda);
-2. CUDA-event timing sanity: the profiler's GPU time of one big matmul against raw CuPy events;
-3. GPT-2 124M-shaped model (blumodels.gpt2 if importable, else bluprofiler.demo.GPT: 12 layers,
+1. the cuda-marked tests of packages/bluprofiler/tests (pytest -m cuda, in a subprocess);
+2. GPT-2 124M-shaped model (blumodels.gpt2 if usable, else bluprofiler.demo.GPT: 12 layers,
    d=768, T=1024, B=4, fp32, AdamW), one profiled training step -> $OUT/gpt2_124m/{trace.json,
-   summary.txt, summary.json, events.jsonl, memory.png};
-4. overhead: step time never-profiled vs off-after-a-session vs on (timing+memory+NVTX), interleaved.
+   summary.txt, summary.json, events.jsonl, memory.png (if matplotlib), overhead.json};
+3. overhead: step time never-profiled vs off-after-a-session vs on (timing+memory+NVTX) and on
+   (timing only), interleaved blocks;
+4. CUDA-event timing sanity: the profiler's GPU time of a 4096^3 matmul against raw CuPy events.
 
 Everything lands in $OUT/gpu_check.json; a compact summary is printed.
 """
@@ -37,7 +38,7 @@ def run_pytests(out: Path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(PKG / "tests"), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(PKG / "tests"),
            f"--junitxml={out / 'pytest_cuda.xml'}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=150)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=100)
     tail = (p.stdout + p.stderr).strip().splitlines()[-25:]
     return {"rc": p.returncode, "tail": tail}
 
@@ -159,18 +160,15 @@ def main() -> None:
             res["pytest_cuda"] = {"rc": -1, "error": repr(e)}
         log(f"pytest rc={res['pytest_cuda'].get('rc')}: {(res['pytest_cuda'].get('tail') or [''])[-1]}")
 
-        try:
-            res["timing_sanity"] = timing_sanity(cp, bt)
-            log(f"timing sanity: {res['timing_sanity']}")
-        except Exception:
-            res["timing_sanity"] = {"ok": False, "error": traceback.format_exc()[-2000:]}
-            log("timing sanity FAILED")
 
     try:
         from bluprofiler import profile
         from bluprofiler.run import profile_steps
 
         step, desc = build_step(bt, dry)
+        from blutensor import gemm
+
+        desc["matmul_precision"] = gemm.get_matmul_precision()
         res["gpt2"] = desc
         t = time.perf_counter()
         step()
@@ -215,6 +213,14 @@ def main() -> None:
     except Exception:
         res["gpt2_error"] = traceback.format_exc()[-3000:]
         log("GPT-2 profile FAILED:\n" + res["gpt2_error"])
+
+    if not dry:  # after the GPT-2 part, whose "never" steps must come before any session in this process
+        try:
+            res["timing_sanity"] = timing_sanity(cp, bt)
+            log(f"timing sanity: {res['timing_sanity']}")
+        except Exception:
+            res["timing_sanity"] = {"ok": False, "error": traceback.format_exc()[-2000:]}
+            log("timing sanity FAILED")
 
     res["elapsed_s"] = time.time() - T_START
     (out / "gpu_check.json").write_text(json.dumps(res, indent=1, default=str))
