@@ -106,3 +106,32 @@ def test_foreign_allocator_falls_back_to_output_tracking(monkeypatch):
     assert [(m.kind, m.owner, m.nbytes) for m in res.mem_events if m.kind == "alloc"] == [
         ("alloc", "exp.forward", 16 * 16 * 4)]
     assert "not a MemoryPool" in res.meta["memory_source"] and "not a MemoryPool" in res.table()
+
+
+def test_failed_start_leaves_nothing_behind(monkeypatch):
+    from bluprofiler import ProfilerError, active
+    from blutensor.autograd.node import Node
+    from blutensor.ops import dispatch
+
+    fake = FakeCupy()
+
+    class Broken(_Event):
+        def record(self):
+            raise RuntimeError("cudaEventRecord failed")
+
+    fake.cuda.Event = Broken
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
+    orig = Node.apply
+    try:
+        profile().start()
+    except RuntimeError as e:
+        assert "cudaEventRecord" in str(e)
+    assert active() is None and dispatch.observers == [] and Node.apply is orig and FakeCupy.hooks == []
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: None)
+    with profile():
+        pass
+    try:
+        profile(device="cuda").start()
+    except ProfilerError:
+        pass
+    assert active() is None

@@ -74,11 +74,20 @@ class Profiler:
                 raise ProfilerError("a bluprofiler session is already active; sessions do not nest "
                                     "(use prof.region(name) for sub-ranges)")
             _active = self
+        self.mem = None
+        try:
+            self._start()
+        except BaseException:
+            self._detach()
+            _release()
+            raise
+        return self
+
+    def _start(self) -> None:
         from blutensor.ops import dispatch
 
         cp = None if self.device == "cpu" else cupy_or_none()
         if str(self.device).startswith("cuda") and cp is None:
-            _release()
             raise ProfilerError("Profiler(device='cuda'): CuPy with a visible GPU is needed "
                                 "(pip install cupy-cuda12x)")
         self.cuda = cp is not None
@@ -109,32 +118,35 @@ class Profiler:
         if self.backward:
             self._patch_backward()
         self._running = True
-        return self
 
-    def stop(self) -> ProfileResult:
-        global _active
-        if not self._running:
-            raise ProfilerError("Profiler.stop(): the session is not running")
+    def _detach(self) -> None:
+        """Remove everything this session installed (observer, Node.apply wrapper, memory hook)."""
         from blutensor.ops import dispatch
 
         dispatch.remove_observer(self._observe)
         self._unpatch_backward()
-        self._running = False
-        t1 = _now()
-        self.events = self._events()
-        self._raw = []
-        if self.gpu is not None:
-            self.gpu.resolve(self.events)
-        mem_events = []
         if self.mem is not None:
             self.mem.stop()
-            mem_events = self.mem.events
+
+    def stop(self) -> ProfileResult:
+        if not self._running:
+            raise ProfilerError("Profiler.stop(): the session is not running")
+        t1 = _now()
+        self._running = False
+        try:
+            self._detach()
+            self.events = self._events()
+            self._raw = []
+            if self.gpu is not None:
+                self.gpu.resolve(self.events)
+        finally:
+            _release()
+        mem_events = self.mem.events if self.mem is not None else []
         self._result = ProfileResult(
             events=self.events, mem_events=mem_events, t0=self.t0, t1=t1, wall0_ns=self.wall0_ns,
             device="cuda" if self.cuda else "cpu", gpu_timing=self.gpu is not None,
             baseline_bytes=self.baseline_bytes, pid=self.pid)
         self._result.meta["memory_source"] = self.memory_source
-        _release()
         return self._result
 
     def __enter__(self) -> Profiler:
