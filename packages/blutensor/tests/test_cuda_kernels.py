@@ -175,7 +175,7 @@ EXPECTED_ENTRIES = {
 
 def _entries(src: str) -> set[str]:
     """Names of the extern "C" entry points, with the ENTRIES-style macros expanded."""
-    names = set(re.findall(r'extern "C" __global__ void\s+(?:__launch_bounds__\(\d+\)\s+)?(blu_\w+)\(', src))
+    names = set(re.findall(r'extern "C" __global__ void\s+(?:__launch_bounds__\([\d, ]+\)\s+)?(blu_\w+)\(', src))
     for m in re.finditer(r"#define (\w+)\(([^)]*)\)((?:[^\n]*\\\n)*[^\n]*)", src):
         macro, params, body = m.group(1), [p.strip() for p in m.group(2).split(",")], m.group(3)
         templates = re.findall(r"(blu_[\w#]+)\(", body)
