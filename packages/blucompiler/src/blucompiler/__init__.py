@@ -1,0 +1,26 @@
+"""blucompiler: trace a training step, optimise it as the MLIR ``blu`` dialect (xDSL), fuse,
+generate C/CUDA, JIT, and run it on live tensor memory.
+
+``step = blucompiler.compile(fn)``; ``step(*args)`` traces on the first call per input signature
+(shapes, dtypes, devices, strides) and replays the compiled program afterwards.
+"""
+
+from __future__ import annotations
+
+from blucompiler.__about__ import __version__
+from blucompiler.api import CompiledStep
+from blucompiler.trace import CompileError
+
+
+def compile(fn, *, backend: str = "auto", force_eager=(), dump: str | None = None) -> CompiledStep:  # noqa: A001
+    """Compile ``fn`` (forward + backward + optimizer step on blutensor) into a :class:`CompiledStep`.
+
+    ``backend``: "auto" (CUDA for CUDA tensors, else C when a C compiler exists, else NumPy), "c",
+    "cuda" or "numpy" (kernels interpreted through the array library). ``force_eager``: op names
+    that always run eagerly inside the compiled step. ``dump``: directory for the MLIR after every
+    pass (default: ``$BLU_COMPILER_DUMP``).
+    """
+    return CompiledStep(fn, backend=backend, force_eager=force_eager, dump=dump)
+
+
+__all__ = ["compile", "CompiledStep", "CompileError", "__version__"]

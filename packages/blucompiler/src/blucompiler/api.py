@@ -1,0 +1,188 @@
+"""``compile(step_fn)``: trace once per guard signature, optimise, lower, run on live memory."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import numpy as np
+
+from blucompiler.builder import build_module
+from blucompiler.passes.pipeline import run_pipeline
+from blucompiler.runtime import Runtime
+from blucompiler.session import Session, fill
+from blucompiler.trace import CompileError
+
+
+def _tensor_cls():
+    from blutensor._tensor import Tensor
+
+    return Tensor
+
+
+def guard_key(args, kwargs) -> tuple:
+    """What a compiled program is specialised to: tensor shapes/dtypes/devices/strides, other values."""
+    T = _tensor_cls()
+    key = []
+    for i, a in enumerate(list(args) + [kwargs[k] for k in sorted(kwargs)]):
+        if isinstance(a, T):
+            d = a._data
+            key.append(("tensor", i, tuple(d.shape), a.dtype.name, str(a.device), tuple(d.strides)))
+        elif isinstance(a, bool | int | float | str | type(None)):
+            key.append(("value", i, a))
+        else:
+            key.append(("object", i, type(a).__name__, id(a)))
+    return tuple(key) + (tuple(sorted(kwargs)),)
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    names = {2: "shape", 3: "dtype", 4: "device", 5: "strides"}
+    for o, n in zip(old, new):
+        if o != n:
+            if o[0] == n[0] == "tensor":
+                j = next(j for j in range(2, 6) if o[j] != n[j])
+                return f"argument {o[1]}: {names[j]} {o[j]} -> {n[j]}"
+            return f"argument {o[1]}: {o[2:]} -> {n[2:]}"
+    return "argument count changed" if len(old) != len(new) else "keyword arguments changed"
+
+
+class Program_:
+    """One traced, optimised and lowered specialisation of the step."""
+
+    def __init__(self, sess: Session, mod, prog, runtime: Runtime, stats: dict, key):
+        self.sess, self.mod, self.prog, self.runtime, self.stats, self.key = sess, mod, prog, runtime, stats, key
+        self.ret_tmpl = sess.ret_tmpl
+        self.live = [(k, b[1], tuple(b[1]._data.shape), b[1]._data.dtype)
+                     for k, b in enumerate(prog.inputs) if b[0] == "live"]
+        self.calls = 0
+
+    def live_ok(self) -> str | None:
+        for k, t, shape, dt in self.live:
+            d = t._data
+            if d.shape != shape or d.dtype != dt:
+                return f"live tensor (input {k}) changed from {shape}/{dt} to {tuple(d.shape)}/{d.dtype}"
+        return None
+
+    def __call__(self, args, kwargs):
+        T = _tensor_cls()
+        prog, rt = self.prog, self.runtime
+        for e in prog.effects:
+            e()
+        host = [fn() for fn in prog.host_fns]
+        flat = list(args) + [kwargs[k] for k in sorted(kwargs)]
+        inputs = []
+        for kind, what in prog.inputs:
+            if kind == "arg":
+                inputs.append(flat[what]._data)
+            elif kind == "live":
+                inputs.append(what._data)
+            elif kind == "const":
+                inputs.append(what)
+            else:
+                inputs.append(host[what[0]][what[1]])
+        outs = rt.run(inputs)
+        xp = rt.xp
+        rets = []
+        for val, (kind, what) in zip(outs, prog.sinks):
+            if kind == "ret":
+                rets.append(val)
+            elif kind == "write":
+                live = inputs[_argpos(prog, what, self)]
+                if val is not live:
+                    xp.copyto(live, val)
+            elif kind == "grad":
+                what.grad = T._from_data(val, what.dtype, what.device)
+        for t in prog.nograd:
+            t.grad = None
+        self.calls += 1
+        if not rt.compiled:
+            rt.compile_kernels()
+        return fill(self.ret_tmpl, rets)
+
+
+def _argpos(prog, in_vid, p) -> int:
+    """Function-argument position of the input node ``in_vid`` (cached on the program)."""
+    m = getattr(p, "_argpos", None)
+    if m is None:
+        nodes = p.sess.tr.g.nodes
+        ids = [i for i, n in enumerate(nodes) if n.op == "input"]
+        m = p._argpos = {vid: k for k, vid in enumerate(ids)}
+    return m[in_vid]
+
+
+class CompiledStep:
+    """The callable ``compile`` returns; ``.report()`` says what happened."""
+
+    def __init__(self, fn, backend: str = "auto", force_eager=(), dump: str | None = None):
+        self.fn, self.backend, self.force_eager, self.dump = fn, backend, tuple(force_eager), dump
+        self.cache: dict = {}
+        self.eager_reasons: dict = {}
+        self.retraces: list[str] = []
+        self.last_key = None
+        self.last: Program_ | None = None
+        self.trace_seconds: list[float] = []
+
+    def reset(self) -> None:
+        """Forget every compiled specialisation (after replacing parameters or optimizer state)."""
+        self.cache.clear()
+        self.last = None
+
+    def __call__(self, *args, **kwargs):
+        key = guard_key(args, kwargs)
+        p = self.cache.get(key)
+        if p is not None:
+            if p == "eager":
+                return self.fn(*args, **kwargs)
+            why = p.live_ok()
+            if why is None:
+                self.last, self.last_key = p, key
+                return p(args, kwargs)
+            self.retraces.append(why)
+        elif self.last_key is not None:
+            self.retraces.append(describe_change(self.last_key, key))
+        self.last_key = key
+        return self._trace(key, args, kwargs)
+
+    def _backend(self, args) -> tuple[str, object]:
+        T = _tensor_cls()
+        cuda = any(isinstance(a, T) and a.device.type == "cuda" for a in args)
+        if cuda:
+            import cupy
+
+            return ("cuda" if self.backend in ("auto", "cuda") else "numpy"), cupy
+        if self.backend == "cuda":
+            raise CompileError("backend 'cuda' asked for, but the step's tensors are on the CPU")
+        if self.backend in ("auto", "c"):
+            return ("c" if shutil.which("cc") or shutil.which("gcc") else "numpy"), np
+        return "numpy", np
+
+    def _trace(self, key, args, kwargs):
+        backend, xp = self._backend(list(args) + list(kwargs.values()))
+        sess = Session(list(args) + [kwargs[k] for k in sorted(kwargs)], self.force_eager, xp)
+        t = time.perf_counter()
+        try:
+            result = sess.run(self.fn, args, kwargs)
+        except CompileError as e:
+            self.cache[key] = "eager"
+            self.eager_reasons[key] = str(e)
+            return self.fn(*args, **kwargs)
+        self.trace_seconds.append(time.perf_counter() - t)
+        mod, prog = build_module(sess.tr.g)
+        stats = run_pipeline(mod, self.dump)
+        rt = Runtime(mod, prog, backend, xp)
+        p = Program_(sess, mod, prog, rt, stats, key)
+        self.cache[key] = p
+        self.last = p
+        return result
+
+    # ---- introspection ----
+    def ir(self) -> str:
+        """MLIR text of the last compiled program (after all passes)."""
+        from blucompiler.dialect import print_ir
+
+        return print_ir(self.last.mod) if self.last else ""
+
+    def report(self) -> dict:
+        from blucompiler.report import build_report
+
+        return build_report(self)
