@@ -217,3 +217,24 @@ def test_no_graph_for_non_float_outputs(device):
     assert not (x > 0).requires_grad
     assert not x.argmax().requires_grad
     assert not x.long().requires_grad
+
+
+def test_bfloat16_gradients_accumulate(device):
+    """A reused bfloat16 tensor sums its gradients in float32 (raw bf16 bits on CUDA are not added)."""
+    x = bt.tensor([1.0, 2.0, -3.0], dtype=bt.bfloat16, device=device, requires_grad=True)
+    h = x * 1.0
+    y = h * 2.0 + h * 3.0 + h  # three uses of the non-leaf h
+    y.sum().backward()
+    (x * 4.0).sum().backward()  # a second backward accumulates into the bf16 leaf grad
+    assert x.grad.dtype is bt.bfloat16
+    np.testing.assert_array_equal(host(x.grad), [10.0, 10.0, 10.0])
+
+
+def test_bfloat16_sgd(device):
+    p = bt.nn.Parameter(bt.tensor([1.0, -2.0], dtype=bt.bfloat16, device=device))
+    opt = bt.optim.SGD([p], lr=0.5, momentum=0.9)
+    for _ in range(2):
+        p.grad = bt.tensor([1.0, 1.0], dtype=bt.bfloat16, device=device)
+        opt.step()
+    np.testing.assert_allclose(host(p), [1.0 - 0.5 - 0.5 * 1.9, -2.0 - 0.5 - 0.5 * 1.9], rtol=4e-3)
+    assert p.dtype is bt.bfloat16 and opt.state[p]["momentum_buffer"].dtype is bt.float32

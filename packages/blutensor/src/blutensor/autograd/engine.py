@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
 from blutensor.autograd.grad_mode import STATE
 from blutensor.autograd.node import AccumulateGrad, Node
 from blutensor.errors import AutogradError, ShapeError
@@ -89,14 +91,25 @@ def run_backward(tensors, grads, retain_graph: bool = False) -> None:
 
 def _add(pending: dict, node, g) -> None:
     cur = pending.get(node)
-    pending[node] = g if cur is None else cur + g
+    pending[node] = g if cur is None else _sum(cur, g)
+
+
+def _sum(a, b):
+    """a + b for gradient arrays; bfloat16 kept as raw uint16 bits (CUDA) is added in float32."""
+    if a.dtype != np.uint16:
+        return a + b
+    from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.ops._util import xp_of
+
+    xp = xp_of(a)
+    return f32_to_bf16_bits(bf16_bits_to_f32(a, xp) + bf16_bits_to_f32(b, xp), xp)
 
 
 def _set_grad(t, g, Tensor) -> None:
     if t.grad is None:
         t.grad = Tensor._from_data(g.copy() if g.base is not None else g, t.dtype, t.device)
     else:
-        t.grad._data = t.grad._data + g
+        t.grad._data = _sum(t.grad._data, g)
 
 
 def _accumulate(t, g, Tensor) -> None:
@@ -111,6 +124,8 @@ def _accumulate(t, g, Tensor) -> None:
     if t.grad is None:
         # own the buffer: a gradient may alias an input of the backward formula
         t.grad = Tensor._from_data(g.copy(), t.dtype, t.device)
+    elif g.dtype == np.uint16:
+        t.grad._data[...] = _sum(t.grad._data, g)
     else:
         t.grad._data += g
     for h in t._post_hooks or ():

@@ -23,6 +23,9 @@ class SGD(Optimizer):
             for p in g["params"]:
                 if p.grad is None:
                     continue
+                if p.dtype.name == "bfloat16":
+                    _bf16_step(self, p, lr, mom, damp, wd, nest)
+                    continue
                 d = p.grad._data
                 if wd:
                     d = d + wd * p._data
@@ -40,3 +43,28 @@ class SGD(Optimizer):
                 p._data -= lr * d
                 p._version.v += 1
         return loss
+
+
+def _bf16_step(opt, p, lr, mom, damp, wd, nest) -> None:
+    """SGD on a bfloat16 parameter: the update in float32 (momentum kept in float32), then rounded."""
+    from blutensor._tensor import Tensor
+    from blutensor.dtypes import float32
+    from blutensor.ops._util import xp_of
+    from blutensor.ops.elementwise import _convert
+
+    xp = xp_of(p._data)
+    x = _convert(p._data, p.dtype, float32, xp)
+    d = _convert(p.grad._data, p.grad.dtype, float32, xp)
+    if wd:
+        d = d + wd * x
+    if mom:
+        st = opt.state.setdefault(p, {})
+        buf = st.get("momentum_buffer")
+        if buf is None:
+            buf = st["momentum_buffer"] = Tensor._from_data(d.copy(), float32, p.device)
+        else:
+            buf._data *= mom
+            buf._data += (1 - damp) * d
+        d = d + mom * buf._data if nest else buf._data
+    p._data[...] = _convert(x - lr * d, float32, p.dtype, xp)
+    p._version.v += 1
