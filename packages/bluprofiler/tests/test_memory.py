@@ -108,3 +108,18 @@ def test_cuda_memory_hook_attributes_allocations():
     assert all(m.device.startswith("cuda") for m in res.mem_events)
     assert np.isfinite(res.peak_memory()["peak_bytes"])
 
+
+
+def test_profiler_does_not_extend_tensor_lifetimes():
+    import weakref
+
+    with profile() as prof:
+        with bt.no_grad():
+            t = bt.exp(bt.randn(100, 100))
+            r = weakref.ref(t._data)
+            bt.sum(t)  # t is an input of an op that records no node
+        del t
+        gc.collect()
+        assert r() is None
+    frees = [m for m in prof.result.mem_events if m.kind == "free" and m.owner == "exp.forward"]
+    assert len(frees) == 1 and frees[0].nbytes == 40000

@@ -194,7 +194,8 @@ class Profiler:
                 _annotate(node, shapes, out_shape)
         else:
             shapes = out_shape = None
-        kernel = node.kernel if node is not None else (op, inputs)
+        # never keep ``inputs`` (that would extend the tensors' lifetimes): a kernel class or a name
+        kernel = node.kernel if node is not None else _resolved_kernel(op, inputs)
         self._raw.append((op, "forward", kernel, idx, depth, _tid(), t0, t1, shapes, out_shape, ga, gb))
         if self._array_track:
             self.mem.track(res._data, key, tuple([getattr(x, "_data", None) for x in inputs]))
@@ -250,9 +251,7 @@ class Profiler:
         """The raw span tuples as OpEvents (kernel names resolved), in start order."""
         out = []
         for name, phase, kernel, idx, depth, tid, t0, t1, shapes, out_shape, ga, gb in self._raw:
-            if isinstance(kernel, tuple):
-                kernel = _resolved_kernel(*kernel)
-            elif not isinstance(kernel, str):
+            if not isinstance(kernel, str):
                 kernel = _kernel_name(kernel)
             e = OpEvent(name, phase, kernel, idx, depth, tid, t0, t1,
                         tuple(tuple(s) if s is not None else None for s in shapes) if shapes is not None else None,
