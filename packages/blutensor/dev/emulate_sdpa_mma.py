@@ -87,11 +87,40 @@ class Tf32:
     cast = staticmethod(f32)
 
 
+def ldmatrix(X, rows, cols, nmat, trans=False):
+    """ldmatrix.m8n8.x{nmat}[.trans].b16: lane i addresses row (i % 8) of matrix (i // 8) at X[rows[i], cols[i]:+8];
+    returns (32, nmat, 2): lane (g, t) gets M[g][2t:2t+2] (trans: M[2t][g], M[2t+1][g])."""
+    out = np.zeros((32, nmat, 2), np.float32)
+    for j in range(nmat):
+        M = np.stack([X[rows[8 * j + r], cols[8 * j + r] : cols[8 * j + r] + 8] for r in range(8)])
+        if trans:
+            M = M.T
+        out[:, j, 0], out[:, j, 1] = M[G, 2 * T], M[G, 2 * T + 1]
+    return out
+
+
 class Bf16:
+    """Fragments loaded the way sdpa_mma.cu does by default (ldmatrix; BLU_NO_LDMATRIX: plain loads)."""
+
     KS, PAD = 16, 8
 
     @staticmethod
     def load_a(X, r0, k0):  # -> (32, 4, 2)
+        j = LANE >> 3
+        return ldmatrix(X, r0 + (j & 1) * 8 + (LANE & 7), k0 + (j >> 1) * 8, 4)
+
+    @staticmethod
+    def load_bt(X, n0, k0):  # B[k][n] = X[n0 + n][k0 + k]
+        lane = LANE & 15
+        return ldmatrix(X, n0 + (lane & 7), k0 + (lane >> 3) * 8, 2)
+
+    @staticmethod
+    def load_b(X, k0, n0):  # B[k][n] = X[k0 + k][n0 + n]
+        lane = LANE & 15
+        return ldmatrix(X, k0 + lane, np.full(32, n0), 2, trans=True)
+
+    @staticmethod
+    def load_a_plain(X, r0, k0):
         def pair(r, k):
             return np.stack([X[r, k], X[r, k + 1]], -1)
 
@@ -101,26 +130,6 @@ class Bf16:
                 pair(r0 + G + 8, k0 + 2 * T),
                 pair(r0 + G, k0 + 2 * T + 8),
                 pair(r0 + G + 8, k0 + 2 * T + 8),
-            ],
-            1,
-        )
-
-    @staticmethod
-    def load_bt(X, n0, k0):
-        return np.stack(
-            [
-                np.stack([X[n0 + G, k0 + 2 * T], X[n0 + G, k0 + 2 * T + 1]], -1),
-                np.stack([X[n0 + G, k0 + 2 * T + 8], X[n0 + G, k0 + 2 * T + 9]], -1),
-            ],
-            1,
-        )
-
-    @staticmethod
-    def load_b(X, k0, n0):
-        return np.stack(
-            [
-                np.stack([X[k0 + 2 * T, n0 + G], X[k0 + 2 * T + 1, n0 + G]], -1),
-                np.stack([X[k0 + 2 * T + 8, n0 + G], X[k0 + 2 * T + 9, n0 + G]], -1),
             ],
             1,
         )

@@ -336,7 +336,30 @@ def check_sdpa_f32():
 
 @guarded
 def check_sdpa_bf16():
+    n0 = len(RESULTS["checks"])
     _sdpa_checks("bf16")
+    if any(not c["passed"] for c in RESULTS["checks"][n0:]):
+        # diagnostic: the same kernels with plain shared loads instead of ldmatrix (-DBLU_NO_LDMATRIX)
+        from blutensor.cuda_ops import _loader
+
+        cp = cp_mod()
+        d = cp.cuda.runtime.getDevice()
+        src = (_loader.KERNEL_DIR / "sdpa_mma.cu").read_text()
+        cc = cp.cuda.Device(d).compute_capability
+        saved = _loader._modules.get(("sdpa_mma.cu", d))
+        _loader._modules[("sdpa_mma.cu", d)] = cp.RawModule(
+            code=src, options=_loader.compile_options(cc) + ("-DBLU_NO_LDMATRIX",)
+        )
+        _loader._functions.clear()
+        _loader._smem_set.clear()
+        try:
+            print("  bf16 attention failed: re-running with -DBLU_NO_LDMATRIX (plain shared loads)", flush=True)
+            _sdpa_case("bf16", 2, 3, 77, 77, 64, False)
+            _sdpa_case("bf16", 2, 3, 77, 77, 64, True)
+        finally:
+            _loader._modules[("sdpa_mma.cu", d)] = saved
+            _loader._functions.clear()
+            _loader._smem_set.clear()
 
 
 @guarded

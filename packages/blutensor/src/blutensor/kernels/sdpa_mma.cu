@@ -88,6 +88,30 @@ template <> struct Tr<float> {
 template <> struct Tr<bf16_t> {
     static constexpr int KS = 16;
     static constexpr int PAD = 8;
+#ifndef BLU_NO_LDMATRIX
+    // ldmatrix: lane i gives the address of row (i % 8) of 8x8 matrix (i / 8); lane (g, t) receives row g,
+    // cols 2t, 2t+1 of each matrix (.trans: row 2t, 2t+1, col g). Rows are 16-byte aligned (LD*2 = 16*k).
+    static __device__ __forceinline__ u32 saddr(const bf16_t* p) { return (u32)__cvta_generic_to_shared(p); }
+    static __device__ __forceinline__ void load_a(const bf16_t* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        const int lane = 4 * g + t, j = lane >> 3;
+        const u32 ad = saddr(X + (r0 + (j & 1) * 8 + (lane & 7)) * ld + k0 + (j >> 1) * 8);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(ad));
+    }
+    // B[k][n] = X[n0 + n][k0 + k]: matrices X[n0.., k0..] and X[n0.., k0+8..]
+    static __device__ __forceinline__ void load_bt(const bf16_t* X, int ld, int n0, int k0, u32* b, int g, int t) {
+        const int lane = (4 * g + t) & 15;
+        const u32 ad = saddr(X + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 8);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(ad));
+    }
+    // B[k][n] = X[k0 + k][n0 + n]: transposed matrices X[k0.., n0..] and X[k0+8.., n0..]
+    static __device__ __forceinline__ void load_b(const bf16_t* X, int ld, int k0, int n0, u32* b, int g, int t) {
+        const int lane = (4 * g + t) & 15;
+        const u32 ad = saddr(X + (k0 + lane) * ld + n0);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(ad));
+    }
+#else
     static __device__ __forceinline__ u32 ld2(const bf16_t* p) { return *reinterpret_cast<const u32*>(p); }
     static __device__ __forceinline__ void load_a(const bf16_t* X, int ld, int r0, int k0, u32* a, int g, int t) {
         a[0] = ld2(X + (r0 + g) * ld + k0 + 2 * t);
@@ -103,6 +127,7 @@ template <> struct Tr<bf16_t> {
         b[0] = (u32)X[(k0 + 2 * t) * ld + n0 + g] | ((u32)X[(k0 + 2 * t + 1) * ld + n0 + g] << 16);
         b[1] = (u32)X[(k0 + 2 * t + 8) * ld + n0 + g] | ((u32)X[(k0 + 2 * t + 9) * ld + n0 + g] << 16);
     }
+#endif
     static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                      "{%0,%1,%2,%3};"
