@@ -36,6 +36,7 @@ def test_bmm(device):
 def test_linear(bias, device):
     x, w, b = R.standard_normal((2, 3, 4)), R.standard_normal((5, 4)), R.standard_normal(5)
     args = [x, w, b] if bias else [x, w]
+    check_forward(F.linear, lambda x_, w_, b_=None: x_ @ w_.T + (0 if b_ is None else b_), args, device)
     check_vs_torch(F.linear, TF.linear, args, device)
     gradcheck(F.linear, args, device)
 

@@ -39,6 +39,8 @@ def test_reduction(name, dim, keepdim, device):
 @pytest.mark.parametrize("name", ["max", "min"])
 def test_max_min_dim(name, keepdim, device):
     x = _x()
+    check_forward(lambda a: getattr(bt, name)(a, dim=1, keepdim=keepdim).values,
+                  lambda a: getattr(np, name)(a, axis=1, keepdims=keepdim), [x], device)
     vals, idx = getattr(bt, name)(bt.tensor(x, device=device), dim=1, keepdim=keepdim)
     ref = getattr(torch, name)(torch.tensor(x), dim=1, keepdim=keepdim)
     np.testing.assert_allclose(host(vals), ref.values.numpy())

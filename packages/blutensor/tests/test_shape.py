@@ -8,7 +8,7 @@ import blutensor as bt
 import numpy as np
 import pytest
 import torch
-from conftest import check_vs_torch, gradcheck, host, rng
+from conftest import check_forward, check_vs_torch, gradcheck, host, rng
 
 X = rng(3).standard_normal((2, 3, 4))
 
@@ -42,10 +42,39 @@ COPIES = {
     "triu": (lambda a: bt.triu(a), lambda a: torch.triu(a)),
 }
 
+# NumPy float64 references of the same selections
+NP_REFS = {
+    "view": lambda a: a.reshape(6, 4),
+    "view_neg": lambda a: a.reshape(-1),
+    "reshape": lambda a: a.reshape(4, 6),
+    "transpose": lambda a: a.swapaxes(0, 2),
+    "permute": lambda a: a.transpose(2, 0, 1),
+    "mT": lambda a: a.swapaxes(-1, -2),
+    "expand": lambda a: np.broadcast_to(a[:, :1], (2, 5, 4)),
+    "unsqueeze": lambda a: a[:, None],
+    "squeeze": lambda a: a[:, 0],
+    "slice": lambda a: a[1:, ::2, 1:3],
+    "int_index": lambda a: a[1],
+    "scalar_index": lambda a: a[1, 2, 3],
+    "none_ellipsis": lambda a: a[None, ..., 2],
+    "neg_index": lambda a: a[-1, :, -2],
+    "adv_index": lambda a: a[[1, 0, 1]],
+    "adv_list": lambda a: a[:, [0, 2, 2]],
+    "adv_pair": lambda a: a[[0, 1, 1], [2, 0, 2]],
+    "bool_mask": lambda a: a[a > 0],
+    "contiguous": lambda a: a.swapaxes(0, 1),
+    "reshape_nc": lambda a: a.swapaxes(0, 1).reshape(-1),
+    "flatten": lambda a: a.reshape(2, -1),
+    "clone": lambda a: a.copy(),
+    "tril": lambda a: np.tril(a, 1),
+    "triu": lambda a: np.triu(a),
+}
+
 
 @pytest.mark.parametrize("name", list(VIEWS))
 def test_views_share_storage(name, device):
     fn, tfn = VIEWS[name]
+    check_forward(fn, NP_REFS[name], [X], device)
     check_vs_torch(fn, tfn, [X], device)
     gradcheck(fn, [X], device)
     a = bt.tensor(X, device=device)
@@ -60,6 +89,7 @@ def test_views_share_storage(name, device):
 @pytest.mark.parametrize("name", list(COPIES))
 def test_copies(name, device):
     fn, tfn = COPIES[name]
+    check_forward(fn, NP_REFS[name], [X], device)
     check_vs_torch(fn, tfn, [X], device)
     gradcheck(fn, [X], device)
 
@@ -84,6 +114,8 @@ def test_repeated_index_accumulates(device):
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_cat_stack(dim, device):
     a, b = X, rng(4).standard_normal((2, 3, 4))
+    check_forward(lambda x, y: bt.cat([x, y], dim), lambda x, y: np.concatenate([x, y], dim), [a, b], device)
+    check_forward(lambda x, y: bt.stack([x, y], dim), lambda x, y: np.stack([x, y], dim), [a, b], device)
     check_vs_torch(lambda x, y: bt.cat([x, y], dim), lambda x, y: torch.cat([x, y], dim), [a, b], device)
     check_vs_torch(lambda x, y: bt.stack([x, y], dim), lambda x, y: torch.stack([x, y], dim), [a, b], device)
     gradcheck(lambda x, y: bt.cat([x, y[:, :2]], 1), [a, b], device)
