@@ -50,3 +50,28 @@ def test_trace_is_loadable_and_complete(tmp_path, device):
         assert len([e for e in ev if e["ph"] == "s"]) == len(gpu)
     else:
         assert "GPU" not in meta and not gpu
+
+
+def test_slices_nest_properly_per_track(device):
+    """Perfetto needs slices on one track to nest (no partial overlaps): check a GPT step."""
+    from bluprofiler.demo import make_gpt_step
+
+    step, _ = make_gpt_step("tiny", device=device)
+    step()
+    with profile() as prof:
+        with record_function("step"):
+            step()
+    ev = prof.result.chrome_trace()["traceEvents"]
+    tracks: dict = {}
+    for e in ev:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    assert tracks
+    for spans in tracks.values():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        stack = []
+        for a, b in spans:
+            while stack and stack[-1] <= a + 1e-6:
+                stack.pop()
+            assert not stack or b <= stack[-1] + 1e-3, "partial overlap"
+            stack.append(b)
