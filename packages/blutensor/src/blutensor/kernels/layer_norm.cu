@@ -161,6 +161,7 @@ __device__ void ln_backward(const T* __restrict__ g, const T* __restrict__ x, co
         for (int c = lane; c < 2 * C; c += 32) acc[c] = 0.f;
     __syncwarp();
     const float invC = 1.f / (float)C;
+    const int cv = C / V;  // vectors per row (vec path)
     for (long long row = (long long)blockIdx.x * wpb + warp; row < N; row += (long long)gridDim.x * wpb) {
         const T* gr = g + row * C;
         const T* xr = x + row * C;
@@ -200,7 +201,8 @@ __device__ void ln_backward(const T* __restrict__ g, const T* __restrict__ x, co
                 for (int k = 0; k < V; ++k) {
                     float xh = (xv[k] - mu) * rs;
                     o[k] = rs * (gv[k] * wv[k] - s1 - xh * s2) + gs[k];
-                    if (need_dwdb) { acc[c + k] += gv[k] * xh; acc[C + c + k] += gv[k]; }
+                    // k-major layout (element c at (c % V) * C/V + c / V): lanes hit consecutive words
+                    if (need_dwdb) { acc[k * cv + c / V] += gv[k] * xh; acc[C + k * cv + c / V] += gv[k]; }
                 }
                 if (need_dx) store_vec(dxr + c, o);
             }
@@ -216,8 +218,10 @@ __device__ void ln_backward(const T* __restrict__ g, const T* __restrict__ x, co
     if (!need_dwdb) return;
     __syncthreads();
     for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        const int cc = c < C ? c : c - C;
+        const int idx = (c < C ? 0 : C) + (vec ? (cc % V) * cv + cc / V : cc);
         float s = 0.f;
-        for (int k = 0; k < wpb; ++k) s += smem[(size_t)k * 2 * C + c];
+        for (int k = 0; k < wpb; ++k) s += smem[(size_t)k * 2 * C + idx];
         part[(size_t)blockIdx.x * 2 * C + c] = s;
     }
 }
