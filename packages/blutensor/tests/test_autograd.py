@@ -238,3 +238,14 @@ def test_bfloat16_sgd(device):
         opt.step()
     np.testing.assert_allclose(host(p), [1.0 - 0.5 - 0.5 * 1.9, -2.0 - 0.5 - 0.5 * 1.9], rtol=4e-3)
     assert p.dtype is bt.bfloat16 and opt.state[p]["momentum_buffer"].dtype is bt.float32
+
+
+def test_inplace_with_grad_on_view_is_refused(device):
+    base = bt.zeros(2, 3, device=device)
+    v = bt.ones(3, device=device, requires_grad=True)
+    row = base[0]
+    with pytest.raises(bt.AutogradError, match=r"in-place op 'setitem'.*view"):
+        row[1] = v[0] * 2
+    base[0] = v * 2  # writing into the base records the graph
+    base.sum().backward()
+    np.testing.assert_allclose(host(v.grad), [2.0, 2.0, 2.0])

@@ -315,9 +315,10 @@ class Tensor:
             if self.requires_grad and self.grad_fn is None:
                 raise AutogradError(f"a leaf tensor that requires grad ({self._desc()}) is used in an in-place "
                                     f"op '{op}'; wrap it in no_grad() or clone() it first")
-            if self._base is not None and (self.requires_grad or self._base.requires_grad):
-                raise AutogradError(f"in-place op '{op}' on a view of a tensor that requires grad is not "
-                                    f"supported; clone() the view first")
+            if self._base is not None:
+                raise AutogradError(f"in-place op '{op}' that needs a gradient on a view ({self._desc()}) is not "
+                                    f"supported: the base would not see the graph; clone() the view, or write "
+                                    f"into the base tensor directly")
             alias = Tensor._from_data(self._data.copy(), self.dtype, self.device)
             alias.grad_fn, alias.requires_grad = self.grad_fn, self.requires_grad
             res = apply(op, alias, *others, **attrs)
