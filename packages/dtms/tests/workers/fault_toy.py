@@ -94,6 +94,7 @@ def main():
             loss = np.array([np.mean(r * r)])
             grad = 2 * x.T @ r / len(y)
             for kind in faults(agent, rank, step):
+                (out / f"fault.a{agent.attempt}.rank{rank}.{kind}").write_text(repr(time.time()))
                 if kind == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 elif kind == "stop":

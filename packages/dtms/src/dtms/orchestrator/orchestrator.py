@@ -128,6 +128,7 @@ class Orchestrator:
         self.state = prev or st.RunState(cfg.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
         if prev is not None:
             self.say(f"continuing run {prev.run_id} after attempt {prev.attempt} ({prev.status})")
+            self._reap(prev.live)
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_signal)
         secret = secrets.token_hex(32)
@@ -145,6 +146,21 @@ class Orchestrator:
             store.close()
             if server is not None:
                 server.close()
+
+    def _reap(self, live: dict[str, Any]) -> None:
+        """Kill what a previous orchestrator's attempt left running (it was killed itself), so two gangs
+        never write the same checkpoints; only processes still running our script are touched."""
+        pids = [int(p) for p in live.get("ranks", {}).values()] + ([int(live["launcher"])] if live.get("launcher")
+                                                                  else [])
+        left = [p for p in pids if alive(p) and _runs(p, self.cfg.script)]
+        for p in left:
+            _kill(p, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while any(alive(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if left:
+            self.say(f"killed {len(left)} process(es) left by the previous orchestrator: {left}")
+            self.event("reaped", pids=left)
 
     def _finish(self, status: str, code: int, reason: str) -> int:
         s = self.state
@@ -258,6 +274,10 @@ class Orchestrator:
             if att.reached is None or m > att.reached:
                 att.reached, att.last_progress = m, now
             self.metrics.set("step", m)
+        ranks = {str(r): p for r, p in att.pids.items()}
+        if ranks != self.state.live.get("ranks"):  # type: ignore[union-attr]
+            self.state.live["ranks"] = ranks  # type: ignore[union-attr]
+            self.state.save(self.run_dir)  # type: ignore[union-attr]
         self.metrics.set("tokens_per_second", sum(h.get("tokens_per_s", 0.0) for h in att.hb.values()))
         for r, (_, t) in att.hb_seen.items():
             self.metrics.set("heartbeat_age_seconds", now - t, rank=r)
@@ -311,6 +331,7 @@ class Orchestrator:
         proc, log_dir = self._spawn(secret, store.port, attempt)
         att = _Attempt(attempt)
         t0 = time.monotonic()
+        self.state.live = {"launcher": proc.pid, "ranks": {}}
         self.state.status = st.RUNNING
         self.state.save(self.run_dir)
         self.event("attempt_start", pid=proc.pid, log_dir=str(log_dir), nproc=cfg.nproc_per_node)
@@ -402,7 +423,9 @@ class Orchestrator:
         for pid in att.pids.values():  # nothing of this attempt may outlive it
             if alive(pid):
                 _kill(pid, signal.SIGKILL)
-        self.event("attempt_teardown", launcher_exit=proc.returncode)
+        self.state.live = {}  # type: ignore[union-attr]
+        self.event("attempt_teardown", launcher_exit=proc.returncode, launcher_pid=proc.pid,
+                   rank_pids={str(r): p for r, p in att.pids.items()})
         return describe_exit(proc.returncode) if proc.returncode is not None else "unknown"
 
 
@@ -423,6 +446,15 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _runs(pid: int, script: str) -> bool:
+    """True when ``pid``'s command line mentions ``script`` (guards against a reused pid)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return Path(script).name in cmd
 
 
 def _pstate(pid: Any) -> str:

@@ -31,6 +31,7 @@ class RunState:
     best_step: int = -1  # highest step every rank completed
     incidents: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    live: dict[str, Any] = field(default_factory=dict)  # pids of the running attempt (reaped on a restart)
     exit_code: int | None = None
     reason: str = ""
     version: int = STATE_VERSION

@@ -1,0 +1,196 @@
+"""Orchestrator pieces in one process: fault taxonomy, persisted state, Prometheus exposition and
+endpoint, NVML telemetry absent on CPU, the worker agent against a real store, stack collection."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from dtms.orchestrator import (
+    CheckpointLoadError,
+    FaultClass,
+    Metrics,
+    MetricsServer,
+    NonFiniteError,
+    RunState,
+    WorkerAgent,
+    classify_exception,
+    gpu_telemetry,
+)
+from dtms.orchestrator.stacks import collect_stacks, process_state, stack_file
+from dtms.orchestrator.worker import key_prefix
+from dtms.store import TCPStore
+
+
+class OutOfMemoryError(Exception):  # the name CuPy gives its allocation failure
+    pass
+
+
+@pytest.mark.parametrize("exc,cls", [
+    (MemoryError("x"), FaultClass.OOM),
+    (OutOfMemoryError("Out of memory allocating 1,024 bytes"), FaultClass.OOM),
+    (RuntimeError("cudaErrorMemoryAllocation: out of memory"), FaultClass.OOM),
+    (NonFiniteError("loss"), FaultClass.NAN_INF),
+    (FloatingPointError("overflow"), FaultClass.NAN_INF),
+    (CheckpointLoadError("bad"), FaultClass.CHECKPOINT_CORRUPT),
+    (TimeoutError("allreduce"), FaultClass.COLLECTIVE_TIMEOUT),
+    (ValueError("plain"), FaultClass.EXCEPTION),
+])
+def test_classify_exception(exc, cls):
+    assert classify_exception(exc) is cls
+
+
+def test_classify_follows_cause_chain():
+    try:
+        try:
+            raise MemoryError("host")
+        except MemoryError as e:
+            raise RuntimeError("step failed") from e
+    except RuntimeError as e:
+        assert classify_exception(e) is FaultClass.OOM
+
+
+def test_state_roundtrip_atomic_and_clear_errors(tmp_path):
+    s = RunState("r1", attempt=2, restarts=1, last_good_step=6)
+    s.incidents.append({"fault": "RANK_DEAD", "rank": 1})
+    s.save(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["orchestrator_state.json"]  # no temp file left
+    t = RunState.load(tmp_path)
+    assert t.attempt == 2 and t.restarts == 1 and t.last_good_step == 6 and t.incidents == s.incidents
+    assert RunState.load(tmp_path / "nowhere") is None
+    (tmp_path / "orchestrator_state.json").write_text("{trunc")
+    with pytest.raises(ValueError, match="orchestrator_state.json is unreadable"):
+        RunState.load(tmp_path)
+
+
+def test_metrics_exposition_and_endpoint():
+    m = Metrics()
+    m.declare("step", "gauge", "Step")
+    m.declare("incidents_total", "counter", "Incidents")
+    m.set("step", 12)
+    m.inc("incidents_total", fault="RANK_DEAD")
+    m.inc("incidents_total", fault="RANK_DEAD")
+    m.inc("incidents_total", fault='we"ird')
+    text = m.render()
+    assert "# TYPE blutrain_step gauge\nblutrain_step 12\n" in text
+    assert 'blutrain_incidents_total{fault="RANK_DEAD"} 2' in text
+    assert 'blutrain_incidents_total{fault="we\\"ird"} 1' in text
+    with pytest.raises(KeyError):
+        m.set("undeclared", 1)
+    srv = MetricsServer(m, port=0)
+    try:
+        assert srv.host == "127.0.0.1"
+        with urllib.request.urlopen(srv.url, timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert "blutrain_step 12" in r.read().decode()
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(srv.url.replace("/metrics", "/other"), timeout=5)
+    finally:
+        srv.close()
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="a GPU driver is present")
+def test_gpu_telemetry_absent_on_cpu():
+    assert gpu_telemetry() == [] and gpu_telemetry(0) == []
+
+
+@pytest.fixture
+def store():
+    s = TCPStore("127.0.0.1", 0, is_server=True, secret="s3cret", timeout=10.0)
+    yield s
+    s.close()
+
+
+def _agent(store, tmp_path, rank, world=2):
+    os.environ["BLUTRAIN_STORE_SECRET"] = "s3cret"
+    return WorkerAgent(rank, world, "127.0.0.1", store.port, "run", 0, str(tmp_path), interval=0.05)
+
+
+def test_agent_heartbeats_resume_agreement_and_faults(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("BLUTRAIN_STORE_SECRET", "s3cret")
+    prev = signal.getsignal(signal.SIGTERM)
+    a0, a1 = _agent(store, tmp_path, 0), _agent(store, tmp_path, 1)
+    try:
+        a0.start()
+        pre = key_prefix("run", 0)
+        hb = json.loads(store.local_items(pre + "hb/0")[pre + "hb/0"])
+        assert hb["pid"] == os.getpid() and hb["step"] is None
+        a0.step_done(3, loss=1.5)
+        time.sleep(0.3)
+        hb = json.loads(store.local_items(pre + "hb/0")[pre + "hb/0"])
+        assert hb["step"] == 3 and hb["loss"] == 1.5 and hb["n"] >= 2
+        # resume agreement: newest step both ranks verified
+        res = {}
+        t = threading.Thread(target=lambda: res.setdefault(1, a1.agree_resume_step([3, 6])))
+        t.start()
+        res[0] = a0.agree_resume_step([3, 6, 9])
+        t.join(5)
+        assert res == {0: 6, 1: 6}
+        # SIGTERM only raises the preemption flag
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert a0.preempt_requested and not a1.preempt_requested
+        # NaN policies
+        assert a0.check_finite(1.0, 4) is True
+        assert a0.check_finite(float("nan"), 4, "skip") is False
+        nan = json.loads(store.local_items(pre + "nan/0/4")[pre + "nan/0/4"])
+        assert nan["fault"] == "NAN_INF" and nan["details"]["policy"] == "skip"
+        with pytest.raises(NonFiniteError) as ei:
+            a0.check_finite(float("inf"), 5, "stop")
+        assert ei.value.fatal is True
+        with pytest.raises(ValueError, match="nan policy"):
+            a0.check_finite(1.0, 5, "ignore")
+        # guard: a classified fault report, then the exception goes on
+        with pytest.raises(MemoryError), a1.guard():
+            raise MemoryError("injected")
+        f = json.loads(store.local_items(pre + "fault/1")[pre + "fault/1"])
+        assert f["fault"] == "OOM" and f["rank"] == 1 and "MemoryError: injected" in f["message"]
+        a0.finish("ok", 9)
+        assert json.loads(store.local_items(pre + "done/0")[pre + "done/0"])["status"] == "ok"
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+        a0.close()
+        a1.close()
+
+
+DUMPER = """
+import sys, time
+from dtms.orchestrator.stacks import register_dump
+register_dump(sys.argv[1])
+print("ready", flush=True)
+def waiting_here():
+    while True:
+        time.sleep(0.05)
+waiting_here()
+"""
+
+
+def test_collect_stacks_of_running_and_stopped_ranks(tmp_path):
+    procs = {}
+    for r in (0, 1):
+        p = subprocess.Popen([sys.executable, "-c", DUMPER, str(stack_file(tmp_path, 0, r))],
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready"
+        procs[r] = p
+    try:
+        time.sleep(0.3)  # both inside waiting_here()
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        assert process_state(procs[1].pid) == "T"
+        stacks = collect_stacks({r: p.pid for r, p in procs.items()}, tmp_path, 0, timeout=5)
+        assert set(stacks) == {0, 1}
+        for text in stacks.values():
+            assert "waiting_here" in text and "most recent call first" in text
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+    assert process_state(procs[0].pid) is None
