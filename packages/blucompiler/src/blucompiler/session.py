@@ -74,7 +74,7 @@ class EagerOp:
         ctx = Ctx()
         ctx.needs = self.needs
         arrays = fill(self.in_tmpl, values)
-        out = self.kernel.forward(ctx, *arrays, **self.attrs)
+        out = self.kernel.forward(ctx, *arrays, **fill(self.attrs, values))
         if isinstance(out, np.generic):
             out = np.asarray(out)
         return (out, ctx)
@@ -125,7 +125,7 @@ class _EagerNodeBackward:
 
     def backward(self, ctx, grad):
         tr = self.sess.tr
-        real = self.kernel.backward(ctx, grad.v)
+        real = self.kernel.backward(ctx, grad.v if isinstance(grad, TracedArray) else grad)
         real = real if isinstance(real, tuple) else (real,)
         eb = EagerBackward(self.op, self.kernel, None, ctx.needs, "forward ran eagerly")
         key = tr.g.keep(eb)
@@ -212,6 +212,9 @@ class Session:
         saved = [(t, t._data) for t in tens]
         found: list = []
         in_tmpl = template([x._data if isinstance(x, Tensor) else x for x in inputs], found)
+        attr_tmpl = template(dict(attrs), found)  # attributes may hold traced arrays (index masks)
+        orig_attrs = dict(attrs)
+        attrs.update(fill(attr_tmpl, [f.v for f in found]))
         for t in tens:
             t._data = t._data.v
         try:
@@ -219,11 +222,13 @@ class Session:
         finally:
             for t, d in saved:
                 t._data = d
+            attrs.clear()
+            attrs.update(orig_attrs)
         first = tens[0]
         kernel = res.grad_fn.kernel if isinstance(res.grad_fn, Node) else \
             dispatch.resolve(op, first.device.type, first.dtype.name)
         needs = tuple(isinstance(t, Tensor) and t.requires_grad for t in inputs)
-        eo = EagerOp(op, kernel, dict(attrs), in_tmpl, needs, reason)
+        eo = EagerOp(op, kernel, attr_tmpl, in_tmpl, needs, reason)
         key = tr.g.keep(eo)
         tr.fallbacks.append((op, reason))
         vid = tr.g.add("eager", [tr.operand(a) for a in found], {"op": op, "key": key}, (), None)
@@ -246,7 +251,7 @@ class Session:
         real_ctx.saved = fill(ctx_tmpl[0], vals)
         for k, v in ctx_tmpl[1].items():
             setattr(real_ctx, k, fill(v, vals))
-        real = kernel.backward(real_ctx, grad.v)
+        real = kernel.backward(real_ctx, grad.v if isinstance(grad, TracedArray) else grad)
         real = real if isinstance(real, tuple) else (real,)
         eb = EagerBackward(op, kernel, ctx_tmpl, ctx.needs, reason)
         key = tr.g.keep(eb)
