@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "tests" / "plugins" / "blutrain-example-kernels"
+BROKEN = ROOT / "tests" / "plugins" / "blutrain-broken-plugin"
 
 CHECK = textwrap.dedent("""
     import json, os
@@ -39,7 +40,7 @@ def fresh_venv(tmp_path_factory):
     venv.create(d, with_pip=True)
     py = d / "bin" / "python"
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    str(ROOT / "packages" / "blutensor"), str(PLUGIN)], check=True, timeout=600)
+                    str(ROOT / "packages" / "blutensor"), str(PLUGIN), str(BROKEN)], check=True, timeout=600)
     return py
 
 
@@ -76,3 +77,15 @@ def test_plugin_dist_has_entry_point():
     text = (PLUGIN / "pyproject.toml").read_text()
     assert '[project.entry-points.blutrain]' in text
     assert sys.version_info >= (3, 11)
+
+
+@pytest.mark.slow
+def test_broken_plugin_is_reported_not_fatal(fresh_venv):
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "import blutensor as bt\nfrom blutensor.plugin import get_host\n"
+            "h = get_host(); print(h.broken); print(bt.relu(bt.tensor([-1.0, 1.0])).tolist())")
+    out = subprocess.run([str(fresh_venv), "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "('broken', 'blutrain-broken-plugin', 'ImportError: this plugin needs a library" in out.stdout
+    assert "[0.0, 1.0]" in out.stdout
+    assert "blutrain plugin 'broken' from package blutrain-broken-plugin failed to load" in out.stderr

@@ -206,7 +206,7 @@ def sigmoid_backward(ctx, g):
 
 def relu_forward(ctx, a):
     ctx.saved = a > 0
-    return a * ctx.saved
+    return xp_of(a).where(ctx.saved, a, a.dtype.type(0))  # +0.0 for negatives (a * mask gives -0.0)
 
 
 def relu_backward(ctx, g):

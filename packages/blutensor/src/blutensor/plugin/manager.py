@@ -48,11 +48,33 @@ class PluginHost:
         from blutensor import hooks as own_hooks
 
         self.register(own_hooks, name="blutensor")
+        #: entry points that failed to load: (entry point name, package, error); the rest still load
+        self.broken: list[tuple[str, str, str]] = []
         if autoload:
-            self.pm.load_setuptools_entrypoints(PROJECT)
-            for plugin, dist in self.pm.list_plugin_distinfo():
-                self._dists[id(plugin)] = (dist.metadata["name"], dist.version)
+            self._load_entry_points()
         self._collect()
+
+    def _load_entry_points(self) -> None:
+        """Load every ``blutrain`` entry point; one that fails is reported, not fatal to the others."""
+        import importlib.metadata as md
+        import warnings
+
+        for dist in md.distributions():
+            for ep in dist.entry_points:
+                if ep.group != PROJECT or self.pm.has_plugin(ep.name) or self.pm.is_blocked(ep.name):
+                    continue
+                pkg = dist.metadata["name"]
+                try:
+                    plugin = ep.load()
+                except Exception as e:  # noqa: BLE001 - a broken plugin must not take the framework down
+                    self.broken.append((ep.name, pkg, f"{type(e).__name__}: {e}"))
+                    warnings.warn(f"blutrain plugin {ep.name!r} from package {pkg} failed to load and is "
+                                  f"ignored: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
+                    continue
+                if self.pm.is_registered(plugin):
+                    continue
+                self.pm.register(plugin, name=ep.name)
+                self._dists[id(plugin)] = (pkg, dist.version)
 
     def register(self, plugin: Any, name: str | None = None, package: str | None = None,
                  version: str | None = None) -> None:
