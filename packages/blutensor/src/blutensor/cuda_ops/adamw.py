@@ -14,7 +14,7 @@ BLOCK = 512
 
 def _scalar_arg(x, name: str):
     """(host value, device pointer) for a Python number or a 1-element float32 CuPy array."""
-    if hasattr(x, "data") and hasattr(x, "dtype") and not isinstance(x, np.ndarray | np.generic):
+    if type(x).__module__.startswith("cupy"):  # a device array
         if x.dtype != np.float32 or x.size != 1:
             raise DTypeError(
                 f"multi_tensor_adamw: device {name} must be a 1-element float32 array, got "
