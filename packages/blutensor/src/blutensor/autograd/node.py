@@ -23,21 +23,32 @@ class Ctx:
 class Node:
     """A recorded op: its kernel, context, inputs' producers and saved-tensor versions."""
 
-    __slots__ = ("op", "kernel", "ctx", "next", "versions", "seq", "hooks", "retained", "freed", "meta",
-                 "__weakref__")
+    # hooks / retained / freed / meta are rarely set: class-level defaults keep creation cheap
+    __slots__ = ("op", "kernel", "ctx", "next", "versions", "seq", "__weakref__", "__dict__")
+    hooks = None
+    retained = None
+    freed = False
+    meta = None
 
     def __init__(self, op: str, kernel, ctx: Ctx, inputs, versions):
         self.op = op
         self.kernel = kernel
         self.ctx = ctx
         # next[i] = node that receives the gradient of input i (None if it needs none)
-        self.next = tuple([_grad_target(t) if getattr(t, "requires_grad", False) else None for t in inputs])
+        nxt = []
+        for t in inputs:
+            if getattr(t, "requires_grad", False):
+                g = t.grad_fn
+                if g is None:
+                    g = t._acc
+                    if g is None:
+                        g = t._acc = AccumulateGrad(t)
+                nxt.append(g)
+            else:
+                nxt.append(None)
+        self.next = tuple(nxt)
         self.versions = versions
         self.seq = next(_seq)
-        self.hooks = None
-        self.retained = None
-        self.freed = False
-        self.meta = None
 
     def check_saved(self) -> None:
         for counter, expected, which, shape in self.versions:
