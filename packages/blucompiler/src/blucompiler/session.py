@@ -127,6 +127,7 @@ class _EagerNodeBackward:
         tr = self.sess.tr
         real = self.kernel.backward(ctx, grad.v if isinstance(grad, TracedArray) else grad)
         real = real if isinstance(real, tuple) else (real,)
+        tr.primitives += 1
         eb = EagerBackward(self.op, self.kernel, None, ctx.needs, "forward ran eagerly")
         key = tr.g.keep(eb)
         vid = tr.g.add("eager_backward", [self.fwd_vid, tr.operand(grad)], {"op": self.op, "key": key,
@@ -231,6 +232,7 @@ class Session:
         eo = EagerOp(op, kernel, attr_tmpl, in_tmpl, needs, reason)
         key = tr.g.keep(eo)
         tr.fallbacks.append((op, reason))
+        tr.primitives += 1  # the eager step launches this kernel too
         vid = tr.g.add("eager", [tr.operand(a) for a in found], {"op": op, "key": key}, (), None)
         (out,) = self.extract(vid, (res._data,))
         res._data = out
@@ -256,6 +258,7 @@ class Session:
         eb = EagerBackward(op, kernel, ctx_tmpl, ctx.needs, reason)
         key = tr.g.keep(eb)
         tr.fallbacks.append((f"{op}.backward", reason))
+        tr.primitives += 1
         vid = tr.g.add("eager_backward", [tr.operand(a) for a in found] + [tr.operand(grad)],
                        {"op": op, "key": key, "from_forward": False}, (), None)
         return self.extract(vid, real)

@@ -131,12 +131,19 @@ class Tracer:
         return out
 
     # ---- operations ----
-    def xp_of(self, *xs):
-        return self.xp
+    def _c(self, x):
+        """Concrete value of an operand (host arrays moved to the device when tracing on CUDA)."""
+        if isinstance(x, TracedArray):
+            return x.v
+        if isinstance(x, list | tuple):
+            return type(x)(self._c(i) for i in x)
+        if self.xp is not np and isinstance(x, np.ndarray) and x.ndim > 0:
+            return self.xp.asarray(x)
+        return x
 
     def ew(self, name: str, *inputs) -> TracedArray:
         ins = [self.operand(x) for x in inputs]
-        cs = [_conc(x) for x in inputs]
+        cs = [self._c(x) for x in inputs]
         if name in ("not", "and", "or", "xor") and any(getattr(c, "dtype", np.dtype(bool)) != np.bool_
                                                       and not isinstance(c, bool) for c in cs):
             raise TraceUnsupported(f"bitwise {name} on integers")
@@ -216,7 +223,7 @@ class Tracer:
         return self.new(kind, [self.operand(x)], {"axis": -1 if axis is None else int(axis) % x.ndim}, v)
 
     def matmul(self, a, b) -> TracedArray:
-        v = _ORIG["gemm"](_conc(a), _conc(b))
+        v = _ORIG["gemm"](self._c(a), self._c(b))
         return self.new("matmul", [self.operand(a), self.operand(b)], {}, v)
 
     def getitem(self, x, index) -> TracedArray:
@@ -232,7 +239,7 @@ class Tracer:
     def setitem(self, x, index, value) -> None:
         tmpl, arrays, _ = _index_spec(index)
         c = x.v.copy()
-        c[_concrete_index(index, self.xp)] = _conc(value)
+        c[_concrete_index(index, self.xp)] = self._c(value)
         ins = [self.operand(x), self.operand(value)] + [self.operand(a) for a in arrays]
         self.assign(x, self.new("setitem", ins, {"index": tmpl}, c))
 
@@ -241,7 +248,7 @@ class Tracer:
             raise TraceUnsupported("scatter-add into an untraced array")
         tmpl, arrays, _ = _index_spec(index)
         c = out.v.copy()
-        _ORIG["scatter_add"](c, _concrete_index(index, self.xp), _conc(values))
+        _ORIG["scatter_add"](c, _concrete_index(index, self.xp), self._c(values))
         ins = [self.operand(out), self.operand(values)] + [self.operand(a) for a in arrays]
         self.assign(out, self.new("scatter_add", ins, {"index": tmpl}, c))
 
@@ -274,18 +281,18 @@ class Tracer:
         if name == "take_along_axis":
             a, idx = args[0], args[1]
             axis = int(kwargs.get("axis", args[2] if len(args) > 2 else -1)) % a.ndim
-            v = xp.take_along_axis(_conc(a), _conc(idx), axis=axis)
+            v = xp.take_along_axis(self._c(a), self._c(idx), axis=axis)
             return self.new("take_along_axis", [self.operand(a), self.operand(idx)], {"axis": axis}, v)
         if name in ("concatenate", "stack"):
             arrs = list(args[0])
             axis = int(kwargs.get("axis", args[1] if len(args) > 1 else 0))
-            v = getattr(xp, name)([_conc(a) for a in arrs], axis=axis)
+            v = getattr(xp, name)([self._c(a) for a in arrs], axis=axis)
             nd = v.ndim
             return self.new("concat" if name == "concatenate" else "stack", [self.operand(a) for a in arrs],
                             {"axis": axis % nd}, v)
         if name in ("tril", "triu"):
             k = int(kwargs.get("k", args[1] if len(args) > 1 else 0))
-            return self.new(name, [self.operand(args[0])], {"k": k}, getattr(xp, name)(_conc(args[0]), k))
+            return self.new(name, [self.operand(args[0])], {"k": k}, getattr(xp, name)(self._c(args[0]), k))
         if name in ("zeros_like", "ones_like", "empty_like", "full_like"):
             a = args[0]
             dt = kwargs.get("dtype") or a.dtype
