@@ -164,7 +164,8 @@ def correctness(cp) -> None:
 
 
 def wgmma_checks(cp, rng) -> None:
-    """The sm_90a wgmma BF16 variant (opt-in via BLUBLAS_WGMMA=1): validated here; benchmarked only if correct."""
+    """The sm_90a wgmma variants (BF16 all layouts, TF32 NT; opt-in via BLUBLAS_WGMMA=1): validated here,
+    benchmarked only if every check passed."""
     from blublas import configs
     from blublas.testing import make_case
 
@@ -199,6 +200,30 @@ def wgmma_checks(cp, rng) -> None:
             run_check("wgmma_split_k", case, cp, config=cfg.name, splits=3)
             case = make_case(rng, 67, 130, 70, layout=lay, precision="bf16", batch=3)
             run_check("wgmma_batched", case, cp, config=cfg.name)
+    for cfg in configs.configs_for("wgmma_tf32", 90):  # NT only
+        for shp in shapes:
+            case = make_case(rng, *shp, layout="nt", precision="tf32", bias="f32")
+            run_check("wgmma_tf32_config_sweep", case, cp, config=cfg.name)
+        case = make_case(
+            rng,
+            133,
+            200,
+            96,
+            layout="nt",
+            precision="tf32",
+            bias="f32",
+            epilogue="gelu",
+            save_preact=True,
+            alpha=0.5,
+            beta=0.5,
+        )
+        run_check("wgmma_tf32_epilogue", case, cp, config=cfg.name)
+        case = make_case(
+            rng, 96, 300, 1500, layout="nt", precision="tf32", bias="f32", epilogue="gelu", save_preact=True
+        )
+        run_check("wgmma_tf32_split_k", case, cp, config=cfg.name, splits=3)
+        case = make_case(rng, 67, 130, 70, layout="nt", precision="tf32", batch=3)
+        run_check("wgmma_tf32_batched", case, cp, config=cfg.name)
     ok = len(RESULT["failures"]) == before and any(k.startswith("wgmma") for k in RESULT["checks"])
     RESULT["wgmma_validated"] = ok
     if not ok:
@@ -244,14 +269,15 @@ def capture(cp) -> None:
                     graph = stream.end_capture()
                     out.fill(0)
                     pre.fill(0)
-                    a2_h = a_h.copy()
+                    # new input values after capture: the replay must read them (power-of-2 scale: exact)
+                    a2_h = f32_to_bf16_bits(to_f64(a_h, True).astype(np.float32) * 0.5) if bf else a_h * 0.5
                     a[...] = cp.asarray(a2_h)
                     graph.launch(stream)
                     graph.launch(stream)
                 stream.synchronize()
-                pre_ref = to_f64(a_h, bf) @ to_f64(w_h, bf).T + bias.get()
+                pre_ref = to_f64(a2_h, bf) @ to_f64(w_h, bf).T + bias.get()
                 ref = gelu_tanh(pre_ref)
-                scale = float(np.max(np.abs(to_f64(a_h, bf)) @ np.abs(to_f64(w_h, bf)).T)) + 3.0
+                scale = float(np.max(np.abs(to_f64(a2_h, bf)) @ np.abs(to_f64(w_h, bf)).T)) + 3.0
                 err = (
                     max(
                         float(np.max(np.abs(to_f64(out.get(), bf) - ref))),
@@ -312,10 +338,14 @@ def bench_one(cp, prec: str, name: str, lay: str, m: int, n: int, k: int, row: d
         b = (b.view(cp.uint32) >> 16).astype(cp.uint16)
     ours, ref = cp.empty((m, n), dt), cp.empty((m, n), dt)
     kw = dict(trans_a=ta, trans_b=tb, precision=prec)
-    heur = configs.choose(variant, cc, m, n, k, 1, sms=sms, out_bytes=2 if prec == "bf16" else 4, precision=prec)
+    heur = configs.choose(
+        variant, cc, m, n, k, 1, sms=sms, out_bytes=2 if prec == "bf16" else 4, precision=prec, layout=lay
+    )
     cands = {(heur[0].name, heur[1])}
     for v in configs.variants_for(prec, cc):
         for cfg in configs.configs_for(v, cc):
+            if lay not in cfg.layouts:
+                continue
             cands.add((cfg.name, 1))
             if heur[1] > 1:
                 cands.add((cfg.name, heur[1]))
@@ -418,8 +448,8 @@ def main() -> None:
         except Exception:  # noqa: BLE001
             RESULT["failures"].append({"check": step.__name__, "error": traceback.format_exc()[-3000:]})
             log(f"{step.__name__} crashed:\n{traceback.format_exc()}")
-    RESULT["timings"]["total_s"] = round(time.time() - T0, 1)
-    (OUT / "blublas_gpu_check.json").write_text(json.dumps(RESULT, indent=1, default=str))
+        RESULT["timings"]["total_s"] = round(time.time() - T0, 1)
+        (OUT / "blublas_gpu_check.json").write_text(json.dumps(RESULT, indent=1, default=str))  # after each step
     print("\n==== blublas gpu_check summary ====")
     for k, v in RESULT["checks"].items():
         print(f"{k:28s} pass {v['pass']:4d} fail {v['fail']:3d} worst err/tol {v['worst_err_over_tol']:.3f}")

@@ -14,7 +14,9 @@ from blublas import configs
 from blublas.reference import bf16_bits_to_f32, f32_to_bf16_bits, gelu_tanh
 
 float32, float64, uint16, uint8, uint32 = np.float32, np.float64, np.uint16, np.uint8, np.uint32
+__version__ = "fake"
 LAUNCHES: list[dict] = []
+CAPTURE: list | None = None  # kernel launches recorded while a stream captures
 
 
 class _Ptr:
@@ -55,6 +57,34 @@ class ndarray:  # noqa: N801 - mirrors cupy.ndarray
     def fill(self, v):
         self._a.fill(v)
 
+    def astype(self, dt):
+        return ndarray(self._a.astype(dt))
+
+    def view(self, dt):
+        return ndarray(self._a.view(dt))
+
+    def _bin(self, other, op):
+        o = other._a if isinstance(other, ndarray) else other
+        return ndarray(op(self._a, o))
+
+    def __mul__(self, o):
+        return self._bin(o, np.multiply)
+
+    def __sub__(self, o):
+        return self._bin(o, np.subtract)
+
+    def __truediv__(self, o):
+        return self._bin(o, np.divide)
+
+    def __rshift__(self, o):
+        return self._bin(o, np.right_shift)
+
+    def __lshift__(self, o):
+        return self._bin(o, np.left_shift)
+
+    def __float__(self):
+        return float(self._a)
+
 
 ndarray.__module__ = "cupy"
 
@@ -83,6 +113,34 @@ def empty_like(x):
     return empty(x.shape, x.dtype)
 
 
+def abs(x):  # noqa: A001 - mirrors cupy.abs
+    return ndarray(np.abs(x._a))
+
+
+def max(x):  # noqa: A001 - mirrors cupy.max
+    return ndarray(np.asarray(np.max(x._a)))
+
+
+def matmul(a, b):
+    return ndarray(a._a @ b._a)
+
+
+random = types.SimpleNamespace(
+    standard_normal=lambda shape, dtype=np.float32: ndarray(
+        np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    )
+)
+
+
+class _Graph:
+    def __init__(self, launches):
+        self.launches = launches
+
+    def launch(self, stream=None):
+        for k, grid, block, args, smem in self.launches:
+            k(grid, block, args, shared_mem=smem)
+
+
 class _Stream:
     ptr = 0
 
@@ -90,7 +148,19 @@ class _Stream:
         pass
 
     def is_capturing(self) -> bool:
-        return False
+        return CAPTURE is not None
+
+    def begin_capture(self):
+        global CAPTURE
+        CAPTURE = []
+
+    def end_capture(self):
+        global CAPTURE
+        g, CAPTURE = _Graph(CAPTURE), None
+        return g
+
+    def synchronize(self):
+        pass
 
     def __enter__(self):
         return self
@@ -152,6 +222,9 @@ class _Kernel:
         self.max_dynamic_shared_size_bytes = 48 * 1024
 
     def __call__(self, grid, block, args, shared_mem: int = 0):
+        if CAPTURE is not None:
+            CAPTURE.append((self, grid, block, args, shared_mem))
+            return
         vals = [int(a.data.ptr) if isinstance(a, ndarray) else a.item() for a in args]
         LAUNCHES.append({"name": self.name, "grid": grid, "block": block, "smem": shared_mem})
         if self.name == "blu_gemm_splitk_reduce":
@@ -170,10 +243,11 @@ class _Kernel:
                 cur = _f(_view(C + b * sC * (2 if obf else 4), np.uint16 if obf else np.float32, (M, N), (ldc, 1)), obf)
                 _epilogue(cur, C, bias, P, M, N, ldc, ldp, b * sC, b * sP, 1.0, 0.0, flags & ~32)
             return
-        m = re.fullmatch(r"blu_gemm_(simt|tf32|bf16|wgmma)_(\w+)_(nn|nt|tn)", self.name)
+        m = re.fullmatch(r"blu_gemm_(simt|tf32|bf16|wgmma_tf32|wgmma)_(\d\w+)_(nn|nt|tn)", self.name)
         assert m, self.name
         variant, cname, layout = m.groups()
         cfg = configs.ALL_CONFIGS[variant][cname]
+        assert layout in cfg.layouts, (self.name, cfg.layouts)
         assert block == (cfg.threads,), (block, cfg.threads)
         assert shared_mem == cfg.smem_bytes(layout), (shared_mem, cfg.smem_bytes(layout))
         if shared_mem > 48 * 1024:
@@ -214,10 +288,39 @@ class RawModule:
         return _Kernel(name)
 
 
+class _Event:
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+
+def _elapsed(a, b):
+    return (b.t - a.t) * 1e3
+
+
+class _Pool:
+    def free_all_blocks(self):
+        pass
+
+
+def get_default_memory_pool():
+    return _Pool()
+
+
 cuda = types.SimpleNamespace(
     Device=_Device,
     Stream=_Stream,
+    Event=_Event,
+    get_elapsed_time=_elapsed,
     get_current_stream=lambda: _Stream(),
-    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 13000),
+    runtime=types.SimpleNamespace(
+        getDeviceCount=lambda: 1,
+        runtimeGetVersion=lambda: 13000,
+        getDeviceProperties=lambda i: {"name": b"FakeGPU"},
+    ),
     compiler=types.SimpleNamespace(CompileException=RuntimeError),
 )

@@ -9,7 +9,7 @@ import pytest
 from blublas import autotune, configs, loader
 from blublas.errors import GemmError, ProviderUnavailable
 
-MACRO = re.compile(r"^BLU_(SIMT|TF32|BF16|WGMMA)_CONFIG\((\w+),\s*([\d,\s]+)\)", re.M)
+MACRO = re.compile(r"^BLU_(SIMT|TF32|BF16|WGMMA|WGMMA_TF32)_CONFIG\((\w+),\s*([\d,\s]+)\)", re.M)
 
 
 def _cu_configs() -> dict[str, dict[str, tuple[int, ...]]]:
@@ -28,7 +28,7 @@ def test_python_config_table_matches_the_cu_instantiations():
         assert set(table) == set(cu[variant]), variant
         for name, cfg in table.items():
             nums = cu[variant][name]
-            if variant in ("simt", "wgmma"):
+            if variant in ("simt", "wgmma", "wgmma_tf32"):
                 assert nums == (cfg.bm, cfg.bn, cfg.bk, cfg.stages)
             else:
                 bm, bn, bk, wm, wn, st = nums
@@ -39,7 +39,7 @@ def test_every_kernel_name_exists_in_its_source():
     for variant, table in configs.ALL_CONFIGS.items():
         src = (loader.KERNEL_DIR / configs.FILE_OF_VARIANT[variant]).read_text()
         for cfg in table.values():
-            for lay in configs.LAYOUTS:
+            for lay in cfg.layouts:
                 assert cfg.kernel_name(lay) == f"blu_gemm_{variant}_{cfg.name}_{lay}"
             assert f"_CONFIG({cfg.name}," in src
 
@@ -47,9 +47,9 @@ def test_every_kernel_name_exists_in_its_source():
 @pytest.mark.parametrize("cc", [80, 86, 89, 90])
 def test_configs_for_each_arch_fit_its_shared_memory(cc):
     info = configs.arch_info(cc)
-    for variant in ("simt", "tf32", "bf16", "wgmma"):
+    for variant in configs.FILE_OF_VARIANT:
         cfgs = configs.configs_for(variant, cc)
-        assert cfgs or (variant == "wgmma" and cc != 90), (cc, variant)
+        assert cfgs or (variant.startswith("wgmma") and cc != 90), (cc, variant)
         assert all(c.max_smem_bytes() <= info.smem_optin for c in cfgs)
 
 
@@ -147,13 +147,19 @@ def test_wgmma_only_on_sm90_and_only_when_enabled(monkeypatch):
     monkeypatch.setenv("BLUBLAS_WGMMA", "1")
     assert configs.variants_for("bf16", 90) == ["bf16", "wgmma"]
     assert configs.variants_for("bf16", 100) == ["bf16"]  # sm_90a code does not run on sm_100
-    assert configs.variants_for("tf32", 90) == ["tf32"]
+    assert configs.variants_for("tf32", 90) == ["tf32", "wgmma_tf32"]
+    assert configs.variants_for("fp32", 90) == ["simt"]
     assert configs.configs_for("wgmma", 89) == []
     cfg, s = configs.choose("bf16", 90, 16384, 2304, 768, sms=132, precision="bf16")
     assert cfg.variant == "wgmma"
+    cfg, s = configs.choose("tf32", 90, 16384, 2304, 768, sms=132, precision="tf32", layout="nt")
+    assert cfg.variant == "wgmma_tf32"
+    cfg, s = configs.choose("tf32", 90, 16384, 2304, 768, sms=132, precision="tf32", layout="nn")
+    assert cfg.variant == "tf32"  # the tf32 wgmma kernels exist for NT only
 
 
 def test_arch_specific_kernel_file_declares_its_target():
     assert loader.arch_suffix("gemm_wgmma_bf16.cu", 90) == "a"
     assert loader.arch_suffix("gemm_wgmma_bf16.cu", 89) == ""
     assert loader.arch_suffix("gemm_mma_bf16.cu", 90) == ""
+    assert loader.arch_suffix("gemm_wgmma_tf32.cu", 90) == "a"

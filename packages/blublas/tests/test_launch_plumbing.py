@@ -8,7 +8,7 @@ import sys
 import fake_cupy
 import numpy as np
 import pytest
-from blublas import configs, loader
+from blublas import GemmError, configs, loader
 from blublas.testing import check_case, make_case
 
 
@@ -186,6 +186,7 @@ def test_launch_plumbing_wgmma(fcp, monkeypatch, tmp_path, layout):
         return tmp_path / "gemm_wgmma_bf16_sm90a.cubin"
 
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", fake_cubin)
+    monkeypatch.setattr(loader, "_modules", {})
     rng = np.random.default_rng(6)
     for cfg in configs.configs_for("wgmma", 90):
         case = make_case(
@@ -197,3 +198,17 @@ def test_launch_plumbing_wgmma(fcp, monkeypatch, tmp_path, layout):
     assert check_case(case, fcp) <= case.tol
     assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
     assert built == [("gemm_wgmma_bf16.cu", "90a")]
+    for cfg in configs.configs_for("wgmma_tf32", 90):
+        case = make_case(
+            rng, 130, 70, 100, layout=layout, precision="tf32", bias="f32", epilogue="gelu", save_preact=True, beta=0.5
+        )
+        if layout == "nt":
+            assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
+            assert fcp.LAUNCHES[-1]["name"] == cfg.kernel_name(layout)
+        else:
+            with pytest.raises(GemmError, match="supports layouts"):
+                check_case(case, fcp, config=cfg.name)
+    case = make_case(rng, 512, 512, 256, layout=layout, precision="tf32")
+    assert check_case(case, fcp) <= case.tol
+    want = "blu_gemm_wgmma_tf32_" if layout == "nt" else "blu_gemm_tf32_"
+    assert fcp.LAUNCHES[-1]["name"].startswith(want)

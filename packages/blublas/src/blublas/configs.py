@@ -21,9 +21,12 @@ FILE_OF_VARIANT = {
     "tf32": "gemm_mma_tf32.cu",
     "bf16": "gemm_mma_bf16.cu",
     "wgmma": "gemm_wgmma_bf16.cu",
+    "wgmma_tf32": "gemm_wgmma_tf32.cu",
 }
 #: variants compiled for an arch-specific target (sm_90a): only on exactly that compute capability
-ARCH_SPECIFIC = {"wgmma": 90}
+ARCH_SPECIFIC = {"wgmma": 90, "wgmma_tf32": 90}
+#: precision -> extra sm_90a variants (opt-in, see wgmma_enabled)
+EXTRA_VARIANTS = {"bf16": ("wgmma",), "tf32": ("wgmma_tf32",)}
 LAYOUTS = ("nn", "nt", "tn")
 
 
@@ -38,6 +41,7 @@ class TileConfig:
     bk: int
     threads: int
     stages: int
+    layouts: tuple[str, ...] = ("nn", "nt", "tn")
 
     def smem_bytes(self, layout: str) -> int:
         """Dynamic shared memory this config needs for ``layout`` ('nn', 'nt' or 'tn')."""
@@ -47,6 +51,8 @@ class TileConfig:
             return st * 4 * (bk * (bm + 4) + bk * (bn + 4))
         if self.variant == "wgmma":  # 128-byte-swizzled atoms, +1024 to align the base
             return st * 2 * (bm * 64 + bn * 64) + 1024
+        if self.variant == "wgmma_tf32":
+            return st * 4 * (bm * 32 + bn * 32) + 1024
         if self.variant == "tf32":
             a = bk * (bm + 8) if ta else bm * (bk + 4)
             b = bn * (bk + 4) if tb else bk * (bn + 8)
@@ -56,7 +62,7 @@ class TileConfig:
         return st * 2 * (a + b)
 
     def max_smem_bytes(self) -> int:
-        return max(self.smem_bytes(lay) for lay in LAYOUTS)
+        return max(self.smem_bytes(lay) for lay in self.layouts)
 
     def kernel_name(self, layout: str) -> str:
         """The extern "C" entry point, e.g. blu_gemm_bf16_128x128x32_w2x2_s4_nt."""
@@ -69,6 +75,10 @@ def _mma(variant: str, bm: int, bn: int, bk: int, wm: int, wn: int, st: int) -> 
 
 def _wgmma(bm: int, bn: int, st: int) -> TileConfig:
     return TileConfig("wgmma", f"{bm}x{bn}x64_wg2_s{st}", bm, bn, 64, 256, st)
+
+
+def _wgmma_tf32(bm: int, bn: int, st: int) -> TileConfig:
+    return TileConfig("wgmma_tf32", f"{bm}x{bn}x32_wg2_s{st}", bm, bn, 32, 256, st, ("nt",))
 
 
 def _simt(bm: int, bn: int, bk: int, st: int) -> TileConfig:
@@ -85,7 +95,8 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _mma("bf16", 64, 128, 32, 2, 2, 4),
         )
     },
-    "wgmma": {c.name: c for c in (_wgmma(128, 256, 4), _wgmma(128, 128, 5))},
+    "wgmma": {c.name: c for c in (_wgmma(128, 256, 4), _wgmma(128, 128, 5), _wgmma(128, 128, 3))},
+    "wgmma_tf32": {c.name: c for c in (_wgmma_tf32(128, 256, 4), _wgmma_tf32(128, 128, 5), _wgmma_tf32(128, 128, 3))},
     "tf32": {
         c.name: c
         for c in (
@@ -165,13 +176,14 @@ ARCHS: dict[int, ArchInfo] = {
         232448,
         233472,
         132,
-        {"bf16": 3.0e12, "tf32": 1.5e12, "simt": 0.5e12, "wgmma": 5.5e12},
+        {"bf16": 3.0e12, "tf32": 1.5e12, "simt": 0.5e12, "wgmma": 5.5e12, "wgmma_tf32": 2.7e12},
         4.0e12,
         {
             "bf16": ("128x256x32_w2x4_s4", "128x128x64_w2x2_s3", "128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
             "tf32": ("128x128x32_w2x2_s3", "128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
             "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4"),
-            "wgmma": ("128x256x64_wg2_s4", "128x128x64_wg2_s5"),
+            "wgmma": ("128x256x64_wg2_s4", "128x128x64_wg2_s5", "128x128x64_wg2_s3"),
+            "wgmma_tf32": ("128x256x32_wg2_s4", "128x128x32_wg2_s5", "128x128x32_wg2_s3"),
         },
     ),
 }
@@ -191,15 +203,15 @@ def arch_info(cc: int) -> ArchInfo:
 
 
 def wgmma_enabled() -> bool:
-    """The sm_90a wgmma BF16 kernels are used only when BLUBLAS_WGMMA=1 (until validated on hardware)."""
+    """The sm_90a wgmma kernels (BF16, TF32) are used only when BLUBLAS_WGMMA=1 (until validated on hardware)."""
     return os.environ.get("BLUBLAS_WGMMA", "0") not in ("", "0", "false", "False")
 
 
 def variants_for(precision: str, cc: int) -> list[str]:
     """Kernel variants that may serve ``precision`` on compute capability ``cc`` (primary first)."""
     out = [VARIANT_OF_PRECISION[precision]]
-    if precision == "bf16" and cc == ARCH_SPECIFIC["wgmma"] and wgmma_enabled():
-        out.append("wgmma")
+    if wgmma_enabled():
+        out += [v for v in EXTRA_VARIANTS.get(precision, ()) if cc == ARCH_SPECIFIC[v]]
     return out
 
 
@@ -259,10 +271,14 @@ def estimate_seconds(
     return t
 
 
-def candidates(variant: str, cc: int, m: int, n: int, k: int, batch: int) -> list[tuple[TileConfig, int]]:
-    """All (config, splits) pairs worth trying on this shape (what the autotuner measures)."""
+def candidates(
+    variant: str, cc: int, m: int, n: int, k: int, batch: int, layout: str | None = None
+) -> list[tuple[TileConfig, int]]:
+    """All (config, splits) pairs worth trying on this shape and layout (what the autotuner measures)."""
     out = []
     for cfg in configs_for(variant, cc):
+        if layout is not None and layout not in cfg.layouts:
+            continue
         for s in SPLIT_CHOICES:
             if s == 1:
                 out.append((cfg, s))
@@ -276,11 +292,13 @@ def candidates(variant: str, cc: int, m: int, n: int, k: int, batch: int) -> lis
     return out
 
 
-def candidates_for_precision(precision: str, cc: int, m: int, n: int, k: int, batch: int) -> list:
-    """``candidates`` of every variant serving ``precision`` on ``cc``."""
+def candidates_for_precision(
+    precision: str, cc: int, m: int, n: int, k: int, batch: int, layout: str | None = None
+) -> list:
+    """``candidates`` of every variant serving ``precision`` on ``cc`` (and ``layout``)."""
     out = []
     for v in variants_for(precision, cc):
-        out += candidates(v, cc, m, n, k, batch)
+        out += candidates(v, cc, m, n, k, batch, layout)
     return out
 
 
@@ -294,6 +312,7 @@ def choose(
     sms: int | None = None,
     out_bytes: int = 4,
     precision: str | None = None,
+    layout: str | None = None,
 ) -> tuple[TileConfig, int]:
     """Heuristic (config, splits) for a shape: the lowest estimated time among the candidates
     (of ``variant``, or of every variant serving ``precision`` when given)."""
@@ -301,9 +320,9 @@ def choose(
     best = None
     best_split = None
     cands = (
-        candidates_for_precision(precision, cc, m, n, k, batch)
+        candidates_for_precision(precision, cc, m, n, k, batch, layout)
         if precision
-        else candidates(variant, cc, m, n, k, batch)
+        else candidates(variant, cc, m, n, k, batch, layout)
     )
     for cfg, s in cands:
         t = estimate_seconds(cfg, s, m, n, k, batch, cc, sms, out_bytes)

@@ -167,8 +167,9 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
 
 
 def _find_config(precision: str, variant: str, name: str) -> configs.TileConfig:
-    if precision == "bf16" and name in configs.ALL_CONFIGS["wgmma"]:
-        return configs.ALL_CONFIGS["wgmma"][name]
+    for v in configs.EXTRA_VARIANTS.get(precision, ()):
+        if name in configs.ALL_CONFIGS[v]:
+            return configs.ALL_CONFIGS[v][name]
     return configs.get_config(variant, name)
 
 
@@ -178,9 +179,11 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
     cc = loader.compute_capability()
     if config is not None:
         cfg = config if isinstance(config, configs.TileConfig) else _find_config(p.precision, variant, config)
-        allowed = {variant, "wgmma"} if p.precision == "bf16" else {variant}
+        allowed = {variant, *configs.EXTRA_VARIANTS.get(p.precision, ())}
         if cfg.variant not in allowed:
             raise GemmError(f"config {cfg.name} is a {cfg.variant} config; precision {p.precision} needs {variant}")
+        if p.layout not in cfg.layouts:
+            raise GemmError(f"config {cfg.name} ({cfg.variant}) supports layouts {cfg.layouts}, not {p.layout}")
         if cfg.variant in configs.ARCH_SPECIFIC and cc != configs.ARCH_SPECIFIC[cfg.variant]:
             raise GemmError(
                 f"config {cfg.name} ({cfg.variant}) needs sm_{configs.ARCH_SPECIFIC[cfg.variant]}, not sm_{cc}"
@@ -196,14 +199,17 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
     hit = cache.get(key)
     if hit is not None:
         for v in configs.variants_for(p.precision, cc):
-            if hit.get("config") in configs.ALL_CONFIGS[v]:
+            if (
+                hit.get("config") in configs.ALL_CONFIGS[v]
+                and p.layout in configs.ALL_CONFIGS[v][hit["config"]].layouts
+            ):
                 return configs.ALL_CONFIGS[v][hit["config"]], int(hit.get("splits", 1))
     if _autotune_enabled(autotune) and not _is_capturing(stream):
         import cupy
 
         scratch = cupy.empty_like(p.out)
         pre = cupy.empty_like(p.out) if p.preact is not None else None
-        cands = configs.candidates_for_precision(p.precision, cc, p.M, p.N, p.K, p.batch)
+        cands = configs.candidates_for_precision(p.precision, cc, p.M, p.N, p.K, p.batch, p.layout)
 
         def run(c: tuple) -> None:
             launch(p, c[0], c[1], scratch, pre, 0.0)
@@ -226,6 +232,7 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
         sms=loader.sm_count(),
         out_bytes=2 if p.out_tag == "bf16" else 4,
         precision=p.precision,
+        layout=p.layout,
     )
 
 

@@ -129,10 +129,13 @@ def get_module(filename: str, device_id: int | None = None) -> Any:
                     try:
                         mod.get_function(_first_kernel(filename))  # compile now, so errors name the file
                     except cupy.cuda.compiler.CompileException as exc:
-                        if "arch" not in str(exc):
-                            raise RuntimeError(f"NVRTC failed to compile {filename} for sm_{cc}:\n{exc}") from exc
-                        # some CuPy versions add their own -arch: retry letting CuPy choose it
+                        # CuPy appends its own -arch=sm_XX; should a CuPy/NVRTC pair reject the duplicate,
+                        # compile once more letting CuPy choose the (same) architecture.
                         mod = cupy.RawModule(code=_source(filename), options=("-std=c++17",))
+                        try:
+                            mod.get_function(_first_kernel(filename))
+                        except cupy.cuda.compiler.CompileException:
+                            raise RuntimeError(f"NVRTC failed to compile {filename} for sm_{cc}:\n{exc}") from exc
                 _modules[key] = mod
     return mod
 

@@ -205,3 +205,4 @@ __device__ __forceinline__ void gemm_wgmma_body(BLU_GEMM_PARAMS) {
 // Config names: <BM>x<BN>x<BK>_wg2_s<stages>; the list is mirrored in blublas/configs.py.
 BLU_WGMMA_CONFIG(128x256x64_wg2_s4, 128, 256, 64, 4)
 BLU_WGMMA_CONFIG(128x128x64_wg2_s5, 128, 128, 64, 5)
+BLU_WGMMA_CONFIG(128x128x64_wg2_s3, 128, 128, 64, 3)  // ~99 KB: two CTAs per SM overlap prologues/epilogues
