@@ -379,8 +379,13 @@ def check_plugins():
             k = resolve(op, "cuda", dt)
             record("plugin.resolve", f"{op} {dt} -> {k.PLUGIN_NAME}", 0.0 if ".cuda." in k.PLUGIN_NAME else 1.0, 0.0)
 
-    def run(device, fn, *arrays):
-        ts = [bt.tensor(a, device=device, requires_grad=a.dtype.kind == "f") for a in arrays]
+    def run(device, fn, *arrays, dtype=None):
+        ts = [
+            bt.tensor(a, device=device, requires_grad=True, dtype=dtype)
+            if a.dtype.kind == "f"
+            else bt.tensor(a, device=device)
+            for a in arrays
+        ]
         out = fn(*ts)
         out.backward(bt.ones_like(out)) if out.ndim else out.backward()
         return out.numpy().astype(np.float64), [t.grad.numpy().astype(np.float64) for t in ts if t.requires_grad]
@@ -406,11 +411,21 @@ def check_plugins():
             RNG.standard_normal((50, 40)).astype(np.float32),
         ),
     }
-    for name, (fn, *arrays) in cases.items():
-        oc, gc = run("cpu", fn, *arrays)
-        og, gg = run("cuda", fn, *arrays)
-        err = max([ref.rel_err(og, oc)] + [ref.rel_err(a, e) for a, e in zip(gg, gc)])
-        record("plugin.dispatch", f"{name} f32 cuda vs cpu (fwd+bwd)", err, 1e-4)
+    for dtname, dtype, tol in (("f32", None, 1e-4), ("bf16", bt.bfloat16, 4e-2)):
+        for name, (fn, *arrays) in cases.items():
+            try:
+                oc, gc = run("cpu", fn, *arrays, dtype=dtype)
+                og, gg = run("cuda", fn, *arrays, dtype=dtype)
+                err = max([ref.rel_err(og, oc)] + [ref.rel_err(a, e) for a, e in zip(gg, gc)])
+                record("plugin.dispatch", f"{name} {dtname} cuda vs cpu (fwd+bwd)", err, tol)
+            except Exception as e:  # one op must not hide the others
+                record(
+                    "plugin.dispatch",
+                    f"{name} {dtname} cuda vs cpu (fwd+bwd)",
+                    math.inf,
+                    tol,
+                    f"{type(e).__name__}: {e}"[:300],
+                )
 
 
 # ------------------------------------------------------------------ benchmarks
