@@ -128,20 +128,20 @@ def test_nan_policy_restart_recovers_bit_exact(tmp_path, reference):
 
 def test_restart_budget_exhausted(tmp_path):
     """A new fault on every attempt, each after some progress: stops after --max-restarts with 71."""
-    fault = [{"kind": "raise", "rank": 0, "step": s, "attempt": a} for a, s in ((0, 3), (1, 7), (2, 12))]
-    p = orchestrate(tmp_path, fault, extra=["--max-restarts", "2", "--max-no-progress", "5"])
+    fault = [{"kind": "raise", "rank": 0, "step": s, "attempt": a} for a, s in ((0, 3), (1, 7))]
+    p = orchestrate(tmp_path, fault, extra=["--max-restarts", "1", "--max-no-progress", "5"])
     assert p.returncode == EXIT_BUDGET, p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["attempts"] == 3 and s["restarts"] == 2 and "restart budget of 2 spent" in s["reason"]
+    assert s["attempts"] == 2 and s["restarts"] == 1 and "restart budget of 1 spent" in s["reason"]
 
 
 def test_no_progress_exit_code(tmp_path):
     """The same fault at the same step each attempt: no new step, exit 72 after --max-no-progress."""
     fault = [{"kind": "raise", "rank": 1, "step": 7, "attempt": a} for a in range(5)]
-    p = orchestrate(tmp_path, fault, extra=["--max-restarts", "9", "--max-no-progress", "1"])
+    p = orchestrate(tmp_path, fault, extra=["--max-restarts", "9", "--max-no-progress", "0"])
     assert p.returncode == EXIT_NO_PROGRESS, p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["attempts"] == 3 and s["status"] == "GAVE_UP"
+    assert s["attempts"] == 2 and s["status"] == "GAVE_UP" and s["exit_name"] == "no-progress"
 
 
 @pytest.mark.slow

@@ -194,3 +194,37 @@ def test_collect_stacks_of_running_and_stopped_ranks(tmp_path):
             p.kill()
             p.wait()
     assert process_state(procs[0].pid) is None
+
+
+def _monitor(tmp_path, n=2):
+    from dtms.orchestrator.orchestrator import Orchestrator, OrchestratorConfig, _Attempt
+
+    o = Orchestrator(OrchestratorConfig("x.py", run_dir=str(tmp_path), nproc_per_node=n, heartbeat_timeout=2,
+                                        progress_timeout=5, startup_timeout=30, quiet=True))
+    return o, _Attempt(0)
+
+
+def test_hang_classification(tmp_path):
+    """Which class a stall gets: launch failure, silent rank, rank stuck outside / all inside collectives."""
+    o, att = _monitor(tmp_path)
+    now = 100.0
+    att.hb = {0: {"pid": 1, "step": None, "phase": "startup"}}
+    att.hb_seen = {0: (1, now)}
+    assert o._hang(att, now, t0=now - 10) is None  # rank 1 still starting
+    inc = o._hang(att, now, t0=now - 31)
+    assert inc.fault is FaultClass.LAUNCH_FAILED and inc.rank == 1
+    att.hb[1] = {"pid": 2, "step": 4, "phase": "collective"}
+    att.hb[0].update(step=4, phase="collective")
+    att.hb_seen = {0: (9, now), 1: (3, now - 2.5)}
+    inc = o._hang(att, now, t0=0)
+    assert inc.fault is FaultClass.RANK_HUNG and inc.rank == 1 and "no heartbeat from rank 1" in inc.message
+    att.hb_seen = {0: (9, now), 1: (9, now)}
+    att.reached, att.last_progress = 4, now - 1
+    assert o._hang(att, now, t0=0) is None
+    att.last_progress = now - 6
+    inc = o._hang(att, now, t0=0)
+    assert inc.fault is FaultClass.COLLECTIVE_TIMEOUT and "no step progress" in inc.message
+    att.hb[1]["phase"] = "train"
+    inc = o._hang(att, now, t0=0)
+    assert inc.fault is FaultClass.RANK_HUNG and inc.rank == 1 and inc.details["phases"] == {0: "collective",
+                                                                                              1: "train"}
