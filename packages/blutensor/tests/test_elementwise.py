@@ -165,3 +165,13 @@ def test_cast_roundtrip_and_grad(device):
     np.testing.assert_allclose(host(x.grad), 3.0)
     i = x.long()
     assert i.dtype is bt.int64 and not i.requires_grad
+
+
+def test_int_tensor_with_float_scalar_gives_default_float(device):
+    """PyTorch's promotion: int tensor (op) Python float and int / int give float32, not float64."""
+    a = bt.arange(4, device=device)
+    for out in (a * 0.5, a + 0.5, a - 0.5, a / 2, a / a.clamp(min=1), 2.0 ** a, a ** 0.5):
+        assert out.dtype is bt.float32, out.dtype
+    np.testing.assert_allclose(host(a / 2), np.arange(4) / 2)
+    assert (bt.arange(4, dtype=bt.float64, device=device) * 0.5).dtype is bt.float64
+    assert (a * 2).dtype is bt.int64

@@ -12,10 +12,23 @@ from blutensor.ops._util import shape_of, unbroadcast, xp_of
 
 # ---- binary arithmetic ----
 
+_F64 = np.dtype(np.float64)
+
+
+def _promote(out, a, b):
+    """PyTorch's rule for integer tensors with float scalars (or true division): the result takes
+    the default float dtype, not NumPy's float64."""
+    if out.dtype is not _F64 or getattr(a, "dtype", None) is _F64 or getattr(b, "dtype", None) is _F64:
+        return out
+    from blutensor.dtypes import get_default_dtype
+
+    return out.astype(get_default_dtype().np)
+
+
 
 def add_forward(ctx, a, b, alpha=1):
     ctx.saved = (shape_of(a), shape_of(b), alpha)
-    return a + b if alpha == 1 else a + alpha * b
+    return _promote(a + b if alpha == 1 else a + alpha * b, a, b)
 
 
 def add_backward(ctx, g):
@@ -26,7 +39,7 @@ def add_backward(ctx, g):
 
 def sub_forward(ctx, a, b):
     ctx.saved = (shape_of(a), shape_of(b))
-    return a - b
+    return _promote(a - b, a, b)
 
 
 def sub_backward(ctx, g):
@@ -36,7 +49,7 @@ def sub_backward(ctx, g):
 
 def mul_forward(ctx, a, b):
     ctx.saved = (a, b)
-    return a * b
+    return _promote(a * b, a, b)
 
 
 def mul_backward(ctx, g):
@@ -47,7 +60,7 @@ def mul_backward(ctx, g):
 
 def div_forward(ctx, a, b):
     ctx.saved = (a, b)
-    return a / b
+    return _promote(a / b, a, b)
 
 
 def div_backward(ctx, g):
@@ -58,7 +71,7 @@ def div_backward(ctx, g):
 
 
 def pow_forward(ctx, a, b):
-    out = a ** b
+    out = _promote(a ** b, a, b)
     ctx.saved = (a, b, out)
     return out
 
