@@ -71,22 +71,30 @@ def arch_suffix(filename: str, cc: int) -> str:
     return ""
 
 
-def _cubin_with_nvrtc(filename: str, arch: str) -> Path:
-    """Compile to a cubin with cuda.bindings' NVRTC (CuPy adds its own -arch=sm_XX, which would drop the
-    'a' feature suffix), cached under BLUBLAS_CACHE_DIR/kernels by source hash."""
-    import hashlib
-    import os
+def _nvrtc_cubin_cupy(src: str, filename: str, arch: str) -> tuple[bytes, str]:
+    """Compile with the NVRTC binding CuPy itself uses (no extra dependency); (cubin, nvrtc version)."""
+    from cupy_backends.cuda.libs import nvrtc
 
+    prog = nvrtc.createProgram(src, filename, (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, ["-std=c++17", f"-arch=sm_{arch}"])
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(
+                f"NVRTC failed to compile {filename} for sm_{arch}:\n{nvrtc.getProgramLog(prog)}"
+            ) from exc
+        major, minor = nvrtc.getVersion()
+        return nvrtc.getCUBIN(prog), f"{major}.{minor}"
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def _nvrtc_cubin_bindings(src: str, filename: str, arch: str) -> tuple[bytes, str]:
+    """Compile with cuda-bindings' NVRTC; (cubin, nvrtc version)."""
     from cuda.bindings import nvrtc
 
-    src = _source(filename).encode()
     err, major, minor = nvrtc.nvrtcVersion()
-    digest = hashlib.sha256(src + f"|sm_{arch}|{major}.{minor}".encode()).hexdigest()[:24]
-    base = Path(os.environ.get("BLUBLAS_CACHE_DIR") or Path.home() / ".cache" / "blublas") / "kernels"
-    out = base / f"{Path(filename).stem}_sm{arch}_{digest}.cubin"
-    if out.is_file():
-        return out
-    err, prog = nvrtc.nvrtcCreateProgram(src, filename.encode(), 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(src.encode(), filename.encode(), 0, [], [])
     opts = [b"-std=c++17", f"-arch=sm_{arch}".encode()]
     try:
         (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
@@ -98,8 +106,36 @@ def _cubin_with_nvrtc(filename: str, arch: str) -> Path:
         _, n = nvrtc.nvrtcGetCUBINSize(prog)
         cubin = b" " * n
         nvrtc.nvrtcGetCUBIN(prog, cubin)
+        return cubin, f"{major}.{minor}"
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _cubin_with_nvrtc(filename: str, arch: str) -> Path:
+    """Compile ``filename`` to a cubin for an arch-specific target such as ``90a`` (CuPy's RawModule adds
+    its own -arch=sm_XX, which would drop the 'a' feature suffix), cached under BLUBLAS_CACHE_DIR/kernels
+    by source hash. Uses CuPy's NVRTC binding, else cuda-bindings'."""
+    import hashlib
+    import os
+
+    src = _source(filename)
+    digest = hashlib.sha256(f"{src}|sm_{arch}".encode()).hexdigest()[:24]
+    base = Path(os.environ.get("BLUBLAS_CACHE_DIR") or Path.home() / ".cache" / "blublas") / "kernels"
+    out = base / f"{Path(filename).stem}_sm{arch}_{digest}.cubin"
+    if out.is_file():
+        return out
+    errors = []
+    cubin = None
+    for compiler in (_nvrtc_cubin_cupy, _nvrtc_cubin_bindings):
+        try:
+            cubin, _version = compiler(src, filename, arch)
+            break
+        except RuntimeError:
+            raise  # a real compile error: report it
+        except Exception as exc:  # noqa: BLE001 - binding unavailable: try the next one
+            errors.append(f"{compiler.__name__}: {exc}")
+    if cubin is None:
+        raise RuntimeError(f"no NVRTC binding could compile {filename} for sm_{arch}: {errors}")
     base.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(cubin)
