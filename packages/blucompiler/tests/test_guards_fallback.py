@@ -104,3 +104,24 @@ def test_dropout_step_is_refused_clearly():
     f = blucompiler.compile(lambda t: F.dropout(t, 0.5, True).sum(), backend="numpy")
     f(x)
     assert "dropout" in f.report()["eager_steps"][0]
+
+
+def test_sgd_with_momentum_and_changing_lr():
+    """SGD's hyperparameters are host scalars; its first momentum step runs eagerly, then it traces."""
+    cfg = tiny_cfg(n_layer=1)
+    ms = []
+    for _ in range(2):
+        m, _ = make_model(cfg)
+        ms.append((m, bt.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)))
+    (m_e, o_e), (m_c, o_c) = ms
+    eager, comp = train_step(m_e, o_e), blucompiler.compile(train_step(m_c, o_c), backend="c")
+    rng = np.random.default_rng(4)
+    for i in range(4):
+        for g1, g2 in zip(o_e.param_groups, o_c.param_groups):
+            g1["lr"] = g2["lr"] = 0.1 / (i + 1)
+        x, y = batch(rng)
+        assert abs(eager(x, y).item() - comp(x, y).item()) <= 1e-6
+    for pe, pc in zip(m_e.parameters(), m_c.parameters()):
+        assert maxdiff(pe.numpy(), pc.numpy()) <= 1e-6
+    rep = comp.report()
+    assert rep["specialisations"] == 1 and "momentum" in rep["retraces"][0]

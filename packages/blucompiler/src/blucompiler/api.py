@@ -163,8 +163,12 @@ class CompiledStep:
         try:
             result = sess.run(self.fn, args, kwargs)
         except CompileError as e:
-            self.cache[key] = "eager"
-            self.eager_reasons[key] = str(e)
+            if e.retry:
+                self.retraces.append(f"ran eagerly, will trace again: {e}")
+                self.last_key = None
+            else:
+                self.cache[key] = "eager"
+                self.eager_reasons[key] = str(e)
             return self.fn(*args, **kwargs)
         self.trace_seconds.append(time.perf_counter() - t)
         mod, prog = build_module(sess.tr.g)

@@ -83,6 +83,9 @@ class Rules:
         self._set(ce, "backward", staticmethod(partial(cross_entropy_backward, ce.backward)))
         self._set(adamw.AdamW, "step", _adamw_step_rule(tr, adamw.AdamW.step))
         self._set(Optimizer, "zero_grad", _zero_grad_rule(tr, Optimizer.zero_grad))
+        from blutensor.optim import sgd
+
+        self._set(sgd.SGD, "step", _sgd_step_rule(tr, sgd.SGD.step))
         return self
 
     def __exit__(self, *exc):
@@ -198,6 +201,48 @@ def _adamw_step_rule(tr, orig):
                     v += c[3] * gr * gr
                     denom = np.sqrt(v) / c[4] + c[5]
                     x += (c[6] * m) / denom  # addcdiv_(m, denom, value=-step_size)
+                    p._version.v += 1
+        return loss
+
+    step.__wrapped__ = orig
+    return step
+
+
+def _sgd_scalars(group: dict):
+    """lr, weight decay, momentum, 1 - dampening of an SGD group, read live every call."""
+    return (float(group["lr"]), float(group["weight_decay"]), float(group["momentum"]),
+            float(1 - group["dampening"]))
+
+
+def _sgd_step_rule(tr, orig):
+    """blutensor's SGD.step with its hyperparameters as per-call host scalars (Python floats, so
+    NumPy promotes them exactly as it does the eager step's Python numbers)."""
+    from blutensor.autograd.grad_mode import no_grad
+
+    from blucompiler.trace import CompileError
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        with no_grad():
+            for gi, g in enumerate(self.param_groups):
+                mom, nest = g["momentum"], g["nesterov"]
+                for p in g["params"]:
+                    if p.grad is None:
+                        continue
+                    if mom and self.state.get(p, {}).get("momentum_buffer") is None:
+                        raise CompileError("SGD's first momentum step creates its buffers (a different "
+                                           "program than later steps): run one step eagerly first", retry=True)
+                    c = tr.host_scalars(("sgd", id(self), gi), partial(_sgd_scalars, g), weak=True)
+                    x = _traced(tr, p)
+                    d = _traced(tr, p.grad)
+                    if g["weight_decay"]:
+                        d = d + c[1] * x
+                    if mom:
+                        buf = _traced(tr, self.state[p]["momentum_buffer"])
+                        buf *= c[2]
+                        buf += c[3] * d
+                        d = d + c[2] * buf if nest else buf
+                    x -= c[0] * d
                     p._version.v += 1
         return loss
 

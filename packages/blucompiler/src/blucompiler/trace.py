@@ -26,7 +26,12 @@ _NP_FN = {
 
 
 class CompileError(Exception):
-    """The step as a whole cannot be compiled (it then runs eagerly; the report says why)."""
+    """The step as a whole cannot be compiled (it then runs eagerly; the report says why).
+    ``retry=True``: only this call runs eagerly, the next call traces again."""
+
+    def __init__(self, msg: str, retry: bool = False):
+        super().__init__(msg)
+        self.retry = retry
 
 
 def _conc(x):
@@ -113,8 +118,9 @@ class Tracer:
         t._data = ta
         return ta
 
-    def host_scalars(self, key, fn) -> list[TracedArray]:
-        """Scalars recomputed from live Python state before every call (``fn() -> tuple``)."""
+    def host_scalars(self, key, fn, weak: bool = False) -> list[TracedArray]:
+        """Scalars recomputed from live Python state before every call (``fn() -> tuple``).
+        ``weak``: Python numbers (NumPy's weak promotion), else NumPy scalars of fixed dtype."""
         got = self.host_cache.get(key)
         if got is not None:
             return got
@@ -124,9 +130,10 @@ class Tracer:
         out = []
         for j, v in enumerate(vals):
             a = np.asarray(v)
-            vid = self.g.add("input", [], {"kind": "host", "index": k * 1000 + j}, (), a.dtype)
+            vid = self.g.add("input", [], {"kind": "host", "index": k * 1000 + j, "weak": weak}, (), a.dtype)
             self.g.bindings[vid] = ("host", (k, j))
-            out.append(TracedArray(self, vid, a if self.xp is np else self.xp.asarray(a)))
+            out.append(WeakScalar(self, vid, v) if weak else
+                       TracedArray(self, vid, a if self.xp is np else self.xp.asarray(a)))
         self.host_cache[key] = out
         return out
 
@@ -305,6 +312,16 @@ class Tracer:
         if name == "astype":
             return args[0].astype(args[1], **kwargs)
         raise TraceUnsupported(f"numpy.{name}")
+
+
+class WeakScalar(TracedArray):
+    """A per-call host scalar that NumPy treats as a Python number (weak promotion)."""
+
+    __slots__ = ()
+    shape = property(lambda self: ())
+    dtype = property(lambda self: np.dtype(np.float64 if isinstance(self.v, float) else np.int64))
+    ndim = property(lambda self: 0)
+    size = property(lambda self: 1)
 
 
 def _py(v):
