@@ -30,14 +30,14 @@ FAST = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "2", "--progress-t
         "--startup-timeout", "60", "--grace-period", "3"]
 
 
-def cmd(run: Path, steps=STEPS, extra=(), worker=()):
-    return [sys.executable, "-m", "dtms.orchestrate", "--run-dir", str(run), "--nproc-per-node", "2", *FAST,
+def cmd(run: Path, steps=STEPS, extra=(), worker=(), entry="dtms.orchestrate"):
+    return [sys.executable, "-m", entry, "--run-dir", str(run), "--nproc-per-node", "2", *FAST,
             *extra, str(WORKER), "--out", str(run / "job"), "--steps", str(steps), "--ckpt-every", "5", *worker]
 
 
-def orchestrate(run: Path, fault=None, steps=STEPS, extra=(), worker=(), timeout=120):
+def orchestrate(run: Path, fault=None, steps=STEPS, extra=(), worker=(), timeout=120, entry="dtms.orchestrate"):
     env = dict(os.environ, FAULT_SPEC=json.dumps(fault or []))
-    return subprocess.run(cmd(run, steps, extra, worker), env=env, capture_output=True, text=True,
+    return subprocess.run(cmd(run, steps, extra, worker, entry), env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -97,8 +97,9 @@ def test_oom_is_classified_and_recovered_bit_exact(tmp_path, reference):
 
 
 def test_nan_policy_stop_is_fatal(tmp_path):
-    """(7) policy 'stop': NAN_INF, no restart, exit 70."""
-    p = orchestrate(tmp_path, [{"kind": "nan", "rank": 1, "step": 6}], worker=["--nan-policy", "stop"])
+    """(7) policy 'stop': NAN_INF, no restart, exit 70. Started as ``blurun --run-dir ...`` (orchestrator mode)."""
+    p = orchestrate(tmp_path, [{"kind": "nan", "rank": 1, "step": 6}], worker=["--nan-policy", "stop"],
+                    entry="dtms.run")
     assert p.returncode == EXIT_FATAL, p.stderr[-3000:]
     inc = events(tmp_path, "incident")[0]
     assert inc["fault"] == "NAN_INF" and "non-finite gradient norm" in inc["message"]

@@ -228,3 +228,12 @@ def test_hang_classification(tmp_path):
     inc = o._hang(att, now, t0=0)
     assert inc.fault is FaultClass.RANK_HUNG and inc.rank == 1 and inc.details["phases"] == {0: "collective",
                                                                                               1: "train"}
+
+
+def test_blurun_switches_to_orchestrator_mode_on_its_flags():
+    from dtms.orchestrate import orchestrator_requested
+
+    assert orchestrator_requested(["--nproc-per-node", "2", "--max-restarts", "3", "train.py"])
+    assert orchestrator_requested(["--run-dir=r", "train.py", "--x"])
+    assert not orchestrator_requested(["--nproc-per-node", "2", "train.py", "--run-dir", "r"])  # script's own
+    assert not orchestrator_requested(["train.py"])

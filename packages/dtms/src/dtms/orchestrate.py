@@ -1,5 +1,7 @@
 """``python -m dtms.orchestrate [options] script.py [args]``: run a script on a gang of ranks (through
 ``blurun``) with heartbeats, fault classification and gang restarts from the last verified checkpoint.
+``blurun --run-dir DIR --max-restarts N ... script.py`` is the same: an orchestrator flag before the
+script switches blurun to this mode.
 
 Exit codes: 0 success, 70 fatal fault, 71 restart budget spent, 72 no progress, 75 preempted (requeue)."""
 
@@ -8,7 +10,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .orchestrator import Orchestrator, OrchestratorConfig
+ORCHESTRATOR_FLAGS = ("--run-dir", "--max-restarts", "--max-no-progress", "--heartbeat-interval",
+                      "--heartbeat-timeout", "--progress-timeout", "--startup-timeout", "--metrics-port",
+                      "--metrics-host")
+
+
+def orchestrator_requested(argv: list[str]) -> bool:
+    """True when ``blurun`` options (before the script) include an orchestrator flag: blurun then runs
+    ``python -m dtms.orchestrate`` with the same arguments."""
+    for tok in argv:
+        if not tok.startswith("-") and tok.endswith(".py"):
+            return False
+        if tok.split("=", 1)[0] in ORCHESTRATOR_FLAGS:
+            return True
+    return False
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .orchestrator import Orchestrator, OrchestratorConfig
+
     a = _parser().parse_args(argv)
     if a.nproc_per_node < 1 or a.max_restarts < 0 or a.max_no_progress < 0:
         print("orchestrate: error: need --nproc-per-node >= 1, --max-restarts >= 0, --max-no-progress >= 0",

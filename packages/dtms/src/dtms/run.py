@@ -74,6 +74,11 @@ class _Stop:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``blurun`` / ``python -m dtms.run``; returns the exit status."""
+    from .orchestrate import main as orchestrate
+    from .orchestrate import orchestrator_requested
+
+    if orchestrator_requested(sys.argv[1:] if argv is None else argv):  # --run-dir/--max-restarts/...
+        return orchestrate(sys.argv[1:] if argv is None else argv)
     a = _parser().parse_args(argv)
     if a.nproc_per_node < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
         return _fail(f"need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes "
