@@ -216,12 +216,38 @@ def _epilogue(acc, C, bias, P, M, N, ldc, ldp, z_c, z_p, alpha, beta, flags):
     c[...] = f32_to_bf16_bits(v.astype(np.float32)) if obf else v.astype(np.float32)
 
 
+def _param_types(name: str) -> list[str]:
+    """C parameter types of kernel ``name`` read from the real .cu sources (macro parameter list for GEMMs)."""
+    from blublas.loader import KERNEL_DIR, expand_source
+
+    if name.startswith("blu_gemm_") and name not in ("blu_gemm_splitk_reduce", "blu_gemm_epilogue_apply"):
+        text = (KERNEL_DIR / "gemm_common.cuh").read_text()
+        body = re.search(r"#define BLU_GEMM_PARAMS\s*\\\n(.*?)\n#define", text, re.S).group(1)
+    else:
+        text = expand_source(KERNEL_DIR / "gemm_epilogue.cu")
+        body = re.search(rf"void {name}\((.*?)\)\s*{{", text, re.S).group(1)
+    body = body.replace("\\", " ")
+    out = []
+    for decl in body.split(","):
+        decl = " ".join(decl.split())
+        out.append("ptr" if "*" in decl else decl.rsplit(" ", 1)[0].replace("const ", ""))
+    return out
+
+
+_NP_OF_C = {"ptr": (np.uint64,), "int": (np.int32,), "i64": (np.int64,), "float": (np.float32,)}
+
+
 class _Kernel:
     def __init__(self, name: str):
         self.name = name
         self.max_dynamic_shared_size_bytes = 48 * 1024
+        self.types = _param_types(name)
 
     def __call__(self, grid, block, args, shared_mem: int = 0):
+        assert len(args) == len(self.types), (self.name, len(args), self.types)
+        for i, (a, t) in enumerate(zip(args, self.types, strict=True)):
+            ok = isinstance(a, ndarray) if t == "ptr" and isinstance(a, ndarray) else isinstance(a, _NP_OF_C[t])
+            assert ok, f"{self.name} argument {i}: C type {t}, got {type(a).__name__}"
         if CAPTURE is not None:
             CAPTURE.append((self, grid, block, args, shared_mem))
             return
