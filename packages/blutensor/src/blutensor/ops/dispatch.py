@@ -136,6 +136,32 @@ class _Widened:
                      for i, gr in enumerate(grads))
 
 
+class _OnDevice:
+    """Runs a kernel's backward with CUDA device ``index`` current (tensors on cuda:N, N >= 1)."""
+
+    __slots__ = ("inner", "index", "kernel")
+
+    def __init__(self, inner, index: int):
+        self.inner, self.index = inner, index
+        self.kernel = getattr(inner, "kernel", inner)  # the kernel class, as on _Widened (profilers read it)
+
+    def backward(self, ctx, g):
+        with _cuda_device(self.index):
+            return self.inner.backward(ctx, g)
+
+
+def _cuda_device(index: int):
+    import cupy
+
+    return cupy.cuda.Device(index)
+
+
+def _current_device() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
 def apply(op: str, *inputs, **attrs):
     """Run op ``op`` on ``inputs`` (Tensors, None or Python scalars) and return the result Tensor."""
     if observers:
@@ -211,6 +237,10 @@ def _apply(op: str, inputs, attrs):
     if first is None:
         raise BluTensorError(f"{op}: expected at least one Tensor argument, got {inputs!r}")
     dev = first.device
+    if dev.index and _current_device() != dev.index:
+        # cuda:N, N >= 1: allocate and launch on that GPU whatever device is current
+        with _cuda_device(dev.index):
+            return _apply(op, inputs, attrs)
     dtype = first.dtype
     # fast path: the first tensor's dtype decides the kernel when DTYPE_ARG selects it
     hit = _cache.get((op, dev.type, dtype))
@@ -268,7 +298,7 @@ def _apply(op: str, inputs, attrs):
                     for i in kcls.SAVES if i < len(inputs) and isinstance(inputs[i], T)] if kcls.SAVES else []
         if kcls.SAVES_OUTPUT:
             versions.append((res._version, res._version.v, -1, out.shape))
-        res.grad_fn = Node(op, kernel, ctx, inputs, versions)
+        res.grad_fn = Node(op, _OnDevice(kernel, dev.index) if dev.index else kernel, ctx, inputs, versions)
         res.requires_grad = True
     return res
 
