@@ -62,10 +62,24 @@ def _cupy_device(index: int) -> dict[str, Any]:
     return {"index": index, "source": "cupy", "memory_used_bytes": total - free}
 
 
+def _visible() -> list[str] | None:
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if cvd is None else [d.strip() for d in cvd.split(",") if d.strip()]
+
+
+def rank_gpu() -> int:
+    """NVML index of this rank's GPU: the first of $CUDA_VISIBLE_DEVICES (blurun pins one per rank),
+    else $LOCAL_RANK."""
+    vis = _visible()
+    if vis and vis[0].isdigit():
+        return int(vis[0])
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def gpu_telemetry(device: int | None = None) -> list[dict[str, Any]]:
     """Per-GPU readings (temperature, ECC counts, throttle reasons, utilisation, memory); [] without GPUs.
 
-    ``device`` selects one GPU index (a rank's own); None reads every visible GPU."""
+    ``device`` selects one GPU by NVML index (a rank's own: :func:`rank_gpu`); None reads every GPU."""
     if not _has_driver():
         return []
     nv = _load_nvml()
@@ -78,6 +92,9 @@ def gpu_telemetry(device: int | None = None) -> list[dict[str, Any]]:
             import cupy
 
             n = cupy.cuda.runtime.getDeviceCount()
+            vis = _visible()
+            if device is not None and vis is not None:  # CuPy numbers the visible GPUs from 0
+                device = vis.index(str(device)) if str(device) in vis else None
             idx = [device] if device is not None and device < n else range(n)
             return [_cupy_device(i) for i in idx]
     except Exception:

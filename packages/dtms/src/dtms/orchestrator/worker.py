@@ -101,9 +101,9 @@ class WorkerAgent:
             p = {"pid": os.getpid(), "t": time.time(), "step": self.step, "phase": self._phase, "n": n,
                  **self._extra}
         if self._telemetry_every and n % self._telemetry_every == 0:
-            from .telemetry import gpu_telemetry
+            from .telemetry import gpu_telemetry, rank_gpu
 
-            gpu = gpu_telemetry(int(os.environ.get("LOCAL_RANK", "0")))
+            gpu = gpu_telemetry(rank_gpu())
             if gpu:
                 p["gpu"] = gpu
         return p
