@@ -249,3 +249,14 @@ def test_inplace_with_grad_on_view_is_refused(device):
     base[0] = v * 2  # writing into the base records the graph
     base.sum().backward()
     np.testing.assert_allclose(host(v.grad), [2.0, 2.0, 2.0])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(bt.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_second_gpu_forward_and_backward():
+    x = bt.tensor([1.0, 2.0], device="cuda:1", requires_grad=True)
+    y = (x.exp() * x).sum()
+    assert y._data.device.id == 1
+    y.backward()
+    assert x.grad.device == bt.device("cuda:1") and x.grad._data.device.id == 1
+    np.testing.assert_allclose(host(x.grad), np.exp([1.0, 2.0]) * (1 + np.array([1.0, 2.0])), rtol=1e-6)
