@@ -158,7 +158,8 @@ EXPECTED_ENTRIES = {
     ],
     "gelu.cu": [f"blu_gelu_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
     "cross_entropy.cu": ["blu_cross_entropy_count"]
-    + [f"blu_cross_entropy_{k}_{s}" for k in ("forward", "forward_smem", "reduce", "backward") for s in ("f32", "bf16")],
+    + [f"blu_cross_entropy_{k}_{s}" for k in ("forward", "forward_smem", "reduce", "backward")
+       for s in ("f32", "bf16")],
     "embedding.cu": [f"blu_embedding_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
     "adamw.cu": ["blu_adamw_step"],
     "grad_norm.cu": ["blu_grad_norm_partial", "blu_grad_norm_finalize", "blu_grad_norm_scale"],
