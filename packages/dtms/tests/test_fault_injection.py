@@ -158,6 +158,26 @@ def test_rank_stuck_in_python_found_by_progress_timeout(tmp_path, reference):
     assert_bit_exact(tmp_path, reference)
 
 
+def test_collective_hang_is_a_collective_timeout(tmp_path):
+    """Every live rank inside a collective and no progress: COLLECTIVE_TIMEOUT with stacks of both."""
+    p = orchestrate(tmp_path, [{"kind": "collective_hang", "rank": 0, "step": 5}], extra=["--max-restarts", "0"])
+    assert p.returncode == EXIT_BUDGET, p.stderr[-3000:]
+    (inc,) = events(tmp_path, "incident")
+    assert inc["fault"] == "COLLECTIVE_TIMEOUT" and inc["details"]["phases"] == {"0": "collective",
+                                                                                 "1": "collective"}
+    assert set(inc["details"]["stacks"]) == {"0", "1"}
+    assert not any(alive(pid) for pid in rank_pids(tmp_path))
+
+
+def test_launcher_refusal_is_fatal(tmp_path):
+    """blurun cannot start the gang (script missing): LAUNCH_FAILED, no restarts, exit 70."""
+    p = subprocess.run([sys.executable, "-m", "dtms.orchestrate", "--run-dir", str(tmp_path), "--quiet",
+                        str(tmp_path / "missing.py")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == EXIT_FATAL, p.stderr[-3000:]
+    (inc,) = events(tmp_path, "incident")
+    assert inc["fault"] == "LAUNCH_FAILED" and "missing.py" in inc["message"]
+
+
 @pytest.mark.slow
 def test_relaunch_right_after_orchestrator_kill(tmp_path):
     """(9) SIGKILL the orchestrator mid-run and relaunch at once on the same run dir: the old gang is

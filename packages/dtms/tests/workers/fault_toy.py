@@ -106,6 +106,10 @@ def main():
                 elif kind == "nan":
                     loss[:] = np.nan
                     grad[:] = np.nan
+                elif kind == "collective_hang":  # stuck inside a collective (as a hung NCCL kernel)
+                    with agent.phase("collective"):
+                        while True:
+                            time.sleep(1)
                 elif kind == "python_hang":
                     while True:
                         time.sleep(1)

@@ -395,6 +395,10 @@ class Orchestrator:
         if inc is None:
             if att.faults:
                 inc = Incident.from_json(min(att.faults.values(), key=lambda f: f.get("time", 0)))
+            elif not att.hb and proc.returncode == 2:  # blurun refused to start (usage, no MPI, no script)
+                inc = Incident(FaultClass.LAUNCH_FAILED, f"the launcher refused to start the gang "
+                               f"({_last_line(log_dir)})", None, attempt, None, detected_by="launcher",
+                               details={"fatal": True})
             else:
                 dead = [r for r in sorted(att.pids) if r not in att.done]
                 inc = Incident(FaultClass.RANK_DEAD if dead else FaultClass.UNKNOWN,
@@ -462,6 +466,14 @@ def _pstate(pid: Any) -> str:
 
     s = process_state(int(pid)) if pid else None
     return {"T": "stopped", "Z": "zombie", None: "gone"}.get(s, s or "?")
+
+
+def _last_line(log_dir: Path) -> str:
+    try:
+        lines = (log_dir / "launcher.log").read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no launcher log"
+    return lines[-1] if lines else "no output"
 
 
 def _exit_hint(log_dir: Path) -> str:
