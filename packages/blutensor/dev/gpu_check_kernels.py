@@ -334,37 +334,47 @@ def check_sdpa_f32():
     _sdpa_checks("f32")
 
 
-@guarded
-def check_sdpa_bf16():
+def _sdpa_mma_checks(variant):
+    """Checks of one mma variant; when one fails, re-run two cases on fallback builds of sdpa_mma.cu
+    (-DBLU_NO_LDMATRIX: plain shared loads; -DBLU_SYNC_TILES: no cp.async pipeline) to localise the fault."""
     n0 = len(RESULTS["checks"])
-    _sdpa_checks("bf16")
-    if any(not c["passed"] for c in RESULTS["checks"][n0:]):
-        # diagnostic: the same kernels with plain shared loads instead of ldmatrix (-DBLU_NO_LDMATRIX)
-        from blutensor.cuda_ops import _loader
+    _sdpa_checks(variant)
+    if all(c["passed"] for c in RESULTS["checks"][n0:]):
+        return
+    from blutensor.cuda_ops import _loader
 
-        cp = cp_mod()
-        d = cp.cuda.runtime.getDevice()
-        src = (_loader.KERNEL_DIR / "sdpa_mma.cu").read_text()
-        cc = cp.cuda.Device(d).compute_capability
-        saved = _loader._modules.get(("sdpa_mma.cu", d))
-        _loader._modules[("sdpa_mma.cu", d)] = cp.RawModule(
-            code=src, options=_loader.compile_options(cc) + ("-DBLU_NO_LDMATRIX",)
-        )
-        _loader._functions.clear()
-        _loader._smem_set.clear()
-        try:
-            print("  bf16 attention failed: re-running with -DBLU_NO_LDMATRIX (plain shared loads)", flush=True)
-            _sdpa_case("bf16", 2, 3, 77, 77, 64, False)
-            _sdpa_case("bf16", 2, 3, 77, 77, 64, True)
-        finally:
-            _loader._modules[("sdpa_mma.cu", d)] = saved
+    cp = cp_mod()
+    d = cp.cuda.runtime.getDevice()
+    src = (_loader.KERNEL_DIR / "sdpa_mma.cu").read_text()
+    cc = cp.cuda.Device(d).compute_capability
+    saved = _loader._modules.get(("sdpa_mma.cu", d))
+    try:
+        for defines in (("-DBLU_NO_LDMATRIX",), ("-DBLU_SYNC_TILES",), ("-DBLU_NO_LDMATRIX", "-DBLU_SYNC_TILES")):
+            if variant == "tf32" and "-DBLU_NO_LDMATRIX" in defines:
+                continue  # tf32 never uses ldmatrix
+            print(f"  {variant} attention failed: re-running with {' '.join(defines)}", flush=True)
+            _loader._modules[("sdpa_mma.cu", d)] = cp.RawModule(code=src, options=_loader.compile_options(cc) + defines)
             _loader._functions.clear()
             _loader._smem_set.clear()
+            n1 = len(RESULTS["checks"])
+            _sdpa_case(variant, 2, 3, 77, 77, 64, False)
+            _sdpa_case(variant, 2, 3, 77, 77, 64, True)
+            for c in RESULTS["checks"][n1:]:
+                c["variant"] += " [" + " ".join(defines) + "]"
+    finally:
+        _loader._modules[("sdpa_mma.cu", d)] = saved
+        _loader._functions.clear()
+        _loader._smem_set.clear()
+
+
+@guarded
+def check_sdpa_bf16():
+    _sdpa_mma_checks("bf16")
 
 
 @guarded
 def check_sdpa_tf32():
-    _sdpa_checks("tf32")
+    _sdpa_mma_checks("tf32")
 
 
 @guarded

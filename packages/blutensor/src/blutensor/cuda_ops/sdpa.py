@@ -65,7 +65,7 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
     pad = 4 if variant == "tf32" else 8  # Tr<T>::PAD in sdpa_mma.cu
     row = (hd + pad) * es
     if kind == "fwd":
-        return 2 * BR * row
+        return 4 * BR * row  # K, V tiles, two stages (cp.async double buffering)
     return 4 * BR * row + 2 * BR * 4
 
 

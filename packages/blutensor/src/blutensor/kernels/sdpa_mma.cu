@@ -161,6 +161,23 @@ __device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int
     }
 }
 
+// asynchronous version of load_tile (cp.async, 16 bytes, zero-fill past n); completes on commit/wait groups
+template <typename T, int HD>
+__device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ src, int r0, int n) {
+    constexpr int LD = HD + Tr<T>::PAD;
+    constexpr int E = 16 / sizeof(T);
+    constexpr int Q = HD / E;
+    for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
+        const int r = i / Q, c = i % Q;
+        const bool ok = r0 + r < n;
+        const T* g = ok ? src + (long long)(r0 + r) * HD + c * E : src;
+        const u32 sa = (u32)__cvta_generic_to_shared(dst + r * LD + c * E);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(g), "r"(ok ? 16 : 0));
+    }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
 // ================================================================ forward
 template <typename T, int HD>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
@@ -184,6 +201,12 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < HD / KS; ++ks) X::load_a(Ks, LD, warp * 16, ks * KS, qa[ks], g, t);
+#ifndef BLU_SYNC_TILES
+    __syncthreads();  // every warp has its Q fragments: stage 0 may be overwritten
+    // two stages (K0, V0 | K1, V1) at Ks + stage * 2 * BR * LD: tile i+1 streams in (cp.async) while tile i
+    // is computed
+    constexpr int STAGE = 2 * BR * LD;
+#endif
 
     float acc[DT][4];
 #pragma unroll
@@ -191,11 +214,35 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     float m0 = BLU_NEG_INF, m1 = BLU_NEG_INF, l0 = 0.f, l1 = 0.f;
     int kend = S;
     if (causal) kend = min(S, q0 + BR);
+#ifndef BLU_SYNC_TILES
+    if (kend > 0) {
+        load_tile_async<T, HD>(Ks, kb, 0, S);
+        load_tile_async<T, HD>(Vs, vb, 0, S);
+        cp_async_commit();
+    }
+#endif
     for (int k0 = 0; k0 < kend; k0 += BR) {
+#ifndef BLU_SYNC_TILES
+        const int stage = (k0 / BR) & 1;
+        if (k0 + BR < kend) {
+            load_tile_async<T, HD>(Ks + (stage ^ 1) * STAGE, kb, k0 + BR, S);
+            load_tile_async<T, HD>(Vs + (stage ^ 1) * STAGE, vb, k0 + BR, S);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T* Kt = Ks + stage * STAGE;
+        const T* Vt = Vs + stage * STAGE;
+#else
         __syncthreads();
         load_tile<T, HD>(Ks, kb, k0, S);
         load_tile<T, HD>(Vs, vb, k0, S);
         __syncthreads();
+        const T* Kt = Ks;
+        const T* Vt = Vs;
+#endif
         float s[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -204,7 +251,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
                 u32 b[2];
-                X::load_bt(Ks, LD, n * 8, ks * KS, b, g, t);
+                X::load_bt(Kt, LD, n * 8, ks * KS, b, g, t);
                 X::mma(s[n], qa[ks], b);
             }
         }
@@ -248,12 +295,15 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 #pragma unroll
             for (int d = 0; d < DT; ++d) {
                 u32 b[2];
-                X::load_b(Vs, LD, kk * KS, d * 8, b, g, t);
+                X::load_b(Vt, LD, kk * KS, d * 8, b, g, t);
                 X::mma(acc[d], a, b);
             }
         }
         m0 = mn0;
         m1 = mn1;
+#ifndef BLU_SYNC_TILES
+        __syncthreads();  // this stage is refilled by the next iteration's prefetch
+#endif
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
