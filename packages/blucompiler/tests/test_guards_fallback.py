@@ -125,3 +125,31 @@ def test_sgd_with_momentum_and_changing_lr():
         assert maxdiff(pe.numpy(), pc.numpy()) <= 1e-6
     rep = comp.report()
     assert rep["specialisations"] == 1 and "momentum" in rep["retraces"][0]
+
+
+def test_grad_clipping_inside_the_compiled_step():
+    """clip_grad_norm_ reads the norm on the host eagerly; its trace rule keeps the scale on the device."""
+    cfg = tiny_cfg(n_layer=1)
+    runs = []
+    for compiled in (False, True):
+        m, o = make_model(cfg, lr=1e-2)
+
+        def step(x, y, m=m, o=o):
+            o.zero_grad()
+            _, loss = m(x, y)
+            loss.backward()
+            norm = bt.optim.clip_grad_norm_(m.parameters(), 0.05)
+            o.step()
+            return loss, norm
+
+        f = blucompiler.compile(step, backend="c") if compiled else step
+        rng = np.random.default_rng(5)
+        out = [tuple(t.item() for t in f(*batch(rng))) for _ in range(3)]
+        runs.append((out, [p.numpy().copy() for p in m.parameters()], f))
+    (oe, pe, _), (oc, pc, f) = runs
+    for (le, ne), (lc, nc) in zip(oe, oc):
+        assert abs(le - lc) <= 1e-6 and abs(ne - nc) <= 1e-6 * max(1.0, ne)
+    assert oe[0][1] > 0.05  # clipping was active
+    for a, b in zip(pe, pc):
+        assert maxdiff(a, b) <= 1e-5
+    assert f.report()["specialisations"] == 1 and f.report()["eager_steps"] == []

@@ -86,6 +86,13 @@ class Rules:
         from blutensor.optim import sgd
 
         self._set(sgd.SGD, "step", _sgd_step_rule(tr, sgd.SGD.step))
+        import blutensor.optim as optim
+        from blutensor.optim import clip
+
+        rule = _clip_rule(clip.clip_grad_norm_)
+        self._set(clip, "clip_grad_norm_", rule)
+        if hasattr(optim, "clip_grad_norm_"):
+            self._set(optim, "clip_grad_norm_", rule)
         return self
 
     def __exit__(self, *exc):
@@ -248,6 +255,31 @@ def _sgd_step_rule(tr, orig):
 
     step.__wrapped__ = orig
     return step
+
+
+def _clip_rule(orig):
+    """clip_grad_norm_ without the host read: the scale min(1, max_norm / (norm + 1e-6)) stays on the
+    device and multiplies every gradient (by exactly 1 when no clipping is needed, as eager skips)."""
+
+    def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        from blutensor._tensor import Tensor
+
+        params = [p for p in ([parameters] if isinstance(parameters, Tensor) else parameters) if p.grad is not None]
+        if (not params or float(norm_type) != 2.0 or error_if_nonfinite
+                or not all(isinstance(p.grad._data, TracedArray) and p.grad.dtype.name == "float32" for p in params)):
+            return orig(parameters, max_norm, norm_type, error_if_nonfinite)
+        norms = [np.sqrt((p.grad._data ** 2).sum()) for p in params]
+        stacked = np.stack(norms)
+        total = np.sqrt((stacked * stacked).sum())
+        c = max_norm / (total.astype(np.float64) + 1e-6)
+        coef = np.where(c < 1.0, c, 1.0).astype(np.float32)  # NaN norm: no scaling, as eager
+        for p in params:
+            g = p.grad._data
+            g *= coef
+            p.grad._version.v += 1
+        return Tensor._from_data(total, None, params[0].grad.device)
+
+    return clip_grad_norm_
 
 
 def _zero_grad_rule(tr, orig):
