@@ -403,7 +403,8 @@ class Tensor:
     def __setitem__(self, index, value) -> None:
         index = _index(index)
         if STATE.enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
-            self._inplace("setitem", value if isinstance(value, Tensor) else _scalar(value), index=index)
+            self._inplace("setitem", value if isinstance(value, Tensor) else _scalar(value),
+                          index=_device_index(index, self.device))
             return
         if isinstance(value, Tensor):
             if value.device != self.device:
