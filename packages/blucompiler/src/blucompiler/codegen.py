@@ -269,10 +269,11 @@ def emit(spec: KernelSpec, target: str) -> str:
         if np.dtype(src_dt).kind == "f":
             init = f"(({acc_t})({'-' if rk == 'max' else ''}BLU_INF))"
         elif np.dtype(src_dt).kind == "b":
+            acc_t = "blu_i32"  # warp shuffles have no 1-byte overload
             init = "0" if rk == "max" else "1"
         else:
             init = "(-9223372036854775807LL - 1)" if rk == "max" else "9223372036854775807LL"
-        combine = f"acc = blu_{rk}_{acc_t}(acc, {v});"
+        combine = f"acc = blu_{rk}_{acc_t}(acc, ({acc_t}){v});"
         combine_o = f"acc = blu_{rk}_{acc_t}(acc, other);"
         finalize = f"(({out_t})acc)"
     else:
