@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import cupy, launch, suffix
+from blutensor.cuda_ops._loader import cupy, launch, smem_optin, suffix
 from blutensor.errors import ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
@@ -66,7 +66,7 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
     row = (hd + pad) * es
     if kind == "fwd":
         return 4 * BR * row  # K, V tiles, two stages (cp.async double buffering)
-    return 4 * BR * row + 2 * BR * 4
+    return 6 * BR * row + 4 * BR * 4  # own 2 tiles + 2 stages x 2 tiles; lse/D (dK/dV: per stage)
 
 
 def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "f32"):
@@ -155,7 +155,7 @@ def pick_variant(dtype, hd: int) -> str | None:
         return None
     from blutensor.gemm import get_matmul_precision
 
-    if get_matmul_precision() in ("tf32", "bf16") and hd in MMA_HD:
+    if get_matmul_precision() in ("tf32", "bf16") and hd in MMA_HD and _mma_smem("tf32", hd, "bwd") <= smem_optin():
         return "tf32"
     return "f32" if hd in SIMT_HD else None
 

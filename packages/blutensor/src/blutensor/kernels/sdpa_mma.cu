@@ -323,7 +323,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 }
 
 // ================================================================ backward: dK, dV (block owns 64 keys)
-// smem: Ks, Vs (own keys), Qs, Os (=dO) tiles of 64 queries, then Ls[64] (lse * log2 e), Ds[64]
+// smem: Ks, Vs (own keys), two stages of {Qs, Os (=dO)} tiles of 64 queries, then Ls[2][64] (lse * log2 e),
+// Ds[2][64]; the next query tile streams in (cp.async) while the current one is used
 template <typename T, int HD>
 __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                               const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
@@ -334,10 +335,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = reinterpret_cast<T*>(smem_raw);
     T* Vs = Ks + BR * LD;
-    T* Qs = Vs + BR * LD;
-    T* Os = Qs + BR * LD;
-    float* Ls = reinterpret_cast<float*>(Os + BR * LD);
-    float* Ds = Ls + BR;
+    T* Q0 = Vs + BR * LD;  // stage s: Q at Q0 + s * 2 * BR * LD, dO right after it
+    float* L0 = reinterpret_cast<float*>(Q0 + 4 * BR * LD);  // stage s: Ls at L0 + s * 2 * BR, Ds after it
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, kb0 = blockIdx.x * BR;
     const int key0 = kb0 + warp * 16 + g, key1 = key0 + 8;
@@ -351,16 +350,48 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     for (int d = 0; d < DT; ++d)
 #pragma unroll
         for (int e = 0; e < 4; ++e) { dka[d][e] = 0.f; dva[d][e] = 0.f; }
-    for (int q0 = causal ? kb0 : 0; q0 < L; q0 += BR) {
-        __syncthreads();
-        load_tile<T, HD>(Qs, qb, q0, L);
-        load_tile<T, HD>(Os, ob, q0, L);
+    const int qstart = causal ? kb0 : 0;
+    auto stats = [&](int q0, int st) {  // lse * log2(e) and D of query tile q0 into stage st
+        float* Lw = L0 + st * 2 * BR;
         for (int i = threadIdx.x; i < BR; i += blockDim.x) {
             const bool ok = q0 + i < L;
-            Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
-            Ds[i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
+            Lw[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
+            Lw[BR + i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
         }
+    };
+#ifndef BLU_SYNC_TILES
+    if (qstart < L) {
+        load_tile_async<T, HD>(Q0, qb, qstart, L);
+        load_tile_async<T, HD>(Q0 + BR * LD, ob, qstart, L);
+        cp_async_commit();
+        stats(qstart, 0);
+    }
+#endif
+    for (int q0 = qstart; q0 < L; q0 += BR) {
+#ifndef BLU_SYNC_TILES
+        const int stage = ((q0 - qstart) / BR) & 1;
+        if (q0 + BR < L) {
+            T* nq = Q0 + (stage ^ 1) * 2 * BR * LD;
+            load_tile_async<T, HD>(nq, qb, q0 + BR, L);
+            load_tile_async<T, HD>(nq + BR * LD, ob, q0 + BR, L);
+            cp_async_commit();
+            stats(q0 + BR, stage ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+#else
+        const int stage = 0;
         __syncthreads();
+        load_tile<T, HD>(Q0, qb, q0, L);
+        load_tile<T, HD>(Q0 + BR * LD, ob, q0, L);
+        stats(q0, 0);
+#endif
+        __syncthreads();
+        const T* Qs = Q0 + stage * 2 * BR * LD;
+        const T* Os = Qs + BR * LD;
+        const float* Ls = L0 + stage * 2 * BR;
+        const float* Ds = Ls + BR;
 #pragma unroll 1
         for (int sub = 0; sub < BR / QSUB; ++sub) {
             const int qs0 = sub * QSUB;  // offset of the sub-pass inside the tile
@@ -411,6 +442,9 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                 }
             }
         }
+#ifndef BLU_SYNC_TILES
+        __syncthreads();  // this stage is refilled by the next iteration's prefetch
+#endif
     }
     T* dkb = dk + (long long)bh * S * HD;
     T* dvb = dv + (long long)bh * S * HD;
@@ -428,7 +462,7 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
 }
 
 // ================================================================ backward: dQ (block owns 64 queries)
-// smem: Qs, Os (=dO) of own queries, Ks, Vs tiles of 64 keys, then Ls[64], Ds[64] of own queries
+// smem: Qs, Os (=dO) of own queries, two stages of {Ks, Vs} tiles of 64 keys, then Ls[64], Ds[64] of own queries
 template <typename T, int HD>
 __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                             const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
@@ -439,9 +473,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = reinterpret_cast<T*>(smem_raw);
     T* Os = Qs + BR * LD;
-    T* Ks = Os + BR * LD;
-    T* Vs = Ks + BR * LD;
-    float* Ls = reinterpret_cast<float*>(Vs + BR * LD);
+    T* K0 = Os + BR * LD;  // stage s: K at K0 + s * 2 * BR * LD, V right after it
+    float* Ls = reinterpret_cast<float*>(K0 + 4 * BR * LD);
     float* Ds = Ls + BR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, q0 = blockIdx.x * BR;
@@ -461,11 +494,34 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     for (int d = 0; d < DT; ++d) dqa[d][0] = dqa[d][1] = dqa[d][2] = dqa[d][3] = 0.f;
     int kend = S;
     if (causal) kend = min(S, q0 + BR);
+#ifndef BLU_SYNC_TILES
+    if (kend > 0) {
+        load_tile_async<T, HD>(K0, kb, 0, S);
+        load_tile_async<T, HD>(K0 + BR * LD, vb, 0, S);
+        cp_async_commit();
+    }
+#endif
     for (int k0 = 0; k0 < kend; k0 += BR) {
+#ifndef BLU_SYNC_TILES
+        const int stage = (k0 / BR) & 1;
+        if (k0 + BR < kend) {
+            T* nk = K0 + (stage ^ 1) * 2 * BR * LD;
+            load_tile_async<T, HD>(nk, kb, k0 + BR, S);
+            load_tile_async<T, HD>(nk + BR * LD, vb, k0 + BR, S);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+#else
+        const int stage = 0;
         __syncthreads();
-        load_tile<T, HD>(Ks, kb, k0, S);
-        load_tile<T, HD>(Vs, vb, k0, S);
+        load_tile<T, HD>(K0, kb, k0, S);
+        load_tile<T, HD>(K0 + BR * LD, vb, k0, S);
+#endif
         __syncthreads();
+        const T* Ks = K0 + stage * 2 * BR * LD;
+        const T* Vs = Ks + BR * LD;
         const float l0 = Ls[r0], l1 = Ls[r1], d0 = Ds[r0], d1 = Ds[r1];
 #pragma unroll 1
         for (int sub = 0; sub < BR / KSUB; ++sub) {
@@ -512,6 +568,9 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
                 }
             }
         }
+#ifndef BLU_SYNC_TILES
+        __syncthreads();  // this stage is refilled by the next iteration's prefetch
+#endif
     }
     T* dqb = dq + (long long)bh * L * HD;
     const int row0 = q0 + r0, row1 = q0 + r1;
