@@ -216,3 +216,37 @@ def test_float32_nn_ops_close_to_torch(device):
     np.testing.assert_allclose(host(F.layer_norm(t, 8)), TF.layer_norm(tx, (8,)).numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(host(F.gelu(t)), TF.gelu(tx).numpy(), rtol=1e-5, atol=1e-6)
     assert F.gelu(t).dtype is bt.float32 and F.layer_norm(t, 8).dtype is bt.float32
+
+
+class _StrictProvider:
+    """A GEMM provider with blublas's operand contract: 2-D or 3-D, last axis contiguous, trans flags."""
+
+    calls: list = []
+
+    @classmethod
+    def matmul(cls, a, b, *, trans_a=False, trans_b=False, precision="fp32", **_):
+        for x in (a, b):
+            assert x.ndim in (2, 3) and (x.shape[-1] <= 1 or x.strides[-1] == x.itemsize), (x.shape, x.strides)
+        cls.calls.append((a.ndim, b.ndim, trans_a, trans_b, precision))
+        return np.matmul(a.swapaxes(-1, -2) if trans_a else a, b.swapaxes(-1, -2) if trans_b else b)
+
+
+@pytest.mark.parametrize("sa,sb,ta,tb", [((3, 4), (4, 5), False, False), ((3, 4), (4, 5), True, True),
+                                         ((2, 3, 4), (4, 5), False, True), ((2, 3, 4), (2, 4, 5), True, False),
+                                         ((3, 4), (2, 4, 5), False, True), ((2, 1, 3, 4), (5, 4, 2), True, True)],
+                         ids=str)
+def test_provider_matmul_operand_contract(sa, sb, ta, tb):
+    """CPU twin of the CUDA GEMM-provider path: transposed views reach the provider as trans flags,
+    batch broadcasting becomes 2-D/3-D calls, and the result equals np.matmul."""
+    from blutensor.gemm import provider_matmul
+
+    a = R.standard_normal(sa).astype(np.float32)
+    b = R.standard_normal(sb).astype(np.float32)
+    av = np.ascontiguousarray(a.swapaxes(-1, -2)).swapaxes(-1, -2) if ta else a  # a transposed view
+    bv = np.ascontiguousarray(b.swapaxes(-1, -2)).swapaxes(-1, -2) if tb else b
+    _StrictProvider.calls.clear()
+    out = provider_matmul(_StrictProvider, av, bv, np)
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-5, atol=1e-6)
+    assert _StrictProvider.calls and _StrictProvider.calls[0][4] == "fp32"
+    if ta and len(sa) == 2 and len(sb) == 2:
+        assert _StrictProvider.calls[0][2:4] == (True, True)

@@ -7,6 +7,8 @@ provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays.
 
 from __future__ import annotations
 
+import numpy as np
+
 _provider = None
 _precision = "fp32"
 
@@ -57,22 +59,45 @@ def get_matmul_precision() -> str:
 
 
 def cuda_matmul(a, b):
-    """Broadcasting matmul of CuPy arrays through the selected provider."""
-    prov = get_gemm_provider()
-    if prov is XpGemm:
-        return XpGemm.matmul(a, b)
-    if a.ndim <= 3 and b.ndim <= 3 and (a.ndim < 3 or b.ndim < 3 or a.shape[0] == b.shape[0]):
-        if a.ndim == 3 and b.ndim == 2:
-            out = prov.matmul(a.reshape(-1, a.shape[-1]), b, precision=_precision)
-            return out.reshape(a.shape[0], a.shape[1], b.shape[-1])
-        if a.ndim == 2 and b.ndim == 3:
-            import cupy
-
-            a = cupy.broadcast_to(a, (b.shape[0],) + a.shape)
-        return prov.matmul(a, b, precision=_precision)
+    """Broadcasting matmul of CuPy arrays through the selected provider (cupy.matmul where the
+    provider does not apply: dtypes other than float32, 1-D operands)."""
     import cupy
 
-    batch = cupy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a3 = cupy.broadcast_to(a, batch + a.shape[-2:]).reshape(-1, *a.shape[-2:])
-    b3 = cupy.broadcast_to(b, batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
-    return prov.matmul(a3, b3, precision=_precision).reshape(*batch, a.shape[-2], b.shape[-1])
+    prov = get_gemm_provider()
+    if prov is XpGemm or a.dtype != np.float32 or b.dtype != np.float32 or a.ndim < 2 or b.ndim < 2:
+        return cupy.matmul(a, b)
+    return provider_matmul(prov, a, b, cupy)
+
+
+def provider_matmul(prov, a, b, xp, precision: str | None = None):
+    """``a @ b`` (float32, >= 2-D, broadcasting batch dims) as 2-D or 3-D provider calls whose operands
+    have a contiguous last axis (transposed views are passed back transposed with trans_a/trans_b).
+    'bf16' precision on float32 operands runs as 'tf32' (bf16 GEMMs take bf16 storage)."""
+    prec = precision or ("tf32" if _precision in ("tf32", "bf16") else "fp32")
+    if a.ndim > 3 or b.ndim > 3 or (a.ndim == 3 and b.ndim == 3 and a.shape[0] != b.shape[0]):
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a3 = xp.broadcast_to(a, batch + a.shape[-2:]).reshape(-1, *a.shape[-2:])
+        b3 = xp.broadcast_to(b, batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        return _call(prov, a3, b3, prec, xp).reshape(*batch, a.shape[-2], b.shape[-1])
+    if a.ndim == 3 and b.ndim == 2:
+        a2 = a.reshape(-1, a.shape[-1])
+        return _call(prov, a2, b, prec, xp).reshape(a.shape[0], a.shape[1], b.shape[-1])
+    if a.ndim == 2 and b.ndim == 3:
+        a = xp.broadcast_to(a, (b.shape[0],) + a.shape)  # batch stride 0: one matrix shared by the batch
+    return _call(prov, a, b, prec, xp)
+
+
+def _operand(x, xp):
+    """(array with a contiguous last axis, whether it is the transpose of ``x``)."""
+    isz = x.itemsize
+    if x.shape[-1] <= 1 or x.strides[-1] == isz:
+        return x, False
+    if x.shape[-2] <= 1 or x.strides[-2] == isz:
+        return x.swapaxes(-1, -2), True
+    return xp.ascontiguousarray(x), False
+
+
+def _call(prov, a, b, prec, xp):
+    a, ta = _operand(a, xp)
+    b, tb = _operand(b, xp)
+    return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec)
