@@ -282,6 +282,11 @@ class _Kernel:
         assert len(args) == 21
         assert grid[0] == -(-N // cfg.bn) and grid[1] == -(-M // cfg.bm), (grid, M, N)
         bf = variant in ("bf16", "wgmma")
+        if flags & 128:  # paired output stores: 2-element alignment of C (and P), even ld and batch stride
+            osz = 2 if flags & 16 else 4
+            assert C % (2 * osz) == 0 and ldc % 2 == 0 and (grid[2] == 1 or sC % 2 == 0), "pair flag misused"
+            if flags & 8:
+                assert P % (2 * osz) == 0 and ldp % 2 == 0 and (grid[2] == 1 or sP % 2 == 0), "pair flag misused"
         if flags & 64:
             per = 8 if bf else 4
             assert A % 16 == 0 and B % 16 == 0 and lda % per == 0 and ldb % per == 0, "vector path misused"

@@ -15,7 +15,7 @@ from . import configs, loader
 from .api import Problem
 from .errors import GemmError
 
-F_BIAS, F_BIAS_BF16, F_GELU, F_PREACT, F_OUT_BF16, F_BETA, F_VEC = 1, 2, 4, 8, 16, 32, 64
+F_BIAS, F_BIAS_BF16, F_GELU, F_PREACT, F_OUT_BF16, F_BETA, F_VEC, F_PAIR = 1, 2, 4, 8, 16, 32, 64, 128
 EPILOGUE_FILE = "gemm_epilogue.cu"
 MAX_GRID_Z = 65535
 
@@ -45,6 +45,11 @@ def vec_ok(p: Problem) -> bool:
         if m.ptr % 16 or m.ld % per or m.bstride % per:
             return False
     return True
+
+
+def pair_ok(ptr: int, ld: int, bstride: int, batch: int, itemsize: int) -> bool:
+    """Whether columns (c, c+1), c even, of an output can be stored as one 2-element access."""
+    return ptr % (2 * itemsize) == 0 and ld % 2 == 0 and (batch <= 1 or bstride % 2 == 0)
 
 
 def _is_capturing(stream: Any) -> bool:
@@ -88,6 +93,10 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
     sa = p.A.bstride if p.A.batch else 0
     sb = p.B.bstride if p.B.batch else 0
     alpha = p.alpha
+    osz = 2 if p.out_tag == "bf16" else 4
+    pair = pair_ok(cptr, ldc, sc, p.batch, osz) and (preact is None or pair_ok(pptr, ldp, sp, p.batch, osz))
+    if pair:
+        flags |= F_PAIR
     if splits == 1:
         args = (
             _u64(p.A.ptr),

@@ -14,6 +14,7 @@ typedef long long i64;
 #define BLU_F_OUT_BF16 16   // C (and P) stored as bf16 (else fp32)
 #define BLU_F_BETA 32       // read C and add beta * C_old
 #define BLU_F_VEC 64        // A and B allow 16-byte cp.async (aligned bases, ld multiple of 16 bytes)
+#define BLU_F_PAIR 128      // C (and P) allow paired stores of columns (c, c+1) for even c
 
 __device__ __forceinline__ float blu_bf16_to_f32(bf16_t h) { return __uint_as_float(((unsigned)h) << 16); }
 
@@ -166,6 +167,54 @@ __device__ __forceinline__ BluTile blu_tile_coords() {
   t.m0 = (first_m + r % gsize) * BM;
   t.n0 = (r / gsize) * BN;
   return t;
+}
+
+// Two adjacent columns (c even, c + 1) with one paired load/store each when BLU_F_PAIR allows it.
+__device__ __forceinline__ void blu_epi_store2(const BluEpi& e, int r, int c, float a0, float a1) {
+  const int f = e.flags;
+  if (!(f & BLU_F_PAIR) || r >= e.M || c + 1 >= e.N) {
+    blu_epi_store(e, r, c, a0);
+    blu_epi_store(e, r, c + 1, a1);
+    return;
+  }
+  const bool obf = (f & BLU_F_OUT_BF16) != 0;
+  const i64 off = (i64)r * e.ldc + c;
+  float v0 = e.alpha * a0, v1 = e.alpha * a1;
+  if (f & BLU_F_BETA) {
+    if (obf) {
+      const unsigned u = *(const unsigned*)((const bf16_t*)e.C + off);
+      v0 += e.beta * blu_bf16_to_f32((bf16_t)(u & 0xffffu));
+      v1 += e.beta * blu_bf16_to_f32((bf16_t)(u >> 16));
+    } else {
+      const float2 o = *(const float2*)((const float*)e.C + off);
+      v0 += e.beta * o.x;
+      v1 += e.beta * o.y;
+    }
+  }
+  if (f & BLU_F_BIAS) {
+    if (f & BLU_F_BIAS_BF16) {
+      v0 += blu_bf16_to_f32(((const bf16_t*)e.bias)[c]);
+      v1 += blu_bf16_to_f32(((const bf16_t*)e.bias)[c + 1]);
+    } else {
+      v0 += ((const float*)e.bias)[c];
+      v1 += ((const float*)e.bias)[c + 1];
+    }
+  }
+  if (f & BLU_F_GELU) {
+    if (f & BLU_F_PREACT) {
+      const i64 po = (i64)r * e.ldp + c;
+      if (obf)
+        *(unsigned*)((bf16_t*)e.P + po) = (unsigned)blu_f32_to_bf16(v0) | ((unsigned)blu_f32_to_bf16(v1) << 16);
+      else
+        *(float2*)((float*)e.P + po) = make_float2(v0, v1);
+    }
+    v0 = blu_gelu_tanh(v0);
+    v1 = blu_gelu_tanh(v1);
+  }
+  if (obf)
+    *(unsigned*)((bf16_t*)e.C + off) = (unsigned)blu_f32_to_bf16(v0) | ((unsigned)blu_f32_to_bf16(v1) << 16);
+  else
+    *(float2*)((float*)e.C + off) = make_float2(v0, v1);
 }
 
 // Split of blockIdx.z into (batch, k split) and the k range of this split.

@@ -126,10 +126,8 @@ __device__ __forceinline__ void gemm_tf32_body(BLU_GEMM_PARAMS) {
 #pragma unroll
     for (int j = 0; j < NI; ++j) {
       const int r = m0 + wm + i * 16 + g, c = n0 + wn + j * 8 + 2 * t;
-      blu_epi_store(e, r, c, acc[i][j][0]);
-      blu_epi_store(e, r, c + 1, acc[i][j][1]);
-      blu_epi_store(e, r + 8, c, acc[i][j][2]);
-      blu_epi_store(e, r + 8, c + 1, acc[i][j][3]);
+      blu_epi_store2(e, r, c, acc[i][j][0], acc[i][j][1]);
+      blu_epi_store2(e, r + 8, c, acc[i][j][2], acc[i][j][3]);
     }
 }
 

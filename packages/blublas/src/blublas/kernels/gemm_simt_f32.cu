@@ -109,9 +109,9 @@ __device__ __forceinline__ void gemm_simt_body(BLU_GEMM_PARAMS) {
   for (int i = 0; i < 8; ++i) {
     const int r = m0 + (i < 4 ? ty * 4 + i : BM / 2 + ty * 4 + i - 4);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 8; j += 2) {
       const int c = n0 + (j < 4 ? tx * 4 + j : BN / 2 + tx * 4 + j - 4);
-      blu_epi_store(e, r, c, acc[i][j]);
+      blu_epi_store2(e, r, c, acc[i][j], acc[i][j + 1]);
     }
   }
 }

@@ -161,10 +161,8 @@ __device__ __forceinline__ void gemm_wgmma_tf32_body(BLU_GEMM_PARAMS) {
 #pragma unroll
   for (int i = 0; i < BN / 8; ++i) {
     const int c = n0 + i * 8 + 2 * t;
-    blu_epi_store(e, r, c, acc[4 * i + 0]);
-    blu_epi_store(e, r, c + 1, acc[4 * i + 1]);
-    blu_epi_store(e, r + 8, c, acc[4 * i + 2]);
-    blu_epi_store(e, r + 8, c + 1, acc[4 * i + 3]);
+    blu_epi_store2(e, r, c, acc[4 * i + 0], acc[4 * i + 1]);
+    blu_epi_store2(e, r + 8, c, acc[4 * i + 2], acc[4 * i + 3]);
   }
 #else
   asm volatile("trap;");  // compiled for an architecture without wgmma: never run this kernel
