@@ -158,8 +158,9 @@ EXPECTED_ENTRIES = {
     ],
     "gelu.cu": [f"blu_gelu_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
     "cross_entropy.cu": ["blu_cross_entropy_count"]
-    + [f"blu_cross_entropy_{k}_{s}" for k in ("forward", "forward_smem", "reduce", "backward")
-       for s in ("f32", "bf16")],
+    + [
+        f"blu_cross_entropy_{k}_{s}" for k in ("forward", "forward_smem", "reduce", "backward") for s in ("f32", "bf16")
+    ],
     "embedding.cu": [f"blu_embedding_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
     "adamw.cu": ["blu_adamw_step"],
     "grad_norm.cu": ["blu_grad_norm_partial", "blu_grad_norm_finalize", "blu_grad_norm_scale"],
@@ -399,3 +400,22 @@ def test_cpu_emulated_mma_flash_attention(variant, L, S, causal):
     grads = em.backward(X, q, k, v, do, lse, D, L, S, hd, 1 / 8, causal)
     for a, e in zip(grads, ref.sdpa_backward(*(a.astype(np.float64) for a in (q, k, v, do)), causal)):
         assert ref.rel_err(a, e) <= ref.TOL["sdpa.bwd"][variant]
+
+
+@pytest.mark.parametrize("hd", [32, 64, 128])
+@pytest.mark.parametrize("L,S,causal", [(77, 77, True), (100, 130, False)])
+def test_cpu_emulated_simt_flash_attention(hd, L, S, causal):
+    """CPU twin of the fp32 SIMT GPU checks: dev/emulate_sdpa_simt.py (same dim ownership, tiles, group
+    sums and online softmax as sdpa.cu) meets the f32 tolerances against the float64 reference."""
+    import emulate_sdpa_simt as em
+
+    q, k, v, do = (RNG.standard_normal((n, hd)).astype(np.float32) for n in (L, S, S, L))
+    sc = 1 / math.sqrt(hd)
+    o, lse = em.forward(q, k, v, L, S, hd, sc, causal)
+    eo, else_ = ref.sdpa(*(a.astype(np.float64) for a in (q, k, v)), causal)
+    assert ref.rel_err(o, eo) <= ref.TOL["sdpa.fwd"]["f32"]
+    assert ref.rel_err(lse, else_) <= ref.TOL["sdpa.fwd"]["f32"]
+    D = (do * o).sum(-1, dtype=np.float32)
+    grads = em.backward(q, k, v, do, lse, D, L, S, hd, sc, causal)
+    for a, e in zip(grads, ref.sdpa_backward(*(a.astype(np.float64) for a in (q, k, v, do)), causal)):
+        assert ref.rel_err(a, e) <= ref.TOL["sdpa.bwd"]["f32"]
