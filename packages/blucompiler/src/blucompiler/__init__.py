@@ -12,15 +12,17 @@ from blucompiler.api import CompiledStep
 from blucompiler.trace import CompileError
 
 
-def compile(fn, *, backend: str = "auto", force_eager=(), dump: str | None = None) -> CompiledStep:  # noqa: A001
+def compile(fn, *, backend: str = "auto", force_eager=(), dump: str | None = None,  # noqa: A001
+            cuda_graph: bool = False) -> CompiledStep:
     """Compile ``fn`` (forward + backward + optimizer step on blutensor) into a :class:`CompiledStep`.
 
     ``backend``: "auto" (CUDA for CUDA tensors, else C when a C compiler exists, else NumPy), "c",
     "cuda" or "numpy" (kernels interpreted through the array library). ``force_eager``: op names
     that always run eagerly inside the compiled step. ``dump``: directory for the MLIR after every
-    pass (default: ``$BLU_COMPILER_DUMP``).
+    pass (default: ``$BLU_COMPILER_DUMP``). ``cuda_graph``: on CUDA, replay the whole compiled step as
+    one CUDA graph (see :mod:`blucompiler.cudagraph`; turned off with a reason if capture fails).
     """
-    return CompiledStep(fn, backend=backend, force_eager=force_eager, dump=dump)
+    return CompiledStep(fn, backend=backend, force_eager=force_eager, dump=dump, cuda_graph=cuda_graph)
 
 
 __all__ = ["compile", "CompiledStep", "CompileError", "__version__"]

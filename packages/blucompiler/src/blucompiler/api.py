@@ -49,12 +49,25 @@ def describe_change(old: tuple, new: tuple) -> str:
 class Program_:
     """One traced, optimised and lowered specialisation of the step."""
 
-    def __init__(self, sess: Session, mod, prog, runtime: Runtime, stats: dict, key):
+    def __init__(self, sess: Session, mod, prog, runtime: Runtime, stats: dict, key, cuda_graph: bool = False):
         self.sess, self.mod, self.prog, self.runtime, self.stats, self.key = sess, mod, prog, runtime, stats, key
+        self.graph = None
+        if cuda_graph and runtime.backend == "cuda":
+            from blucompiler.cudagraph import GraphStep
+
+            self.graph = GraphStep(self)
         self.ret_tmpl = sess.ret_tmpl
         self.live = [(k, b[1], tuple(b[1]._data.shape), b[1]._data.dtype)
                      for k, b in enumerate(prog.inputs) if b[0] == "live"]
         self.calls = 0
+
+    def argpos(self, in_vid: int) -> int:
+        """Function-argument position of the graph input node ``in_vid``."""
+        m = getattr(self, "_argpos", None)
+        if m is None:
+            ids = [i for i, n in enumerate(self.sess.tr.g.nodes) if n.op == "input"]
+            m = self._argpos = {vid: k for k, vid in enumerate(ids)}
+        return m[in_vid]
 
     def live_ok(self) -> str | None:
         for k, t, shape, dt in self.live:
@@ -80,16 +93,24 @@ class Program_:
                 inputs.append(what)
             else:
                 inputs.append(host[what[0]][what[1]])
-        outs = rt.run(inputs)
+        outs = None
+        if self.graph is not None and rt.compiled:
+            for k, (kind, _) in enumerate(prog.inputs):
+                if kind == "host":  # read by pointer in graph mode
+                    inputs[k] = rt.xp.asarray(np.asarray(inputs[k]))
+            outs = self.graph.run(inputs, flat, host)
         xp = rt.xp
+        if outs is None:
+            outs = rt.run(inputs)
+            for val, (kind, what) in zip(outs, prog.sinks):
+                if kind == "write":
+                    live = inputs[self.argpos(what)]
+                    if val is not live:
+                        xp.copyto(live, val)
         rets = []
         for val, (kind, what) in zip(outs, prog.sinks):
             if kind == "ret":
                 rets.append(val)
-            elif kind == "write":
-                live = inputs[_argpos(prog, what, self)]
-                if val is not live:
-                    xp.copyto(live, val)
             elif kind == "grad":
                 what.grad = T._from_data(val, what.dtype, what.device)
         for t in prog.nograd:
@@ -100,21 +121,12 @@ class Program_:
         return fill(self.ret_tmpl, rets)
 
 
-def _argpos(prog, in_vid, p) -> int:
-    """Function-argument position of the input node ``in_vid`` (cached on the program)."""
-    m = getattr(p, "_argpos", None)
-    if m is None:
-        nodes = p.sess.tr.g.nodes
-        ids = [i for i, n in enumerate(nodes) if n.op == "input"]
-        m = p._argpos = {vid: k for k, vid in enumerate(ids)}
-    return m[in_vid]
-
-
 class CompiledStep:
     """The callable ``compile`` returns; ``.report()`` says what happened."""
 
-    def __init__(self, fn, backend: str = "auto", force_eager=(), dump: str | None = None):
+    def __init__(self, fn, backend: str = "auto", force_eager=(), dump: str | None = None, cuda_graph: bool = False):
         self.fn, self.backend, self.force_eager, self.dump = fn, backend, tuple(force_eager), dump
+        self.cuda_graph = cuda_graph
         self.cache: dict = {}
         self.eager_reasons: dict = {}
         self.retraces: list[str] = []
@@ -173,8 +185,9 @@ class CompiledStep:
         self.trace_seconds.append(time.perf_counter() - t)
         mod, prog = build_module(sess.tr.g)
         stats = run_pipeline(mod, self.dump)
-        rt = Runtime(mod, prog, backend, xp)
-        p = Program_(sess, mod, prog, rt, stats, key)
+        graph = self.cuda_graph and backend == "cuda"
+        rt = Runtime(mod, prog, backend, xp, host_by_value=not graph)
+        p = Program_(sess, mod, prog, rt, stats, key, graph)
         self.cache[key] = p
         self.last = p
         return result

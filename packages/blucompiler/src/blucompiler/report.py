@@ -51,6 +51,7 @@ def build_report(step) -> dict:
         "matmuls_with_epilogue": sum(1 for m in matmuls if m.get("epilogue")),
         "buffer_plan": plan,
         "passes": p.stats,
+        "cuda_graph": p.graph.info() if p.graph is not None else None,
         "calls": p.calls,
     })
     return rep

@@ -110,14 +110,16 @@ class FusedKernel:
 class Runtime:
     """Executable form of one optimised module + Program."""
 
-    def __init__(self, mod, prog: Program, backend: str, xp):
+    def __init__(self, mod, prog: Program, backend: str, xp, host_by_value: bool = True):
         self.prog, self.backend, self.xp = prog, backend, xp
+        self.kept: list | None = None
         fn = step_func(mod)
         block = fn.regions[0].block
         labels = [a.data for a in fn.attributes["blu.inputs"].data]
         self.nargs = len(block.args)
         slot: dict = {a: k for k, a in enumerate(block.args)}
-        host_args = {a for a, lab in zip(block.args, labels) if lab.startswith("host:")}
+        # host scalars are kernel arguments by value, or (CUDA graphs) 0-d device arrays read by pointer
+        host_args = {a for a, lab in zip(block.args, labels) if lab.startswith("host:")} if host_by_value else set()
         self.env0: list = [None] * self.nargs
         consts: dict = {}
         plan = []
@@ -211,8 +213,11 @@ class Runtime:
         return {"kernels": len(self.kernels), "generated": sum(fk.fn is not None for fk in self.kernels)}
 
     # ---- run ----
-    def run(self, inputs: list) -> list:
+    def run(self, inputs: list, keep: bool = False) -> list:
+        """Execute once; ``keep``: hold every intermediate (graph capture: nothing freed or reused)."""
         env = list(self.env0)
+        if keep:
+            self.kept = env
         env[: self.nargs] = inputs
         xp = self.xp
         compiled = self.compiled
@@ -229,8 +234,9 @@ class Runtime:
                     env[s] = r
             else:
                 env[outs[0]] = f(*args)
-            for s in frees:
-                env[s] = None
+            if not keep:
+                for s in frees:
+                    env[s] = None
         return [env[s] for s in self.ret]
 
     def _launch(self, f: FusedKernel, args, env):
