@@ -97,7 +97,9 @@ def test_gpu_split_k_matches_float64(precision, splits):
         alpha=0.5,
         beta=0.5,
     )
-    cfg = configs.configs_for(configs.VARIANT_OF_PRECISION[precision], 90)[-1].name
+    from blublas import loader
+
+    cfg = configs.configs_for(configs.VARIANT_OF_PRECISION[precision], loader.compute_capability())[-1].name
     assert check_case(case, cp, config=cfg, splits=splits) <= case.tol, case.describe()
 
 
@@ -181,3 +183,26 @@ def test_gpu_gemm_inside_cuda_graph_capture(provider):
 
     ref = gelu_tanh(a.get().astype(np.float64) @ w.get().T.astype(np.float64) + bias.get())
     assert np.max(np.abs(out.get() - ref)) / np.max(np.abs(ref)) < 5e-3
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("precision", ["bf16", "tf32"])
+def test_gpu_wgmma_variants_on_sm90(layout, precision):
+    """The sm_90a wgmma kernels (forced by config name) against float64; TF32 wgmma exists for NT only."""
+    cp = _cupy()
+    from blublas import configs, loader
+
+    if loader.compute_capability() != 90:
+        pytest.skip("wgmma kernels need sm_90")
+    variant = "wgmma" if precision == "bf16" else "wgmma_tf32"
+    rng = np.random.default_rng(29)
+    for cfg in configs.configs_for(variant, 90):
+        if layout not in cfg.layouts:
+            continue
+        for shape in ((7, 5, 3), (257, 129, 200), (300, 270, 129)):
+            case = make_case(
+                rng, *shape, layout=layout, precision=precision, bias="f32", epilogue="gelu", save_preact=True, beta=0.5
+            )
+            assert check_case(case, cp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
+        case = make_case(rng, 96, 300, 1500, layout=layout, precision=precision)
+        assert check_case(case, cp, config=cfg.name, splits=3) <= case.tol, (cfg.name, case.describe())
