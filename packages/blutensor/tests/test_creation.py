@@ -141,3 +141,14 @@ def test_cuda_unavailable_error():
 def test_repr(device):
     s = repr(bt.tensor([1.0, 2.0], device=device, requires_grad=True))
     assert s.startswith("tensor([1., 2.]") and "requires_grad=True" in s
+
+
+def test_numpy_interop_and_format(device):
+    t = bt.tensor([[1.0, 2.0]], device=device)
+    np.testing.assert_array_equal(np.asarray(t), [[1.0, 2.0]])
+    assert np.asarray(t, dtype=np.float64).dtype == np.float64
+    s = bt.stack([bt.tensor(1.5, device=device), bt.tensor(2.5, device=device)])
+    np.testing.assert_array_equal(host(s), [1.5, 2.5])
+    assert f"{bt.tensor(0.123456, device=device):.3f}" == "0.123"
+    out = np.float32(2.0) * t  # NumPy scalars defer to Tensor's operators
+    assert isinstance(out, bt.Tensor) and out.dtype is bt.float32

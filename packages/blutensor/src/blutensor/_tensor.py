@@ -156,6 +156,19 @@ class Tensor:
     def __hash__(self) -> int:
         return id(self)
 
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.4f}"`` formats a one-element tensor's value; otherwise the repr."""
+        if spec and self.numel() == 1:
+            return format(self.item(), spec)
+        return format(repr(self), spec)
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)``: the values on the host (shared memory for CPU tensors, like numpy())."""
+        a = self.numpy()
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a
+
     # ---- conversion ----
     def numpy(self) -> np.ndarray:
         """The values as a NumPy array (a copy for CUDA tensors; shares memory on CPU)."""
