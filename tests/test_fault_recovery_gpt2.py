@@ -97,7 +97,7 @@ def test_kill_rank_is_bit_exact(tmp_path, reference):
     """(1) SIGKILL rank 1 at step 7: RANK_DEAD, gang restart from step 6, bit-identical outcome."""
     p = orchestrate(tmp_path, fault=[{"kind": "kill", "rank": 1, "step": 7}])
     inc = check_ok(p, tmp_path, reference, "RANK_DEAD")
-    assert inc[0]["rank"] == 1
+    assert inc[0]["rank"] == 1 and "killed by signal 9 (SIGKILL)" in inc[0]["message"]
     ends = [e for e in events(tmp_path) if e["event"] == "attempt_end"]
     assert ends[1]["resume_step"] == 6
 

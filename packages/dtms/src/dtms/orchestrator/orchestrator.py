@@ -370,8 +370,8 @@ class Orchestrator:
                 if att.faults:
                     continue
                 r = dead[0]
-                inc = Incident(FaultClass.RANK_DEAD, f"rank {r} (pid {att.pids[r]}) died without reporting "
-                               f"({_exit_hint(log_dir)})", r, attempt, att.hb[r].get("step"))
+                inc = Incident(FaultClass.RANK_DEAD, f"rank {r} (pid {att.pids[r]}) died without reporting",
+                               r, attempt, att.hb[r].get("step"), details={"exit": "pending"})
                 break
             inc = self._hang(att, now, t0)
             if inc is not None:
@@ -382,6 +382,10 @@ class Orchestrator:
                 self.say(f"collected stacks of ranks {sorted(stacks)} into {self.run_dir / 'stacks'}")
                 break
         outcome = self._teardown(proc, att)
+        if inc is not None and inc.details.get("exit") == "pending":  # the launcher has named the exit now
+            inc.details["exit"] = _exit_hint(log_dir)
+            inc.message += f" ({inc.details['exit']})"
+        self._release(store, attempt)
         statuses = [d.get("status") for d in att.done.values()]
         if inc is None and len(att.done) == cfg.nproc_per_node and all(x == "ok" for x in statuses):
             return "ok", None, att
@@ -407,6 +411,11 @@ class Orchestrator:
         inc.attempt = attempt
         self.incident(inc)
         return "fault", inc, att
+
+    def _release(self, store: TCPStore, attempt: int) -> None:
+        """Drop the attempt's keys from the store (the next attempt uses a new key prefix anyway)."""
+        for k in store.local_items(key_prefix(self.state.run_id, attempt)):  # type: ignore[union-attr]
+            store.delete(k)
 
     def _teardown(self, proc: subprocess.Popen, att: _Attempt) -> str:
         """Stop every rank and the launcher; free the attempt's store keys. Returns how the launcher ended."""

@@ -58,6 +58,7 @@ class WorkerAgent:
         self._extra: dict[str, Any] = {}
         self.preempt_requested = False
         self._stop = threading.Event()
+        self._wake = threading.Event()  # step_done wakes the heartbeat thread (at most ~10 beats/interval)
         self._thread: threading.Thread | None = None
         self._stack_fh = None
         self._telemetry_every = telemetry_every
@@ -114,15 +115,21 @@ class WorkerAgent:
 
     def _loop(self) -> None:
         n = 1
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._beat(n)
             except Exception:  # orchestrator busy or gone: keep trying, it may come back
                 pass
             n += 1
+            self._stop.wait(self.interval / 10)  # rate limit: fast steps do not flood the store
 
     def stop_heartbeat(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(2 * self.interval + 1.0)
 
@@ -133,6 +140,7 @@ class WorkerAgent:
             self.step = int(step)
             self._phase = "train"
             self._extra.update({k: float(v) for k, v in metrics.items()})
+        self._wake.set()  # progress reaches the orchestrator now, not one interval later
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
