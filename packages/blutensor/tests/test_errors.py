@@ -113,3 +113,12 @@ def test_inplace_errors(device):
 def test_unknown_dtype():
     with pytest.raises(TypeError, match="unknown dtype 'float8'"):
         bt.zeros(2, dtype="float8")
+
+
+def test_mean_var_need_floating_point(device):
+    with pytest.raises(bt.DTypeError,
+                       match=r"mean: needs a floating-point tensor, got Tensor\(shape=\(3,\), dtype=int64"):
+        bt.arange(3, device=device).mean()
+    with pytest.raises(bt.DTypeError, match="var"):
+        bt.arange(3, device=device).var()
+    assert bt.where(bt.arange(3, device=device) > 0, 1.0, 0.0).dtype is bt.float32

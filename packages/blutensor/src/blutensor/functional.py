@@ -156,7 +156,15 @@ def sum(a, dim=None, keepdim=False, dtype=None):  # noqa: A001
     return apply("sum", a, dim=dim, keepdim=keepdim)
 
 
+def _floating(a, op: str) -> None:
+    if not a.dtype.is_floating_point:
+        from blutensor.errors import DTypeError
+
+        raise DTypeError(f"{op}: needs a floating-point tensor, got {a._desc()} (convert with .float())")
+
+
 def mean(a, dim=None, keepdim=False):
+    _floating(a, "mean")
     return apply("mean", a, dim=dim, keepdim=keepdim)
 
 
@@ -192,6 +200,7 @@ def argmin(a, dim=None, keepdim=False):
 def var(a, dim=None, keepdim=False, correction=1, unbiased=None):
     if unbiased is not None:
         correction = 1 if unbiased else 0
+    _floating(a, "var")
     return apply("var", a, dim=dim, keepdim=keepdim, correction=correction)
 
 

@@ -309,7 +309,7 @@ def where_forward(ctx, cond, a, b):
     elif not hasattr(b, "dtype") and hasattr(a, "dtype"):
         b = xp.asarray(b, dtype=a.dtype)
     ctx.saved = (cond, shape_of(a), shape_of(b))
-    return xp.where(cond, a, b)
+    return _promote(xp.where(cond, a, b), a, b)
 
 
 def where_backward(ctx, g):
