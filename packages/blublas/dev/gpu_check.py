@@ -159,6 +159,10 @@ def correctness(cp) -> None:
             run_check("heuristic_aligned", case, cp)
     RESULT["timings"]["correctness_s"] = round(time.time() - t, 1)
     log(f"correctness done ({time.time() - t:.1f}s)")
+    from blublas import launch
+
+    RESULT["wgmma_auto_self_test"] = {"|".join(map(str, k)): v for k, v in launch._probe_results.items()}
+    log(f"wgmma auto self-test results: {RESULT['wgmma_auto_self_test']}")
     if cc == 90:
         wgmma_checks(cp, rng)
 

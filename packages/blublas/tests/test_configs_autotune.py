@@ -142,9 +142,13 @@ def test_all_candidates_failing_is_an_error(tmp_path):
 
 
 def test_wgmma_only_on_sm90_and_only_when_enabled(monkeypatch):
-    monkeypatch.delenv("BLUBLAS_WGMMA", raising=False)
+    monkeypatch.setenv("BLUBLAS_WGMMA", "0")
     assert configs.variants_for("bf16", 90) == ["bf16"]
+    monkeypatch.delenv("BLUBLAS_WGMMA")
+    assert configs.wgmma_mode() == "auto"  # considered, used once the on-device self-test passed
+    assert configs.variants_for("bf16", 90) == ["bf16", "wgmma"]
     monkeypatch.setenv("BLUBLAS_WGMMA", "1")
+    assert configs.wgmma_mode() == "on"
     assert configs.variants_for("bf16", 90) == ["bf16", "wgmma"]
     assert configs.variants_for("bf16", 100) == ["bf16"]  # sm_90a code does not run on sm_100
     assert configs.variants_for("tf32", 90) == ["tf32", "wgmma_tf32"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import fake_cupy
 import numpy as np
 import pytest
-from blublas import cublas, loader
+from blublas import cublas, launch, loader
 from blublas.reference import f32_to_bf16_bits
 from blublas.testing import to_f64
 
@@ -36,6 +36,7 @@ def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
     for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
         monkeypatch.setattr(loader, name, {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
+    monkeypatch.setattr(launch, "_probe_results", {})
     monkeypatch.setattr(cublas, "_matmul", _fake_matmul)
     monkeypatch.setattr(cublas, "_state", lambda dev: None)
     monkeypatch.setattr(cublas, "load_library", lambda: None)
@@ -56,5 +57,6 @@ def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
     unexpected = [f for f in res["failures"] if not (f["check"] == "capture" and "cublas" in f.get("case", ""))]
     assert unexpected == [], unexpected[:3]
     assert res["wgmma_validated"] is True
+    assert res["wgmma_auto_self_test"] and all(res["wgmma_auto_self_test"].values())
     assert {r["precision"] for r in res["bench"] if "ratio" in r} == {"fp32", "tf32", "bf16"}
     assert set(res["bench_summary"]) == {"fp32", "tf32", "bf16"}

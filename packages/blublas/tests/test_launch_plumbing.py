@@ -8,7 +8,7 @@ import sys
 import fake_cupy
 import numpy as np
 import pytest
-from blublas import GemmError, configs, loader
+from blublas import GemmError, configs, launch, loader
 from blublas.testing import check_case, make_case
 
 
@@ -20,6 +20,8 @@ def fcp(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "_functions", {})
     monkeypatch.setattr(loader, "_smem_set", {})
     monkeypatch.setattr(loader, "_workspaces", {})
+    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
+    monkeypatch.setattr(launch, "_probe_results", {})
     fake_cupy.LAUNCHES.clear()
     return fake_cupy
 
@@ -212,3 +214,36 @@ def test_launch_plumbing_wgmma(fcp, monkeypatch, tmp_path, layout):
     assert check_case(case, fcp) <= case.tol
     want = "blu_gemm_wgmma_tf32_" if layout == "nt" else "blu_gemm_tf32_"
     assert fcp.LAUNCHES[-1]["name"].startswith(want)
+
+
+def test_wgmma_auto_mode_self_tests_once_and_falls_back_on_failure(fcp, monkeypatch):
+    """Default BLUBLAS_WGMMA=auto: the wgmma variant is used after its self-test passed; a failing
+    self-test disables it (with a warning) and the mma.sync kernels serve the call."""
+    import blublas.testing as bt
+
+    monkeypatch.delenv("BLUBLAS_WGMMA", raising=False)
+    rng = np.random.default_rng(7)
+    case = make_case(rng, 512, 512, 256, layout="nn", precision="bf16")
+    assert check_case(case, fcp) <= case.tol
+    assert launch._probe_results == {(0, "wgmma", "nn"): True}
+    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
+
+    monkeypatch.setattr(launch, "_probe_results", {})
+    real = bt.check_case
+    monkeypatch.setattr(
+        bt, "check_case", lambda c, xp, *a, **k: float("inf") if k.get("config") else real(c, xp, *a, **k)
+    )
+    with pytest.warns(UserWarning, match="wgmma kernels disabled for layout nt"):
+        case = make_case(rng, 512, 512, 256, layout="nt", precision="bf16")
+        assert real(case, fcp) <= case.tol
+    assert launch._probe_results == {(0, "wgmma", "nt"): False}
+    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
+
+
+def test_wgmma_off_never_self_tests(fcp, monkeypatch):
+    monkeypatch.setenv("BLUBLAS_WGMMA", "0")
+    rng = np.random.default_rng(8)
+    case = make_case(rng, 512, 512, 256, layout="tn", precision="bf16")
+    assert check_case(case, fcp) <= case.tol
+    assert launch._probe_results == {}
+    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")

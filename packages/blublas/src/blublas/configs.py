@@ -202,9 +202,20 @@ def arch_info(cc: int) -> ArchInfo:
     return ARCHS[max(k for k in ARCHS if k <= cc)]
 
 
+def wgmma_mode() -> str:
+    """BLUBLAS_WGMMA: '1' use the sm_90a wgmma kernels, '0' never, unset/'auto' use them once a quick
+    on-device self-test against float64 has passed (see launch.usable_variants)."""
+    v = os.environ.get("BLUBLAS_WGMMA", "auto").strip().lower()
+    if v in ("1", "on", "true", "yes"):
+        return "on"
+    if v in ("0", "off", "false", "no"):
+        return "off"
+    return "auto"
+
+
 def wgmma_enabled() -> bool:
-    """The sm_90a wgmma kernels (BF16, TF32) are used only when BLUBLAS_WGMMA=1 (until validated on hardware)."""
-    return os.environ.get("BLUBLAS_WGMMA", "0") not in ("", "0", "false", "False")
+    """Whether the wgmma variants may be considered at all (mode 'on' or 'auto')."""
+    return wgmma_mode() != "off"
 
 
 def variants_for(precision: str, cc: int) -> list[str]:
@@ -293,11 +304,18 @@ def candidates(
 
 
 def candidates_for_precision(
-    precision: str, cc: int, m: int, n: int, k: int, batch: int, layout: str | None = None
+    precision: str,
+    cc: int,
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    layout: str | None = None,
+    variants: list[str] | None = None,
 ) -> list:
-    """``candidates`` of every variant serving ``precision`` on ``cc`` (and ``layout``)."""
+    """``candidates`` of every variant serving ``precision`` on ``cc`` (and ``layout``), or of ``variants``."""
     out = []
-    for v in variants_for(precision, cc):
+    for v in variants if variants is not None else variants_for(precision, cc):
         out += candidates(v, cc, m, n, k, batch, layout)
     return out
 
@@ -313,6 +331,7 @@ def choose(
     out_bytes: int = 4,
     precision: str | None = None,
     layout: str | None = None,
+    variants: list[str] | None = None,
 ) -> tuple[TileConfig, int]:
     """Heuristic (config, splits) for a shape: the lowest estimated time among the candidates
     (of ``variant``, or of every variant serving ``precision`` when given)."""
@@ -320,7 +339,7 @@ def choose(
     best = None
     best_split = None
     cands = (
-        candidates_for_precision(precision, cc, m, n, k, batch, layout)
+        candidates_for_precision(precision, cc, m, n, k, batch, layout, variants)
         if precision
         else candidates(variant, cc, m, n, k, batch, layout)
     )

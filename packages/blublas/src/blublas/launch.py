@@ -182,6 +182,76 @@ def _find_config(precision: str, variant: str, name: str) -> configs.TileConfig:
     return configs.get_config(variant, name)
 
 
+_probe_results: dict[tuple[int, str, str], bool] = {}
+
+
+def _probe(variant: str, layout: str, precision: str, cc: int) -> bool:
+    """Self-test of an opt-in variant on this device: every config on two small odd/aligned problems with
+    the full epilogue, against float64. Run once per (device, variant, layout); a failure disables it."""
+    import warnings
+
+    import cupy
+    import numpy as np
+
+    from .testing import check_case, make_case
+
+    key = (int(cupy.cuda.Device().id), variant, layout)
+    if key in _probe_results:
+        return _probe_results[key]
+    ok, why = True, ""
+    rng = np.random.default_rng(1234)
+    try:
+        for cfg in configs.configs_for(variant, cc):
+            if layout not in cfg.layouts:
+                continue
+            for shape in ((200, 264, 136), (130, 70, 99)):
+                case = make_case(
+                    rng,
+                    *shape,
+                    layout=layout,
+                    precision=precision,
+                    bias="f32",
+                    epilogue="gelu",
+                    save_preact=True,
+                    beta=0.5,
+                )
+                err = check_case(case, cupy, config=cfg.name, splits=1)
+                if not err <= case.tol:
+                    ok, why = False, f"{cfg.name} {layout} {shape}: error {err:.3g} > {case.tol}"
+                    break
+            if not ok:
+                break
+    except Exception as exc:  # noqa: BLE001 - e.g. no NVRTC for sm_90a: fall back to mma.sync
+        ok, why = False, f"{type(exc).__name__}: {exc}"
+    if not ok:
+        warnings.warn(
+            f"blublas: {variant} kernels disabled for layout {layout} on this device ({why}); "
+            f"using the mma.sync kernels. Set BLUBLAS_WGMMA=0 to skip this self-test.",
+            stacklevel=3,
+        )
+    _probe_results[key] = ok
+    return ok
+
+
+def usable_variants(p: Problem, cc: int, stream: Any) -> list[str]:
+    """Variants that may serve p now: the primary one, plus opt-in sm_90a variants that are forced on
+    (BLUBLAS_WGMMA=1) or passed their self-test (default 'auto'; never self-tested during capture)."""
+    out = []
+    mode = configs.wgmma_mode()
+    for v in configs.variants_for(p.precision, cc):
+        if v == configs.VARIANT_OF_PRECISION[p.precision] or mode == "on":
+            out.append(v)
+            continue
+        if not any(p.layout in c.layouts for c in configs.configs_for(v, cc)):
+            continue
+        known = _probe_results.get((int(p.device_id or 0), v, p.layout))
+        if known is None and not _is_capturing(stream):
+            known = _probe(v, p.layout, p.precision, cc)
+        if known:
+            out.append(v)
+    return out
+
+
 def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: bool | None) -> tuple:
     """(config, splits) for p: forced > cached > tuned (if enabled and not capturing) > heuristic."""
     variant = configs.VARIANT_OF_PRECISION[p.precision]
@@ -206,8 +276,9 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
     key = _at.problem_key(cc, variant, p.layout, p.M, p.N, p.K, p.batch, p.out_tag)
     cache = _at.default_cache()
     hit = cache.get(key)
+    variants = usable_variants(p, cc, stream)
     if hit is not None:
-        for v in configs.variants_for(p.precision, cc):
+        for v in variants:
             if (
                 hit.get("config") in configs.ALL_CONFIGS[v]
                 and p.layout in configs.ALL_CONFIGS[v][hit["config"]].layouts
@@ -218,7 +289,7 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
 
         scratch = cupy.empty_like(p.out)
         pre = cupy.empty_like(p.out) if p.preact is not None else None
-        cands = configs.candidates_for_precision(p.precision, cc, p.M, p.N, p.K, p.batch, p.layout)
+        cands = configs.candidates_for_precision(p.precision, cc, p.M, p.N, p.K, p.batch, p.layout, variants)
 
         def run(c: tuple) -> None:
             launch(p, c[0], c[1], scratch, pre, 0.0)
@@ -242,6 +313,7 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
         out_bytes=2 if p.out_tag == "bf16" else 4,
         precision=p.precision,
         layout=p.layout,
+        variants=variants,
     )
 
 
