@@ -338,6 +338,7 @@ class Orchestrator:
         self.say(f"attempt {attempt}: {cfg.nproc_per_node} rank(s) of {cfg.script} (logs {log_dir})")
         inc: Incident | None = None
         preempt_at: float | None = None
+        signalled: set[int] = set()
         while True:
             time.sleep(0.05)
             self._read(store, att)
@@ -346,8 +347,10 @@ class Orchestrator:
                 preempt_at = now
                 self.say(f"received {signal.Signals(self._signal).name}: asking every rank to checkpoint and "
                          f"leave within {cfg.grace_period:g}s")
-                for pid in att.pids.values():
+            if preempt_at is not None:
+                for pid in set(att.pids.values()) - signalled:  # ranks that show up later are told too
                     _kill(pid, signal.SIGTERM)
+                    signalled.add(pid)
             if proc.poll() is not None:
                 self._read(store, att)
                 break
@@ -387,7 +390,8 @@ class Orchestrator:
             inc.message += f" ({inc.details['exit']})"
         self._release(store, attempt)
         statuses = [d.get("status") for d in att.done.values()]
-        if inc is None and len(att.done) == cfg.nproc_per_node and all(x == "ok" for x in statuses):
+        if inc is None and preempt_at is None and not att.faults and all(x == "ok" for x in statuses) and \
+                (len(att.done) == cfg.nproc_per_node or proc.returncode == 0):
             return "ok", None, att
         if preempt_at is not None or (att.done and all(x == "preempted" for x in statuses)):
             committed = len(att.done) == cfg.nproc_per_node and all(x == "preempted" for x in statuses)
