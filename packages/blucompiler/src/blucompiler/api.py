@@ -60,6 +60,7 @@ class Program_:
         self.live = [(k, b[1], tuple(b[1]._data.shape), b[1]._data.dtype)
                      for k, b in enumerate(prog.inputs) if b[0] == "live"]
         self.calls = 0
+        self.writes = [(j, self.argpos(what)) for j, (kind, what) in enumerate(prog.sinks) if kind == "write"]
 
     def argpos(self, in_vid: int) -> int:
         """Function-argument position of the graph input node ``in_vid``."""
@@ -94,6 +95,7 @@ class Program_:
             else:
                 inputs.append(host[what[0]][what[1]])
         outs = None
+        writes = self.writes
         if self.graph is not None and rt.compiled:
             for k, (kind, _) in enumerate(prog.inputs):
                 if kind == "host":  # read by pointer in graph mode
@@ -102,11 +104,9 @@ class Program_:
         xp = rt.xp
         if outs is None:
             outs = rt.run(inputs)
-            for val, (kind, what) in zip(outs, prog.sinks):
-                if kind == "write":
-                    live = inputs[self.argpos(what)]
-                    if val is not live:
-                        xp.copyto(live, val)
+            for j, k in writes:
+                if outs[j] is not inputs[k]:
+                    xp.copyto(inputs[k], outs[j])
         rets = []
         for val, (kind, what) in zip(outs, prog.sinks):
             if kind == "ret":

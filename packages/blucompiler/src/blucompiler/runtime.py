@@ -55,7 +55,10 @@ class FusedKernel:
                                  attrs_of(o)))
             ref[o.results[0]] = ("v", len(self.kops) - 1)
         self.out_types = [np_type(r.type) for r in op.results]
+        self.out_bytes = [int(np.prod(sh, dtype=np.int64)) * np.dtype(dt).itemsize for sh, dt in self.out_types]
         self.passed = [k for k, i in enumerate(self.inputs) if i.mode != "lit"]
+        self.ptr_mask = [self.inputs[k].mode == "ptr" for k in self.passed]
+        self.byte_layout = None
         self.layout = None  # strides seen in the interpreting run
         self.fn = None
         self.unsupported = None
@@ -87,6 +90,7 @@ class FusedKernel:
         return outs
 
     def layout_of(self, ins) -> tuple:
+        """Element strides of the pointer inputs (None for by-value scalars)."""
         lay = []
         for k, a in zip(self.passed, ins):
             if self.inputs[k].mode == "ptr":
@@ -94,6 +98,10 @@ class FusedKernel:
             else:
                 lay.append(None)
         return tuple(lay)
+
+    def byte_strides_of(self, ins) -> tuple:
+        """The fast-path key: byte strides of every pointer input."""
+        return tuple(a.strides if m else None for m, a in zip(self.ptr_mask, ins))
 
     def spec(self) -> KernelSpec:
         inputs = []
@@ -230,6 +238,7 @@ class Runtime:
                     res = f.interpret(args, xp)
                     if f.layout is None:
                         f.layout = f.layout_of(args)
+                        f.byte_layout = f.byte_strides_of(args)
                 for s, r in zip(outs, res):
                     env[s] = r
             else:
@@ -240,7 +249,7 @@ class Runtime:
         return [env[s] for s in self.ret]
 
     def _launch(self, f: FusedKernel, args, env):
-        if f.layout_of(args) != f.layout:
+        if f.byte_strides_of(args) != f.byte_layout:
             return f.interpret(args, self.xp)  # a layout the kernel was not specialised for
         xp = self.xp
         outs = []
@@ -253,8 +262,7 @@ class Runtime:
                     outs.append(live)
                     continue
             if s >= 0:
-                nb = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-                outs.append(self.slot_arrays[s][:nb].view(dt).reshape(shape))
+                outs.append(self.slot_arrays[s][:f.out_bytes[j]].view(dt).reshape(shape))
             else:
                 outs.append(xp.empty(shape, dtype=dt))
         f.fn(args, outs)

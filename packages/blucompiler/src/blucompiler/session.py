@@ -314,4 +314,8 @@ class Session:
             elif gr is None and self.tr.swapped and t.requires_grad:
                 g.outputs.append((None, ("nograd", t)))
         self.ret_tmpl = ret_tmpl
+        # drop the tracing run's concrete values (a copy of every parameter and state array)
+        tr = self.tr
+        tr.swapped, tr.lifted, tr.host_cache, tr.consts, tr.captured = [], {}, {}, {}, {}
+        tr._keep = []
         return real_result

@@ -27,13 +27,13 @@ def _same(op, v) -> bool:
 
 
 class DropIdentity(RewritePattern):
-    """copy(x), cast(x) to x's type, reshape/broadcast to x's shape, identity transpose -> x
-    (a copy feeding an eager/library kernel stays: such kernels may rely on contiguity)."""
+    """copy(x) read only by elementwise ops (fused kernels read any strides), cast(x) to x's type,
+    reshape/broadcast to x's shape, identity transpose -> x."""
 
     def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
         k = kind(op)
-        if k == "copy" and any(kind(u.operation) in ("eager", "eager_backward") for u in op.results[0].uses):
-            return  # an opaque (library) kernel gets the contiguous copy eager gave it
+        if k == "copy" and not all(kind(u.operation) in ELEMENTWISE for u in op.results[0].uses):
+            return  # GEMMs and library kernels get the contiguous copy eager gave them; returns stay copies
         if k in ("copy", "cast", "reshape", "broadcast") and _same(op, op.operands[0]):
             rewriter.replace(op, [], [op.operands[0]])
         elif k == "transpose" and attrs_of(op)["perm"] == tuple(range(len(attrs_of(op)["perm"]))):
