@@ -191,9 +191,14 @@ def test_backward_without_grad_is_an_error(device):
 
 def test_autograd_grad_function(device):
     x = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
-    (g,) = bt.grad((x * x).sum(), x)
-    np.testing.assert_allclose(host(g), 2 * host(x))
-    assert x.grad is None
+    w = bt.tensor([3.0, 4.0], device=device, requires_grad=True)
+    h = x * w  # an intermediate input
+    loss = (h * h).sum()
+    gx, gh, gu = bt.grad(loss, [x, h, bt.ones(2, device=device, requires_grad=True)])
+    np.testing.assert_allclose(host(gx), 2 * host(h) * host(w))
+    np.testing.assert_allclose(host(gh), 2 * host(h))
+    assert gu is None
+    assert x.grad is None and w.grad is None, "grad() must not accumulate into any leaf"
 
 
 def test_retain_grad_non_leaf(device):

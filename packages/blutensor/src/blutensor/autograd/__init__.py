@@ -7,23 +7,32 @@ from blutensor.autograd.node import AccumulateGrad, Ctx, Node
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False):
-    """Gradients of ``outputs`` w.r.t. ``inputs`` without touching ``.grad`` of other leaves."""
+    """Gradients of ``outputs`` w.r.t. ``inputs`` (leaves or intermediate tensors), returned as a tuple;
+    no tensor's ``.grad`` is touched. An input the outputs do not depend on gets None."""
     from blutensor._tensor import Tensor
 
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
-    saved = [(t, t.grad) for t in inputs]
-    for t in inputs:
-        t.grad = None
     if grad_outputs is None:
         grad_outputs = [None] * len(outputs)
-    try:
-        gs = [Tensor._default_grad(o, g) for o, g in zip(outputs, grad_outputs)]
-        run_backward(outputs, gs, retain_graph=retain_graph)
-        return tuple(t.grad for t in inputs)
-    finally:
-        for t, g in saved:
-            t.grad = g
+    elif isinstance(grad_outputs, Tensor):
+        grad_outputs = [grad_outputs]
+    nodes = []
+    for t in inputs:
+        if not t.requires_grad:
+            from blutensor.errors import AutogradError
+
+            raise AutogradError(f"grad: input {t._desc()} does not require grad")
+        nodes.append(t.grad_fn if t.grad_fn is not None else t._acc_node())
+    capture = dict.fromkeys(nodes)
+    gs = [Tensor._default_grad(o, g) for o, g in zip(outputs, grad_outputs)]
+    run_backward(outputs, gs, retain_graph=retain_graph, capture=capture)
+    out = []
+    for t, n in zip(inputs, nodes):
+        g = capture[n]
+        out.append(None if g is None else Tensor._from_data(g.copy() if g.base is not None else g, t.dtype,
+                                                           t.device))
+    return tuple(out)
 
 
 __all__ = ["AccumulateGrad", "Ctx", "Function", "FunctionCtx", "Node", "enable_grad", "grad", "is_grad_enabled",

@@ -30,8 +30,11 @@ def _dependencies(roots) -> dict:
     return deps
 
 
-def run_backward(tensors, grads, retain_graph: bool = False) -> None:
-    """Backpropagate ``grads`` from ``tensors`` through the recorded graph."""
+def run_backward(tensors, grads, retain_graph: bool = False, capture: dict | None = None) -> None:
+    """Backpropagate ``grads`` from ``tensors`` through the recorded graph.
+
+    ``capture`` ({node: None}, for :func:`blutensor.grad`): store the gradient arriving at each of these
+    nodes in the dict instead of accumulating into any leaf's ``.grad``."""
     from blutensor._tensor import Tensor
 
     roots = []
@@ -60,13 +63,23 @@ def run_backward(tensors, grads, retain_graph: bool = False) -> None:
             done.add(id(node))
             grad = pending.pop(node, None)
             if isinstance(node, AccumulateGrad):
-                _accumulate(node.tensor, grad, Tensor)
+                if capture is None:
+                    _accumulate(node.tensor, grad, Tensor)
+                elif node in capture and grad is not None:
+                    t = node.tensor
+                    for h in t._hooks or ():
+                        r = h(Tensor._from_data(grad, t.dtype, t.device))
+                        if r is not None:
+                            grad = r._data
+                    capture[node] = grad
                 continue
             if node.hooks:
                 for h in node.hooks:
                     r = h(Tensor._wrap_grad(grad, node))
                     if r is not None:
                         grad = r._data
+            if capture is not None and node in capture:
+                capture[node] = grad
             if node.retained is not None:
                 t = node.retained()
                 if t is not None:
