@@ -31,7 +31,8 @@ def expand_source(path: Path, _seen: frozenset[Path] = frozenset()) -> str:
             return ""
         if not inc.is_file():
             raise FileNotFoundError(f"{path.name}: included file {m.group(1)!r} not found in {path.parent}")
-        return f"// ---- begin {m.group(1)}\n{expand_source(inc, _seen | {inc})}\n// ---- end {m.group(1)}\n"
+        body = re.sub(r"^\s*#\s*pragma\s+once\s*$", "", expand_source(inc, _seen | {inc}), flags=re.M)
+        return f"// ---- begin {m.group(1)}\n{body}\n// ---- end {m.group(1)}\n"
 
     return _INCLUDE.sub(repl, text)
 
