@@ -153,3 +153,19 @@ def test_grad_clipping_inside_the_compiled_step():
     for a, b in zip(pe, pc):
         assert maxdiff(a, b) <= 1e-5
     assert f.report()["specialisations"] == 1 and f.report()["eager_steps"] == []
+
+
+def test_kernel_compile_failure_keeps_the_step_correct(monkeypatch, tmp_path):
+    """No working C compiler: the kernels stay interpreted by NumPy and the report says why."""
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("BLU_COMPILER_CACHE", str(tmp_path))
+    cfg = tiny_cfg(n_layer=1)
+    m_e, o_e = make_model(cfg)
+    m_c, o_c = make_model(cfg)
+    eager, comp = train_step(m_e, o_e), blucompiler.compile(train_step(m_c, o_c), backend="c")
+    rng = np.random.default_rng(6)
+    for _ in range(3):
+        x, y = batch(rng)
+        assert eager(x, y).item() == comp(x, y).item()
+    k = comp.report()["kernels"]
+    assert k["generated_kernels"] == 0 and "FileNotFoundError" in k["compile_error"]

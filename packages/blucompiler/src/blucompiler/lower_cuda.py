@@ -73,12 +73,22 @@ def _module(src: str, cc: str):
             tmp = cubin.with_suffix(".tmp")
             tmp.write_bytes(data)
             tmp.replace(cubin)
+    mod = None
     if cubin.exists():
-        mod = cupy.RawModule(path=str(cubin))
-    else:
+        try:
+            mod = cupy.RawModule(path=str(cubin))
+            mod.get_function(_first_kernel(src))  # loads the cubin now, not at the first launch
+        except Exception:  # noqa: BLE001 - an unloadable cubin: let CuPy compile the source
+            mod = None
+    if mod is None:
         mod = cupy.RawModule(code=src, options=("-std=c++17", f"-arch=sm_{cc}"))
     _modules[h] = mod
     return mod
+
+
+def _first_kernel(src: str) -> str:
+    i = src.index("__global__ void ") + len("__global__ void ")
+    return src[i:src.index("(", i)]
 
 
 def compile_cuda(specs: list[KernelSpec]) -> dict:

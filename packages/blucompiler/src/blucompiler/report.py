@@ -46,6 +46,7 @@ def build_report(step) -> dict:
             "library_calls": rt.counts["library"],
             "eager_calls": rt.counts["eager"],
             "not_generated": {fk.name: fk.unsupported for fk in rt.kernels if fk.unsupported},
+            "compile_error": rt.compile_error,
         },
         "matmuls": Counter(m["class"] for m in matmuls),
         "matmuls_with_epilogue": sum(1 for m in matmuls if m.get("epilogue")),

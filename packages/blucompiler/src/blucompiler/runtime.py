@@ -178,6 +178,7 @@ class Runtime:
                 frees[n].append(s)
         self.plan = [(kind, f, ins, outs, tuple(frees[n])) for n, (kind, f, ins, outs) in enumerate(plan)]
         self.compiled = False
+        self.compile_error: str | None = None
         self.slot_arrays: list = []
         self.slot_bytes = _slot_sizes(self.kernels)
         self.launches = self._launches(plan)
@@ -203,16 +204,19 @@ class Runtime:
                 todo.append(fk)
             except Unsupported as e:
                 fk.unsupported = str(e)
-        if self.backend == "c":
-            from blucompiler.lower_c import compile_c
+        fns = {}
+        self.compile_error = None
+        try:
+            if self.backend == "c" and specs:
+                from blucompiler.lower_c import compile_c
 
-            fns = compile_c(specs) if specs else {}
-        elif self.backend == "cuda":
-            from blucompiler.lower_cuda import compile_cuda
+                fns = compile_c(specs)
+            elif self.backend == "cuda" and specs:
+                from blucompiler.lower_cuda import compile_cuda
 
-            fns = compile_cuda(specs) if specs else {}
-        else:
-            fns = {}
+                fns = compile_cuda(specs)
+        except Exception as e:  # noqa: BLE001 - kernels stay interpreted by the array library; reported
+            self.compile_error = f"{type(e).__name__}: {str(e)[:2000]}"
         for fk in todo:
             fk.fn = fns.get(fk.name)
         xp = self.xp
