@@ -135,12 +135,30 @@ class _Device:
         pass
 
 
+class _Event:
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def _elapsed(a, b):
+    return 1.0
+
+
 class cuda:  # noqa: N801
     runtime = _Runtime
     Device = _Device
+    Event = _Event
+    get_elapsed_time = staticmethod(_elapsed)
 
 
 class random:  # noqa: N801
     @staticmethod
     def standard_normal(shape, dtype=float32):
         return _w(_np.random.standard_normal(shape).astype(dtype))
+
+    @staticmethod
+    def randint(lo, hi, n):
+        return _w(_np.random.randint(lo, hi, n))
