@@ -41,24 +41,30 @@ def bf16(x):
     return f32(ref.bf16_round(f32(x)))
 
 
+def ldmatrix32(X, rows, cols, nmat):
+    """ldmatrix.m8n8.x{nmat}.b16 on fp32 data: lane i addresses row (i % 8) of matrix (i // 8), 4 floats at
+    X[rows[i], cols[i]:+4]; lane (g, t) receives fp32 element (g, t) of each matrix -> (32, nmat)."""
+    out = np.zeros((32, nmat), np.float32)
+    for j in range(nmat):
+        M = np.stack([X[rows[8 * j + r], cols[8 * j + r] : cols[8 * j + r] + 4] for r in range(8)])
+        out[:, j] = M[G, T]
+    return out
+
+
 class Tf32:
+    """Fragments loaded the way sdpa_mma.cu does by default (A and K-like B through ldmatrix on b16 pairs)."""
+
     KS, PAD = 8, 4
 
     @staticmethod
     def load_a(X, r0, k0):  # -> (32, 4)
-        return np.stack(
-            [
-                tf32(X[r0 + G, k0 + T]),
-                tf32(X[r0 + G + 8, k0 + T]),
-                tf32(X[r0 + G, k0 + T + 4]),
-                tf32(X[r0 + G + 8, k0 + T + 4]),
-            ],
-            1,
-        )
+        j = LANE >> 3
+        return tf32(ldmatrix32(X, r0 + (j & 1) * 8 + (LANE & 7), k0 + (j >> 1) * 4, 4))
 
     @staticmethod
     def load_bt(X, n0, k0):  # B[k][n] = X[n0 + n][k0 + k] -> (32, 2)
-        return np.stack([tf32(X[n0 + G, k0 + T]), tf32(X[n0 + G, k0 + T + 4])], 1)
+        lane = LANE & 15
+        return tf32(ldmatrix32(X, n0 + (lane & 7), k0 + (lane >> 3) * 4, 2))
 
     @staticmethod
     def load_b(X, k0, n0):  # B[k][n] = X[k0 + k][n0 + n]

@@ -350,8 +350,6 @@ def _sdpa_mma_checks(variant):
     saved = _loader._modules.get(("sdpa_mma.cu", d))
     try:
         for defines in (("-DBLU_NO_LDMATRIX",), ("-DBLU_SYNC_TILES",), ("-DBLU_NO_LDMATRIX", "-DBLU_SYNC_TILES")):
-            if variant == "tf32" and "-DBLU_NO_LDMATRIX" in defines:
-                continue  # tf32 never uses ldmatrix
             print(f"  {variant} attention failed: re-running with {' '.join(defines)}", flush=True)
             _loader._modules[("sdpa_mma.cu", d)] = cp.RawModule(code=src, options=_loader.compile_options(cc) + defines)
             _loader._functions.clear()

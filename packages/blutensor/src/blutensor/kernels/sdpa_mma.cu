@@ -41,6 +41,25 @@ template <typename T> struct Tr;
 template <> struct Tr<float> {
     static constexpr int KS = 8;    // k per mma
     static constexpr int PAD = 4;   // row padding (elements)
+#ifndef BLU_NO_LDMATRIX
+    // ldmatrix on b16 pairs: an 8 x 4 fp32 block is an 8 x 8 b16 matrix, and lane (g, t) receives row g,
+    // b16 cols 2t, 2t+1 = fp32 col t: exactly the tf32 A/B fragment element. Rows are 16-byte aligned.
+    static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        const int lane = 4 * g + t, j = lane >> 3;  // matrices: rows +0/+8 (j & 1), cols +0/+4 (j >> 1)
+        const u32 ad = (u32)__cvta_generic_to_shared(X + (r0 + (j & 1) * 8 + (lane & 7)) * ld + k0 + (j >> 1) * 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(ad));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = to_tf32(__uint_as_float(a[i]));
+    }
+    static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
+        const int lane = (4 * g + t) & 15;
+        const u32 ad = (u32)__cvta_generic_to_shared(X + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(ad));
+        b[0] = to_tf32(__uint_as_float(b[0]));
+        b[1] = to_tf32(__uint_as_float(b[1]));
+    }
+#else
     // A (16 x 8) from row-major X[r][k] at (r0, k0)
     static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
         a[0] = to_tf32(X[(r0 + g) * ld + k0 + t]);
@@ -53,6 +72,7 @@ template <> struct Tr<float> {
         b[0] = to_tf32(X[(n0 + g) * ld + k0 + t]);
         b[1] = to_tf32(X[(n0 + g) * ld + k0 + t + 4]);
     }
+#endif
     // B (8 x 8) with B[k][n] = X[k0 + k][n0 + n]   ("V-like": rows of X are the k index)
     static __device__ __forceinline__ void load_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
         b[0] = to_tf32(X[(k0 + t) * ld + n0 + g]);
