@@ -247,3 +247,53 @@ def test_fifty_async_saves_flat_memory_one_in_flight(tmp_path):
     assert peak[0] == 1
     assert samples[-1] - samples[9] < max(2 * state_bytes, 4 << 20), (samples[9], samples[-1], state_bytes)
     assert ck.good_steps() == [49, 50]
+
+
+TRAINER = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.block_size=32", "model.dropout=0.1",
+           "train.seq_len=32", "train.micro_batch=4", "train.batch_tokens=256", "train.warmup_steps=2",
+           "train.eval_interval=0", "train.checkpoint_interval=4", "train.sample_tokens=0", "train.plot=false",
+           "train.device=cpu", "train.steps=16"]
+
+
+@pytest.mark.slow
+def test_blumodels_trainer_killed_externally_resumes_bit_exact(tmp_path):
+    """blumodels' Trainer (the `blutrain` CLI, one rank) under the orchestrator: its step hooks feed the
+    heartbeats (dtms.hooks), the rank is SIGKILLed from outside after 7 steps, the gang restarts with
+    --resume from the newest good checkpoint and the log and final weights equal an uninterrupted run."""
+    pytest.importorskip("tokenizers")
+    import blumodels.cli
+    from blumodels.data.prepare import prepare
+
+    data = tmp_path / "data"
+    prepare(data, corpus="pydocs", tokenizer="bpe", vocab_size=384, val_fraction=0.1, max_corpus_bytes=120_000)
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--data", str(data), "--quiet", *TRAINER]
+    p = subprocess.run([sys.executable, "-m", "blumodels.cli", *args, "--out", str(ref)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-m", "dtms.orchestrate", "--run-dir", str(run / "orch"), *FAST,
+                             blumodels.cli.__file__, *args, "--out", str(run), "--resume"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log, state = run / "log.jsonl", run / "orch" / "orchestrator_state.json"
+    deadline, pid = time.monotonic() + 120, None
+    while time.monotonic() < deadline and pid is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 7 and state.exists():
+            ranks = json.loads(state.read_text()).get("live", {}).get("ranks", {})
+            pid = int(ranks["0"]) if "0" in ranks else None
+        time.sleep(0.05)
+    assert pid is not None, "the Trainer's step hook never reported a heartbeat"
+    os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    inc = incidents(run / "orch")
+    assert [i["fault"] for i in inc] == ["RANK_DEAD"] and inc[0]["step"] >= 6
+    ref_log = [(r["step"], r["loss"]) for r in map(json.loads, (ref / "log.jsonl").read_text().splitlines())]
+    got_log = [(r["step"], r["loss"]) for r in map(json.loads, log.read_text().splitlines())]
+    assert [s for s, _ in ref_log] == list(range(16)) and got_log == ref_log
+    from blumodels.checkpoint.manager import CheckpointManager
+
+    _, a, ma = CheckpointManager(ref / "checkpoints").latest_good()
+    _, b, mb = CheckpointManager(run / "checkpoints").latest_good()
+    assert ma["step"] == mb["step"] == 16 and a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k

@@ -83,3 +83,25 @@ class MeshStrategy(_Strategy):
 @hookimpl
 def blutrain_register_parallel_strategies() -> list[type]:
     return [DDPStrategy, FSDPStrategy, TensorParallelStrategy, ContextParallelStrategy, MeshStrategy]
+
+
+# --- orchestration (dtms.orchestrator): trainers that call the step/checkpoint hooks report progress
+@hookimpl
+def blutrain_on_step_end(step: int, metrics: dict) -> None:
+    """Under ``dtms.orchestrate``: heartbeat progress (step, loss, tokens/s) of any trainer calling this hook."""
+    from dtms.orchestrator.worker import current_agent
+
+    agent = current_agent()
+    if agent is not None:
+        agent.step_done(step + 1, **{k: v for k, v in metrics.items()
+                                     if k in ("loss", "tokens_per_s") and isinstance(v, int | float)})
+
+
+@hookimpl
+def blutrain_on_checkpoint_saved(path: str, step: int) -> None:
+    """Under ``dtms.orchestrate``: the checkpoint of ``step`` is durable on this rank."""
+    from dtms.orchestrator.worker import current_agent
+
+    agent = current_agent()
+    if agent is not None:
+        agent.checkpoint_committed(step)

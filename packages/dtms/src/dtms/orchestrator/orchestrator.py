@@ -197,7 +197,8 @@ class Orchestrator:
             self.event("attempt_end", outcome=outcome, resume_step=_min(att.resume), reached_step=att.reached,
                        progress=progress)
             if outcome == "ok":
-                return self._finish(st.SUCCEEDED, EXIT_OK, f"all ranks finished at step {att.reached}")
+                return self._finish(st.SUCCEEDED, EXIT_OK, f"all ranks finished at step "
+                                    f"{att.reached if att.reached is not None else s.last_good_step}")
             if outcome == "preempted":
                 s.status, s.exit_code = st.PREEMPTED, EXIT_REQUEUE
                 return self._finish(st.PREEMPTED, EXIT_REQUEUE,
@@ -339,6 +340,7 @@ class Orchestrator:
         inc: Incident | None = None
         preempt_at: float | None = None
         signalled: set[int] = set()
+        first_dead: int | None = None  # the rank seen dead first (the others die in the teardown)
         while True:
             time.sleep(0.05)
             self._read(store, att)
@@ -367,11 +369,17 @@ class Orchestrator:
                 inc = Incident.from_json(f)
                 break
             dead = [r for r, pid in sorted(att.pids.items()) if r not in att.done and not alive(pid)]
-            if dead:
-                time.sleep(0.2)
+            if dead:  # a rank's process is gone without a report: let the launcher say how it ended
+                first_dead = dead[0]
+                try:
+                    proc.wait(2.0)  # blurun ends the gang within ms of a failure; 0 when it simply finished
+                except subprocess.TimeoutExpired:
+                    pass
                 self._read(store, att)
                 if att.faults:
                     continue
+                if proc.poll() is not None:
+                    break  # classified below from the launcher's exit status
                 r = dead[0]
                 inc = Incident(FaultClass.RANK_DEAD, f"rank {r} (pid {att.pids[r]}) died without reporting",
                                r, attempt, att.hb[r].get("step"), details={"exit": "pending"})
@@ -408,10 +416,14 @@ class Orchestrator:
                                f"({_last_line(log_dir)})", None, attempt, None, detected_by="launcher",
                                details={"fatal": True})
             else:
-                dead = [r for r in sorted(att.pids) if r not in att.done]
-                inc = Incident(FaultClass.RANK_DEAD if dead else FaultClass.UNKNOWN,
-                               f"the gang ended with {outcome} ({_exit_hint(log_dir)})",
-                               dead[0] if dead else None, attempt, att.reached, detected_by="launcher")
+                dead = [r for r in sorted(att.pids) if r not in att.done and not alive(att.pids[r])]
+                if first_dead is not None or dead:
+                    r = first_dead if first_dead is not None else dead[0]
+                    inc = Incident(FaultClass.RANK_DEAD, f"rank {r} (pid {att.pids[r]}) died without reporting "
+                                   f"({_exit_hint(log_dir)})", r, attempt, att.hb[r].get("step"))
+                else:
+                    inc = Incident(FaultClass.UNKNOWN, f"the gang ended with {outcome} ({_exit_hint(log_dir)})",
+                                   None, attempt, att.reached, detected_by="launcher")
         inc.attempt = attempt
         self.incident(inc)
         return "fault", inc, att

@@ -35,6 +35,17 @@ ENV_DIR, ENV_HB = "BLUTRAIN_ORCH_DIR", "BLUTRAIN_ORCH_HEARTBEAT"
 NAN_POLICIES = ("stop", "skip", "restart")
 
 
+_current: dict[str, Any] = {"agent": None}
+
+
+def current_agent() -> WorkerAgent | None:
+    """This process's agent, created from the environment on first use (without taking over SIGTERM);
+    None when the process was not started by the orchestrator. Used by the trainer hooks in dtms.hooks."""
+    if _current["agent"] is None and not os.environ.get(ENV_PORT):
+        return None
+    return WorkerAgent.from_env(install_sigterm=False)
+
+
 def key_prefix(run_id: str, attempt: int) -> str:
     """Store key prefix of one attempt: keys of earlier attempts can never be mistaken for live ones."""
     return f"orch/{run_id}/a{attempt}/"
@@ -65,15 +76,19 @@ class WorkerAgent:
         self._finished = False
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> WorkerAgent | None:
-        """The agent of this rank when started by the orchestrator, else None; started already."""
+    def from_env(cls, env: dict[str, str] | None = None, install_sigterm: bool = True) -> WorkerAgent | None:
+        """This rank's agent when started by the orchestrator, else None; started already. One per
+        process: a second call returns the first agent."""
+        if _current["agent"] is not None:
+            return _current["agent"]
         env = os.environ if env is None else env
         if not env.get(ENV_PORT):
             return None
         agent = cls(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), env.get(ENV_ADDR, "127.0.0.1"),
                     int(env[ENV_PORT]), env[ENV_RUN], int(env.get(ENV_ATTEMPT, "0")), env[ENV_DIR],
                     float(env.get(ENV_HB, "0.5")))
-        agent.start()
+        agent.start(install_sigterm)
+        _current["agent"] = agent
         return agent
 
     # ---------------------------------------------------------------- store keys
@@ -84,10 +99,11 @@ class WorkerAgent:
         self._store.set(k, json.dumps(value))
 
     # ---------------------------------------------------------------- lifecycle
-    def start(self) -> None:
-        """Stack dumps on SIGUSR1, the SIGTERM preemption flag, a first heartbeat and the heartbeat thread."""
+    def start(self, install_sigterm: bool = True) -> None:
+        """Stack dumps on SIGUSR1, the SIGTERM preemption flag (unless ``install_sigterm`` is False: a loop
+        that never checks ``should_stop`` keeps SIGTERM's default), a first heartbeat, the heartbeat thread."""
         self._stack_fh = register_dump(stack_file(self.run_dir, self.attempt, self.rank))
-        if threading.current_thread() is threading.main_thread():
+        if install_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self._hb_store = TCPStore(self._addr, self._port, timeout=30.0)
         self._beat()
