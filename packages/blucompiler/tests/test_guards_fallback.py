@@ -159,6 +159,9 @@ def test_kernel_compile_failure_keeps_the_step_correct(monkeypatch, tmp_path):
     """No working C compiler: the kernels stay interpreted by NumPy and the report says why."""
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setenv("BLU_COMPILER_CACHE", str(tmp_path))
+    from blucompiler import lower_c
+
+    monkeypatch.setattr(lower_c, "_loaded", {})  # nothing compiled earlier in this process
     cfg = tiny_cfg(n_layer=1)
     m_e, o_e = make_model(cfg)
     m_c, o_c = make_model(cfg)

@@ -20,7 +20,8 @@ from blucompiler.codegen import Input, KernelSpec, KOp, Unsupported
 from blucompiler.dialect import attrs_of, np_type, op_kind
 from blucompiler.ops_impl import const_value, gemm, run_op
 
-LIB_LAUNCHES = {"setitem": 2, "scatter_add": 2, "reshape": 0, "transpose": 0, "broadcast": 0, "slice": 0,
+LIB_LAUNCHES = {"setitem": 2, "scatter_add": 2, "setitem_inplace": 1, "scatter_add_inplace": 1,
+                "reshape": 0, "transpose": 0, "broadcast": 0, "slice": 0,
                 "extract": 0}
 
 
@@ -176,6 +177,13 @@ class Runtime:
         for s, n in last.items():
             if s not in keep:
                 frees[n].append(s)
+        # a setitem/scatter-add into a fresh `full` buffer read by nothing else writes into it (no copy)
+        made_by = {o: getattr(f, "kind", kind) for kind, f, _, outs in plan for o in outs}
+        for n, (kind, f, ins, outs) in enumerate(plan):
+            k = getattr(f, "kind", "")
+            if k in ("setitem", "scatter_add") and made_by.get(ins[0]) == "full" and last.get(ins[0]) == n \
+                    and ins[0] not in keep and ins.count(ins[0]) == 1:
+                plan[n] = (kind, _inplace_fn(k, f.attrs), ins, outs)
         self.plan = [(kind, f, ins, outs, tuple(frees[n])) for n, (kind, f, ins, outs) in enumerate(plan)]
         self.compiled = False
         self.compile_error: str | None = None
@@ -284,10 +292,10 @@ def _slot_sizes(kernels) -> list[int]:
 
 
 class _Lib:
-    __slots__ = ("kind", "f")
+    __slots__ = ("kind", "f", "attrs")
 
-    def __init__(self, kind, f):
-        self.kind, self.f = kind, f
+    def __init__(self, kind, f, attrs=None):
+        self.kind, self.f, self.attrs = kind, f, attrs
 
     def __call__(self, *a):
         return self.f(*a)
@@ -316,4 +324,20 @@ def _lib_fn(k, a, shape, dt, xp, side):
             return np.asarray(r) if isinstance(r, np.generic) else r
 
         return _Lib(k, ex)
-    return _Lib(k, lambda *args: run_op(k, a, dt, shape, args, xp, side))
+    return _Lib(k, lambda *args: run_op(k, a, dt, shape, args, xp, side), a)
+
+
+def _inplace_fn(k, a):
+    from blucompiler.ops_impl import index_fn, scatter_add
+
+    idx = index_fn(a["index"])
+
+    def setitem(x, v, *arrays):
+        x[idx(arrays)] = v
+        return x
+
+    def scat(x, v, *arrays):
+        scatter_add(x, idx(arrays), v)
+        return x
+
+    return _Lib(k + "_inplace", setitem if k == "setitem" else scat, a)
