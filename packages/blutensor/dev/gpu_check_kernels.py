@@ -419,6 +419,21 @@ def check_plugins():
             RNG.standard_normal((50, 40)).astype(np.float32),
         ),
     }
+    # bad indices raise a clear error (validated on the host outside graph capture), like the generic ops
+    from blutensor.errors import ShapeError
+
+    w = bt.tensor(RNG.standard_normal((50, 8)).astype(np.float32), device="cuda")
+    for name, call in (
+        ("embedding index 50 of 50", lambda: F.embedding(bt.tensor(np.array([3, 50]), device="cuda"), w)),
+        ("cross_entropy target 8 of 8", lambda: F.cross_entropy(w[:2], bt.tensor(np.array([1, 8]), device="cuda"))),
+    ):
+        try:
+            call()
+            record("plugin.bad_index", name, 1.0, 0.0, "no error raised")
+        except ShapeError as e:
+            record("plugin.bad_index", name, 0.0, 0.0, str(e)[:120])
+        except Exception as e:
+            record("plugin.bad_index", name, 1.0, 0.0, f"{type(e).__name__}: {e}"[:200])
     for dtname, dtype, tol in (("f32", None, 1e-4), ("bf16", bt.bfloat16, 4e-2)):
         for name, (fn, *arrays) in cases.items():
             try:

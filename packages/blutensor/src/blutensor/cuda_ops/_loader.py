@@ -131,3 +131,29 @@ def aligned16(*arrays) -> bool:
 def ptr(a):
     """Kernel argument for an optional array: the array itself, or a null pointer."""
     return NULL if a is None else a
+
+
+#: validate index inputs (embedding indices, cross-entropy targets) on the host when the current stream is
+#: not capturing a CUDA graph (one small reduction and a sync); inside a capture bad indices only show as NaN
+VALIDATE_INDICES = True
+
+
+def capturing() -> bool:
+    """True while the current CUDA stream is capturing a graph."""
+    cp = cupy()
+    try:
+        return bool(cp.cuda.get_current_stream().is_capturing())
+    except Exception:  # older CuPy or no stream support: assume not capturing
+        return False
+
+
+def first_bad_index(idx, lo: int, hi: int, allowed=None):
+    """The first element of ``idx`` outside [lo, hi) (and != ``allowed``), or None; syncs with the host."""
+    if not VALIDATE_INDICES or idx.size == 0 or capturing():
+        return None
+    cp = cupy()
+    bad = (idx < lo) | (idx >= hi)
+    if allowed is not None:
+        bad &= idx != allowed
+    pos = int(cp.argmax(bad))
+    return int(idx[pos]) if bool(bad[pos]) else None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import NULL, aligned16, cupy, launch, num_sms, smem_optin, suffix
-from blutensor.errors import AutogradError
+from blutensor.cuda_ops._loader import NULL, aligned16, cupy, first_bad_index, launch, num_sms, smem_optin, suffix
+from blutensor.errors import AutogradError, ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
@@ -163,6 +163,9 @@ class CrossEntropyCuda(Kernel):
         inplace = bool(inplace_grad) and z.flags.c_contiguous and z.data.ptr == logits.data.ptr
         z = cp.ascontiguousarray(z)
         t = cp.ascontiguousarray(target.reshape(-1), dtype=cp.int64)
+        bad = first_bad_index(t, 0, C, allowed=int(ignore_index))
+        if bad is not None:
+            raise ShapeError(f"cross_entropy: target index {bad} out of range for {C} classes")
         loss, grad, _ = cross_entropy_forward(
             z, t, int(ignore_index), reduction, float(label_smoothing), want_grad, inplace
         )

@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, suffix
+from blutensor.cuda_ops._loader import aligned16, cupy, first_bad_index, launch, num_sms, suffix
+from blutensor.errors import ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
@@ -79,6 +80,12 @@ class EmbeddingCuda(Kernel):
             )
         cp = cupy()
         flat = cp.ascontiguousarray(idx.reshape(-1), dtype=cp.int64)
+        bad = first_bad_index(flat, 0, weight.shape[0])
+        if bad is not None:
+            raise ShapeError(
+                f"embedding: index {bad} out of range [0, {weight.shape[0]}) for a weight of shape "
+                f"{tuple(weight.shape)}"
+            )
         out = embedding_forward(flat, cp.ascontiguousarray(weight))
         ctx.saved = (flat, weight.shape)
         return out.reshape(tuple(idx.shape) + (weight.shape[1],))
