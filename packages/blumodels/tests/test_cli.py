@@ -49,7 +49,7 @@ def test_plugins_table_lists_gpt2(capsys):
 def test_presets_listing(capsys):
     assert main(["presets"]) == 0
     text = capsys.readouterr().out
-    assert "gpt2-124m" in text and "124.5M" in text and "tiny" in text
+    assert "gpt2-124m" in text and "124.5M" in text and "tiny" in text and "0.9M" in text
 
 
 def test_config_error_exit_code(tmp_path, capsys):

@@ -1,8 +1,7 @@
 """Top-k sampling: only the k most likely tokens, never padded rows, reproducible, RNG untouched."""
 
-import numpy as np
-
 import blutensor as bt
+import numpy as np
 from blumodels.config import ModelConfig
 from blumodels.gpt2 import build_model
 from blumodels.sampling import generate

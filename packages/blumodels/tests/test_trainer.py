@@ -4,9 +4,8 @@ import json
 
 import numpy as np
 import pytest
-from models_helpers import micro_config, micro_data
-
 from blumodels.trainer import NonFiniteError, Trainer
+from models_helpers import micro_config, micro_data
 
 
 def _losses(out):
