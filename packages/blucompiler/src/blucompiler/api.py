@@ -97,10 +97,14 @@ class Program_:
         outs = None
         writes = self.writes
         if self.graph is not None and rt.compiled:
-            for k, (kind, _) in enumerate(prog.inputs):
-                if kind == "host":  # read by pointer in graph mode
-                    inputs[k] = rt.xp.asarray(np.asarray(inputs[k]))
-            outs = self.graph.run(inputs, flat, host)
+            if self.graph.state == "replay":
+                outs = self.graph.run(inputs, flat, host)
+            if outs is None:
+                for k, (kind, _) in enumerate(prog.inputs):
+                    if kind == "host":  # kernels read host scalars by pointer in graph mode
+                        inputs[k] = rt.xp.asarray(np.asarray(inputs[k]))
+                if self.graph.state != "off":
+                    outs = self.graph.run(inputs, flat, host)
         xp = rt.xp
         if outs is None:
             outs = rt.run(inputs)
