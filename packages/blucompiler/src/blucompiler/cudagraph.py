@@ -61,6 +61,9 @@ class GraphStep:
 
         rt, prog = self.p.runtime, self.p.prog
         ins = list(inputs)
+        for kind, what in prog.sinks:
+            if kind == "grad":
+                what.grad = None  # this call replaces them: their warm-up blocks go back to the pool
         try:
             with cupy.cuda.using_allocator(self.pool.malloc):
                 for k, (kind, what) in enumerate(prog.inputs):
