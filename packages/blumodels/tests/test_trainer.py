@@ -160,3 +160,16 @@ def test_model_vocab_smaller_than_data_is_an_error(tmp_path):
 def test_data_fixture_is_real_text():
     meta = json.loads((micro_data() / "meta.json").read_text())
     assert meta["vocab_size"] == 512 and meta["train_tokens"] > 10_000
+
+
+def test_new_run_in_old_directory_starts_clean(tmp_path):
+    tr = Trainer(micro_config(steps=4, eval_interval=0), tmp_path, quiet=True)
+    tr.fit()
+    tr.close()
+    first = _losses(tmp_path)
+    tr = Trainer(micro_config(steps=2, eval_interval=0), tmp_path, quiet=True)  # no resume: a new run
+    assert tr.step == 0 and not tr.ckpt.list()
+    tr.fit()
+    tr.close()
+    assert _losses(tmp_path) == first[:2]  # same seed, same data: the same first two steps, nothing appended
+    assert [p.name for p in tr.ckpt.list()] == ["step_00000002.rank0.safetensors"]

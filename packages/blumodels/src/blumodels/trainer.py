@@ -132,6 +132,8 @@ class Trainer:
         (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         if resume:
             self.resume()
+        else:
+            self._fresh_start()
 
     # ------------------------------------------------------------------ bookkeeping
     def log(self, msg: str) -> None:
@@ -155,6 +157,16 @@ class Trainer:
         _hook().blutrain_on_checkpoint_loaded(path=str(path), step=self.step)
         self.log(f"[blutrain] resumed from {path} at step {self.step}")
         return True
+
+    def _fresh_start(self) -> None:
+        """A run without --resume owns its directory: drop an earlier run's log and checkpoints."""
+        old = self.ckpt.list()
+        if old or (self.log_path.is_file() and self.log_path.stat().st_size):
+            self.log(f"[blutrain] starting a new run in {self.out}: removing the earlier run's log and "
+                     f"{len(old)} checkpoint(s) (use --resume to continue it instead)")
+        for p in old:
+            p.unlink()
+        self.log_path.write_text("")
 
     def _truncate_log(self, step: int) -> None:
         """Drop log records of steps >= ``step`` (they were run after the checkpoint and are redone)."""
