@@ -271,6 +271,7 @@ def _convert(a, src, dst, xp):
 
 def cast_forward(ctx, a, src=None, dst=None):
     ctx.saved = (src, dst)
+    ctx.out_dtype = dst
     return _convert(a, src, dst, xp_of(a))
 
 
