@@ -21,19 +21,26 @@ from blucompiler.dialect import attrs_of, make_op
 from blucompiler.graph import ELEMENTWISE
 from blucompiler.passes.common import const_of, dtype_of, kind, producer
 
+#: ops whose result is a new contiguous array owned by nobody else (a copy of it is redundant)
+FRESH = set(ELEMENTWISE) - {"copy"} | {"matmul", "reduce", "gather", "take_along_axis", "concat", "stack",
+                                       "setitem", "scatter_add", "full", "iota", "tril", "triu"}
+
 
 def _same(op, v) -> bool:
     return op.results[0].type == v.type
 
 
 class DropIdentity(RewritePattern):
-    """copy(x) read only by elementwise ops (fused kernels read any strides), cast(x) to x's type,
-    reshape/broadcast to x's shape, identity transpose -> x."""
+    """copy(x) when only elementwise ops read it (fused kernels read any strides) or x is a fresh
+    array (a GEMM/reduction/elementwise result), cast(x) to x's type, reshape/broadcast to x's shape,
+    identity transpose -> x."""
 
     def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
         k = kind(op)
         if k == "copy" and not all(kind(u.operation) in ELEMENTWISE for u in op.results[0].uses):
-            return  # GEMMs and library kernels get the contiguous copy eager gave them; returns stay copies
+            p = producer(op.operands[0])
+            if p is None or kind(p) not in FRESH:
+                return  # GEMMs/library kernels get the contiguous copy eager gave them; aliases stay copies
         if k in ("copy", "cast", "reshape", "broadcast") and _same(op, op.operands[0]):
             rewriter.replace(op, [], [op.operands[0]])
         elif k == "transpose" and attrs_of(op)["perm"] == tuple(range(len(attrs_of(op)["perm"]))):
