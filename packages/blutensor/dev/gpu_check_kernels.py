@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -694,9 +695,63 @@ def bench_attention(variant, T, B, H, D, causal):
     bench_row(f"attention.bwd {variant}", shape, ms, tms, flops=2.5 * flops)
 
 
+CHECKS = (
+    check_layer_norm,
+    check_gelu,
+    check_cross_entropy,
+    check_embedding,
+    check_adamw,
+    check_grad_norm,
+    check_sdpa_f32,
+    check_sdpa_bf16,
+    check_sdpa_tf32,
+    check_plugins,
+)
+BUDGET_S = float(os.environ.get("BLU_BUDGET_S", "220"))  # whole run, all subprocesses
+
+
+def run_memory_benchmarks():
+    bench_copy()
+    for s in ("f32", "bf16"):
+        bench_layer_norm(s)
+        bench_gelu(s)
+        bench_cross_entropy(s)
+    bench_adamw()
+    bench_grad_norm()
+
+
+def run_attention_benchmarks(variant, deadline):
+    """Attention benchmarks of one variant (reported in TFLOP/s) until ``deadline``."""
+    for T, B, H, D in ATTN_CONFIGS:
+        for causal in (False, True):
+            if time.time() > deadline:
+                print(f"time budget reached: skipping the remaining {variant} attention benchmarks", flush=True)
+                return
+            bench_attention(variant, T, B, H, D, causal)
+
+
+GROUPS = {fn.__name__: fn for fn in CHECKS}
+
+
+def run_group(name: str, out_dir: Path, deadline: float) -> None:
+    """Run one group in this process and write its partial results (child side)."""
+    if name == "bench_memory":
+        run_memory_benchmarks()
+    elif name.startswith("bench_attention_"):
+        run_attention_benchmarks(name.rsplit("_", 1)[1], deadline)
+    else:
+        t = time.time()
+        GROUPS[name]()
+        print(f"  [{name}: {time.time() - t:.1f} s]", flush=True)
+    (out_dir / f"part_{name}.json").write_text(json.dumps(RESULTS, default=str))
+
+
 def main() -> int:
     out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if len(sys.argv) > 3 and sys.argv[2] == "--group":  # child process
+        run_group(sys.argv[3], out_dir, float(os.environ.get("BLU_DEADLINE", time.time() + 60)))
+        return 0
     cp = cp_mod()
     props = cp.cuda.runtime.getDeviceProperties(0)
     RESULTS["device"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -708,47 +763,39 @@ def main() -> int:
     except Exception as e:
         RESULTS["torch"] = f"unavailable: {e}"
     print(f"device {RESULTS['device']}, CuPy {cp.__version__}, torch {RESULTS['torch']}", flush=True)
-    if not os.environ.get("BLU_BENCH_ONLY"):
-        for fn in (
-            check_layer_norm,
-            check_gelu,
-            check_cross_entropy,
-            check_embedding,
-            check_adamw,
-            check_grad_norm,
-            check_sdpa_f32,
-            check_sdpa_bf16,
-            check_sdpa_tf32,
-            check_plugins,
-        ):
-            t = time.time()
-            fn()
-            print(f"  [{fn.__name__}: {time.time() - t:.1f} s]", flush=True)
-    n_fail = sum(not c["passed"] for c in RESULTS["checks"])
-    print(
-        f"== checks: {len(RESULTS['checks']) - n_fail} passed, {n_fail} failed, {len(RESULTS['errors'])} errors "
-        f"({time.time() - T0:.0f} s)",
-        flush=True,
-    )
+    # each group runs in its own process: a kernel that faults (sticky CUDA error) cannot take the others down
+    groups = [] if os.environ.get("BLU_BENCH_ONLY") else list(GROUPS)
     if not os.environ.get("BLU_CHECK_ONLY"):
-        bench_copy()
-        for s in ("f32", "bf16"):
-            bench_layer_norm(s)
-            bench_gelu(s)
-            bench_cross_entropy(s)
-        bench_adamw()
-        bench_grad_norm()
-        for variant in ("f32", "tf32", "bf16"):
-            for T, B, H, D in ATTN_CONFIGS:
-                for causal in (False, True):
-                    if time.time() - T0 > 200:
-                        print("time budget reached: skipping the remaining attention benchmarks", flush=True)
-                        break
-                    bench_attention(variant, T, B, H, D, causal)
+        groups += ["bench_memory", "bench_attention_bf16", "bench_attention_tf32", "bench_attention_f32"]
+    deadline = T0 + BUDGET_S
+    for name in groups:
+        left = deadline - time.time()
+        if left < 5:
+            RESULTS["errors"].append(dict(where=name, error=f"{name}: skipped, time budget spent", tb=""))
+            print(f"SKIP {name}: time budget spent", flush=True)
+            continue
+        env = dict(os.environ, BLU_DEADLINE=str(deadline - 3))
+        cmd = [sys.executable, str(Path(__file__).resolve()), str(out_dir), "--group", name]
+        try:
+            rc = subprocess.run(cmd, env=env, timeout=max(10.0, left)).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        part = out_dir / f"part_{name}.json"
+        if part.exists():
+            d = json.loads(part.read_text())
+            for key in ("checks", "bench", "errors"):
+                RESULTS[key] += d.get(key, [])
+            if "copy_bw_GBps" in d:
+                RESULTS["copy_bw_GBps"] = d["copy_bw_GBps"]
+            part.unlink()
+        if rc != 0:
+            msg = f"{name}: child process ended with {rc} (a kernel fault or crash; see the log above)"
+            RESULTS["errors"].append(dict(where=name, error=msg, tb=""))
+            print(f"ERROR {msg}", flush=True)
     fails = [c for c in RESULTS["checks"] if not c["passed"]]
     print(
         f"== summary: {len(RESULTS['checks']) - len(fails)}/{len(RESULTS['checks'])} checks passed, "
-        f"{len(RESULTS['errors'])} errors",
+        f"{len(RESULTS['errors'])} errors ({time.time() - T0:.0f} s)",
         flush=True,
     )
     for c in fails:
