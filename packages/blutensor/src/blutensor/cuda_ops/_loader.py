@@ -155,5 +155,6 @@ def first_bad_index(idx, lo: int, hi: int, allowed=None):
     bad = (idx < lo) | (idx >= hi)
     if allowed is not None:
         bad &= idx != allowed
-    pos = int(cp.argmax(bad))
-    return int(idx[pos]) if bool(bad[pos]) else None
+    if not bool(bad.any()):  # the one host sync on the good path
+        return None
+    return int(idx[int(cp.argmax(bad))])
