@@ -11,7 +11,8 @@ from blucompiler.passes.buffers import BufferPass
 from blucompiler.passes.contraction import ContractionPass
 from blucompiler.passes.cse import CSEPass
 from blucompiler.passes.dce import DCEPass
-from blucompiler.passes.fusion import FuseElementwisePass, FuseReductionPass
+from blucompiler.passes.fuse_elementwise import FuseElementwisePass
+from blucompiler.passes.fuse_reduction import FuseReductionPass
 from blucompiler.passes.layout import LayoutPass
 from blucompiler.passes.simplify import SimplifyPass
 
