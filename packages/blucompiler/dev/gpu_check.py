@@ -212,6 +212,8 @@ RESULTS["total_seconds"] = round(time.time() - T0, 1)
 text = json.dumps(RESULTS, indent=1, default=str)
 (OUT / "blucompiler_gpu.json").write_text(text)
 try:
+    if not RESULTS["sections"].get("env", {}).get("ok"):
+        raise OSError("no GPU: results stay in the output directory only")
     res = Path("benchmarks/results")
     res.mkdir(parents=True, exist_ok=True)
     (res / "blucompiler_h200.json").write_text(text)
