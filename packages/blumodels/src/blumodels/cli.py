@@ -114,7 +114,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     tr = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
     try:
         summary = tr.fit(args.stop_at)
-        if not args.quiet:
+        if not tr.quiet:
             fv, lv = summary["first_val_loss"], summary["last_val_loss"]
             vals = f", val loss {fv:.3f} -> {lv:.3f}" if fv is not None and lv is not None else ""
             print(f"[blutrain] {summary['steps']} steps in {summary['elapsed_s']:.1f}s on {summary['device']}"

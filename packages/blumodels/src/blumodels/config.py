@@ -75,6 +75,7 @@ class TrainConfig:
     precision: str = "fp32"  # "fp32" | "tf32" | "bf16" (matmul precision on CUDA)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     world_size: int = 1
+    fused_adamw: bool = True  # on CUDA: one multi-tensor AdamW launch per step (blutensor's fused path)
     peak_flops: float = 0.0  # per device; 0 = default table (CUDA) or none (CPU: MFU null)
     plot: bool = True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from blutensor.optim.lr_scheduler import warmup_cosine
 
 from blumodels import metrics
 from blumodels.config import ConfigError, RunConfig
+from blumodels.dist import Dist
 from blumodels.gpt2 import GPT2, build_model
 from blumodels.state import restore_training_state, training_state
 
@@ -72,10 +74,12 @@ def fit_vocab(cfg: RunConfig, meta: dict[str, Any]) -> None:
                           f"({dv}, tokenizer {meta.get('tokenizer')})")
 
 
-def make_optimizer(model: GPT2, cfg: RunConfig) -> bt.optim.AdamW:
+def make_optimizer(model: GPT2, cfg: RunConfig, device: str = "cpu") -> bt.optim.AdamW:
+    """AdamW over the decay / no-decay groups; fused (one launch) on CUDA when train.fused_adamw."""
     t = cfg.train
+    fused = bool(t.fused_adamw and device.startswith("cuda"))
     return bt.optim.AdamW(model.param_groups(t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                          weight_decay=t.weight_decay)
+                          weight_decay=t.weight_decay, fused=fused)
 
 
 def lr_at(step: int, cfg: RunConfig) -> float:
@@ -99,37 +103,42 @@ class Trainer:
     def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, quiet: bool = False,
                  progress: bool | None = None):
         self.cfg = cfg.validate()
-        if cfg.train.world_size != 1:
-            raise ConfigError("train.world_size > 1 needs a distributed launcher (dtms); this Trainer runs "
-                              "one process")
+        self.dist = Dist.from_config(cfg.train.world_size)
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.quiet = quiet
+        self.quiet = quiet or not self.dist.is_main
         self.progress = sys.stdout.isatty() if progress is None else progress
-        self.device = resolve_device(cfg.train.device)
+        self.device = self.dist.device(resolve_device(cfg.train.device))
         if self.device.startswith("cuda"):
             bt.set_matmul_precision(cfg.train.precision)
-        self.data_dir = ensure_data(cfg, self.out, self.log)
+        if self.dist.is_main:
+            self.data_dir = ensure_data(cfg, self.out, self.log)
+        self.dist.barrier()
+        self.data_dir = ensure_data(cfg, self.out, self.log)  # the other ranks find it prepared
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
         self.model = build_model(cfg.model, device=self.device, seed=cfg.train.seed)
-        self.optimizer = make_optimizer(self.model, cfg)
+        self.module = self.dist.wrap(self.model)  # DDP when world_size > 1 (averages gradients)
+        self.optimizer = make_optimizer(self.model, cfg, self.device)
         self.params = dict(self.model.named_parameters())
         from blumodels.data.loader import TokenLoader
 
-        t = cfg.train
-        self.train_loader = TokenLoader(self.data_dir, "train", t.micro_batch, t.seq_len, device=self.device)
-        self.val_loader = TokenLoader(self.data_dir, "val", t.micro_batch, t.seq_len, device=self.device)
+        t, r, w = cfg.train, self.dist.rank, self.dist.world
+        self.train_loader = TokenLoader(self.data_dir, "train", t.micro_batch, t.seq_len, rank=r, world_size=w,
+                                        device=self.device)
+        self.val_loader = TokenLoader(self.data_dir, "val", t.micro_batch, t.seq_len, rank=r, world_size=w,
+                                      device=self.device)
         from blumodels.checkpoint.manager import CheckpointManager
 
-        self.ckpt = CheckpointManager(self.out / "checkpoints", keep=t.keep_checkpoints,
+        self.ckpt = CheckpointManager(self.out / "checkpoints", rank=r, keep=t.keep_checkpoints,
                                       async_save=t.async_checkpoint)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.resumed_from: str | None = None
         self.flops_per_token = self.model.flops_per_token(t.seq_len)
         self.peak = metrics.peak_flops(self.device.split(":")[0], t.precision, t.peak_flops)
-        (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        if self.dist.is_main:
+            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         if resume:
             self.resume()
         else:
@@ -147,8 +156,15 @@ class Trainer:
     def resume(self) -> bool:
         """Restore the newest good checkpoint; returns False when there is none."""
         found = self.ckpt.latest_good()
-        if found is None:
-            self.log(f"[blutrain] no checkpoint in {self.out / 'checkpoints'}: starting from step 0")
+        step = int(found[2]["step"]) if found is not None else -1
+        agreed = self.dist.min_int(step, self.device)  # every rank resumes from the same step
+        if agreed != step and agreed >= 0:
+            from blumodels.checkpoint.format import load_checkpoint
+
+            p = self.ckpt.path_for(agreed)
+            found = (p, *load_checkpoint(p))
+        if agreed < 0:
+            self.log(f"[blutrain] no checkpoint in {self.out / 'checkpoints'} (on every rank): starting from step 0")
             return False
         path, tensors, meta = found
         self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
@@ -166,11 +182,12 @@ class Trainer:
                      f"{len(old)} checkpoint(s) (use --resume to continue it instead)")
         for p in old:
             p.unlink()
-        self.log_path.write_text("")
+        if self.dist.is_main:
+            self.log_path.write_text("")
 
     def _truncate_log(self, step: int) -> None:
         """Drop log records of steps >= ``step`` (they were run after the checkpoint and are redone)."""
-        if not self.log_path.is_file():
+        if not self.dist.is_main or not self.log_path.is_file():
             return
         keep = [ln for ln in self.log_path.read_text().splitlines()
                 if ln.strip() and json.loads(ln).get("step", -1) < step]
@@ -196,7 +213,7 @@ class Trainer:
                 _, loss = self.model(x, y)
                 total += float(loss.item())
         self.model.train()
-        return total / n
+        return self.dist.mean([total / n], self.device)[0]
 
     def sample(self, prompt: str | None = None, tokens: int | None = None, seed: int | None = None) -> str:
         from blumodels.data.tokenizer import load_tokenizer
@@ -229,13 +246,16 @@ class Trainer:
         bad = None
         for micro in range(accum):
             x, y = self.train_loader.next_batch()
-            _, loss = self.model(x, y)
-            lv = float(loss.item())
-            loss_sum += lv
-            if not math.isfinite(lv) and bad is None:
-                bad = f"loss (micro-step {micro}: {lv})"
-            (loss if accum == 1 else loss * (1.0 / accum)).backward()
-        loss_val = loss_sum / accum
+            with self.dist.no_sync(self.module, micro < accum - 1):  # DDP: reduce on the last micro-step
+                _, loss = self.module(x, y)
+                lv = float(loss.item())
+                loss_sum += lv
+                if not math.isfinite(lv) and bad is None:
+                    bad = f"loss (micro-step {micro}: {lv})"
+                (loss if accum == 1 else loss * (1.0 / accum)).backward()
+        loss_val = self.dist.mean([loss_sum / accum], self.device)[0]  # over ranks: the global batch's loss
+        if bad is None and not math.isfinite(loss_val):
+            bad = "loss (on another rank)"
         params = list(self.params.values())
         if t.grad_clip > 0:
             gnorm = float(bt.optim.clip_grad_norm_(params, t.grad_clip).item())
@@ -256,11 +276,11 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad()
         dt = time.perf_counter() - t0
-        tokens = accum * t.micro_batch * t.seq_len * t.world_size
+        tokens = accum * t.micro_batch * t.seq_len * t.world_size  # the global batch
         tps = tokens / dt if dt > 0 else 0.0
         rec: dict[str, Any] = {
             "step": s, "loss": loss_val, "lr": lr, "grad_norm": gnorm, "tokens_per_s": tps,
-            "mfu": metrics.mfu(self.flops_per_token, tps, self.peak), "mem_bytes":
+            "mfu": metrics.mfu(self.flops_per_token, tps / self.dist.world, self.peak), "mem_bytes":
             metrics.memory_bytes(self.device.split(":")[0]), "step_ms": dt * 1e3,
             "tokens": (s + 1) * tokens,
         }
@@ -275,7 +295,7 @@ class Trainer:
         hook = _hook()
         t_start = time.perf_counter()
         first_val = last_val = None
-        logf = open(self.log_path, "a")
+        logf = open(self.log_path, "a") if self.dist.is_main else open(os.devnull, "w")
         try:
             while self.step < total:
                 s = self.step
@@ -295,7 +315,8 @@ class Trainer:
                     logf.flush()
                 hook.blutrain_on_step_end(step=s, metrics=rec)
                 self._report(rec, total)
-                if t.sample_interval and t.sample_tokens and self.step % t.sample_interval == 0:
+                if (t.sample_interval and t.sample_tokens and self.step % t.sample_interval == 0
+                        and self.dist.is_main):
                     text = self.sample(seed=t.seed + self.step)
                     self.log(f"[blutrain] sample at step {self.step}:\n{text}")
                 if t.checkpoint_interval and self.step % t.checkpoint_interval == 0 and self.step < total:
@@ -309,7 +330,7 @@ class Trainer:
         self.ckpt.wait()
         elapsed = time.perf_counter() - t_start
         png = None
-        if t.plot and self.log_path.is_file() and self.log_path.stat().st_size:
+        if t.plot and self.dist.is_main and self.log_path.is_file() and self.log_path.stat().st_size:
             from blumodels.plot import plot_losses
 
             m = self.cfg.model
@@ -322,7 +343,8 @@ class Trainer:
                    "last_val_loss": last_val, "final_loss": self.history[-1]["loss"] if self.history else None,
                    "device": self.device, "log": str(self.log_path), "plot": png,
                    "resumed_from": self.resumed_from}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if self.dist.is_main:
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
     def _report(self, rec: dict[str, Any], total: int) -> None:
