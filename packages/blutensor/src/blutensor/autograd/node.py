@@ -13,6 +13,7 @@ class Ctx:
     """Scratch space a kernel's forward fills for its backward (``ctx.saved`` etc.)."""
 
     __slots__ = ("saved", "attrs", "needs", "__dict__")
+    out_dtype = None  # a kernel may name its result's blutensor dtype (cast to bf16: uint16 bits on CUDA)
 
     def __init__(self):
         self.saved = ()

@@ -276,7 +276,7 @@ def _apply(op: str, inputs, attrs):
         out = np.asarray(out)  # NumPy reductions return scalars; a Tensor always holds an array
     # the result's dtype: the op's dtype when the storage matches, else inferred from the array
     odt = out.dtype
-    forced = ctx.__dict__.get("out_dtype")  # a kernel may name its result dtype (cast: bf16 bits on CUDA)
+    forced = ctx.out_dtype  # a kernel may name its result dtype (cast: bf16 bits on CUDA)
     if forced is not None:
         odt = forced
     elif odt is dtype.np and dev.type == "cpu":
