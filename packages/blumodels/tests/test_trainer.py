@@ -47,9 +47,10 @@ def test_log_records_and_artifacts(reference):
     assert s["steps"] == 8 and s["last_val_loss"] < s["first_val_loss"]
 
 
-def test_resume_is_bit_exact(reference, tmp_path):
+@pytest.mark.parametrize("async_save", [False, True])
+def test_resume_is_bit_exact(reference, tmp_path, async_save):
     _, ref_losses, ref_params = reference
-    a = Trainer(_cfg(), tmp_path, quiet=True)
+    a = Trainer(_cfg(async_checkpoint=async_save), tmp_path, quiet=True)
     a.fit(steps=5)  # stops mid-interval; fit saves a final checkpoint at step 5
     a.close()
     del a
@@ -109,6 +110,7 @@ def test_nan_stop_names_step_and_tensor(tmp_path):
     tr.close()
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_nan_loss_stop_names_loss(tmp_path):
     tr = Trainer(micro_config(), tmp_path, quiet=True)
     tr.model.ln_f.weight._data[0] = np.inf
@@ -173,3 +175,16 @@ def test_new_run_in_old_directory_starts_clean(tmp_path):
     tr.close()
     assert _losses(tmp_path) == first[:2]  # same seed, same data: the same first two steps, nothing appended
     assert [p.name for p in tr.ckpt.list()] == ["step_00000002.rank0.safetensors"]
+
+
+def test_progress_bar_only_when_asked(tmp_path, capsys):
+    tr = Trainer(micro_config(steps=2, eval_interval=0), tmp_path / "a", progress=True)
+    tr.fit()
+    tr.close()
+    out = capsys.readouterr().out
+    assert "\r[" in out and "2/2" in out
+    tr = Trainer(micro_config(steps=2, eval_interval=0), tmp_path / "b", progress=False)
+    tr.fit()
+    tr.close()
+    out = capsys.readouterr().out
+    assert "\r" not in out and "step 2/2 loss" in out
