@@ -202,3 +202,125 @@ def test_cuda_graph_replay_matches_eager_on_cuda():
         assert abs(eager(x, y).item() - comp(x, y).item()) <= 1e-4
     g = comp.report()["cuda_graph"]
     assert g["state"] in ("replay", "off") and (g["state"] == "off" or g["replays"] >= 2), g
+
+
+@pytest.mark.parametrize("domain,axes,kind,dtype", [
+    ((4096, 24), (0,), "sum", np.float32),       # bias gradient: many rows, few outputs (32 splits)
+    ((4, 16, 24), (0,), "sum", np.float32),      # batch sum of a broadcast: few rows (one phase)
+    ((3, 5, 7, 9), (0, 1), "mean", np.float32),  # two leading axes
+    ((300, 33), (0,), "max", np.float32),
+    ((257, 5), (0,), "sum", np.bool_),
+])
+def test_cuda_column_reduction_logic_emulated_in_c(domain, axes, kind, dtype):
+    """The CUDA column reduction's per-thread code and combination order, run serially in C."""
+    from blucompiler.codegen import cols_plan
+
+    dt = np.dtype(dtype)
+    out_dt = np.dtype(np.int64) if dt == np.bool_ else dt
+    nd = len(domain)
+    x = Input("ptr", dt, domain, tuple(int(np.prod(domain[d + 1:])) for d in range(nd)))
+    b = Input("ptr", np.dtype(np.float32), domain[1:], tuple(int(np.prod(domain[d + 2:])) for d in range(nd - 1)))
+    ops = [KOp("reduce", [("in", 0)], out_dt, {"kind": kind, "axes": axes, "keepdims": False})]
+    inputs = [x]
+    if dt == np.float32:  # with an elementwise prologue reading a broadcast operand
+        ops = [KOp("mul", [("in", 0), ("in", 1)], dt)] + [KOp("reduce", [("v", 0)], out_dt, ops[0].attrs)]
+        inputs = [x, b]
+    spec = KernelSpec(f"cols_{kind}_{len(domain)}_{domain[0]}", "reduce", domain, inputs, ops, [("v", len(ops) - 1)],
+                      [out_dt])
+    assert cols_plan(spec) is not None
+    src = emit(spec, "c_cols")
+    import ctypes
+    import hashlib
+    import subprocess
+
+    from blucompiler import lower_c
+
+    d = lower_c.cache_dir()
+    h = hashlib.sha256(src.encode()).hexdigest()[:16]
+    c, so = d / f"cols_{h}.c", d / f"cols_{h}.so"
+    c.write_text(translation_unit([src], "c"))
+    subprocess.run(["cc", "-O1", "-std=c11", "-shared", "-fPIC", "-o", str(so), str(c), "-lm"], check=True)
+    f = getattr(ctypes.CDLL(str(so)), spec.name)
+    rng = np.random.default_rng(0)
+    xa = (rng.random(domain) > 0.5) if dt == np.bool_ else rng.standard_normal(domain).astype(dt)
+    ba = rng.standard_normal(domain[1:]).astype(np.float32)
+    out = np.empty(tuple(domain[len(axes):]), out_dt)
+    args = [xa.ctypes.data] + ([ba.ctypes.data] if len(inputs) == 2 else []) + [out.ctypes.data]
+    f.argtypes = [ctypes.c_void_p] * len(args)
+    f(*args)
+    v = xa * ba if len(inputs) == 2 else xa
+    want = {"sum": lambda a: a.sum(axes), "mean": lambda a: a.mean(axes), "max": lambda a: a.max(axes)}[kind](v)
+    np.testing.assert_allclose(out.astype(np.float64), np.asarray(want, np.float64), rtol=2e-5, atol=1e-5)
+
+
+def test_cuda_column_reductions_compile_with_nvrtc():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from blucompiler.codegen import cols_plan
+    from blucompiler.lower_cuda import _nvrtc_cubin
+
+    f32 = np.dtype(np.float32)
+    specs = []
+    for n, dom in (("big", (4096, 768)), ("small", (4, 1024, 768))):
+        s = KernelSpec(f"colsum_{n}", "reduce", dom, [Input("ptr", f32, dom, tuple(int(np.prod(dom[d + 1:]))
+                                                                                  for d in range(len(dom))))],
+                       [KOp("reduce", [("in", 0)], f32, {"kind": "sum", "axes": (0,), "keepdims": False})],
+                       [("v", 0)], [f32])
+        specs.append(s)
+    assert cols_plan(specs[0])[0] == 32 and cols_plan(specs[1])[0] == 1
+    src = translation_unit([emit(s, "cuda") for s in specs], "cuda")
+    assert "void colsum_big_fin(" in src and "void colsum_small_fin(" not in src
+    try:
+        assert _nvrtc_cubin(src, "cols.cu", "90") is not None
+    except OSError as e:
+        pytest.skip(str(e))
+
+
+def test_cuda_launchers_pass_as_many_arguments_as_the_kernels_declare(monkeypatch):
+    """CPU twin of a launch: argument counts of every launcher against the generated signatures."""
+    import re
+    import sys
+    import types
+
+    from blucompiler import lower_cuda
+    from blucompiler.codegen import cols_plan
+
+    fake = types.SimpleNamespace(empty=lambda n, dtype: np.empty(n, dtype))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    f32 = np.dtype(np.float32)
+
+    def nparams(src, name):
+        sig = re.search(rf"void {name}\((.*?)\)", src, re.S).group(1)
+        return len([p for p in sig.split(",") if p.strip()])
+
+    dom = (4096, 64)
+    full = (64, 1)
+    specs = [
+        KernelSpec("ew", "elementwise", dom, [Input("ptr", f32, dom, full), Input("val", f32),
+                                              Input("lit", f32, (), (), 2.0, False)],
+                   [KOp("mul", [("in", 0), ("in", 1)], f32), KOp("add", [("v", 0), ("in", 2)], f32)],
+                   [("v", 1), ("v", 0)], [f32, f32]),
+        KernelSpec("rows", "reduce", dom, [Input("ptr", f32, dom, full), Input("val", f32)],
+                   [KOp("mul", [("in", 0), ("in", 1)], f32),
+                    KOp("reduce", [("v", 0)], f32, {"kind": "sum", "axes": (1,), "keepdims": True})], [("v", 1)], [f32]),
+        KernelSpec("cols", "reduce", dom, [Input("ptr", f32, dom, full), Input("val", f32)],
+                   [KOp("mul", [("in", 0), ("in", 1)], f32),
+                    KOp("reduce", [("v", 0)], f32, {"kind": "sum", "axes": (0,), "keepdims": False})], [("v", 1)], [f32]),
+    ]
+    for s in specs:
+        src = emit(s, "cuda")
+        calls = []
+
+        def fn(grid, block, args, _calls=calls):
+            _calls.append(args)
+
+        n_in = sum(i.mode != "lit" for i in s.inputs)
+        ins = [np.zeros(dom, np.float32), np.float32(1.0)][:n_in]
+        outs = [np.zeros(1, np.float32) for _ in s.out_dtypes]
+        plan = cols_plan(s)
+        if plan is None:
+            lower_cuda._launcher(fn, s)(ins, outs)
+            assert len(calls[0]) == nparams(src, s.name)
+        else:
+            lower_cuda._cols_launcher(fn, fn, s, plan)(ins, outs)
+            assert len(calls) == 2
+            assert len(calls[0]) == nparams(src, s.name) and len(calls[1]) == nparams(src, s.name + "_fin")

@@ -218,9 +218,29 @@ def _body(spec: KernelSpec, coord: list[str], linear: str | None, target: str, i
     return lines, ref
 
 
+def cols_plan(spec: KernelSpec):
+    """(splits, chunk) when a reduction runs as a CUDA column reduction (reduced axes leading, kept
+    axes trailing: consecutive outputs are consecutive in memory), else None."""
+    if spec.kind != "reduce":
+        return None
+    axes = tuple(spec.ops[-1].attrs["axes"])
+    if axes != tuple(range(len(axes))) or len(axes) >= len(spec.domain):
+        return None
+    nred = int(np.prod([spec.domain[d] for d in axes], dtype=np.int64))
+    splits = int(min(64, max(1, -(-nred // 128))))
+    chunk = -(-nred // splits)
+    return splits, int(chunk)
+
+
 def emit(spec: KernelSpec, target: str) -> str:
-    """Source of one kernel (``target`` "c" or "cuda")."""
-    ext = "c" if target == "c" else "cu"
+    """Source of one kernel (``target`` "c", "cuda", or "c_cols": the C emulation of the CUDA
+    column reduction, for tests)."""
+    ext = "c" if target in ("c", "c_cols") else "cu"
+    if target == "c_cols":
+        target = "c"
+        cols_emulation = True
+    else:
+        cols_emulation = False
     params = []
     for k, inp in enumerate(spec.inputs):
         t = ctype(inp.dtype)
@@ -279,10 +299,23 @@ def emit(spec: KernelSpec, target: str) -> str:
     else:
         raise Unsupported(f"reduction {rk}")
     body = "\n".join(lines)
-    return template(f"reduce.{ext}.tpl").format(
-        name=spec.name, domain="x".join(map(str, spec.domain)), kind=rk, axes=list(axes), params=", ".join(params),
-        nout=nout, nred=nred, acc_t=acc_t, init=init, coords=kc + rc, body=body, combine=combine,
-        combine_other=combine_o, finalize=finalize)
+    fields = dict(name=spec.name, domain="x".join(map(str, spec.domain)), kind=rk, axes=list(axes),
+                  params=", ".join(params), nout=nout, nred=nred, acc_t=acc_t, init=init, coords=kc + rc, body=body,
+                  combine=combine, combine_other=combine_o, finalize=finalize, out_t=out_t)
+    plan = cols_plan(spec)
+    if plan is not None and (ext == "cu" or cols_emulation):
+        splits, chunk = plan
+        fields.update(splits=splits, chunk=chunk)
+        if cols_emulation:
+            return template("reduce_cols.c.tpl").format(**fields)
+        if splits == 1:
+            fields.update(part_param="", store=f"out0[o] = {finalize};", fin="")
+        else:
+            fields.update(part_param=f", {acc_t}* __restrict__ part",
+                          store=f"part[(long long)blockIdx.y * {nout}LL + o] = acc;",
+                          fin=template("reduce_cols_fin.cu.tpl").format(**fields))
+        return template("reduce_cols.cu.tpl").format(**fields)
+    return template(f"reduce.{ext}.tpl").format(**fields)
 
 
 def translation_unit(sources: list[str], target: str) -> str:

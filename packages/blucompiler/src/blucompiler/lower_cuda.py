@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from blucompiler.codegen import KernelSpec, emit, translation_unit
+from blucompiler.codegen import KernelSpec, cols_plan, ctype, emit, translation_unit
 from blucompiler.lower_c import cache_dir
 
 CHUNK = 24
@@ -101,8 +101,59 @@ def compile_cuda(specs: list[KernelSpec]) -> dict:
     out = {}
     for ch, mod in zip(chunks, mods):
         for s in ch:
-            out[s.name] = _launcher(mod.get_function(s.name), s)
+            plan = cols_plan(s)
+            if plan is not None:
+                fin = mod.get_function(s.name + "_fin") if plan[0] > 1 else None
+                out[s.name] = _cols_launcher(mod.get_function(s.name), fin, s, plan)
+            else:
+                out[s.name] = _launcher(mod.get_function(s.name), s)
     return out
+
+
+_ACC_NP = {"double": np.float64, "float": np.float32, "blu_i64": np.int64, "blu_i32": np.int32}
+
+
+def _cols_launcher(fn, fin, spec: KernelSpec, plan):
+    """Two-phase column reduction: partials per row chunk, then a fixed-order combine."""
+    import cupy
+
+    splits, _ = plan
+    red = spec.ops[-1]
+    nred = int(np.prod([spec.domain[d] for d in red.attrs["axes"]], dtype=np.int64))
+    nout = int(np.prod(spec.domain, dtype=np.int64)) // max(nred, 1)
+    src = cupy_src_dtype(spec)
+    acc = _ACC_NP[_acc_ctype(red, src)]
+    grid, block = ((nout + 31) // 32, splits), (32, 8)
+    fgrid = (max(1, min((nout + 255) // 256, 1 << 16)),)
+    modes = [i for i in spec.inputs if i.mode != "lit"]
+    conv = [np.dtype(i.dtype).type if i.mode == "val" else None for i in modes]
+
+    def call(ins, outs):
+        args = tuple(c(a) if c is not None else a for c, a in zip(conv, ins))
+        if fin is None:
+            fn(grid, block, args + tuple(outs))
+            return
+        part = cupy.empty(splits * nout, dtype=acc)
+        fn(grid, block, args + tuple(outs) + (part,))  # phase 1 signature: inputs, out0 (unused), part
+        fin(fgrid, (256,), (part, outs[0]))
+
+    return call
+
+
+def cupy_src_dtype(spec: KernelSpec):
+    red = spec.ops[-1]
+    a = red.args[0]
+    return spec.inputs[a[1]].dtype if a[0] == "in" else spec.ops[a[1]].dtype
+
+
+def _acc_ctype(red, src_dt) -> str:
+    """The accumulator C type codegen picks for reduction ``red`` (kept in step with codegen.emit)."""
+    k = red.attrs["kind"]
+    if k in ("sum", "mean"):
+        return "double" if np.dtype(red.dtype).kind == "f" else "blu_i64"
+    if np.dtype(src_dt).kind == "b":
+        return "blu_i32"
+    return ctype(src_dt)
 
 
 def _launcher(fn, spec: KernelSpec):
