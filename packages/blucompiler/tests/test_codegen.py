@@ -301,10 +301,12 @@ def test_cuda_launchers_pass_as_many_arguments_as_the_kernels_declare(monkeypatc
                    [("v", 1), ("v", 0)], [f32, f32]),
         KernelSpec("rows", "reduce", dom, [Input("ptr", f32, dom, full), Input("val", f32)],
                    [KOp("mul", [("in", 0), ("in", 1)], f32),
-                    KOp("reduce", [("v", 0)], f32, {"kind": "sum", "axes": (1,), "keepdims": True})], [("v", 1)], [f32]),
+                    KOp("reduce", [("v", 0)], f32, {"kind": "sum", "axes": (1,), "keepdims": True})],
+                   [("v", 1)], [f32]),
         KernelSpec("cols", "reduce", dom, [Input("ptr", f32, dom, full), Input("val", f32)],
                    [KOp("mul", [("in", 0), ("in", 1)], f32),
-                    KOp("reduce", [("v", 0)], f32, {"kind": "sum", "axes": (0,), "keepdims": False})], [("v", 1)], [f32]),
+                    KOp("reduce", [("v", 0)], f32, {"kind": "sum", "axes": (0,), "keepdims": False})],
+                   [("v", 1)], [f32]),
     ]
     for s in specs:
         src = emit(s, "cuda")
