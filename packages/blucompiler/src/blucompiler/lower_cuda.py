@@ -82,6 +82,7 @@ def _module(src: str, cc: str):
             mod = None
     if mod is None:
         mod = cupy.RawModule(code=src, options=("-std=c++17", f"-arch=sm_{cc}"))
+        mod.get_function(_first_kernel(src))  # compile here (in the worker thread), not at the first launch
     _modules[h] = mod
     return mod
 
