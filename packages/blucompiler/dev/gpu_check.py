@@ -185,7 +185,7 @@ def _cfg124():
 
 @section("gpt2_124m_B4_T1024")
 def _b4():
-    r = bench(_cfg124(), 4, 1024, 10)
+    r = bench(_cfg124(), 4, 1024, 8)
     r["target_speedup"] = 1.10
     r["meets_target"] = r["speedup"] >= 1.10 and r["launches_compiled"] < r["launches_eager"]
     return r
@@ -193,9 +193,9 @@ def _b4():
 
 @section("gpt2_124m_B16_T1024")
 def _b16():
-    if time.time() - T0 > 120:
-        return {"skipped": "time budget (over 120 s used before this section)"}
-    r = bench(_cfg124(), 16, 1024, 6)
+    if time.time() - T0 > 110:
+        return {"skipped": "time budget (over 110 s used before this section)"}
+    r = bench(_cfg124(), 16, 1024, 4)
     r["target_speedup"] = 1.0
     r["meets_target"] = r["speedup"] >= 1.0 and r["launches_compiled"] < r["launches_eager"]
     return r
@@ -203,9 +203,9 @@ def _b16():
 
 @section("gpt2_124m_B4_T1024_cuda_graph")
 def _b4g():
-    if time.time() - T0 > 150:
-        return {"skipped": "time budget (over 150 s used before this section)"}
-    return bench(_cfg124(), 4, 1024, 10, cuda_graph=True)
+    if time.time() - T0 > 130:
+        return {"skipped": "time budget (over 130 s used before this section)"}
+    return bench(_cfg124(), 4, 1024, 6, cuda_graph=True)
 
 
 RESULTS["total_seconds"] = round(time.time() - T0, 1)
