@@ -311,9 +311,12 @@ def _lib_fn(k, a, shape, dt, xp, side):
         return _Lib(k, lambda x: xp.broadcast_to(x, shape))
     if k == "matmul":
         ta, tb = a.get("ta", False), a.get("tb", False)
+        # routing by the contraction pass: GEMMs to the GEMM provider, matrix-vector shapes to the
+        # array library's matmul (cuBLAS gemv through CuPy on the GPU)
+        mat = gemm if a.get("provider", "gemm") == "gemm" or xp is np else xp.matmul
 
         def mm(x, y):
-            return gemm(x.swapaxes(-1, -2) if ta else x, y.swapaxes(-1, -2) if tb else y)
+            return mat(x.swapaxes(-1, -2) if ta else x, y.swapaxes(-1, -2) if tb else y)
 
         return _Lib(k, mm)
     if k == "extract":

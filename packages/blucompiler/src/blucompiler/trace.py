@@ -273,7 +273,8 @@ class Tracer:
             v = getattr(np if isinstance(a.v, np.ndarray) else xp, name)(a.v, *args[1:], **kwargs)
             return self.reshape(a, v.shape)
         if name == "transpose":
-            return args[0].transpose(*(args[1:] or [kwargs.get("axes")] if kwargs.get("axes") else args[1:]))
+            axes = kwargs.get("axes", args[1] if len(args) > 1 else None)
+            return args[0].transpose() if axes is None else args[0].transpose(tuple(axes))
         if name == "swapaxes":
             return args[0].swapaxes(*args[1:])
         if name in ("sum", "mean", "amax", "amin", "max", "min"):
