@@ -237,3 +237,12 @@ def test_blurun_switches_to_orchestrator_mode_on_its_flags():
     assert orchestrator_requested(["--run-dir=r", "train.py", "--x"])
     assert not orchestrator_requested(["--nproc-per-node", "2", "train.py", "--run-dir", "r"])  # script's own
     assert not orchestrator_requested(["train.py"])
+
+
+def test_rank_without_report_classified_by_exit():
+    from dtms.orchestrator.orchestrator import _dead_class
+
+    assert _dead_class("rank 1 failed (killed by signal 9 (SIGKILL)); the other ranks were stopped") \
+        is FaultClass.RANK_DEAD
+    assert _dead_class("rank 0 failed (exit code 1); the other ranks were stopped") is FaultClass.EXCEPTION
+    assert _dead_class("see the launcher log") is FaultClass.RANK_DEAD

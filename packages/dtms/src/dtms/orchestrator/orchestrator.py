@@ -396,6 +396,7 @@ class Orchestrator:
         if inc is not None and inc.details.get("exit") == "pending":  # the launcher has named the exit now
             inc.details["exit"] = _exit_hint(log_dir)
             inc.message += f" ({inc.details['exit']})"
+            inc.fault = _dead_class(inc.details["exit"])
         self._release(store, attempt)
         statuses = [d.get("status") for d in att.done.values()]
         if inc is None and preempt_at is None and not att.faults and all(x == "ok" for x in statuses) and \
@@ -419,8 +420,9 @@ class Orchestrator:
                 dead = [r for r in sorted(att.pids) if r not in att.done and not alive(att.pids[r])]
                 if first_dead is not None or dead:
                     r = first_dead if first_dead is not None else dead[0]
-                    inc = Incident(FaultClass.RANK_DEAD, f"rank {r} (pid {att.pids[r]}) died without reporting "
-                                   f"({_exit_hint(log_dir)})", r, attempt, att.hb[r].get("step"))
+                    hint = _exit_hint(log_dir)
+                    inc = Incident(_dead_class(hint), f"rank {r} (pid {att.pids[r]}) died without reporting "
+                                   f"({hint})", r, attempt, att.hb[r].get("step"), details={"exit": hint})
                 else:
                     inc = Incident(FaultClass.UNKNOWN, f"the gang ended with {outcome} ({_exit_hint(log_dir)})",
                                    None, attempt, att.reached, detected_by="launcher")
@@ -491,6 +493,12 @@ def _pstate(pid: Any) -> str:
 
     s = process_state(int(pid)) if pid else None
     return {"T": "stopped", "Z": "zombie", None: "gone"}.get(s, s or "?")
+
+
+def _dead_class(exit_hint: str) -> FaultClass:
+    """A rank that left without a report: EXCEPTION when it exited with an error code (an uncaught
+    exception in a loop without the agent's guard), RANK_DEAD when a signal killed it."""
+    return FaultClass.EXCEPTION if "failed (exit code" in exit_hint else FaultClass.RANK_DEAD
 
 
 def _last_line(log_dir: Path) -> str:
