@@ -61,6 +61,8 @@ def run_blutrain(a) -> dict:
 
         alloc = bluallocator.install()
     bt.set_matmul_precision(a.precision if a.precision != "bf16" else "fp32")
+    if a.gemm:
+        bt.set_gemm_provider(a.gemm)
     model = build_model(config(a.layers), device="cuda", seed=0)
     groups = model.param_groups(0.1)
     opt = bt.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True if a.fused else None)
@@ -141,13 +143,17 @@ def child(a) -> None:
     print("RESULT " + json.dumps(r), flush=True)
 
 
-RUNS = [  # (name, framework, precision, compile, extra env)
+RUNS = [  # (name, framework, precision, compile, options: env vars, or child flags when the key starts with "-")
     ("torch_eager_fp32", "torch", "fp32", False, {}),
     ("torch_compile_fp32", "torch", "fp32", True, {}),
-    ("blutrain_fp32", "blutrain", "fp32", False, {}),
+    ("blutrain_fp32", "blutrain", "fp32", False, {"--fused": ""}),
+    ("blutrain_fp32_cublas", "blutrain", "fp32", False, {"--fused": "", "--gemm": "cublas"}),
+    ("blutrain_fp32_blublas", "blutrain", "fp32", False, {"--fused": "", "--gemm": "blublas"}),
+    ("blutrain_fp32_xp", "blutrain", "fp32", False, {"--fused": "", "--gemm": "xp"}),
+    ("blutrain_fp32_caching", "blutrain", "fp32", False, {"--fused": "", "--allocator": "caching"}),
     ("torch_eager_tf32", "torch", "tf32", False, {}),
     ("torch_compile_tf32", "torch", "tf32", True, {}),
-    ("blutrain_tf32", "blutrain", "tf32", False, {"CUPY_TF32": "1"}),
+    ("blutrain_tf32", "blutrain", "tf32", False, {"--fused": "", "CUPY_TF32": "1"}),
     ("torch_eager_bf16", "torch", "bf16", False, {}),
 ]
 
@@ -160,20 +166,18 @@ def main() -> None:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--fused", action="store_true")
     p.add_argument("--allocator", default="cupy-default")
+    p.add_argument("--gemm", default="", help="BluTrain GEMM provider (default: the plugin host's choice)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--only", default="")
-    p.add_argument("--extra", default="", help="comma list of extra blutrain runs: caching,fused")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "e2e_gpt2.json"))
     a = p.parse_args()
     if a.child:
         return child(a)
     runs = list(RUNS)
-    for ex in filter(None, a.extra.split(",")):
-        runs.append((f"blutrain_fp32_{ex}", "blutrain", "fp32", False, {"_" + ex: "1"}))
     if a.only:
         runs = [r for r in runs if r[0] in a.only.split(",")]
     results = {}
@@ -182,14 +186,12 @@ def main() -> None:
                "--seq", str(a.seq), "--layers", str(a.layers), "--steps", str(a.steps), "--warmup", str(a.warmup)]
         if comp:
             cmd.append("--compile")
-        if env.get("_caching"):
-            cmd += ["--allocator", "caching"]
-        if env.get("_fused"):
-            cmd.append("--fused")
+        for k, v in env.items():
+            if k.startswith("-"):
+                cmd += [k, v] if v else [k]
         t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **{k: v for k, v in env.items()
-                                                                                          if not k.startswith("_")}},
-                              timeout=900)
+        child_env = {**os.environ, **{k: v for k, v in env.items() if not k.startswith("-")}}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env, timeout=900)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         results[name] = json.loads(line[-1][7:]) if line else {"error": proc.stderr[-3000:]}
         results[name]["wall_s"] = round(time.time() - t0, 1)
