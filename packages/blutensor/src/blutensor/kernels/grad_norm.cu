@@ -28,7 +28,18 @@ blu_grad_norm_partial(const unsigned long long* __restrict__ g_ptr, const int* _
     const float* gf = reinterpret_cast<const float*>(g_ptr[ti]);
     const bf16_t* gb = reinterpret_cast<const bf16_t*>(g_ptr[ti]);
     float s0 = 0.f, s1 = 0.f;
-    long long i = start + threadIdx.x;
+    long long first = start;
+    if (!bf && (g_ptr[ti] & 15ull) == 0 && (start & 3) == 0) {  // fp32: 16-byte loads
+        const long long nvec = (end - start) >> 2;
+        const float4* g4 = reinterpret_cast<const float4*>(gf + start);
+        for (long long j = threadIdx.x; j < nvec; j += blockDim.x) {
+            const float4 a = g4[j];
+            s0 += a.x * a.x + a.y * a.y;
+            s1 += a.z * a.z + a.w * a.w;
+        }
+        first = start + (nvec << 2);
+    }
+    long long i = first + threadIdx.x;
     for (; i + blockDim.x < end; i += 2LL * blockDim.x) {
         float a = bf ? bf2f(gb[i]) : gf[i];
         float b = bf ? bf2f(gb[i + blockDim.x]) : gf[i + blockDim.x];
