@@ -3,6 +3,7 @@ device's own architecture (``-arch=sm_XY``); CuPy is imported lazily, on the fir
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -134,8 +135,9 @@ def ptr(a):
 
 
 #: validate index inputs (embedding indices, cross-entropy targets) on the host when the current stream is
-#: not capturing a CUDA graph (one small reduction and a sync); inside a capture bad indices only show as NaN
-VALIDATE_INDICES = True
+#: not capturing a CUDA graph (one small reduction and a host sync per call, which stalls the launch queue);
+#: BLUTRAIN_VALIDATE_INDICES=0 turns it off (bad indices then show only as NaN rows/losses)
+VALIDATE_INDICES = os.environ.get("BLUTRAIN_VALIDATE_INDICES", "1") not in ("0", "false", "False", "")
 
 
 def capturing() -> bool:
