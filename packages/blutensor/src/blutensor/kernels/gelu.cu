@@ -11,10 +11,16 @@ __device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((unsig
 template <typename T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));  // round to nearest even, one instruction
+    return (bf16_t)h;
+#else
     unsigned int u = __float_as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16_t)(u >> 16);
+#endif
 }
 
 template <typename T> struct VecN { static constexpr int N = 16 / sizeof(T); };
@@ -33,7 +39,13 @@ __device__ __forceinline__ uint4 pack(const float* v, float) {
     return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
 }
 __device__ __forceinline__ unsigned int pack2(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));  // upper half <- b, lower half <- a
+    return r;
+#else
     return (unsigned int)from_f<bf16_t>(a) | ((unsigned int)from_f<bf16_t>(b) << 16);
+#endif
 }
 __device__ __forceinline__ uint4 pack(const float* v, bf16_t) {
     return make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));

@@ -9,10 +9,16 @@ typedef unsigned short bf16_t;
 
 __device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((unsigned int)x) << 16); }
 __device__ __forceinline__ bf16_t f2bf(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));  // round to nearest even, one instruction
+    return (bf16_t)h;
+#else
     unsigned int u = __float_as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16_t)(u >> 16);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(512)

@@ -23,12 +23,26 @@ constexpr int BR = 64;    // rows per block (4 warps x 16)
 
 __device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
 __device__ __forceinline__ u32 f2bf(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));  // round to nearest even, one instruction
+    return (u32)h;
+#else
     u32 u = __float_as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
     u += 0x7fffu + ((u >> 16) & 1u);
     return u >> 16;
+#endif
 }
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) { return f2bf(lo) | (f2bf(hi) << 16); }
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // upper half <- hi, lower <- lo
+    return r;
+#else
+    return f2bf(lo) | (f2bf(hi) << 16);
+#endif
+}
 __device__ __forceinline__ u32 to_tf32(float x) {
     u32 r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
