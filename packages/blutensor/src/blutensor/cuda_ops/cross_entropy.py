@@ -53,11 +53,13 @@ def cross_entropy_forward(
         row_bytes = C * logits.dtype.itemsize
         if USE_SMEM_ROW and grad is not None and vec and row_bytes + 1024 <= smem_optin():
             # the row stays in shared memory between the two passes: logits read once, gradient written once
+            # ~47 registers a thread: one 1024-thread block per SM; bf16 rows (100 KB) fit twice per SM, so
+            # two 512-thread blocks overlap one row's reduction with the other's memory traffic
             launch(
                 FILE,
                 f"blu_cross_entropy_forward_smem_{sfx}",
                 min(N, 2**31 - 1),
-                1024,
+                512 if logits.dtype == np.uint16 else 1024,
                 (
                     logits,
                     target,

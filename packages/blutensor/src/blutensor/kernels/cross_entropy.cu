@@ -105,16 +105,28 @@ __device__ void ce_forward(const T* logits, const long long* __restrict__ target
         int c0 = 0;
         if (vec) {
             const int nv = C / V;
-            for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-                float v[V];
-                load_vec(z + (long long)i * V, v);
-                float vm = v[0];
+            const uint4* z4 = reinterpret_cast<const uint4*>(z);
+            for (int i0 = threadIdx.x; i0 < nv; i0 += 4 * blockDim.x) {
+                uint4 u[4];  // four 16-byte loads in flight before any use
 #pragma unroll
-                for (int k = 1; k < V; ++k) vm = fmaxf(vm, v[k]);
-                float vs = 0.f;
+                for (int j = 0; j < 4; ++j) {
+                    const int i = i0 + j * blockDim.x;
+                    if (i < nv) u[j] = z4[i];
+                }
 #pragma unroll
-                for (int k = 0; k < V; ++k) { vs += __expf(v[k] - vm); zs += v[k]; }
-                ms_merge(m, s, vm, vs);
+                for (int j = 0; j < 4; ++j) {
+                    if (i0 + j * blockDim.x < nv) {
+                        float v[V];
+                        unpack(u[j], v, T());
+                        float vm = v[0];
+#pragma unroll
+                        for (int k = 1; k < V; ++k) vm = fmaxf(vm, v[k]);
+                        float vs = 0.f;
+#pragma unroll
+                        for (int k = 0; k < V; ++k) { vs += __expf(v[k] - vm); zs += v[k]; }
+                        ms_merge(m, s, vm, vs);
+                    }
+                }
             }
             c0 = nv * V;
         }
