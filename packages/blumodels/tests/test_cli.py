@@ -112,3 +112,21 @@ def test_step_end_hook_receives_metrics(tmp_path):
         host.pm.unregister(rec)
     assert [s for s in seen if s[0] != "saved"] == [(r["step"], r["loss"]) for r in tr.history]
     assert ("saved", 2) in seen
+
+
+def test_cpu_runs_use_one_blas_thread_unless_told(monkeypatch):
+    import argparse
+    import sys
+
+    from blumodels.cli import BLAS_THREAD_VARS, limit_cpu_blas_threads
+
+    for v in BLAS_THREAD_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.delitem(sys.modules, "numpy")  # pretend NumPy is not loaded yet (restored afterwards)
+    args = argparse.Namespace(cmd="train", device="cpu")
+    assert limit_cpu_blas_threads(args) and __import__("os").environ["OPENBLAS_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    assert not limit_cpu_blas_threads(args)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    assert not limit_cpu_blas_threads(argparse.Namespace(cmd="plugins"))
+    assert not limit_cpu_blas_threads(argparse.Namespace(cmd="train", device="cuda"))
