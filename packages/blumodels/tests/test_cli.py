@@ -130,3 +130,7 @@ def test_cpu_runs_use_one_blas_thread_unless_told(monkeypatch):
     monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     assert not limit_cpu_blas_threads(argparse.Namespace(cmd="plugins"))
     assert not limit_cpu_blas_threads(argparse.Namespace(cmd="train", device="cuda"))
+    import blutensor as bt
+
+    # --device auto on a machine without a GPU (CuPy installed or not): one thread too
+    assert limit_cpu_blas_threads(argparse.Namespace(cmd="train", device=None)) == (not bt.cuda.is_available())

@@ -228,6 +228,14 @@ COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "e
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def _gpu_visible() -> bool:
+    """Cheap guess (no CuPy/NumPy import) whether `--device auto` will pick a GPU."""
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    gpus = "/proc/driver/nvidia/gpus"
+    return os.path.exists("/dev/nvidia0") or (os.path.isdir(gpus) and bool(os.listdir(gpus)))
+
+
 def limit_cpu_blas_threads(args: argparse.Namespace) -> bool:
     """One BLAS thread for CPU runs unless the user set a thread count (must run before NumPy loads).
 
@@ -239,7 +247,7 @@ def limit_cpu_blas_threads(args: argparse.Namespace) -> bool:
     if any(v in os.environ for v in BLAS_THREAD_VARS):
         return False
     dev = getattr(args, "device", None) or "auto"
-    if dev == "cpu" or (dev == "auto" and importlib.util.find_spec("cupy") is None):
+    if dev == "cpu" or (dev == "auto" and not _gpu_visible()):
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
         return True
     return False
