@@ -134,3 +134,13 @@ def test_cpu_runs_use_one_blas_thread_unless_told(monkeypatch):
 
     # --device auto on a machine without a GPU (CuPy installed or not): one thread too
     assert limit_cpu_blas_threads(argparse.Namespace(cmd="train", device=None)) == (not bt.cuda.is_available())
+
+
+def test_prepare_command(tmp_path, capsys):
+    src = tmp_path / "notes.txt"
+    src.write_text("A small text file about token shards and checkpoints. " * 200)
+    out = tmp_path / "data"
+    assert main(["prepare", "--out", str(out), "--source", str(src), "--tokenizer", "bpe", "--vocab-size", "300",
+                 "--max-bytes", "50000"]) == 0
+    meta = json.loads(capsys.readouterr().out)
+    assert meta["vocab_size"] == 300 and (out / "meta.json").is_file() and meta["train_tokens"] > 0

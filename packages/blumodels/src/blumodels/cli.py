@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--shard-tokens", type=int, default=10_000_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-bytes", type=int, default=0, help="cap on the built-in corpus (0 = all of it)")
 
     p = sub.add_parser("train", help="train a model (prepares the built-in corpus when data is missing)")
     _add_common(p)
@@ -103,7 +104,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     corpus = None if args.corpus in ("none", "") else args.corpus
     meta = prepare(args.out, sources=args.source or None, corpus=corpus, tokenizer=args.tokenizer,
                    vocab_size=args.vocab_size, val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
-                   seed=args.seed)
+                   seed=args.seed, max_corpus_bytes=args.max_bytes or None)
     print(json.dumps(meta, indent=2))
     return 0
 
