@@ -2,7 +2,8 @@
 
     python3 packages/blumodels/dev/gpu_check.py OUT_DIR     (PYTHONPATH with packages/*/src)
 
-1. GPT-2 forward/backward on CUDA equals the CPU (NumPy) result on the same weights (fp32 strict).
+1. GPT-2 forward/backward on CUDA equals the CPU (NumPy) result on the same weights (fp32 strict);
+   blutensor's fused AdamW (the Trainer's default on CUDA) follows the eager AdamW.
 2. gpt2-124m (GPT-2-size vocabulary padded to 50304) trains ~20 steps at B=8, T=1024 on the built-in
    corpus with the Trainer: losses fall, tokens/s, MFU, memory.
 3. Bit-exact resume on the GPU (small config with dropout): uninterrupted vs stop + new Trainer + resume.
@@ -100,6 +101,32 @@ def cuda_vs_cpu():
             "loss_cuda": out["cuda"][0], "loss_abs_err": lerr, "grad_max_rel_err": gerr}
 
 
+@check("fused_vs_eager_adamw")
+def fused_adamw():
+    """The Trainer uses blutensor's fused (multi-tensor) AdamW on CUDA: it must follow the eager one."""
+    cfg = ModelConfig(n_layer=2, n_head=4, d_model=128, block_size=64, vocab_size=1000)
+    rng = np.random.default_rng(1)
+    idx, tgt = rng.integers(0, 1000, (4, 64)), rng.integers(0, 1000, (4, 64))
+    bt.set_matmul_precision("fp32")
+    res = {}
+    for fused in (False, True):
+        m = build_model(cfg, seed=2).to("cuda")
+        groups = m.param_groups(0.1)
+        opt = bt.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=fused)
+        losses = []
+        for _ in range(5):
+            _, loss = m(bt.tensor(idx, dtype=bt.int64, device="cuda"), bt.tensor(tgt, dtype=bt.int64, device="cuda"))
+            loss.backward()
+            bt.optim.clip_grad_norm_(list(m.parameters()), 1.0)
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.item()))
+        res[fused] = (losses, {n: p.to("cpu").numpy() for n, p in m.named_parameters()})
+    perr = max(float(np.abs(res[True][1][n] - res[False][1][n]).max()) for n in res[True][1])
+    lerr = max(abs(a - b) for a, b in zip(res[True][0], res[False][0]))
+    return {"ok": perr < 1e-5 and lerr < 1e-5, "param_max_abs_err": perr, "loss_max_abs_err": lerr}
+
+
 @check("gpt2_124m_train")
 def train_124m(data: Path, work: Path):
     from blumodels.trainer import Trainer
@@ -178,6 +205,7 @@ def main() -> int:
                            "seconds": round(time.perf_counter() - t0, 1)}
         print("data:", RESULTS["data"], flush=True)
         cuda_vs_cpu()
+        fused_adamw()
         train_124m(work / "data", work)
         resume(work / "data", work)
         sampling()
