@@ -142,15 +142,20 @@ def train_124m(data: Path, work: Path):
         "train.precision=tf32", "train.lr=6e-4"])
     tr = Trainer(cfg, work / "run124m", quiet=True)
     t0 = time.perf_counter()
-    s = tr.fit()
+    tr.fit(min(3, steps), save_final=False)  # time the first steps, then keep the whole check within ~90 s of training
+    per = (time.perf_counter() - t0) / min(3, steps)
+    planned = min(steps, max(6, int(90 / max(per, 1e-3))))
+    s = tr.fit(planned)
     wall = time.perf_counter() - t0
     tr.close()
     h = tr.history
     tps = [r["tokens_per_s"] for r in h[3:]] or [h[-1]["tokens_per_s"]]
     return {"ok": all(np.isfinite(r["loss"]) for r in h) and (DRY or h[-1]["loss"] < h[0]["loss"] - 1.0),
-            "params": tr.model.num_params(), "padded_vocab": tr.model.wte.weight.shape[0], "grad_accum": 2,
+            "steps_run": tr.step, "params": tr.model.num_params(), "padded_vocab": tr.model.wte.weight.shape[0],
+            "grad_accum": 2,
             "losses": [round(r["loss"], 4) for r in h], "first_loss": h[0]["loss"], "last_loss": h[-1]["loss"],
-            "val": [s["first_val_loss"], s["last_val_loss"]], "tokens_per_s_median": float(np.median(tps)),
+            "val": [r["val_loss"] for r in h if "val_loss" in r], "summary_last_val": s["last_val_loss"],
+            "tokens_per_s_median": float(np.median(tps)),
             "step_ms_median": float(np.median([r["step_ms"] for r in h[3:] or h])),
             "mfu_median": float(np.median([r["mfu"] for r in h[3:]])) if h[-1]["mfu"] is not None else None,
             "mem_bytes": h[-1]["mem_bytes"], "wall_s": wall, "device": DEV if DRY else bt.cuda.get_device_name()}

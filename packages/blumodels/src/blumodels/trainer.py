@@ -288,8 +288,8 @@ class Trainer:
             rec["skipped"] = True
         return rec
 
-    def fit(self, steps: int | None = None) -> dict[str, Any]:
-        """Train until ``steps`` (default train.steps) steps are done; returns a summary."""
+    def fit(self, steps: int | None = None, save_final: bool = True) -> dict[str, Any]:
+        """Train until ``steps`` (default train.steps) steps are done, checkpoint, return a summary."""
         t = self.cfg.train
         total = steps if steps is not None else t.steps
         hook = _hook()
@@ -325,7 +325,7 @@ class Trainer:
             logf.close()
             if self.progress and not self.quiet:
                 print(flush=True)
-        if self.history:
+        if self.history and save_final:
             self.save_checkpoint()
         self.ckpt.wait()
         elapsed = time.perf_counter() - t_start
