@@ -36,10 +36,12 @@ def blutrain_register_backends():
 
 @hookimpl
 def blutrain_register_kernels():
-    from blutensor.cuda_ops import cupy_installed, kernel_classes
+    from blutensor.cuda_ops import kernel_classes
     from blutensor.ops.table import builtin_kernels
 
-    return builtin_kernels() + (kernel_classes() if cupy_installed() else [])
+    # the CUDA classes import no CuPy and serve only backend 'cuda': registered everywhere, so the
+    # kernel set (and `blutrain plugins`) is the same on a CPU-only install
+    return builtin_kernels() + kernel_classes()
 
 
 @hookimpl
