@@ -1,7 +1,7 @@
 """GEMM provider selection for CUDA matmuls.
 
 Providers register through ``blutrain_register_gemm_providers``; ``BLUTRAIN_GEMM`` or
-:func:`set_gemm_provider` choose one; default order: blublas, cublas, xp (CuPy's matmul). Each
+:func:`set_gemm_provider` choose one; default order: cublas, blublas, xp (CuPy's matmul). Each
 provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays.
 """
 
