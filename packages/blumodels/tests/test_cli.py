@@ -144,3 +144,16 @@ def test_prepare_command(tmp_path, capsys):
                  "--max-bytes", "50000"]) == 0
     meta = json.loads(capsys.readouterr().out)
     assert meta["vocab_size"] == 300 and (out / "meta.json").is_file() and meta["train_tokens"] > 0
+
+
+def test_profile_command_writes_table_trace_and_png(tmp_path, capsys):
+    pytest.importorskip("bluprofiler")
+    out = tmp_path / "prof"
+    assert main(["profile", "--preset", "tiny", "--device", "cpu", "--steps", "1", "--out", str(out),
+                 "--data", str(micro_data()), *MICRO]) == 0
+    text = capsys.readouterr().out
+    assert "linear.forward" in text and "linear.backward" in text
+    trace = json.loads((out / "profile" / "trace.json").read_text())
+    assert any(e.get("name") == "linear.forward" for e in trace["traceEvents"])
+    assert (out / "profile" / "summary.txt").is_file()
+    assert (out / "profile" / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--batches", type=int, default=None, help="validation batches (default train.eval_steps)")
 
+    p = sub.add_parser("profile", help="run a few training steps with bluprofiler on: table, trace, memory PNG")
+    _add_common(p)
+    p.add_argument("--steps", type=int, default=3, help="profiled steps (after --warmup unprofiled ones)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--data", help="prepared data directory (data.dir); default <out>/data")
+    p.add_argument("--no-memory", action="store_true", help="time ops only (no allocation tracking)")
+
     sub.add_parser("plugins", help="list the plugins found through the `blutrain` entry points")
     sub.add_parser("presets", help="list the shipped presets")
     return ap
@@ -107,6 +114,36 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                    seed=args.seed, max_corpus_bytes=args.max_bytes or None)
     print(json.dumps(meta, indent=2))
     return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Profile ``--steps`` training steps of a config; writes OUT/profile/{summary.txt,trace.json,memory.png}."""
+    try:
+        from bluprofiler import profile_steps
+    except ImportError:
+        print("blutrain profile needs bluprofiler: pip install bluprofiler (or blumodels[profile])", file=sys.stderr)
+        return 2
+    from blumodels.trainer import Trainer
+
+    steps = args.steps
+    args.steps = None  # not train.steps: the profiled count
+    cfg = resolve_config(args)
+    out = Path(args.out or "runs/profile")
+    cfg = apply_overrides(cfg, ["train.checkpoint_interval=0", "train.eval_interval=0", "train.plot=false",
+                                "train.sample_tokens=0"])
+    tr = Trainer(cfg, out, quiet=True)
+    try:
+        prof_dir = out / "profile"
+        summary = profile_steps(tr.train_step, steps, prof_dir, warmup=args.warmup, memory=not args.no_memory,
+                                meta={"workload": f"blutrain {args.preset or args.config or 'tiny'}"})
+        table = prof_dir / "summary.txt"
+        if table.is_file():
+            print(table.read_text())
+        print(f"[blutrain] profile of {steps} step(s) written to {prof_dir} "
+              f"(trace.json for Perfetto/chrome://tracing, memory.png, summary.txt)")
+        return 0 if summary is not None else 1
+    finally:
+        tr.close()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -205,6 +242,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    from blutensor.plugin import get_host
+
+    for name, pkg, err in get_host().broken:
+        print(f"BROKEN  {name} (package {pkg}): {err}")
     return 0
 
 
@@ -223,7 +264,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval,
-            "plugins": cmd_plugins, "presets": cmd_presets}
+            "profile": cmd_profile, "plugins": cmd_plugins, "presets": cmd_presets}
 
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
