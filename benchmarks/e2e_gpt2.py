@@ -90,38 +90,13 @@ def run_blutrain(a) -> dict:
 
 
 def run_torch(a) -> dict:
-    import blutensor  # noqa: F401  (weights come from the BluTrain model)
-    import torch
     from blumodels.gpt2 import build_model
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from torch_gpt2 import from_blutrain
 
-    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
-    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from torch_gpt2 import from_blutrain, train_torch
+
     model = from_blutrain(build_model(config(a.layers), device="cpu", seed=0))
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    step_model = torch.compile(model) if a.compile else model
-    losses, times = [], []
-    torch.cuda.reset_peak_memory_stats()
-    for x, y in batches(a.batch, a.seq, a.steps):
-        xi, yi = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-            loss = step_model(xi, yi)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
-    return {"losses": losses, "step_s": times,
-            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30, "torch": torch.__version__}
+    return train_torch(model, batches(a.batch, a.seq, a.steps), 6e-4, a.compile, a.precision)
 
 
 def summarize(r: dict, a) -> dict:

@@ -71,35 +71,12 @@ def blutrain(a) -> dict:
 
 
 def torch_run(a) -> dict:
-    import torch
     from blumodels.gpt2 import build_model
     from e2e_gpt2 import batches
-    from torch_gpt2 import from_blutrain
+    from torch_gpt2 import from_blutrain, train_torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     model = from_blutrain(build_model(cfg(a.layers, a.d, a.heads, a.seq), device="cpu", seed=0))
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    step_model = torch.compile(model) if a.compile else model
-    losses, times = [], []
-    torch.cuda.reset_peak_memory_stats()
-    for x, y in batches(a.batch, a.seq, a.steps):
-        xi, yi = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = step_model(xi, yi)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
-    return {"losses": losses, "step_s": times, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+    return train_torch(model, batches(a.batch, a.seq, a.steps), a.lr, a.compile)
 
 
 CASES = {
@@ -151,7 +128,8 @@ def main() -> None:
         c = dict(CASES[case])
         if case == "c":
             c["layers"] = a.layers_c
-        cmd = [sys.executable, __file__, "--child", fw, *flags] + [x for k, v in c.items() for x in (f"--{k}", str(v))]
+        sizes = [x for k, v in c.items() for x in (f"--{k}", str(v))]
+        cmd = [sys.executable, __file__, "--child", fw, *flags, "--lr", str(a.lr), *sizes]
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

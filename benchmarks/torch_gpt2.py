@@ -61,3 +61,34 @@ def from_blutrain(bt_model, device="cuda") -> TorchGPT2:
         sd[name] = torch.from_numpy(t.numpy().copy())
     m.load_state_dict(sd, strict=True)
     return m.to(device)
+
+
+def train_torch(model: TorchGPT2, batches, lr: float, compile: bool = False, precision: str = "fp32") -> dict:
+    """The reference training loop (AdamW as in Table 1, clip 1.0), timed per step with CUDA syncs;
+    returns per-step losses and times and PyTorch's peak memory."""
+    import time
+
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    step_model = torch.compile(model) if compile else model
+    losses, times = [], []
+    torch.cuda.reset_peak_memory_stats()
+    for x, y in batches:
+        xi, yi = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = step_model(xi, yi)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()))
+    return {"losses": losses, "step_s": times, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30, "torch": torch.__version__}
