@@ -76,6 +76,8 @@ class TrainConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     world_size: int = 1
     fused_adamw: bool = True  # on CUDA: one multi-tensor AdamW launch per step (blutensor's fused path)
+    activation_checkpointing: bool = False  # recompute each block in backward (keeps only block inputs)
+    optimizer_in_backward: bool = False  # step each parameter and free its grad as soon as it is ready
     peak_flops: float = 0.0  # per device; 0 = default table (CUDA) or none (CPU: MFU null)
     plot: bool = True
 
@@ -145,6 +147,22 @@ class RunConfig:
             raise ConfigError(f"train.precision must be 'fp32', 'tf32' or 'bf16', got {t.precision!r}")
         if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
             raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda[:N]', got {t.device!r}")
+        if t.optimizer_in_backward:
+            why = "the optimizer step happens inside every backward, as each gradient becomes ready"
+            if self.grad_accum > 1:
+                raise ConfigError(f"train.optimizer_in_backward is incompatible with gradient accumulation "
+                                  f"(grad_accum = {self.grad_accum}): {why}; set train.batch_tokens to "
+                                  f"micro_batch*seq_len*world_size = {per}")
+            if t.grad_clip > 0:
+                raise ConfigError(f"train.optimizer_in_backward is incompatible with gradient clipping "
+                                  f"(train.grad_clip = {t.grad_clip}): the global norm needs every gradient "
+                                  f"before any step; set train.grad_clip = 0")
+            if t.world_size > 1:
+                raise ConfigError("train.optimizer_in_backward is incompatible with train.world_size > 1: "
+                                  "data-parallel gradients are averaged only after backward")
+            if t.nan_policy == "skip":
+                raise ConfigError("train.optimizer_in_backward cannot honour train.nan_policy = 'skip': "
+                                  f"{why}, so a bad step cannot be dropped; use 'stop'")
         if t.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints must be at least 1, got {t.keep_checkpoints}")
         if t.eval_interval and t.eval_steps <= 0:

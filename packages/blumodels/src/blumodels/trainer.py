@@ -118,8 +118,16 @@ class Trainer:
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
         self.model = build_model(cfg.model, device=self.device, seed=cfg.train.seed)
+        if cfg.train.activation_checkpointing:
+            from blutensor.utils import checkpoint_modules
+
+            checkpoint_modules(self.model, "blocks.*")
         self.module = self.dist.wrap(self.model)  # DDP when world_size > 1 (averages gradients)
         self.optimizer = make_optimizer(self.model, cfg, self.device)
+        if cfg.train.optimizer_in_backward:
+            from blutensor.utils import OptimizerInBackward
+
+            self.optimizer = OptimizerInBackward(self.optimizer)  # config refused accum/clip/DDP/skip
         self.params = dict(self.model.named_parameters())
         from blumodels.data.loader import TokenLoader
 
@@ -257,12 +265,14 @@ class Trainer:
         if bad is None and not math.isfinite(loss_val):
             bad = "loss (on another rank)"
         params = list(self.params.values())
-        if t.grad_clip > 0:
+        if t.optimizer_in_backward:
+            gnorm = None  # every gradient was used and freed during backward
+        elif t.grad_clip > 0:
             gnorm = float(bt.optim.clip_grad_norm_(params, t.grad_clip).item())
         else:
             gnorm = math.sqrt(sum(float((p.grad.detach().to("cpu").numpy().astype(np.float64) ** 2).sum())
                                   for p in params if p.grad is not None))
-        if bad is None and not math.isfinite(gnorm):
+        if bad is None and gnorm is not None and not math.isfinite(gnorm):
             bad = self._nonfinite_grad_name()
         skipped = False
         if bad is not None:
@@ -352,8 +362,9 @@ class Trainer:
             return
         s = rec["step"] + 1
         val = f" val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
+        gn = f"gnorm {rec['grad_norm']:.2f} " if rec["grad_norm"] is not None else ""
         text = (f"step {s:>{len(str(total))}}/{total} loss {rec['loss']:.4f}{val} lr {rec['lr']:.2e} "
-                f"gnorm {rec['grad_norm']:.2f} {rec['tokens_per_s']:,.0f} tok/s")
+                f"{gn}{rec['tokens_per_s']:,.0f} tok/s")
         if self.progress:
             width = 24
             done = int(width * s / total)

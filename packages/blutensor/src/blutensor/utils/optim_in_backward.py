@@ -20,7 +20,6 @@ class OptimizerInBackward:
     def __init__(self, optimizer):
         self.optimizer = optimizer
         self.param_groups = optimizer.param_groups
-        self.state = optimizer.state
         self._groups = {}
         self._handles = []
         self.updates = 0
@@ -28,6 +27,15 @@ class OptimizerInBackward:
             for p in g["params"]:
                 self._groups[id(p)] = g
                 self._handles.append(p.register_post_accumulate_grad_hook(self._ready))
+
+    @property
+    def state(self) -> dict:
+        """The wrapped optimizer's per-parameter state (assignable, e.g. when restoring a checkpoint)."""
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: dict) -> None:
+        self.optimizer.state = value
 
     @no_grad()
     def _ready(self, p) -> None:
@@ -52,7 +60,6 @@ class OptimizerInBackward:
 
     def load_state_dict(self, sd: dict) -> None:
         self.optimizer.load_state_dict(sd)
-        self.state = self.optimizer.state
 
     def remove(self) -> None:
         for h in self._handles:
