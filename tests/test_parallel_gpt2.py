@@ -29,6 +29,9 @@ def check(r, tol):
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= tol * max(1.0, abs(b)), (r["losses"], r["ref_losses"])
     assert r["grad_err_max"] <= tol, r["grad_err_max"]
+    for a, b in zip(r["norms"], r["ref_norms"]):  # global grad norm of the sharded model = single-process norm
+        assert abs(a - b) <= tol * max(1.0, abs(b)), (r["norms"], r["ref_norms"])
+    assert max(r["ref_norms"]) > 0.5  # clipping (max_norm 0.5) changed the updates
 
 
 @pytest.mark.parametrize("W", [2, 4])

@@ -18,6 +18,7 @@ from dtms.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 
 CFG = dict(n_layer=2, n_head=4, d_model=32, block_size=16, vocab_size=61, vocab_multiple=64, dropout=0.0)
 T, STEPS = 16, 10
+CLIP = 0.5  # small enough that clipping really scales the gradients
 
 
 def batch(step, n):
@@ -35,7 +36,7 @@ def to_dtype(model, dtype):
 def reference(dtype, B):
     model = to_dtype(build_model(ModelConfig(**CFG), seed=1), dtype)
     opt = bt.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    losses, grads0 = [], None
+    losses, grads0, norms = [], None, []
     for s in range(STEPS):
         x, y = batch(s, B)
         _, loss = model(bt.tensor(x), bt.tensor(y))
@@ -43,9 +44,10 @@ def reference(dtype, B):
         if s == 0:
             grads0 = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
         losses.append(loss.item())
+        norms.append(float(bt.optim.clip_grad_norm_(model.parameters(), CLIP).item()))
         opt.step()
         opt.zero_grad()
-    return losses, grads0
+    return losses, grads0, norms
 
 
 def main():
@@ -58,14 +60,14 @@ def main():
     rank = dtms.get_rank()
     b = 2  # per-dp-rank batch
     # the reference runs first: context parallelism intercepts every causal attention in the process
-    ref_losses, ref_grads = reference(dtype, dp * b)
+    ref_losses, ref_grads, ref_norms = reference(dtype, dp * b)
     model = to_dtype(build_model(ModelConfig(**CFG), seed=1 + rank), dtype)  # parallelize must broadcast
     names = {id(p): n for n, p in model.named_parameters()}
     par = parallelize(model, ParallelDims(dp=dp, cp=cp, tp=tp), fsdp=(strategy == "fsdp"),
                       async_tp_chunks=chunks, cp_rotator=rotator, seq_len=T)
     m = par.model
     opt = bt.optim.AdamW(m.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    losses, grad_err = [], 0.0
+    losses, grad_err, norms = [], 0.0, []
     for s in range(STEPS):
         x, y = batch(s, dp * b)
         x, y = x[par.mesh.dp_i * b:(par.mesh.dp_i + 1) * b], y[par.mesh.dp_i * b:(par.mesh.dp_i + 1) * b]
@@ -75,9 +77,11 @@ def main():
         if s == 0:
             grad_err = compare_grads(strategy, par, model, names, ref_grads)
         losses.append(par.global_loss(loss.item()))
+        norms.append(par.clip_grad_norm_(CLIP))  # the global norm of the unsharded model, then clipped
         opt.step()
         opt.zero_grad()
-    res = {"losses": losses, "ref_losses": ref_losses, "grad_err": grad_err, "stats": STATS.counts,
+    res = {"losses": losses, "ref_losses": ref_losses, "norms": norms, "ref_norms": ref_norms, "grad_err": grad_err,
+           "stats": STATS.counts,
            "state_bytes": m.state_bytes() if strategy == "fsdp" else None,
            "full_bytes": sum(int(np.prod(g.shape)) for g in ref_grads.values()) * (8 if dtype == "float64" else 4)}
     errs = dtms.get_default_group()

@@ -49,16 +49,48 @@ class Parallelized:
         return float(buf[0])
 
     def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip every gradient by the global L2 norm of the whole (unsharded) model; returns that norm."""
         if self.fsdp:
             return self.model.clip_grad_norm_(max_norm)
-        if self.mesh.dims.tp > 1:
-            raise NotImplementedError("clip_grad_norm_ under tensor parallelism needs sharded norms")
-        return float(bt.optim.clip_grad_norm_(self.model.parameters(), max_norm).item())
+        if self.mesh.dims.tp == 1:
+            return float(bt.optim.clip_grad_norm_(self.model.parameters(), max_norm).item())
+        # tensor parallel: a sharded gradient contributes its square sum from every TP rank, a replicated one
+        # (LayerNorms, row-parallel biases, position embedding) once; after DDP all dp/cp ranks agree
+        sharded = _sharded_param_ids(self.model, self.tp)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        xp = bt.backend.xp_of(grads[0].device)
+        part = xp.zeros(2, dtype=xp.float64)  # [sharded, replicated] square sums
+        for p in self.model.parameters():
+            if p.grad is not None:
+                part[0 if id(p) in sharded else 1] += float((p.grad._data.astype(xp.float64) ** 2).sum())
+        buf = xp.asarray(part[:1])
+        self.mesh.tp.all_reduce(buf, op="sum")
+        norm = float(buf[0] + part[1]) ** 0.5
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g._data *= g._data.dtype.type(coef)
+        return norm
 
     def close(self) -> None:
         for h in (self.tp, self.cp):
             if h is not None:
                 h.close()
+
+
+def _sharded_param_ids(model: Module, tp: TensorParallel | None) -> set[int]:
+    """Parameters that tensor parallelism split across the TP group (column/row linears, vocabulary)."""
+    from dtms.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    ids = set()
+    for m in model.modules():
+        if isinstance(m, ColumnParallelLinear):
+            ids.update(id(p) for p in (m.weight, m.bias) if p is not None)
+        elif isinstance(m, RowParallelLinear):
+            ids.add(id(m.weight))  # its bias is added after the all-reduce: replicated
+    if tp is not None and tp.observer is not None:
+        ids.add(id(tp.observer.weight))
+    return ids
 
 
 def parallelize(model: Module, dims: ParallelDims, *, group: ProcessGroup | None = None, fsdp: bool = False,
