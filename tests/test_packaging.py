@@ -99,3 +99,24 @@ def test_root_is_a_workspace_without_project():
     assert "project" not in root
     assert root["tool"]["hatch"]["envs"]["default"]["workspace"]["members"] == ["packages/*"]
     assert sys.version_info >= (3, 11)
+
+
+@pytest.mark.slow
+def test_blumodels_pulls_blutensor_by_its_range(tmp_path):
+    """`pip install blumodels` from a wheelhouse resolves blutensor through blumodels' declared range."""
+    house = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(house),
+                    str(ROOT / "packages" / "blutensor"), str(ROOT / "packages" / "blumodels")],
+                   check=True, timeout=600)
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = str(env_dir / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--find-links", str(house),
+                    "blumodels"], check=True, timeout=900)
+    out = subprocess.run([py, "-c", "import importlib.metadata as m, blumodels, blutensor; "
+                          "print(m.version('blutensor'), m.requires('blumodels'))"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    version, requires = out.stdout.split(" ", 1)
+    assert version.strip() == "0.1.0"
+    assert "blutensor<0.2,>=0.1" in requires
