@@ -177,7 +177,9 @@ def test_checkpoint_crashing_every_load_stops_with_no_progress_code(tmp_path, re
 def test_sigterm_commits_checkpoint_and_requeues_then_resumes_bit_exact(tmp_path, reference):
     """(8) SIGTERM to the orchestrator mid-run: every rank saves at its current step, exit 75; the
     relaunched orchestrator continues from that step and ends bit-exactly."""
-    proc = orchestrate(tmp_path, "--nan-policy", "stop", wait=False)
+    # steps 4.. are paced (0.5 s each, first attempt only) so the SIGTERM below always lands mid-run
+    slow = [{"rank": r, "step": s, "kind": "slow"} for r in (0, 1) for s in range(4, STEPS)]
+    proc = orchestrate(tmp_path, "--nan-policy", "stop", fault=slow, wait=False)
     log = tmp_path / "job" / "losses.rank0.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 4):

@@ -135,6 +135,8 @@ def main():
                     damage(ck, kind)
                 elif kind == "kill_in_save":
                     kill_before_rename(step + 1)
+                elif kind == "slow":  # pace the run so a signal from outside lands mid-run
+                    time.sleep(0.5)
             x, y = batch(step, rank)
             _, loss = ddp(x, y)
             if "nan" in kinds:
