@@ -4,6 +4,7 @@ device's own architecture (``-arch=sm_XY``); CuPy is imported lazily, on the fir
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,31 @@ def cupy():
     return cp
 
 
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
+_HEADER_NOTE = re.compile(r"\A(?://[^\n]*\n)*")  # a header's leading comment lines
+
+
+def source(file: str) -> str:
+    """The text NVRTC compiles for ``kernels/<file>``: quoted local includes inlined (each header once, its
+    leading comment dropped), so CuPy's on-disk cache key (a hash of this text) covers the headers too."""
+    path = KERNEL_DIR / file
+    if not path.is_file():
+        raise BluTensorError(f"CUDA kernel source {path} is missing from the blutensor package")
+    seen: set[str] = set()
+
+    def inline(m: re.Match) -> str:
+        name = m.group(1)
+        hdr = KERNEL_DIR / name
+        if name in seen:
+            return ""
+        if not hdr.is_file():
+            raise BluTensorError(f"kernels/{file} includes {name!r}, which is not in {KERNEL_DIR}")
+        seen.add(name)
+        return _INCLUDE.sub(inline, _HEADER_NOTE.sub("", hdr.read_text(), count=1)).rstrip("\n")
+
+    return _INCLUDE.sub(inline, path.read_text())
+
+
 def compile_options(cc: str) -> tuple[str, ...]:
     """NVRTC options for compute capability ``cc`` (e.g. '90')."""
     return ("-std=c++17", f"-arch=sm_{cc}")
@@ -37,11 +63,9 @@ def module(file: str):
     key = (file, dev)
     mod = _modules.get(key)
     if mod is None:
-        path = KERNEL_DIR / file
-        if not path.is_file():
-            raise BluTensorError(f"CUDA kernel source {path} is missing from the blutensor package")
+        code = source(file)
         cc = cp.cuda.Device(dev).compute_capability
-        mod = cp.RawModule(code=path.read_text(), options=compile_options(cc))
+        mod = cp.RawModule(code=code, options=compile_options(cc))
         _modules[key] = mod
     return mod
 
