@@ -142,7 +142,10 @@ def test_no_progress_exit_code(tmp_path):
     p = orchestrate(tmp_path, fault, extra=["--max-restarts", "9", "--max-no-progress", "0"])
     assert p.returncode == EXIT_NO_PROGRESS, p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["attempts"] == 2 and s["status"] == "GAVE_UP" and s["exit_name"] == "no-progress"
+    # the step an attempt "reached" is the last one every rank reported before the fault; a rank that dies within
+    # milliseconds of finishing step 7 may not have reported it yet, so attempt 1 can count as reaching 6 and
+    # attempt 2 (reaching 7) as progress: 2 or 3 attempts, never more (seen on an idle CI machine)
+    assert s["attempts"] in (2, 3) and s["status"] == "GAVE_UP" and s["exit_name"] == "no-progress", s
 
 
 @pytest.mark.slow
