@@ -7,9 +7,12 @@ generate C/CUDA, JIT, and run it on live tensor memory.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blucompiler.__about__ import __version__
-from blucompiler.api import CompiledStep
-from blucompiler.trace import CompileError
+
+if TYPE_CHECKING:
+    from blucompiler.api import CompiledStep
 
 
 def compile(fn, *, backend: str = "auto", force_eager=(), dump: str | None = None,  # noqa: A001
@@ -22,7 +25,23 @@ def compile(fn, *, backend: str = "auto", force_eager=(), dump: str | None = Non
     pass (default: ``$BLU_COMPILER_DUMP``). ``cuda_graph``: on CUDA, replay the whole compiled step as
     one CUDA graph (see :mod:`blucompiler.cudagraph`; turned off with a reason if capture fails).
     """
+    from blucompiler.api import CompiledStep
+
     return CompiledStep(fn, backend=backend, force_eager=force_eager, dump=dump, cuda_graph=cuda_graph)
+
+
+def __getattr__(name: str):
+    """``CompiledStep`` and ``CompileError`` load on first use: the plugin host imports this package to register
+    the backend, and xDSL (the IR) should cost nothing until something is compiled."""
+    if name == "CompiledStep":
+        from blucompiler.api import CompiledStep
+
+        return CompiledStep
+    if name == "CompileError":
+        from blucompiler.trace import CompileError
+
+        return CompileError
+    raise AttributeError(f"module 'blucompiler' has no attribute {name!r}")
 
 
 __all__ = ["compile", "CompiledStep", "CompileError", "__version__"]
