@@ -334,6 +334,14 @@ def _dispatch(p: Problem, provider: str, stream: Any, config: Any, splits: int |
     return p.out
 
 
+def _planned_gemm(a, b, out, batched, trans_a, trans_b, alpha, beta, bias, epilogue, save_preact, precision,
+                  stream, provider, config, splits, autotune):
+    """The one body of :func:`gemm` and :func:`gemm_batched`: validate into a plan, then dispatch it."""
+    p = plan(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias=bias, epilogue=epilogue,
+             save_preact=save_preact, precision=precision, batched=batched)
+    return _dispatch(p, provider, stream, config, splits, autotune)
+
+
 def gemm(
     a: Any,
     b: Any,
@@ -360,21 +368,8 @@ def gemm(
     ``config``/``splits`` force a tile config; ``autotune`` measures candidates (default: env
     BLUBLAS_AUTOTUNE).
     """
-    p = plan(
-        a,
-        b,
-        out,
-        trans_a=trans_a,
-        trans_b=trans_b,
-        alpha=alpha,
-        beta=beta,
-        bias=bias,
-        epilogue=epilogue,
-        save_preact=save_preact,
-        precision=precision,
-        batched=False,
-    )
-    return _dispatch(p, provider, stream, config, splits, autotune)
+    return _planned_gemm(a, b, out, False, trans_a, trans_b, alpha, beta, bias, epilogue, save_preact, precision,
+                         stream, provider, config, splits, autotune)
 
 
 def gemm_batched(
@@ -397,18 +392,5 @@ def gemm_batched(
     autotune: bool | None = None,
 ) -> Any:
     """Strided-batched ``gemm``: a, b are (batch, rows, cols) or 2-D (shared by every batch entry)."""
-    p = plan(
-        a,
-        b,
-        out,
-        trans_a=trans_a,
-        trans_b=trans_b,
-        alpha=alpha,
-        beta=beta,
-        bias=bias,
-        epilogue=epilogue,
-        save_preact=save_preact,
-        precision=precision,
-        batched=True,
-    )
-    return _dispatch(p, provider, stream, config, splits, autotune)
+    return _planned_gemm(a, b, out, True, trans_a, trans_b, alpha, beta, bias, epilogue, save_preact, precision,
+                         stream, provider, config, splits, autotune)
