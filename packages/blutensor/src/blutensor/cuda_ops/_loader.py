@@ -158,9 +158,9 @@ def ptr(a):
     return NULL if a is None else a
 
 
-#: validate index inputs (embedding indices, cross-entropy targets) on the host when the current stream is
-#: not capturing a CUDA graph (one small reduction and a host sync per call, which stalls the launch queue);
-#: BLUTRAIN_VALIDATE_INDICES=0 turns it off (bad indices then show only as NaN rows/losses)
+#: validate index inputs (embedding indices, cross-entropy targets): by default LAZILY (a kernel records a bad
+#: index in a device flag, read by ``cuda_ops.index_check.raise_pending`` at log time: no host sync in the
+#: step); BLUTRAIN_VALIDATE_INDICES=sync checks and raises at the call (one host sync per call), =0 turns it off
 VALIDATE_INDICES = os.environ.get("BLUTRAIN_VALIDATE_INDICES", "1") not in ("0", "false", "False", "")
 
 
@@ -173,14 +173,23 @@ def capturing() -> bool:
         return False
 
 
-def first_bad_index(idx, lo: int, hi: int, allowed=None):
-    """The first element of ``idx`` outside [lo, hi) (and != ``allowed``), or None; syncs with the host."""
-    if not VALIDATE_INDICES or idx.size == 0 or capturing():
+def first_bad_index(idx, lo: int, hi: int, allowed=None, what: str = "index"):
+    """The first element of ``idx`` outside [lo, hi) (and != ``allowed``), or None.
+
+    Lazy mode (default) never syncs: it records a bad index on device and returns None; 'sync' mode (and
+    only it) waits for the GPU."""
+    from blutensor.cuda_ops import index_check
+
+    m = index_check.mode()
+    if m == "off" or idx.size == 0:
+        return None
+    if m == "lazy" or capturing():
+        index_check.check_async(idx, lo, hi, what, allowed)
         return None
     cp = cupy()
     bad = (idx < lo) | (idx >= hi)
     if allowed is not None:
         bad &= idx != allowed
-    if not bool(bad.any()):  # the one host sync on the good path
+    if not bool(bad.any()):  # the one host sync on the good path ('sync' mode only)
         return None
     return int(idx[int(cp.argmax(bad))])

@@ -73,11 +73,14 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
     )
 
 
-def fused_step(optimizer, group) -> None:
+def fused_step(optimizer, group, lr_dev=None, step_dev=None) -> None:
     """One AdamW step of ``group`` of ``optimizer`` (blutensor.optim.AdamW) through multi_tensor_adamw.
 
     All parameters of the group must share one step count (the usual case); the moments are created as
-    in the eager optimizer (fp32, zero).
+    in the eager optimizer (fp32, zero). ``lr_dev``/``step_dev``: optional 1-element float32 device arrays the
+    kernel reads instead of the group's lr and the host step count (a captured CUDA graph replays new
+    values); the host step counts are still advanced, so state_dict stays right. A group lr that is
+    itself a device array (or a 1-element CUDA Tensor) is read on device too.
     """
     from blutensor.creation import zeros_like
 
@@ -97,14 +100,23 @@ def fused_step(optimizer, group) -> None:
         st["step"] += 1
         by_step.setdefault(st["step"], []).append((p, st))
     cp = cupy()
-    for step, items in by_step.items():
+    if lr_dev is not None:
+        lr = lr_dev
+    else:
+        lr = getattr(lr, "_data", lr)  # a CUDA Tensor lr: its device array
+        if not type(lr).__module__.startswith("cupy"):
+            lr = float(lr)
+    batches = list(by_step.items())
+    if step_dev is not None:  # one device step count for the whole group
+        batches = [(step_dev, [it for _, items in batches for it in items])] if batches else []
+    for st_key, items in batches:
         multi_tensor_adamw(
             [p._data for p, _ in items],
             [cp.ascontiguousarray(p.grad._data) for p, _ in items],
             [st["exp_avg"]._data for _, st in items],
             [st["exp_avg_sq"]._data for _, st in items],
-            step,
-            float(lr),
+            st_key,
+            lr,
             b1,
             b2,
             eps,

@@ -165,7 +165,7 @@ class CrossEntropyCuda(Kernel):
         inplace = bool(inplace_grad) and z.flags.c_contiguous and z.data.ptr == logits.data.ptr
         z = cp.ascontiguousarray(z)
         t = cp.ascontiguousarray(target.reshape(-1), dtype=cp.int64)
-        bad = first_bad_index(t, 0, C, allowed=int(ignore_index))
+        bad = first_bad_index(t, 0, C, allowed=int(ignore_index), what="cross_entropy target")
         if bad is not None:
             raise ShapeError(f"cross_entropy: target index {bad} out of range for {C} classes")
         loss, grad, _ = cross_entropy_forward(

@@ -80,7 +80,7 @@ class EmbeddingCuda(Kernel):
             )
         cp = cupy()
         flat = cp.ascontiguousarray(idx.reshape(-1), dtype=cp.int64)
-        bad = first_bad_index(flat, 0, weight.shape[0])
+        bad = first_bad_index(flat, 0, weight.shape[0], what="embedding")
         if bad is not None:
             raise ShapeError(
                 f"embedding: index {bad} out of range [0, {weight.shape[0]}) for a weight of shape "

@@ -39,6 +39,26 @@ extern "C" __global__ void blu_cross_entropy_count(const long long* __restrict__
     }
 }
 
+// lazy index validation (used by cross_entropy targets and embedding indices, no host sync): the first
+// block that meets an index outside [lo, hi) (and != allowed when has_allowed) claims flag[0] with the
+// caller's site id and records flag[1] = the index, flag[2] = its position, flag[3] = hi; the host reads
+// the flag later (at log time), never in the step
+extern "C" __global__ void blu_cross_entropy_check_indices(const long long* __restrict__ idx, long long n, long long lo,
+                                                           long long hi, long long allowed, int has_allowed,
+                                                           long long site, long long* flag) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long v = idx[i];
+        if ((v < lo || v >= hi) && !(has_allowed && v == allowed)) {
+            if (atomicCAS(reinterpret_cast<unsigned long long*>(flag), 0ull, (unsigned long long)site) == 0ull) {
+                flag[1] = v;
+                flag[2] = i;
+                flag[3] = hi;
+                __threadfence();
+            }
+        }
+    }
+}
+
 template <typename T>
 __device__ void ce_forward(const T* logits, const long long* __restrict__ target, long long N, int C,
                            long long ignore_index, float ls, float* __restrict__ loss_rows, float* __restrict__ lse_out,

@@ -1,4 +1,9 @@
-"""Gradient clipping by global norm (PyTorch's clip_grad_norm_ semantics)."""
+"""Gradient clipping by global norm (PyTorch's clip_grad_norm_ semantics), without a host sync.
+
+The scale min(1, max_norm / (norm + 1e-6)) is computed and applied on the gradients' device (as PyTorch
+does), so a CUDA training step never waits for the GPU here and the call can be captured in a CUDA graph.
+fp32/bf16 CUDA gradients with the L2 norm go through the fused multi-tensor kernels (cuda_ops/norm.py).
+"""
 
 from __future__ import annotations
 
@@ -19,10 +24,25 @@ def _f32(t):
     return _convert(d, t.dtype, float32, xp_of(d)) if t.dtype.name != "float32" else d
 
 
+def _fused_cuda(params, max_norm: float):
+    """The norm (0-d fp32 device array) after clipping through kernels/grad_norm.cu, or None when the
+    gradients are not all contiguous fp32/bf16 CUDA arrays of one device."""
+    grads = [p.grad for p in params]
+    dev = grads[0].device
+    if dev.type != "cuda" or any(g.device != dev or g.dtype.name not in ("float32", "bfloat16") for g in grads):
+        return None
+    if any(not g._data.flags.c_contiguous for g in grads):
+        return None
+    from blutensor.cuda_ops.norm import clip_grads_
+
+    return clip_grads_([g._data for g in grads], float(max_norm))
+
+
 @no_grad()
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
     """Scale all gradients by min(1, max_norm / (total_norm + 1e-6)); returns the total norm before
-    clipping. The total is the norm of the per-parameter norms, as in PyTorch."""
+    clipping (a 0-d tensor on the gradients' device, never read on the host unless
+    ``error_if_nonfinite``). The total is the norm of the per-parameter norms, as in PyTorch."""
     from blutensor._tensor import Tensor
     from blutensor.ops._util import xp_of
 
@@ -32,8 +52,29 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
 
         return tensor(0.0)
     dev = params[0].grad.device
-    xp = xp_of(params[0].grad._data)
     p_ = float(norm_type)
+    total = _fused_cuda(params, max_norm) if p_ == 2.0 else None
+    if total is not None:
+        for p in params:
+            p.grad._version.v += 1
+    else:
+        total = _generic(params, float(max_norm), p_)
+    if error_if_nonfinite:
+        tnorm = float(total)  # the one host read, only when asked for
+        if not math.isfinite(tnorm):
+            raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is {tnorm}; "
+                               f"pass error_if_nonfinite=False to clip anyway")
+    xp = xp_of(total)
+    return Tensor._from_data(xp.asarray(total), None, dev)
+
+
+def _generic(params, max_norm: float, p_: float):
+    """Array-module version: norms, clamped scale and the multiply all stay on the device."""
+    from blutensor.dtypes import float32
+    from blutensor.ops._util import xp_of
+    from blutensor.ops.elementwise import _convert
+
+    xp = xp_of(params[0].grad._data)
     if math.isinf(p_):
         norms = [xp.abs(_f32(p.grad)).max() for p in params]
         total = xp.stack(norms).max()
@@ -42,20 +83,17 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
                  for p in params]
         stacked = xp.stack(norms)
         total = (xp.abs(stacked) ** p_).sum() ** (1.0 / p_) if p_ != 2 else xp.sqrt((stacked * stacked).sum())
-    tnorm = float(total)
-    if error_if_nonfinite and not math.isfinite(tnorm):
-        raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is {tnorm}; "
-                           f"pass error_if_nonfinite=False to clip anyway")
-    coef = min(max_norm / (tnorm + 1e-6), 1.0)
-    if coef < 1.0:
-        from blutensor.dtypes import float32
-        from blutensor.ops.elementwise import _convert
-
-        for p in params:
-            g = p.grad
-            if g.dtype.name in ("float32", "float64"):
-                g._data *= g._data.dtype.type(coef)
-            else:
-                g._data[...] = _convert(_f32(g) * float32.np.type(coef), float32, g.dtype, xp)
-            g._version.v += 1
-    return Tensor._from_data(xp.asarray(total), None, dev)
+    if xp is __import__("numpy"):  # host arrays: deciding on the host is free and skips a pass when coef == 1
+        coef = min(max_norm / (float(total) + 1e-6), 1.0)
+        if coef >= 1.0:
+            return total
+    else:  # device arrays: clamped scale computed in the norm's dtype, as PyTorch does
+        coef = xp.minimum(total.dtype.type(max_norm) / (total + total.dtype.type(1e-6)), total.dtype.type(1.0))
+    for p in params:
+        g = p.grad
+        if g.dtype.name in ("float32", "float64"):
+            g._data *= xp.asarray(coef, dtype=g._data.dtype)
+        else:
+            g._data[...] = _convert(_f32(g) * xp.asarray(coef, dtype=float32.np), float32, g.dtype, xp)
+        g._version.v += 1
+    return total
