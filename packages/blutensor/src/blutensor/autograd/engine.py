@@ -11,6 +11,30 @@ from blutensor.autograd.grad_mode import STATE
 from blutensor.autograd.node import AccumulateGrad, Node
 from blutensor.errors import AutogradError, ShapeError
 
+#: profiler/tracer callbacks: ``observer(node, grad, run) -> grads`` wraps every node's backward
+#: formula (``run()`` computes it); empty list = no cost beyond one truthiness test per node
+backward_observers: list = []
+
+
+def add_backward_observer(fn) -> None:
+    """Wrap every subsequent backward formula with ``fn(node, grad, run)`` (profilers, tracers).
+
+    ``node`` is the autograd :class:`Node` (``node.op``, ``node.kernel``), ``grad`` the raw gradient
+    array flowing into it; ``fn`` must return ``run()``'s result (a tuple, one entry per input)."""
+    backward_observers.append(fn)
+
+
+def remove_backward_observer(fn) -> None:
+    """Stop calling ``fn`` (no error when it is not installed)."""
+    if fn in backward_observers:
+        backward_observers.remove(fn)
+
+
+def _observed(i: int, node, grad):
+    if i == len(backward_observers):
+        return node.apply(grad)
+    return backward_observers[i](node, grad, lambda: _observed(i + 1, node, grad))
+
 
 def _dependencies(roots) -> dict:
     deps: dict = {}
@@ -86,6 +110,8 @@ def run_backward(tensors, grads, retain_graph: bool = False, capture: dict | Non
                     _set_grad(t, grad, Tensor)
             if grad is None:
                 in_grads = (None,) * len(node.next)
+            elif backward_observers:
+                in_grads = _observed(0, node, grad)
             else:
                 in_grads = node.apply(grad)
             if not retain_graph:
@@ -145,4 +171,4 @@ def _accumulate(t, g, Tensor) -> None:
         h(t)
 
 
-__all__ = ["Node", "run_backward"]
+__all__ = ["Node", "add_backward_observer", "backward_observers", "remove_backward_observer", "run_backward"]
