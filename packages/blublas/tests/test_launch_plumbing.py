@@ -22,6 +22,7 @@ def fcp(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "_workspaces", {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
     monkeypatch.setattr(launch, "_probe_results", {})
+    monkeypatch.setenv("BLUBLAS_WGMMA_PROBE", "inproc")  # fake CuPy lives in this process only
     fake_cupy.LAUNCHES.clear()
     return fake_cupy
 

@@ -186,42 +186,22 @@ _probe_results: dict[tuple[int, str, str], bool] = {}
 
 
 def _probe(variant: str, layout: str, precision: str, cc: int) -> bool:
-    """Self-test of an opt-in variant on this device: every config on two small odd/aligned problems with
-    the full epilogue, against float64. Run once per (device, variant, layout); a failure disables it."""
+    """Self-test of an opt-in variant on this device (selftest.py: every config on odd/aligned problems
+    with the full epilogue vs float64, in a child process so a faulting kernel cannot poison this CUDA
+    context; verdict cached on disk). Run once per (device, variant, layout); a failure disables it."""
     import warnings
 
     import cupy
-    import numpy as np
 
-    from .testing import check_case, make_case
+    from . import selftest
 
-    key = (int(cupy.cuda.Device().id), variant, layout)
+    dev = int(cupy.cuda.Device().id)
+    key = (dev, variant, layout)
     if key in _probe_results:
         return _probe_results[key]
-    ok, why = True, ""
-    rng = np.random.default_rng(1234)
     try:
-        for cfg in configs.configs_for(variant, cc):
-            if layout not in cfg.layouts:
-                continue
-            for shape in ((200, 264, 136), (130, 70, 99)):
-                case = make_case(
-                    rng,
-                    *shape,
-                    layout=layout,
-                    precision=precision,
-                    bias="f32",
-                    epilogue="gelu",
-                    save_preact=True,
-                    beta=0.5,
-                )
-                err = check_case(case, cupy, config=cfg.name, splits=1)
-                if not err <= case.tol:
-                    ok, why = False, f"{cfg.name} {layout} {shape}: error {err:.3g} > {case.tol}"
-                    break
-            if not ok:
-                break
-    except Exception as exc:  # noqa: BLE001 - e.g. no NVRTC for sm_90a: fall back to mma.sync
+        ok, why = selftest.probe(variant, layout, precision, cc, dev)
+    except Exception as exc:  # noqa: BLE001 - anything unexpected: strict, fall back to mma.sync
         ok, why = False, f"{type(exc).__name__}: {exc}"
     if not ok:
         warnings.warn(

@@ -169,7 +169,9 @@ __device__ __forceinline__ void gemm_wgmma_body(BLU_GEMM_PARAMS) {
              : blu_desc(a_addr + wg * (64 * 128) + j * 32, 16, 1024);
       const unsigned long long db =
           TB ? blu_desc(b_addr + j * 32, 16, 1024) : blu_desc(b_addr + j * 2048, BK * 128, 1024);
-      blu_wgmma<BN, TA ? 1 : 0, TB ? 1 : 0>(acc, da, db);
+      // imm-trans: 0 = K-major, 1 = M/N-major (PTX wgmma; CUTLASS GMMA::Major::K = 0, MN = 1). A is K-major
+      // unless TA; B is K-major exactly when TB (stored N x K), so B's immediate is !TB.
+      blu_wgmma<BN, TA ? 1 : 0, TB ? 0 : 1>(acc, da, db);
     }
     blu_wgmma_commit();
     blu_wgmma_wait<1>();
