@@ -10,6 +10,7 @@ from blutensor import (  # noqa: E402,F401
 )
 from blutensor.__about__ import __version__
 from blutensor._tensor import Tensor
+from blutensor.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from blutensor.autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
 from blutensor.creation import (
     arange,
@@ -104,7 +105,8 @@ double = float64
 
 __all__ = [
     "__version__", "AutogradError", "BluTensorError", "DTypeError", "DeviceError", "Generator", "ShapeError", "Tensor",
-    "abs", "add", "amax", "amin", "arange", "argmax", "argmin", "autograd", "backend", "bfloat16",
+    "abs", "add", "amax", "amp", "autocast", "get_autocast_dtype", "is_autocast_enabled",
+    "amin", "arange", "argmax", "argmin", "autograd", "backend", "bfloat16",
     "bmm", "bool", "bool_", "cat", "chunk", "clamp", "cos", "creation", "cuda", "device", "div",
     "double", "dtype", "dtypes", "empty", "empty_like", "enable_grad", "errors", "exp", "flatten",
     "float", "float16", "float32", "float64", "from_numpy", "full", "full_like", "functional", "gemm",

@@ -2,7 +2,8 @@
 
 Sources live in ``blutensor/kernels/*.cu``; nothing here imports CuPy until a kernel is launched.
 Kernel classes (registered through blutensor's ``blutrain_register_kernels`` when CuPy is installed):
-layer_norm, gelu, cross_entropy (fused classifier), embedding, sdpa (flash attention).
+layer_norm, gelu, cross_entropy (fused classifier), embedding, sdpa (flash attention), cast (fp32 <-> bf16) and
+bf16 linear/matmul/bmm (GEMM provider at bf16 precision).
 Free functions: ``adamw.multi_tensor_adamw``, ``norm.global_grad_norm``, ``norm.clip_grads_``.
 """
 
@@ -26,6 +27,14 @@ def kernel_classes() -> list[type]:
     except ImportError:
         pass
     return classes
+
+
+def bf16_kernel_classes() -> list[type]:
+    """CUDA kernel classes of the bf16 (autocast) path: fp32 <-> bf16 cast, bf16 linear/matmul/bmm."""
+    from blutensor.cuda_ops.cast import CastCuda
+    from blutensor.cuda_ops.linalg import BmmCuda, LinearCuda, MatmulCuda
+
+    return [CastCuda, LinearCuda, MatmulCuda, BmmCuda]
 
 
 def cupy_installed() -> bool:

@@ -30,12 +30,14 @@ def cross_entropy_forward(
     label_smoothing: float = 0.0,
     want_grad: bool = True,
     inplace_grad: bool = False,
+    float_loss: bool = False,
 ):
     """(loss, grad, lse) for contiguous ``logits`` (N, C) fp32/bf16-bits and int64 ``target`` (N,).
 
     loss: 0-d array ('mean'/'sum', logits' storage dtype) or (N,) ('none'); grad: d(loss)/d(logits)
     for an upstream grad of 1 (None unless ``want_grad``; it IS ``logits`` when ``inplace_grad``);
-    lse: fp32 (N,) log-sum-exp per row.
+    lse: fp32 (N,) log-sum-exp per row. ``float_loss``: the loss is float32 whatever the logits' dtype
+    (autocast: bf16 logits, fp32 loss).
     """
     cp = cupy()
     N, C = logits.shape
@@ -80,13 +82,14 @@ def cross_entropy_forward(
                 logits, target, N, C, ignore_index, label_smoothing, loss_rows, lse, grad, count, mean, vec, sfx
             )
     if reduction == "none":
-        if logits.dtype == np.uint16:
+        if logits.dtype == np.uint16 and not float_loss:
             from blutensor.backend import f32_to_bf16_bits
 
             return f32_to_bf16_bits(loss_rows, cp), grad, lse
         return loss_rows, grad, lse
-    out = cp.empty((), dtype=logits.dtype)
-    launch(FILE, f"blu_cross_entropy_reduce_{sfx}", 1, 1024, (loss_rows, np.int64(N), count, np.int32(mean), out))
+    rsfx = "f32" if float_loss else sfx
+    out = cp.empty((), dtype=cp.float32 if float_loss else logits.dtype)
+    launch(FILE, f"blu_cross_entropy_reduce_{rsfx}", 1, 1024, (loss_rows, np.int64(N), count, np.int32(mean), out))
     return out, grad, lse
 
 
@@ -141,7 +144,9 @@ class CrossEntropyCuda(Kernel):
     SAVES = ()  # the backward needs only the gradient buffer it owns
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, inplace_grad=False):
+    def forward(ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, inplace_grad=False,
+                float_loss=False):
+        """``float_loss`` (set by autocast): a float32 loss from bf16 logits (read directly, computed in fp32)."""
         cp = cupy()
         ok = (
             logits.dtype in _STORAGE
@@ -152,11 +157,15 @@ class CrossEntropyCuda(Kernel):
             and logits.shape[-1] > 0
         )
         if not ok:
+            attrs = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+            if float_loss and logits.dtype == np.uint16:  # generic op on widened logits, loss kept float32
+                ctx.fallback = (True, False)
+                return nn_ops.cross_entropy_forward(ctx, _fallback._widen(logits), target, **attrs)
             return _fallback.forward(
                 ctx,
                 nn_ops.cross_entropy_forward,
                 (logits, target),
-                dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing),
+                attrs,
                 bf16_inputs=(logits.dtype == np.uint16, False),
             )
         C = logits.shape[-1]
@@ -169,7 +178,7 @@ class CrossEntropyCuda(Kernel):
         if bad is not None:
             raise ShapeError(f"cross_entropy: target index {bad} out of range for {C} classes")
         loss, grad, _ = cross_entropy_forward(
-            z, t, int(ignore_index), reduction, float(label_smoothing), want_grad, inplace
+            z, t, int(ignore_index), reduction, float(label_smoothing), want_grad, inplace, bool(float_loss)
         )
         ctx.saved = (grad, logits.shape, reduction)
         ctx.ce_done = False
@@ -188,6 +197,10 @@ class CrossEntropyCuda(Kernel):
             )
         ctx.ce_done = True
         cp = cupy()
+        if g.dtype != grad.dtype and grad.dtype == np.uint16:  # float_loss: fp32 upstream grad, bf16 buffer
+            from blutensor.cuda_ops.cast import to_bf16
+
+            g = to_bf16(g)
         g = cp.ascontiguousarray(g, dtype=grad.dtype)
         scale_grad_(grad, g.reshape(-1) if reduction == "none" else g.reshape(1))
         return grad.reshape(shape), None

@@ -23,6 +23,9 @@ _overrides: dict[str, str] = {}
 #: profiler/tracer callbacks: ``observer(op, inputs, attrs, run) -> result`` wraps every op call;
 #: empty list = no cost beyond one truthiness test per op
 observers: list = []
+#: autocast's input policy ``hook(op, inputs, attrs) -> (inputs, attrs)`` (blutensor.amp), None outside
+#: autocast regions: one global test per op
+autocast_hook = None
 #: flags a kernel class may carry; plugin kernels that lack one inherit the built-in op's value
 FLAGS = ("SAVES", "SAVES_OUTPUT", "SAME_DTYPE", "DTYPE_ARG", "VIEW", "DIFFERENTIABLE", "BF16_NATIVE")
 
@@ -164,6 +167,8 @@ def _current_device() -> int:
 
 def apply(op: str, *inputs, **attrs):
     """Run op ``op`` on ``inputs`` (Tensors, None or Python scalars) and return the result Tensor."""
+    if autocast_hook is not None:
+        inputs, attrs = autocast_hook(op, inputs, attrs)
     if observers:
         return _observed(0, op, inputs, attrs)
     return _apply(op, inputs, attrs)

@@ -1,0 +1,197 @@
+"""Automatic mixed precision: ``bt.autocast(device_type, dtype=bt.bfloat16)``, PyTorch's autocast for blutensor.
+
+Inside the context, ops on tensors of that device type follow a per-op policy applied by one hook in
+``dispatch.apply`` (a module-level slot: no cost at all when no autocast region is active):
+
+- lower: ``linear``, ``matmul``, ``bmm``, ``sdpa`` cast their float32 inputs to bfloat16. Parameters (leaf
+  tensors that require grad) are cast once per region and cached (PyTorch's weight cast cache); the cast is
+  the differentiable ``cast`` op, so gradients flow back into the float32 masters' ``.grad`` as float32,
+  and backward reuses the saved bf16 copies (nothing is re-cast).
+- follow: ``layer_norm``, ``gelu``, ``softmax``, ``log_softmax``, ``dropout`` run in the dtype of their input:
+  a bfloat16 activation casts float32 weights down (cached); a float32 one runs in float32.
+- promote: elementwise binary ops with one bfloat16 and one float32 tensor compute in float32 (PyTorch's type
+  promotion). With GPT-2 this keeps the residual stream float32 exactly like torch.autocast: bf16 linear
+  outputs are widened as they are added to it.
+- ``cross_entropy``: float32 loss. On CUDA the fused kernel reads the bf16 logits directly (computing in
+  float32, no widened copy of the logits); elsewhere the logits are widened first, like PyTorch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from blutensor.autograd.grad_mode import STATE
+from blutensor.dtypes import bfloat16, dtype, float32
+from blutensor.errors import DTypeError
+from blutensor.ops import dispatch
+
+LOWER = frozenset(("linear", "matmul", "bmm", "sdpa"))
+FOLLOW = frozenset(("layer_norm", "gelu", "softmax", "log_softmax", "dropout"))
+PROMOTE = frozenset(("add", "sub", "mul", "div", "maximum", "minimum", "pow", "where"))
+DEVICE_TYPES = ("cuda", "cpu")
+
+
+class _State:
+    """Autocast dtype per device type (None: off), region nesting depth and the weight cast cache."""
+
+    __slots__ = ("dtypes", "cache_enabled", "depth", "cache", "hits", "misses", "fused_ce")
+
+    def __init__(self):
+        self.dtypes: dict[str, dtype | None] = {"cuda": None, "cpu": None}
+        self.cache_enabled = True
+        self.depth = 0
+        self.cache: dict = {}  # id(param) -> (param, version, grad mode, cast tensor)
+        self.hits = self.misses = 0
+        self.fused_ce: dict = {}  # device type -> whether cross_entropy there takes float_loss
+
+
+_S = _State()
+
+
+def is_autocast_enabled(device_type: str = "cuda") -> bool:
+    """True inside an enabled ``autocast(device_type)`` region."""
+    return _S.dtypes.get(device_type) is not None
+
+
+def get_autocast_dtype(device_type: str = "cuda") -> dtype:
+    """The lower-precision dtype autocast uses on ``device_type`` (bfloat16)."""
+    return _S.dtypes.get(device_type) or bfloat16
+
+
+def cache_info() -> dict:
+    """Weight cast cache statistics of the current (or last) region: entries, hits, misses."""
+    return {"entries": len(_S.cache), "hits": _S.hits, "misses": _S.misses}
+
+
+class autocast:  # noqa: N801 - PyTorch's name
+    """Context manager (and decorator) running listed ops in ``dtype`` on ``device_type``; see the module doc.
+
+    ``enabled=False`` turns autocast off inside an enclosing region; ``cache_enabled`` keeps parameter casts
+    for the whole (outermost) region. Only ``dtype=bt.bfloat16`` is supported.
+    """
+
+    def __init__(self, device_type: str = "cuda", dtype: dtype | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None):
+        if device_type not in DEVICE_TYPES:
+            raise ValueError(f"autocast: device_type must be 'cuda' or 'cpu', got {device_type!r}")
+        dt = bfloat16 if dtype is None else dtype
+        if dt is not bfloat16:
+            raise DTypeError(f"autocast: dtype must be blutensor.bfloat16 (the only lower-precision compute dtype "
+                             f"blutensor autocasts to), got {dt!r}")
+        self.device_type, self.dtype, self.enabled = device_type, dt, bool(enabled)
+        self.cache_enabled = cache_enabled
+        self._prev = None
+
+    def __enter__(self) -> autocast:
+        self._prev = (_S.dtypes[self.device_type], _S.cache_enabled)
+        _S.dtypes[self.device_type] = self.dtype if self.enabled else None
+        if self.cache_enabled is not None:
+            _S.cache_enabled = bool(self.cache_enabled)
+        if _S.depth == 0:
+            _S.hits = _S.misses = 0
+            _S.fused_ce.clear()
+        _S.depth += 1
+        _install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _S.dtypes[self.device_type], _S.cache_enabled = self._prev
+        _S.depth -= 1
+        if _S.depth == 0:
+            _S.cache.clear()  # like torch: casts live for the outermost region only
+        _install()
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with autocast(self.device_type, self.dtype, self.enabled, self.cache_enabled):
+                return fn(*args, **kwargs)
+
+        return wrapped
+
+
+def _install() -> None:
+    """Point dispatch's hook slot at :func:`_hook` while any device type autocasts, else clear it."""
+    on = any(d is not None for d in _S.dtypes.values())
+    dispatch.autocast_hook = _hook if on else None
+
+
+def _cast(t, dt):
+    """``t`` cast to ``dt``; parameters (leaves requiring grad) through the per-region cache."""
+    from blutensor.functional import cast
+
+    if not (_S.cache_enabled and t.requires_grad and t.grad_fn is None):
+        return cast(t, dt)
+    key = id(t)
+    hit = _S.cache.get(key)
+    grad_on = STATE.enabled
+    if hit is not None and hit[0] is t and hit[1] == t._version.v and hit[2] == grad_on and hit[3].dtype is dt:
+        _S.hits += 1
+        return hit[3]
+    _S.misses += 1
+    out = cast(t, dt)
+    _S.cache[key] = (t, t._version.v, grad_on, out)
+    return out
+
+
+def _device_type(inputs, T):
+    for x in inputs:
+        if isinstance(x, T):
+            return x.device.type, x
+    return None, None
+
+
+def _fused_ce(dev_type: str) -> bool:
+    """Whether the cross_entropy kernel on ``dev_type`` reads bf16 logits with a float32 loss (``float_loss``)."""
+    r = _S.fused_ce.get(dev_type)
+    if r is None:
+        r = False
+        if dev_type == "cuda":
+            try:
+                from blutensor.cuda_ops.cross_entropy import CrossEntropyCuda
+
+                r = issubclass(dispatch.resolve("cross_entropy", "cuda", "bfloat16"), CrossEntropyCuda)
+            except Exception:  # noqa: BLE001 - no CUDA kernels: widen like PyTorch
+                r = False
+        _S.fused_ce[dev_type] = r
+    return r
+
+
+def _hook(op: str, inputs: tuple, attrs: dict):
+    """dispatch.apply's autocast step: the (inputs, attrs) op ``op`` runs with under the active policy."""
+    if op not in LOWER and op not in FOLLOW and op not in PROMOTE and op != "cross_entropy":
+        return inputs, attrs
+    T = dispatch._Tensor or dispatch._bind()
+    dev_type, first = _device_type(inputs, T)
+    low = _S.dtypes.get(dev_type) if dev_type else None
+    if low is None:
+        return inputs, attrs
+    if op in LOWER:
+        return tuple(_cast(x, low) if isinstance(x, T) and x.dtype is float32 else x for x in inputs), attrs
+    if op in FOLLOW:
+        if first.dtype is not low:
+            return inputs, attrs
+        return tuple(_cast(x, low) if isinstance(x, T) and x.dtype is float32 else x for x in inputs), attrs
+    if op == "cross_entropy":
+        logits = inputs[0]
+        if not isinstance(logits, T):
+            return inputs, attrs
+        if logits.dtype is low and _fused_ce(dev_type):
+            return inputs, {**attrs, "float_loss": True}
+        if logits.dtype is low:
+            return (_cast(logits, float32),) + tuple(inputs[1:]), attrs
+        return inputs, attrs
+    # PROMOTE: bf16 mixed with float32 computes in float32
+    seen_low = seen_f32 = False
+    for x in inputs:
+        if isinstance(x, T):
+            if x.dtype is low:
+                seen_low = True
+            elif x.dtype is float32:
+                seen_f32 = True
+    if seen_low and seen_f32:
+        return tuple(_cast(x, float32) if isinstance(x, T) and x.dtype is low else x for x in inputs), attrs
+    return inputs, attrs
+
+
+__all__ = ["autocast", "cache_info", "get_autocast_dtype", "is_autocast_enabled"]
