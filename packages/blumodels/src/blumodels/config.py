@@ -72,7 +72,7 @@ class TrainConfig:
     top_k: int = 40
     temperature: float = 1.0
     nan_policy: str = "stop"  # "stop" | "skip"
-    precision: str = "fp32"  # "fp32" | "tf32" | "bf16" (matmul precision on CUDA)
+    precision: str = "fp32"  # "fp32" | "tf32" (CUDA matmuls) | "bf16" (bt.autocast: bf16 compute, fp32 masters)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     world_size: int = 1
     fused_adamw: bool = True  # on CUDA: one multi-tensor AdamW launch per step (blutensor's fused path)

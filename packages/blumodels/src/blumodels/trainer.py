@@ -218,7 +218,8 @@ class Trainer:
         with bt.no_grad():
             for _ in range(n):
                 x, y = self.val_loader.next_batch()
-                _, loss = self.model(x, y)
+                with self._autocast():
+                    _, loss = self.model(x, y)
                 total += float(loss.item())
         self.model.train()
         return self.dist.mean([total / n], self.device)[0]
@@ -240,6 +241,10 @@ class Trainer:
                 return f"grad of {n}"
         return "gradient norm"
 
+    def _autocast(self) -> bt.autocast:
+        """bf16 autocast around forward + loss when train.precision is 'bf16' (fp32 masters and AdamW state)."""
+        return bt.autocast(self.device.split(":")[0], dtype=bt.bfloat16, enabled=self.cfg.train.precision == "bf16")
+
     def train_step(self) -> dict[str, Any]:
         """One optimisation step (grad_accum micro-steps); returns its log record."""
         cfg, t = self.cfg, self.cfg.train
@@ -255,7 +260,8 @@ class Trainer:
         for micro in range(accum):
             x, y = self.train_loader.next_batch()
             with self.dist.no_sync(self.module, micro < accum - 1):  # DDP: reduce on the last micro-step
-                _, loss = self.module(x, y)
+                with self._autocast():  # train.precision 'bf16': forward + loss only; backward outside
+                    _, loss = self.module(x, y)
                 lv = float(loss.item())
                 loss_sum += lv
                 if not math.isfinite(lv) and bad is None:
