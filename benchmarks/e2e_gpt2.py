@@ -71,7 +71,8 @@ def run_blutrain(a) -> dict:
         xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        _, loss = model(xi, yi)
+        with bt.autocast("cuda", dtype=bt.bfloat16, enabled=a.precision == "bf16"):  # bf16: fp32 masters
+            _, loss = model(xi, yi)
         loss.backward()
         bt.optim.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -130,6 +131,7 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
     ("torch_compile_tf32", "torch", "tf32", True, {}),
     ("blutrain_tf32", "blutrain", "tf32", False, {"--fused": "", "CUPY_TF32": "1"}),
     ("torch_eager_bf16", "torch", "bf16", False, {}),
+    ("blutrain_bf16", "blutrain", "bf16", False, {"--fused": "", "--gemm": "cublas"}),
 ]
 
 
@@ -178,13 +180,17 @@ def main() -> None:
         return results.get(n, {}).get("tokens_per_s")
 
     for ours, ref in (("blutrain_fp32", "torch_compile_fp32"), ("blutrain_fp32", "torch_eager_fp32"),
-                      ("blutrain_tf32", "torch_compile_tf32"), ("blutrain_tf32", "torch_eager_tf32")):
+                      ("blutrain_tf32", "torch_compile_tf32"), ("blutrain_tf32", "torch_eager_tf32"),
+                      ("blutrain_bf16", "torch_eager_bf16")):
         if tps(ours) and tps(ref):
             ratios[f"{ours}/{ref}"] = tps(ours) / tps(ref)
     loss_diff = None
     if "losses" in results.get("blutrain_fp32", {}) and "losses" in results.get("torch_eager_fp32", {}):
         la, lb = results["blutrain_fp32"]["losses"], results["torch_eager_fp32"]["losses"]
         loss_diff = max(abs(x - y) for x, y in zip(la, lb))
+    if "losses" in results.get("blutrain_bf16", {}) and "losses" in results.get("torch_eager_bf16", {}):
+        la, lb = results["blutrain_bf16"]["losses"], results["torch_eager_bf16"]["losses"]
+        results["blutrain_bf16"]["max_abs_loss_diff_vs_torch_eager_bf16"] = max(abs(x - y) for x, y in zip(la, lb))
     import cupy
 
     doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 " + " ".join(sys.argv),
