@@ -273,3 +273,87 @@ def test_cuda_bf16_linear_matches_widened_generic(bias):
     np.testing.assert_allclose(host(w.grad), gb.T @ xb.reshape(-1, 64), rtol=2e-2, atol=0.3)
     if bias:
         np.testing.assert_allclose(host(b.grad), gb.sum(0), rtol=2e-2, atol=0.1)
+
+
+# ---------------------------------------------------------------- CPU twins of the CUDA bf16 GEMM classes
+
+
+@pytest.fixture
+def numpy_as_cupy(monkeypatch):
+    """Run cuda_ops.linalg's classes on NumPy bf16 bits (uint16) through blublas' NumPy reference provider."""
+    blublas_hooks = pytest.importorskip("blublas.hooks")
+    from blutensor.backend import f32_to_bf16_bits
+    from blutensor.cuda_ops import cast, linalg
+
+    monkeypatch.setattr(linalg, "cupy", lambda: np)
+    monkeypatch.setattr(linalg, "bf16_provider", lambda: blublas_hooks.BluBLASProvider)
+    monkeypatch.setattr(cast, "to_bf16", lambda a: f32_to_bf16_bits(a, np))
+    monkeypatch.setattr(linalg, "_ones_bf16", lambda n: np.full((1, n), 0x3F80, dtype=np.uint16))
+    return linalg
+
+
+class _Ctx:
+    out_dtype = None
+
+    def __init__(self, needs):
+        self.needs = needs
+
+
+def _bits(a):
+    from blutensor.backend import f32_to_bf16_bits
+
+    return f32_to_bf16_bits(np.ascontiguousarray(a, dtype=np.float32), np)
+
+
+def _val(bits):
+    from blutensor.backend import bf16_bits_to_f32
+
+    return bf16_bits_to_f32(np.asarray(bits), np).astype(np.float64)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_bf16_class_on_numpy_bits(numpy_as_cupy, bias):
+    r = rng(5)
+    x, w, b, g = (_bits(r.standard_normal(s)) for s in ((2, 7, 16), (12, 16), (12,), (2, 7, 12)))
+    ctx = _Ctx((True, True, bias))
+    y = numpy_as_cupy.LinearCuda.forward(ctx, x, w, b if bias else None)
+    assert y.dtype == np.uint16 and y.shape == (2, 7, 12)
+    ref = _val(x) @ _val(w).T + (_val(b) if bias else 0)
+    np.testing.assert_allclose(_val(y), ref, rtol=1e-2, atol=2e-2)
+    gx, gw, gb = numpy_as_cupy.LinearCuda.backward(ctx, g)
+    g2, x2 = _val(g).reshape(-1, 12), _val(x).reshape(-1, 16)
+    np.testing.assert_allclose(_val(gx), (g2 @ _val(w)).reshape(2, 7, 16), rtol=1e-2, atol=3e-2)
+    np.testing.assert_allclose(_val(gw), g2.T @ x2, rtol=1e-2, atol=3e-2)
+    if bias:
+        np.testing.assert_allclose(_val(gb), g2.sum(0), rtol=1e-2, atol=3e-2)
+    else:
+        assert gb is None
+
+
+@pytest.mark.parametrize("shapes", [((3, 5, 8), (8, 6)), ((2, 3, 5, 8), (2, 3, 8, 6)), ((1, 5, 8), (1, 8, 6))])
+def test_matmul_bf16_class_on_numpy_bits(numpy_as_cupy, shapes):
+    r = rng(6)
+    a, b = _bits(r.standard_normal(shapes[0])), _bits(r.standard_normal(shapes[1]))
+    ctx = _Ctx((True, True))
+    y = numpy_as_cupy.MatmulCuda.forward(ctx, a, b)
+    ref = _val(a) @ _val(b)
+    np.testing.assert_allclose(_val(y), ref, rtol=1e-2, atol=3e-2)
+    g = _bits(r.standard_normal(ref.shape))
+    ga, gb = numpy_as_cupy.MatmulCuda.backward(ctx, g)
+    ga_ref = _val(g) @ np.swapaxes(_val(b), -1, -2)
+    gb_ref = np.swapaxes(_val(a), -1, -2) @ _val(g)
+    if len(shapes[1]) == 2:
+        gb_ref = gb_ref.sum(0)
+    np.testing.assert_allclose(_val(ga), ga_ref, rtol=1e-2, atol=3e-2)
+    np.testing.assert_allclose(_val(gb), gb_ref, rtol=1e-2, atol=5e-2)
+
+
+def test_bmm_bf16_class_on_numpy_bits(numpy_as_cupy):
+    r = rng(8)
+    a, b, g = (_bits(r.standard_normal(s)) for s in ((4, 5, 8), (4, 8, 6), (4, 5, 6)))
+    ctx = _Ctx((True, True))
+    y = numpy_as_cupy.BmmCuda.forward(ctx, a, b)
+    np.testing.assert_allclose(_val(y), _val(a) @ _val(b), rtol=1e-2, atol=3e-2)
+    ga, gb = numpy_as_cupy.BmmCuda.backward(ctx, g)
+    np.testing.assert_allclose(_val(ga), _val(g) @ np.swapaxes(_val(b), 1, 2), rtol=1e-2, atol=3e-2)
+    np.testing.assert_allclose(_val(gb), np.swapaxes(_val(a), 1, 2) @ _val(g), rtol=1e-2, atol=3e-2)
