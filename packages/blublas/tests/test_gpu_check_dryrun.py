@@ -33,6 +33,7 @@ def _fake_matmul(p, st, stream, fuse):
 def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setenv("BLUBLAS_CHECK_QUICK", "1")
+    monkeypatch.setenv("BLUBLAS_CHECK_INPROC", "1")  # the wgmma groups run in this process (fake CuPy)
     for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
         monkeypatch.setattr(loader, name, {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
@@ -57,7 +58,14 @@ def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
     res = json.loads((out / "blublas_gpu_check.json").read_text())
     unexpected = [f for f in res["failures"] if not (f["check"] == "capture" and "cublas" in f.get("case", ""))]
     assert unexpected == [], unexpected[:3]
-    assert res["wgmma_validated"] is True
-    assert res["wgmma_auto_self_test"] and all(res["wgmma_auto_self_test"].values())
+    assert res["wgmma_validated"] == {"wgmma|nn": True, "wgmma|nt": True, "wgmma|tn": True, "wgmma_tf32|nt": True}
+    assert res["wgmma_auto_self_test"] and all(ok for ok, _why in res["wgmma_auto_self_test"].values())
+    bench = json.loads((out / "blublas_gemm_h200.json").read_text())
+    assert bench["command"].endswith("gpu_check.py $OUT")
+    assert {r["precision"] for r in bench["shapes"] if "ratio" in r} == {"fp32", "tf32", "bf16"}
+    for r in bench["shapes"]:
+        assert {"ours_ms", "ours_tflops", "ours_kernel", "cublaslt_ms", "cublaslt_tflops", "ratio"} <= set(r), r
+    for prec, s in bench["summary"].items():
+        assert s["min_ratio"] <= s["geomean_ratio"] and s["target_min"] == 0.6, (prec, s)
     assert {r["precision"] for r in res["bench"] if "ratio" in r} == {"fp32", "tf32", "bf16"}
     assert set(res["bench_summary"]) == {"fp32", "tf32", "bf16"}

@@ -31,6 +31,10 @@ LAYOUT_BATCH_COUNT, LAYOUT_STRIDED_BATCH_OFFSET = 5, 6
 PREF_MAX_WORKSPACE_BYTES = 1
 EPI_DEFAULT, EPI_BIAS, EPI_GELU, EPI_GELU_AUX, EPI_GELU_BIAS, EPI_GELU_AUX_BIAS = 1, 4, 32, 160, 36, 164
 WORKSPACE_BYTES = 32 << 20
+MAX_ALGOS = 8  # heuristic candidates requested; timed once per problem (see _tune)
+TUNE_MIN_FLOPS = 2e9  # smaller problems take the heuristic's first choice untimed
+#: one record per tuned problem: {"key", "algos", "first_ms", "best_ms", "best_index"} (read by dev/gpu_check)
+TUNING_LOG: list[dict] = []
 
 _STATUS = {
     0: "SUCCESS",
@@ -335,6 +339,39 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
             tuple(x % 16 for x in (p.A.ptr, p.B.ptr, p.C.ptr)),
             p.beta != 0.0,
         )
+        ws_buf = None
+
+        def call(algo_bytes: bytes) -> None:
+            nonlocal ws_buf
+            from .loader import workspace
+
+            if ws_buf is None:  # per (device, stream): concurrent streams never share it
+                ws_buf = workspace(WORKSPACE_BYTES, stream)
+            algo = (ctypes.c_uint64 * 8).from_buffer_copy(algo_bytes)
+            alpha, beta = ctypes.c_float(p.alpha), ctypes.c_float(p.beta)
+            cptr = ctypes.c_void_p(int(p.out.data.ptr))
+            _check(
+                lib.cublasLtMatmul(
+                    st.handle,
+                    d.desc,
+                    ctypes.byref(alpha),
+                    ctypes.c_void_p(p.B.ptr),
+                    xa,
+                    ctypes.c_void_p(p.A.ptr),
+                    ya,
+                    ctypes.byref(beta),
+                    cptr,
+                    cd,
+                    cptr,
+                    cd,
+                    ctypes.byref(algo),
+                    ctypes.c_void_p(int(ws_buf.data.ptr)),
+                    WORKSPACE_BYTES,
+                    ctypes.c_void_p(stream_ptr),
+                ),
+                "cublasLtMatmul",
+            )
+
         found = st.algos.get(key, False)
         if found is False:
             _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(d.pref)), "PreferenceCreate")
@@ -343,43 +380,72 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
                 lib.cublasLtMatmulPreferenceSetAttribute(d.pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8),
                 "PreferenceSetAttribute",
             )
-            res = _HeuristicResult()
+            res = (_HeuristicResult * MAX_ALGOS)()
             n = ctypes.c_int(0)
             status = lib.cublasLtMatmulAlgoGetHeuristic(
-                st.handle, d.desc, xa, ya, cd, cd, d.pref, 1, ctypes.byref(res), ctypes.byref(n)
+                st.handle, d.desc, xa, ya, cd, cd, d.pref, MAX_ALGOS, res, ctypes.byref(n)
             )
-            found = (bytes(res.algo), int(res.workspaceSize)) if status == 0 and n.value > 0 else None
-            st.algos[key] = found
+            algos = [bytes(res[i].algo) for i in range(n.value) if res[i].state == 0] if status == 0 else []
+            if not algos:
+                st.algos[key] = None
+                return False
+            capturing = _is_capturing(stream)
+            flops = 2.0 * p.M * p.N * p.K * batch
+            if len(algos) > 1 and not capturing and tune_enabled() and flops >= TUNE_MIN_FLOPS:
+                found = _tune(p, algos, call, stream, key)
+            else:
+                found = algos[0]
+            if not capturing:  # during capture: the heuristic's first choice, tuned on the next eager call
+                st.algos[key] = found
         if found is None:
             return False
-        algo = (ctypes.c_uint64 * 8).from_buffer_copy(found[0])
-        from .loader import workspace
-
-        ws_buf = workspace(WORKSPACE_BYTES, stream)  # per (device, stream): concurrent streams never share it
-        alpha, beta = ctypes.c_float(p.alpha), ctypes.c_float(p.beta)
-        cptr = ctypes.c_void_p(int(p.out.data.ptr))
-        _check(
-            lib.cublasLtMatmul(
-                st.handle,
-                d.desc,
-                ctypes.byref(alpha),
-                ctypes.c_void_p(p.B.ptr),
-                xa,
-                ctypes.c_void_p(p.A.ptr),
-                ya,
-                ctypes.byref(beta),
-                cptr,
-                cd,
-                cptr,
-                cd,
-                ctypes.byref(algo),
-                ctypes.c_void_p(int(ws_buf.data.ptr)),
-                WORKSPACE_BYTES,
-                ctypes.c_void_p(stream_ptr),
-            ),
-            "cublasLtMatmul",
-        )
+        call(found)
     return True
+
+
+def tune_enabled() -> bool:
+    """BLUBLAS_CUBLASLT_TUNE (default on): time cuBLASLt's top heuristic algorithms once per problem."""
+    return os.environ.get("BLUBLAS_CUBLASLT_TUNE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _is_capturing(stream: Any) -> bool:
+    try:
+        return bool(stream.is_capturing())
+    except Exception:  # noqa: BLE001 - older CuPy: assume not capturing
+        return False
+
+
+def _tune(p: Any, algos: list[bytes], call: Any, stream: Any, key: tuple) -> bytes:
+    """Time each algorithm (1 warm-up, median of 3, CUDA events) and return the fastest. The output (and
+    pre-activation) are rewritten by the real call that follows; with beta != 0 the output is restored."""
+    import cupy
+
+    snapshot = p.out.copy() if p.beta != 0.0 else None
+    times = []
+    with stream:
+        for alg in algos:
+            try:
+                call(alg)
+                ts = []
+                for _ in range(3):
+                    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+                    e0.record(stream)
+                    call(alg)
+                    e1.record(stream)
+                    e1.synchronize()
+                    ts.append(cupy.cuda.get_elapsed_time(e0, e1))
+                times.append(sorted(ts)[1])
+            except RuntimeError:
+                times.append(float("inf"))
+        if snapshot is not None:
+            p.out[...] = snapshot
+    best = min(range(len(algos)), key=lambda i: times[i])
+    if times[best] == float("inf"):
+        return algos[0]
+    TUNING_LOG.append(
+        {"key": list(key[:7]), "algos": len(algos), "first_ms": times[0], "best_ms": times[best], "best_index": best}
+    )
+    return algos[best]
 
 
 def run_cublas(p: Any, stream: Any = None) -> None:
