@@ -32,11 +32,15 @@ def device(request):
 
 @pytest.fixture(autouse=True)
 def _no_leftover_observers():
+    from bluprofiler import memory
+    from blutensor.autograd import engine
     from blutensor.autograd.node import Node
     from blutensor.ops import dispatch
 
-    before = list(dispatch.observers)
+    before, before_bwd = list(dispatch.observers), list(engine.backward_observers)
     apply_fn = Node.apply
     yield
     assert dispatch.observers == before, "a test left a dispatch observer installed"
-    assert Node.apply is apply_fn, "a test left Node.apply patched"
+    assert engine.backward_observers == before_bwd, "a test left a backward observer installed"
+    assert Node.apply is apply_fn, "a test patched Node.apply"
+    assert memory.OWNER == "other", "a test left the memory owner set"

@@ -8,7 +8,7 @@ import time
 import types
 
 import blutensor as bt
-from bluprofiler import profile, profiler
+from bluprofiler import memory, profile, profiler
 from bluprofiler.memory import MemoryTracker, make_cupy_hook
 
 
@@ -50,20 +50,23 @@ class FakeCupy:
         self.get_default_memory_pool = lambda: types.SimpleNamespace(used_bytes=lambda: 1024)
 
 
-def test_memory_hook_records_and_attributes():
-    owner = ["matmul.forward"]
-    tr = MemoryTracker(lambda: owner[0])
-    hook = make_cupy_hook(FakeCupy(), tr)
+def test_memory_hook_records_and_attributes(monkeypatch):
+    tr = MemoryTracker()
+    hook = make_cupy_hook(FakeCupy(), tr.raw)
+    monkeypatch.setattr(memory, "OWNER", "matmul.forward")
     hook.alloc_postprocess(device_id=0, mem_size=2 << 20, mem_ptr=0x1000)
     hook.malloc_postprocess(device_id=0, size=1000, mem_size=1024, mem_ptr=0x1000, pmem_id=1)
-    owner[0] = "exp.forward"
+    monkeypatch.setattr(memory, "OWNER", "exp.forward")
     hook.malloc_postprocess(device_id=0, size=500, mem_size=512, mem_ptr=0x1400, pmem_id=2)
     hook.free_postprocess(device_id=0, mem_size=1024, mem_ptr=0x1000, pmem_id=1)
-    kinds = [(e.kind, e.nbytes, e.owner, e.stream, e.device) for e in tr.events]
+    hook.free_postprocess(device_id=0, mem_size=256, mem_ptr=0x9000, pmem_id=3)  # allocated before the session
+    assert all(type(r) is tuple for r in tr.raw)  # the hot path builds no objects beyond one tuple
+    kinds = [(e.kind, e.nbytes, e.owner, e.stream, e.device) for e in tr.build_events()]
     assert kinds == [("reserve", 2 << 20, "matmul.forward", 0x77, "cuda:0"),
                      ("alloc", 1024, "matmul.forward", 0x77, "cuda:0"),
                      ("alloc", 512, "exp.forward", 0x77, "cuda:0"),
-                     ("free", 1024, "matmul.forward", 0x77, "cuda:0")]  # the free keeps the allocating owner
+                     ("free", 1024, "matmul.forward", 0x77, "cuda:0"),  # the free keeps the allocating owner
+                     ("free", 256, "?", 0, "cuda:0")]
 
 
 def test_profiler_cuda_path_with_fake_cupy(monkeypatch, tmp_path):
@@ -110,7 +113,7 @@ def test_foreign_allocator_falls_back_to_output_tracking(monkeypatch):
 
 def test_failed_start_leaves_nothing_behind(monkeypatch):
     from bluprofiler import ProfilerError, active
-    from blutensor.autograd.node import Node
+    from blutensor.autograd import engine
     from blutensor.ops import dispatch
 
     fake = FakeCupy()
@@ -121,12 +124,11 @@ def test_failed_start_leaves_nothing_behind(monkeypatch):
 
     fake.cuda.Event = Broken
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
-    orig = Node.apply
     try:
         profile().start()
     except RuntimeError as e:
         assert "cudaEventRecord" in str(e)
-    assert active() is None and dispatch.observers == [] and Node.apply is orig and FakeCupy.hooks == []
+    assert active() is None and dispatch.observers == [] and engine.backward_observers == [] and FakeCupy.hooks == []
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: None)
     with profile():
         pass

@@ -1,14 +1,19 @@
 """Allocation tracking: every allocation and free with size, stream, owning op and a ns timestamp.
 
-Two sources, both feeding one list of :class:`MemEvent`:
+Three sources, all appending one plain tuple per event to ``MemoryTracker.raw`` (turned into
+:class:`MemEvent` records when the session stops):
 
-* CUDA: a ``cupy.cuda.MemoryHook`` subclass sees every pool ``malloc`` and ``free`` (plus the raw
-  ``cudaMalloc`` reservations as ``reserve``) and attributes each to the op executing at that time.
-  It sees CuPy's own memory pool only; an allocator installed with ``cupy.cuda.set_allocator``
-  (bluallocator's caching allocator) bypasses CuPy's hooks.
-* CPU (and CuPy arrays when the hook is off): op outputs and backward gradients are tracked when
-  they own their buffer (the root of a view chain), and a ``weakref`` callback records the free
-  when the buffer dies.
+* CUDA, CuPy's memory pool: a ``cupy.cuda.MemoryHook`` subclass sees every pool ``malloc`` and
+  ``free`` (plus the raw ``cudaMalloc`` reservations as ``reserve``).
+* CUDA, bluallocator's caching allocator (installed with ``cupy.cuda.set_allocator``, so CuPy calls
+  no hooks): ``bluallocator.add_listener(fn)``, ``fn(event, ptr, size, stream, ts_ns)``.
+* CPU (and CuPy arrays when neither is available): op outputs and backward gradients are tracked
+  when they own their buffer (the root of a view chain), and a ``weakref`` callback records the
+  free when the buffer dies.
+
+The owner of an allocation is :data:`OWNER` at that moment: the profiler's observers set it to the
+running op (``matmul.forward``) or region and restore it after, so a callback reads one global.
+A free gets the owner and stream of its allocation when the events are built.
 """
 
 from __future__ import annotations
@@ -16,24 +21,28 @@ from __future__ import annotations
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 from bluprofiler.events import MemEvent
 
 _now = time.perf_counter_ns
 
+#: what is running now (an op key, a region name, or "other"); set by the profiler
+OWNER = "other"
+
 
 class MemoryTracker:
-    """Collects MemEvents; ``owner()`` names whatever is running (an op, a region, or "other")."""
+    """Collects raw memory event tuples ``(ts_ns, kind, nbytes, addr, stream, owner, device)``;
+    ``build_events()`` turns them into MemEvents (frees attributed to their allocation)."""
 
-    def __init__(self, owner: Callable[[], str]):
-        self.events: list[MemEvent] = []
-        self.owner = owner
+    def __init__(self):
+        self.raw: list[tuple] = []
+        self.device_id = 0
         # id(root buffer) -> (weakref to it, nbytes, owner, device); the weakref's callback records the free
         self._live: dict[int, tuple] = {}
         self._ref_key: dict[int, int] = {}
         self._hook = None
+        self._listener = None
         self.active = False
 
     # ---- array-level tracking (CPU) ----
@@ -57,18 +66,30 @@ class MemoryTracker:
         n = root.nbytes
         self._live[key] = (r, n, owner, dev)
         self._ref_key[id(r)] = key
-        self.events.append(MemEvent(_now(), "alloc", n, key, 0, owner, dev))
+        self.raw.append((_now(), "alloc", n, key, 0, owner, dev))
 
     def _dead(self, r: Any) -> None:
         key = self._ref_key.pop(id(r), None)
         rec = self._live.pop(key, None) if key is not None else None
         if rec is not None and self.active:
-            self.events.append(MemEvent(_now(), "free", rec[1], key, 0, rec[2], rec[3]))
+            self.raw.append((_now(), "free", rec[1], key, 0, rec[2], rec[3]))
 
-    # ---- CUDA memory hook ----
+    # ---- CUDA ----
     def install_cuda_hook(self, cupy: Any) -> None:
-        self._hook = make_cupy_hook(cupy, self)
+        self._hook = make_cupy_hook(cupy, self.raw)
         self._hook.__enter__()
+
+    def install_listener(self, add: Any, remove: Any) -> None:
+        """Subscribe to an allocator's ``fn(event, ptr, size, stream, ts_ns)`` events (bluallocator).
+        Timestamps are ours (``perf_counter_ns``, the clock of the op spans)."""
+        raw_append = self.raw.append
+        dev = self.device_id
+
+        def listener(event: str, ptr: int, size: int, stream: int, ts_ns: int = 0) -> None:
+            raw_append((_now(), event, size, ptr, stream, OWNER if event == "alloc" else None, dev))
+
+        add(listener)
+        self._listener = (listener, remove)
 
     def start(self) -> None:
         self.active = True
@@ -78,36 +99,52 @@ class MemoryTracker:
         if self._hook is not None:
             self._hook.__exit__(None, None, None)
             self._hook = None
+        if self._listener is not None:
+            fn, remove = self._listener
+            self._listener = None
+            remove(fn)
         self._live.clear()  # dropping the weakrefs drops their callbacks
         self._ref_key.clear()
 
+    def build_events(self) -> list[MemEvent]:
+        """The raw tuples as MemEvents: a free gets its allocation's owner and stream ("?" and 0 when
+        it was allocated before the session); integer devices become ``cuda:<id>``."""
+        out: list[MemEvent] = []
+        live: dict[int, tuple] = {}
+        devs: dict = {}
+        for ts, kind, n, addr, stream, owner, dev in self.raw:
+            d = devs.get(dev)
+            if d is None:
+                d = devs[dev] = dev if isinstance(dev, str) else f"cuda:{dev}"
+            if kind == "alloc":
+                live[addr] = (stream, owner)
+            elif kind == "free" and owner is None:
+                stream, owner = live.pop(addr, (stream, "?"))
+            out.append(MemEvent(ts, kind, n, addr, stream, owner, d))
+        return out
 
-def make_cupy_hook(cupy: Any, tracker: MemoryTracker) -> Any:
-    """A ``cupy.cuda.MemoryHook`` that appends to ``tracker.events`` (defined lazily: CuPy is optional)."""
+    @property
+    def events(self) -> list[MemEvent]:
+        return self.build_events()
+
+
+def make_cupy_hook(cupy: Any, raw: list) -> Any:
+    """A ``cupy.cuda.MemoryHook`` that appends one tuple per pool event to ``raw`` (defined lazily:
+    CuPy is optional). Owner: the module's OWNER global; a free's owner is resolved later."""
+    stream = cupy.cuda.get_current_stream
+    append = raw.append
 
     class BluprofilerMemoryHook(cupy.cuda.MemoryHook):
         name = "bluprofiler"
 
-        def __init__(self):
-            super().__init__()
-            self.live: dict[int, tuple[int, int, str]] = {}
-            self.stream = cupy.cuda.get_current_stream
+        def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id, **_):
+            append((_now(), "alloc", mem_size, mem_ptr, stream().ptr, OWNER, device_id))
 
-        def malloc_postprocess(self, **kw):
-            ptr, size, dev = kw["mem_ptr"], kw["mem_size"], kw["device_id"]
-            owner = tracker.owner()
-            s = self.stream().ptr
-            self.live[ptr] = (size, s, owner)
-            tracker.events.append(MemEvent(_now(), "alloc", size, ptr, s, owner, f"cuda:{dev}"))
+        def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id, **_):
+            append((_now(), "free", mem_size, mem_ptr, 0, None, device_id))
 
-        def free_postprocess(self, **kw):
-            ptr, size, dev = kw["mem_ptr"], kw["mem_size"], kw["device_id"]
-            _, s, owner = self.live.pop(ptr, (size, 0, "?"))
-            tracker.events.append(MemEvent(_now(), "free", size, ptr, s, owner, f"cuda:{dev}"))
-
-        def alloc_postprocess(self, **kw):
-            tracker.events.append(MemEvent(_now(), "reserve", kw["mem_size"], kw["mem_ptr"],
-                                           self.stream().ptr, tracker.owner(), f"cuda:{kw['device_id']}"))
+        def alloc_postprocess(self, device_id, mem_size, mem_ptr, **_):
+            append((_now(), "reserve", mem_size, mem_ptr, stream().ptr, OWNER, device_id))
 
     return BluprofilerMemoryHook()
 

@@ -4,23 +4,27 @@ emits NVTX ranges and hands a :class:`ProfileResult` to the table, trace and plo
 How it attaches (and detaches, leaving no trace when off):
 
 * forward: ``blutensor.ops.dispatch.add_observer`` wraps every op call;
-* backward: backward formulas run in ``Node.apply`` (called by the autograd engine), not through
-  ``dispatch.apply``; while a profiler is active ``Node.apply`` is replaced on the class by a timed
-  wrapper and restored on exit. This is the non-invasive stand-in for an engine observer hook.
+* backward: ``blutensor.autograd.engine.add_backward_observer`` wraps every node's backward formula.
 
-With no profiler active nothing of ours is on the op path: the observer list is empty (one
-truthiness test per op, as without bluprofiler) and ``Node.apply`` is blutensor's own function.
+With no profiler active nothing of ours is on the op path: both observer lists are empty (one
+truthiness test per op and per node, as without bluprofiler).
+
+The hot path (per span) records two pool events and appends one tuple; everything else (kernel
+names, OpEvents, GPU milliseconds, memory owners of frees) is worked out when the session stops.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from bluprofiler import memory as _mem
 from bluprofiler.events import OpEvent
 from bluprofiler.memory import MemoryTracker
 from bluprofiler.result import ProfileResult
@@ -30,22 +34,19 @@ _now = time.perf_counter_ns
 _tid = threading.get_ident
 _active: Profiler | None = None
 _lock = threading.Lock()
+_Tensor = None  # blutensor.Tensor, bound at the first start (import order)
 
 
 class ProfilerError(RuntimeError):
     """Misuse of the profiler (nested sessions, reading results of a running session, bad options)."""
 
 
-def _shape(x: Any) -> tuple | None:
-    s = getattr(x, "shape", None)
-    return tuple(s) if s is not None else None
-
-
 class Profiler:
     """``with Profiler(timing=True, memory=True, nvtx=True) as prof: ...`` then ``prof.result``.
 
     timing: host time per op always; CUDA-event GPU time per op when ``device`` is CUDA.
-    memory: allocation tracking (CuPy memory hook on CUDA, op-output tracking on CPU).
+    memory: allocation tracking (CuPy memory hook or bluallocator listener on CUDA, op-output
+    tracking on CPU).
     nvtx: NVTX ranges named ``op.forward`` / ``op.backward`` / region (CUDA only).
     record_shapes: input/output shapes per op event (and on autograd nodes, for the graph recorder).
     device: "cpu", "cuda" or None (auto: CUDA when CuPy sees a GPU).
@@ -60,11 +61,11 @@ class Profiler:
         self.device = device
         self.events: list[OpEvent] = []
         self._raw: list[tuple] = []
-        self._stack: list[str] = []
-        self._index = 0
+        self._depth = 0
+        self._count = itertools.count()
         self._running = False
         self._result: ProfileResult | None = None
-        self._orig_apply = None
+        self._observing = self._observing_bwd = False
 
     # ---- lifecycle ----
     def start(self) -> Profiler:
@@ -84,49 +85,69 @@ class Profiler:
         return self
 
     def _start(self) -> None:
+        global _Tensor
+        from blutensor import Tensor
+        from blutensor.autograd import engine
         from blutensor.ops import dispatch
 
+        _Tensor = Tensor
         cp = None if self.device == "cpu" else cupy_or_none()
         if str(self.device).startswith("cuda") and cp is None:
             raise ProfilerError("Profiler(device='cuda'): CuPy with a visible GPU is needed "
                                 "(pip install cupy-cuda12x)")
         self.cuda = cp is not None
         self.gpu = GpuTimer(cp) if (self.cuda and self.timing) else None
+        self._evs = self.gpu.events if self.gpu is not None else None
+        self._stream = cp.cuda.get_current_stream if self.cuda else None
         nv = Nvtx(cp) if (self.cuda and self.nvtx_on) else None
         self._push = nv.push if nv is not None and nv.available else None
         self._pop = nv.pop if self._push is not None else None
-        self.mem = MemoryTracker(self._owner) if self.memory else None
+        self.mem = MemoryTracker() if self.memory else None
         self._array_track = self.mem is not None and not self.cuda
         self.memory_source = "op outputs (root buffers)" if self.mem is not None else "off"
         self.baseline_bytes = 0
         if self.mem is not None and self.cuda:
+            self.mem.device_id = _device_index(cp)
+            blu = _bluallocator_listener()
             if uses_cupy_pool(cp):
                 self.mem.install_cuda_hook(cp)
                 self.baseline_bytes = int(cp.get_default_memory_pool().used_bytes())
                 self.memory_source = "CuPy memory pool hook"
+            elif blu is not None:
+                self.mem.install_listener(*blu)
+                self.memory_source = "bluallocator listener"
             else:
-                # another allocator (e.g. bluallocator's) bypasses CuPy's hooks: track op outputs instead
+                # another allocator that reports nothing: track op outputs instead
                 self._array_track = True
                 self.memory_source = ("op outputs (root buffers): the CuPy allocator is not a MemoryPool, "
                                       "so pool hooks see nothing")
+        _mem.OWNER = "other"
         if self.mem is not None:
             self.mem.start()
         self.t0 = _now()
         self.wall0_ns = time.time_ns()
         self.pid = os.getpid()
         dispatch.add_observer(self._observe)
+        self._observing = True
         if self.backward:
-            self._patch_backward()
+            engine.add_backward_observer(self._observe_backward)
+            self._observing_bwd = True
         self._running = True
 
     def _detach(self) -> None:
-        """Remove everything this session installed (observer, Node.apply wrapper, memory hook)."""
+        """Remove everything this session installed (observers, memory hook or listener)."""
+        from blutensor.autograd import engine
         from blutensor.ops import dispatch
 
-        dispatch.remove_observer(self._observe)
-        self._unpatch_backward()
+        if self._observing:
+            dispatch.remove_observer(self._observe)
+            self._observing = False
+        if self._observing_bwd:
+            engine.remove_backward_observer(self._observe_backward)
+            self._observing_bwd = False
         if self.mem is not None:
             self.mem.stop()
+        _mem.OWNER = "other"
 
     def stop(self) -> ProfileResult:
         if not self._running:
@@ -141,7 +162,7 @@ class Profiler:
                 self.gpu.resolve(self.events)
         finally:
             _release()
-        mem_events = self.mem.events if self.mem is not None else []
+        mem_events = self.mem.build_events() if self.mem is not None else []
         self._result = ProfileResult(
             events=self.events, mem_events=mem_events, t0=self.t0, t1=t1, wall0_ns=self.wall0_ns,
             device="cuda" if self.cuda else "cpu", gpu_timing=self.gpu is not None,
@@ -162,133 +183,133 @@ class Profiler:
             raise ProfilerError("Profiler.result: the session has not stopped yet (leave the with-block first)")
         return self._result
 
-    # ---- attribution (the hot path: raw tuples now, OpEvents when the session stops) ----
-    def _owner(self) -> str:
-        return self._stack[-1] if self._stack else "other"
-
-    def _observe(self, op: str, inputs, attrs, run):
-        stack = self._stack
-        key = op + ".forward"
-        idx = self._index
-        self._index = idx + 1
-        depth = len(stack)
-        stack.append(key)
-        gpu = self.gpu
+    # ---- the hot path: set the owner, record two pool events, append one tuple ----
+    def _open(self, key: str) -> tuple:
+        """Start a span named ``key``: (previous owner, depth, start event index, stream, index, t0)."""
+        prev = _mem.OWNER
+        _mem.OWNER = key
+        d = self._depth
+        self._depth = d + 1
         if self._push is not None:
             self._push(key)
-        ga = gpu.begin() if gpu is not None else None
-        t0 = _now()
+        evs = self._evs
+        if evs is not None:
+            gpu = self.gpu
+            i = gpu.n
+            if i + 2 > len(evs):
+                gpu.grow()
+            gpu.n = i + 2
+            evs[i].record()
+            s = self._stream().ptr
+        else:
+            i, s = None, 0
+        return prev, d, i, s, next(self._count), _now()
+
+    def _close(self, tok: tuple) -> int:
+        """End the span opened as ``tok``; returns t1."""
+        t1 = _now()
+        i = tok[2]
+        if i is not None:
+            self._evs[i + 1].record()
+        if self._pop is not None:
+            self._pop()
+        self._depth = tok[1]
+        _mem.OWNER = tok[0]
+        return t1
+
+    def _observe(self, op: str, inputs, attrs, run):
+        key = op + ".forward"
+        tok = self._open(key)
         try:
             res = run()
         finally:
-            t1 = _now()
-            gb = gpu.end() if gpu is not None else None
-            if self._pop is not None:
-                self._pop()
-            stack.pop()
+            t1 = self._close(tok)
         node = getattr(res, "grad_fn", None)
         if self.record_shapes:
-            shapes = tuple([getattr(x, "shape", None) for x in inputs])
-            out_shape = getattr(res, "shape", None)
+            T = _Tensor
+            shapes = tuple([x._data.shape if isinstance(x, T) else None for x in inputs])
+            out_shape = res._data.shape if isinstance(res, T) else None
             if node is not None:
-                _annotate(node, shapes, out_shape)
+                meta = node.meta
+                if meta is None:
+                    node.meta = {"in_shapes": shapes, "out_shape": out_shape}
+                elif isinstance(meta, dict):
+                    meta.setdefault("in_shapes", shapes)
+                    meta.setdefault("out_shape", out_shape)
         else:
             shapes = out_shape = None
         # never keep ``inputs`` (that would extend the tensors' lifetimes): a kernel class or a name
         kernel = node.kernel if node is not None else _resolved_kernel(op, inputs)
-        self._raw.append((op, "forward", kernel, idx, depth, _tid(), t0, t1, shapes, out_shape, ga, gb))
+        self._raw.append((op, "forward", kernel, tok[4], tok[1], _tid(), tok[5], t1, shapes, out_shape,
+                          tok[2], tok[3]))
         if self._array_track:
             self.mem.track(res._data, key, tuple([getattr(x, "_data", None) for x in inputs]))
         return res
 
-    def _span(self, name: str, phase: str, kernel, fn, *args):
-        """Run ``fn(*args)`` as one span (regions and backward nodes)."""
-        stack = self._stack
-        key = name if phase == "region" else f"{name}.{phase}"
-        idx = self._index
-        self._index = idx + 1
-        depth = len(stack)
-        stack.append(key)
-        gpu = self.gpu
-        if self._push is not None:
-            self._push(key)
-        ga = gpu.begin() if gpu is not None else None
-        t0 = _now()
+    def _observe_backward(self, node, grad, run):
+        op = node.op
+        key = op + ".backward"
+        tok = self._open(key)
         try:
-            return fn(*args)
+            grads = run()
         finally:
-            t1 = _now()
-            gb = gpu.end() if gpu is not None else None
-            if self._pop is not None:
-                self._pop()
-            stack.pop()
-            self._raw.append((name, phase, kernel, idx, depth, _tid(), t0, t1, None, None, ga, gb))
+            t1 = self._close(tok)
+        self._raw.append((op, "backward", node.kernel, tok[4], tok[1], _tid(), tok[5], t1, None, None,
+                          tok[2], tok[3]))
+        if self._array_track:
+            for g in grads:
+                if g is not None:
+                    self.mem.track(g, key, (grad,))
+        return grads
 
     @contextmanager
     def region(self, name: str) -> Iterator[None]:
         """Time a named range (a step, the optimizer, a data load) as its own span and memory owner."""
-        stack = self._stack
-        idx = self._index
-        self._index = idx + 1
-        depth = len(stack)
-        stack.append(name)
-        gpu = self.gpu
-        if self._push is not None:
-            self._push(name)
-        ga = gpu.begin() if gpu is not None else None
-        t0 = _now()
+        tok = self._open(name)
         try:
             yield
         finally:
-            t1 = _now()
-            gb = gpu.end() if gpu is not None else None
-            if self._pop is not None:
-                self._pop()
-            stack.pop()
-            self._raw.append((name, "region", "", idx, depth, _tid(), t0, t1, None, None, ga, gb))
+            t1 = self._close(tok)
+            self._raw.append((name, "region", "", tok[4], tok[1], _tid(), tok[5], t1, None, None,
+                              tok[2], tok[3]))
 
     def _events(self) -> list[OpEvent]:
         """The raw span tuples as OpEvents (kernel names resolved), in start order."""
         out = []
-        for name, phase, kernel, idx, depth, tid, t0, t1, shapes, out_shape, ga, gb in self._raw:
+        names: dict = {}
+        for name, phase, kernel, idx, depth, tid, t0, t1, shapes, out_shape, ev, stream in self._raw:
             if not isinstance(kernel, str):
-                kernel = _kernel_name(kernel)
+                k = names.get(kernel)
+                if k is None:
+                    k = names[kernel] = _kernel_name(kernel)
+                kernel = k
             e = OpEvent(name, phase, kernel, idx, depth, tid, t0, t1,
                         tuple(tuple(s) if s is not None else None for s in shapes) if shapes is not None else None,
-                        tuple(out_shape) if out_shape is not None else None)
-            if ga is not None:
-                e._ev, e.stream = (ga[0], gb), ga[1]
+                        tuple(out_shape) if out_shape is not None else None, stream)
+            e._ev = ev
             out.append(e)
-        out.sort(key=lambda e: e.start_ns)
+        out.sort(key=lambda e: e.index)
         return out
 
-    # ---- backward ----
-    def _patch_backward(self) -> None:
-        from blutensor.autograd.node import Node
 
-        orig = Node.apply
-        prof = self
+def _device_index(cp: Any) -> int:
+    try:
+        return int(cp.cuda.runtime.getDevice())
+    except Exception:
+        return 0
 
-        def apply(node, grad):
-            grads = prof._span(node.op, "backward", node.kernel, orig, node, grad)
-            if prof._array_track:
-                key = node.op + ".backward"
-                for g in grads if isinstance(grads, tuple) else (grads,):
-                    if g is not None:
-                        prof.mem.track(g, key, (grad,))
-            return grads
 
-        apply.__wrapped__ = orig
-        self._orig_apply = orig
-        Node.apply = apply
-
-    def _unpatch_backward(self) -> None:
-        if self._orig_apply is None:
-            return
-        from blutensor.autograd.node import Node
-
-        Node.apply = self._orig_apply
-        self._orig_apply = None
+def _bluallocator_listener() -> tuple | None:
+    """(add_listener, remove_listener) of bluallocator when it is imported, installed as CuPy's
+    allocator and offers listeners; else None. Never imports bluallocator."""
+    blu = sys.modules.get("bluallocator")
+    if blu is None:
+        return None
+    add, remove = getattr(blu, "add_listener", None), getattr(blu, "remove_listener", None)
+    installed = getattr(blu, "is_installed", None)
+    if add is None or remove is None or (installed is not None and not installed()):
+        return None
+    return add, remove
 
 
 def uses_cupy_pool(cp: Any) -> bool:
@@ -337,15 +358,6 @@ def _resolved_kernel(op: str, inputs) -> str:
     return ""
 
 
-def _annotate(node: Any, shapes, out_shape) -> None:
-    meta = node.meta
-    if meta is None:
-        node.meta = meta = {}
-    if isinstance(meta, dict):
-        meta.setdefault("in_shapes", shapes)
-        meta.setdefault("out_shape", out_shape)
-
-
 def profile(timing: bool = True, memory: bool = True, nvtx: bool = True, record_shapes: bool = True,
             device: str | None = None, backward: bool = True) -> Profiler:
     """A :class:`Profiler` to use as a context manager: ``with profile() as prof: step()``."""
@@ -367,3 +379,18 @@ def record_function(name: str) -> Iterator[None]:
         return
     with p.region(name):
         yield
+
+
+def _shape(x: Any) -> tuple | None:
+    s = getattr(x, "shape", None)
+    return tuple(s) if s is not None else None
+
+
+def _annotate(node: Any, shapes, out_shape) -> None:
+    """Put input/output shapes on an autograd node (for the graph recorder)."""
+    meta = node.meta
+    if meta is None:
+        node.meta = {"in_shapes": shapes, "out_shape": out_shape}
+    elif isinstance(meta, dict):
+        meta.setdefault("in_shapes", shapes)
+        meta.setdefault("out_shape", out_shape)
