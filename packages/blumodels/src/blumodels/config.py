@@ -78,6 +78,7 @@ class TrainConfig:
     fused_adamw: bool = True  # on CUDA: one multi-tensor AdamW launch per step (blutensor's fused path)
     activation_checkpointing: bool = False  # recompute each block in backward (keeps only block inputs)
     optimizer_in_backward: bool = False  # step each parameter and free its grad as soon as it is ready
+    cuda_graph: bool = False  # CUDA: capture the whole step in one CUDA graph after warm-up (graph_step.py)
     peak_flops: float = 0.0  # per device; 0 = default table (CUDA) or none (CPU: MFU null)
     plot: bool = True
 
@@ -163,6 +164,10 @@ class RunConfig:
             if t.nan_policy == "skip":
                 raise ConfigError("train.optimizer_in_backward cannot honour train.nan_policy = 'skip': "
                                   f"{why}, so a bad step cannot be dropped; use 'stop'")
+        if t.cuda_graph:
+            from blumodels.graph_step import check_config
+
+            check_config(self)
         if t.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints must be at least 1, got {t.keep_checkpoints}")
         if t.eval_interval and t.eval_steps <= 0:

@@ -112,7 +112,7 @@ class GPT2(nn.Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"GPT2: sequence length {T} exceeds model.block_size={self.config.block_size}")
-        pos = bt.arange(T, dtype=bt.int64, device=idx.device)
+        pos = self._positions(T, idx.device)
         x = self.wte(idx) + self.wpe(pos)
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
@@ -126,6 +126,16 @@ class GPT2(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
         return logits, loss
+
+    def _positions(self, T: int, device):
+        """0..T-1 on ``device``, made once per (T, device): no host-to-device copy in the step (a copy from a
+        host staging buffer inside a captured CUDA graph would replay stale memory)."""
+        cache = self.__dict__.setdefault("_pos_cache", {})
+        key = (T, str(device))
+        pos = cache.get(key)
+        if pos is None:
+            pos = cache[key] = bt.arange(T, dtype=bt.int64, device=device)
+        return pos
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

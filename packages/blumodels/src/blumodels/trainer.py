@@ -109,6 +109,9 @@ class Trainer:
         self.quiet = quiet or not self.dist.is_main
         self.progress = sys.stdout.isatty() if progress is None else progress
         self.device = self.dist.device(resolve_device(cfg.train.device))
+        if cfg.train.cuda_graph and not self.device.startswith("cuda"):
+            raise ConfigError(f"train.cuda_graph = true needs a CUDA device; train.device={cfg.train.device!r} "
+                              f"resolved to {self.device!r} (set train.cuda_graph = false on CPU)")
         if self.device.startswith("cuda"):
             bt.set_matmul_precision(cfg.train.precision)
         if self.dist.is_main:
@@ -248,6 +251,10 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One optimisation step (grad_accum micro-steps); returns its log record."""
         cfg, t = self.cfg, self.cfg.train
+        if t.cuda_graph and not getattr(self, "_graph_eager", False):
+            from blumodels.graph_step import graph_train_step
+
+            return graph_train_step(self)  # eager warm-up steps come back here with _graph_eager set
         s = self.step
         accum = cfg.grad_accum
         lr = lr_at(s, cfg)
@@ -268,6 +275,10 @@ class Trainer:
                     bad = f"loss (micro-step {micro}: {lv})"
                 (loss if accum == 1 else loss * (1.0 / accum)).backward()
         loss_val = self.dist.mean([loss_sum / accum], self.device)[0]  # over ranks: the global batch's loss
+        if self.device.startswith("cuda"):  # bad targets/indices recorded on device (the loss read synced)
+            from blutensor.cuda_ops import index_check
+
+            index_check.raise_pending()
         if bad is None and not math.isfinite(loss_val):
             bad = "loss (on another rank)"
         params = list(self.params.values())

@@ -52,3 +52,7 @@ def max_memory_allocated() -> int:
 
 __all__ = ["INSTALL_HINT", "current_device", "device_count", "get_device_capability", "get_device_name",
            "is_available", "max_memory_allocated", "synchronize"]
+
+from blutensor.cuda_graph import CUDAGraph, graph, make_graphed_step  # noqa: E402  (no CuPy import here)
+
+__all__ += ["CUDAGraph", "graph", "make_graphed_step"]

@@ -24,6 +24,33 @@ def _scalar_arg(x, name: str):
     return np.float64(float(x)), NULL
 
 
+def _table(params, grads, exp_avgs, exp_avg_sqs):
+    """The (cached) multi-tensor table of these arrays; building it copies to the device, so a CUDA-graph
+    capture must find it cached (see :func:`prepare_group`)."""
+    flags = []
+    for i, (p, g) in enumerate(zip(params, grads)):
+        for what, a in (("param", p), ("grad", g)):
+            if a.dtype not in (np.float32, np.uint16):
+                raise DTypeError(
+                    f"multi_tensor_adamw: {what} {i} has dtype {a.dtype}; expected float32 or bfloat16 bits (uint16)"
+                )
+        flags.append(int(p.dtype == np.uint16) | (int(g.dtype == np.uint16) << 1))
+    return table_for((params, grads, exp_avgs, exp_avg_sqs), flags)
+
+
+def prepare_group(optimizer, group) -> None:
+    """Build (and cache) the table fused_step will use for ``group`` with its current gradient arrays."""
+    items = [(p, optimizer.state[p]) for p in group["params"] if p.grad is not None and p in optimizer.state]
+    if items:
+        cp = cupy()
+        _table(
+            [p._data for p, _ in items],
+            [cp.ascontiguousarray(p.grad._data) for p, _ in items],
+            [st["exp_avg"]._data for _, st in items],
+            [st["exp_avg_sq"]._data for _, st in items],
+        )
+
+
 def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, eps, wd) -> None:
     """AdamW update of all ``params`` (fp32 or bf16-bit CuPy arrays, in place) in one launch.
 
@@ -36,15 +63,7 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
         for i, a in enumerate(lst):
             if a.dtype != np.float32:
                 raise DTypeError(f"multi_tensor_adamw: {name}[{i}] must be float32, got {a.dtype}")
-    flags = []
-    for i, (p, g) in enumerate(zip(params, grads)):
-        for what, a in (("param", p), ("grad", g)):
-            if a.dtype not in (np.float32, np.uint16):
-                raise DTypeError(
-                    f"multi_tensor_adamw: {what} {i} has dtype {a.dtype}; expected float32 or bfloat16 bits (uint16)"
-                )
-        flags.append(int(p.dtype == np.uint16) | (int(g.dtype == np.uint16) << 1))
-    t = table_for((params, grads, exp_avgs, exp_avg_sqs), flags)
+    t = _table(params, grads, exp_avgs, exp_avg_sqs)
     if t.n_chunks == 0:
         return
     lr_v, lr_p = _scalar_arg(lr, "lr")

@@ -85,7 +85,7 @@ def _generic(params, max_norm: float, p_: float):
         total = (xp.abs(stacked) ** p_).sum() ** (1.0 / p_) if p_ != 2 else xp.sqrt((stacked * stacked).sum())
     if xp is __import__("numpy"):  # host arrays: deciding on the host is free and skips a pass when coef == 1
         coef = min(max_norm / (float(total) + 1e-6), 1.0)
-        if coef >= 1.0:
+        if not coef < 1.0:  # also a NaN/inf norm: gradients left as they are (the caller names the bad one)
             return total
     else:  # device arrays: clamped scale computed in the norm's dtype, as PyTorch does
         coef = xp.minimum(total.dtype.type(max_norm) / (total + total.dtype.type(1e-6)), total.dtype.type(1.0))
