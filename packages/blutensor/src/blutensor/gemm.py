@@ -97,7 +97,64 @@ def _operand(x, xp):
     return xp.ascontiguousarray(x), False
 
 
-def _call(prov, a, b, prec, xp):
+def _call(prov, a, b, prec, xp, bias=None):
     a, ta = _operand(a, xp)
     b, tb = _operand(b, xp)
-    return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec)
+    if bias is None:
+        return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec)
+    return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec, bias=bias)
+
+
+def _fp32_provider(*arrays):
+    """The selected provider when it may take these CUDA arrays (float32, not the xp fallback), else None."""
+    prov = get_gemm_provider()
+    if prov is XpGemm or any(x is not None and x.dtype != np.float32 for x in arrays):
+        return None
+    return prov
+
+
+def provider_linear(prov, x2, w, b, xp, precision: str | None = None):
+    """``x2 @ w.T + b`` (x2 (M, in), w (out, in), b (out,) or None) as ONE provider GEMM: NT layout, no
+    transpose copy, the bias fused into the GEMM epilogue (no second pass over the output)."""
+    prec = precision or ("tf32" if _precision in ("tf32", "bf16") else "fp32")
+    bias = None if b is None else xp.ascontiguousarray(b)
+    return _call(prov, x2, w.T, prec, xp, bias=bias)
+
+
+_ones: dict = {}
+
+
+def provider_bias_grad(prov, g2, xp):
+    """Column sums of g2 (M, N) -> (N,) as a strict-fp32 GEMV ``ones(1, M) @ g2`` through the provider:
+    one coalesced read of g2 on the GEMM engine (CuPy's axis-0 sum runs one thread per column)."""
+    m = g2.shape[0]
+    dev = getattr(getattr(g2, "device", None), "id", None)
+    key = (m, dev, xp.__name__)
+    ones = _ones.get(key)
+    if ones is None:
+        ones = _ones[key] = xp.ones((1, m), dtype=np.float32)
+    return _call(prov, ones, g2, "fp32", xp).reshape(-1)
+
+
+def cuda_linear(x2, w, b):
+    """``x2 @ w.T + b`` of CuPy arrays: one provider GEMM with the bias in its epilogue (float32), else
+    cupy.matmul plus a separate bias add."""
+    import cupy
+
+    prov = _fp32_provider(x2, w, b)
+    if prov is None or x2.ndim != 2 or w.ndim != 2 or (b is not None and b.ndim != 1):
+        y = cupy.matmul(x2, w.T)
+        if b is not None:
+            y += b
+        return y
+    return provider_linear(prov, x2, w, b, cupy)
+
+
+def cuda_bias_grad(g2):
+    """Bias gradient (column sums of a 2-D CuPy array) through the provider's GEMV when it applies."""
+    import cupy
+
+    prov = _fp32_provider(g2)
+    if prov is None or g2.ndim != 2 or g2.shape[0] == 0:
+        return g2.sum(axis=0)
+    return provider_bias_grad(prov, g2, cupy)

@@ -76,9 +76,14 @@ def linear_forward(ctx, x, w, b=None):
         raise ShapeError(f"linear: input features {x.shape[-1]} (input shape {tuple(x.shape)}) do not match "
                          f"weight shape {tuple(w.shape)} (out_features, in_features)")
     x2 = x.reshape(-1, x.shape[-1])
-    y = gemm(x2, w.T)
-    if b is not None:
-        y += b
+    if type(x2) is np.ndarray:
+        y = np.matmul(x2, w.T)
+        if b is not None:
+            y += b
+    else:  # CUDA: one NT GEMM with the bias fused into its epilogue (blutensor.gemm.cuda_linear)
+        from blutensor.gemm import cuda_linear
+
+        y = cuda_linear(x2, w, b)
     ctx.saved = (x2, w, x.shape)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
@@ -88,5 +93,12 @@ def linear_backward(ctx, g):
     g2 = g.reshape(-1, g.shape[-1])
     gx = gemm(g2, w).reshape(xshape) if ctx.needs[0] else None
     gw = gemm(g2.T, x2) if ctx.needs[1] else None
-    gb = g2.sum(axis=0) if len(ctx.needs) > 2 and ctx.needs[2] else None
+    gb = None
+    if len(ctx.needs) > 2 and ctx.needs[2]:
+        if type(g2) is np.ndarray:
+            gb = g2.sum(axis=0)
+        else:  # CUDA: a GEMV on the GEMM provider instead of CuPy's one-thread-per-column axis-0 sum
+            from blutensor.gemm import cuda_bias_grad
+
+            gb = cuda_bias_grad(g2)
     return gx, gw, gb
