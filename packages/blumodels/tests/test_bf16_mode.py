@@ -73,3 +73,17 @@ def test_bf16_evaluate_runs_under_no_grad(tmp_path, linear_dtypes):
 def test_fp32_has_no_autocast(tmp_path, linear_dtypes):
     _run(tmp_path, "fp32", steps=1, spy=linear_dtypes)
     assert linear_dtypes and all(all(d is bt.float32 for d in dts) for dts in linear_dtypes)
+
+
+def test_bf16_with_activation_checkpointing_is_exact(tmp_path):
+    """The recompute in backward replays the block under the forward's autocast settings (bf16), so gradients
+    and losses equal the plain bf16 run bit for bit."""
+    _, plain = _run(tmp_path / "a", "bf16", steps=3)
+    tr = Trainer(micro_config(steps=3, precision="bf16", activation_checkpointing=True, eval_interval=100,
+                              checkpoint_interval=100), tmp_path / "b", quiet=True)
+    ckpt = []
+    for _ in range(3):
+        ckpt.append(tr.train_step())
+        tr.step += 1
+    assert [r["loss"] for r in ckpt] == [r["loss"] for r in plain]
+    assert [r["grad_norm"] for r in ckpt] == [r["grad_norm"] for r in plain]

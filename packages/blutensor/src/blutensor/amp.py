@@ -110,6 +110,38 @@ class autocast:  # noqa: N801 - PyTorch's name
         return wrapped
 
 
+def state() -> tuple:
+    """The autocast settings now (per device type dtype, cache flag): for code that replays a forward later."""
+    return tuple(_S.dtypes.items()), _S.cache_enabled
+
+
+class restore:  # noqa: N801 - a context manager, like autocast
+    """Run a block under the autocast settings :func:`state` returned (activation checkpointing's recompute
+    replays the forward in the precision it first ran in)."""
+
+    def __init__(self, snap: tuple):
+        self.snap = snap
+        self._prev = None
+
+    def __enter__(self) -> restore:
+        self._prev = state()
+        dts, cache = self.snap
+        _S.dtypes.update(dts)
+        _S.cache_enabled = cache
+        _S.depth += 1
+        _install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dts, cache = self._prev
+        _S.dtypes.update(dts)
+        _S.cache_enabled = cache
+        _S.depth -= 1
+        if _S.depth == 0:
+            _S.cache.clear()
+        _install()
+
+
 def _install() -> None:
     """Point dispatch's hook slot at :func:`_hook` while any device type autocasts, else clear it."""
     on = any(d is not None for d in _S.dtypes.values())
@@ -194,4 +226,4 @@ def _hook(op: str, inputs: tuple, attrs: dict):
     return inputs, attrs
 
 
-__all__ = ["autocast", "cache_info", "get_autocast_dtype", "is_autocast_enabled"]
+__all__ = ["autocast", "cache_info", "get_autocast_dtype", "is_autocast_enabled", "restore", "state"]

@@ -7,6 +7,7 @@ it. Results and gradients equal the plain run bit for bit; the cost is one extra
 
 from __future__ import annotations
 
+from blutensor import amp
 from blutensor._tensor import Tensor
 from blutensor.autograd import Function
 from blutensor.autograd.grad_mode import enable_grad, is_grad_enabled
@@ -16,7 +17,7 @@ from blutensor.random import get_rng_state, set_rng_state
 class _Checkpoint(Function):
     @staticmethod
     def forward(ctx, fn, n_params: int, *args):
-        ctx.fn, ctx.rng = fn, get_rng_state()
+        ctx.fn, ctx.rng, ctx.amp = fn, get_rng_state(), amp.state()
         ctx.inputs = [a.detach() if isinstance(a, Tensor) else a for a in args[n_params:]]
         ctx.params = args[:n_params]
         return fn(*ctx.inputs)
@@ -26,7 +27,7 @@ class _Checkpoint(Function):
         now = get_rng_state()
         set_rng_state(ctx.rng)
         try:
-            with enable_grad():
+            with enable_grad(), amp.restore(ctx.amp):  # recompute in the forward's precision (autocast)
                 xs = [x.detach().requires_grad_(x.requires_grad or x.dtype.is_floating_point)
                       if isinstance(x, Tensor) else x for x in ctx.inputs]
                 before = [p.grad for p in ctx.params]
