@@ -113,13 +113,14 @@ def gpt2_compare(out_dir: Path) -> dict:
         opt.zero_grad()
         return loss
 
-    losses, times = [], []
+    losses, times, host = [], [], []
     cache = None
     for x, y in batches(B, T, STEPS):
         xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
         loss = step(xi, yi)
+        host.append(time.perf_counter() - t0)  # Python done, GPU maybe not: ~= step time means CPU-bound
         cupy.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.item()))
@@ -138,7 +139,8 @@ def gpt2_compare(out_dir: Path) -> dict:
         "step_ms_blutrain_bf16": ours_ms, "step_ms_torch_eager_bf16": torch_ms,
         "tokens_per_s_blutrain_bf16": B * T / ours_ms * 1e3, "tokens_per_s_torch_eager_bf16": B * T / torch_ms * 1e3,
         "speedup_vs_torch_eager_bf16": torch_ms / ours_ms, "target_speedup": 1.05,
-        "step_s_blutrain": times, "step_s_torch": tr["step_s"], "master_dtypes": master_dtypes,
+        "host_ms_blutrain_bf16": med(host), "step_s_blutrain": times, "step_s_torch": tr["step_s"],
+        "master_dtypes": master_dtypes,
         "cast_cache_first_step": cache, "torch": tr.get("torch"),
         "peak_reserved_gib_torch": tr.get("peak_reserved_gib"),
         "pool_reserved_gib_blutrain": cupy.get_default_memory_pool().total_bytes() / 2**30,
@@ -191,6 +193,7 @@ def main() -> None:
         verdict = "PASS" if g["speed_ok"] else "FAIL"
         print(f"gpt2 124M B={B} T={T}: blutrain bf16 {ours_ms:.1f} ms ({g['tokens_per_s_blutrain_bf16']:.0f} tok/s) "
               f"vs torch eager bf16 {ref_ms:.1f} ms -> x{g['speedup_vs_torch_eager_bf16']:.3f} (target 1.05) {verdict}")
+        print(f"host (Python) time of our step {g['host_ms_blutrain_bf16']:.1f} ms: close to the step time = CPU-bound")
         print(f"losses: max |dloss| first {CHECK_STEPS} steps {g['max_abs_loss_diff_first10']:.4f} "
               f"(< 2e-2: {'PASS' if g['loss_ok'] else 'FAIL'})")
         print("ours ", " ".join(f"{x:.4f}" for x in g["losses_blutrain_bf16"][:CHECK_STEPS]))
