@@ -5,7 +5,8 @@
 2. GPT-2 124M (B=16, T=1024): BluTrain bf16 autocast vs torch.autocast(bfloat16) eager on the same weights
    (benchmarks/torch_gpt2.py from_blutrain) and batches (benchmarks/e2e_gpt2.py): per-step losses, median
    step ms of both, ratio (target: torch_ms / ours_ms >= 1.05), |dloss| (target < 2e-2);
-3. a bluprofiler per-op table of one BluTrain bf16 step.
+3. a bluprofiler per-op table of one BluTrain bf16 step; GPU ms of the added pieces (casts, bias-grad GEMV vs
+   widen+sum, one bf16 GEMM).
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blutensor/dev/gpu_check_bf16.py OUT
 JSON: OUT/bf16_check.json; profile: OUT/profile_bf16/.
@@ -81,6 +82,39 @@ def unit_checks() -> dict:
     out["ce_float_loss_abs_diff"] = abs(float(l16.item()) - float(l32.item()))
     out["ce_grad_dtype"] = z16.grad.dtype.name
     out["ce_ok"] = l16.dtype is bt.float32 and out["ce_float_loss_abs_diff"] < 1e-4 and z16.grad.dtype is bt.bfloat16
+    return out
+
+
+def micro_bench() -> dict:
+    """GPU ms of the pieces the bf16 step adds, at GPT-2 124M B=16 T=1024 shapes (CUDA events, median of 20)."""
+    import cupy
+    from blutensor.backend import bf16_bits_to_f32
+    from blutensor.cuda_ops.cast import to_bf16, to_f32
+    from blutensor.cuda_ops.linalg import bf16_provider, bias_grad, mm
+
+    def ms(fn, n=20):
+        fn()
+        ts = []
+        for _ in range(n):
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(cupy.cuda.get_elapsed_time(a, b))
+        return sorted(ts)[n // 2]
+
+    prov = bf16_provider()
+    M = B * T
+    x32 = cupy.random.standard_normal((M, 768), dtype=cupy.float32)
+    x16 = to_bf16(x32)
+    out = {"cast_f32_to_bf16_12.6M": ms(lambda: to_bf16(x32)), "cast_bf16_to_f32_12.6M": ms(lambda: to_f32(x16))}
+    for n in (768, 2304, 3072):
+        g = to_bf16(cupy.random.standard_normal((M, n), dtype=cupy.float32))
+        out[f"bias_grad_gemv_N{n}"] = ms(lambda g=g: bias_grad(prov, g))
+        out[f"bias_grad_widen_sum_N{n}"] = ms(lambda g=g: bf16_bits_to_f32(g, cupy).sum(axis=0))
+    w = to_bf16(cupy.random.standard_normal((3072, 768), dtype=cupy.float32))
+    out["gemm_fwd_16384x768->3072"] = ms(lambda: mm(prov, x16, w, trans_b=True))
     return out
 
 
@@ -176,7 +210,7 @@ def main() -> None:
 
     doc = {"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "config": {"B": B, "T": T,
                                                                                         "steps": STEPS}}
-    for name, fn in (("units", unit_checks), ("gpt2", lambda: gpt2_compare(out_dir))):
+    for name, fn in (("units", unit_checks), ("micro_ms", micro_bench), ("gpt2", lambda: gpt2_compare(out_dir))):
         t0 = time.time()
         try:
             doc[name] = fn()
@@ -186,6 +220,7 @@ def main() -> None:
         (out_dir / "bf16_check.json").write_text(json.dumps(doc, indent=1))
     u, g = doc["units"], doc["gpt2"]
     print("units:", {k: v for k, v in u.items() if k != "traceback"})
+    print("micro (GPU ms):", doc["micro_ms"])
     if "error" in g:
         print("gpt2 ERROR", g["error"], g.get("traceback", ""))
     else:
