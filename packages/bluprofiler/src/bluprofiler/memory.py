@@ -56,7 +56,7 @@ class MemoryTracker:
         if key in self._live:
             return
         for x in exclude:
-            if x is not None and (x is root or x.base is root or root_of(x) is root):
+            if x is not None and (x is root or x.base is root or (x.base is not None and root_of(x) is root)):
                 return
         try:
             r = weakref.ref(root, self._dead)

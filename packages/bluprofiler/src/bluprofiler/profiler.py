@@ -16,6 +16,7 @@ names, OpEvents, GPU milliseconds, memory owners of frees) is worked out when th
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import sys
 import threading
@@ -31,6 +32,7 @@ from bluprofiler.result import ProfileResult
 from bluprofiler.timing import GpuTimer, Nvtx, cupy_or_none
 
 _now = time.perf_counter_ns
+_data_shape = operator.attrgetter("_data.shape")
 _tid = threading.get_ident
 _active: Profiler | None = None
 _lock = threading.Lock()
@@ -226,9 +228,11 @@ class Profiler:
             t1 = self._close(tok)
         node = getattr(res, "grad_fn", None)
         if self.record_shapes:
-            T = _Tensor
-            shapes = tuple([x._data.shape if isinstance(x, T) else None for x in inputs])
-            out_shape = res._data.shape if isinstance(res, T) else None
+            try:  # all inputs tensors (the common case): C-level map, no Python frame
+                shapes = tuple(map(_data_shape, inputs))
+            except AttributeError:
+                shapes = tuple([x._data.shape if isinstance(x, _Tensor) else None for x in inputs])
+            out_shape = res._data.shape if isinstance(res, _Tensor) else None
             if node is not None:
                 meta = node.meta
                 if meta is None:
@@ -238,8 +242,14 @@ class Profiler:
                     meta.setdefault("out_shape", out_shape)
         else:
             shapes = out_shape = None
-        # never keep ``inputs`` (that would extend the tensors' lifetimes): a kernel class or a name
-        kernel = node.kernel if node is not None else _resolved_kernel(op, inputs)
+        # never keep ``inputs`` (that would extend the tensors' lifetimes); strings and ints only, so
+        # that the garbage collector untracks the tuple (a growing list of tracked tuples slows gc)
+        if node is not None:
+            kernel = _knames.get(node.kernel)
+            if kernel is None:
+                kernel = _knames[node.kernel] = _kernel_name(node.kernel)
+        else:
+            kernel = _resolved_kernel(op, inputs)
         self._raw.append((op, "forward", kernel, tok[4], tok[1], _tid(), tok[5], t1, shapes, out_shape,
                           tok[2], tok[3]))
         if self._array_track:
@@ -254,7 +264,10 @@ class Profiler:
             grads = run()
         finally:
             t1 = self._close(tok)
-        self._raw.append((op, "backward", node.kernel, tok[4], tok[1], _tid(), tok[5], t1, None, None,
+        kernel = _knames.get(node.kernel)
+        if kernel is None:
+            kernel = _knames[node.kernel] = _kernel_name(node.kernel)
+        self._raw.append((op, "backward", kernel, tok[4], tok[1], _tid(), tok[5], t1, None, None,
                           tok[2], tok[3]))
         if self._array_track:
             for g in grads:
@@ -276,13 +289,7 @@ class Profiler:
     def _events(self) -> list[OpEvent]:
         """The raw span tuples as OpEvents (kernel names resolved), in start order."""
         out = []
-        names: dict = {}
         for name, phase, kernel, idx, depth, tid, t0, t1, shapes, out_shape, ev, stream in self._raw:
-            if not isinstance(kernel, str):
-                k = names.get(kernel)
-                if k is None:
-                    k = names[kernel] = _kernel_name(kernel)
-                kernel = k
             e = OpEvent(name, phase, kernel, idx, depth, tid, t0, t1,
                         tuple(tuple(s) if s is not None else None for s in shapes) if shapes is not None else None,
                         tuple(out_shape) if out_shape is not None else None, stream)
@@ -335,6 +342,8 @@ def _kernel_name(kernel: Any) -> str:
 
 
 _kernel_names: dict[tuple, str] = {}
+#: kernel class -> plugin name (a handful of entries)
+_knames: dict = {}
 
 
 def _resolved_kernel(op: str, inputs) -> str:
