@@ -12,6 +12,7 @@ import math
 import blutensor as bt
 import blutensor.nn.functional as F
 from blutensor import nn
+from blutensor.cuda_ops.sdpa import sdpa_qkv
 
 from blumodels.config import ModelConfig
 
@@ -53,12 +54,10 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x):
         B, T, C = x.shape
         H = self.n_head
-        hd = self.head_dim
-        qkv = self.c_attn(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
-        q, k, v = qkv[0].contiguous(), qkv[1].contiguous(), qkv[2].contiguous()
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B, T, H * hd)
+        # q, k, v read in place from the (B, T, 3, H, hd) projection and y written as (B, T, H*hd) on CUDA
+        # (strided flash attention: no split or transpose copies); view/permute/contiguous + sdpa elsewhere
+        y = sdpa_qkv(self.c_attn(x), H, is_causal=True, dropout_p=p)
         y = self.c_proj(y)
         return F.dropout(y, p, self.training) if p > 0 else y
 

@@ -219,3 +219,172 @@ class SdpaCuda(Kernel):
             dv.reshape(kshape) if needs[2] else None,
             None,
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fused-qkv attention: q, k, v read straight out of the (B, T, 3, H, HD) qkv projection (strided views, no
+# split copies) and the output written as (B, T, H*HD), ready for the output projection (no transpose copy).
+# The backward writes dq, dk, dv into one (B, T, 3*H*HD) gradient, the layout of qkv.
+
+
+def layout(a) -> tuple[int, int, int]:
+    """(sb, sh, st) element strides of a (B, n, H, HD) view with unit stride on HD (see struct Lay)."""
+    es = a.itemsize
+    sb, st, sh, sd = (s // es for s in a.strides)
+    if sd != 1 or any(s % es for s in a.strides):
+        raise ShapeError(f"flash attention (strided): the head dim must be contiguous, strides {a.strides}")
+    return sb, sh, st
+
+
+def _lay_args(H: int, lq, lk, lo):
+    out = [np.int32(H)]
+    for sb, sh, st in (lq, lk, lo):
+        out += [np.int64(sb), np.int64(sh), np.int32(st)]
+    return tuple(out)
+
+
+def _check_strided(views, variant):
+    want = np.uint16 if variant == "bf16" else np.float32
+    for name, a in views:
+        sb, sh, st = layout(a)
+        if a.dtype != want:
+            raise ShapeError(f"flash attention ({variant}): {name} must be {np.dtype(want)}, got {a.dtype}")
+        if a.data.ptr % 16 or (st * a.itemsize) % 16 or (sh * a.itemsize) % 16 or (sb * a.itemsize) % 16:
+            raise ShapeError(f"flash attention (strided): {name} rows must be 16-byte aligned (strides {a.strides})")
+
+
+def qkv_attention_forward(qkv5, causal: bool, scale: float | None, variant: str):
+    """(o (B, T, H, HD), lse (B*H, T)) for a contiguous qkv5 (B, T, 3, H, HD)."""
+    cp = cupy()
+    B, T, _, H, hd = qkv5.shape
+    q, k, v = qkv5[:, :, 0], qkv5[:, :, 1], qkv5[:, :, 2]
+    o = cp.empty((B, T, H, hd), dtype=qkv5.dtype)
+    lse = cp.empty((B * H, T), dtype=cp.float32)
+    if B * H == 0 or T == 0:
+        return o, lse
+    _check_strided((("q", q), ("k", k), ("v", v), ("o", o)), variant)
+    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    file, tag, threads = _names(variant, hd)
+    smem = 0 if variant == "f32" else _mma_smem(variant, hd, "fwd")
+    launch(
+        file,
+        f"blu_sdpa_forward_strided_{tag}",
+        (math.ceil(T / BR), B * H),
+        threads,
+        (q, k, v, o, lse, np.int32(T), np.int32(T), np.float32(sc), np.int32(bool(causal)))
+        + _lay_args(H, layout(q), layout(k), layout(o)),
+        shared_mem=smem,
+    )
+    return o, lse
+
+
+def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, variant: str):
+    """dqkv (B, T, 3, H, HD) from the saved qkv5, o, lse and do (B, T, H, HD) contiguous."""
+    cp = cupy()
+    B, T, _, H, hd = qkv5.shape
+    dqkv = cp.empty_like(qkv5)
+    if B * H == 0 or T == 0:
+        dqkv.fill(0)
+        return dqkv
+    q, k, v = qkv5[:, :, 0], qkv5[:, :, 1], qkv5[:, :, 2]
+    dq, dk, dv = dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2]
+    _check_strided((("do", do), ("o", o)), variant)
+    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    rows = B * H * T
+    D = cp.empty((B * H, T), dtype=cp.float32)
+    lo = layout(o)
+    launch(
+        "sdpa.cu",
+        f"blu_sdpa_backward_preprocess_strided_{suffix(qkv5)}",
+        min(math.ceil(rows / 8), 65535 * 8),
+        256,
+        (do, o, D, np.int64(rows), np.int32(hd), np.int32(T), np.int32(H), np.int64(lo[0]), np.int64(lo[1]),
+         np.int32(lo[2])),
+    )
+    file, tag, threads = _names(variant, hd)
+    smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
+    tail = (np.int32(T), np.int32(T), np.float32(sc), np.int32(bool(causal))) + _lay_args(
+        H, layout(q), layout(k), layout(do)
+    )
+    launch(file, f"blu_sdpa_backward_dkdv_strided_{tag}", (math.ceil(T / BR), B * H), threads,
+           (q, k, v, do, lse, D, dk, dv) + tail, shared_mem=smem)
+    launch(file, f"blu_sdpa_backward_dq_strided_{tag}", (math.ceil(T / BR), B * H), threads,
+           (q, k, v, do, lse, D, dq) + tail, shared_mem=smem)
+    return dqkv
+
+
+def _fused_ok(qkv, n_head: int, dropout_p: float):
+    """The kernel variant when the fused-qkv path applies to ``qkv`` (a Tensor), else None."""
+    if qkv.device.type != "cuda" or dropout_p or qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
+        return None
+    from blutensor.ops import dispatch
+    from blutensor.ops.dispatch import resolve
+
+    if dispatch.observers:  # context parallelism / tracers rewrite or watch 'sdpa' calls: give them the op path
+        return None
+    dt = qkv.dtype.name
+    if dt not in ("float32", "bfloat16") or resolve("sdpa", "cuda", dt).PLUGIN_NAME != SdpaCuda.PLUGIN_NAME:
+        return None  # another sdpa kernel was chosen (BLUTRAIN_KERNELS / use_kernel): honour it
+    return pick_variant(qkv._data.dtype, qkv.shape[-1] // (3 * n_head))
+
+
+def _aligned_contiguous(a, cp):
+    """``a`` itself when C-contiguous and 16-byte aligned, else an aligned contiguous copy."""
+    if a.flags.c_contiguous and a.data.ptr % 16 == 0:
+        return a
+    a = cp.ascontiguousarray(a)
+    return a if a.data.ptr % 16 == 0 else a.copy()
+
+
+def _sdpa_qkv_function():
+    from blutensor._tensor import Tensor
+    from blutensor.autograd.function import Function
+
+    class SdpaQkv(Function):
+        """Flash attention over a fused qkv projection (strided q/k/v, (B, T, H*HD) output)."""
+
+        @staticmethod
+        def forward(ctx, qkv, n_head, causal, scale, variant):
+            cp = cupy()
+            B, T, C3 = qkv.shape
+            hd = C3 // (3 * n_head)
+            qkv5 = _aligned_contiguous(qkv._data, cp).reshape(B, T, 3, n_head, hd)
+            o, lse = qkv_attention_forward(qkv5, causal, scale, variant)
+            ctx.saved = (qkv5, o, lse, causal, scale, variant, qkv.dtype)
+            return Tensor._from_data(o.reshape(B, T, n_head * hd), qkv.dtype, qkv.device)
+
+        @staticmethod
+        def backward(ctx, g):
+            qkv5, o, lse, causal, scale, variant, dtype = ctx.saved
+            cp = cupy()
+            B, T, _, H, hd = qkv5.shape
+            do = _aligned_contiguous(g._data.astype(o.dtype, copy=False), cp)
+            dqkv = qkv_attention_backward(qkv5, o, lse, do.reshape(B, T, H, hd), causal, scale, variant)
+            return Tensor._from_data(dqkv.reshape(B, T, 3 * H * hd), dtype, g.device), None, None, None, None
+
+    return SdpaQkv
+
+
+_SDPA_QKV = []
+
+
+def sdpa_qkv(qkv, n_head: int, is_causal: bool = True, dropout_p: float = 0.0, scale: float | None = None):
+    """Attention of a fused projection ``qkv`` (B, T, 3*C) split as (3, H, C/H) -> (B, T, C).
+
+    CUDA (fp32/bf16, head dims the flash kernels cover, no dropout, no dispatch observer installed): one
+    strided flash-attention kernel, no q/k/v or output copies. Elsewhere: the same result through
+    view/permute/contiguous and scaled_dot_product_attention (the CPU reference; what observers such as
+    context parallelism's ring attention or a profiler see)."""
+    variant = _fused_ok(qkv, n_head, dropout_p)
+    if variant is not None:
+        if not _SDPA_QKV:
+            _SDPA_QKV.append(_sdpa_qkv_function())
+        return _SDPA_QKV[0].apply(qkv, int(n_head), bool(is_causal), scale, variant)
+    import blutensor.nn.functional as F
+
+    B, T, C3 = qkv.shape
+    hd = C3 // (3 * n_head)
+    parts = qkv.view(B, T, 3, n_head, hd).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+    q, k, v = parts[0].contiguous(), parts[1].contiguous(), parts[2].contiguous()
+    y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    return y.transpose(1, 2).reshape(B, T, n_head * hd)

@@ -17,6 +17,16 @@ typedef unsigned short bf16_t;
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((unsigned int)x) << 16); }
 
+// Strided layouts (also in sdpa_mma.cu): element (b, h, row, :) at  b * sb + h * sh + row * st,  bh = b * H + h;
+// contiguous (BH, n, HD) is H = 1, sb = n * HD, st = HD. q/dq share one layout, k/v/dk/dv one, o/dO one.
+struct Lay {
+    long long sb, sh;
+    int st, H;
+    __device__ __forceinline__ long long base(int bh) const { return (long long)(bh / H) * sb + (long long)(bh % H) * sh; }
+};
+__device__ __forceinline__ Lay dense(int n, int HD) { Lay l; l.sb = (long long)n * HD; l.sh = 0; l.st = HD; l.H = 1; return l; }
+__device__ __forceinline__ Lay lay(long long sb, long long sh, int st, int H) { Lay l; l.sb = sb; l.sh = sh; l.st = st; l.H = H; return l; }
+
 namespace simt {
 
 constexpr int BR = 64;  // rows owned per block
@@ -69,39 +79,40 @@ __device__ __forceinline__ void axpy_row(float* r, float a, const float* __restr
 
 // cooperative copy of rows [r0, r0 + BC) of a (n, HD) matrix into smem (zeros past n)
 template <int HD>
-__device__ __forceinline__ void load_tile(float* __restrict__ dst, const float* __restrict__ src, int r0, int n) {
+__device__ __forceinline__ void load_tile(float* __restrict__ dst, const float* __restrict__ src, int r0, int n, int ld) {
     constexpr int Q = HD / 4;
     for (int i = threadIdx.x; i < BC * Q; i += blockDim.x) {
         int r = i / Q, c = i % Q;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r0 + r < n) v = *reinterpret_cast<const float4*>(src + (long long)(r0 + r) * HD + 4 * c);
+        if (r0 + r < n) v = *reinterpret_cast<const float4*>(src + (long long)(r0 + r) * ld + 4 * c);
         *reinterpret_cast<float4*>(dst + r * HD + 4 * c) = v;
     }
 }
 
 template <int HD>
 __device__ void forward(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                        float* __restrict__ o, float* __restrict__ lse, int L, int S, float scale, int causal) {
+                        float* __restrict__ o, float* __restrict__ lse, int L, int S, float scale, int causal,
+                        Lay lq, Lay lk, Lay lo) {
     constexpr int G = HD / 32;
     __shared__ __align__(16) float Ks[BC * HD];
     __shared__ __align__(16) float Vs[BC * HD];
     const int bh = blockIdx.y;
     const int r = threadIdx.x / G, g = threadIdx.x % G;
     const int qi = blockIdx.x * BR + r;
-    const float* kb = k + (long long)bh * S * HD;
-    const float* vb = v + (long long)bh * S * HD;
+    const float* kb = k + lk.base(bh);
+    const float* vb = v + lk.base(bh);
     const float c = scale * BLU_LOG2E;
     float qr[32], acc[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) { qr[i] = 0.f; acc[i] = 0.f; }
-    if (qi < L) load_row<G>(q + ((long long)bh * L + qi) * HD, g, qr, c);
+    if (qi < L) load_row<G>(q + lq.base(bh) + (long long)qi * lq.st, g, qr, c);
     float m = BLU_NEG_INF, l = 0.f;
     int kend = S;
     if (causal) { int e = (blockIdx.x + 1) * BR; kend = e < S ? e : S; }
     for (int k0 = 0; k0 < kend; k0 += BC) {
         __syncthreads();
-        load_tile<HD>(Ks, kb, k0, S);
-        load_tile<HD>(Vs, vb, k0, S);
+        load_tile<HD>(Ks, kb, k0, S, lk.st);
+        load_tile<HD>(Vs, vb, k0, S, lk.st);
         __syncthreads();
         float s[BC];
         float mt = BLU_NEG_INF;
@@ -129,7 +140,7 @@ __device__ void forward(const float* __restrict__ q, const float* __restrict__ k
     }
     if (qi < L) {
         const float inv = l > 0.f ? 1.f / l : 0.f;
-        store_row<G>(o + ((long long)bh * L + qi) * HD, g, acc, inv);
+        store_row<G>(o + lo.base(bh) + (long long)qi * lo.st, g, acc, inv);
         if (g == 0) lse[(long long)bh * L + qi] = l > 0.f ? (m + log2f(l)) * BLU_LN2 : BLU_NEG_INF;
     }
 }
@@ -138,7 +149,8 @@ __device__ void forward(const float* __restrict__ q, const float* __restrict__ k
 template <int HD>
 __device__ void backward_dkdv(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                               const float* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
-                              float* __restrict__ dk, float* __restrict__ dv, int L, int S, float scale, int causal) {
+                              float* __restrict__ dk, float* __restrict__ dv, int L, int S, float scale, int causal,
+                              Lay lq, Lay lk, Lay lo) {
     constexpr int G = HD / 32;
     __shared__ __align__(16) float Qs[BC * HD];
     __shared__ __align__(16) float Os[BC * HD];
@@ -151,17 +163,17 @@ __device__ void backward_dkdv(const float* __restrict__ q, const float* __restri
 #pragma unroll
     for (int i = 0; i < 32; ++i) { kr[i] = 0.f; vr[i] = 0.f; dkr[i] = 0.f; dvr[i] = 0.f; }
     if (kj < S) {
-        load_row<G>(k + ((long long)bh * S + kj) * HD, g, kr, c);  // k pre-scaled by scale*log2(e)
-        load_row<G>(v + ((long long)bh * S + kj) * HD, g, vr, 1.f);
+        load_row<G>(k + lk.base(bh) + (long long)kj * lk.st, g, kr, c);  // k pre-scaled by scale*log2(e)
+        load_row<G>(v + lk.base(bh) + (long long)kj * lk.st, g, vr, 1.f);
     }
-    const float* qb = q + (long long)bh * L * HD;
-    const float* ob = dout + (long long)bh * L * HD;
+    const float* qb = q + lq.base(bh);
+    const float* ob = dout + lo.base(bh);
     int q0 = 0;
     if (causal) q0 = (blockIdx.x * BR / BC) * BC;
     for (; q0 < L; q0 += BC) {
         __syncthreads();
-        load_tile<HD>(Qs, qb, q0, L);
-        load_tile<HD>(Os, ob, q0, L);
+        load_tile<HD>(Qs, qb, q0, L, lq.st);
+        load_tile<HD>(Os, ob, q0, L, lo.st);
         for (int i = threadIdx.x; i < BC; i += blockDim.x) {
             const bool ok = q0 + i < L;
             Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
@@ -181,15 +193,15 @@ __device__ void backward_dkdv(const float* __restrict__ q, const float* __restri
         }
     }
     if (kj < S) {
-        store_row<G>(dk + ((long long)bh * S + kj) * HD, g, dkr, scale);
-        store_row<G>(dv + ((long long)bh * S + kj) * HD, g, dvr, 1.f);
+        store_row<G>(dk + lk.base(bh) + (long long)kj * lk.st, g, dkr, scale);
+        store_row<G>(dv + lk.base(bh) + (long long)kj * lk.st, g, dvr, 1.f);
     }
 }
 
 template <int HD>
 __device__ void backward_dq(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                             const float* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
-                            float* __restrict__ dq, int L, int S, float scale, int causal) {
+                            float* __restrict__ dq, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
     constexpr int G = HD / 32;
     __shared__ __align__(16) float Ks[BC * HD];
     __shared__ __align__(16) float Vs[BC * HD];
@@ -202,19 +214,19 @@ __device__ void backward_dq(const float* __restrict__ q, const float* __restrict
     for (int i = 0; i < 32; ++i) { qr[i] = 0.f; dor[i] = 0.f; dqr[i] = 0.f; }
     float li = 0.f, di = 0.f;
     if (qi < L) {
-        load_row<G>(q + ((long long)bh * L + qi) * HD, g, qr, c);
-        load_row<G>(dout + ((long long)bh * L + qi) * HD, g, dor, 1.f);
+        load_row<G>(q + lq.base(bh) + (long long)qi * lq.st, g, qr, c);
+        load_row<G>(dout + lo.base(bh) + (long long)qi * lo.st, g, dor, 1.f);
         li = lse[(long long)bh * L + qi] * BLU_LOG2E;
         di = D[(long long)bh * L + qi];
     }
-    const float* kb = k + (long long)bh * S * HD;
-    const float* vb = v + (long long)bh * S * HD;
+    const float* kb = k + lk.base(bh);
+    const float* vb = v + lk.base(bh);
     int kend = S;
     if (causal) { int e = (blockIdx.x + 1) * BR; kend = e < S ? e : S; }
     for (int k0 = 0; k0 < kend; k0 += BC) {
         __syncthreads();
-        load_tile<HD>(Ks, kb, k0, S);
-        load_tile<HD>(Vs, vb, k0, S);
+        load_tile<HD>(Ks, kb, k0, S, lk.st);
+        load_tile<HD>(Vs, vb, k0, S, lk.st);
         __syncthreads();
 #pragma unroll 2
         for (int j = 0; j < BC; ++j) {
@@ -226,7 +238,7 @@ __device__ void backward_dq(const float* __restrict__ q, const float* __restrict
             axpy_row<G>(dqr, p * (dp - di), Ks + j * HD, g);
         }
     }
-    if (qi < L) store_row<G>(dq + ((long long)bh * L + qi) * HD, g, dqr, scale);
+    if (qi < L) store_row<G>(dq + lq.base(bh) + (long long)qi * lq.st, g, dqr, scale);
 }
 
 }  // namespace simt
@@ -234,11 +246,12 @@ __device__ void backward_dq(const float* __restrict__ q, const float* __restrict
 // D[row] = sum_d dO[row, d] * O[row, d]; one warp per row; fp32 or bf16 storage. n_rows = BH * L.
 template <typename T>
 __device__ void sdpa_preprocess(const T* __restrict__ dout, const T* __restrict__ o, float* __restrict__ D,
-                                long long n_rows, int HD) {
+                                long long n_rows, int HD, int L, Lay lo) {
     const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
     for (long long row = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); row < n_rows; row += (long long)gridDim.x * wpb) {
         float s = 0.f;
-        for (int d = lane; d < HD; d += 32) s += to_f(dout[row * HD + d]) * to_f(o[row * HD + d]);
+        const long long off = lo.base((int)(row / L)) + (row % L) * lo.st;  // D stays (BH, L) contiguous
+        for (int d = lane; d < HD; d += 32) s += to_f(dout[off + d]) * to_f(o[off + d]);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
         if (lane == 0) D[row] = s;
@@ -247,30 +260,65 @@ __device__ void sdpa_preprocess(const T* __restrict__ dout, const T* __restrict_
 
 extern "C" __global__ void blu_sdpa_backward_preprocess_f32(const float* dout, const float* o, float* D,
                                                             long long n_rows, int HD) {
-    sdpa_preprocess<float>(dout, o, D, n_rows, HD);
+    sdpa_preprocess<float>(dout, o, D, n_rows, HD, 1, dense(1, HD));
 }
 extern "C" __global__ void blu_sdpa_backward_preprocess_bf16(const bf16_t* dout, const bf16_t* o, float* D,
                                                              long long n_rows, int HD) {
-    sdpa_preprocess<bf16_t>(dout, o, D, n_rows, HD);
+    sdpa_preprocess<bf16_t>(dout, o, D, n_rows, HD, 1, dense(1, HD));
 }
+// o / dO in a strided layout (H heads, L rows per head): D row r = (bh = r / L, i = r % L)
+extern "C" __global__ void blu_sdpa_backward_preprocess_strided_f32(const float* dout, const float* o, float* D,
+                                                                    long long n_rows, int HD, int L, int H,
+                                                                    long long o_sb, long long o_sh, int o_st) {
+    sdpa_preprocess<float>(dout, o, D, n_rows, HD, L, lay(o_sb, o_sh, o_st, H));
+}
+extern "C" __global__ void blu_sdpa_backward_preprocess_strided_bf16(const bf16_t* dout, const bf16_t* o, float* D,
+                                                                     long long n_rows, int HD, int L, int H,
+                                                                     long long o_sb, long long o_sh, int o_st) {
+    sdpa_preprocess<bf16_t>(dout, o, D, n_rows, HD, L, lay(o_sb, o_sh, o_st, H));
+}
+
+#define BLU_LAY_PARAMS                                                                                         \
+    int H, long long q_sb, long long q_sh, int q_st, long long k_sb, long long k_sh, int k_st, long long o_sb, \
+        long long o_sh, int o_st
+#define BLU_LAYS lay(q_sb, q_sh, q_st, H), lay(k_sb, k_sh, k_st, H), lay(o_sb, o_sh, o_st, H)
 
 #define SIMT_ENTRIES(HD)                                                                                       \
 extern "C" __global__ void __launch_bounds__(64 * (HD / 32))                                                   \
 blu_sdpa_forward_simt_hd##HD(const float* q, const float* k, const float* v, float* o, float* lse, int L,      \
                              int S, float scale, int causal) {                                                 \
-    simt::forward<HD>(q, k, v, o, lse, L, S, scale, causal);                                                   \
+    simt::forward<HD>(q, k, v, o, lse, L, S, scale, causal, dense(L, HD), dense(S, HD), dense(L, HD));         \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(64 * (HD / 32))                                                   \
 blu_sdpa_backward_dkdv_simt_hd##HD(const float* q, const float* k, const float* v, const float* dout,          \
                                    const float* lse, const float* D, float* dk, float* dv, int L, int S,       \
                                    float scale, int causal) {                                                  \
-    simt::backward_dkdv<HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal);                               \
+    simt::backward_dkdv<HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, dense(L, HD), dense(S, HD),    \
+                            dense(L, HD));                                                                     \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(64 * (HD / 32))                                                   \
 blu_sdpa_backward_dq_simt_hd##HD(const float* q, const float* k, const float* v, const float* dout,            \
                                  const float* lse, const float* D, float* dq, int L, int S, float scale,       \
                                  int causal) {                                                                 \
-    simt::backward_dq<HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal);                                     \
+    simt::backward_dq<HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, dense(L, HD), dense(S, HD),          \
+                          dense(L, HD));                                                                       \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(64 * (HD / 32))                                                   \
+blu_sdpa_forward_strided_simt_hd##HD(const float* q, const float* k, const float* v, float* o, float* lse,     \
+                                     int L, int S, float scale, int causal, BLU_LAY_PARAMS) {                  \
+    simt::forward<HD>(q, k, v, o, lse, L, S, scale, causal, BLU_LAYS);                                         \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(64 * (HD / 32))                                                   \
+blu_sdpa_backward_dkdv_strided_simt_hd##HD(const float* q, const float* k, const float* v, const float* dout,  \
+                                           const float* lse, const float* D, float* dk, float* dv, int L,      \
+                                           int S, float scale, int causal, BLU_LAY_PARAMS) {                   \
+    simt::backward_dkdv<HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, BLU_LAYS);                     \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(64 * (HD / 32))                                                   \
+blu_sdpa_backward_dq_strided_simt_hd##HD(const float* q, const float* k, const float* v, const float* dout,    \
+                                         const float* lse, const float* D, float* dq, int L, int S,            \
+                                         float scale, int causal, BLU_LAY_PARAMS) {                            \
+    simt::backward_dq<HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                           \
 }
 
 SIMT_ENTRIES(32)

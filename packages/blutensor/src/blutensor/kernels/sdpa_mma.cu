@@ -183,28 +183,28 @@ template <> struct Tr<bf16_t> {
 
 // rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride LD (zeros past n); 16-byte copies
 template <typename T, int HD>
-__device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int r0, int n) {
+__device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
     constexpr int LD = HD + Tr<T>::PAD;
     constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
     constexpr int Q = HD / E;
     for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
         const int r = i / Q, c = i % Q;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r0 + r < n) v = *reinterpret_cast<const uint4*>(src + (long long)(r0 + r) * HD + c * E);
+        if (r0 + r < n) v = *reinterpret_cast<const uint4*>(src + (long long)(r0 + r) * ld + c * E);
         *reinterpret_cast<uint4*>(dst + r * LD + c * E) = v;
     }
 }
 
 // asynchronous version of load_tile (cp.async, 16 bytes, zero-fill past n); completes on commit/wait groups
 template <typename T, int HD>
-__device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ src, int r0, int n) {
+__device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
     constexpr int LD = HD + Tr<T>::PAD;
     constexpr int E = 16 / sizeof(T);
     constexpr int Q = HD / E;
     for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
         const int r = i / Q, c = i % Q;
         const bool ok = r0 + r < n;
-        const T* g = ok ? src + (long long)(r0 + r) * HD + c * E : src;
+        const T* g = ok ? src + (long long)(r0 + r) * ld + c * E : src;
         const u32 sa = (u32)__cvta_generic_to_shared(dst + r * LD + c * E);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(g), "r"(ok ? 16 : 0));
     }
@@ -212,10 +212,22 @@ __device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ sr
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+// Strided layouts: element (b, h, row, :) of a tensor is at  b * sb + h * sh + row * st  with bh = b * H + h
+// (contiguous (BH, n, HD): H = 1, sb = n * HD, st = HD). q/dq share one layout, k/v/dk/dv one, o/dO one,
+// so q, k, v may be views of one fused (B, T, 3, H, HD) qkv tensor and o may be written as (B, T, H, HD).
+// Rows must stay 16-byte aligned (st * sizeof(T) % 16 == 0, 16-byte aligned bases).
+struct Lay {
+    long long sb, sh;
+    int st, H;
+    __device__ __forceinline__ long long base(int bh) const { return (long long)(bh / H) * sb + (long long)(bh % H) * sh; }
+};
+__device__ __forceinline__ Lay dense(int n, int HD) { Lay l; l.sb = (long long)n * HD; l.sh = 0; l.st = HD; l.H = 1; return l; }
+__device__ __forceinline__ Lay lay(long long sb, long long sh, int st, int H) { Lay l; l.sb = sb; l.sh = sh; l.st = st; l.H = H; return l; }
+
 // ================================================================ forward
 template <typename T, int HD>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                        float* __restrict__ lse, int L, int S, float scale, int causal) {
+                        float* __restrict__ lse, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
     using X = Tr<T>;
     constexpr int KS = X::KS, LD = HD + X::PAD, NT = BR / 8, DT = HD / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -224,14 +236,14 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, q0 = blockIdx.x * BR;
     const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;  // this thread's two query rows
-    const T* qb = q + (long long)bh * L * HD;
-    const T* kb = k + (long long)bh * S * HD;
-    const T* vb = v + (long long)bh * S * HD;
+    const T* qb = q + lq.base(bh);
+    const T* kb = k + lk.base(bh);
+    const T* vb = v + lk.base(bh);
     const float c = scale * BLU_LOG2E;
 
     // Q fragments of this warp's 16 rows, kept in registers
     u32 qa[HD / KS][4];
-    load_tile<T, HD>(Ks, qb, q0, L);
+    load_tile<T, HD>(Ks, qb, q0, L, lq.st);
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < HD / KS; ++ks) X::load_a(Ks, LD, warp * 16, ks * KS, qa[ks], g, t);
@@ -250,8 +262,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     if (causal) kend = min(S, q0 + BR);
 #ifndef BLU_SYNC_TILES
     if (kend > 0) {
-        load_tile_async<T, HD>(Ks, kb, 0, S);
-        load_tile_async<T, HD>(Vs, vb, 0, S);
+        load_tile_async<T, HD>(Ks, kb, 0, S, lk.st);
+        load_tile_async<T, HD>(Vs, vb, 0, S, lk.st);
         cp_async_commit();
     }
 #endif
@@ -259,8 +271,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 #ifndef BLU_SYNC_TILES
         const int stage = (k0 / BR) & 1;
         if (k0 + BR < kend) {
-            load_tile_async<T, HD>(Ks + (stage ^ 1) * STAGE, kb, k0 + BR, S);
-            load_tile_async<T, HD>(Vs + (stage ^ 1) * STAGE, vb, k0 + BR, S);
+            load_tile_async<T, HD>(Ks + (stage ^ 1) * STAGE, kb, k0 + BR, S, lk.st);
+            load_tile_async<T, HD>(Vs + (stage ^ 1) * STAGE, vb, k0 + BR, S, lk.st);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -271,8 +283,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         const T* Vt = Vs + stage * STAGE;
 #else
         __syncthreads();
-        load_tile<T, HD>(Ks, kb, k0, S);
-        load_tile<T, HD>(Vs, vb, k0, S);
+        load_tile<T, HD>(Ks, kb, k0, S, lk.st);
+        load_tile<T, HD>(Vs, vb, k0, S, lk.st);
         __syncthreads();
         const T* Kt = Ks;
         const T* Vt = Vs;
@@ -344,11 +356,11 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    T* ob = o + (long long)bh * L * HD;
+    T* ob = o + lo.base(bh);
 #pragma unroll
     for (int d = 0; d < DT; ++d) {
-        if (row0 < L) X::store2(ob + (long long)row0 * HD + d * 8 + 2 * t, acc[d][0] * i0, acc[d][1] * i0);
-        if (row1 < L) X::store2(ob + (long long)row1 * HD + d * 8 + 2 * t, acc[d][2] * i1, acc[d][3] * i1);
+        if (row0 < L) X::store2(ob + (long long)row0 * lo.st + d * 8 + 2 * t, acc[d][0] * i0, acc[d][1] * i0);
+        if (row1 < L) X::store2(ob + (long long)row1 * lo.st + d * 8 + 2 * t, acc[d][2] * i1, acc[d][3] * i1);
     }
     if (t == 0) {
         if (row0 < L) lse[(long long)bh * L + row0] = l0 > 0.f ? (m0 + log2f(l0)) * BLU_LN2 : BLU_NEG_INF;
@@ -362,7 +374,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 template <typename T, int HD>
 __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                               const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
-                              T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal) {
+                              T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal,
+                              Lay lq, Lay lk, Lay lo) {
     using X = Tr<T>;
     constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
     constexpr int QSUB = 32, NT = QSUB / 8;  // queries per sub-pass
@@ -374,11 +387,11 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, kb0 = blockIdx.x * BR;
     const int key0 = kb0 + warp * 16 + g, key1 = key0 + 8;
-    const T* qb = q + (long long)bh * L * HD;
-    const T* ob = dout + (long long)bh * L * HD;
+    const T* qb = q + lq.base(bh);
+    const T* ob = dout + lo.base(bh);
     const float c = scale * BLU_LOG2E;
-    load_tile<T, HD>(Ks, k + (long long)bh * S * HD, kb0, S);
-    load_tile<T, HD>(Vs, v + (long long)bh * S * HD, kb0, S);
+    load_tile<T, HD>(Ks, k + lk.base(bh), kb0, S, lk.st);
+    load_tile<T, HD>(Vs, v + lk.base(bh), kb0, S, lk.st);
     float dka[DT][4], dva[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; ++d)
@@ -395,8 +408,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     };
 #ifndef BLU_SYNC_TILES
     if (qstart < L) {
-        load_tile_async<T, HD>(Q0, qb, qstart, L);
-        load_tile_async<T, HD>(Q0 + BR * LD, ob, qstart, L);
+        load_tile_async<T, HD>(Q0, qb, qstart, L, lq.st);
+        load_tile_async<T, HD>(Q0 + BR * LD, ob, qstart, L, lo.st);
         cp_async_commit();
         stats(qstart, 0);
     }
@@ -406,8 +419,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         const int stage = ((q0 - qstart) / BR) & 1;
         if (q0 + BR < L) {
             T* nq = Q0 + (stage ^ 1) * 2 * BR * LD;
-            load_tile_async<T, HD>(nq, qb, q0 + BR, L);
-            load_tile_async<T, HD>(nq + BR * LD, ob, q0 + BR, L);
+            load_tile_async<T, HD>(nq, qb, q0 + BR, L, lq.st);
+            load_tile_async<T, HD>(nq + BR * LD, ob, q0 + BR, L, lo.st);
             cp_async_commit();
             stats(q0 + BR, stage ^ 1);
             cp_async_wait<1>();
@@ -417,8 +430,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
 #else
         const int stage = 0;
         __syncthreads();
-        load_tile<T, HD>(Q0, qb, q0, L);
-        load_tile<T, HD>(Q0 + BR * LD, ob, q0, L);
+        load_tile<T, HD>(Q0, qb, q0, L, lq.st);
+        load_tile<T, HD>(Q0 + BR * LD, ob, q0, L, lo.st);
         stats(q0, 0);
 #endif
         __syncthreads();
@@ -480,17 +493,17 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
 #endif
     }
-    T* dkb = dk + (long long)bh * S * HD;
-    T* dvb = dv + (long long)bh * S * HD;
+    T* dkb = dk + lk.base(bh);
+    T* dvb = dv + lk.base(bh);
 #pragma unroll
     for (int d = 0; d < DT; ++d) {
         if (key0 < S) {
-            X::store2(dkb + (long long)key0 * HD + d * 8 + 2 * t, dka[d][0] * scale, dka[d][1] * scale);
-            X::store2(dvb + (long long)key0 * HD + d * 8 + 2 * t, dva[d][0], dva[d][1]);
+            X::store2(dkb + (long long)key0 * lk.st + d * 8 + 2 * t, dka[d][0] * scale, dka[d][1] * scale);
+            X::store2(dvb + (long long)key0 * lk.st + d * 8 + 2 * t, dva[d][0], dva[d][1]);
         }
         if (key1 < S) {
-            X::store2(dkb + (long long)key1 * HD + d * 8 + 2 * t, dka[d][2] * scale, dka[d][3] * scale);
-            X::store2(dvb + (long long)key1 * HD + d * 8 + 2 * t, dva[d][2], dva[d][3]);
+            X::store2(dkb + (long long)key1 * lk.st + d * 8 + 2 * t, dka[d][2] * scale, dka[d][3] * scale);
+            X::store2(dvb + (long long)key1 * lk.st + d * 8 + 2 * t, dva[d][2], dva[d][3]);
         }
     }
 }
@@ -500,7 +513,7 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
 template <typename T, int HD>
 __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                             const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
-                            T* __restrict__ dq, int L, int S, float scale, int causal) {
+                            T* __restrict__ dq, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
     using X = Tr<T>;
     constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
     constexpr int KSUB = 32, NT = KSUB / 8;
@@ -513,11 +526,11 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, q0 = blockIdx.x * BR;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // rows inside the block
-    const T* kb = k + (long long)bh * S * HD;
-    const T* vb = v + (long long)bh * S * HD;
+    const T* kb = k + lk.base(bh);
+    const T* vb = v + lk.base(bh);
     const float c = scale * BLU_LOG2E;
-    load_tile<T, HD>(Qs, q + (long long)bh * L * HD, q0, L);
-    load_tile<T, HD>(Os, dout + (long long)bh * L * HD, q0, L);
+    load_tile<T, HD>(Qs, q + lq.base(bh), q0, L, lq.st);
+    load_tile<T, HD>(Os, dout + lo.base(bh), q0, L, lo.st);
     for (int i = threadIdx.x; i < BR; i += blockDim.x) {
         const bool ok = q0 + i < L;
         Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
@@ -530,8 +543,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     if (causal) kend = min(S, q0 + BR);
 #ifndef BLU_SYNC_TILES
     if (kend > 0) {
-        load_tile_async<T, HD>(K0, kb, 0, S);
-        load_tile_async<T, HD>(K0 + BR * LD, vb, 0, S);
+        load_tile_async<T, HD>(K0, kb, 0, S, lk.st);
+        load_tile_async<T, HD>(K0 + BR * LD, vb, 0, S, lk.st);
         cp_async_commit();
     }
 #endif
@@ -540,8 +553,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         const int stage = (k0 / BR) & 1;
         if (k0 + BR < kend) {
             T* nk = K0 + (stage ^ 1) * 2 * BR * LD;
-            load_tile_async<T, HD>(nk, kb, k0 + BR, S);
-            load_tile_async<T, HD>(nk + BR * LD, vb, k0 + BR, S);
+            load_tile_async<T, HD>(nk, kb, k0 + BR, S, lk.st);
+            load_tile_async<T, HD>(nk + BR * LD, vb, k0 + BR, S, lk.st);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -550,8 +563,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 #else
         const int stage = 0;
         __syncthreads();
-        load_tile<T, HD>(K0, kb, k0, S);
-        load_tile<T, HD>(K0 + BR * LD, vb, k0, S);
+        load_tile<T, HD>(K0, kb, k0, S, lk.st);
+        load_tile<T, HD>(K0 + BR * LD, vb, k0, S, lk.st);
 #endif
         __syncthreads();
         const T* Ks = K0 + stage * 2 * BR * LD;
@@ -606,32 +619,59 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
 #endif
     }
-    T* dqb = dq + (long long)bh * L * HD;
+    T* dqb = dq + lq.base(bh);
     const int row0 = q0 + r0, row1 = q0 + r1;
 #pragma unroll
     for (int d = 0; d < DT; ++d) {
-        if (row0 < L) X::store2(dqb + (long long)row0 * HD + d * 8 + 2 * t, dqa[d][0] * scale, dqa[d][1] * scale);
-        if (row1 < L) X::store2(dqb + (long long)row1 * HD + d * 8 + 2 * t, dqa[d][2] * scale, dqa[d][3] * scale);
+        if (row0 < L) X::store2(dqb + (long long)row0 * lq.st + d * 8 + 2 * t, dqa[d][0] * scale, dqa[d][1] * scale);
+        if (row1 < L) X::store2(dqb + (long long)row1 * lq.st + d * 8 + 2 * t, dqa[d][2] * scale, dqa[d][3] * scale);
     }
 }
 
 }  // namespace mma
 
+// strided entries: the three layouts as (sb, sh, st) triples and the head count H (see struct Lay)
+#define BLU_LAY_PARAMS                                                                                         \
+    int H, long long q_sb, long long q_sh, int q_st, long long k_sb, long long k_sh, int k_st, long long o_sb, \
+        long long o_sh, int o_st
+#define BLU_LAYS                                                                                               \
+    mma::lay(q_sb, q_sh, q_st, H), mma::lay(k_sb, k_sh, k_st, H), mma::lay(o_sb, o_sh, o_st, H)
+
 #define MMA_ENTRIES(NAME, T, HD)                                                                               \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,          \
                                  float scale, int causal) {                                                    \
-    mma::forward<T, HD>(q, k, v, o, lse, L, S, scale, causal);                                                 \
+    mma::forward<T, HD>(q, k, v, o, lse, L, S, scale, causal, mma::dense(L, HD), mma::dense(S, HD),           \
+                        mma::dense(L, HD));                                                                    \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_backward_dkdv_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,    \
                                        const float* D, T* dk, T* dv, int L, int S, float scale, int causal) {  \
-    mma::backward_dkdv<T, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal);                             \
+    mma::backward_dkdv<T, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),           \
+                              mma::dense(S, HD), mma::dense(L, HD));                                           \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_backward_dq_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,      \
                                      const float* D, T* dq, int L, int S, float scale, int causal) {           \
-    mma::backward_dq<T, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal);                                   \
+    mma::backward_dq<T, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, mma::dense(L, HD),                 \
+                            mma::dense(S, HD), mma::dense(L, HD));                                             \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(128)                                                              \
+blu_sdpa_forward_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,  \
+                                         float scale, int causal, BLU_LAY_PARAMS) {                            \
+    mma::forward<T, HD>(q, k, v, o, lse, L, S, scale, causal, BLU_LAYS);                                       \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(128)                                                              \
+blu_sdpa_backward_dkdv_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,              \
+                                               const float* lse, const float* D, T* dk, T* dv, int L, int S,   \
+                                               float scale, int causal, BLU_LAY_PARAMS) {                      \
+    mma::backward_dkdv<T, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, BLU_LAYS);                   \
+}                                                                                                              \
+extern "C" __global__ void __launch_bounds__(128)                                                              \
+blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,                \
+                                             const float* lse, const float* D, T* dq, int L, int S,            \
+                                             float scale, int causal, BLU_LAY_PARAMS) {                        \
+    mma::backward_dq<T, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                         \
 }
 
 MMA_ENTRIES(tf32, float, 64)
