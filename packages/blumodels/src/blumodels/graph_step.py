@@ -209,6 +209,11 @@ class GraphedTrainStep:
                 prepare_group(self.optimizer, grp)
             if self.grad_clip > 0:
                 _table([g._data for g in self.grads])
+            # compile/load the few CuPy kernels only the captured body uses (no module loads while capturing)
+            xp.take(self.lr_table, self.step_idx, out=self.lr_dev)
+            self.step_count += 0
+            self.step_idx += 0
+            self.grad_norm[...] = self.loss
         self._base_count, self._base_step = host_count, step
         self.capturer.capture(self._body)
         self._set_counts(host_count)  # a real capture ran fused_step's host bookkeeping without a step

@@ -68,13 +68,8 @@ class _Pool:
                 self.pool_id = pid
                 yield
             return
-        cp = self.cp
-        prev = cp.cuda.get_allocator()
-        cp.cuda.set_allocator(self.cupy_pool.malloc)
-        try:
+        with self.cp.cuda.using_allocator(self.cupy_pool.malloc):
             yield
-        finally:
-            cp.cuda.set_allocator(prev)
 
     def used_bytes(self) -> int:
         return int(self.cupy_pool.total_bytes()) if self.cupy_pool is not None else -1
@@ -102,7 +97,10 @@ class CUDAGraph:
         self._pool_ctx = self._pool.active()
         self._pool_ctx.__enter__()
         try:
-            self._stream.begin_capture(mode=_mode(cp, capture_error_mode))
+            try:
+                self._stream.begin_capture(mode=_mode(cp, capture_error_mode))
+            except TypeError:  # a CuPy without the mode argument: its default (global) mode
+                self._stream.begin_capture()
         except Exception:
             self._pool_ctx.__exit__(None, None, None)
             self._stream.__exit__(None, None, None)
