@@ -69,7 +69,6 @@ def bench_raw(n_rounds: int = 30) -> dict:
         for p in ps:
             ours.free(p)
     t_ours = (time.perf_counter() - t) / (n_rounds * len(sizes))
-    ours.empty_cache()
     pool = cupy.cuda.MemoryPool()
     for s in sizes:
         pool.malloc(s)
@@ -78,9 +77,35 @@ def bench_raw(n_rounds: int = 30) -> dict:
         ms = [pool.malloc(s) for s in sizes]
         del ms
     t_cupy = (time.perf_counter() - t) / (n_rounds * len(sizes))
+    # one exact-size pair in a loop (the fast path alone), ours vs CuPy's pool, best of 3
+    pairs = {}
+    for name, mal, fre in (("ours", lambda: ours.malloc(3072, 0), ours.free),
+                           ("cupy_pool", lambda: pool.malloc(3072), lambda m: None)):
+        best = 1e9
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(20000):
+                fre(mal())
+            best = min(best, (time.perf_counter() - t) / 20000)
+        pairs[name] = best * 1e6
+    # the same with one listener installed (profiler cost), and after removing it (must be back to fast)
+    seen = [0]
+
+    def listener(ev, ptr, size, stream, ts):
+        seen[0] += 1
+
+    bluallocator.add_listener(listener)
+    t = time.perf_counter()
+    for _ in range(20000):
+        ours.free(ours.malloc(3072, 0))
+    with_listener = (time.perf_counter() - t) / 20000 * 1e6
+    bluallocator.remove_listener(listener)
+    ours.empty_cache()
     pool.free_all_blocks()
     return {"us_per_pair_ours": t_ours * 1e6, "us_per_pair_cupy_pool": t_cupy * 1e6,
-            "ratio_ours_over_cupy": t_ours / t_cupy}
+            "ratio_ours_over_cupy": t_ours / t_cupy, "us_single_pair_ours": pairs["ours"],
+            "us_single_pair_cupy_pool": pairs["cupy_pool"], "us_single_pair_ours_with_listener": with_listener,
+            "listener_events": seen[0], "target_us_per_pair": 3.0, "meets_target": t_ours * 1e6 <= 3.0}
 
 
 def _bench_cupy_empty(n_rounds: int) -> float:

@@ -24,7 +24,10 @@ def test_split_and_coalesce_with_both_neighbours(env):
     guard = a.malloc(4096, 0)
     a.free(p1)
     a.free(p3)
-    a.free(p2)  # merges with p1 on the left and p3 on the right
+    a.free(p2)  # cached as is: merging waits until a request needs it (deferred coalescing)
+    assert a.memory_stats()["num_merges"] == 0
+    assert a.memory_stats()["largest_cached_free_block"] == 2 * MiB - 4 * 4096  # the stats see through it
+    a.coalesce()  # merges with p1 on the left and p3 on the right
     assert a.memory_stats()["num_merges"] == 2
     big = a.malloc(3 * 4096, 0)
     assert big == p1, "the three neighbours must have merged into one block"
@@ -221,3 +224,48 @@ def test_free_of_unknown_pointer_is_refused(env):
         a.free(12345)
     with pytest.raises(ValueError, match="nbytes"):
         a.malloc(-1, 0)
+
+
+def test_exact_size_reuse_needs_no_split_and_merge(env):
+    a = env.allocator()
+    p = a.malloc(3072, 0)
+    a.free(p)
+    splits = a.memory_stats()["num_splits"]
+    for _ in range(5):
+        q = a.malloc(3000, 0)
+        assert q == p, "an exact-size free block is handed back as it is"
+        a.free(q)
+    st = a.memory_stats()
+    assert st["num_splits"] == splits and st["num_merges"] == 0 and st["num_device_mallocs"] == 1
+
+
+def test_deferred_merge_happens_before_a_new_segment(env):
+    a = env.allocator()
+    ps = [a.malloc(512 * 1024, 0) for _ in range(4)]  # fills one 2 MiB small segment
+    for p in ps:
+        a.free(p)  # four adjacent free blocks, not merged yet
+    q = a.malloc(MiB, 0)  # no single free block is big enough: merge first, no cudaMalloc
+    st = a.memory_stats()
+    assert q == ps[0] and st["num_device_mallocs"] == 1 and st["num_merges"] >= 1
+    a.free(q)
+
+
+def test_listeners_see_every_alloc_and_free(env):
+    import bluallocator
+
+    a = env.allocator()
+    seen = []
+
+    def fn(event, ptr, size, stream, ts_ns):
+        seen.append((event, ptr, size, stream, ts_ns))
+
+    bluallocator.add_listener(fn)
+    try:
+        p = a.malloc(1000, 0)
+        a.free(p)
+    finally:
+        bluallocator.remove_listener(fn)
+    a.free(a.malloc(1000, 0))  # not seen any more
+    assert [(e, q, n, s) for e, q, n, s, _ in seen] == [("alloc", p, 1024, 0), ("free", p, 1024, 0)]
+    assert seen[0][4] <= seen[1][4]
+    bluallocator.remove_listener(fn)  # removing twice is fine

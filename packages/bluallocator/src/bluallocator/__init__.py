@@ -7,7 +7,7 @@ Core logic (``CachingAllocator``) runs on any :class:`DeviceBackend`: ``FakeDevi
 from .__about__ import __version__
 from .alignment import AlignmentChoice, AlignmentProfiler, choose_granularity, rounding_cost
 from .backend import DeviceBackend, FakeDeviceBackend
-from .caching import CachingAllocator
+from .caching import CachingAllocator, add_listener, remove_listener
 from .cuda_backend import CudaBackend, cuda_available
 from .cupy_glue import (
     empty_cache,
@@ -24,6 +24,7 @@ from .pinned import PinnedHostAllocator
 __all__ = [
     "__version__", "AlignmentChoice", "AlignmentProfiler", "BackendOutOfMemory", "CachingAllocator",
     "CudaBackend", "DeviceBackend", "FakeDeviceBackend", "OutOfMemoryError", "PinnedHostAllocator",
+    "add_listener", "remove_listener",
     "choose_granularity", "cuda_available", "empty_cache", "get_allocator", "install", "is_installed",
     "memory_stats", "record_stream", "rounding_cost", "uninstall",
 ]

@@ -11,6 +11,7 @@ import bisect
 from dataclasses import dataclass, field
 
 FREE, ALLOCATED, PENDING = "free", "allocated", "pending"
+MERGED = "merged"  # absorbed into a free neighbour (no longer a block)
 
 
 class Segment:
@@ -23,7 +24,10 @@ class Segment:
 
 
 class Block:
-    """A contiguous piece of a segment: free, allocated, or pending (freed, waiting for other streams)."""
+    """A contiguous piece of a segment: free, allocated, or pending (freed, waiting for other streams).
+
+    ``stream_uses`` and ``events`` stay None until another stream touches the block (no per-call churn).
+    """
 
     __slots__ = ("ptr", "size", "requested", "segment", "prev", "next", "state", "stream_uses", "events")
 
@@ -35,8 +39,8 @@ class Block:
         self.prev: Block | None = None
         self.next: Block | None = None
         self.state = FREE
-        self.stream_uses: set[int] = set()
-        self.events: list[int] = []
+        self.stream_uses: set[int] | None = None
+        self.events: list[int] | None = None
 
     @property
     def stream(self) -> int:
@@ -53,43 +57,86 @@ class Block:
 
 
 class FreeList:
-    """Free blocks ordered by (size, address): ``best_fit`` is one bisection."""
+    """Free blocks bucketed by exact size: an exact-size request is one dict pop (the hot path of a
+    training loop, which asks for the same sizes every step); otherwise best fit is one bisection over
+    the sorted distinct sizes. ``dirty`` lists blocks freed next to a free neighbour: merging them is
+    deferred until a request misses the exact-size path, or stats/empty_cache need it."""
 
-    __slots__ = ("_keys", "_blocks", "bytes")
+    __slots__ = ("_sizes", "_buckets", "bytes", "count", "dirty")
 
     def __init__(self) -> None:
-        self._keys: list[tuple[int, int]] = []
-        self._blocks: dict[int, Block] = {}
+        self._sizes: list[int] = []                   # sorted; may hold sizes whose bucket is empty
+        self._buckets: dict[int, dict[int, Block]] = {}  # size -> {ptr: block}
         self.bytes = 0
+        self.count = 0
+        self.dirty: list[Block] = []  # freed next to a free neighbour, not merged yet
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return self.count
 
     def add(self, block: Block) -> None:
-        bisect.insort(self._keys, (block.size, block.ptr))
-        self._blocks[block.ptr] = block
+        b = self._buckets.get(block.size)
+        if b is None:
+            self._buckets[block.size] = {block.ptr: block}
+            bisect.insort(self._sizes, block.size)
+        else:
+            b[block.ptr] = block
         self.bytes += block.size
+        self.count += 1
 
     def remove(self, block: Block) -> None:
-        i = bisect.bisect_left(self._keys, (block.size, block.ptr))
-        if i == len(self._keys) or self._keys[i] != (block.size, block.ptr):
+        b = self._buckets.get(block.size)
+        if b is None or b.pop(block.ptr, None) is None:
             raise AssertionError(f"bluallocator: {block!r} missing from its free list (state corrupt)")
-        del self._keys[i]
-        del self._blocks[block.ptr]
         self.bytes -= block.size
+        self.count -= 1
+
+    def take_exact(self, size: int) -> Block | None:
+        """Remove and return a free block of exactly ``size`` bytes (lowest address), or None."""
+        b = self._buckets.get(size)
+        if not b:
+            return None
+        blk = b.popitem()[1] if len(b) == 1 else b.pop(min(b))
+        self.bytes -= size
+        self.count -= 1
+        return blk
+
+    def take(self, size: int) -> Block | None:
+        """Remove and return the smallest free block of at least ``size`` bytes (lowest address among
+        equals), or None."""
+        b = self._buckets.get(size)
+        if b:
+            return self.take_exact(size)
+        sizes = self._sizes
+        i = j = bisect.bisect_left(sizes, size)
+        n = len(sizes)
+        while j < n and not self._buckets[sizes[j]]:
+            j += 1
+        if j > i:  # drop empty buckets passed over (keeps the scan short)
+            for s in sizes[i:j]:
+                del self._buckets[s]
+            del sizes[i:j]
+        if i == len(sizes):
+            return None
+        return self.take_exact(sizes[i])
 
     def best_fit(self, size: int) -> Block | None:
-        """Smallest free block of at least ``size`` bytes (lowest address among equals)."""
-        i = bisect.bisect_left(self._keys, (size, -1))
-        if i == len(self._keys):
-            return None
-        return self._blocks[self._keys[i][1]]
+        """Smallest free block of at least ``size`` bytes, left in the list."""
+        for s in self._sizes[bisect.bisect_left(self._sizes, size):]:
+            b = self._buckets[s]
+            if b:
+                return b[min(b)]
+        return None
 
     def largest(self) -> int:
-        return self._keys[-1][0] if self._keys else 0
+        for s in reversed(self._sizes):
+            if self._buckets[s]:
+                return s
+        return 0
 
     def blocks(self) -> list[Block]:
-        return [self._blocks[p] for _, p in self._keys]
+        """Every free block, ordered by (size, address)."""
+        return [b[p] for s in self._sizes for b in (self._buckets[s],) for p in sorted(b)]
 
 
 @dataclass(eq=False)
@@ -100,6 +147,8 @@ class MemPool:
     private: bool = False
     released: bool = False
     free_lists: dict[tuple[int, bool], FreeList] = field(default_factory=dict)
+    small_lists: dict[int, FreeList] = field(default_factory=dict)  # stream -> list (fast lookup)
+    large_lists: dict[int, FreeList] = field(default_factory=dict)
     segments: dict[int, Segment] = field(default_factory=dict)
     active_users: int = 0
 
@@ -112,6 +161,7 @@ class MemPool:
         fl = self.free_lists.get(key)
         if fl is None:
             fl = self.free_lists[key] = FreeList()
+            (self.small_lists if small else self.large_lists)[stream] = fl
         return fl
 
     @property

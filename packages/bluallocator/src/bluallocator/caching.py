@@ -12,17 +12,36 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any
 
 from .alignment import MIN_GRANULARITY, AlignmentChoice, AlignmentProfiler, round_up
 from .backend import DeviceBackend
-from .blocks import ALLOCATED, FREE, PENDING, Block, MemPool, Segment
+from .blocks import ALLOCATED, FREE, MERGED, PENDING, Block, FreeList, MemPool, Segment
 from .errors import BackendOutOfMemory, OutOfMemoryError
 
 MiB = 1 << 20
 _get_ident = threading.get_ident
+_now_ns = time.perf_counter_ns
+#: callbacks ``fn(event, ptr, size, stream, ts_ns)`` with event 'alloc' | 'free', shared by every allocator
+_LISTENERS: list = []
+#: with blocks pending on other streams' events, poll them every this many mallocs (not on every call)
+EVENT_POLL_INTERVAL = 64
+
+
+def add_listener(fn) -> None:
+    """Call ``fn(event, ptr, size, stream, ts_ns)`` on every malloc ('alloc') and free ('free') of every
+    caching allocator (profilers); costs nothing while no listener is installed."""
+    if fn not in _LISTENERS:
+        _LISTENERS.append(fn)
+
+
+def remove_listener(fn) -> None:
+    """Stop calling ``fn`` (no error when it is not installed)."""
+    if fn in _LISTENERS:
+        _LISTENERS.remove(fn)
 
 
 def size_bucket(n: int) -> int:
@@ -65,7 +84,11 @@ class CachingAllocator:
         self.granularity_small = granularity
         self.granularity_large = granularity
         self.class_weight = class_weight
-        self._pools: dict[int, MemPool] = {0: MemPool(0)}
+        self._default_pool = MemPool(0)
+        self._pools: dict[int, MemPool] = {0: self._default_pool}
+        self._private_users = 0  # `with private_pool()` blocks open on any thread (0: default pool fast path)
+        self._fast = True  # no profile running and no private pool open: malloc may take its inline path
+        self._poll_tick = 0
         self._next_pool_id = 1
         self._allocated: dict[int, Block] = {}
         self._pending: list[Block] = []
@@ -90,8 +113,9 @@ class CachingAllocator:
         self._counts = Counter[str]()
         self._num_allocs = 0
         self._num_frees = 0
-        self._histogram = Counter[int]()
-        self._active_histogram = Counter[int]()
+        self._num_splits = 0
+        self._num_merges = 0
+        self._histogram: dict[int, int] = {}  # request size rounded up to a power of two -> count
         if profile_first_n is not None:
             self.begin_profile(first_n=profile_first_n)
 
@@ -114,14 +138,43 @@ class CachingAllocator:
 
     def malloc(self, nbytes: int, stream: int | None = None) -> int:
         """Device pointer to at least ``nbytes`` bytes usable on ``stream`` (current stream if None)."""
-        if nbytes < 0:
-            raise ValueError(f"CachingAllocator.malloc: nbytes must be >= 0, got {nbytes}")
         if stream is None:
             stream = self.backend.current_stream()
-        # hot path: the lock is taken inline (a generator context manager costs more than the work)
+        # hot path, inline: the lock, then a cached block of exactly the rounded size in the default pool
+        # (what a training step asks for again and again): one dict pop, no split, no event query
         with self._lock:
             self._owner = _get_ident()
             try:
+                if self._fast and nbytes > 0 and not _LISTENERS:
+                    if nbytes <= self.small_size:
+                        g = self.granularity_small
+                        fl = self._default_pool.small_lists.get(stream)
+                    else:
+                        g = self.granularity_large
+                        fl = self._default_pool.large_lists.get(stream)
+                    size = -(-nbytes // g) * g
+                    bucket = fl._buckets.get(size) if fl is not None else None
+                    if bucket and not self._pending:
+                        block = bucket.popitem()[1] if len(bucket) == 1 else bucket.pop(min(bucket))
+                        fl.bytes -= size
+                        fl.count -= 1
+                        block.state = ALLOCATED
+                        block.requested = nbytes
+                        ptr = block.ptr
+                        self._allocated[ptr] = block
+                        self._allocated_bytes += size
+                        self._requested_bytes += nbytes
+                        if self._allocated_bytes > self._peak_allocated:
+                            self._peak_allocated = self._allocated_bytes
+                        self._num_allocs += 1
+                        k = 1 << (nbytes - 1).bit_length()
+                        h = self._histogram
+                        h[k] = h.get(k, 0) + 1
+                        if self._deferred_frees:
+                            self._drain_deferred()
+                        return ptr
+                if nbytes < 0:
+                    raise ValueError(f"CachingAllocator.malloc: nbytes must be >= 0, got {nbytes}")
                 ptr = self._malloc_locked(int(nbytes), stream)
                 if self._deferred_frees:
                     self._drain_deferred()
@@ -138,6 +191,35 @@ class CachingAllocator:
         with self._lock:
             self._owner = ident
             try:
+                block = self._allocated.get(ptr)
+                if block is not None and not block.stream_uses and not _LISTENERS:
+                    seg = block.segment
+                    pool = seg.pool
+                    if not pool.released:  # hot path: cache the block as it is (merging is deferred)
+                        del self._allocated[ptr]
+                        size = block.size
+                        self._allocated_bytes -= size
+                        self._requested_bytes -= block.requested
+                        self._num_frees += 1
+                        block.state = FREE
+                        fl = (pool.small_lists if seg.is_small else pool.large_lists).get(seg.stream)
+                        if fl is None:
+                            fl = pool.free_list(seg.stream, seg.is_small)
+                        prev, nxt = block.prev, block.next
+                        if (prev is not None and prev.state is FREE) or (nxt is not None and nxt.state is FREE):
+                            fl.dirty.append(block)
+                            if len(fl.dirty) > 4096:
+                                fl.dirty = list({id(b): b for b in fl.dirty if b.state is FREE}.values())
+                        bucket = fl._buckets.get(size)
+                        if bucket is None:
+                            fl.add(block)
+                        else:
+                            bucket[ptr] = block
+                            fl.bytes += size
+                            fl.count += 1
+                        if self._deferred_frees:
+                            self._drain_deferred()
+                        return
                 self._free_locked(ptr)
                 if self._deferred_frees:
                     self._drain_deferred()
@@ -155,6 +237,8 @@ class CachingAllocator:
             if block is None:
                 raise ValueError(f"CachingAllocator.record_stream: {ptr:#x} is not an allocated block")
             if stream != block.stream:
+                if block.stream_uses is None:
+                    block.stream_uses = set()
                 block.stream_uses.add(stream)
 
     def allocation_size(self, ptr: int) -> int:
@@ -167,41 +251,78 @@ class CachingAllocator:
     # ------------------------------------------------------------------ internals: allocate
     def _malloc_locked(self, nbytes: int, stream: int) -> int:
         if self._pending and self._capture_depth == 0:
-            self._process_events()
+            self._poll_tick += 1
+            if self._poll_tick >= EVENT_POLL_INTERVAL:
+                self._poll_tick = 0
+                self._process_events()
         if self._profiler is not None:
             self._record_profile(nbytes)
         n = nbytes if nbytes > 0 else 1
         small = n <= self.small_size
-        g = self.granularity_small if small else self.granularity_large
-        size = -(-n // g) * g
-        pool = self._current_pool()
-        fl = pool.free_list(stream, small)
-        block = fl.best_fit(size)
-        if block is None:
-            block = self._new_segment(pool, stream, small, size)
+        if small:
+            size = -(-n // self.granularity_small) * self.granularity_small
         else:
-            fl.remove(block)
+            size = -(-n // self.granularity_large) * self.granularity_large
+        pool = self._default_pool if not self._private_users else self._current_pool()
+        fl = (pool.small_lists if small else pool.large_lists).get(stream)
+        if fl is None:
+            fl = pool.free_list(stream, small)
+        block = fl.take_exact(size)  # the hot path: a block of this very size, no split, no event query
+        if block is None:
+            if self._pending and self._capture_depth == 0:
+                self._process_events()
+            if fl.dirty:  # best fit over merged blocks (as with eager merging: keeps fragmentation low)
+                self._coalesce(fl)
+            block = fl.take(size)  # best fit by bisection
+            if block is None:
+                block = self._malloc_slow(fl, pool, stream, small, size)
         remaining = block.size - size
-        if remaining >= (self.granularity_small if small else self.small_size + 1):
+        if remaining and remaining >= (self.granularity_small if small else self.small_size + 1):
             rest = Block(block.ptr + size, remaining, block.segment)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
+            nxt = block.next
+            rest.prev, rest.next = block, nxt
+            if nxt is not None:
+                nxt.prev = rest
+                if nxt.state is FREE:
+                    fl.dirty.append(rest)
             block.next = rest
             block.size = size
             fl.add(rest)
-            self._counts["num_splits"] += 1
+            self._num_splits += 1
         block.state = ALLOCATED
         block.requested = nbytes
-        self._allocated[block.ptr] = block
+        ptr = block.ptr
+        self._allocated[ptr] = block
         self._allocated_bytes += block.size
         self._requested_bytes += nbytes
         if self._allocated_bytes > self._peak_allocated:
             self._peak_allocated = self._allocated_bytes
         self._num_allocs += 1
-        self._histogram[1 << (n - 1).bit_length()] += 1
-        self._active_histogram[1 << (block.size - 1).bit_length()] += 1
-        return block.ptr
+        k = 1 << (n - 1).bit_length()
+        h = self._histogram
+        h[k] = h.get(k, 0) + 1
+        if _LISTENERS:
+            ts = _now_ns()
+            for fn in tuple(_LISTENERS):
+                fn("alloc", ptr, block.size, stream, ts)
+        return ptr
+
+    def _malloc_slow(self, fl: FreeList, pool: MemPool, stream: int, small: bool, size: int) -> Block:
+        """Nothing free is big enough: merge deferred neighbours, recycle blocks whose events completed,
+        then ask the driver for a new segment."""
+        if fl.dirty:
+            self._coalesce(fl)
+            block = fl.take(size)
+            if block is not None:
+                return block
+        if self._pending and self._capture_depth == 0:
+            self._process_events()
+            if fl.dirty:
+                self._coalesce(fl)
+            block = fl.take(size)
+            if block is not None:
+                return block
+        return self._new_segment(pool, stream, small, size)
 
     def _segment_size(self, size: int, small: bool) -> int:
         if small:
@@ -259,8 +380,11 @@ class CachingAllocator:
             raise ValueError(f"CachingAllocator.free: {ptr:#x} was not allocated here (or was freed twice)")
         self._allocated_bytes -= block.size
         self._requested_bytes -= block.requested
-        self._active_histogram[1 << (block.size - 1).bit_length()] -= 1
         self._num_frees += 1
+        if _LISTENERS:
+            ts = _now_ns()
+            for fn in tuple(_LISTENERS):
+                fn("free", ptr, block.size, block.segment.stream, ts)
         if block.stream_uses:
             block.state = PENDING
             self._pending_bytes += block.size
@@ -270,9 +394,24 @@ class CachingAllocator:
                 self._insert_events(block)
                 self._pending.append(block)
             return
-        self._return_block(block)
+        # hot path: cache the block as it is; merging with free neighbours waits until a request needs it
+        seg = block.segment
+        pool = seg.pool
+        if pool.released:
+            self._return_block(block)
+            return
+        block.state = FREE
+        fl = (pool.small_lists if seg.is_small else pool.large_lists).get(seg.stream)
+        if fl is None:
+            fl = pool.free_list(seg.stream, seg.is_small)
+        prev, nxt = block.prev, block.next
+        if (prev is not None and prev.state is FREE) or (nxt is not None and nxt.state is FREE):
+            fl.dirty.append(block)
+        fl.add(block)
 
     def _insert_events(self, block: Block) -> None:
+        if block.events is None:
+            block.events = []
         for s in sorted(block.stream_uses):
             ev = self._event_cache.pop() if self._event_cache else self.backend.event_create()
             self.backend.event_record(ev, s)
@@ -290,14 +429,14 @@ class CachingAllocator:
         self._pending = still
 
     def _finish_pending(self, block: Block) -> None:
-        self._event_cache.extend(block.events)
-        block.events = []
+        self._event_cache.extend(block.events or ())
+        block.events = None
         self._pending_bytes -= block.size
         self._return_block(block)
 
     def _synchronize_pending(self) -> None:
         for block in self._pending:
-            for e in block.events:
+            for e in block.events or ():
                 self.backend.event_synchronize(e)
             self._finish_pending(block)
         self._pending = []
@@ -313,33 +452,66 @@ class CachingAllocator:
         self._deferred_capture = keep
 
     def _return_block(self, block: Block) -> None:
-        """Mark free, merge with free neighbours of the same segment, then cache (or release)."""
+        """Mark free and cache it, merged with its free neighbours (blocks of a released pool: merged at
+        once, and the segment goes back to the driver when it is whole)."""
         block.state = FREE
-        block.stream_uses.clear()
+        block.stream_uses = None
         seg = block.segment
         pool = seg.pool
         fl = pool.free_list(seg.stream, seg.is_small)
+        block = self._merge_neighbours(fl, block)
+        if pool.released and not block.is_split and self._capture_depth == 0:
+            self._release_segment(seg)
+        else:
+            fl.add(block)
+
+    def _merge_neighbours(self, fl: FreeList, block: Block) -> Block:
+        """Merge ``block`` (not in ``fl``) with the free neighbours that are; returns the merged block."""
         prev = block.prev
-        if prev is not None and prev.state == FREE:
+        while prev is not None and prev.state is FREE:
             fl.remove(prev)
+            block.state = MERGED
             prev.size += block.size
             prev.next = block.next
             if block.next is not None:
                 block.next.prev = prev
             block = prev
-            self._counts["num_merges"] += 1
+            prev = block.prev
+            self._num_merges += 1
         nxt = block.next
-        if nxt is not None and nxt.state == FREE:
+        while nxt is not None and nxt.state is FREE:
             fl.remove(nxt)
+            nxt.state = MERGED
             block.size += nxt.size
             block.next = nxt.next
             if nxt.next is not None:
                 nxt.next.prev = block
-            self._counts["num_merges"] += 1
-        if pool.released and not block.is_split and self._capture_depth == 0:
-            self._release_segment(seg)
-        else:
-            fl.add(block)
+            nxt = block.next
+            self._num_merges += 1
+        return block
+
+    def _coalesce(self, fl: FreeList) -> None:
+        """Merge the runs of adjacent free blocks in ``fl`` that deferred frees left (``fl.dirty``)."""
+        dirty, fl.dirty = fl.dirty, []
+        for block in dirty:
+            if block.state is not FREE:
+                continue  # handed out again, or merged into a neighbour already
+            while block.prev is not None and block.prev.state is FREE:
+                block = block.prev  # the head of the run
+            if block.next is not None and block.next.state is FREE:
+                fl.remove(block)
+                fl.add(self._merge_neighbours(fl, block))
+
+    def _coalesce_all(self) -> None:
+        for pool in self._pools.values():
+            for fl in pool.free_lists.values():
+                if fl.dirty:
+                    self._coalesce(fl)
+
+    def coalesce(self) -> None:
+        """Merge adjacent free blocks now (otherwise done lazily, when a request finds nothing big enough)."""
+        with self._locked():
+            self._coalesce_all()
 
     def _release_segment(self, seg: Segment) -> None:
         pool = seg.pool
@@ -354,6 +526,8 @@ class CachingAllocator:
         released = 0
         for pool in pools:
             for fl in pool.free_lists.values():
+                if fl.dirty:
+                    self._coalesce(fl)
                 for block in fl.blocks():
                     if not block.is_split:
                         fl.remove(block)
@@ -387,6 +561,7 @@ class CachingAllocator:
         """Start recording request sizes (step 0); with ``first_n`` it ends by itself after n requests."""
         self._profiler = AlignmentProfiler(self.small_size, self.class_weight)
         self._profile_remaining = first_n
+        self._fast = False
 
     def _record_profile(self, nbytes: int) -> None:
         assert self._profiler is not None
@@ -407,6 +582,7 @@ class CachingAllocator:
         choice = self._profiler.choose()
         self._profiler = None
         self._profile_remaining = None
+        self._fast = not self._private_users
         if apply:
             self.granularity_small = choice.granularity_small
             self.granularity_large = choice.granularity_large
@@ -459,6 +635,8 @@ class CachingAllocator:
             if pool is None or not pool.private or pool.released:
                 raise ValueError(f"CachingAllocator.private_pool: no live private pool with id {pid}")
             pool.active_users += 1
+            self._private_users += 1
+            self._fast = False
         stack = self._pool_stack()
         stack.append(pool)
         try:
@@ -467,6 +645,8 @@ class CachingAllocator:
             stack.pop()
             with self._locked():
                 pool.active_users -= 1
+                self._private_users -= 1
+                self._fast = self._profiler is None and not self._private_users
 
     @contextlib.contextmanager
     def graph_pool(self, pool_id: int | None = None) -> Iterator[int]:
@@ -511,13 +691,28 @@ class CachingAllocator:
         return sum(p.cached_free for p in self._pools.values())
 
     def _largest_free_block(self) -> int:
-        return max((p.largest_free() for p in self._pools.values()), default=0)
+        """Largest block a request could get after merging free neighbours (read-only)."""
+        best = 0
+        for p in self._pools.values():
+            for fl in p.free_lists.values():
+                if not fl.dirty:
+                    best = max(best, fl.largest())
+                    continue
+                for b in fl.blocks():
+                    if b.prev is not None and b.prev.state is FREE:
+                        continue
+                    run, nxt = b.size, b.next
+                    while nxt is not None and nxt.state is FREE:
+                        run, nxt = run + nxt.size, nxt.next
+                    best = max(best, run)
+        return best
 
     def memory_stats(self) -> dict[str, Any]:
         """Counters and gauges: bytes allocated/reserved/peaks, fragmentation, counts, size histograms."""
         with self._locked():
             cached = self._cached_free_bytes()
             largest = self._largest_free_block()
+            active = Counter(1 << (b.size - 1).bit_length() for b in self._allocated.values())
             return {
                 "allocated_bytes": self._allocated_bytes,
                 "requested_bytes": self._requested_bytes,
@@ -531,8 +726,8 @@ class CachingAllocator:
                 "num_allocs": self._num_allocs,
                 "num_frees": self._num_frees,
                 "num_active_blocks": len(self._allocated),
-                "num_splits": self._counts["num_splits"],
-                "num_merges": self._counts["num_merges"],
+                "num_splits": self._num_splits,
+                "num_merges": self._num_merges,
                 "segments": sum(len(p.segments) for p in self._pools.values()),
                 "num_device_mallocs": self._counts["num_device_mallocs"],
                 "num_device_frees": self._counts["num_device_frees"],
@@ -542,7 +737,7 @@ class CachingAllocator:
                 "granularity_large": self.granularity_large,
                 "private_pools": sum(1 for p in self._pools.values() if p.private),
                 "histogram": dict(sorted(self._histogram.items())),
-                "active_histogram": {k: v for k, v in sorted(self._active_histogram.items()) if v},
+                "active_histogram": dict(sorted(active.items())),
             }
 
     def reset_peak_stats(self) -> None:
@@ -552,8 +747,10 @@ class CachingAllocator:
             self._peak_reserved = self._reserved_bytes
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Every segment with its blocks (address, size, state): for debugging and the profiler."""
+        """Every segment with its blocks (address, size, state), free neighbours merged first: for
+        debugging and the profiler."""
         with self._locked():
+            self._coalesce_all()
             out = []
             for pool in self._pools.values():
                 for seg in sorted(pool.segments.values(), key=lambda s: s.ptr):
