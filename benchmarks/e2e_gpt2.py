@@ -66,20 +66,30 @@ def run_blutrain(a) -> dict:
     model = build_model(config(a.layers), device="cuda", seed=0)
     groups = model.param_groups(0.1)
     opt = bt.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True if a.fused else None)
-    losses, times = [], []
-    for x, y in batches(a.batch, a.seq, a.steps):
+    losses, times, graphed = [], [], None
+    for s, (x, y) in enumerate(batches(a.batch, a.seq, a.steps)):
         xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        with bt.autocast("cuda", dtype=bt.bfloat16, enabled=a.precision == "bf16"):  # bf16: fp32 masters
-            _, loss = model(xi, yi)
-        loss.backward()
-        bt.optim.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
+        if a.graph and s >= 2:  # --graph (fp32/tf32): 2 eager warm-up steps, then the step as one CUDA graph
+            if graphed is None:
+                from blumodels.graph_step import GraphedTrainStep
+
+                graphed = GraphedTrainStep(model, opt, [6e-4] * a.steps, 1.0, tuple(xi.shape), "cuda")
+                graphed.capture(s)
+                cupy.cuda.Device().synchronize()
+                t0 = time.perf_counter()
+            loss = graphed.step(xi, yi, s)[0].copy()
+        else:
+            with bt.autocast("cuda", dtype=bt.bfloat16, enabled=a.precision == "bf16"):  # bf16: fp32 masters
+                _, loss = model(xi, yi)
+            loss.backward()
+            bt.optim.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
         cupy.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
+        losses.append(float(loss.item()) if isinstance(loss, bt.Tensor) else float(loss))
     mem = {}
     if a.allocator == "caching":
         st = alloc.memory_stats()
@@ -130,6 +140,9 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
     ("torch_eager_tf32", "torch", "tf32", False, {}),
     ("torch_compile_tf32", "torch", "tf32", True, {}),
     ("blutrain_tf32", "blutrain", "tf32", False, {"--fused": "", "CUPY_TF32": "1"}),
+    ("blutrain_tf32_graph", "blutrain", "tf32", False,
+     {"--fused": "", "CUPY_TF32": "1", "--graph": "", "--gemm": "cublas"}),
+    ("blutrain_fp32_graph", "blutrain", "fp32", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),
     ("torch_eager_bf16", "torch", "bf16", False, {}),
     ("blutrain_bf16", "blutrain", "bf16", False, {"--fused": "", "--gemm": "cublas"}),
 ]
@@ -142,6 +155,7 @@ def main() -> None:
     p.add_argument("--precision", default="fp32")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--fused", action="store_true")
+    p.add_argument("--graph", action="store_true", help="BluTrain: capture the whole step in one CUDA graph")
     p.add_argument("--allocator", default="cupy-default")
     p.add_argument("--gemm", default="", help="BluTrain GEMM provider (default: the plugin host's choice)")
     p.add_argument("--batch", type=int, default=16)
@@ -181,6 +195,7 @@ def main() -> None:
 
     for ours, ref in (("blutrain_fp32", "torch_compile_fp32"), ("blutrain_fp32", "torch_eager_fp32"),
                       ("blutrain_tf32", "torch_compile_tf32"), ("blutrain_tf32", "torch_eager_tf32"),
+                      ("blutrain_tf32_graph", "torch_compile_tf32"), ("blutrain_fp32_graph", "torch_compile_fp32"),
                       ("blutrain_bf16", "torch_eager_bf16")):
         if tps(ours) and tps(ref):
             ratios[f"{ours}/{ref}"] = tps(ours) / tps(ref)
