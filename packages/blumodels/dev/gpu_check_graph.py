@@ -190,7 +190,7 @@ def check_c():
         a = a @ a * 1e-4
     cp.cuda.Device().synchronize()
     per = (time.perf_counter() - t) / 5
-    reps = max(5, int(1.5 / per))
+    reps = max(5, int(1.0 / per))
 
     def probe(call):
         cp.cuda.Device().synchronize()
@@ -207,6 +207,24 @@ def check_c():
                 "no_sync": (t2 - t1) < 0.4 * (t3 - t1)}
 
     out = {"eager_step": probe(lambda: eager_step(model, opt, *dev[2], 6e-4, 1.0))}
+    # the same probe per piece, to name a sync's source: forward, backward, clip, AdamW
+    held = {}
+
+    def fwd():
+        held["loss"] = model(*dev[2])[1]
+
+    out["pieces"] = {"forward": probe(fwd)["no_sync"], "backward": probe(lambda: held["loss"].backward())["no_sync"],
+                     "clip": probe(lambda: bt.optim.clip_grad_norm_(model.parameters(), 1.0))["no_sync"],
+                     "adamw": probe(opt.step)["no_sync"]}
+    opt.zero_grad()
+    emb = model.wte.weight
+    idx = dev[2][0]
+
+    def emb_bwd():
+        bt.nn.functional.embedding(idx, emb).sum().backward()
+
+    out["pieces"]["embedding_fwd_bwd"] = probe(emb_bwd)["no_sync"]  # cupy.argsort (thrust) may sync
+    opt.zero_grad()
     gs = GraphedTrainStep(model, opt, [6e-4] * 6, 1.0, tuple(dev[3][0].shape), "cuda")
     gs.capture(3)
     out["graph_replay"] = probe(lambda: gs.step(*dev[3], 3))

@@ -323,6 +323,8 @@ def _fused_ok(qkv, n_head: int, dropout_p: float):
     if dispatch.observers:  # context parallelism / tracers rewrite or watch 'sdpa' calls: give them the op path
         return None
     dt = qkv.dtype.name
+    if dispatch.autocast_hook is not None and dt == "float32":  # autocast lowers sdpa to bf16: the op path does
+        return None
     if dt not in ("float32", "bfloat16") or resolve("sdpa", "cuda", dt).PLUGIN_NAME != SdpaCuda.PLUGIN_NAME:
         return None  # another sdpa kernel was chosen (BLUTRAIN_KERNELS / use_kernel): honour it
     return pick_variant(qkv._data.dtype, qkv.shape[-1] // (3 * n_head))

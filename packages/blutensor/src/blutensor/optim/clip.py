@@ -31,7 +31,9 @@ def _fused_cuda(params, max_norm: float):
     dev = grads[0].device
     if dev.type != "cuda" or any(g.device != dev or g.dtype.name not in ("float32", "bfloat16") for g in grads):
         return None
-    if any(not g._data.flags.c_contiguous for g in grads):
+    from blutensor.cuda_ops import cupy_installed
+
+    if not cupy_installed() or any(not g._data.flags.c_contiguous for g in grads):
         return None
     from blutensor.cuda_ops.norm import clip_grads_
 
