@@ -132,6 +132,7 @@ def _cfg(model=None, **train):
         ({}, {"nan_policy": "skip"}, "nan_policy"),
         ({}, {"fused_adamw": False}, "fused_adamw"),
         ({}, {"activation_checkpointing": True}, "activation_checkpointing"),
+        ({}, {"precision": "bf16"}, "precision"),
     ],
 )
 def test_config_refusals_name_the_key(model, train, match):

@@ -7,10 +7,11 @@ gradient norm land in static device buffers that the host reads only when it wan
 Gradients are written fresh by each replay (the captured backward assigns them), so no zeroing pass is
 needed. Warm-up steps run eagerly first (they create the optimizer state and every kernel/plan cache).
 
-Refused, with the reason: CPU device, gradient accumulation, optimizer-in-backward, world_size > 1,
-dropout > 0 (the dropout RNG offset is a host counter baked into captured launches: every replay would
-reuse one mask), nan_policy='skip' (the skip decision would need the host inside the step), non-fused
-AdamW, and the 'xp' GEMM provider (CuPy's cuBLAS refuses stream capture).
+Refused, with the reason: CPU device, precision 'bf16' (autocast step not captured yet), gradient
+accumulation, optimizer-in-backward, world_size > 1, activation checkpointing, dropout > 0 (the dropout
+RNG offset is a host counter baked into captured launches: every replay would reuse one mask),
+nan_policy='skip' (the skip decision would need the host inside the step), non-fused AdamW, and the 'xp'
+GEMM provider (CuPy's cuBLAS refuses stream capture).
 
 ``capture`` is pluggable: :class:`CudaCapture` (real) or any object with the same two methods, so the
 step logic (static buffers, device schedule, host bookkeeping, no host reads) is tested on CPU.
@@ -55,6 +56,9 @@ def check_config(cfg) -> None:
     if not t.fused_adamw:
         raise ConfigError("train.cuda_graph = true needs train.fused_adamw = true (the fused AdamW kernel reads "
                           "lr and step from device memory)")
+    if t.precision == "bf16":
+        raise ConfigError("train.cuda_graph = true supports train.precision 'fp32' and 'tf32' (the bf16 autocast "
+                          "step is not captured yet); set train.precision = 'tf32' or train.cuda_graph = false")
     if t.activation_checkpointing:
         raise ConfigError("train.cuda_graph = true is not supported with train.activation_checkpointing yet")
 
