@@ -84,8 +84,19 @@ class CudaCapture:
         from blutensor.cuda_graph import CUDAGraph, graph
 
         self.graph = CUDAGraph()
-        with graph(self.graph):
-            body()
+        try:
+            with graph(self.graph):
+                body()
+        except Exception as e:
+            from blutensor.gemm import get_gemm_provider
+
+            raise RuntimeError(
+                f"capturing the training step into a CUDA graph failed: {type(e).__name__}: {e}. Something in the "
+                f"step synchronised with the host or called a library that refuses capture (GEMM provider: "
+                f"{getattr(get_gemm_provider(), 'PLUGIN_NAME', '?')}; CuPy's cuBLAS cannot be captured, and CuPy "
+                f"sorts (embedding backward's argsort) synchronise on CuPy builds without cupy#9497); run with "
+                f"train.cuda_graph = false, or see packages/blumodels/dev/gpu_check_graph.py (check c) to find it"
+            ) from e
 
     def replay(self) -> None:
         self.graph.replay()
@@ -209,10 +220,10 @@ class GraphedTrainStep:
             index_check.flag_array()
             for p, g in zip(self.params, self.grads):
                 p.grad = g
-            for grp in self.optimizer.param_groups:
-                prepare_group(self.optimizer, grp)
+            # the multi-tensor tables the captured launches read: built now and held as long as the graph
+            self._keep = [prepare_group(self.optimizer, grp) for grp in self.optimizer.param_groups]
             if self.grad_clip > 0:
-                _table([g._data for g in self.grads])
+                self._keep.append(_table([g._data for g in self.grads]))
             # compile/load the few CuPy kernels only the captured body uses (no module loads while capturing)
             xp.take(self.lr_table, self.step_idx, out=self.lr_dev)
             self.step_count += 0

@@ -38,12 +38,13 @@ def _table(params, grads, exp_avgs, exp_avg_sqs):
     return table_for((params, grads, exp_avgs, exp_avg_sqs), flags)
 
 
-def prepare_group(optimizer, group) -> None:
-    """Build (and cache) the table fused_step will use for ``group`` with its current gradient arrays."""
+def prepare_group(optimizer, group):
+    """Build (and cache) the table fused_step will use for ``group`` with its current gradient arrays; returns
+    it (a CUDA graph that captures the launch must keep it alive: the cache may evict it)."""
     items = [(p, optimizer.state[p]) for p in group["params"] if p.grad is not None and p in optimizer.state]
     if items:
         cp = cupy()
-        _table(
+        return _table(
             [p._data for p, _ in items],
             [cp.ascontiguousarray(p.grad._data) for p, _ in items],
             [st["exp_avg"]._data for _, st in items],
