@@ -247,7 +247,7 @@ class GraphedTrainStep:
             s = getattr(src, "_data", src)
             if tuple(s.shape) != tuple(dst.shape):
                 raise ValueError(f"GraphedTrainStep.step: batch shape {tuple(s.shape)} != captured {tuple(dst.shape)}")
-            if type(s) is not type(dst._data):
+            if _xp(s) is not self.xp:
                 raise ValueError("GraphedTrainStep.step: the batch must already be on the step's device")
             dst._data[...] = s
         for p, g in zip(self.params, self.grads):
