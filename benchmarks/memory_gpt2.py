@@ -1,14 +1,19 @@
-"""Memory-lean training on one GPU: BluTrain vs PyTorch, side by side in one run.
+"""Memory-lean training on one GPU: BluTrain and PyTorch side by side, in one run.
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/memory_gpt2.py \
-        --out benchmarks/results/memory_gpt2_h200.json [--only a,b,c]
+        --out benchmarks/results/memory_gpt2_h200.json [--only a,b,c,e]
 
-(a) GPT-2 124M, B=16, T=1024, fp32: peak allocated/reserved of BluTrain (memory-lean options) vs
-    PyTorch eager and torch.compile.
-(b) GPT-2 124M, B=2, T=16384 (block_size 16384), fp32: peak memory and tokens/s vs PyTorch eager.
-(c) d_model=3072, 24 heads, B=2, T=1024, fp32 with --layers L: BluTrain trains 3 steps (loss must fall).
-Each case runs in its own subprocess so peaks do not mix. BluTrain's memory comes from bluallocator's
-statistics (it is installed as CuPy's allocator for these runs); PyTorch's from torch.cuda.
+(a) GPT-2 124M, B=16, T=1024, fp32: peak allocated/reserved of BluTrain (plain AdamW + clipping as PyTorch;
+    and with the memory-lean options) vs PyTorch eager and torch.compile.
+(b) GPT-2 124M, B=2, T=16384 (block_size 16384), fp32: peak memory and tokens/s vs PyTorch eager
+    (BluTrain's attention is its flash kernel, nothing T x T is stored).
+(c) d_model=3072, 24 heads, B=2, T=1024, fp32, --layers-c layers (80: 9.22B parameters): BluTrain trains
+    with activation recomputation + optimizer step in backward, linear lr warmup, >= 4 steps (loss must fall).
+(e) the lean options on the GPU at case c's width (4 layers): per-step losses of BluTrain plain, recompute,
+    optimizer-in-backward and both, and PyTorch, from the same weights and batches (no clipping anywhere).
+Each run is its own subprocess so peaks do not mix. BluTrain runs allocate through bluallocator (CuPy's
+allocator is replaced) and report its peak reserved; PyTorch's numbers come from torch.cuda. ``--tiny``
+runs the same plumbing with toy sizes on the CPU (no memory numbers) for tests.
 """
 
 from __future__ import annotations
@@ -24,135 +29,290 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-
-def cfg(layers, d, heads, block):
-    from blumodels.config import ModelConfig
-
-    return ModelConfig(n_layer=layers, n_head=heads, d_model=d, block_size=block, vocab_size=50257)
-
-
-def blutrain(a) -> dict:
-    import bluallocator
-    import blutensor as bt
-    import cupy
-    from blumodels.gpt2 import build_model
-    from blutensor.utils import OptimizerInBackward, checkpoint_modules
-    from e2e_gpt2 import batches
-
-    alloc = bluallocator.install()
-    model = build_model(cfg(a.layers, a.d, a.heads, a.seq), device="cuda", seed=0)
-    if a.recompute:
-        checkpoint_modules(model, "blocks.*")
-    opt = bt.optim.AdamW(model.param_groups(0.1), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
-                         fused=True if a.fused else None)
-    if a.oib:
-        opt = OptimizerInBackward(opt)
-    losses, times = [], []
-    alloc.reset_peak_stats()
-    for i, (x, y) in enumerate(batches(a.batch, a.seq, a.steps)):
-        xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
-        cupy.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        _, loss = model(xi, yi)
-        loss.backward()
-        if not a.oib:
-            bt.optim.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        cupy.cuda.Device().synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
-        if i == 0:
-            alloc.flush_after_step0()
-    st = alloc.memory_stats()
-    return {"losses": losses, "step_s": times, "peak_allocated_gib": st["peak_allocated_bytes"] / 2**30,
-            "peak_reserved_gib": st["peak_reserved_bytes"] / 2**30,
-            "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
-
-
-def torch_run(a) -> dict:
-    from blumodels.gpt2 import build_model
-    from e2e_gpt2 import batches
-    from torch_gpt2 import from_blutrain, train_torch
-
-    model = from_blutrain(build_model(cfg(a.layers, a.d, a.heads, a.seq), device="cpu", seed=0))
-    return train_torch(model, batches(a.batch, a.seq, a.steps), a.lr, a.compile)
-
-
-CASES = {
+GiB = 2**30
+CASES = {  # sizes; steps include step 0
     "a": dict(batch=16, seq=1024, layers=12, d=768, heads=12, steps=6),
     "b": dict(batch=2, seq=16384, layers=12, d=768, heads=12, steps=5),
-    "c": dict(batch=2, seq=1024, layers=80, d=3072, heads=24, steps=3),
+    "c": dict(batch=2, seq=1024, layers=80, d=3072, heads=24, steps=6, warmup=4, lr=1e-4),
+    "e": dict(batch=2, seq=1024, layers=4, d=3072, heads=24, steps=4, lr=1e-5),
 }
+TINY = {
+    "a": dict(batch=2, seq=32, layers=2, d=64, heads=4, steps=3),
+    "b": dict(batch=1, seq=128, layers=2, d=64, heads=4, steps=3),
+    "c": dict(batch=1, seq=32, layers=12, d=64, heads=4, steps=4, warmup=2, lr=1e-3),
+    "e": dict(batch=1, seq=32, layers=6, d=64, heads=4, steps=4, lr=1e-3),
+}
+LEAN = ["--recompute", "--oib"]
 RUNS = [  # (case, name, framework, flags)
     ("a", "torch_eager", "torch", []),
     ("a", "torch_compile", "torch", ["--compile"]),
-    ("a", "blutrain_lean", "blutrain", ["--recompute", "--oib"]),
-    ("a", "blutrain_plain", "blutrain", []),
+    ("a", "blutrain", "blutrain", []),
+    ("a", "blutrain_oib", "blutrain", ["--oib"]),
+    ("a", "blutrain_lean", "blutrain", LEAN),
     ("b", "torch_eager", "torch", []),
-    ("b", "blutrain_lean", "blutrain", ["--recompute", "--oib"]),
-    ("c", "blutrain_lean", "blutrain", ["--recompute", "--oib"]),
+    ("b", "blutrain", "blutrain", []),
+    ("b", "blutrain_lean", "blutrain", LEAN),
+    ("c", "blutrain_lean", "blutrain", LEAN),
+    ("e", "torch_eager", "torch", ["--no-clip"]),
+    ("e", "blutrain_plain", "blutrain", ["--no-clip"]),
+    ("e", "blutrain_recompute", "blutrain", ["--recompute", "--no-clip"]),
+    ("e", "blutrain_oib", "blutrain", ["--oib"]),
+    ("e", "blutrain_lean", "blutrain", LEAN),
+]
+# (case, ours, reference, metric, bound, "<=" / ">="): the issue's targets
+TARGETS = [
+    ("a", "blutrain", "torch_eager", "peak_reserved_gib", 0.75, "<="),
+    ("a", "blutrain", "torch_compile", "peak_reserved_gib", 1.0, "<="),
+    ("b", "blutrain", "torch_eager", "peak_reserved_gib", 0.85, "<="),
+    ("b", "blutrain", "torch_eager", "tokens_per_s", 1.2, ">="),
 ]
 
 
+def model_cfg(a):
+    from blumodels.config import ModelConfig
+
+    return ModelConfig(n_layer=a.layers, n_head=a.heads, d_model=a.d, block_size=a.seq, vocab_size=50257)
+
+
+def lr_at(a, step: int) -> float:
+    """Linear warmup over ``--warmup`` steps (from lr/warmup), then constant."""
+    return a.lr * min(1.0, (step + 1) / a.warmup) if a.warmup > 0 else a.lr
+
+
+def _batches(a):
+    from e2e_gpt2 import batches
+
+    return list(batches(a.batch, a.seq, a.steps))
+
+
+def blutrain(a) -> dict:
+    """Train ``a.steps`` steps of BluTrain's GPT-2; memory from bluallocator's statistics."""
+    import blutensor as bt
+    from blumodels.gpt2 import build_model
+    from blutensor.utils import OptimizerInBackward, checkpoint_modules
+
+    cuda = a.device == "cuda"
+    alloc = None
+    if cuda and a.allocator == "blu":
+        import bluallocator
+
+        alloc = bluallocator.install()
+        alloc.begin_profile()  # step 0's request sizes choose the rounding; flushed after step 0
+    sync = (lambda: __import__("cupy").cuda.Device().synchronize()) if cuda else (lambda: None)
+    t_init = time.perf_counter()
+    model = build_model(model_cfg(a), device=a.device, seed=0)
+    if a.recompute:
+        checkpoint_modules(model, "blocks.*")
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=lr_at(a, 0), betas=(0.9, 0.95), eps=1e-8,
+                         fused=True if cuda else None)
+    if a.oib:
+        opt = OptimizerInBackward(opt)
+    sync()
+    init_s = time.perf_counter() - t_init
+    losses, times, lrs, flush = [], [], [], {}
+    steady = {"allocated": 0, "reserved": 0}
+    for i, (x, y) in enumerate(_batches(a)):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(a, i)
+        lrs.append(lr_at(a, i))
+        xi, yi = bt.tensor(x, device=a.device), bt.tensor(y, device=a.device)
+        sync()
+        t0 = time.perf_counter()
+        _, loss = model(xi, yi)
+        loss.backward()
+        del _
+        if not a.oib and not a.no_clip:
+            bt.optim.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()))
+        del loss, xi, yi
+        if alloc is not None:
+            if i == 0:
+                flush = alloc.flush_after_step0()
+                alloc_after0 = alloc.memory_stats()
+                steady = {"allocated": alloc_after0["allocated_bytes"], "reserved": alloc_after0["reserved_bytes"]}
+                run_peak = (alloc_after0["peak_allocated_bytes"], alloc_after0["peak_reserved_bytes"])
+                alloc.reset_peak_stats()
+    out = {"losses": losses, "lrs": lrs, "step_s": times, "init_s": init_s,
+           "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
+    if alloc is not None:
+        st = alloc.memory_stats()
+        out.update(peak_allocated_gib=max(run_peak[0], st["peak_allocated_bytes"]) / GiB,
+                   peak_reserved_gib=max(run_peak[1], st["peak_reserved_bytes"]) / GiB,
+                   steady_peak_allocated_gib=st["peak_allocated_bytes"] / GiB,
+                   steady_peak_reserved_gib=st["peak_reserved_bytes"] / GiB,
+                   released_after_step0_gib=flush.get("released_bytes", 0) / GiB,
+                   granularity=[flush.get("granularity_small"), flush.get("granularity_large")],
+                   fragmentation=st["fragmentation"], num_allocs=st["num_allocs"])
+    elif cuda:
+        import cupy
+
+        pool = cupy.get_default_memory_pool()
+        out.update(peak_reserved_gib=pool.total_bytes() / GiB, note="CuPy pool: reserved at the end, no peak")
+    return out
+
+
+def torch_run(a) -> dict:
+    """The same model in PyTorch (weights copied from BluTrain's init), fused AdamW, clip 1.0 unless --no-clip."""
+    import torch
+    from blumodels.gpt2 import build_model
+    from torch_gpt2 import from_blutrain
+
+    cuda = a.device == "cuda"
+    model = from_blutrain(build_model(model_cfg(a), device="cpu", seed=0), device=a.device)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=lr_at(a, 0), betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+    step_model = torch.compile(model) if a.compile else model
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.cuda.reset_peak_memory_stats()
+    losses, times = [], []
+    for i, (x, y) in enumerate(_batches(a)):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(a, i)
+        xi = torch.from_numpy(x.copy()).to(a.device)
+        yi = torch.from_numpy(y.copy()).to(a.device)
+        sync()
+        t0 = time.perf_counter()
+        loss = step_model(xi, yi)
+        loss.backward()
+        if not a.no_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()))
+    out = {"losses": losses, "step_s": times, "torch": torch.__version__}
+    if cuda:
+        out.update(peak_allocated_gib=torch.cuda.max_memory_allocated() / GiB,
+                   peak_reserved_gib=torch.cuda.max_memory_reserved() / GiB)
+    return out
+
+
+def child(a) -> None:
+    try:
+        r = blutrain(a) if a.child == "blutrain" else torch_run(a)
+        t = sorted(r["step_s"][1:] or r["step_s"])
+        r["tokens_per_s"] = a.batch * a.seq / t[len(t) // 2]
+    except Exception as e:  # noqa: BLE001 - reported in the JSON, the other runs go on
+        import traceback
+
+        r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    print("RESULT " + json.dumps(r), flush=True)
+
+
+def _verdicts(results: dict, layers_c: int) -> tuple[dict, dict]:
+    ratios, targets = {}, {}
+    for case, ours, ref, metric, bound, op in TARGETS:
+        o, t = results.get(case, {}).get(ours, {}), results.get(case, {}).get(ref, {})
+        if o.get(metric) and t.get(metric):
+            r = o[metric] / t[metric]
+            key = f"{case}:{metric}:{ours}/{ref}"
+            ratios[key] = r
+            targets[key] = {"ratio": r, "bound": f"{op} {bound}", "met": r <= bound if op == "<=" else r >= bound}
+    for case in ("a", "b"):  # every BluTrain variant against every reference, for the record
+        for name, o in results.get(case, {}).items():
+            for ref in ("torch_eager", "torch_compile"):
+                t = results.get(case, {}).get(ref, {})
+                if name.startswith("blutrain") and o.get("peak_reserved_gib") and t.get("peak_reserved_gib"):
+                    ratios[f"{case}:peak_reserved_gib:{name}/{ref}"] = o["peak_reserved_gib"] / t["peak_reserved_gib"]
+    c = results.get("c", {}).get("blutrain_lean", {})
+    if c.get("losses"):
+        ls = c["losses"]
+        targets["c:largest_model"] = {"layers": layers_c, "params_b": c.get("params_b"), "steps": len(ls),
+                                      "losses": ls, "met": layers_c >= 80 and len(ls) >= 4 and ls[-1] < ls[0]
+                                      and all(y < x for x, y in zip(ls[1:], ls[2:]))}
+    e = results.get("e", {})
+    ref = e.get("blutrain_plain", {}).get("losses")
+    if ref:
+        diffs = {n: max(abs(x - y) for x, y in zip(r["losses"], ref)) for n, r in e.items() if r.get("losses")}
+        targets["e:lean_equals_plain"] = {"max_abs_loss_diff": diffs,
+                                          "met": all(v <= 1e-5 for n, v in diffs.items() if n.startswith("blu"))}
+    return ratios, targets
+
+
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--child", default="")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--child", default="", help=argparse.SUPPRESS)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--recompute", action="store_true")
     p.add_argument("--oib", action="store_true")
-    p.add_argument("--fused", action="store_true")
+    p.add_argument("--no-clip", action="store_true")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--allocator", default="blu", choices=("blu", "cupy"))
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=int, default=0)
     for k in ("batch", "seq", "layers", "d", "heads", "steps"):
         p.add_argument(f"--{k}", type=int, default=0)
     p.add_argument("--layers-c", type=int, default=80)
-    p.add_argument("--only", default="a,b,c")
+    p.add_argument("--only", default="a,b,c,e", help="comma-separated subset of the cases a,b,c,e")
+    p.add_argument("--runs", default="", help="comma-separated run names to keep (e.g. blutrain,torch_eager)")
+    p.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: tests the plumbing only")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per subprocess")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory_gpt2.json"))
     a = p.parse_args()
     if a.child:
-        try:
-            r = blutrain(a) if a.child == "blutrain" else torch_run(a)
-            t = sorted(r["step_s"][1:] or r["step_s"])
-            r["tokens_per_s"] = a.batch * a.seq / t[len(t) // 2]
-        except Exception as e:  # noqa: BLE001
-            import traceback
-
-            r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-        print("RESULT " + json.dumps(r), flush=True)
+        child(a)
         return
+    only = [c.strip() for c in a.only.split(",") if c.strip()]
+    bad = [c for c in only if c not in CASES]
+    if bad:
+        p.error(f"--only: unknown case(s) {bad}; choose from {sorted(CASES)}")
+    keep = set(filter(None, a.runs.split(",")))
+    sizes_of = TINY if a.tiny else CASES
     results: dict = {}
-    only = set(a.only.split(","))
+    t_all = time.time()
     for case, name, fw, flags in RUNS:
-        if case not in only:
+        if case not in only or (keep and name not in keep):
             continue
-        c = dict(CASES[case])
-        if case == "c":
+        if a.tiny and "--compile" in flags:
+            continue  # torch.compile on the CPU takes minutes: not what --tiny checks
+        c = dict(sizes_of[case])
+        if case == "c" and not a.tiny:
             c["layers"] = a.layers_c
-        sizes = [x for k, v in c.items() for x in (f"--{k}", str(v))]
-        cmd = [sys.executable, __file__, "--child", fw, *flags, "--lr", str(a.lr), *sizes]
+        c.setdefault("lr", a.lr)
+        args = [x for k, v in c.items() for x in (f"--{k}", str(v))]
+        cmd = [sys.executable, __file__, "--child", fw, *flags, *args,
+               "--device", "cpu" if a.tiny else "cuda", "--allocator", a.allocator]
         t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        r = json.loads(line[-1][7:]) if line else {"error": proc.stderr[-3000:]}
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=dict(os.environ))
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            r = json.loads(line[-1][7:]) if line else {"error": (proc.stderr or proc.stdout)[-3000:]}
+        except subprocess.TimeoutExpired:
+            r = {"error": f"timed out after {a.timeout} s"}
         r["wall_s"] = round(time.time() - t0, 1)
         r["flags"] = flags
         results.setdefault(case, {})[name] = r
-        print(case, name, {k: r.get(k) for k in ("peak_reserved_gib", "peak_allocated_gib", "tokens_per_s",
-                                                 "losses", "error")}, flush=True)
-    ratios = {}
-    for case, ref in (("a", "torch_eager"), ("a", "torch_compile"), ("b", "torch_eager")):
-        ours, theirs = results.get(case, {}).get("blutrain_lean", {}), results.get(case, {}).get(ref, {})
-        for k in ("peak_reserved_gib", "peak_allocated_gib", "tokens_per_s"):
-            if ours.get(k) and theirs.get(k):
-                ratios[f"{case}:{k}:blutrain_lean/{ref}"] = ours[k] / theirs[k]
-    import cupy
+        show = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                if k in ("peak_reserved_gib", "peak_allocated_gib", "tokens_per_s", "wall_s", "error")}
+        show["losses"] = [round(x, 4) for x in r.get("losses", [])]
+        print(case, name, json.dumps(show), flush=True)
+    ratios, targets = _verdicts(results, a.layers_c)
+    gpu = "cpu (--tiny)"
+    if not a.tiny:
+        try:
+            import cupy
 
-    doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 " + " ".join(sys.argv),
-           "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cases": CASES, "results": results,
-           "ratios": ratios}
+            gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        except Exception:  # noqa: BLE001
+            gpu = "unknown"
+    doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/memory_gpt2.py "
+                      + " ".join(sys.argv[1:]),
+           "gpu": gpu, "precision": "fp32", "cases": {k: sizes_of[k] for k in only}, "layers_c": a.layers_c,
+           "results": results, "ratios": ratios, "targets": targets, "wall_s": round(time.time() - t_all, 1)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1))
     print("ratios", json.dumps(ratios, indent=1))
+    print("targets", json.dumps({k: v.get("met") for k, v in targets.items()}))
 
 
 if __name__ == "__main__":
