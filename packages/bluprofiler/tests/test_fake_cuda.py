@@ -21,12 +21,33 @@ class _Hook:
         FakeCupy.hooks.remove(self)
 
 
-class _Event:
-    def record(self):
-        self.t = time.perf_counter()
+class _Runtime:
+    """The raw-event subset of ``cupy.cuda.runtime``: events are ints, recording stores a time."""
 
-    def synchronize(self):
-        pass
+    def __init__(self):
+        self.times: dict[int, float] = {}
+        self.streams: dict[int, int] = {}
+        self.created = 0
+        self.records = 0
+
+    def getDevice(self):
+        return 0
+
+    def getDeviceCount(self):
+        return 1
+
+    def eventCreateWithFlags(self, flags):
+        assert flags == 0  # timing on, no blocking sync
+        self.created += 1
+        return 0x1000 + self.created
+
+    def eventRecord(self, ev, stream):
+        self.records += 1
+        self.times[ev] = time.perf_counter()
+        self.streams[ev] = stream
+
+    def eventElapsedTime(self, a, b):
+        return (self.times[b] - self.times[a]) * 1e3
 
 
 class _Pool:
@@ -42,8 +63,7 @@ class FakeCupy:
         pool = _Pool()
         self.cuda = types.SimpleNamespace(
             MemoryPool=_Pool, get_allocator=lambda: allocator or pool.malloc,
-            MemoryHook=_Hook, Event=_Event, get_current_stream=lambda: types.SimpleNamespace(ptr=0x77),
-            get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
+            MemoryHook=_Hook, runtime=_Runtime(), get_current_stream=lambda: types.SimpleNamespace(ptr=0x77),
             Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
             nvtx=types.SimpleNamespace(available=True, RangePush=lambda n: FakeCupy.pushed.append(n),
                                        RangePop=lambda: FakeCupy.pushed.append(None)))
@@ -74,7 +94,7 @@ def test_profiler_cuda_path_with_fake_cupy(monkeypatch, tmp_path):
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     FakeCupy.pushed.clear()
     x = bt.randn(32, 32, requires_grad=True)
-    with profile() as prof:
+    with profile(nvtx=True) as prof:
         assert len(FakeCupy.hooks) == 1
         bt.sum(bt.exp(x)).backward()
     assert FakeCupy.hooks == []
@@ -118,11 +138,10 @@ def test_failed_start_leaves_nothing_behind(monkeypatch):
 
     fake = FakeCupy()
 
-    class Broken(_Event):
-        def record(self):
-            raise RuntimeError("cudaEventRecord failed")
+    def broken(ev, stream):
+        raise RuntimeError("cudaEventRecord failed")
 
-    fake.cuda.Event = Broken
+    fake.cuda.runtime.eventRecord = broken
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     try:
         profile().start()
@@ -137,3 +156,93 @@ def test_failed_start_leaves_nothing_behind(monkeypatch):
     except ProfilerError:
         pass
     assert active() is None
+
+
+def test_nvtx_default_follows_an_attached_tool(monkeypatch):
+    """nvtx=None (default): ranges only when an NVTX tool is injected (Nsight sets
+    NVTX_INJECTION64_PATH); nvtx=False wins even then."""
+    fake = FakeCupy()
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
+    monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
+    monkeypatch.delenv("NVTX_INJECTION32_PATH", raising=False)
+    x = bt.randn(4)
+    FakeCupy.pushed.clear()
+    with profile(memory=False) as prof:
+        bt.exp(x)
+    assert FakeCupy.pushed == [] and prof.result.meta["nvtx"] is False
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so")
+    with profile(memory=False) as prof:
+        bt.exp(x)
+    assert FakeCupy.pushed == ["exp.forward", None] and prof.result.meta["nvtx"] is True
+    FakeCupy.pushed.clear()
+    with profile(memory=False, nvtx=False):
+        bt.exp(x)
+    assert FakeCupy.pushed == []
+
+
+def test_view_ops_get_host_only_spans_and_no_events(monkeypatch):
+    """View ops (blutensor's VIEW flag) launch no kernel: their spans are host-timed, consume no
+    CUDA events, are listed with GPU time 0 and marked host-only in table and trace; their backward
+    is host-only too where it is a view (transpose always; view when the grad is contiguous), while
+    expand's backward (a sum) keeps its events."""
+    fake = FakeCupy()
+    rt = fake.cuda.runtime
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
+    x = bt.randn(4, 6, requires_grad=True)
+    b = bt.randn(1, 6, requires_grad=True)
+    with profile(memory=False) as prof:
+        r0 = rt.records
+        y = x.view(6, 4)  # view: host-only
+        n_view = rt.records - r0
+        z = bt.exp(y.transpose(0, 1))  # transpose: host-only; exp: 2 events
+        w = z + b.expand(4, 6)  # expand: host-only forward, its backward sums (events)
+        bt.sum(w).backward()
+    res = prof.result
+    assert n_view == 0
+    by = {e.key: e for e in res.ops()}
+    host = {k for k, e in by.items() if e.host_only}
+    assert host == {"view.forward", "transpose.forward", "expand.forward", "transpose.backward",
+                    "view.backward"}, host
+    for e in by.values():
+        if e.host_only:
+            assert e.gpu_ms == 0.0 and e.gpu_start_ms is None and e.cpu_us >= 0 and e.stream == 0x77
+        else:
+            assert e.gpu_ms is not None and e.gpu_start_ms is not None
+    evented = len(by) - len(host)
+    # base event + two per evented span
+    assert res.meta["cuda_events_recorded"] == 2 * evented and rt.records == 1 + 2 * evented
+    rows = {r["name"]: r for r in res.summary()}
+    assert rows["view.forward"]["host_only"] and rows["view.forward"]["gpu_ms"] == 0.0
+    assert not rows["exp.forward"]["host_only"] and not rows["expand.backward"]["host_only"]
+    table = res.table()
+    assert "host-only" in [ln.split()[3] for ln in table.splitlines() if ln.startswith("view.forward")]
+    assert "host-only: view ops" in table
+    tr = res.chrome_trace()["traceEvents"]
+    gpu_names = {e["name"] for e in tr if e.get("pid") == 2 and e["ph"] == "X"}
+    assert "view.forward" not in gpu_names and "exp.forward" in gpu_names
+    host_ev = [e for e in tr if e.get("pid") == 1 and e["ph"] == "X" and e["name"] == "view.forward"]
+    assert host_ev and host_ev[0]["args"]["host_only"] is True
+
+
+def test_view_backward_of_a_non_contiguous_grad_keeps_its_events(monkeypatch):
+    """view's backward reshapes the incoming grad: a copy (a kernel) when that grad is not
+    C-contiguous, so the span keeps its events then."""
+    fake = FakeCupy()
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
+    x = bt.randn(4, 6, requires_grad=True)
+    with profile(memory=False) as prof:
+        y = x.view(6, 4).transpose(0, 1).contiguous()  # view.backward gets a transposed grad
+        bt.sum(bt.exp(y)).backward()
+    by = {e.key: e for e in prof.result.ops()}
+    assert by["transpose.backward"].host_only and not by["view.backward"].host_only
+    assert by["view.backward"].gpu_start_ms is not None
+
+
+def test_gpu_events_off_keeps_a_gpu_session_host_timed(monkeypatch):
+    fake = FakeCupy()
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
+    with profile(memory=False, gpu_events=False) as prof:
+        bt.exp(bt.randn(4))
+    res = prof.result
+    assert fake.cuda.runtime.records == 0 and not res.gpu_timing and res.device == "cuda"
+    assert res.ops()[0].gpu_ms is None and not res.ops()[0].host_only

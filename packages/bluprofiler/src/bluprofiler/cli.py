@@ -35,7 +35,8 @@ def build_parser(prog: str = "bluprofile") -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--no-nvtx", action="store_true")
+    p.add_argument("--nvtx", action="store_true", help="push NVTX ranges even without Nsight attached")
+    p.add_argument("--no-nvtx", action="store_true", help="no NVTX ranges even under Nsight")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--top", type=int, default=25, help="rows of the printed table")
     return p
@@ -58,8 +59,9 @@ def profile_main(argv: list[str] | None = None, prog: str = "bluprofile") -> int
         step = fac(a.config) if a.config is not None else fac()
         meta = {"workload": a.step, "config": a.config}
     dev = None if a.device is None else ("cpu" if a.device == "cpu" else "cuda")
+    nvtx = False if a.no_nvtx else (True if a.nvtx else None)
     s = profile_steps(step, a.steps, a.out, warmup=a.warmup, timing=not a.no_timing, memory=not a.no_memory,
-                      nvtx=not a.no_nvtx, device=dev, plot=not a.no_plot, meta=meta)
+                      nvtx=nvtx, device=dev, plot=not a.no_plot, meta=meta)
     with open(s["files"]["table"]) as f:
         text = f.read()
     lines = text.splitlines()

@@ -10,7 +10,8 @@ class OpEvent:
     """One timed span: an op's forward, an autograd node's backward, or a named region.
 
     CPU times are ``time.perf_counter_ns`` values; GPU times (CUDA only) are milliseconds
-    since the session's base event, filled in when the session stops.
+    since the session's base event, filled in when the session stops. ``host_only`` spans (view
+    ops, which launch no kernel) carry no events: ``gpu_ms`` 0 and no ``gpu_start_ms``.
     """
 
     name: str
@@ -26,6 +27,8 @@ class OpEvent:
     stream: int = 0
     gpu_start_ms: float | None = None
     gpu_ms: float | None = None
+    #: a view op on a GPU-timed session: no kernel launched, so no CUDA events (GPU time 0)
+    host_only: bool = False
     _ev: tuple | None = field(default=None, repr=False)
 
     @property
@@ -47,6 +50,8 @@ class OpEvent:
             d["out_shape"] = list(self.out_shape)
         if self.gpu_ms is not None:
             d["gpu_start_ms"], d["gpu_ms"] = self.gpu_start_ms, self.gpu_ms
+        if self.host_only:
+            d["host_only"] = True
         return d
 
 

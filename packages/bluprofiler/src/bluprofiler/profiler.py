@@ -9,7 +9,8 @@ How it attaches (and detaches, leaving no trace when off):
 With no profiler active nothing of ours is on the op path: both observer lists are empty (one
 truthiness test per op and per node, as without bluprofiler).
 
-The hot path (per span) records two pool events and appends one tuple; everything else (kernel
+The hot path (per span) records two raw pool events on the cached stream (none for view ops, which
+launch no kernel: their spans are host-timed only) and appends one tuple; everything else (kernel
 names, OpEvents, GPU milliseconds, memory owners of frees) is worked out when the session stops.
 """
 
@@ -29,7 +30,7 @@ from bluprofiler import memory as _mem
 from bluprofiler.events import OpEvent
 from bluprofiler.memory import MemoryTracker
 from bluprofiler.result import ProfileResult
-from bluprofiler.timing import GpuTimer, Nvtx, cupy_or_none
+from bluprofiler.timing import GpuTimer, Nvtx, cupy_or_none, nvtx_tool_attached
 
 _now = time.perf_counter_ns
 _data_shape = operator.attrgetter("_data.shape")
@@ -37,6 +38,14 @@ _tid = threading.get_ident
 _active: Profiler | None = None
 _lock = threading.Lock()
 _Tensor = None  # blutensor.Tensor, bound at the first start (import order)
+#: forward ops that launch no kernel (blutensor's VIEW flag): host-timed spans, no CUDA events
+_HOST_FWD: frozenset = frozenset()
+#: kernel class -> True (backward is always a view) / False (a view when the grad is C-contiguous)
+_HOST_BWD: dict = {}
+#: built-in view ops whose backward formula is itself a view: always (permute, transpose) or a
+#: reshape of the incoming grad (a view when that grad is C-contiguous); expand/getitem backward
+#: launch kernels (a sum, a scatter) and keep their events
+_VIEW_BACKWARD = {"permute": True, "transpose": True, "view": False, "squeeze": False, "unsqueeze": False}
 
 
 class ProfilerError(RuntimeError):
@@ -44,27 +53,38 @@ class ProfilerError(RuntimeError):
 
 
 class Profiler:
-    """``with Profiler(timing=True, memory=True, nvtx=True) as prof: ...`` then ``prof.result``.
+    """``with Profiler(timing=True, memory=True) as prof: ...`` then ``prof.result``.
 
-    timing: host time per op always; CUDA-event GPU time per op when ``device`` is CUDA.
+    timing: host time per op always; CUDA-event GPU time per op when ``device`` is CUDA (and
+    ``gpu_events``; view ops get host-timed spans only, they launch no kernel).
     memory: allocation tracking (CuPy memory hook or bluallocator listener on CUDA, op-output
     tracking on CPU).
-    nvtx: NVTX ranges named ``op.forward`` / ``op.backward`` / region (CUDA only).
+    nvtx: NVTX ranges named ``op.forward`` / ``op.backward`` / region (CUDA only). None (default):
+    on only when an NVTX tool is attached (Nsight sets NVTX_INJECTION64_PATH); True/False force it.
     record_shapes: input/output shapes per op event (and on autograd nodes, for the graph recorder).
     device: "cpu", "cuda" or None (auto: CUDA when CuPy sees a GPU).
+    gpu_events: False keeps GPU sessions host-timed (no CUDA events at all; for overhead ablations).
+
+    Events are recorded on the CUDA stream current when the session starts (start the session
+    inside ``with stream:`` to time work launched on another stream).
     """
 
-    def __init__(self, timing: bool = True, memory: bool = True, nvtx: bool = True, record_shapes: bool = True,
-                 device: str | None = None, backward: bool = True):
+    def __init__(self, timing: bool = True, memory: bool = True, nvtx: bool | None = None,
+                 record_shapes: bool = True, device: str | None = None, backward: bool = True,
+                 gpu_events: bool = True):
         if device not in (None, "cpu", "cuda") and not str(device).startswith("cuda"):
             raise ProfilerError(f"Profiler: device must be 'cpu', 'cuda' or None, got {device!r}")
+        if nvtx not in (None, True, False):
+            raise ProfilerError(f"Profiler: nvtx must be True, False or None (auto), got {nvtx!r}")
         self.timing, self.memory, self.nvtx_on = timing, memory, nvtx
+        self.gpu_events = gpu_events
         self.record_shapes, self.backward = record_shapes, backward
         self.device = device
         self.events: list[OpEvent] = []
         self._raw: list[tuple] = []
         self._depth = 0
         self._count = itertools.count()
+        self._next = self._count.__next__
         self._running = False
         self._result: ProfileResult | None = None
         self._observing = self._observing_bwd = False
@@ -98,10 +118,17 @@ class Profiler:
             raise ProfilerError("Profiler(device='cuda'): CuPy with a visible GPU is needed "
                                 "(pip install cupy-cuda12x)")
         self.cuda = cp is not None
-        self.gpu = GpuTimer(cp) if (self.cuda and self.timing) else None
+        _bind_view_ops()
+        self.gpu = GpuTimer(cp) if (self.cuda and self.timing and self.gpu_events) else None
+        # hot-path copies: the pool list (grown in place), its next free index, the raw record
+        # function and the stream pointer
         self._evs = self.gpu.events if self.gpu is not None else None
-        self._stream = cp.cuda.get_current_stream if self.cuda else None
-        nv = Nvtx(cp) if (self.cuda and self.nvtx_on) else None
+        self._n = 0
+        self._rec = self.gpu.record if self.gpu is not None else None
+        self._sptr = self.gpu.stream if self.gpu is not None else 0
+        nvtx_on = self.nvtx_on if self.nvtx_on is not None else nvtx_tool_attached()
+        self.nvtx_active = bool(self.cuda and nvtx_on)
+        nv = Nvtx(cp) if self.nvtx_active else None
         self._push = nv.push if nv is not None and nv.available else None
         self._pop = nv.pop if self._push is not None else None
         self.mem = MemoryTracker() if self.memory else None
@@ -170,6 +197,8 @@ class Profiler:
             device="cuda" if self.cuda else "cpu", gpu_timing=self.gpu is not None,
             baseline_bytes=self.baseline_bytes, pid=self.pid)
         self._result.meta["memory_source"] = self.memory_source
+        self._result.meta["cuda_events_recorded"] = self._n
+        self._result.meta["nvtx"] = self.nvtx_active
         return self._result
 
     def __enter__(self) -> Profiler:
@@ -185,7 +214,9 @@ class Profiler:
             raise ProfilerError("Profiler.result: the session has not stopped yet (leave the with-block first)")
         return self._result
 
-    # ---- the hot path: set the owner, record two pool events, append one tuple ----
+    # ---- the hot path: set the owner, record two raw pool events, append one tuple ----
+    # _observe and _observe_backward inline the span open/close (no helper calls per span); region
+    # uses _open/_close.
     def _open(self, key: str) -> tuple:
         """Start a span named ``key``: (previous owner, depth, start event index, stream, index, t0)."""
         prev = _mem.OWNER
@@ -196,23 +227,22 @@ class Profiler:
             self._push(key)
         evs = self._evs
         if evs is not None:
-            gpu = self.gpu
-            i = gpu.n
+            i = self._n
             if i + 2 > len(evs):
-                gpu.grow()
-            gpu.n = i + 2
-            evs[i].record()
-            s = self._stream().ptr
+                self.gpu.grow()
+            self._n = i + 2
+            self._rec(evs[i], self._sptr)
+            s = self._sptr
         else:
             i, s = None, 0
-        return prev, d, i, s, next(self._count), _now()
+        return prev, d, i, s, self._next(), _now()
 
     def _close(self, tok: tuple) -> int:
         """End the span opened as ``tok``; returns t1."""
         t1 = _now()
         i = tok[2]
         if i is not None:
-            self._evs[i + 1].record()
+            self._rec(self._evs[i + 1], self._sptr)
         if self._pop is not None:
             self._pop()
         self._depth = tok[1]
@@ -221,11 +251,36 @@ class Profiler:
 
     def _observe(self, op: str, inputs, attrs, run):
         key = op + ".forward"
-        tok = self._open(key)
+        prev = _mem.OWNER
+        _mem.OWNER = key
+        d = self._depth
+        self._depth = d + 1
+        push = self._push
+        if push is not None:
+            push(key)
+        evs = self._evs
+        if evs is None or op in _HOST_FWD:
+            i = None
+            s = 0
+        else:
+            i = self._n
+            if i + 2 > len(evs):
+                self.gpu.grow()
+            self._n = i + 2
+            s = self._sptr
+            self._rec(evs[i], s)
+        idx = self._next()
+        t0 = _now()
         try:
             res = run()
         finally:
-            t1 = self._close(tok)
+            t1 = _now()
+            if i is not None:
+                self._rec(evs[i + 1], s)
+            if push is not None:
+                self._pop()
+            self._depth = d
+            _mem.OWNER = prev
         node = getattr(res, "grad_fn", None)
         if self.record_shapes:
             try:  # all inputs tensors (the common case): C-level map, no Python frame
@@ -250,8 +305,7 @@ class Profiler:
                 kernel = _knames[node.kernel] = _kernel_name(node.kernel)
         else:
             kernel = _resolved_kernel(op, inputs)
-        self._raw.append((op, "forward", kernel, tok[4], tok[1], _tid(), tok[5], t1, shapes, out_shape,
-                          tok[2], tok[3]))
+        self._raw.append((op, "forward", kernel, idx, d, _tid(), t0, t1, shapes, out_shape, i, s))
         if self._array_track:
             self.mem.track(res._data, key, tuple([getattr(x, "_data", None) for x in inputs]))
         return res
@@ -259,16 +313,42 @@ class Profiler:
     def _observe_backward(self, node, grad, run):
         op = node.op
         key = op + ".backward"
-        tok = self._open(key)
+        prev = _mem.OWNER
+        _mem.OWNER = key
+        d = self._depth
+        self._depth = d + 1
+        push = self._push
+        if push is not None:
+            push(key)
+        evs = self._evs
+        kcls = node.kernel
+        i = None
+        s = 0
+        if evs is not None:
+            view = _HOST_BWD.get(kcls)
+            if view is None or not (view or _c_contiguous(grad)):
+                i = self._n
+                if i + 2 > len(evs):
+                    self.gpu.grow()
+                self._n = i + 2
+                s = self._sptr
+                self._rec(evs[i], s)
+        idx = self._next()
+        t0 = _now()
         try:
             grads = run()
         finally:
-            t1 = self._close(tok)
-        kernel = _knames.get(node.kernel)
+            t1 = _now()
+            if i is not None:
+                self._rec(evs[i + 1], s)
+            if push is not None:
+                self._pop()
+            self._depth = d
+            _mem.OWNER = prev
+        kernel = _knames.get(kcls)
         if kernel is None:
-            kernel = _knames[node.kernel] = _kernel_name(node.kernel)
-        self._raw.append((op, "backward", kernel, tok[4], tok[1], _tid(), tok[5], t1, None, None,
-                          tok[2], tok[3]))
+            kernel = _knames[kcls] = _kernel_name(kcls)
+        self._raw.append((op, "backward", kernel, idx, d, _tid(), t0, t1, None, None, i, s))
         if self._array_track:
             for g in grads:
                 if g is not None:
@@ -289,14 +369,37 @@ class Profiler:
     def _events(self) -> list[OpEvent]:
         """The raw span tuples as OpEvents (kernel names resolved), in start order."""
         out = []
+        timed = self.gpu is not None
         for name, phase, kernel, idx, depth, tid, t0, t1, shapes, out_shape, ev, stream in self._raw:
             e = OpEvent(name, phase, kernel, idx, depth, tid, t0, t1,
                         tuple(tuple(s) if s is not None else None for s in shapes) if shapes is not None else None,
                         tuple(out_shape) if out_shape is not None else None, stream)
             e._ev = ev
+            if ev is None and timed:
+                e.host_only = True
+                e.stream = self._sptr
             out.append(e)
         out.sort(key=lambda e: e.index)
         return out
+
+
+def _c_contiguous(a: Any) -> bool:
+    flags = getattr(a, "flags", None)
+    return bool(flags is not None and flags.c_contiguous)
+
+
+def _bind_view_ops() -> None:
+    """Fill _HOST_FWD/_HOST_BWD from blutensor's op table (VIEW flag), once per process."""
+    global _HOST_FWD
+    if _HOST_FWD:
+        return
+    from blutensor.ops.table import OPS
+
+    views = {name for name, k in OPS.items() if getattr(k, "VIEW", False)}
+    for name, always in _VIEW_BACKWARD.items():
+        if name in views:
+            _HOST_BWD[OPS[name]] = always
+    _HOST_FWD = frozenset(views)
 
 
 def _device_index(cp: Any) -> int:
@@ -367,11 +470,11 @@ def _resolved_kernel(op: str, inputs) -> str:
     return ""
 
 
-def profile(timing: bool = True, memory: bool = True, nvtx: bool = True, record_shapes: bool = True,
-            device: str | None = None, backward: bool = True) -> Profiler:
+def profile(timing: bool = True, memory: bool = True, nvtx: bool | None = None, record_shapes: bool = True,
+            device: str | None = None, backward: bool = True, gpu_events: bool = True) -> Profiler:
     """A :class:`Profiler` to use as a context manager: ``with profile() as prof: step()``."""
     return Profiler(timing=timing, memory=memory, nvtx=nvtx, record_shapes=record_shapes, device=device,
-                    backward=backward)
+                    backward=backward, gpu_events=gpu_events)
 
 
 def active() -> Profiler | None:

@@ -69,6 +69,9 @@ class ProfileResult:
     def summary(self, sort_by: str = "total", top: int | None = None) -> list[dict]:
         """One row per (op, phase, kernel): calls, total/self/mean time (GPU if timed, else host), share.
 
+        ``host_only`` is True for rows whose every call was a view op on a GPU-timed session (no
+        kernel, no CUDA events: GPU time 0, host time in ``cpu_ms``).
+
         ``total_ms`` includes op spans nested inside (rare: ops run inside another op's span);
         ``self_ms`` excludes them, and ``share`` is ``self_ms`` over the step time (``step_ms``) in
         percent, so the shares of all rows add up to at most 100.
@@ -80,8 +83,11 @@ class ProfileResult:
             r = rows.get(k)
             if r is None:
                 r = rows[k] = {"name": e.key, "op": e.name, "phase": e.phase, "kernel": e.kernel, "calls": 0,
-                               "cpu_ms": 0.0, "gpu_ms": 0.0 if self.gpu_timing else None, "self_ms": 0.0}
+                               "cpu_ms": 0.0, "gpu_ms": 0.0 if self.gpu_timing else None, "self_ms": 0.0,
+                               "host_only": self.gpu_timing}
             r["calls"] += 1
+            if not e.host_only:
+                r["host_only"] = False
             r["cpu_ms"] += e.cpu_us / 1e3
             sc, sg = selft[id(e)]
             if e.gpu_ms is not None:

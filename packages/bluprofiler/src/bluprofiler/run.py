@@ -35,7 +35,7 @@ def time_steps(step_fn: Callable[[], Any], n: int, cuda: bool) -> list[float]:
 
 
 def profile_steps(step_fn: Callable[[], Any], n_steps: int, out_dir: str | Path, warmup: int = 1,
-                  timing: bool = True, memory: bool = True, nvtx: bool = True, device: str | None = None,
+                  timing: bool = True, memory: bool = True, nvtx: bool | None = None, device: str | None = None,
                   sinks: tuple[str, ...] = ("table", "chrome-trace", "jsonl"), plot: bool = True,
                   meta: dict | None = None) -> dict:
     """Run ``warmup`` unprofiled then ``n_steps`` profiled calls of ``step_fn()`` (each inside a

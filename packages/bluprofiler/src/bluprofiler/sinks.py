@@ -80,7 +80,7 @@ def load_jsonl(path: str | Path) -> ProfileResult:
                 e = OpEvent(d["name"], d["phase"], d["kernel"], d["index"], d["depth"], d["tid"], d["start_ns"],
                             d["end_ns"], tuple(tuple(s) if s is not None else None for s in d["shapes"])
                             if "shapes" in d else None, tuple(d["out_shape"]) if "out_shape" in d else None,
-                            d.get("stream", 0), d.get("gpu_start_ms"), d.get("gpu_ms"))
+                            d.get("stream", 0), d.get("gpu_start_ms"), d.get("gpu_ms"), d.get("host_only", False))
                 ops.append(e)
             else:
                 mems.append(MemEvent(d["ts_ns"], d["kind"], d["nbytes"], d["addr"], d["stream"], d["owner"],

@@ -29,7 +29,8 @@ def format_table(res: ProfileResult, top: int = 25, sort_by: str = "total") -> s
     lines.append(fmt.format(*cols))
     lines.append("-" * len(lines[0]))
     for r in rows[:top]:
-        vals = [r["name"], r["kernel"], r["calls"], f"{r['total_ms']:.3f}", f"{r['self_ms']:.3f}",
+        total = "host-only" if r.get("host_only") else f"{r['total_ms']:.3f}"
+        vals = [r["name"], r["kernel"], r["calls"], total, f"{r['self_ms']:.3f}",
                 f"{r['mean_us']:.1f}", f"{r['share']:.1f}"]
         if res.gpu_timing:
             vals.append(f"{r['cpu_ms']:.3f}")
@@ -37,6 +38,9 @@ def format_table(res: ProfileResult, top: int = 25, sort_by: str = "total") -> s
     if len(rows) > top:
         rest = rows[top:]
         lines.append(f"... {len(rest)} more rows, {sum(r['self_ms'] for r in rest):.3f} ms self time in total")
+    if any(r.get("host_only") for r in rows):
+        lines.append("host-only: view ops (no kernel launched), timed on the host only (no CUDA events; "
+                     "their host time is in the host ms column)")
     total = sum(r["self_ms"] for r in rows)
     lines.append(f"sum of op self times: {total:.3f} ms = {100 * total / (res.step_ms() or 1e-9):.1f}% of the step "
                  f"(the rest: Python between ops, optimizer and other work outside ops)")

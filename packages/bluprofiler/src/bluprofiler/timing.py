@@ -1,20 +1,29 @@
-"""Timers: CUDA events around each op (recorded into a reused pool, resolved once, when the session
-stops) and NVTX ranges.
+"""Timers: CUDA events around each op (raw events of a reused pool, recorded with one runtime call,
+resolved once, when the session stops) and NVTX ranges.
 
-On CPU an op's time is its host wall time (``perf_counter_ns``); on CUDA each span also records a
-start and an end event of a preallocated pool on the current stream, so GPU time is attributed to
-the op that launched the work, and the GPU lane of the trace shows when it actually ran. Nothing is
-created or converted while the session runs: the span keeps the pool index, ``resolve`` turns
-indices into milliseconds after one synchronisation.
+On CPU an op's time is its host wall time (``perf_counter_ns``); on CUDA each span that launches
+GPU work also records a start and an end event of a preallocated pool on the session's stream, so
+GPU time is attributed to the op that launched the work, and the GPU lane of the trace shows when
+it actually ran. The pool holds raw ``cudaEvent_t`` handles (``eventCreateWithFlags(0)``: timing on,
+no blocking sync, not interprocess) and a span records them with ``runtime.eventRecord(event,
+stream)`` on a stream pointer cached at session start: no Event objects, no current-stream lookup
+per span. Nothing is created or converted while the session runs: the span keeps the pool index,
+``resolve`` turns indices into milliseconds after one synchronisation.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-#: event pools kept between sessions: (Event class, device) -> list of events (creating one costs ~us)
-_POOLS: dict[tuple, list] = {}
+#: raw event pools kept between sessions: (runtime module, device id) -> list of cudaEvent_t handles
+#: (ints); each creation costs ~us, so the pool lives as long as the process (a few KiB of driver state)
+_POOLS: dict[tuple, list[int]] = {}
+#: one base event per device (the zero of the GPU lane's clock), re-recorded at each session start
+_BASES: dict[tuple, int] = {}
 POOL_START = 4096
+#: cudaEventDefault: timing enabled, spin (not blocking) sync, not interprocess
+EVENT_FLAGS = 0
 
 
 def cupy_or_none() -> Any:
@@ -37,25 +46,34 @@ def _device_id(cupy: Any) -> int:
 
 
 class GpuTimer:
-    """A pool of CUDA events; a span takes the next two (``take``), ``resolve`` converts them to
+    """A pool of raw CUDA events; the profiler takes the next two per span (``events[i]`` and
+    ``events[i + 1]``, recorded with ``record(event, stream)``), ``resolve`` converts them to
     (start_ms since the base event, duration_ms) at the end."""
 
     def __init__(self, cupy: Any):
         self.cp = cupy
-        self.Event = cupy.cuda.Event
-        self.stream = cupy.cuda.get_current_stream
-        key = (self.Event, _device_id(cupy))
-        pool = _POOLS.get(key)
+        rt = cupy.cuda.runtime
+        self.record = rt.eventRecord
+        self._create = rt.eventCreateWithFlags
+        self.elapsed = rt.eventElapsedTime
+        dev = (rt, _device_id(cupy))
+        pool = _POOLS.get(dev)
         if pool is None:
-            pool = _POOLS[key] = [self.Event() for _ in range(POOL_START)]
+            pool = _POOLS[dev] = [self._create(EVENT_FLAGS) for _ in range(POOL_START)]
         self.events = pool
-        self.n = 0  # next free index
-        self.base = self.Event()
-        self.base.record()
+        self.n = 0  # next free index (the profiler keeps its own copy on the hot path)
+        #: raw pointer of the stream current at session start: every span records on it
+        self.stream = int(cupy.cuda.get_current_stream().ptr)
+        base = _BASES.get(dev)
+        if base is None:
+            base = _BASES[dev] = self._create(EVENT_FLAGS)
+        self.base = base
+        self.record(base, self.stream)
 
     def grow(self) -> None:
         """Double the pool (a long session); the new events stay in the pool for later sessions."""
-        self.events.extend(self.Event() for _ in range(len(self.events)))
+        create = self._create
+        self.events.extend([create(EVENT_FLAGS) for _ in range(len(self.events))])
 
     def begin(self) -> int:
         """Record the start event of a span; returns its index (the end event is index + 1)."""
@@ -63,25 +81,37 @@ class GpuTimer:
         if i + 2 > len(self.events):
             self.grow()
         self.n = i + 2
-        self.events[i].record()
+        self.record(self.events[i], self.stream)
         return i
 
     def end(self, i: int) -> None:
-        self.events[i + 1].record()
+        self.record(self.events[i + 1], self.stream)
 
-    def resolve(self, events) -> None:
-        """Fill ``gpu_start_ms``/``gpu_ms`` of every span that carries events (synchronises once)."""
-        elapsed = self.cp.cuda.get_elapsed_time
+    def resolve(self, events, host_only_gpu_ms: float = 0.0) -> None:
+        """Fill ``gpu_start_ms``/``gpu_ms`` of every span that carries events (synchronises once);
+        spans without events on a timed session (``host_only``: view ops) get ``gpu_ms = 0``."""
+        elapsed = self.elapsed
         self.cp.cuda.Device().synchronize()
         pool, base = self.events, self.base
         for e in events:
             i = e._ev
             if i is None:
+                if e.host_only:
+                    e.gpu_ms = host_only_gpu_ms
                 continue
             a = pool[i]
             e.gpu_start_ms = elapsed(base, a)
             e.gpu_ms = elapsed(a, pool[i + 1])
             e._ev = None
+
+
+def nvtx_tool_attached() -> bool:
+    """True when an NVTX tool (Nsight Systems/Compute) is injected: NVTX_INJECTION64_PATH is set.
+
+    Without a tool NVTX calls are no-ops, so ranges are only worth their Python call cost when
+    one is attached; ``Profiler(nvtx=None)`` (the default) pushes ranges exactly then.
+    """
+    return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"))
 
 
 class Nvtx:

@@ -39,11 +39,13 @@ def chrome_trace(res: ProfileResult) -> dict:
             args["out_shape"] = list(e.out_shape)
         if e.gpu_ms is not None:
             args["gpu_ms"] = round(e.gpu_ms, 6)
+        if e.host_only:
+            args["host_only"] = True  # a view op: no kernel, no GPU lane entry
         ts = (e.start_ns - t0) / 1e3
         cat = "region" if e.phase == "region" else e.phase
         ev.append({"ph": "X", "name": e.key, "cat": cat, "pid": HOST_PID, "tid": tid, "ts": ts,
                    "dur": max((e.end_ns - e.start_ns) / 1e3, 0.001), "args": args})
-        if e.gpu_ms is not None and e.phase != "region":
+        if e.gpu_start_ms is not None and e.gpu_ms is not None and e.phase != "region":
             stid = streams.setdefault(e.stream, len(streams) + 1)
             gts = e.gpu_start_ms * 1e3
             ev.append({"ph": "X", "name": e.key, "cat": "gpu", "pid": GPU_PID, "tid": stid, "ts": gts,
