@@ -134,3 +134,34 @@ def test_cuda_sdpa_qkv_matches_reference(causal, precision, hd, T):
     tc = bt.tensor(x.astype(np.float64), dtype=bt.float64, requires_grad=True)
     (sdpa_qkv(tc, H, is_causal=causal) * bt.tensor(w.astype(np.float64), dtype=bt.float64)).sum().backward()
     np.testing.assert_allclose(got_g, tc.grad.numpy(), rtol=tol * 5, atol=tol * 5)
+
+
+def test_sdpa_rewriting_observers_are_recognised():
+    from blutensor.cuda_ops.sdpa import _observed, _rewrites_sdpa
+
+    class Ring:  # stands for dtms' context-parallel observer
+        def __call__(self, op, inputs, attrs, run):
+            return run()
+
+    Ring.__module__ = "dtms.parallel.context_parallel"
+
+    class Prof:
+        def observe(self, op, inputs, attrs, run):
+            return run()
+
+    assert _rewrites_sdpa(Ring()) and not _rewrites_sdpa(Prof().observe)
+    assert not _rewrites_sdpa(lambda op, inputs, attrs, run: run())
+    seen = []
+
+    def watcher(op, inputs, attrs, run):
+        seen.append((op, attrs["n_head"]))
+        return run()
+
+    from blutensor.ops import dispatch
+
+    dispatch.add_observer(watcher)
+    try:
+        assert _observed(lambda: 42, None, {"n_head": 3}) == 42
+    finally:
+        dispatch.remove_observer(watcher)
+    assert seen == [("sdpa_qkv", 3)]

@@ -320,7 +320,7 @@ def _fused_ok(qkv, n_head: int, dropout_p: float):
     from blutensor.ops import dispatch
     from blutensor.ops.dispatch import resolve
 
-    if dispatch.observers:  # context parallelism / tracers rewrite or watch 'sdpa' calls: give them the op path
+    if any(_rewrites_sdpa(o) for o in dispatch.observers):  # e.g. context parallelism's ring attention
         return None
     dt = qkv.dtype.name
     if dispatch.autocast_hook is not None and dt == "float32":  # autocast lowers sdpa to bf16: the op path does
@@ -336,6 +336,35 @@ def _aligned_contiguous(a, cp):
         return a
     a = cp.ascontiguousarray(a)
     return a if a.data.ptr % 16 == 0 else a.copy()
+
+
+#: observers (by module prefix) that rewrite 'sdpa' calls: under them sdpa_qkv takes the op-by-op path
+SDPA_REWRITERS = ("dtms.",)
+
+
+def _rewrites_sdpa(obs) -> bool:
+    """True when observer ``obs`` (function, bound method or callable object) comes from SDPA_REWRITERS."""
+    import types
+
+    owner = getattr(obs, "__self__", None)
+    if owner is None and not isinstance(obs, types.FunctionType):
+        owner = obs  # a callable instance
+    mod = type(owner).__module__ if owner is not None else getattr(obs, "__module__", "") or ""
+    return mod.startswith(SDPA_REWRITERS)
+
+
+def _observed(fn, qkv, attrs):
+    """Run ``fn`` through the dispatch observers as op 'sdpa_qkv' (profilers see and time it)."""
+    from blutensor.ops import dispatch
+
+    obs = list(dispatch.observers)
+
+    def call(i):
+        if i == len(obs):
+            return fn()
+        return obs[i]("sdpa_qkv", (qkv,), attrs, lambda: call(i + 1))
+
+    return call(0)
 
 
 def _sdpa_qkv_function():
@@ -373,15 +402,22 @@ _SDPA_QKV = []
 def sdpa_qkv(qkv, n_head: int, is_causal: bool = True, dropout_p: float = 0.0, scale: float | None = None):
     """Attention of a fused projection ``qkv`` (B, T, 3*C) split as (3, H, C/H) -> (B, T, C).
 
-    CUDA (fp32/bf16, head dims the flash kernels cover, no dropout, no dispatch observer installed): one
-    strided flash-attention kernel, no q/k/v or output copies. Elsewhere: the same result through
-    view/permute/contiguous and scaled_dot_product_attention (the CPU reference; what observers such as
-    context parallelism's ring attention or a profiler see)."""
+    CUDA (fp32/bf16, head dims the flash kernels cover, no dropout): one strided flash-attention kernel, no
+    q/k/v or output copies; dispatch observers (profilers) see it as op 'sdpa_qkv'. Elsewhere, and under an
+    observer that rewrites 'sdpa' (context parallelism's ring attention, see SDPA_REWRITERS): the same result
+    through view/permute/contiguous and scaled_dot_product_attention (the CPU reference)."""
     variant = _fused_ok(qkv, n_head, dropout_p)
     if variant is not None:
         if not _SDPA_QKV:
             _SDPA_QKV.append(_sdpa_qkv_function())
-        return _SDPA_QKV[0].apply(qkv, int(n_head), bool(is_causal), scale, variant)
+        from blutensor.ops import dispatch
+
+        def fn():
+            return _SDPA_QKV[0].apply(qkv, int(n_head), bool(is_causal), scale, variant)
+
+        if dispatch.observers:
+            return _observed(fn, qkv, {"n_head": int(n_head), "is_causal": bool(is_causal), "scale": scale})
+        return fn()
     import blutensor.nn.functional as F
 
     B, T, C3 = qkv.shape
