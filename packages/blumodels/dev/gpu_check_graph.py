@@ -228,6 +228,19 @@ def check_c():
     gs.capture(3)
     out["graph_replay"] = probe(lambda: gs.step(*dev[3], 3))
     out["ok"] = out["eager_step"]["no_sync"] and out["graph_replay"]["no_sync"]
+    # can CuPy's argsort (thrust; embedding backward) be captured at all? (syncs on CuPy without cupy#9497)
+    from blutensor.cuda_graph import CUDAGraph, graph
+
+    try:
+        g = CUDAGraph()
+        idx = dev[4][0]._data.reshape(-1)
+        with graph(g):
+            order = cp.argsort(idx)
+        g.replay()
+        cp.cuda.Device().synchronize()
+        out["argsort_capture"] = {"ok": bool((idx[order][1:] >= idx[order][:-1]).all())}
+    except Exception as e:  # noqa: BLE001
+        out["argsort_capture"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
     return out
 
 
