@@ -5,16 +5,26 @@
 The standard benchmark step (benchmarks/e2e_gpt2.py: blumodels.gpt2 with ``config(12)``, its
 ``batches``, cuBLAS GEMMs, fused AdamW, grad clipping at 1.0) runs in one subprocess per precision
 (fp32; tf32 with CUPY_TF32=1 and ``set_matmul_precision('tf32')``; CuPy reads CUPY_TF32 at import).
-Per process, step times (synchronised, wall) in modes:
+Per process, step times (synchronised, wall; plus the host time until step() returns, which
+shows whether the step is host-bound) in modes:
 
 * never: before any profiler session in the process (its first blocks);
 * off: bluprofiler imported, a session made and stopped, nothing attached (asserted);
-* timing: ``profile(memory=False)`` (CUDA events + NVTX + shapes);
-* timing+memory: ``profile()`` (everything on: the default).
+* ablation of one span's parts (all with memory=False):
+  observer: spans with host timestamps only (``gpu_events=False, nvtx=False``);
+  +nvtx: observer + NVTX push/pop (``gpu_events=False, nvtx=True``);
+  +events: observer + CUDA events (``nvtx=False``; view ops host-only);
+  +events(all spans): the same with events on view ops too (the pre-host-only behaviour);
+  timing: observer + NVTX + events (``profile(memory=False, nvtx=True)``);
+* timing+memory: everything on (``profile(nvtx=True)``);
+* default: ``profile()`` (NVTX only under an NVTX tool: off here; memory on).
 
-off / timing / timing+memory run in interleaved blocks (a discarded warm-up round first); the
-ratios are of the medians of per-step times. Writes $OUT/overhead_b16.json and, from the fp32
-process, one profiled step (bluprofiler.profile_steps) into $OUT/trace_b16/.
+The profiled modes and off run in interleaved blocks (a discarded warm-up round first); the
+ratios are of the medians of per-step times. Then in-process micro costs on the GPU machine (us
+per call): perf_counter_ns, cupy Event.record, raw runtime.eventRecord, get_current_stream, NVTX
+push+pop, and the host cost of one op span (bt.add of 4-element CUDA tensors) per mode.
+Writes $OUT/overhead_b16.json and, from the fp32 process, one profiled step
+(bluprofiler.profile_steps) into $OUT/trace_b16/.
 BLUPROFILER_GPU_CHECK_DRY=1 runs the same code on CPU with a 2-layer toy model (for CI machines).
 """
 
@@ -26,14 +36,27 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 DRY = os.environ.get("BLUPROFILER_GPU_CHECK_DRY") == "1"
 B, T = (2, 32) if DRY else (16, 1024)
 STEPS_PER_BLOCK = 4
-ROUNDS = 4  # measured rounds of (off, timing, timing+memory); plus one warm-up round
+ROUNDS = {"fp32": 2, "tf32": 4}  # measured rounds of all modes; plus one warm-up round
 NEVER_BLOCKS = 2
+MICRO_N = 2000 if DRY else 20000
+#: mode -> profile() kwargs (None: off); "all_spans": events on view ops too
+MODES = {
+    "off": None,
+    "observer": {"memory": False, "nvtx": False, "gpu_events": False},
+    "+nvtx": {"memory": False, "nvtx": True, "gpu_events": False},
+    "+events": {"memory": False, "nvtx": False},
+    "+events(all spans)": {"memory": False, "nvtx": False, "all_spans": True},
+    "timing": {"memory": False, "nvtx": True},
+    "timing+memory": {"nvtx": True},
+    "default": {},
+}
 
 
 def build(precision: str):
@@ -79,14 +102,116 @@ def build(precision: str):
     return step, sync, desc
 
 
-def timed(step, sync, n: int) -> list[float]:
+def timed(step, sync, n: int, host: list | None = None) -> list[float]:
     out = []
     for _ in range(n):
         sync()
         t = time.perf_counter()
         step()
+        th = time.perf_counter()
         sync()
         out.append((time.perf_counter() - t) * 1e3)
+        if host is not None:
+            host.append((th - t) * 1e3)
+    return out
+
+
+@contextmanager
+def session(kw: dict):
+    """A profiler session with ``kw`` (``all_spans``: view ops get events too, as before host-only spans)."""
+    import bluprofiler as bp
+    from bluprofiler import profiler as pm
+
+    kw = dict(kw)
+    all_spans = kw.pop("all_spans", False)
+    saved = (pm._HOST_FWD, dict(pm._HOST_BWD))
+    with bp.profile(**kw) as prof:
+        if all_spans:
+            pm._HOST_FWD = frozenset()
+            pm._HOST_BWD.clear()
+        try:
+            yield prof
+        finally:
+            if all_spans:
+                pm._HOST_FWD = saved[0]
+                pm._HOST_BWD.update(saved[1])
+
+
+def micro(dev: str) -> dict:
+    """In-process costs, us per call: the clock, event records (object and raw), the stream lookup,
+    NVTX push+pop, and one op span (bt.add of 4-element tensors, launch-bound) per profiler mode."""
+    import blutensor as bt
+
+    n = MICRO_N
+    out: dict = {"n": n}
+
+    def per_call(fn, reps: int = 5) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter_ns()
+            fn()
+            best = min(best, (time.perf_counter_ns() - t) / n / 1e3)
+        return best
+
+    now = time.perf_counter_ns
+    out["perf_counter_ns_us"] = per_call(lambda: [now() for _ in range(n)])
+    if dev == "cuda":
+        import cupy
+
+        rt = cupy.cuda.runtime
+        evs = [cupy.cuda.Event() for _ in range(64)]
+        raw = [rt.eventCreateWithFlags(0) for _ in range(64)]
+        sptr = cupy.cuda.get_current_stream().ptr
+        gcs = cupy.cuda.get_current_stream
+        rec = rt.eventRecord
+
+        def ev_obj():
+            for i in range(n):
+                evs[i & 63].record()
+
+        def ev_raw():
+            for i in range(n):
+                rec(raw[i & 63], sptr)
+
+        out["Event.record_us"] = per_call(ev_obj)
+        cupy.cuda.Device().synchronize()
+        out["runtime.eventRecord_raw_us"] = per_call(ev_raw)
+        cupy.cuda.Device().synchronize()
+        out["get_current_stream_ptr_us"] = per_call(lambda: [gcs().ptr for _ in range(n)])
+        nv = cupy.cuda.nvtx
+        out["nvtx_available"] = bool(getattr(nv, "available", True))
+        push, pop = nv.RangePush, nv.RangePop
+
+        def nvtx_pair():
+            for _ in range(n):
+                push("matmul.forward")
+                pop()
+
+        out["nvtx_push_pop_us"] = per_call(nvtx_pair)
+        out["NVTX_INJECTION64_PATH"] = os.environ.get("NVTX_INJECTION64_PATH", "")
+        for e in raw:
+            rt.eventDestroy(e)
+        sync = cupy.cuda.Device().synchronize
+    else:
+        sync = lambda: None  # noqa: E731
+    a, b = bt.randn(4, device=dev), bt.randn(4, device=dev)
+
+    def adds():
+        for _ in range(n):
+            bt.add(a, b)
+        sync()
+
+    adds()
+    span: dict = {}
+    for m, kw in MODES.items():
+        if kw is None:
+            span[m] = per_call(adds, 3)
+        else:
+            with session(kw):
+                span[m] = per_call(adds, 3)
+    base = span["off"]
+    out["add_op_us"] = {m: round(v, 3) for m, v in span.items()}
+    out["span_us"] = {m: round(v - base, 3) for m, v in span.items() if m != "off"}
     return out
 
 
@@ -112,37 +237,48 @@ def child(precision: str, trace_dir: str) -> dict:
     from blutensor.autograd.node import Node
 
     apply_fn = Node.apply
-    modes = {"off": None, "timing": {"memory": False}, "timing+memory": {}}
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    blocks: dict[str, list[float]] = {m: [] for m in modes}
+    rounds = ROUNDS[precision]
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    host: dict[str, list[float]] = {m: [] for m in MODES}
+    blocks: dict[str, list[float]] = {m: [] for m in MODES}
     counts = {}
-    for r in range(ROUNDS + 1):
-        for m, kw in modes.items():
+    for r in range(rounds + 1):
+        for m, kw in MODES.items():
+            hs: list[float] = []
             if kw is None:
                 assert not dispatch.observers and not engine.backward_observers and Node.apply is apply_fn
-                ts = timed(step, sync, STEPS_PER_BLOCK)
+                ts = timed(step, sync, STEPS_PER_BLOCK, hs)
             else:
-                with bp.profile(**kw) as prof:
-                    ts = timed(step, sync, STEPS_PER_BLOCK)
+                with session(kw) as prof:
+                    ts = timed(step, sync, STEPS_PER_BLOCK, hs)
                 res = prof.result
-                counts[m] = {"spans_per_step": len(res.ops()) / STEPS_PER_BLOCK,
+                ops = res.ops()
+                counts[m] = {"spans_per_step": len(ops) / STEPS_PER_BLOCK,
+                             "host_only_spans_per_step": sum(e.host_only for e in ops) / STEPS_PER_BLOCK,
+                             "cuda_events_per_step": res.meta.get("cuda_events_recorded", 0) / STEPS_PER_BLOCK,
+                             "nvtx": res.meta.get("nvtx"),
                              "mem_events_per_step": len(res.mem_events) / STEPS_PER_BLOCK,
                              "allocs_per_step": sum(e.kind == "alloc" for e in res.mem_events) / STEPS_PER_BLOCK,
                              "memory_source": res.meta.get("memory_source")}
-                del prof, res
+                del prof, res, ops
             if r > 0:  # round 0 warms up the event pool and the CuPy hook path
                 times[m] += ts
+                host[m] += hs
                 blocks[m].append(statistics.median(ts))
     med = statistics.median
     base = med(never)
-    out = {**desc, "steps_per_block": STEPS_PER_BLOCK, "rounds": ROUNDS, "never_ms": never,
+    off = med(times["off"])
+    out = {**desc, "steps_per_block": STEPS_PER_BLOCK, "rounds": rounds, "never_ms": never,
            **{f"{m}_ms": v for m, v in times.items()}, "block_medians_ms": blocks, "counts": counts,
            "median_ms": {"never": base, **{m: med(v) for m, v in times.items()}},
+           "median_host_ms": {m: med(v) for m, v in host.items()},
            "min_ms": {"never": min(never), **{m: min(v) for m, v in times.items()}}}
-    off = med(times["off"])
-    out["ratio_median"] = {"off_vs_never": off / base, "timing_vs_off": med(times["timing"]) / off,
-                           "timing+memory_vs_off": med(times["timing+memory"]) / off,
+    out["ratio_median"] = {"off_vs_never": off / base,
+                           **{f"{m}_vs_off": med(times[m]) / off for m in MODES if m != "off"},
                            "timing+memory_vs_never": med(times["timing+memory"]) / base}
+    spans = counts["timing"]["spans_per_step"] or 1
+    out["added_us_per_span"] = {m: 1e3 * (med(times[m]) - off) / spans for m in MODES if m != "off"}
+    out["micro"] = micro("cpu" if DRY else "cuda")
     if trace_dir:
         summary = bp.profile_steps(lambda: float(step().item()), 1, trace_dir, warmup=1,
                                    meta={"workload": f"GPT-2 124M B={B} T={T} {precision}", **desc})
@@ -172,18 +308,24 @@ def main() -> None:
             print(f"{prec}: FAILED rc={p.returncode}\n{(p.stdout + p.stderr)[-3000:]}", flush=True)
             continue
         r = res["runs"][prec] = json.loads(line[7:])
-        m, q = r["median_ms"], r["ratio_median"]
-        print(f"[{time.time() - t0:5.1f}s] {prec}: median step ms never {m['never']:.1f}, off {m['off']:.1f}, "
-              f"timing {m['timing']:.1f}, timing+memory {m['timing+memory']:.1f} | off/never "
-              f"{q['off_vs_never']:.3f}, timing/off {q['timing_vs_off']:.3f}, timing+memory/off "
-              f"{q['timing+memory_vs_off']:.3f} | {r['counts'].get('timing+memory')}", flush=True)
+        m, q, h, us = r["median_ms"], r["ratio_median"], r["median_host_ms"], r["added_us_per_span"]
+        print(f"[{time.time() - t0:5.1f}s] {prec}: never {m['never']:.1f} ms, off/never {q['off_vs_never']:.3f}; "
+              f"{r['counts'].get('timing+memory')}", flush=True)
+        for k in MODES:
+            extra = "" if k == "off" else f"  x{q[k + '_vs_off']:.3f}  {us[k]:+6.2f} us/span"
+            print(f"    {k:<20} step {m[k]:7.2f} ms  host {h[k]:7.2f} ms{extra}", flush=True)
+        mi = r["micro"]
+        print("    micro us/call: " + ", ".join(f"{k} {v:.3f}" for k, v in mi.items()
+                                                 if isinstance(v, float)), flush=True)
+        print(f"    one bt.add span, us added per mode: {mi['span_us']} (op off: {mi['add_op_us']['off']} us)",
+              flush=True)
     res["elapsed_s"] = time.time() - t0
-    ok = all("ratio_median" in r and r["ratio_median"]["timing+memory_vs_off"] <= 1.05
+    ok = all("ratio_median" in r and r["ratio_median"]["default_vs_off"] <= 1.05
              and r["ratio_median"]["off_vs_never"] <= 1.02 for r in res["runs"].values()) and len(res["runs"]) == 2
     res["target_met"] = ok
     (out / "overhead_b16.json").write_text(json.dumps(res, indent=1))
     print(f"done in {res['elapsed_s']:.0f} s; 5% target {'MET' if ok else 'NOT met'} "
-          f"(off/never <= 1.02 and timing+memory/off <= 1.05, both precisions)", flush=True)
+          f"(off/never <= 1.02 and default/off <= 1.05, both precisions)", flush=True)
 
 
 if __name__ == "__main__":
