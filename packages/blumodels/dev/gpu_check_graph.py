@@ -228,7 +228,24 @@ def check_c():
     gs.capture(3)
     out["graph_replay"] = probe(lambda: gs.step(*dev[3], 3))
     out["ok"] = out["eager_step"]["no_sync"] and out["graph_replay"]["no_sync"]
-    # can CuPy's argsort (thrust; embedding backward) be captured at all? (syncs on CuPy without cupy#9497)
+    # embedding backward's sort: thrust (cupy.argsort, eager default) vs the sync-free radix (graphs)
+    from blutensor.cuda_ops.sort import stable_argsort
+
+    keys = dev[4][0]._data.reshape(-1)
+    same = bool((stable_argsort(keys, 50304, cp) == cp.argsort(keys)).all())
+    tm = {}
+    for name, f in (("thrust_ms", lambda: cp.argsort(keys)), ("radix_ms", lambda: stable_argsort(keys, 50304, cp))):
+        f()
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        for _ in range(20):
+            f()
+        cp.cuda.Device().synchronize()
+        tm[name] = round((time.perf_counter() - t) / 20 * 1e3, 3)
+    out["embedding_sort"] = {"radix_equals_thrust": same, **tm,
+                             "radix_no_sync": probe(lambda: stable_argsort(keys, 50304, cp))["no_sync"],
+                             "thrust_no_sync": probe(lambda: cp.argsort(keys))["no_sync"]}
+    # can CuPy's argsort (thrust) be captured at all? (syncs on CuPy without cupy#9497)
     from blutensor.cuda_graph import CUDAGraph, graph
 
     try:

@@ -4,16 +4,20 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import aligned16, cupy, first_bad_index, launch, num_sms, suffix
+from blutensor.cuda_ops._loader import aligned16, capturing, cupy, first_bad_index, launch, num_sms, suffix
+from blutensor.cuda_ops.sort import stable_argsort
 from blutensor.errors import ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
 FILE = "embedding.cu"
+#: BLUTRAIN_EMBEDDING_SORT=radix: the sync-free radix argsort (cuda_ops/sort.py) eagerly too, not only in graphs
+_RADIX_SORT = os.environ.get("BLUTRAIN_EMBEDDING_SORT", "") == "radix"
 _STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
 
 
@@ -43,7 +47,10 @@ def embedding_backward(idx, g, num_embeddings: int):
     dw = cp.zeros((num_embeddings, C), dtype=g.dtype)
     if N == 0 or C == 0:
         return dw
-    order = cp.argsort(idx)  # CuPy's sort is a stable radix sort
+    if _RADIX_SORT or capturing():  # Thrust (cupy.argsort) may sync the stream: never inside a CUDA graph
+        order = stable_argsort(idx, num_embeddings, cp)
+    else:
+        order = cp.argsort(idx)  # CuPy's sort is a stable radix sort
     sorted_idx = cp.ascontiguousarray(idx[order])
     order = cp.ascontiguousarray(order, dtype=cp.int64)
     block = 128 if C >= 128 else 32 * math.ceil(C / 32)
