@@ -268,7 +268,8 @@ class GraphedTrainStep:
 
 
 def schedule(cfg, total: int) -> list[float]:
-    """The trainer's lr for every step index 0..total-1 (warmup + cosine)."""
+    """The trainer's lr for every step index 0..total-1 (warmup + cosine; min_lr past train.steps, so the
+    table runs 65536 steps past it for fit(steps=...) beyond the configured length)."""
     from blumodels.trainer import lr_at
 
     return [lr_at(s, cfg) for s in range(total)]
@@ -295,8 +296,9 @@ def graph_train_step(trainer) -> dict[str, Any]:
             trainer._graph_eager = False
     if gs is None:
         B, T = t.micro_batch, t.seq_len
-        gs = trainer._graphed = GraphedTrainStep(trainer.model, trainer.optimizer, schedule(cfg, max(t.steps, s + 1)),
-                                                 t.grad_clip, (B, T), trainer.device)
+        lrs = schedule(cfg, max(t.steps, s + 1) + 65536)
+        gs = trainer._graphed = GraphedTrainStep(trainer.model, trainer.optimizer, lrs, t.grad_clip, (B, T),
+                                                 trainer.device)
         trainer.optimizer.zero_grad()
         gs.capture(s)
     t0 = time.perf_counter()
