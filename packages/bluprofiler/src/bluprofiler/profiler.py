@@ -151,6 +151,7 @@ class Profiler:
                 self.memory_source = ("op outputs (root buffers): the CuPy allocator is not a MemoryPool, "
                                       "so pool hooks see nothing")
         _mem.OWNER = "other"
+        _shapes.clear()  # bounded by one session's distinct shapes
         if self.mem is not None:
             self.mem.start()
         self.t0 = _now()
@@ -287,7 +288,12 @@ class Profiler:
                 shapes = tuple(map(_data_shape, inputs))
             except AttributeError:
                 shapes = tuple([x._data.shape if isinstance(x, _Tensor) else None for x in inputs])
+            # interned: a step repeats a few hundred distinct shapes, so the span keeps a shared
+            # tuple and the fresh ones die at once (fewer tracked survivors: fewer gc passes)
+            shapes = _interned(shapes, shapes)
             out_shape = res._data.shape if isinstance(res, _Tensor) else None
+            if out_shape is not None:
+                out_shape = _interned(out_shape, out_shape)
             if node is not None:
                 meta = node.meta
                 if meta is None:
@@ -304,7 +310,11 @@ class Profiler:
             if kernel is None:
                 kernel = _knames[node.kernel] = _kernel_name(node.kernel)
         else:
-            kernel = _resolved_kernel(op, inputs)
+            try:  # no node (no grad): the kernel dispatch picked for (op, device type, dtype), cached
+                x0 = inputs[0]
+                kernel = _kernel_names[(op, x0.device.type, x0.dtype.name)]
+            except (IndexError, AttributeError, KeyError):
+                kernel = _resolved_kernel(op, inputs)
         self._raw.append((op, "forward", kernel, idx, d, _tid(), t0, t1, shapes, out_shape, i, s))
         if self._array_track:
             self.mem.track(res._data, key, tuple([getattr(x, "_data", None) for x in inputs]))
@@ -445,6 +455,9 @@ def _kernel_name(kernel: Any) -> str:
 
 
 _kernel_names: dict[tuple, str] = {}
+#: shape tuples seen by any session (one shared object per distinct shape)
+_shapes: dict[tuple, tuple] = {}
+_interned = _shapes.setdefault
 #: kernel class -> plugin name (a handful of entries)
 _knames: dict = {}
 
