@@ -184,7 +184,7 @@ def main() -> None:
         never = timed_steps(step, n, sync)
         summary = profile_steps(step, 1, out / "gpt2_124m", warmup=0, meta={"workload": "GPT-2 124M shape"})
         log("profiled step written to gpt2_124m/")
-        # interleaved blocks: off (after a session), on (timing+memory+nvtx), on timing-only
+        # interleaved blocks: off (after a session), on (profile(): timing+memory, NVTX only under Nsight), timing-only
         off, on, on_t = [], [], []
         for _ in range(2):
             off += timed_steps(step, n, sync)

@@ -35,27 +35,50 @@ def block(step, n: int) -> list[float]:
 
 
 def per_span_cost(n: int = 20000) -> dict[str, float]:
-    """Microseconds added per op span: ``bt.add`` of two 4-element tensors, off vs on (min of 5)."""
+    """Microseconds added per op span (min of 5 interleaved loops, off vs on): a no-grad forward
+    (``bt.add`` of two 4-element tensors), a forward that records a node (``exp`` chain of a leaf
+    that requires grad) and a backward span (the ``exp`` chain's backward)."""
     import blutensor as bt
 
     a, b = bt.randn(4), bt.randn(4)
+    x = bt.randn(4, requires_grad=True)
+    k = max(n // 8, 1)
 
-    def loop() -> float:
+    def loop_add() -> float:
         t = CLOCK()
         for _ in range(n):
             bt.add(a, b)
         return (CLOCK() - t) / n * 1e6
 
-    res: dict[str, list[float]] = {"off": [], "on": [], "on-timing-only": []}
+    def loop_fwd() -> float:  # 4 forward spans with nodes per iteration
+        t = CLOCK()
+        for _ in range(k):
+            bt.exp(bt.exp(bt.exp(bt.exp(x))))
+        return (CLOCK() - t) / k * 1e6
+
+    def loop_fb() -> float:  # 5 forward + 5 backward spans (sum, 4 exp) per iteration
+        t = CLOCK()
+        for _ in range(k):
+            bt.sum(bt.exp(bt.exp(bt.exp(bt.exp(x * 0.0))))).backward()
+        return (CLOCK() - t) / k * 1e6
+
+    loops = {"add": loop_add, "fwd": loop_fwd, "fb": loop_fb}
+    res: dict[str, dict[str, list[float]]] = {m: {k: [] for k in loops} for m in ("off", "on", "timing")}
     for _ in range(5):
-        res["off"].append(loop())
-        with profile(nvtx=False):
-            res["on"].append(loop())
-        with profile(memory=False, nvtx=False):
-            res["on-timing-only"].append(loop())
-    base = min(res["off"])
-    return {"op_us": base, "span_us_on": min(res["on"]) - base,
-            "span_us_timing_only": min(res["on-timing-only"]) - base}
+        for name, fn in loops.items():
+            res["off"][name].append(fn())
+            with profile(nvtx=False):
+                res["on"][name].append(fn())
+            with profile(memory=False, nvtx=False):
+                res["timing"][name].append(fn())
+    best = {m: {k: min(v) for k, v in d.items()} for m, d in res.items()}
+    out = {"op_us": best["off"]["add"]}
+    for m in ("on", "timing"):
+        fwd = (best[m]["fwd"] - best["off"]["fwd"]) / 4
+        out[f"add_span_us_{m}"] = best[m]["add"] - best["off"]["add"]
+        out[f"fwd_grad_span_us_{m}"] = fwd
+        out[f"bwd_span_us_{m}"] = ((best[m]["fb"] - best["off"]["fb"]) - 6 * fwd) / 5  # mul + sum + 4 exp fwd
+    return out
 
 
 def main() -> None:
@@ -75,8 +98,10 @@ def main() -> None:
         with profile(memory=False, nvtx=False):
             times["on-timing-only"] += block(step, reps)
     c = per_span_cost()
-    print(f"per op span: plain bt.add {c['op_us']:.2f} us; profiler adds {c['span_us_on']:.2f} us "
-          f"(timing+memory), {c['span_us_timing_only']:.2f} us (timing only)")
+    print(f"per op span (plain bt.add {c['op_us']:.2f} us), us added by the profiler:")
+    for m, label in (("timing", "timing only"), ("on", "timing+memory")):
+        print(f"  {label:<14} no-grad forward {c['add_span_us_' + m]:.2f}, forward with node "
+              f"{c['fwd_grad_span_us_' + m]:.2f}, backward {c['bwd_span_us_' + m]:.2f}")
     base, base_med = min(times["never"]), statistics.median(times["never"])
     print(f"preset={preset} steps per mode={3 * reps} (process CPU time, 1 BLAS thread)")
     for m, ts in times.items():

@@ -8,6 +8,7 @@ import time
 import types
 
 import blutensor as bt
+import pytest
 from bluprofiler import memory, profile, profiler
 from bluprofiler.memory import MemoryTracker, make_cupy_hook
 
@@ -246,3 +247,21 @@ def test_gpu_events_off_keeps_a_gpu_session_host_timed(monkeypatch):
     res = prof.result
     assert fake.cuda.runtime.records == 0 and not res.gpu_timing and res.device == "cuda"
     assert res.ops()[0].gpu_ms is None and not res.ops()[0].host_only
+
+
+@pytest.mark.cuda
+def test_view_ops_host_only_on_gpu():
+    """The GPU twin of the fake-CuPy test: view spans carry no events, kernels keep theirs."""
+    import cupy as cp
+
+    a = bt.randn(64, 64, device="cuda", requires_grad=True)
+    bt.sum(bt.matmul(a.transpose(0, 1), a)).backward()
+    cp.cuda.Device().synchronize()
+    with profile(memory=False) as prof:
+        bt.sum(bt.matmul(a.transpose(0, 1), a)).backward()
+    res = prof.result
+    by = {e.key: e for e in res.ops()}
+    assert by["transpose.forward"].host_only and by["transpose.forward"].gpu_ms == 0.0
+    assert by["transpose.backward"].host_only
+    assert not by["matmul.forward"].host_only and by["matmul.forward"].gpu_ms > 0
+    assert res.meta["cuda_events_recorded"] == 2 * sum(not e.host_only for e in res.ops())
