@@ -79,6 +79,7 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute each block in backward (keeps only block inputs)
     optimizer_in_backward: bool = False  # step each parameter and free its grad as soon as it is ready
     cuda_graph: bool = False  # CUDA: capture the whole step in one CUDA graph after warm-up (graph_step.py)
+    allocator: str = "blu"  # CUDA: "blu" (bluallocator, flushed after step 0) | "cupy" (CuPy's pool)
     peak_flops: float = 0.0  # per device; 0 = default table (CUDA) or none (CPU: MFU null)
     plot: bool = True
 
@@ -146,6 +147,8 @@ class RunConfig:
             raise ConfigError(f"train.nan_policy must be 'stop' or 'skip', got {t.nan_policy!r}")
         if t.precision not in ("fp32", "tf32", "bf16"):
             raise ConfigError(f"train.precision must be 'fp32', 'tf32' or 'bf16', got {t.precision!r}")
+        if t.allocator not in ("blu", "cupy"):
+            raise ConfigError(f"train.allocator must be 'blu' or 'cupy', got {t.allocator!r}")
         if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
             raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda[:N]', got {t.device!r}")
         if t.optimizer_in_backward:

@@ -12,6 +12,8 @@ import math
 import blutensor as bt
 import blutensor.nn.functional as F
 from blutensor import nn
+from blutensor.autograd import Function
+from blutensor.autograd.grad_mode import enable_grad
 from blutensor.cuda_ops.sdpa import sdpa_qkv
 
 from blumodels.config import ModelConfig
@@ -62,6 +64,45 @@ class CausalSelfAttention(nn.Module):
         return F.dropout(y, p, self.training) if p > 0 else y
 
 
+class _GeluLinear(Function):
+    """linear(gelu(u), w, b) saving only ``u`` for backward: the GELU output (4*d_model per token, the
+    block's largest activation, which c_proj would save) is recomputed elementwise in backward. Gradients
+    are bit-identical to gelu + linear: the same gelu kernel and the built-in linear backward formula."""
+
+    @staticmethod
+    def forward(ctx, u, w, b):
+        ctx.save_for_backward(u, w, b)
+        return F.linear(F.gelu(u, approximate="tanh"), w, b)
+
+    @staticmethod
+    def backward(ctx, gy):
+        from blutensor._tensor import Tensor
+        from blutensor.autograd.node import Ctx
+        from blutensor.ops.linalg import linear_backward
+
+        u, w, b = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        with enable_grad():
+            u_ = u.detach().requires_grad_(True)
+            g = F.gelu(u_, approximate="tanh")  # the recompute: one elementwise kernel
+        lin = Ctx()
+        lin.saved = (g._data.reshape(-1, g.shape[-1]), w._data, tuple(g.shape))
+        lin.needs = (bool(needs[0]), bool(needs[1]), b is not None and bool(needs[2]))
+        gx, gw, gb = linear_backward(lin, gy._data)
+        gu = None
+        if gx is not None:
+            g.backward(Tensor._from_data(gx, g.dtype, g.device))
+            gu = u_.grad
+        return gu, gw, gb
+
+
+def _lean_ok(u, w) -> bool:
+    """The fused GELU + c_proj path: fp32 outside autocast (bf16 paths keep the generic ops)."""
+    from blutensor.ops import dispatch
+
+    return u.dtype == bt.float32 and w.dtype == bt.float32 and dispatch.autocast_hook is None
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
@@ -71,7 +112,11 @@ class MLP(nn.Module):
         self.c_proj = Linear(4 * cfg.d_model, cfg.d_model, resid_std, cfg.bias, device)
 
     def forward(self, x):
-        y = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        u = self.c_fc(x)
+        if _lean_ok(u, self.c_proj.weight):  # saves u only, not gelu(u) too (4*d floats per token less)
+            y = _GeluLinear.apply(u, self.c_proj.weight, self.c_proj.bias)
+        else:
+            y = self.c_proj(F.gelu(u, approximate="tanh"))
         return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 
 
@@ -95,6 +140,10 @@ class GPT2(nn.Module):
 
     ``lm_head`` is ``F.linear(x, wte.weight)``: the tied matrix is one Parameter, listed once.
     """
+
+    #: training with targets on CUDA: let the loss overwrite the logits with their gradient (returns None
+    #: for the logits); set by the Trainer and the memory benchmark, off by default
+    lean_logits = False
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
@@ -123,6 +172,13 @@ class GPT2(nn.Module):
         logits = F.linear(x, self.wte.weight)  # (B, T, Vp): tied lm_head
         loss = None
         if targets is not None:
+            if self.lean_logits and logits.device.type == "cuda" and logits.requires_grad:
+                # the fused CUDA loss writes d(loss)/d(logits) over the logits: no second (B*T, Vp) buffer;
+                # the logits are then gone, so None is returned for them
+                from blutensor.ops.dispatch import apply
+
+                loss = apply("cross_entropy", logits.view(B * T, -1), targets.view(B * T), inplace_grad=True)
+                return None, loss
             loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
         return logits, loss
 

@@ -120,7 +120,11 @@ class Trainer:
         self.data_dir = ensure_data(cfg, self.out, self.log)  # the other ranks find it prepared
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
+        from blumodels.memory import DeviceMemory
+
+        self.memory = DeviceMemory(self.device, cfg.train.allocator)  # before the model: it allocates through it
         self.model = build_model(cfg.model, device=self.device, seed=cfg.train.seed)
+        self.model.lean_logits = True  # CUDA: the loss writes the logits' gradient over them (one buffer less)
         if cfg.train.activation_checkpointing:
             from blutensor.utils import checkpoint_modules
 
@@ -311,6 +315,7 @@ class Trainer:
             metrics.memory_bytes(self.device.split(":")[0]), "step_ms": dt * 1e3,
             "tokens": (s + 1) * tokens,
         }
+        rec.update(self.memory.after_step())  # peak_allocated/reserved_bytes; flushes start-up memory once
         if skipped:
             rec["skipped"] = True
         return rec

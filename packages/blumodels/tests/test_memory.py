@@ -1,0 +1,203 @@
+"""Device memory in the Trainer (train.allocator, peaks in the log) and the memory benchmark's lean path:
+recomputation and the optimizer step in backward give plain training's losses with tied embeddings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from blumodels.config import ConfigError
+from blumodels.memory import DeviceMemory
+from blumodels.trainer import Trainer
+from models_helpers import micro_config
+
+ROOT = Path(__file__).resolve().parents[3]
+BENCH = ROOT / "benchmarks" / "memory_gpt2.py"
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def test_config_checks_the_allocator_name():
+    assert micro_config().train.allocator == "blu"
+    micro_config(allocator="cupy").validate()
+    with pytest.raises(ConfigError, match=r"train.allocator must be 'blu' or 'cupy', got 'torch'"):
+        micro_config(allocator="torch").validate()
+
+
+def test_device_memory_on_cpu_installs_nothing():
+    m = DeviceMemory("cpu", "blu")
+    assert m.alloc is None and m.stats() is None
+    assert m.after_step() == {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "reserved_bytes": None}
+    with pytest.raises(ValueError, match="train.allocator must be one of"):
+        DeviceMemory("cpu", "jemalloc")
+
+
+def test_trainer_log_records_carry_the_peaks(tmp_path):
+    tr = Trainer(micro_config(steps=2, eval_interval=0), tmp_path / "run", quiet=True)
+    tr.fit()
+    tr.close()
+    recs = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and all("peak_reserved_bytes" in r and "peak_allocated_bytes" in r for r in recs)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _has_gpu(), reason="needs CuPy and a GPU")
+def test_device_memory_on_cuda_flushes_once_and_reports_peaks():
+    import blutensor as bt
+
+    m = DeviceMemory("cuda", "blu")
+    assert m.alloc is not None and m.alloc.profiling
+    x = bt.randn(1024, 1024, device="cuda")
+    del x
+    rec = m.after_step()
+    assert m.flushed is not None and not m.alloc.profiling
+    assert rec["peak_allocated_bytes"] >= 4 * 1024 * 1024 and rec["peak_reserved_bytes"] >= rec["peak_allocated_bytes"]
+    assert m.after_step()["peak_reserved_bytes"] == rec["peak_reserved_bytes"]  # no second flush
+
+
+def _bench_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import importlib
+
+    return importlib.import_module("memory_gpt2")
+
+
+def _args(**kw):
+    a = dict(batch=1, seq=16, layers=24, d=32, heads=2, steps=4, lr=3e-3, warmup=0, device="cpu", allocator="cupy",
+             recompute=False, oib=False, no_clip=True, compile=False)
+    a.update(kw)
+    return argparse.Namespace(**a)
+
+
+def test_lean_paths_equal_plain_training_with_tied_embeddings():
+    """The case-c code path (deep model, tied wte, recompute + optimizer in backward) on the CPU."""
+    bench = _bench_module()
+    ref = bench.blutrain(_args())["losses"]
+    assert len(ref) == 4 and ref[-1] < ref[0]
+    for kw in ({"recompute": True}, {"oib": True}, {"recompute": True, "oib": True},
+               {"recompute": True, "oib": True, "warmup": 2}):
+        losses = bench.blutrain(_args(**kw))["losses"]
+        if "warmup" in kw:
+            assert losses[0] == ref[0] and losses[-1] < losses[0]
+            continue
+        assert max(abs(x - y) for x, y in zip(losses, ref)) <= 1e-6, kw
+
+
+def test_lean_paths_equal_pytorch():
+    pytest.importorskip("torch")
+    bench = _bench_module()
+    ours = bench.blutrain(_args(recompute=True, oib=True))["losses"]
+    theirs = bench.torch_run(_args())["losses"]
+    assert max(abs(x - y) for x, y in zip(ours, theirs)) <= 1e-4
+
+
+def test_benchmark_plumbing_tiny(tmp_path):
+    out = tmp_path / "mem.json"
+    env_path = ":".join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
+    p = subprocess.run([sys.executable, str(BENCH), "--tiny", "--only", "c", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env={"PYTHONPATH": env_path, "PATH": "/usr/bin"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    c = doc["results"]["c"]["blutrain_lean"]
+    assert "error" not in c, c
+    assert len(c["losses"]) == 4 and c["lrs"][0] < c["lrs"][-1]  # warmup
+    assert doc["targets"]["c:largest_model"]["steps"] == 4 and "memory_gpt2.py --tiny" in doc["command"]
+
+
+def test_fused_gelu_projection_is_bit_identical_and_saves_less(monkeypatch):
+    """MLP's c_proj(gelu(u)) keeps only u for backward; losses and gradients equal the generic ops bit for bit."""
+    import blumodels.gpt2 as gpt2
+    import blutensor as bt
+    import numpy as np
+    from blumodels.config import ModelConfig
+
+    cfg = ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=16, vocab_size=100)
+    idx = bt.tensor(np.random.default_rng(0).integers(0, 100, (2, 16)))
+
+    def run():
+        m = gpt2.build_model(cfg, seed=1)
+        _, loss = m(idx, idx)
+        saved = _saved_bytes(loss, {id(p._data) for p in m.parameters()})
+        loss.backward()
+        return float(loss.item()), {n: p.grad.numpy().copy() for n, p in m.named_parameters()}, saved
+
+    loss_f, grads_f, saved_f = run()
+    monkeypatch.setattr(gpt2, "_lean_ok", lambda u, w: False)
+    loss_g, grads_g, saved_g = run()
+    assert loss_f == loss_g
+    assert all(np.array_equal(grads_f[n], grads_g[n]) for n in grads_g)
+    # per layer: 4*d floats per token less (the GELU output)
+    assert saved_g - saved_f == cfg.n_layer * 2 * 16 * 4 * 32 * 4
+
+
+def _saved_bytes(loss, params: set) -> int:
+    """Bytes of the distinct non-parameter buffers the autograd graph holds for backward."""
+    import blutensor as bt
+    import numpy as np
+
+    def root(a):
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a
+
+    seen, stack, visited = {}, [loss.grad_fn], set()
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in visited:
+            continue
+        visited.add(id(n))
+        ctx = getattr(n, "ctx", None)
+        if ctx is not None:
+            items = list(ctx.saved) if isinstance(ctx.saved, tuple | list) else [ctx.saved]
+            items += list((getattr(ctx, "__dict__", None) or {}).values())
+            for s in items:
+                a = s._data if isinstance(s, bt.Tensor) else s
+                if isinstance(a, np.ndarray) and id(root(a)) not in params:
+                    seen[id(root(a))] = root(a).nbytes
+        stack.extend(getattr(n, "next", ()))
+    return sum(seen.values())
+
+
+def _lean_logits_run(device: str, lean: bool):
+    import blumodels.gpt2 as gpt2
+    import blutensor as bt
+    import numpy as np
+    from blumodels.config import ModelConfig
+
+    cfg = ModelConfig(n_layer=2, n_head=2, d_model=64, block_size=16, vocab_size=100)
+    m = gpt2.build_model(cfg, device=device, seed=1)
+    m.lean_logits = lean
+    idx = bt.tensor(np.random.default_rng(0).integers(0, 100, (2, 16)), device=device)
+    logits, loss = m(idx, idx)
+    loss.backward()
+    return logits, float(loss.item()), {n: p.grad.to("cpu").numpy() for n, p in m.named_parameters()}
+
+
+def test_lean_logits_is_a_no_op_on_cpu():
+    import numpy as np
+
+    logits, loss, grads = _lean_logits_run("cpu", True)
+    ref_logits, ref_loss, ref_grads = _lean_logits_run("cpu", False)
+    assert logits is not None and loss == ref_loss and all(np.array_equal(grads[n], ref_grads[n]) for n in grads)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _has_gpu(), reason="needs CuPy and a GPU")
+def test_lean_logits_on_cuda_gives_the_same_loss_and_gradients():
+    import numpy as np
+
+    logits, loss, grads = _lean_logits_run("cuda", True)
+    ref_logits, ref_loss, ref_grads = _lean_logits_run("cuda", False)
+    assert logits is None and ref_logits is not None  # the logits buffer now holds their gradient
+    assert loss == ref_loss and all(np.array_equal(grads[n], ref_grads[n]) for n in grads)
