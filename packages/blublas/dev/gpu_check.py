@@ -34,6 +34,7 @@ T0 = time.time()
 RESULT: dict = {"checks": {}, "failures": [], "bench": [], "timings": {}}
 CHILD = sys.argv[2] if len(sys.argv) > 2 else ""  # "--wgmma-group" / "--wgmma-bench" in a child process
 INPROC = os.environ.get("BLUBLAS_CHECK_INPROC", "0") == "1"  # run the wgmma groups in this process (tests)
+TORCH = os.environ.get("BLUBLAS_CHECK_TORCH", "1") != "0"  # torch.matmul baseline column (tests turn it off)
 COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check.py $OUT"
 
 
@@ -487,9 +488,11 @@ def _time_ms(cp, fn, warmup: int = 2, target_ms: float = 25.0) -> float:
 
 def _torch_ms(prec: str, lay: str, m: int, n: int, k: int) -> float | None:
     """torch.matmul on the same shape/layout (allow_tf32 only for tf32; bf16 in and out)."""
+    if not TORCH:
+        return None
     try:
         import torch
-    except ImportError:
+    except Exception:  # noqa: BLE001 - torch missing or broken: no torch column
         return None
     if not torch.cuda.is_available():
         return None
@@ -558,7 +561,10 @@ def bench_one(cp, prec: str, name: str, lay: str, m: int, n: int, k: int, row: d
         }
     flops = 2.0 * m * n * k
     row.update(cublaslt_ms=round(ms_cublas, 4), cublaslt_tflops=round(flops / ms_cublas / 1e9, 1))
-    tms = _torch_ms(prec, lay, m, n, k)
+    try:
+        tms = _torch_ms(prec, lay, m, n, k)
+    except Exception as exc:  # noqa: BLE001 - the torch column is optional
+        tms, row["torch_error"] = None, f"{type(exc).__name__}: {exc}"[:300]
     if tms:
         row.update(
             torch_ms=round(tms, 4),
@@ -583,8 +589,29 @@ PRECS = ("bf16", "tf32", "fp32")
 TARGETS = {"fp32": 0.90, "tf32": 0.90, "bf16": 0.85}
 
 
+def _prune_failed_configs() -> None:
+    """Configs that failed the correctness sweep are removed from this process's candidate lists, so the
+    autotuner behind the benchmark can never pick a wrong kernel."""
+    import re
+
+    from blublas import configs, loader
+
+    bad = set()
+    for f in RESULT["failures"]:
+        m = re.search(r"'config': '([^']+)'", str(f.get("case", "")))
+        if m and str(f.get("check", "")).startswith(("config_sweep", "split_k")):
+            bad.add(m.group(1))
+    if bad:
+        order = configs.arch_info(loader.compute_capability()).order
+        for v in list(order):
+            order[v] = tuple(n for n in order[v] if n not in bad)
+        RESULT["excluded_from_bench"] = sorted(bad)
+        log(f"configs excluded from the benchmark (failed correctness): {sorted(bad)}")
+
+
 def bench(cp) -> None:
     t_all = time.time()
+    _prune_failed_configs()
     for prec in PRECS:
         for name, lay, m, n, k in GPT2_SHAPES:
             if time.time() - T0 > 170:
@@ -717,10 +744,11 @@ def main() -> None:
         "blublas": __version__,
     }
     try:
-        import torch
+        if TORCH:
+            import torch
 
-        RESULT["env"]["torch"] = torch.__version__
-    except ImportError:
+            RESULT["env"]["torch"] = torch.__version__
+    except Exception:  # noqa: BLE001
         pass
     log(f"env {RESULT['env']}")
     precompile()

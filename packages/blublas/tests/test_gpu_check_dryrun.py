@@ -34,6 +34,7 @@ def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setenv("BLUBLAS_CHECK_QUICK", "1")
     monkeypatch.setenv("BLUBLAS_CHECK_INPROC", "1")  # the wgmma groups run in this process (fake CuPy)
+    monkeypatch.setenv("BLUBLAS_CHECK_TORCH", "0")  # no torch import under a fake "cupy"
     for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
         monkeypatch.setattr(loader, name, {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")

@@ -93,6 +93,7 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _mma("bf16", 128, 128, 32, 2, 2, 4),
             _mma("bf16", 128, 128, 64, 2, 2, 3),
             _mma("bf16", 64, 128, 32, 2, 2, 4),
+            _mma("bf16", 128, 256, 64, 2, 4, 3),  # sm_90 candidate (166 KB of smem)
         )
     },
     "wgmma": {c.name: c for c in (_wgmma(128, 256, 4), _wgmma(128, 128, 5), _wgmma(128, 128, 3))},
@@ -104,6 +105,7 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _mma("tf32", 128, 128, 16, 2, 4, 4),
             _mma("tf32", 128, 64, 32, 2, 2, 3),
             _mma("tf32", 64, 64, 32, 2, 2, 4),
+            _mma("tf32", 128, 256, 32, 2, 4, 3),  # sm_90 candidate (166 KB of smem)
         )
     },
     "simt": {
@@ -113,6 +115,8 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _simt(128, 128, 16, 3),
             _simt(128, 64, 8, 4),
             _simt(64, 64, 8, 4),
+            _simt(128, 256, 8, 4),  # sm_90 candidates: 512 threads; a deeper pipeline
+            _simt(128, 128, 8, 6),
         )
     },
 }
@@ -179,9 +183,22 @@ ARCHS: dict[int, ArchInfo] = {
         {"bf16": 3.0e12, "tf32": 1.5e12, "simt": 0.5e12, "wgmma": 5.5e12, "wgmma_tf32": 2.7e12},
         4.0e12,
         {
-            "bf16": ("128x256x32_w2x4_s4", "128x128x64_w2x2_s3", "128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
-            "tf32": ("128x128x32_w2x2_s3", "128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
-            "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4"),
+            # known-good configs first (the heuristic's tie order), then the sm_90 candidates for the autotuner
+            "bf16": (
+                "128x256x32_w2x4_s4",
+                "128x128x64_w2x2_s3",
+                "128x128x32_w2x2_s4",
+                "64x128x32_w2x2_s4",
+                "128x256x64_w2x4_s3",
+            ),
+            "tf32": (
+                "128x128x32_w2x2_s3",
+                "128x128x16_w2x4_s4",
+                "128x64x32_w2x2_s3",
+                "64x64x32_w2x2_s4",
+                "128x256x32_w2x4_s3",
+            ),
+            "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4", "128x256x8_s4", "128x128x8_s6"),
             "wgmma": ("128x256x64_wg2_s4", "128x128x64_wg2_s5", "128x128x64_wg2_s3"),
             "wgmma_tf32": ("128x256x32_wg2_s4", "128x128x32_wg2_s5", "128x128x32_wg2_s3"),
         },
