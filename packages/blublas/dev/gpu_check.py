@@ -438,7 +438,7 @@ def wgmma_all() -> None:
         os.environ["BLUBLAS_WGMMA"] = "0"
     log(f"wgmma library self-test: {RESULT['wgmma_auto_self_test']}")
     good = [g for g in WGMMA_GROUPS if validated.get(f"{g[0]}|{g[1]}")]
-    if good and time.time() - T0 < 200:
+    if good and time.time() - T0 < 210:
         for part in run_children("--wgmma-bench", good).values():
             merge_wgmma_bench(part.get("bench", []))
         summarize()
@@ -614,7 +614,7 @@ def bench(cp) -> None:
     _prune_failed_configs()
     for prec in PRECS:
         for name, lay, m, n, k in GPT2_SHAPES:
-            if time.time() - T0 > 170:
+            if time.time() - T0 > 190:
                 log("time budget reached: skipping the remaining benchmark shapes")
                 RESULT["bench_truncated"] = True
                 break
