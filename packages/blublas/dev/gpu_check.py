@@ -388,15 +388,18 @@ def run_children(mode: str, groups: list[tuple[str, str, str]]) -> dict[tuple[st
                 os.environ["BLUBLAS_WGMMA"] = "0"
             rc = 0
         else:
-            proc = subprocess.run(
-                [sys.executable, str(HERE), str(OUT), mode, variant, layout, prec],
-                capture_output=True,
-                text=True,
-                timeout=240,
-            )
-            rc = proc.returncode
-            for line in proc.stdout.splitlines()[-12:]:
-                print(f"    [{variant} {layout}] {line}", flush=True)
+            try:  # a hung kernel must not eat the whole budget
+                proc = subprocess.run(
+                    [sys.executable, str(HERE), str(OUT), mode, variant, layout, prec],
+                    capture_output=True,
+                    text=True,
+                    timeout=90,
+                )
+                rc = proc.returncode
+                for line in proc.stdout.splitlines()[-12:]:
+                    print(f"    [{variant} {layout}] {line}", flush=True)
+            except subprocess.TimeoutExpired:
+                rc = "timeout (90 s)"
         try:
             parts[(variant, layout)] = json.loads(part.read_text())
         except (OSError, ValueError):
@@ -729,6 +732,7 @@ def child_main() -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("BLUBLAS_SELFTEST_TIMEOUT", "60")
     import cupy as cp
     from blublas import __version__, loader
 

@@ -149,3 +149,15 @@ def test_probe_shapes_wrap_every_pipeline_stage():
     for v in ("wgmma", "wgmma_tf32"):
         for c in configs.ALL_CONFIGS[v].values():
             assert any(-(-k // c.bk) >= c.stages for _m, _n, k in selftest.PROBE_SHAPES), c.name
+
+
+def test_hung_self_test_child_is_a_failure(fcp, monkeypatch):
+    monkeypatch.setenv("BLUBLAS_SELFTEST_TIMEOUT", "5")
+
+    def run(cmd, **kw):
+        assert kw["timeout"] == 5.0
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+
+    monkeypatch.setattr(selftest.subprocess, "run", run)
+    ok, why = selftest.probe("wgmma", "tn", "bf16", 90, 0)
+    assert not ok and "TimeoutExpired" in why

@@ -20,7 +20,7 @@ from pathlib import Path
 #: problems every config must pass: aligned (16-byte cp.async path), odd edges (element path), and enough k
 #: tiles to wrap every pipeline stage (the last stage ends at the end of the shared-memory allocation)
 PROBE_SHAPES = ((200, 264, 136), (130, 70, 99), (257, 129, 330))
-PROBE_TIMEOUT_S = 600
+PROBE_TIMEOUT_S = 300  # BLUBLAS_SELFTEST_TIMEOUT overrides; a hung child counts as a failure
 
 
 def probe_inproc(variant: str, layout: str, precision: str, cc: int) -> tuple[bool, str]:
@@ -108,7 +108,8 @@ def probe_subprocess(variant: str, layout: str, precision: str, cc: int, device_
     env["CUDA_VISIBLE_DEVICES"] = _visible_device(device_id)
     cmd = [sys.executable, "-m", "blublas.selftest", variant, layout, precision, str(cc)]
     try:
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        timeout = float(os.environ.get("BLUBLAS_SELFTEST_TIMEOUT", PROBE_TIMEOUT_S))
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"self-test process failed: {type(exc).__name__}: {exc}"
     for line in reversed(res.stdout.splitlines()):
