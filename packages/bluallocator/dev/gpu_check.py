@@ -53,6 +53,22 @@ def run_tests(out: str) -> dict:
             "seconds": time.perf_counter() - t, "failures_and_skips": fails[:40]}
 
 
+def run_trainer_memory_tests(out: str) -> dict:
+    """The GPU twins of blumodels' memory tests (train.allocator='blu' in the Trainer, fused GELU+c_proj and
+    lean logits bit-identical on CUDA). A subprocess: bluallocator itself never imports blutensor."""
+    root = os.path.dirname(os.path.dirname(PKG))
+    test = os.path.join(root, "packages", "blumodels", "tests", "test_memory.py")
+    if not os.path.exists(test):
+        return {"skipped": "no packages/blumodels/tests/test_memory.py"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test, "-k", "cuda", "-rfEs"]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=120, cwd=root)
+    with open(os.path.join(out, "blumodels_memory_pytest.txt"), "w") as fh:
+        fh.write(p.stdout + "\n" + p.stderr)
+    summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-500:]
+    return {"returncode": p.returncode, "summary": summary, "seconds": time.perf_counter() - t}
+
+
 SIZES = [4096, 65536, 768 * 4, 3 * 768 * 4, 768 * 768 * 4, 768 * 3072 * 4,
          4 * 1024 * 768 * 4, 4 * 1024 * 3072 * 4]
 
@@ -205,7 +221,8 @@ def main() -> None:
                     "cupy": cupy.__version__, "numpy": np.__version__,
                     "bluallocator": bluallocator.__version__}
     for name, fn in (("tests", lambda: run_tests(out)), ("raw_throughput", bench_raw),
-                     ("cupy_array_throughput", bench_cupy_arrays)):
+                     ("cupy_array_throughput", bench_cupy_arrays),
+                     ("trainer_memory_tests", lambda: run_trainer_memory_tests(out))):
         try:
             result[name] = fn()
         except Exception:  # noqa: BLE001 - record and continue with the other checks
@@ -227,6 +244,8 @@ def main() -> None:
     print(f"bluallocator gpu_check on {result['gpu']} (cupy {result['cupy']}), "
           f"{result['seconds_total']:.1f} s")
     print("tests:", result["tests"].get("summary", result["tests"]))
+    print("blumodels memory tests (cuda):", result["trainer_memory_tests"].get("summary",
+                                                                           result["trainer_memory_tests"]))
     for k in ("raw_throughput", "cupy_array_throughput"):
         print(k, json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in result[k].items()}))
     for tname, rows in result["trace"].items():

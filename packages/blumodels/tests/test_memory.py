@@ -115,30 +115,41 @@ def test_benchmark_plumbing_tiny(tmp_path):
     assert doc["targets"]["c:largest_model"]["steps"] == 4 and "memory_gpt2.py --tiny" in doc["command"]
 
 
-def test_fused_gelu_projection_is_bit_identical_and_saves_less(monkeypatch):
-    """MLP's c_proj(gelu(u)) keeps only u for backward; losses and gradients equal the generic ops bit for bit."""
+def _fused_vs_generic(monkeypatch, device: str):
     import blumodels.gpt2 as gpt2
     import blutensor as bt
     import numpy as np
     from blumodels.config import ModelConfig
 
-    cfg = ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=16, vocab_size=100)
-    idx = bt.tensor(np.random.default_rng(0).integers(0, 100, (2, 16)))
+    cfg = ModelConfig(n_layer=2, n_head=2, d_model=64, block_size=16, vocab_size=100)
+    idx = bt.tensor(np.random.default_rng(0).integers(0, 100, (2, 16)), device=device)
 
     def run():
-        m = gpt2.build_model(cfg, seed=1)
+        m = gpt2.build_model(cfg, device=device, seed=1)
         _, loss = m(idx, idx)
-        saved = _saved_bytes(loss, {id(p._data) for p in m.parameters()})
+        saved = _saved_bytes(loss, {id(p._data) for p in m.parameters()}) if device == "cpu" else 0
         loss.backward()
-        return float(loss.item()), {n: p.grad.numpy().copy() for n, p in m.named_parameters()}, saved
+        return float(loss.item()), {n: p.grad.to("cpu").numpy().copy() for n, p in m.named_parameters()}, saved
 
-    loss_f, grads_f, saved_f = run()
+    fused = run()
     monkeypatch.setattr(gpt2, "_lean_ok", lambda u, w: False)
-    loss_g, grads_g, saved_g = run()
-    assert loss_f == loss_g
-    assert all(np.array_equal(grads_f[n], grads_g[n]) for n in grads_g)
+    generic = run()
+    assert fused[0] == generic[0]
+    assert all(np.array_equal(fused[1][n], generic[1][n]) for n in generic[1])
+    return cfg, fused[2], generic[2]
+
+
+def test_fused_gelu_projection_is_bit_identical_and_saves_less(monkeypatch):
+    """MLP's c_proj(gelu(u)) keeps only u for backward; losses and gradients equal the generic ops bit for bit."""
+    cfg, saved_f, saved_g = _fused_vs_generic(monkeypatch, "cpu")
     # per layer: 4*d floats per token less (the GELU output)
-    assert saved_g - saved_f == cfg.n_layer * 2 * 16 * 4 * 32 * 4
+    assert saved_g - saved_f == cfg.n_layer * 2 * 16 * 4 * cfg.d_model * 4
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _has_gpu(), reason="needs CuPy and a GPU")
+def test_fused_gelu_projection_is_bit_identical_on_cuda(monkeypatch):
+    _fused_vs_generic(monkeypatch, "cuda")
 
 
 def _saved_bytes(loss, params: set) -> int:
