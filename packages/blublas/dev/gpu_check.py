@@ -720,6 +720,7 @@ def child_main() -> None:
 
     variant, layout, prec = sys.argv[3], sys.argv[4], sys.argv[5]
     part = OUT / "parts" / f"{CHILD.strip('-')}_{variant}_{layout}.json"
+    part.parent.mkdir(parents=True, exist_ok=True)
     try:
         (wgmma_group if CHILD == "--wgmma-group" else wgmma_bench)(cp, variant, layout, prec)
     except Exception:  # noqa: BLE001
