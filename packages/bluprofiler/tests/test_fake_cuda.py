@@ -196,14 +196,14 @@ def test_view_ops_get_host_only_spans_and_no_events(monkeypatch):
         y = x.view(6, 4)  # view: host-only
         n_view = rt.records - r0
         z = bt.exp(y.transpose(0, 1))  # transpose: host-only; exp: 2 events
-        w = z + b.expand(4, 6)  # expand: host-only forward, its backward sums (events)
+        w = z + b.expand(4, 6)  # expand: events (bf16 widening; its backward sums)
         bt.sum(w).backward()
     res = prof.result
     assert n_view == 0
     by = {e.key: e for e in res.ops()}
     host = {k for k, e in by.items() if e.host_only}
-    assert host == {"view.forward", "transpose.forward", "expand.forward", "transpose.backward",
-                    "view.backward"}, host
+    # expand is VIEW but not BF16_NATIVE (a bfloat16 input is widened by a kernel): keeps its events
+    assert host == {"view.forward", "transpose.forward", "transpose.backward", "view.backward"}, host
     for e in by.values():
         if e.host_only:
             assert e.gpu_ms == 0.0 and e.gpu_start_ms is None and e.cpu_us >= 0 and e.stream == 0x77
@@ -265,3 +265,29 @@ def test_view_ops_host_only_on_gpu():
     assert by["transpose.backward"].host_only
     assert not by["matmul.forward"].host_only and by["matmul.forward"].gpu_ms > 0
     assert res.meta["cuda_events_recorded"] == 2 * sum(not e.host_only for e in res.ops())
+
+
+def test_identity_backward_is_host_only_and_plugin_view_kernels_keep_events(monkeypatch):
+    """contiguous/clone backward return the grad itself (host-only); a plugin kernel chosen for a
+    view op may launch work, so that op keeps its events."""
+    from blutensor.ops import dispatch
+
+    fake = FakeCupy()
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
+    real = dispatch.resolve
+
+    class PluginGetitem:
+        PLUGIN_NAME = "test.getitem"
+
+    monkeypatch.setattr(dispatch, "resolve", lambda op, be, dt: PluginGetitem if op == "getitem" and be == "cuda"
+                        else real(op, be, dt))
+    x = bt.randn(4, 6, requires_grad=True)
+    with profile(memory=False) as prof:
+        y = x.transpose(0, 1).contiguous()
+        z = x[1:3]
+        (bt.sum(bt.exp(y)) + bt.sum(z.clone())).backward()
+    by = {e.key: e for e in prof.result.ops()}
+    assert by["contiguous.backward"].host_only and by["clone.backward"].host_only
+    assert not by["contiguous.forward"].host_only and not by["clone.forward"].host_only
+    assert not by["getitem.forward"].host_only  # the (pretend) plugin kernel keeps its events
+    assert by["transpose.forward"].host_only

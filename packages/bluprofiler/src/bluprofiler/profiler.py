@@ -42,10 +42,13 @@ _Tensor = None  # blutensor.Tensor, bound at the first start (import order)
 _HOST_FWD: frozenset = frozenset()
 #: kernel class -> True (backward is always a view) / False (a view when the grad is C-contiguous)
 _HOST_BWD: dict = {}
-#: built-in view ops whose backward formula is itself a view: always (permute, transpose) or a
-#: reshape of the incoming grad (a view when that grad is C-contiguous); expand/getitem backward
-#: launch kernels (a sum, a scatter) and keep their events
-_VIEW_BACKWARD = {"permute": True, "transpose": True, "view": False, "squeeze": False, "unsqueeze": False}
+#: built-in ops whose backward formula launches no kernel: a view of the grad (permute, transpose),
+#: the grad itself (contiguous, clone), or a reshape of the grad (a view when that grad is
+#: C-contiguous: False); expand/getitem backward launch kernels (a sum, a scatter) and keep events
+_NO_KERNEL_BACKWARD = {"permute": True, "transpose": True, "contiguous": True, "clone": True,
+                       "view": False, "squeeze": False, "unsqueeze": False, "reshape": False}
+#: dtypes whose CUDA kernel must be the built-in for a view op to be host-only (a plugin may launch)
+_CHECK_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ProfilerError(RuntimeError):
@@ -118,7 +121,8 @@ class Profiler:
             raise ProfilerError("Profiler(device='cuda'): CuPy with a visible GPU is needed "
                                 "(pip install cupy-cuda12x)")
         self.cuda = cp is not None
-        _bind_view_ops()
+        if self.cuda and self.timing and self.gpu_events:
+            _bind_view_ops()
         self.gpu = GpuTimer(cp) if (self.cuda and self.timing and self.gpu_events) else None
         # hot-path copies: the pool list (grown in place), its next free index, the raw record
         # function and the stream pointer
@@ -399,17 +403,31 @@ def _c_contiguous(a: Any) -> bool:
 
 
 def _bind_view_ops() -> None:
-    """Fill _HOST_FWD/_HOST_BWD from blutensor's op table (VIEW flag), once per process."""
+    """Fill _HOST_FWD/_HOST_BWD from blutensor's op table (VIEW flag) at session start.
+
+    A forward op is host-only when the table marks it VIEW and BF16_NATIVE (``expand`` is not: a
+    bfloat16 input would be widened by a kernel) and dispatch picks the built-in kernel for CUDA (a
+    plugin kernel registered for a view op may launch work: it keeps its events). A backward is
+    host-only by its node's kernel class, which is the built-in's only for built-ins.
+    """
     global _HOST_FWD
-    if _HOST_FWD:
-        return
+    from blutensor.ops import dispatch
     from blutensor.ops.table import OPS
 
-    views = {name for name, k in OPS.items() if getattr(k, "VIEW", False)}
-    for name, always in _VIEW_BACKWARD.items():
-        if name in views:
+    fwd = set()
+    for name, k in OPS.items():
+        if not (getattr(k, "VIEW", False) and getattr(k, "BF16_NATIVE", False)):
+            continue  # (a bfloat16 input of a non-native op is widened first: a cast kernel)
+        try:
+            if all(dispatch.resolve(name, "cuda", dt) is k for dt in _CHECK_DTYPES):
+                fwd.add(name)
+        except Exception:
+            continue
+    _HOST_BWD.clear()
+    for name, always in _NO_KERNEL_BACKWARD.items():
+        if name in OPS:
             _HOST_BWD[OPS[name]] = always
-    _HOST_FWD = frozenset(views)
+    _HOST_FWD = frozenset(fwd)
 
 
 def _device_index(cp: Any) -> int:
