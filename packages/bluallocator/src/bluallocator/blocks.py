@@ -17,10 +17,11 @@ MERGED = "merged"  # absorbed into a free neighbour (no longer a block)
 class Segment:
     """One driver allocation, owned by exactly one pool and one stream."""
 
-    __slots__ = ("ptr", "size", "stream", "pool", "is_small")
+    __slots__ = ("ptr", "size", "stream", "pool", "is_small", "free_list")
 
     def __init__(self, ptr: int, size: int, stream: int, pool: MemPool, is_small: bool) -> None:
         self.ptr, self.size, self.stream, self.pool, self.is_small = ptr, size, stream, pool, is_small
+        self.free_list: FreeList | None = None  # set for default-pool segments: their frees take the fast path
 
 
 class Block:
@@ -62,17 +63,20 @@ class FreeList:
     the sorted distinct sizes. ``dirty`` lists blocks freed next to a free neighbour: merging them is
     deferred until a request misses the exact-size path, or stats/empty_cache need it."""
 
-    __slots__ = ("_sizes", "_buckets", "bytes", "count", "dirty")
+    __slots__ = ("_sizes", "_buckets", "dirty")
 
     def __init__(self) -> None:
         self._sizes: list[int] = []                   # sorted; may hold sizes whose bucket is empty
         self._buckets: dict[int, dict[int, Block]] = {}  # size -> {ptr: block}
-        self.bytes = 0
-        self.count = 0
         self.dirty: list[Block] = []  # freed next to a free neighbour, not merged yet
 
     def __len__(self) -> int:
-        return self.count
+        return sum(len(b) for b in self._buckets.values())
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the free blocks held (computed: the hot path keeps no running sums)."""
+        return sum(s * len(b) for s, b in self._buckets.items())
 
     def add(self, block: Block) -> None:
         b = self._buckets.get(block.size)
@@ -81,25 +85,18 @@ class FreeList:
             bisect.insort(self._sizes, block.size)
         else:
             b[block.ptr] = block
-        self.bytes += block.size
-        self.count += 1
 
     def remove(self, block: Block) -> None:
         b = self._buckets.get(block.size)
         if b is None or b.pop(block.ptr, None) is None:
             raise AssertionError(f"bluallocator: {block!r} missing from its free list (state corrupt)")
-        self.bytes -= block.size
-        self.count -= 1
 
     def take_exact(self, size: int) -> Block | None:
         """Remove and return a free block of exactly ``size`` bytes (lowest address), or None."""
         b = self._buckets.get(size)
         if not b:
             return None
-        blk = b.popitem()[1] if len(b) == 1 else b.pop(min(b))
-        self.bytes -= size
-        self.count -= 1
-        return blk
+        return b.popitem()[1] if len(b) == 1 else b.pop(min(b))
 
     def take(self, size: int) -> Block | None:
         """Remove and return the smallest free block of at least ``size`` bytes (lowest address among

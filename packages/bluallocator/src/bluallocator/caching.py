@@ -85,6 +85,8 @@ class CachingAllocator:
         self.granularity_large = granularity
         self.class_weight = class_weight
         self._default_pool = MemPool(0)
+        self._small_lists = self._default_pool.small_lists  # stream -> FreeList (the malloc fast path)
+        self._large_lists = self._default_pool.large_lists
         self._pools: dict[int, MemPool] = {0: self._default_pool}
         self._private_users = 0  # `with private_pool()` blocks open on any thread (0: default pool fast path)
         self._fast = True  # no profile running and no private pool open: malloc may take its inline path
@@ -95,8 +97,8 @@ class CachingAllocator:
         self._deferred_capture: list[Block] = []
         self._event_cache: list[int] = []
         self._tls = threading.local()
-        self._lock = threading.Lock()
-        self._owner: int | None = None
+        self._lock = threading.RLock()
+        self._busy = False  # an allocator call is running (a free arriving re-entrantly is queued)
         self._deferred_frees: deque[int] = deque()
         self._capture_depth = 0
         self._profiler: AlignmentProfiler | None = None
@@ -105,13 +107,11 @@ class CachingAllocator:
         self.startup_flushed = False
         # statistics
         self._allocated_bytes = 0
-        self._requested_bytes = 0
         self._reserved_bytes = 0
         self._peak_allocated = 0
         self._peak_reserved = 0
         self._pending_bytes = 0
         self._counts = Counter[str]()
-        self._num_allocs = 0
         self._num_frees = 0
         self._num_splits = 0
         self._num_merges = 0
@@ -123,12 +123,13 @@ class CachingAllocator:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         with self._lock:
-            self._owner = threading.get_ident()
+            busy, self._busy = self._busy, True
             try:
                 yield
-                self._drain_deferred()
+                if not busy:
+                    self._drain_deferred()
             finally:
-                self._owner = None
+                self._busy = busy
 
     # ------------------------------------------------------------------ public: allocate / free
     def round_size(self, nbytes: int) -> int:
@@ -140,33 +141,31 @@ class CachingAllocator:
         """Device pointer to at least ``nbytes`` bytes usable on ``stream`` (current stream if None)."""
         if stream is None:
             stream = self.backend.current_stream()
-        # hot path, inline: the lock, then a cached block of exactly the rounded size in the default pool
-        # (what a training step asks for again and again): one dict pop, no split, no event query
+        # hot path, inline: a cached block of exactly the rounded size in the default pool (what a training
+        # step asks for again and again): one dict pop; no split, no event query, no container churn
         with self._lock:
-            self._owner = _get_ident()
+            if self._busy:
+                raise RuntimeError("CachingAllocator.malloc: re-entered from a callback inside the allocator")
+            self._busy = True
             try:
                 if self._fast and nbytes > 0 and not _LISTENERS:
                     if nbytes <= self.small_size:
                         g = self.granularity_small
-                        fl = self._default_pool.small_lists.get(stream)
+                        fl = self._small_lists.get(stream)
                     else:
                         g = self.granularity_large
-                        fl = self._default_pool.large_lists.get(stream)
+                        fl = self._large_lists.get(stream)
                     size = -(-nbytes // g) * g
                     bucket = fl._buckets.get(size) if fl is not None else None
                     if bucket and not self._pending:
                         block = bucket.popitem()[1] if len(bucket) == 1 else bucket.pop(min(bucket))
-                        fl.bytes -= size
-                        fl.count -= 1
                         block.state = ALLOCATED
                         block.requested = nbytes
                         ptr = block.ptr
                         self._allocated[ptr] = block
                         self._allocated_bytes += size
-                        self._requested_bytes += nbytes
                         if self._allocated_bytes > self._peak_allocated:
                             self._peak_allocated = self._allocated_bytes
-                        self._num_allocs += 1
                         k = 1 << (nbytes - 1).bit_length()
                         h = self._histogram
                         h[k] = h.get(k, 0) + 1
@@ -180,51 +179,44 @@ class CachingAllocator:
                     self._drain_deferred()
                 return ptr
             finally:
-                self._owner = None
+                self._busy = False
 
     def free(self, ptr: int) -> None:
         """Return a pointer from :meth:`malloc` to the cache (deferred if other streams still use it)."""
-        ident = _get_ident()
-        if self._owner == ident:
-            self._deferred_frees.append(ptr)
-            return
-        with self._lock:
-            self._owner = ident
+        with self._lock:  # re-entrant: a finaliser run by the GC inside an allocator call queues its free
+            if self._busy:
+                self._deferred_frees.append(ptr)
+                return
+            self._busy = True
             try:
-                block = self._allocated.get(ptr)
-                if block is not None and not block.stream_uses and not _LISTENERS:
-                    seg = block.segment
-                    pool = seg.pool
-                    if not pool.released:  # hot path: cache the block as it is (merging is deferred)
-                        del self._allocated[ptr]
-                        size = block.size
-                        self._allocated_bytes -= size
-                        self._requested_bytes -= block.requested
-                        self._num_frees += 1
-                        block.state = FREE
-                        fl = (pool.small_lists if seg.is_small else pool.large_lists).get(seg.stream)
-                        if fl is None:
-                            fl = pool.free_list(seg.stream, seg.is_small)
-                        prev, nxt = block.prev, block.next
-                        if (prev is not None and prev.state is FREE) or (nxt is not None and nxt.state is FREE):
-                            fl.dirty.append(block)
-                            if len(fl.dirty) > 4096:
-                                fl.dirty = list({id(b): b for b in fl.dirty if b.state is FREE}.values())
-                        bucket = fl._buckets.get(size)
-                        if bucket is None:
-                            fl.add(block)
-                        else:
-                            bucket[ptr] = block
-                            fl.bytes += size
-                            fl.count += 1
-                        if self._deferred_frees:
-                            self._drain_deferred()
-                        return
-                self._free_locked(ptr)
+                block = self._allocated.pop(ptr, None)
+                if block is None:
+                    raise ValueError(f"CachingAllocator.free: {ptr:#x} was not allocated here (or was freed twice)")
+                seg = block.segment
+                fl = seg.free_list
+                if fl is not None and not block.stream_uses and not _LISTENERS:
+                    # hot path: cache the block as it is (merging with free neighbours is deferred)
+                    size = block.size
+                    self._allocated_bytes -= size
+                    self._num_frees += 1
+                    block.state = FREE
+                    prev, nxt = block.prev, block.next
+                    if (prev is not None and prev.state is FREE) or (nxt is not None and nxt.state is FREE):
+                        d = fl.dirty
+                        d.append(block)
+                        if len(d) > 4096:
+                            fl.dirty = list({id(b): b for b in d if b.state is FREE}.values())
+                    bucket = fl._buckets.get(size)
+                    if bucket is None:
+                        fl.add(block)
+                    else:
+                        bucket[ptr] = block
+                else:
+                    self._free_block(block)
                 if self._deferred_frees:
                     self._drain_deferred()
             finally:
-                self._owner = None
+                self._busy = False
 
     def _drain_deferred(self) -> None:
         while self._deferred_frees:
@@ -294,10 +286,8 @@ class CachingAllocator:
         ptr = block.ptr
         self._allocated[ptr] = block
         self._allocated_bytes += block.size
-        self._requested_bytes += nbytes
         if self._allocated_bytes > self._peak_allocated:
             self._peak_allocated = self._allocated_bytes
-        self._num_allocs += 1
         k = 1 << (n - 1).bit_length()
         h = self._histogram
         h[k] = h.get(k, 0) + 1
@@ -337,6 +327,8 @@ class CachingAllocator:
         if isinstance(ptr, tuple):
             ptr, seg_size = ptr
         seg = Segment(ptr, seg_size, stream, pool, small)
+        if not pool.private:
+            seg.free_list = pool.free_list(stream, small)  # frees of its blocks may take the fast path
         pool.segments[ptr] = seg
         self._reserved_bytes += seg_size
         self._peak_reserved = max(self._peak_reserved, self._reserved_bytes)
@@ -378,8 +370,11 @@ class CachingAllocator:
         block = self._allocated.pop(ptr, None)
         if block is None:
             raise ValueError(f"CachingAllocator.free: {ptr:#x} was not allocated here (or was freed twice)")
+        self._free_block(block)
+
+    def _free_block(self, block: Block) -> None:
+        ptr = block.ptr
         self._allocated_bytes -= block.size
-        self._requested_bytes -= block.requested
         self._num_frees += 1
         if _LISTENERS:
             ts = _now_ns()
@@ -715,7 +710,7 @@ class CachingAllocator:
             active = Counter(1 << (b.size - 1).bit_length() for b in self._allocated.values())
             return {
                 "allocated_bytes": self._allocated_bytes,
-                "requested_bytes": self._requested_bytes,
+                "requested_bytes": sum(b.requested for b in self._allocated.values()),
                 "reserved_bytes": self._reserved_bytes,
                 "peak_allocated_bytes": self._peak_allocated,
                 "peak_reserved_bytes": self._peak_reserved,
@@ -723,7 +718,7 @@ class CachingAllocator:
                 "pending_free_bytes": self._pending_bytes,
                 "largest_cached_free_block": largest,
                 "fragmentation": (1.0 - largest / cached) if cached else 0.0,
-                "num_allocs": self._num_allocs,
+                "num_allocs": self._num_frees + len(self._allocated),
                 "num_frees": self._num_frees,
                 "num_active_blocks": len(self._allocated),
                 "num_splits": self._num_splits,
