@@ -13,6 +13,7 @@ per span. Nothing is created or converted while the session runs: the span keeps
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -119,6 +120,11 @@ class Nvtx:
 
     def __init__(self, cupy: Any):
         nv = getattr(getattr(cupy, "cuda", None), "nvtx", None) if cupy is not None else None
+        if nv is None and cupy is not None:
+            try:  # a submodule that ``import cupy`` may not have loaded yet
+                nv = importlib.import_module(cupy.__name__ + ".cuda.nvtx")
+            except Exception:
+                nv = None
         ok = nv is not None and getattr(nv, "available", True)
         self.push = nv.RangePush if ok else None
         self.pop = nv.RangePop if ok else None
