@@ -181,7 +181,7 @@ def test_nvtx_default_follows_an_attached_tool(monkeypatch):
     assert FakeCupy.pushed == []
 
 
-def test_view_ops_get_host_only_spans_and_no_events(monkeypatch):
+def test_view_ops_get_host_only_spans_and_no_events(monkeypatch, tmp_path):
     """View ops (blutensor's VIEW flag) launch no kernel: their spans are host-timed, consume no
     CUDA events, are listed with GPU time 0 and marked host-only in table and trace; their backward
     is host-only too where it is a view (transpose always; view when the grad is contiguous), while
@@ -223,6 +223,11 @@ def test_view_ops_get_host_only_spans_and_no_events(monkeypatch):
     assert "view.forward" not in gpu_names and "exp.forward" in gpu_names
     host_ev = [e for e in tr if e.get("pid") == 1 and e["ph"] == "X" and e["name"] == "view.forward"]
     assert host_ev and host_ev[0]["args"]["host_only"] is True
+    from bluprofiler.sinks import JsonlSink, load_jsonl
+
+    back = load_jsonl(JsonlSink.write(res, tmp_path))  # events.jsonl keeps the mark
+    assert {e.key for e in back.ops() if e.host_only} == host
+    assert {r["name"] for r in back.summary() if r["host_only"]} == {r["name"] for r in res.summary() if r["host_only"]}
 
 
 def test_view_backward_of_a_non_contiguous_grad_keeps_its_events(monkeypatch):
