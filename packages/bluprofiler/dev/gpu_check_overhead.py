@@ -15,9 +15,11 @@ shows whether the step is host-bound) in modes:
   +nvtx: observer + NVTX push/pop (``gpu_events=False, nvtx=True``);
   +events: observer + CUDA events (``nvtx=False``; view ops host-only);
   +events(all spans): the same with events on view ops too (the pre-host-only behaviour);
+  +events(end only): one event per span (``gpu_events="end"``: a span starts at the previous event);
   timing: observer + NVTX + events (``profile(memory=False, nvtx=True)``);
 * timing+memory: everything on (``profile(nvtx=True)``);
-* default: ``profile()`` (NVTX only under an NVTX tool: off here; memory on).
+* default: ``profile()`` (NVTX only under an NVTX tool: off here; memory on);
+* default(end only): ``profile(gpu_events="end")``.
 
 The profiled modes and off run in interleaved blocks (a discarded warm-up round first); the
 ratios are of the medians of per-step times. Then in-process micro costs on the GPU machine (us
@@ -43,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[3]
 DRY = os.environ.get("BLUPROFILER_GPU_CHECK_DRY") == "1"
 B, T = (2, 32) if DRY else (16, 1024)
 STEPS_PER_BLOCK = 4
-ROUNDS = {"fp32": 2, "tf32": 4}  # measured rounds of all modes; plus one warm-up round
+ROUNDS = {"fp32": 2, "tf32": 3}  # measured rounds of all modes; plus one warm-up round
 NEVER_BLOCKS = 2
-MICRO_N = 2000 if DRY else 20000
+MICRO_N = 2000 if DRY else 10000
 #: mode -> profile() kwargs (None: off); "all_spans": events on view ops too
 MODES = {
     "off": None,
@@ -53,9 +55,11 @@ MODES = {
     "+nvtx": {"memory": False, "nvtx": True, "gpu_events": False},
     "+events": {"memory": False, "nvtx": False},
     "+events(all spans)": {"memory": False, "nvtx": False, "all_spans": True},
+    "+events(end only)": {"memory": False, "nvtx": False, "gpu_events": "end"},
     "timing": {"memory": False, "nvtx": True},
     "timing+memory": {"nvtx": True},
     "default": {},
+    "default(end only)": {"gpu_events": "end"},
 }
 
 

@@ -296,3 +296,43 @@ def test_identity_backward_is_host_only_and_plugin_view_kernels_keep_events(monk
     assert not by["contiguous.forward"].host_only and not by["clone.forward"].host_only
     assert not by["getitem.forward"].host_only  # the (pretend) plugin kernel keeps its events
     assert by["transpose.forward"].host_only
+
+
+def test_end_only_events_chain_spans(monkeypatch):
+    """gpu_events="end": one event per evented op span; a span's GPU interval runs from the latest
+    event recorded before it opened (the base event for the first) to its own end event, so
+    consecutive spans tile the GPU lane; regions keep their own start and end events."""
+    fake = FakeCupy()
+    rt = fake.cuda.runtime
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
+    x = bt.randn(8, 8, requires_grad=True)
+    with profile(memory=False, gpu_events="end") as prof:
+        y = bt.exp(x)
+        with prof.region("mid"):
+            z = bt.tanh(y.transpose(0, 1))  # transpose: host-only, no event
+        bt.sum(z).backward()
+    res = prof.result
+    ops = res.ops()
+    evented = [e for e in ops if not e.host_only]
+    assert res.meta["cuda_events_recorded"] == len(evented) + 2  # + the region's start and end
+    assert rt.records == 1 + len(evented) + 2  # + the base event
+    by = {e.key: e for e in res.events}
+    assert by["exp.forward"].gpu_start_ms == 0.0  # the first span starts at the base event
+    mid = by["mid"]
+    tanh = by["tanh.forward"]
+    # tanh opened right after the region's start event: its interval starts there
+    assert abs(tanh.gpu_start_ms - mid.gpu_start_ms) < 1e-9
+    assert mid.gpu_start_ms <= tanh.gpu_start_ms + tanh.gpu_ms <= mid.gpu_start_ms + mid.gpu_ms + 1e-9
+    chain = sorted(evented, key=lambda e: e.index)
+    for a, b in zip(chain, chain[1:]):
+        if b.key not in ("tanh.forward", "sum.forward"):  # (the region's events sit in between)
+            assert abs(b.gpu_start_ms - (a.gpu_start_ms + a.gpu_ms)) < 1e-6
+    assert abs(by["sum.forward"].gpu_start_ms - (mid.gpu_start_ms + mid.gpu_ms)) < 1e-6  # after the region
+    for e in evented:
+        assert e.gpu_ms >= 0
+    try:
+        profile(gpu_events="both")
+    except profiler.ProfilerError as e:
+        assert "gpu_events" in str(e)
+    else:
+        raise AssertionError("bad gpu_events accepted")

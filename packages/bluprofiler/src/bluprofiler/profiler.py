@@ -66,7 +66,10 @@ class Profiler:
     on only when an NVTX tool is attached (Nsight sets NVTX_INJECTION64_PATH); True/False force it.
     record_shapes: input/output shapes per op event (and on autograd nodes, for the graph recorder).
     device: "cpu", "cuda" or None (auto: CUDA when CuPy sees a GPU).
-    gpu_events: False keeps GPU sessions host-timed (no CUDA events at all; for overhead ablations).
+    gpu_events: True: two CUDA events per op span (start, end); "end": one event per op span, its
+    end; its start is the latest event recorded before it opened (half the events; GPU work launched
+    between ops outside any op or region counts in the next span); False: GPU sessions host-timed
+    (no CUDA events at all; for overhead ablations).
 
     Events are recorded on the CUDA stream current when the session starts (start the session
     inside ``with stream:`` to time work launched on another stream).
@@ -74,13 +77,17 @@ class Profiler:
 
     def __init__(self, timing: bool = True, memory: bool = True, nvtx: bool | None = None,
                  record_shapes: bool = True, device: str | None = None, backward: bool = True,
-                 gpu_events: bool = True):
+                 gpu_events: bool | str = True):
         if device not in (None, "cpu", "cuda") and not str(device).startswith("cuda"):
             raise ProfilerError(f"Profiler: device must be 'cpu', 'cuda' or None, got {device!r}")
         if nvtx not in (None, True, False):
             raise ProfilerError(f"Profiler: nvtx must be True, False or None (auto), got {nvtx!r}")
+        if gpu_events not in (True, False, "pair", "end"):
+            raise ProfilerError(f"Profiler: gpu_events must be True, False, 'pair' or 'end', got {gpu_events!r}")
         self.timing, self.memory, self.nvtx_on = timing, memory, nvtx
         self.gpu_events = gpu_events
+        self._chain = gpu_events == "end"
+        self._last = -1  # "end" mode: pool index of the latest event recorded (-1: the base event)
         self.record_shapes, self.backward = record_shapes, backward
         self.device = device
         self.events: list[OpEvent] = []
@@ -128,6 +135,7 @@ class Profiler:
         # function and the stream pointer
         self._evs = self.gpu.events if self.gpu is not None else None
         self._n = 0
+        self._last = -1
         self._rec = self.gpu.record if self.gpu is not None else None
         self._sptr = self.gpu.stream if self.gpu is not None else 0
         nvtx_on = self.nvtx_on if self.nvtx_on is not None else nvtx_tool_attached()
@@ -237,6 +245,7 @@ class Profiler:
                 self.gpu.grow()
             self._n = i + 2
             self._rec(evs[i], self._sptr)
+            self._last = i
             s = self._sptr
         else:
             i, s = None, 0
@@ -248,6 +257,7 @@ class Profiler:
         i = tok[2]
         if i is not None:
             self._rec(self._evs[i + 1], self._sptr)
+            self._last = i + 1
         if self._pop is not None:
             self._pop()
         self._depth = tok[1]
@@ -265,13 +275,16 @@ class Profiler:
             push(key)
         evs = self._evs
         if evs is None or op in _HOST_FWD:
-            i = None
+            i = j = None
             s = 0
+        elif self._chain:  # one event, at the end; the start is the latest event before this span
+            i, j, s = self._last, -1, self._sptr
         else:
             i = self._n
             if i + 2 > len(evs):
                 self.gpu.grow()
             self._n = i + 2
+            j = i + 1
             s = self._sptr
             self._rec(evs[i], s)
         idx = self._next()
@@ -280,8 +293,14 @@ class Profiler:
             res = run()
         finally:
             t1 = _now()
-            if i is not None:
-                self._rec(evs[i + 1], s)
+            if j is not None:
+                if j < 0:
+                    j = self._n
+                    if j + 1 > len(evs):
+                        self.gpu.grow()
+                    self._n = j + 1
+                    self._last = j
+                self._rec(evs[j], s)
             if push is not None:
                 self._pop()
             self._depth = d
@@ -319,7 +338,7 @@ class Profiler:
                 kernel = _kernel_names[(op, x0.device.type, x0.dtype.name)]
             except (IndexError, AttributeError, KeyError):
                 kernel = _resolved_kernel(op, inputs)
-        self._raw.append((op, "forward", kernel, idx, d, _tid(), t0, t1, shapes, out_shape, i, s))
+        self._raw.append((op, "forward", kernel, idx, d, _tid(), t0, t1, shapes, out_shape, i, j, s))
         if self._array_track:
             self.mem.track(res._data, key, tuple([getattr(x, "_data", None) for x in inputs]))
         return res
@@ -336,25 +355,35 @@ class Profiler:
             push(key)
         evs = self._evs
         kcls = node.kernel
-        i = None
+        i = j = None
         s = 0
         if evs is not None:
             view = _HOST_BWD.get(kcls)
             if view is None or not (view or _c_contiguous(grad)):
-                i = self._n
-                if i + 2 > len(evs):
-                    self.gpu.grow()
-                self._n = i + 2
                 s = self._sptr
-                self._rec(evs[i], s)
+                if self._chain:
+                    i, j = self._last, -1
+                else:
+                    i = self._n
+                    if i + 2 > len(evs):
+                        self.gpu.grow()
+                    self._n = i + 2
+                    j = i + 1
+                    self._rec(evs[i], s)
         idx = self._next()
         t0 = _now()
         try:
             grads = run()
         finally:
             t1 = _now()
-            if i is not None:
-                self._rec(evs[i + 1], s)
+            if j is not None:
+                if j < 0:
+                    j = self._n
+                    if j + 1 > len(evs):
+                        self.gpu.grow()
+                    self._n = j + 1
+                    self._last = j
+                self._rec(evs[j], s)
             if push is not None:
                 self._pop()
             self._depth = d
@@ -362,7 +391,7 @@ class Profiler:
         kernel = _knames.get(kcls)
         if kernel is None:
             kernel = _knames[kcls] = _kernel_name(kcls)
-        self._raw.append((op, "backward", kernel, idx, d, _tid(), t0, t1, None, None, i, s))
+        self._raw.append((op, "backward", kernel, idx, d, _tid(), t0, t1, None, None, i, j, s))
         if self._array_track:
             for g in grads:
                 if g is not None:
@@ -377,19 +406,21 @@ class Profiler:
             yield
         finally:
             t1 = self._close(tok)
+            i = tok[2]
             self._raw.append((name, "region", "", tok[4], tok[1], _tid(), tok[5], t1, None, None,
-                              tok[2], tok[3]))
+                              i, None if i is None else i + 1, tok[3]))
 
     def _events(self) -> list[OpEvent]:
         """The raw span tuples as OpEvents (kernel names resolved), in start order."""
         out = []
         timed = self.gpu is not None
-        for name, phase, kernel, idx, depth, tid, t0, t1, shapes, out_shape, ev, stream in self._raw:
+        for name, phase, kernel, idx, depth, tid, t0, t1, shapes, out_shape, ev0, ev1, stream in self._raw:
             e = OpEvent(name, phase, kernel, idx, depth, tid, t0, t1,
                         tuple(tuple(s) if s is not None else None for s in shapes) if shapes is not None else None,
                         tuple(out_shape) if out_shape is not None else None, stream)
-            e._ev = ev
-            if ev is None and timed:
+            if ev1 is not None:
+                e._ev = (ev0, ev1)  # pool indices of start (-1: the base event) and end
+            elif timed:
                 e.host_only = True
                 e.stream = self._sptr
             out.append(e)

@@ -95,14 +95,15 @@ class GpuTimer:
         self.cp.cuda.Device().synchronize()
         pool, base = self.events, self.base
         for e in events:
-            i = e._ev
-            if i is None:
+            ev = e._ev
+            if ev is None:
                 if e.host_only:
                     e.gpu_ms = host_only_gpu_ms
                 continue
-            a = pool[i]
-            e.gpu_start_ms = elapsed(base, a)
-            e.gpu_ms = elapsed(a, pool[i + 1])
+            i, j = ev  # start (-1: the base event; "end" mode chains spans) and end pool indices
+            a = base if i < 0 else pool[i]
+            e.gpu_start_ms = elapsed(base, a) if i >= 0 else 0.0
+            e.gpu_ms = elapsed(a, pool[j])
             e._ev = None
 
 
