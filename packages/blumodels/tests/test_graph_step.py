@@ -132,7 +132,6 @@ def _cfg(model=None, **train):
         ({}, {"nan_policy": "skip"}, "nan_policy"),
         ({}, {"fused_adamw": False}, "fused_adamw"),
         ({}, {"activation_checkpointing": True}, "activation_checkpointing"),
-        ({}, {"precision": "bf16"}, "precision"),
     ],
 )
 def test_config_refusals_name_the_key(model, train, match):
@@ -160,14 +159,23 @@ def test_cuda_graph_defaults_off():
     assert _cfg().train.cuda_graph is True and from_dict({}).train.cuda_graph is False
 
 
-def test_trainer_graph_path_twin_matches_eager_trainer(tmp_path, monkeypatch):
-    """Trainer.train_step with train.cuda_graph: 2 eager warm-up steps, capture, replays (CPU twin capture)."""
+def test_config_bf16_accepted():
+    _cfg(precision="bf16").validate()  # the autocast step is captured (forward + loss inside bt.autocast)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_trainer_graph_path_twin_matches_eager_trainer(tmp_path, monkeypatch, precision):
+    """Trainer.train_step with train.cuda_graph: 2 eager warm-up steps, capture, replays (CPU twin capture).
+
+    The run is on CPU even where a GPU exists (micro_config: device 'cpu'): the graph path must then not read
+    the GPU's lazy index flag (another test may have left a recorded bad index there)."""
     import blumodels.graph_step as gsm
     from blumodels.trainer import Trainer
     from models_helpers import micro_config
 
     def losses(graph: bool, out):
-        cfg = micro_config(batch_tokens=128, steps=6, eval_interval=0, checkpoint_interval=0, grad_clip=0.5)
+        cfg = micro_config(batch_tokens=128, steps=6, eval_interval=0, checkpoint_interval=0, grad_clip=0.5,
+                           precision=precision)
         tr = Trainer(cfg, out, quiet=True)
         tr.cfg.train.cuda_graph = graph  # set after validation: the CPU refusal is tested above
         tr.fit(save_final=False)
@@ -180,5 +188,43 @@ def test_trainer_graph_path_twin_matches_eager_trainer(tmp_path, monkeypatch):
     tr, got = losses(True, tmp_path / "graph")
     assert [r.get("cuda_graph", False) for r in tr.history] == [False, False, True, True, True, True]
     assert tr._graphed.capturer.captures == 1
+    assert (tr._graphed.autocast is not None) == (precision == "bf16")
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
     assert {st["step"] for st in tr.optimizer.state.values()} == {6}
+
+
+def test_graphed_step_twin_bf16_autocast_equals_eager():
+    """bf16 autocast step (forward + loss under bt.autocast('cpu')) through the graph body == eager (the CPU
+    twin's AdamW reads lr as float32 from the 'device' table: 2e-6, as the fp32 twin)."""
+    def eager(model, opt, x, y, s):
+        for g in opt.param_groups:
+            g["lr"] = SCHED[s]
+        opt.zero_grad()
+        with bt.autocast("cpu"):
+            _, loss = model(x, y)
+        loss.backward()
+        bt.optim.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        return float(loss.item())
+
+    ref_m = _model()
+    ref_o = _opt(ref_m)
+    ref = [eager(ref_m, ref_o, x, y, s) for s, (x, y) in enumerate(_batches())]
+    m = _model()
+    o = _opt(m)
+    gs = GraphedTrainStep(m, o, SCHED, 0.5, (B, T), "cpu", capture=EagerCapture(),
+                          autocast=lambda: bt.autocast("cpu"))
+    losses = []
+    for s, (x, y) in enumerate(_batches()):
+        if s < 2:
+            losses.append(eager(m, o, x, y, s))
+            continue
+        if s == 2:
+            o.zero_grad()
+            gs.capture(s)
+        loss, _ = gs.step(x, y, s)
+        losses.append(float(loss))
+        assert not bt.is_autocast_enabled("cpu") and bt.amp.cache_info()["entries"] == 0  # cache left empty
+    np.testing.assert_allclose(losses, ref, rtol=0, atol=2e-6)
+    for (n, p), q in zip(m.named_parameters(), ref_m.parameters()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=0, atol=2e-6, err_msg=n)

@@ -7,11 +7,15 @@ gradient norm land in static device buffers that the host reads only when it wan
 Gradients are written fresh by each replay (the captured backward assigns them), so no zeroing pass is
 needed. Warm-up steps run eagerly first (they create the optimizer state and every kernel/plan cache).
 
-Refused, with the reason: CPU device, precision 'bf16' (autocast step not captured yet), gradient
-accumulation, optimizer-in-backward, world_size > 1, activation checkpointing, dropout > 0 (the dropout
-RNG offset is a host counter baked into captured launches: every replay would reuse one mask),
-nan_policy='skip' (the skip decision would need the host inside the step), non-fused AdamW, and the 'xp'
-GEMM provider (CuPy's cuBLAS refuses stream capture).
+Precision 'bf16' captures the autocast step: forward + loss run inside ``bt.autocast`` in the body, so the
+weight casts (fp32 master -> bf16) are recorded in the graph and redone by every replay from the freshly
+updated masters; the autocast cast cache is cleared when the region exits inside the capture, so no CuPy
+array from the capture is ever looked up again on the host.
+
+Refused, with the reason: CPU device, gradient accumulation, optimizer-in-backward, world_size > 1,
+activation checkpointing, dropout > 0 (the dropout RNG offset is a host counter baked into captured
+launches: every replay would reuse one mask), nan_policy='skip' (the skip decision would need the host
+inside the step), non-fused AdamW, and the 'xp' GEMM provider (CuPy's cuBLAS refuses stream capture).
 
 ``capture`` is pluggable: :class:`CudaCapture` (real) or any object with the same two methods, so the
 step logic (static buffers, device schedule, host bookkeeping, no host reads) is tested on CPU.
@@ -56,9 +60,6 @@ def check_config(cfg) -> None:
     if not t.fused_adamw:
         raise ConfigError("train.cuda_graph = true needs train.fused_adamw = true (the fused AdamW kernel reads "
                           "lr and step from device memory)")
-    if t.precision == "bf16":
-        raise ConfigError("train.cuda_graph = true supports train.precision 'fp32' and 'tf32' (the bf16 autocast "
-                          "step is not captured yet); set train.precision = 'tf32' or train.cuda_graph = false")
     if t.activation_checkpointing:
         raise ConfigError("train.cuda_graph = true is not supported with train.activation_checkpointing yet")
 
@@ -135,13 +136,16 @@ class GraphedTrainStep:
     """One training step of ``model`` + ``optimizer`` (blutensor AdamW, one lr schedule for every group)
     captured once and replayed with a new batch.
 
-    lr_schedule: the lr of every step index 0..len-1 (copied to the device once); grad_clip: 0 = off.
+    lr_schedule: the lr of every step index 0..len-1 (copied to the device once); grad_clip: 0 = off;
+    autocast: a factory of the context manager forward + loss run in (e.g. ``lambda: bt.autocast("cuda")``).
     Call :meth:`capture` after at least one eager optimizer step, then :meth:`step` once per step.
     """
 
     def __init__(self, model, optimizer, lr_schedule: Sequence[float], grad_clip: float, batch_shape: tuple,
-                 device: str, capture: Any = None, opt_step: Callable | None = None) -> None:
+                 device: str, capture: Any = None, opt_step: Callable | None = None,
+                 autocast: Callable[[], Any] | None = None) -> None:
         self.model, self.optimizer, self.grad_clip = model, optimizer, float(grad_clip)
+        self.autocast = autocast  # forward + loss run inside autocast() when given (train.precision 'bf16')
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.device = device
         self.capturer = capture if capture is not None else CudaCapture()
@@ -187,7 +191,11 @@ class GraphedTrainStep:
         for p, g in zip(self.params, self.grads):
             p.grad = g
             g._data.fill(0)  # zeroed inside the graph; backward accumulates in place (static addresses)
-        _, loss = self.model(self.x, self.y)
+        if self.autocast is None:
+            _, loss = self.model(self.x, self.y)
+        else:  # like the eager Trainer: forward + loss autocast, backward outside
+            with self.autocast():
+                _, loss = self.model(self.x, self.y)
         loss.backward()
         if self.grad_clip > 0:
             gn = bt.optim.clip_grad_norm_(self.params, self.grad_clip)
@@ -298,7 +306,8 @@ def graph_train_step(trainer) -> dict[str, Any]:
         B, T = t.micro_batch, t.seq_len
         lrs = schedule(cfg, max(t.steps, s + 1) + 65536)
         gs = trainer._graphed = GraphedTrainStep(trainer.model, trainer.optimizer, lrs, t.grad_clip, (B, T),
-                                                 trainer.device)
+                                                 trainer.device,
+                                                 autocast=trainer._autocast if t.precision == "bf16" else None)
         trainer.optimizer.zero_grad()
         gs.capture(s)
     t0 = time.perf_counter()
@@ -306,9 +315,10 @@ def graph_train_step(trainer) -> dict[str, Any]:
     loss, gnorm = gs.step(x, y, s)
     loss_val = float(loss.item())  # the host reads the static loss once per step, after the replay
     gn = float(gnorm.item()) if t.grad_clip > 0 else None
-    from blutensor.cuda_ops import index_check
+    if str(trainer.device).startswith("cuda"):  # bad indices recorded on device (the loss read synced)
+        from blutensor.cuda_ops import index_check
 
-    index_check.raise_pending()
+        index_check.raise_pending()
     if not math.isfinite(loss_val) or (gn is not None and not math.isfinite(gn)):
         from blumodels.trainer import NonFiniteError
 
