@@ -228,6 +228,10 @@ class Trainer:
                 with self._autocast():
                     _, loss = self.model(x, y)
                 total += float(loss.item())
+        if self.device.startswith("cuda"):  # a bad validation target recorded on device: raise it now
+            from blutensor.cuda_ops import index_check
+
+            index_check.raise_pending()
         self.model.train()
         return self.dist.mean([total / n], self.device)[0]
 
