@@ -339,6 +339,25 @@ def test_reference_tolerances_are_documented():
     assert set(ref.TOL["sdpa.fwd"]) == {"f32", "tf32", "bf16"}
 
 
+def test_bad_index_clear_error_cpu_twin(monkeypatch):
+    """CPU twin of check_plugins' bad-index part: the op named in a ShapeError (raised at the call on CPU; on
+    CUDA lazily by index_check.raise_pending, or at the call with BLUTRAIN_VALIDATE_INDICES=sync)."""
+    from blutensor.cuda_ops import index_check
+    from blutensor.errors import ShapeError
+
+    F = bt.nn.functional
+    w = bt.tensor(np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32))
+    with pytest.raises(ShapeError, match="embedding: index"):
+        F.embedding(bt.tensor(np.array([3, 50])), w)
+    with pytest.raises(ShapeError, match="cross_entropy: target index 8"):
+        F.cross_entropy(w[:2], bt.tensor(np.array([1, 8])))
+    for v, m in (("sync", "sync"), ("eager", "sync"), ("0", "off"), ("lazy", "lazy"), ("1", "lazy")):
+        monkeypatch.setenv("BLUTRAIN_VALIDATE_INDICES", v)
+        assert index_check.mode() == m
+    monkeypatch.delenv("BLUTRAIN_VALIDATE_INDICES")
+    assert index_check.mode() == "lazy"
+
+
 # ============================================================== GPU (cuda-marked): the same properties on device
 def _run_gpu_check(name: str):
     import gpu_check_kernels as gc
