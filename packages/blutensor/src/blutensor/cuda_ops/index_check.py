@@ -1,7 +1,11 @@
 """Lazy index validation on CUDA: a kernel records the first out-of-range index in a device flag and the
 host reads the flag only when asked (:func:`raise_pending`, e.g. at log time), so the training step never
 waits for the GPU. ``BLUTRAIN_VALIDATE_INDICES``: 'lazy' (default), 'sync' (check and raise at the call,
-one host sync per call), '0' (off: a bad target then shows only as a NaN loss row)."""
+one host sync per call), '0' (off: a bad target then shows only as a NaN loss row).
+
+Where the error surfaces (lazy mode): blumodels' Trainer calls :func:`raise_pending` after every step's loss
+read (eager and CUDA-graph steps) and after each evaluation, so a bad batch stops the run at the step that
+saw it, before the next checkpoint. Code driving ops directly calls it whenever it wants the check."""
 
 from __future__ import annotations
 
