@@ -71,11 +71,12 @@ def run_blutrain(a) -> dict:
         xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        if a.graph and s >= 2:  # --graph (fp32/tf32): 2 eager warm-up steps, then the step as one CUDA graph
+        if a.graph and s >= 2:  # --graph: 2 eager warm-up steps, then the step as one CUDA graph
             if graphed is None:
                 from blumodels.graph_step import GraphedTrainStep
 
-                graphed = GraphedTrainStep(model, opt, [6e-4] * a.steps, 1.0, tuple(xi.shape), "cuda")
+                amp = (lambda: bt.autocast("cuda", dtype=bt.bfloat16)) if a.precision == "bf16" else None
+                graphed = GraphedTrainStep(model, opt, [6e-4] * a.steps, 1.0, tuple(xi.shape), "cuda", autocast=amp)
                 graphed.capture(s)
                 cupy.cuda.Device().synchronize()
                 t0 = time.perf_counter()
@@ -145,6 +146,7 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
     ("blutrain_fp32_graph", "blutrain", "fp32", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),
     ("torch_eager_bf16", "torch", "bf16", False, {}),
     ("blutrain_bf16", "blutrain", "bf16", False, {"--fused": "", "--gemm": "cublas"}),
+    ("blutrain_bf16_graph", "blutrain", "bf16", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),
 ]
 
 
@@ -196,16 +198,17 @@ def main() -> None:
     for ours, ref in (("blutrain_fp32", "torch_compile_fp32"), ("blutrain_fp32", "torch_eager_fp32"),
                       ("blutrain_tf32", "torch_compile_tf32"), ("blutrain_tf32", "torch_eager_tf32"),
                       ("blutrain_tf32_graph", "torch_compile_tf32"), ("blutrain_fp32_graph", "torch_compile_fp32"),
-                      ("blutrain_bf16", "torch_eager_bf16")):
+                      ("blutrain_bf16", "torch_eager_bf16"), ("blutrain_bf16_graph", "torch_eager_bf16")):
         if tps(ours) and tps(ref):
             ratios[f"{ours}/{ref}"] = tps(ours) / tps(ref)
     loss_diff = None
     if "losses" in results.get("blutrain_fp32", {}) and "losses" in results.get("torch_eager_fp32", {}):
         la, lb = results["blutrain_fp32"]["losses"], results["torch_eager_fp32"]["losses"]
         loss_diff = max(abs(x - y) for x, y in zip(la, lb))
-    if "losses" in results.get("blutrain_bf16", {}) and "losses" in results.get("torch_eager_bf16", {}):
-        la, lb = results["blutrain_bf16"]["losses"], results["torch_eager_bf16"]["losses"]
-        results["blutrain_bf16"]["max_abs_loss_diff_vs_torch_eager_bf16"] = max(abs(x - y) for x, y in zip(la, lb))
+    for ours in ("blutrain_bf16", "blutrain_bf16_graph"):
+        if "losses" in results.get(ours, {}) and "losses" in results.get("torch_eager_bf16", {}):
+            la, lb = results[ours]["losses"], results["torch_eager_bf16"]["losses"]
+            results[ours]["max_abs_loss_diff_vs_torch_eager_bf16"] = max(abs(x - y) for x, y in zip(la, lb))
     import cupy
 
     doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 " + " ".join(sys.argv),
