@@ -4,12 +4,14 @@
 
 (a) GPT-2 124M, B=16 T=1024, TF32 and fp32: 8 steps eager vs 2 eager + capture + 6 replays from the same
     init and batches: per-step losses (must agree within 1e-5), median step ms eager vs graph; TF32 also
-    the op-by-op q/k/v split attention (as before sdpa_qkv) vs the fused-qkv path, 3 eager steps;
+    the op-by-op q/k/v split attention (as before sdpa_qkv) vs the fused-qkv path, 3 eager steps; bf16
+    autocast: eager vs captured autocast step (losses within 1e-3, bit-identical noted), step ms of both;
 (b) small GPT-2 with an lr that changes every step: graph == eager (losses, final parameters);
 (c) host syncs: the eager step (forward, backward, clip, fused AdamW) and one graph replay are queued
     behind ~1.5 s of GPU work: without a host sync the Python call returns long before that work ends;
-(d) pytest -m cuda of test_sdpa_qkv.py (strided flash attention fwd/bwd vs float64, causal or not, odd T)
-    and of test_cuda_kernels.py (the old dense sdpa entry points still right after the kernel change).
+(d) pytest of test_sdpa_qkv.py (strided flash attention fwd/bwd vs float64, causal or not, odd T),
+    test_cuda_kernels.py (incl. check_plugins: lazy and sync bad-index errors) and test_graph_step.py (incl.
+    the Trainer graph-path twin, which failed on the GPU host when a stale device index flag was read).
 Prints a compact summary, writes $OUT/graph_gpu_check.json. Budget: under 3 minutes.
 """
 
@@ -60,12 +62,13 @@ def gpt2(cfg_kw, seed=0):
     return build_model(ModelConfig(**cfg_kw), device="cuda", seed=seed)
 
 
-def eager_step(model, opt, x, y, lr, clip):
+def eager_step(model, opt, x, y, lr, clip, bf16=False):
     import blutensor as bt
 
     for g in opt.param_groups:
         g["lr"] = lr
-    _, loss = model(x, y)
+    with bt.autocast("cuda", dtype=bt.bfloat16, enabled=bf16):  # bf16: forward + loss only, like the Trainer
+        _, loss = model(x, y)
     loss.backward()
     if clip:
         bt.optim.clip_grad_norm_(model.parameters(), clip)
@@ -74,7 +77,7 @@ def eager_step(model, opt, x, y, lr, clip):
     return loss
 
 
-def run(cfg_kw, data, sched, clip, graph: bool, warm=2, observer=False):
+def run(cfg_kw, data, sched, clip, graph: bool, warm=2, observer=False, bf16=False):
     """Per-step losses and step seconds of one run (eager, or eager warm-up + graph replays)."""
     import blutensor as bt
     import cupy as cp
@@ -94,14 +97,15 @@ def run(cfg_kw, data, sched, clip, graph: bool, warm=2, observer=False):
             t0 = time.perf_counter()
             if graph and s >= warm:
                 if gs is None:
-                    gs = GraphedTrainStep(model, opt, sched, clip, tuple(x.shape), "cuda")
+                    amp = (lambda: bt.autocast("cuda", dtype=bt.bfloat16)) if bf16 else None
+                    gs = GraphedTrainStep(model, opt, sched, clip, tuple(x.shape), "cuda", autocast=amp)
                     gs.capture(s)
                     cp.cuda.Device().synchronize()
                     t0 = time.perf_counter()
                 loss, _ = gs.step(x, y, s)
                 loss = loss.copy()
             else:
-                loss = eager_step(model, opt, x, y, sched[s], clip)._data
+                loss = eager_step(model, opt, x, y, sched[s], clip, bf16=bf16)._data
             cp.cuda.Device().synchronize()
             times.append(time.perf_counter() - t0)
             losses.append(loss)
@@ -146,7 +150,22 @@ def check_a():
             d2 = max(abs(a - b) for a, b in zip(le[:3], lo))
             out["tf32_opbyop_vs_fused_qkv"] = {"max_abs_diff": d2, "ok": d2 <= 1e-4,
                                                "opbyop_step_ms": med_ms(to[1:]), "fused_step_ms": med_ms(te[1:3])}
+    # bf16 autocast (fp32 masters, fp32 matmul precision outside autocast as in the Trainer / e2e benchmark):
+    # the captured autocast step == the eager one (bit-identical when every kernel is deterministic)
     bt.set_matmul_precision("fp32")
+    le, te, _, _ = run(cfg, data, sched, 1.0, graph=False, bf16=True)
+    _free()
+    lg, tg, _, gs = run(cfg, data, sched, 1.0, graph=True, bf16=True)
+    from blutensor import amp
+
+    cache = amp.cache_info()["entries"]
+    del gs
+    _free()
+    d = max(abs(a - b) for a, b in zip(le, lg))
+    out["bf16"] = {"eager_losses": le, "graph_losses": lg, "max_abs_diff": d, "bit_identical": le == lg,
+                   "cast_cache_entries_after": cache, "ok": d <= 1e-3 and cache == 0,
+                   "eager_step_ms": med_ms(te[2:]), "graph_step_ms": med_ms(tg[3:]),
+                   "torch_eager_bf16_ms_ref": 50.7, "target_ms_1.05x": 48.3}
     return out
 
 
