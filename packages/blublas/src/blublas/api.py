@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from .errors import GemmError
-from .reference import bf16_bits_to_f32, f32_to_bf16_bits, gemm_reference
+from .reference import bf16_bits_to_f32, concat_3xtf32, f32_to_bf16_bits, gemm_reference
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16", "3xtf32")  # 3xtf32: fp32-accurate, on TF32 tensor cores
 EPILOGUES = ("none", "gelu")
 PROVIDERS = ("blublas", "cublas")
 
@@ -289,11 +289,15 @@ def _run_numpy(p: Problem) -> Any:
     out_dtype = p.out.dtype if p.out is not None else p.a.dtype
     c_old = _to_float(p.out, compute) if (p.out is not None and p.beta != 0.0) else None
     bias = _to_float(p.bias, compute) if p.bias is not None else None
+    a, b, ta, tb = _to_float(p.a, compute), _to_float(p.b, compute), p.trans_a, p.trans_b
+    if p.precision == "3xtf32":  # the emulation: one fp32 GEMM of the K-concatenated TF32 parts
+        a, b = concat_3xtf32(np.swapaxes(a, -1, -2) if ta else a, np.swapaxes(b, -1, -2) if tb else b)
+        ta = tb = False
     v, pre = gemm_reference(
-        _to_float(p.a, compute),
-        _to_float(p.b, compute),
-        trans_a=p.trans_a,
-        trans_b=p.trans_b,
+        a,
+        b,
+        trans_a=ta,
+        trans_b=tb,
         alpha=p.alpha,
         beta=p.beta,
         c_old=c_old,
@@ -323,7 +327,18 @@ def _dispatch(p: Problem, provider: str, stream: Any, config: Any, splits: int |
         p.C = _mat_info(p.out, "out", p.batched, "cupy")
     if p.M == 0 or p.N == 0 or p.batch == 0:
         return p.out
-    if provider == "cublas":
+    if p.precision == "3xtf32":
+        from .split_tf32 import run_3xtf32
+
+        if provider == "cublas":
+            from .cublas import run_cublas
+
+            run_3xtf32(p, stream, lambda q: run_cublas(q, stream))
+        else:
+            from .launch import run_blublas
+
+            run_3xtf32(p, stream, lambda q: run_blublas(q, stream, config=config, splits=splits, autotune=autotune))
+    elif provider == "cublas":
         from .cublas import run_cublas
 
         run_cublas(p, stream)
@@ -365,6 +380,8 @@ def gemm(
 
     op(x) is x.T when trans_x. ``save_preact`` receives the value before GELU. NumPy in -> NumPy out
     (reference on CPU); CuPy in -> our kernels or cuBLAS (``provider``), on ``stream`` (default: current).
+    ``precision``: 'fp32' (strict FFMA), 'tf32', 'bf16', or '3xtf32' (fp32-accurate: split-TF32 operands on
+    the tensor cores, see blublas.split_tf32).
     ``config``/``splits`` force a tile config; ``autotune`` measures candidates (default: env
     BLUBLAS_AUTOTUNE).
     """

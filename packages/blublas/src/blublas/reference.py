@@ -22,6 +22,35 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return out.astype(np.uint16)
 
 
+def tf32_round(x: np.ndarray) -> np.ndarray:
+    """float32 -> nearest TF32 value (10 mantissa bits, ties away from zero: cvt.rna), low 13 bits zero,
+    like kernels/split_tf32.cu: inf/NaN unchanged, a finite value that would round to inf is truncated."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nonfinite = (u & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    r = (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    r = np.where((r & np.uint32(0x7F800000)) == np.uint32(0x7F800000), u & np.uint32(0xFFFFE000), r)
+    return np.where(nonfinite, u, r).astype(np.uint32).view(np.float32).reshape(np.shape(x))
+
+
+def split_tf32(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) TF32 parts of float32 ``x``: hi = tf32(x), lo = tf32(x - hi) (x - hi is exact); lo = 0 where
+    x is not finite."""
+    x = np.asarray(x, dtype=np.float32)
+    hi = tf32_round(x)
+    with np.errstate(invalid="ignore"):
+        lo = tf32_round(np.where(np.isfinite(x), x - hi, np.float32(0)).astype(np.float32))
+    return hi, lo
+
+
+def concat_3xtf32(opa: np.ndarray, opb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The K-concatenated operands of one 3xTF32 GEMM: ([a_hi | a_lo | a_hi], [b_hi ; b_hi ; b_lo]) for
+    op(a) (..., M, K) and op(b) (..., K, N); their product (exact TF32 products, fp32 accumulation) is
+    a_hi b_hi + a_hi b_lo + a_lo b_hi."""
+    ah, al = split_tf32(opa)
+    bh, bl = split_tf32(opb)
+    return np.concatenate([ah, al, ah], axis=-1), np.concatenate([bh, bh, bl], axis=-2)
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU with the tanh approximation (the one GPT-2 and the kernels use)."""
     return 0.5 * x * (1.0 + np.tanh(GELU_K0 * (x + GELU_K1 * x * x * x)))

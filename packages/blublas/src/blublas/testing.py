@@ -15,6 +15,7 @@ from .reference import bf16_bits_to_f32, f32_to_bf16_bits, gemm_reference
 TOLERANCES = {
     ("fp32", "f32"): 1e-5,
     ("tf32", "f32"): 2e-3,
+    ("3xtf32", "f32"): 1e-5,  # fp32-accurate emulation on the TF32 tensor cores
     ("bf16", "f32"): 1e-5,
     ("bf16", "bf16"): 5e-3,
 }

@@ -1,0 +1,132 @@
+"""The ``3xtf32`` precision: fp32-accurate GEMMs emulated on the TF32 tensor cores (not TF32).
+
+Each fp32 operand is split into TF32 parts, x = hi + lo (kernels/split_tf32.cu), and
+``op(A) @ op(B) ~= hi(A) hi(B) + hi(A) lo(B) + lo(A) hi(B)`` (exact TF32 products, fp32 accumulation; the
+lo*lo term is below fp32 precision) runs as TF32 GEMMs of the chosen provider (cuBLASLt or our kernels):
+
+* ``concat`` (default): ONE GEMM over 3K, ``[A_hi | A_lo | A_hi] @ [B_hi ; B_hi ; B_lo]``;
+* ``two``: ``[A_lo | A_hi] @ [B_hi ; B_lo]`` (the small terms, over 2K) then ``A_hi @ B_hi`` with beta = 1
+  (views into the same buffers), 2/3 of the temporary memory.
+
+``BLUBLAS_3XTF32=concat|two`` chooses. alpha, beta*out, bias, GELU and the pre-activation are applied to the
+final result exactly as for ``fp32``. The split operands are temporaries from the current CuPy allocator on
+the caller's stream (stream-ordered reuse), nothing synchronises the host: usable inside graph capture.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from .api import MatInfo, Problem
+from .errors import GemmError
+
+KERNEL_FILE = "split_tf32.cu"
+MODES = ("concat", "two")
+
+
+def mode() -> str:
+    """BLUBLAS_3XTF32 (default 'concat'): one GEMM over 3K, or 'two' GEMMs (2K, then K with beta = 1)."""
+    m = os.environ.get("BLUBLAS_3XTF32", "concat").strip().lower() or "concat"
+    if m not in MODES:
+        raise GemmError(f"BLUBLAS_3XTF32 must be one of {MODES}, got {m!r}")
+    return m
+
+
+def split_geometry(info: MatInfo, k_along_cols: bool, parts: int) -> tuple[int, int, int, int]:
+    """(rows, cols, ld, batch stride) of the dense P-part operand written for ``info`` (elements)."""
+    if k_along_cols:
+        rows, cols = info.rows, parts * info.cols
+    else:
+        rows, cols = parts * info.rows, info.cols
+    return rows, cols, cols, (parts * info.rows * info.cols if info.batch else 0)
+
+
+def split_operand(x: MatInfo, k_along_cols: bool, parts: int, lo_mask: int, stream: Any) -> tuple[Any, MatInfo]:
+    """Launch the split kernel for one stored operand; returns (buffer, its MatInfo) with K lengthened P times.
+
+    Bit j of ``lo_mask``: part j (along K) holds lo, else hi. A transposed operand stays transposed."""
+    import cupy
+
+    from . import loader
+
+    nb = max(x.batch, 1)
+    rows, cols, ld, bstride = split_geometry(x, k_along_cols, parts)
+    buf = cupy.empty(nb * parts * x.rows * x.cols, dtype=cupy.float32)
+    vec = 4 if (x.cols % 4 == 0 and x.ld % 4 == 0 and x.bstride % 4 == 0 and x.ptr % 16 == 0) else 1
+    name = "blu_split_tf32_concat_v4" if vec == 4 else "blu_split_tf32_concat"
+    fn = loader.get_function(KERNEL_FILE, name)
+    nvec = x.cols // vec
+    threads = int(min(256, max(32, -(-nvec // 32) * 32)))
+    gx = int(max(1, min(-(-nvec // threads), 1024)))
+    gy = int(max(1, min(nb * x.rows, 65535)))
+    with stream:
+        fn(
+            (gx, gy),
+            (threads,),
+            (
+                np.uint64(x.ptr),
+                np.uint64(int(buf.data.ptr)),
+                np.int32(x.rows),
+                np.int32(x.cols),
+                np.int64(x.ld),
+                np.int64(x.bstride),
+                np.int32(nb),
+                np.int32(parts),
+                np.int32(lo_mask),
+                np.int32(1 if k_along_cols else 0),
+            ),
+        )
+    info = MatInfo(rows, cols, ld, x.batch, bstride, 4, int(buf.data.ptr), buf.nbytes)
+    return buf, info
+
+
+def part_view(info: MatInfo, k_along_cols: bool, parts: int, j: int) -> MatInfo:
+    """MatInfo of part ``j`` inside a P-part operand written by :func:`split_operand` (a strided view)."""
+    if k_along_cols:
+        k = info.cols // parts
+        return replace(info, cols=k, ptr=info.ptr + 4 * j * k)
+    k = info.rows // parts
+    return replace(info, rows=k, ptr=info.ptr + 4 * j * k * info.cols)
+
+
+def plans_3xtf32(p: Problem, split_a: Any, split_b: Any, how: str) -> tuple[list[Problem], list[Any]]:
+    """The TF32 problems computing 3xtf32 problem ``p``; ``split_a/split_b(parts, lo_mask)`` -> (buf, MatInfo).
+
+    Returns (problems to run in order, buffers to keep alive until they are enqueued)."""
+    a_cols, b_cols = not p.trans_a, p.trans_b  # is K the stored operand's column axis?
+    if how == "concat":  # [a_hi | a_lo | a_hi] @ [b_hi ; b_hi ; b_lo]
+        abuf, A3 = split_a(3, 0b010)
+        bbuf, B3 = split_b(3, 0b100)
+        return [replace(p, A=A3, B=B3, K=3 * p.K, precision="tf32")], [abuf, bbuf]
+    # two: [a_lo | a_hi] @ [b_hi ; b_lo] carries the small terms and beta*out; then a_hi @ b_hi, beta = 1,
+    # with bias / GELU / pre-activation on the final sum
+    abuf, A2 = split_a(2, 0b01)
+    bbuf, B2 = split_b(2, 0b10)
+    small = replace(p, A=A2, B=B2, K=2 * p.K, precision="tf32", bias=None, bias_tag=None, gelu=False,
+                    preact=None, P=None)
+    big = replace(p, A=part_view(A2, a_cols, 2, 1), B=part_view(B2, b_cols, 2, 0), precision="tf32", beta=1.0)
+    return [small, big], [abuf, bbuf]
+
+
+def run_3xtf32(p: Problem, stream: Any, run: Any) -> None:
+    """Compute a validated 3xtf32 Problem (CuPy, output allocated) with ``run(problem)`` doing TF32 GEMMs."""
+    import cupy
+
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    if p.K == 0:  # nothing to split: out = beta*out + bias (+ GELU) as fp32 does it
+        run(replace(p, precision="fp32"))
+        return
+    with cupy.cuda.Device(p.device_id):
+        probs, keep = plans_3xtf32(
+            p,
+            lambda parts, mask: split_operand(p.A, not p.trans_a, parts, mask, s),
+            lambda parts, mask: split_operand(p.B, p.trans_b, parts, mask, s),
+            mode(),
+        )
+        for q in probs:
+            run(q)
+        del keep  # freed to the pool in stream order: the GEMMs above were enqueued first
