@@ -17,6 +17,8 @@ class _ProviderBase:
     PLUGIN_NAME = ""
     VERSION = __version__
     PROVIDER = ""
+    #: precisions ``matmul`` accepts; '3xtf32' is fp32-accurate split-TF32 on the tensor cores (not TF32)
+    PRECISIONS = ("fp32", "tf32", "bf16", "3xtf32")
 
     @classmethod
     def matmul(

@@ -3,14 +3,24 @@
 Providers register through ``blutrain_register_gemm_providers``; ``BLUTRAIN_GEMM`` or
 :func:`set_gemm_provider` choose one; default order: cublas, blublas, xp (CuPy's matmul). Each
 provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays.
+
+Precision 'fp32' (the default, :func:`set_matmul_precision`) means fp32-accurate GEMMs. HOW they are computed
+is :func:`set_fp32_gemm` / ``BLUTRAIN_FP32_GEMM``: 'strict' (default: FP32 FFMA, SGEMM) or '3xtf32': fp32
+emulated on the TF32 tensor cores, each operand split as hi + lo (both TF32) and hi*hi + hi*lo + lo*hi
+accumulated in fp32; its error is of the order of SGEMM's (NOT TF32's, ~1000x larger) at about twice
+SGEMM's speed. Providers that declare it in ``PRECISIONS`` (blublas, cublas) run it; others run strict.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 _provider = None
 _precision = "fp32"
+FP32_GEMMS = ("strict", "3xtf32")
+_fp32_gemm: str | None = None  # None: BLUTRAIN_FP32_GEMM, read on first use
 
 
 class XpGemm:
@@ -58,6 +68,35 @@ def get_matmul_precision() -> str:
     return _precision
 
 
+def set_fp32_gemm(mode: str | None) -> None:
+    """How 'fp32' GEMMs run: 'strict' (FP32 FFMA) or '3xtf32' (fp32-accurate split-TF32 on the tensor
+    cores: ~SGEMM error at ~2x its speed; not TF32). None: back to BLUTRAIN_FP32_GEMM (default 'strict')."""
+    global _fp32_gemm
+    if mode is not None and mode not in FP32_GEMMS:
+        raise ValueError(f"fp32 GEMM algorithm must be one of {FP32_GEMMS}, got {mode!r}")
+    _fp32_gemm = mode
+
+
+def get_fp32_gemm() -> str:
+    """'strict' or '3xtf32' (see :func:`set_fp32_gemm`)."""
+    global _fp32_gemm
+    if _fp32_gemm is None:
+        env = os.environ.get("BLUTRAIN_FP32_GEMM", "strict").strip().lower() or "strict"
+        if env not in FP32_GEMMS:
+            raise ValueError(f"BLUTRAIN_FP32_GEMM must be one of {FP32_GEMMS}, got {env!r}")
+        _fp32_gemm = env
+    return _fp32_gemm
+
+
+def _default_precision(prov) -> str:
+    """The provider precision of float32 GEMMs under the current settings."""
+    if _precision in ("tf32", "bf16"):
+        return "tf32"
+    if get_fp32_gemm() == "3xtf32" and "3xtf32" in getattr(prov, "PRECISIONS", ()):
+        return "3xtf32"
+    return "fp32"
+
+
 def cuda_matmul(a, b):
     """Broadcasting matmul of CuPy arrays through the selected provider (cupy.matmul where the
     provider does not apply: dtypes other than float32, 1-D operands)."""
@@ -72,8 +111,9 @@ def cuda_matmul(a, b):
 def provider_matmul(prov, a, b, xp, precision: str | None = None):
     """``a @ b`` (float32, >= 2-D, broadcasting batch dims) as 2-D or 3-D provider calls whose operands
     have a contiguous last axis (transposed views are passed back transposed with trans_a/trans_b).
-    'bf16' precision on float32 operands runs as 'tf32' (bf16 GEMMs take bf16 storage)."""
-    prec = precision or ("tf32" if _precision in ("tf32", "bf16") else "fp32")
+    'bf16' precision on float32 operands runs as 'tf32' (bf16 GEMMs take bf16 storage); 'fp32' as the
+    :func:`get_fp32_gemm` algorithm."""
+    prec = precision or _default_precision(prov)
     if a.ndim > 3 or b.ndim > 3 or (a.ndim == 3 and b.ndim == 3 and a.shape[0] != b.shape[0]):
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a3 = xp.broadcast_to(a, batch + a.shape[-2:]).reshape(-1, *a.shape[-2:])
@@ -116,7 +156,7 @@ def _fp32_provider(*arrays):
 def provider_linear(prov, x2, w, b, xp, precision: str | None = None):
     """``x2 @ w.T + b`` (x2 (M, in), w (out, in), b (out,) or None) as ONE provider GEMM: NT layout, no
     transpose copy, the bias fused into the GEMM epilogue (no second pass over the output)."""
-    prec = precision or ("tf32" if _precision in ("tf32", "bf16") else "fp32")
+    prec = precision or _default_precision(prov)
     bias = None if b is None else xp.ascontiguousarray(b)
     return _call(prov, x2, w.T, prec, xp, bias=bias)
 
