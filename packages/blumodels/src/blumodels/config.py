@@ -73,6 +73,7 @@ class TrainConfig:
     temperature: float = 1.0
     nan_policy: str = "stop"  # "stop" | "skip"
     precision: str = "fp32"  # "fp32" | "tf32" (CUDA matmuls) | "bf16" (bt.autocast: bf16 compute, fp32 masters)
+    fp32_gemm: str = "strict"  # how fp32 CUDA GEMMs run: "strict" (FFMA) | "3xtf32" (fp32-accurate, tensor cores)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     world_size: int = 1
     fused_adamw: bool = True  # on CUDA: one multi-tensor AdamW launch per step (blutensor's fused path)
@@ -147,6 +148,9 @@ class RunConfig:
             raise ConfigError(f"train.nan_policy must be 'stop' or 'skip', got {t.nan_policy!r}")
         if t.precision not in ("fp32", "tf32", "bf16"):
             raise ConfigError(f"train.precision must be 'fp32', 'tf32' or 'bf16', got {t.precision!r}")
+        if t.fp32_gemm not in ("strict", "3xtf32"):
+            raise ConfigError(f"train.fp32_gemm must be 'strict' or '3xtf32' (fp32-accurate split-TF32 GEMMs), "
+                              f"got {t.fp32_gemm!r}")
         if t.allocator not in ("blu", "cupy"):
             raise ConfigError(f"train.allocator must be 'blu' or 'cupy', got {t.allocator!r}")
         if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):

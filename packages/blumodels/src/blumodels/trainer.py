@@ -114,6 +114,9 @@ class Trainer:
                               f"resolved to {self.device!r} (set train.cuda_graph = false on CPU)")
         if self.device.startswith("cuda"):
             bt.set_matmul_precision(cfg.train.precision)
+            from blutensor.gemm import set_fp32_gemm
+
+            set_fp32_gemm(cfg.train.fp32_gemm)
         if self.dist.is_main:
             self.data_dir = ensure_data(cfg, self.out, self.log)
         self.dist.barrier()
