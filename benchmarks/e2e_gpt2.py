@@ -135,6 +135,11 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
     ("torch_compile_fp32", "torch", "fp32", True, {}),
     ("blutrain_fp32", "blutrain", "fp32", False, {"--fused": ""}),
     ("blutrain_fp32_cublas", "blutrain", "fp32", False, {"--fused": "", "--gemm": "cublas"}),
+    # fp32-accurate GEMMs emulated on the TF32 tensor cores (split hi/lo, 3 products; blublas.split_tf32)
+    ("blutrain_fp32_3xtf32", "blutrain", "fp32", False,
+     {"--fused": "", "--gemm": "cublas", "BLUTRAIN_FP32_GEMM": "3xtf32"}),
+    ("blutrain_fp32_3xtf32_graph", "blutrain", "fp32", False,
+     {"--fused": "", "--gemm": "cublas", "--graph": "", "BLUTRAIN_FP32_GEMM": "3xtf32"}),
     ("blutrain_fp32_blublas", "blutrain", "fp32", False, {"--fused": "", "--gemm": "blublas"}),
     ("blutrain_fp32_xp", "blutrain", "fp32", False, {"--fused": "", "--gemm": "xp"}),
     ("blutrain_fp32_caching", "blutrain", "fp32", False, {"--fused": "", "--allocator": "caching"}),
@@ -196,6 +201,8 @@ def main() -> None:
         return results.get(n, {}).get("tokens_per_s")
 
     for ours, ref in (("blutrain_fp32", "torch_compile_fp32"), ("blutrain_fp32", "torch_eager_fp32"),
+                      ("blutrain_fp32_3xtf32", "torch_compile_fp32"),
+                      ("blutrain_fp32_3xtf32_graph", "torch_compile_fp32"),
                       ("blutrain_tf32", "torch_compile_tf32"), ("blutrain_tf32", "torch_eager_tf32"),
                       ("blutrain_tf32_graph", "torch_compile_tf32"), ("blutrain_fp32_graph", "torch_compile_fp32"),
                       ("blutrain_bf16", "torch_eager_bf16"), ("blutrain_bf16_graph", "torch_eager_bf16")):
@@ -205,6 +212,10 @@ def main() -> None:
     if "losses" in results.get("blutrain_fp32", {}) and "losses" in results.get("torch_eager_fp32", {}):
         la, lb = results["blutrain_fp32"]["losses"], results["torch_eager_fp32"]["losses"]
         loss_diff = max(abs(x - y) for x, y in zip(la, lb))
+    for ours in ("blutrain_fp32_3xtf32", "blutrain_fp32_3xtf32_graph"):  # fp32-accurate: compare with torch fp32
+        if "losses" in results.get(ours, {}) and "losses" in results.get("torch_eager_fp32", {}):
+            la, lb = results[ours]["losses"], results["torch_eager_fp32"]["losses"]
+            results[ours]["max_abs_loss_diff_vs_torch_eager_fp32"] = max(abs(x - y) for x, y in zip(la, lb))
     for ours in ("blutrain_bf16", "blutrain_bf16_graph"):
         if "losses" in results.get(ours, {}) and "losses" in results.get("torch_eager_bf16", {}):
             la, lb = results[ours]["losses"], results["torch_eager_bf16"]["losses"]
