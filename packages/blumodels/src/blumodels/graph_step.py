@@ -4,8 +4,9 @@ What changes from step to step lives in device memory and is updated INSIDE the 
 (which picks this step's learning rate from a device table of the whole schedule) and AdamW's step count
 (bias corrections). The batch is copied into static input buffers before each replay; the loss and the
 gradient norm land in static device buffers that the host reads only when it wants them (log time).
-Gradients are written fresh by each replay (the captured backward assigns them), so no zeroing pass is
-needed. Warm-up steps run eagerly first (they create the optimizer state and every kernel/plan cache).
+Gradients live in static views of one flat buffer per dtype, zeroed by ONE fill inside the graph; the
+captured backward accumulates into them in place. Warm-up steps run eagerly first (they create the
+optimizer state and every kernel/plan cache).
 
 Precision 'bf16' captures the autocast step: forward + loss run inside ``bt.autocast`` in the body, so the
 weight casts (fp32 master -> bf16) are recorded in the graph and redone by every replay from the freshly
@@ -132,6 +133,27 @@ def _xp(arr):
     return np if isinstance(arr, np.ndarray) else __import__("cupy")
 
 
+def _static_grads(params, device, xp, align: int = 64):
+    """Static gradient tensors for ``params``: views into one zeroed flat buffer per dtype (each view 256-byte
+    aligned), so the captured step zeroes all gradients with one fill instead of one per parameter."""
+    by_dtype: dict = {}
+    for i, p in enumerate(params):
+        by_dtype.setdefault(p.dtype, []).append(i)
+    grads: list = [None] * len(params)
+    bufs = []
+    for dt, idx in by_dtype.items():
+        storage = np.dtype(dt.cuda_storage if xp is not np else dt.np)
+        sizes = [int(np.prod(params[i].shape, dtype=np.int64)) for i in idx]
+        padded = [-(-n // align) * align for n in sizes]
+        buf = xp.zeros(max(1, sum(padded)), dtype=storage)
+        bufs.append(buf)
+        off = 0
+        for i, n, pn in zip(idx, sizes, padded):
+            grads[i] = bt.Tensor._from_data(buf[off:off + n].reshape(params[i].shape), dt, bt.device(device))
+            off += pn
+    return grads, bufs
+
+
 class GraphedTrainStep:
     """One training step of ``model`` + ``optimizer`` (blutensor AdamW, one lr schedule for every group)
     captured once and replayed with a new batch.
@@ -161,7 +183,7 @@ class GraphedTrainStep:
         self.grad_norm = xp.zeros((), dtype=np.float32)
         self.next_step: int | None = None
         self._opt_step = opt_step or (self._host_opt_step if xp is np else self._fused_opt_step)
-        self.grads = [bt.zeros(*p.shape, dtype=p.dtype, device=device) for p in self.params]  # static
+        self.grads, self._grad_bufs = _static_grads(self.params, device, xp)  # views of flat buffers
         self._base_count = 0
         self._base_step = 0
 
@@ -190,11 +212,13 @@ class GraphedTrainStep:
         self.step_count += 1
         for p, g in zip(self.params, self.grads):
             p.grad = g
-            g._data.fill(0)  # zeroed inside the graph; backward accumulates in place (static addresses)
+        for buf in self._grad_bufs:
+            buf.fill(0)  # zeroed inside the graph (one fill per flat buffer); backward accumulates in place
         if self.autocast is None:
             _, loss = self.model(self.x, self.y)
         else:  # like the eager Trainer: forward + loss autocast, backward outside
             with self.autocast():
+                bt.amp.precast(self.params)  # every weight cast in one launch (CUDA), cached for the forward
                 _, loss = self.model(self.x, self.y)
         loss.backward()
         if self.grad_clip > 0:
@@ -232,6 +256,13 @@ class GraphedTrainStep:
             self._keep = [prepare_group(self.optimizer, grp) for grp in self.optimizer.param_groups]
             if self.grad_clip > 0:
                 self._keep.append(_table([g._data for g in self.grads]))
+            if self.autocast is not None:  # the multi-tensor weight cast's table (and its kernel, loaded now)
+                from blutensor.cuda_ops import cast
+
+                f32 = [p._data for p in dict.fromkeys(self.params) if p.dtype.name == "float32"]
+                if f32 and all(a.flags.c_contiguous for a in f32):
+                    self._keep.append(cast.multi_table(f32))
+                    cast.multi_to_bf16(f32)
             # compile/load the few CuPy kernels only the captured body uses (no module loads while capturing)
             xp.take(self.lr_table, self.step_idx, out=self.lr_dev)
             self.step_count += 0

@@ -166,6 +166,66 @@ def _cast(t, dt):
     return out
 
 
+def precast(params) -> int:
+    """Put the low-precision casts of all float32 ``params`` into the weight cast cache now (inside a region).
+
+    On CUDA the casts of one device run as ONE multi-tensor launch (cuda_ops.cast.multi_to_bf16) instead of one
+    launch per weight; each cached copy keeps its own differentiable ``cast`` node, so gradients reach the
+    float32 masters exactly as with casts made on first use. Elsewhere (CPU) the casts are made one by one.
+    Casts of parameters no op then lowers are unused (a few small extra copies). Returns how many were cast.
+    """
+    if _S.depth == 0 or not _S.cache_enabled:
+        return 0
+    T = dispatch._Tensor or dispatch._bind()
+    grad_on = STATE.enabled
+    todo: dict = {}
+    for p in params:
+        if not (isinstance(p, T) and p.dtype is float32 and p.requires_grad and p.grad_fn is None):
+            continue
+        low = _S.dtypes.get(p.device.type)
+        hit = _S.cache.get(id(p))
+        if low is None or (hit is not None and hit[0] is p and hit[1] == p._version.v and hit[2] == grad_on
+                           and hit[3].dtype is low):
+            continue
+        todo.setdefault((p.device, low), {})[id(p)] = p  # tied parameters once
+    n = 0
+    for (dev, low), ps in todo.items():
+        ps = list(ps.values())
+        n += len(ps)
+        if dev.type != "cuda" or not _precast_cuda(ps, dev, low, grad_on, T):
+            for p in ps:
+                _cast(p, low)
+    return n
+
+
+def _precast_cuda(ps, dev, low, grad_on, T) -> bool:
+    """The CUDA half of :func:`precast`; False when the built-in cast kernel is not the one dispatch uses."""
+    from blutensor.autograd.node import Ctx, Node
+    from blutensor.cuda_ops import cast as cast_mod
+
+    kernel = dispatch.resolve("cast", "cuda", "float32")
+    if kernel is not cast_mod.CastCuda or low is not bfloat16 or any(not p._data.flags.c_contiguous for p in ps):
+        return False
+    if dev.index:
+        import cupy
+
+        with cupy.cuda.Device(dev.index):
+            outs = cast_mod.multi_to_bf16([p._data for p in ps])
+        kernel = dispatch._OnDevice(kernel, dev.index)
+    else:
+        outs = cast_mod.multi_to_bf16([p._data for p in ps])
+    for p, o in zip(ps, outs):
+        t = T._from_data(o, low, dev)
+        if grad_on:
+            ctx = Ctx()
+            ctx.saved, ctx.out_dtype, ctx.needs = (float32, low), low, (True,)
+            t.grad_fn = Node("cast", kernel, ctx, (p,), [])
+            t.requires_grad = True
+        _S.misses += 1
+        _S.cache[id(p)] = (p, p._version.v, grad_on, t)
+    return True
+
+
 def _device_type(inputs, T):
     for x in inputs:
         if isinstance(x, T):
@@ -226,4 +286,4 @@ def _hook(op: str, inputs: tuple, attrs: dict):
     return inputs, attrs
 
 
-__all__ = ["autocast", "cache_info", "get_autocast_dtype", "is_autocast_enabled", "restore", "state"]
+__all__ = ["autocast", "cache_info", "get_autocast_dtype", "is_autocast_enabled", "precast", "restore", "state"]

@@ -37,6 +37,70 @@ def to_f32(x):
     return y
 
 
+#: each packed bf16 copy starts on a multiple of this many elements (128 bytes: GEMM-friendly alignment)
+PACK_ALIGN = 64
+#: elements per block of the multi-tensor cast
+MULTI_CHUNK = 16384
+
+
+def pack_layout(numels, align: int = PACK_ALIGN) -> tuple[np.ndarray, int]:
+    """(offsets int64, total elements) of tensors packed back to back, each offset a multiple of ``align``."""
+    numels = np.asarray(list(numels), dtype=np.int64)
+    padded = -(-numels // align) * align
+    offs = np.concatenate(([0], np.cumsum(padded)[:-1])).astype(np.int64) if len(numels) else np.zeros(0, np.int64)
+    return offs, int(padded.sum())
+
+
+class _MultiTable:
+    """Device table of one list of float32 sources for :func:`multi_to_bf16` (built once per address list)."""
+
+    def __init__(self, arrays):
+        from blutensor.cuda_ops.multi_tensor import build_chunk_table
+
+        cp = cupy()
+        numels = [a.size for a in arrays]
+        self.offsets, self.total = pack_layout(numels)
+        ct, cs = build_chunk_table(numels, MULTI_CHUNK)
+        self.n_chunks = len(ct)
+        self.src = cp.asarray(np.array([a.data.ptr for a in arrays], dtype=np.uint64))
+        self.dst_off = cp.asarray(self.offsets)
+        self.numel = cp.asarray(np.asarray(numels, dtype=np.int64))
+        self.chunk_tensor = cp.asarray(ct)
+        self.chunk_start = cp.asarray(cs)
+
+
+_multi: dict = {}  # (device, ((ptr, size), ...)) -> _MultiTable; a model's parameter list: few entries, kept
+
+
+def multi_table(arrays) -> _MultiTable:
+    """The cached table for these float32 arrays (building it copies to the device: do it outside a capture)."""
+    cp = cupy()
+    for i, a in enumerate(arrays):
+        if a.dtype != _F32 or not a.flags.c_contiguous:
+            raise ValueError(f"multi_to_bf16: array {i} must be C-contiguous float32, got {a.dtype} shape {a.shape}")
+    key = (cp.cuda.runtime.getDevice(), tuple((a.data.ptr, a.size) for a in arrays))
+    t = _multi.get(key)
+    if t is None:
+        if len(_multi) >= 8:
+            _multi.clear()
+        t = _multi[key] = _MultiTable(arrays)
+    return t
+
+
+def multi_to_bf16(arrays) -> list:
+    """bf16 bits (uint16) copies of many float32 CuPy arrays in ONE launch, packed into one buffer (each copy a
+    C-contiguous view of its own shape, 128-byte aligned); round to nearest even like :func:`to_bf16`."""
+    cp = cupy()
+    if not arrays:
+        return []
+    t = multi_table(arrays)
+    buf = cp.empty(max(t.total, 1), dtype=cp.uint16)
+    if t.n_chunks:
+        launch(FILE, "blu_cast_multi_f32_to_bf16", t.n_chunks, 256,
+               (t.src, t.dst_off, t.numel, t.chunk_tensor, t.chunk_start, np.int64(MULTI_CHUNK), buf))
+    return [buf[int(o):int(o) + a.size].reshape(a.shape) for a, o in zip(arrays, t.offsets)]
+
+
 def _convert(a, src, dst):
     if src.name == "float32" and dst.name == "bfloat16" and a.dtype == _F32:
         return to_bf16(a)

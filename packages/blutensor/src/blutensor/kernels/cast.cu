@@ -38,3 +38,33 @@ extern "C" __global__ void blu_cast_bf16_to_f32(const bf16_t* __restrict__ x, fl
     }
     for (long long i = done + tid; i < n; i += nth) y[i] = to_f(x[i]);
 }
+
+// Many float32 tensors -> bfloat16 copies in ONE launch (autocast's weight casts at the start of a step).
+// Block b converts chunk b of the chunk table: tensor chunk_tensor[b], elements [chunk_start[b], +chunk).
+// The copies are packed into one buffer: tensor i lands at dst + dst_off[i] (offsets padded to 64 elements,
+// so every copy starts on a 128-byte boundary); vectorised when the source is 16-byte aligned.
+extern "C" __global__ void blu_cast_multi_f32_to_bf16(const unsigned long long* __restrict__ src_ptr,
+                                                      const long long* __restrict__ dst_off,
+                                                      const long long* __restrict__ numel,
+                                                      const int* __restrict__ chunk_tensor,
+                                                      const long long* __restrict__ chunk_start, long long chunk,
+                                                      bf16_t* __restrict__ dst) {
+    const int ti = chunk_tensor[blockIdx.x];
+    const long long start = chunk_start[blockIdx.x];
+    const long long n = numel[ti];
+    const long long end = start + chunk < n ? start + chunk : n;
+    const float* __restrict__ x = reinterpret_cast<const float*>(src_ptr[ti]);
+    bf16_t* __restrict__ y = dst + dst_off[ti];
+    long long first = start;
+    if ((src_ptr[ti] & 15ull) == 0 && (dst_off[ti] & 7) == 0 && (start & 7) == 0) {
+        const long long nv = (end - start) / 8;
+        for (long long i = threadIdx.x; i < nv; i += blockDim.x) {
+            float v[8];
+            load_vec(x + start + i * 8, v);
+            load_vec(x + start + i * 8 + 4, v + 4);
+            store_vec(y + start + i * 8, v);
+        }
+        first = start + nv * 8;
+    }
+    for (long long i = first + threadIdx.x; i < end; i += blockDim.x) y[i] = from_f<bf16_t>(x[i]);
+}

@@ -1,0 +1,125 @@
+"""bt.amp.precast: every weight cast of a step made at once (one multi-tensor launch on CUDA) must give the
+same forward and the same float32 master gradients, bit for bit, as casts made on first use."""
+
+from __future__ import annotations
+
+import blutensor as bt
+import blutensor.nn.functional as F
+import numpy as np
+import pytest
+from conftest import HAS_CUDA, host, rng
+
+needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CuPy and a CUDA GPU")
+
+
+def _params(dev):
+    r = rng(0)
+    shapes = [(16, 8), (16,), (8, 16), (8,), (8,), (5, 3)]  # last: a parameter no op lowers
+    return [bt.nn.Parameter(bt.tensor(r.standard_normal(s).astype(np.float32) * 0.5, device=dev)) for s in shapes]
+
+
+def _step(ps, x, pre: bool):
+    w1, b1, w2, b2, ln, _ = ps
+    for p in ps:
+        p.grad = None
+    with bt.autocast(x.device.type):
+        n = bt.amp.precast(ps + [w1]) if pre else 0  # w1 twice: tied parameters are cast once
+        h = F.gelu(F.linear(x, w1, b1), approximate="tanh")
+        y = F.linear(h, w2, b2)
+        y2 = F.linear(F.linear(x, w1), w2)  # w1, w2 used twice: the cached cast is reused
+        loss = ((y.float() + y2.float()) * ln).sum()
+        info = bt.amp.cache_info()
+    loss.backward()
+    return n, info, host(loss), [None if p.grad is None else host(p.grad) for p in ps]
+
+
+def test_precast_equals_casts_on_first_use(device):
+    ps = _params(device)
+    x = bt.tensor(rng(1).standard_normal((4, 8)).astype(np.float32), device=device)
+    n0, info0, l0, g0 = _step(ps, x, pre=False)
+    n1, info1, l1, g1 = _step(ps, x, pre=True)
+    assert n0 == 0 and n1 == 6  # every float32 parameter, w1 once
+    assert info0["misses"] == 4 and info1["misses"] == 6 and info1["hits"] >= 6  # all lowered casts hit the cache
+    assert l0 == l1
+    for a, b in zip(g0, g1):
+        if a is None:
+            assert b is None
+        else:
+            np.testing.assert_array_equal(a, b)
+    assert g1[5] is None  # the unused cast never reaches its master
+    assert bt.amp.cache_info()["entries"] == 0  # the region's casts were dropped on exit
+
+
+def test_precast_outside_a_region_or_without_cache_does_nothing():
+    ps = _params("cpu")
+    assert bt.amp.precast(ps) == 0
+    with bt.autocast("cpu", cache_enabled=False):
+        assert bt.amp.precast(ps) == 0
+    with bt.autocast("cpu"), bt.no_grad():
+        assert bt.amp.precast(ps) == 6
+        assert bt.amp.precast(ps) == 0  # already cached
+
+
+def test_pack_layout_aligned_and_disjoint():
+    from blutensor.cuda_ops.cast import PACK_ALIGN, pack_layout
+
+    sizes = [1, 64, 65, 0, 1000, 7]
+    offs, total = pack_layout(sizes)
+    assert (offs % PACK_ALIGN == 0).all()
+    ends = offs + np.asarray(sizes)
+    assert (ends[:-1] <= offs[1:]).all() and total >= ends.max() and total % PACK_ALIGN == 0
+    assert pack_layout([])[1] == 0
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_cuda_multi_cast_matches_single_casts():
+    import cupy
+    from blutensor.cuda_ops.cast import multi_to_bf16, to_bf16
+
+    r = rng(2)
+    big = cupy.asarray(r.standard_normal(40000).astype(np.float32) * 100)
+    arrays = [cupy.asarray(r.standard_normal(s).astype(np.float32)) for s in [(3,), (64, 33), (20000,), (7, 5)]]
+    arrays += [big[1:30001], cupy.asarray(np.array([np.inf, -np.inf, 0.0, -0.0, 1e-40], np.float32))]
+    outs = multi_to_bf16(arrays)  # big[1:] starts unaligned: the scalar path
+    for a, o in zip(arrays, outs):
+        assert o.shape == a.shape and o.dtype == cupy.uint16 and o.data.ptr % 128 == 0
+        assert bool((o == to_bf16(a)).all())
+
+
+def test_precast_cuda_nodes_on_numpy(monkeypatch):
+    """CPU twin of the CUDA precast: the one-launch cast replaced by NumPy rounding, the cached copies' cast
+    nodes (CastCuda's backward) must deliver the same float32 master gradients as per-weight casts."""
+    import ml_dtypes
+    from blutensor import amp
+    from blutensor.cuda_ops import cast as cast_mod
+    from blutensor.ops import dispatch
+
+    ps = _params("cpu")
+    x = bt.tensor(rng(1).standard_normal((4, 8)).astype(np.float32))
+    _, _, l0, g0 = _step(ps, x, pre=False)
+    calls = []
+
+    def fake_multi(arrays):
+        calls.append(len(arrays))
+        return [a.astype(ml_dtypes.bfloat16) for a in arrays]
+
+    monkeypatch.setattr(cast_mod, "multi_to_bf16", fake_multi)
+    monkeypatch.setattr(cast_mod, "cupy", lambda: np)
+    real_resolve = dispatch.resolve
+    monkeypatch.setattr(dispatch, "resolve",
+                        lambda op, b, d: cast_mod.CastCuda if op == "cast" else real_resolve(op, b, d))
+    orig = amp.precast
+
+    def precast_as_cuda(params):  # route the CPU device through the CUDA half
+        todo = list({id(p): p for p in params}.values())
+        assert amp._precast_cuda(todo, bt.device("cpu"), bt.bfloat16, True, bt.Tensor)
+        return len(todo)
+
+    monkeypatch.setattr(bt.amp, "precast", precast_as_cuda)
+    _, info, l1, g1 = _step(ps, x, pre=True)
+    monkeypatch.setattr(bt.amp, "precast", orig)
+    assert calls == [6] and info["hits"] >= 6
+    assert l0 == l1
+    for a, b in zip(g0, g1):
+        assert (a is None and b is None) or np.array_equal(a, b)
