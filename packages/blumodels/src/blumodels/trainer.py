@@ -279,6 +279,8 @@ class Trainer:
             x, y = self.train_loader.next_batch()
             with self.dist.no_sync(self.module, micro < accum - 1):  # DDP: reduce on the last micro-step
                 with self._autocast():  # train.precision 'bf16': forward + loss only; backward outside
+                    if t.precision == "bf16":
+                        bt.amp.precast(self.params.values())  # all weight casts in one launch (CUDA)
                     _, loss = self.module(x, y)
                 lv = float(loss.item())
                 loss_sum += lv
