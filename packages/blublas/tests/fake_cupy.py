@@ -224,7 +224,8 @@ def _param_types(name: str) -> list[str]:
         text = (KERNEL_DIR / "gemm_common.cuh").read_text()
         body = re.search(r"#define BLU_GEMM_PARAMS\s*\\\n(.*?)\n#define", text, re.S).group(1)
     else:
-        text = expand_source(KERNEL_DIR / "gemm_epilogue.cu")
+        fname = "split_tf32.cu" if name.startswith("blu_split_tf32") else "gemm_epilogue.cu"
+        text = expand_source(KERNEL_DIR / fname)
         body = re.search(rf"void {name}\((.*?)\)\s*{{", text, re.S).group(1)
     body = body.replace("\\", " ")
     out = []
@@ -234,7 +235,8 @@ def _param_types(name: str) -> list[str]:
     return out
 
 
-_NP_OF_C = {"ptr": (np.uint64,), "int": (np.int32,), "i64": (np.int64,), "float": (np.float32,)}
+_NP_OF_C = {"ptr": (np.uint64,), "int": (np.int32,), "i64": (np.int64,), "long long": (np.int64,),
+            "float": (np.float32,)}
 
 
 class _Kernel:
@@ -261,6 +263,9 @@ class _Kernel:
                     for s in range(splits)
                 )
                 _epilogue(acc, C, bias, P, M, N, ldc, ldp, b * sC, b * sP, alpha, beta, flags)
+            return
+        if self.name.startswith("blu_split_tf32_concat"):
+            _split_tf32(self.name, grid, block, vals)
             return
         if self.name == "blu_gemm_epilogue_apply":
             C, bias, P, M, N, batch, ldc, ldp, sC, sP, flags = vals
@@ -303,6 +308,30 @@ class _Kernel:
             opb = bb.T if tb else bb
             acc = opa[:, k0:k1] @ opb[k0:k1, :] if k1 > k0 else np.zeros((M, N))
             _epilogue(acc, C, bias, P, M, N, ldc, ldp, z * sC, z * sP, alpha, beta, flags)
+
+
+def _split_tf32(name, grid, block, vals):
+    """kernels/split_tf32.cu: P TF32 parts (hi, or lo where lo_mask has bit j) of each stored operand entry,
+    written densely along K (horiz: columns, else rows)."""
+    from blublas.reference import split_tf32
+
+    src, dst, rows, cols, ld, sbs, nb, parts, lo_mask, horiz = vals
+    vec = 4 if name.endswith("_v4") else 1
+    if vec == 4:
+        assert cols % 4 == 0 and ld % 4 == 0 and sbs % 4 == 0 and src % 16 == 0 and dst % 16 == 0, "v4 misused"
+    assert grid[1] >= 1 and grid[0] * block[0] >= 1 and parts in (2, 3) and 0 <= lo_mask < (1 << parts)
+    x = _view(src, np.float32, (nb, rows, cols), (sbs, ld, 1))
+    hi, lo = split_tf32(np.ascontiguousarray(x))
+    if horiz:
+        d = _view(dst, np.float32, (nb, rows, parts, cols), (parts * rows * cols, parts * cols, cols, 1))
+    else:
+        d = _view(dst, np.float32, (nb, parts, rows, cols), (parts * rows * cols, rows * cols, cols, 1))
+    for j in range(parts):
+        part = lo if (lo_mask >> j) & 1 else hi
+        if horiz:
+            d[:, :, j, :] = part
+        else:
+            d[:, j] = part
 
 
 class RawModule:

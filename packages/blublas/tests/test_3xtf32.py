@@ -276,3 +276,43 @@ def test_gpu_3xtf32_within_fp32_tolerance(how, provider, layout, shape, monkeypa
     case = make_case(rng, *shape, layout=layout, precision="3xtf32", bias="f32", epilogue="gelu",
                      save_preact=True, beta=0.5)
     assert check_case(case, cp, provider=provider) <= case.tol, case.describe()
+
+
+# ---- the real launch plumbing on fake_cupy (kernel arguments checked against the .cu signature) -----------
+
+
+@pytest.fixture
+def fcp(monkeypatch, tmp_path):
+    import sys
+
+    import fake_cupy
+    from blublas import launch, loader
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BLUBLAS_WGMMA", "0")
+    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
+        monkeypatch.setattr(loader, name, {})
+    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
+    monkeypatch.setattr(launch, "_probe_results", {})
+    fake_cupy.LAUNCHES.clear()
+    return fake_cupy
+
+
+@pytest.mark.parametrize("how", ("concat", "two"))
+@pytest.mark.parametrize("layout", ("nn", "nt", "tn"))
+@pytest.mark.parametrize("shape", ((7, 5, 3), (33, 17, 65), (64, 128, 96)))
+@pytest.mark.parametrize("batch", (0, 2))
+def test_fake_cupy_3xtf32_plumbing(fcp, monkeypatch, how, layout, shape, batch):
+    monkeypatch.setenv("BLUBLAS_3XTF32", how)
+    rng = np.random.default_rng(abs(hash((how, layout, shape, batch))) % 2**32)
+    case = make_case(rng, *shape, layout=layout, precision="3xtf32", bias="f32", epilogue="gelu",
+                     save_preact=True, beta=0.5, batch=batch)
+    assert check_case(case, fcp, provider="blublas") <= case.tol, case.describe()
+    names = [r["name"] for r in fcp.LAUNCHES]
+    splits = [n for n in names if n.startswith("blu_split_tf32")]
+    assert len(splits) == 2, names
+    vec = shape[0 if layout[0] == "t" else 2] % 4 == 0  # a's stored columns: M (trans_a) or K
+    assert splits[0].endswith("_v4") == vec, (splits, layout, shape)
+    gemms = [n for n in names if n.startswith("blu_gemm_tf32") or n.startswith("blu_gemm_wgmma_tf32")]
+    assert len(gemms) >= (1 if how == "concat" else 2), names
