@@ -83,6 +83,7 @@ def run_blutrain(a) -> dict:
             loss = graphed.step(xi, yi, s)[0].copy()
         else:
             with bt.autocast("cuda", dtype=bt.bfloat16, enabled=a.precision == "bf16"):  # bf16: fp32 masters
+                bt.amp.precast(model.parameters())  # bf16 (as the Trainer): all weight casts in one launch
                 _, loss = model(xi, yi)
             loss.backward()
             bt.optim.clip_grad_norm_(model.parameters(), 1.0)
