@@ -256,13 +256,12 @@ class GraphedTrainStep:
             self._keep = [prepare_group(self.optimizer, grp) for grp in self.optimizer.param_groups]
             if self.grad_clip > 0:
                 self._keep.append(_table([g._data for g in self.grads]))
-            if self.autocast is not None:  # the multi-tensor weight cast's table (and its kernel, loaded now)
+            if self.autocast is not None:  # build the multi-tensor weight cast's table and load its kernel now
                 from blutensor.cuda_ops import cast
 
-                f32 = [p._data for p in dict.fromkeys(self.params) if p.dtype.name == "float32"]
-                if f32 and all(a.flags.c_contiguous for a in f32):
-                    self._keep.append(cast.multi_table(f32))
-                    cast.multi_to_bf16(f32)
+                with self.autocast():
+                    bt.amp.precast(self.params)  # the body's exact call, run once for real (casts dropped)
+                self._keep.extend(cast._multi.values())  # the graph reads these tables: hold them
             # compile/load the few CuPy kernels only the captured body uses (no module loads while capturing)
             xp.take(self.lr_table, self.step_idx, out=self.lr_dev)
             self.step_count += 0
