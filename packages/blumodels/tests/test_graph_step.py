@@ -228,3 +228,20 @@ def test_graphed_step_twin_bf16_autocast_equals_eager():
     np.testing.assert_allclose(losses, ref, rtol=0, atol=2e-6)
     for (n, p), q in zip(m.named_parameters(), ref_m.parameters()):
         np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=0, atol=2e-6, err_msg=n)
+
+
+def test_static_grads_are_disjoint_aligned_views_of_one_buffer():
+    from blumodels.graph_step import _static_grads
+
+    m = _model()
+    ps = list(m.parameters())
+    grads, bufs = _static_grads(ps, "cpu")
+    assert len(bufs) == 1 and all(g.shape == p.shape and g.dtype is p.dtype for g, p in zip(grads, ps))
+    base = bufs[0].__array_interface__["data"][0]
+    spans = sorted((g._data.__array_interface__["data"][0] - base, g._data.nbytes) for g in grads)
+    assert all(o % 256 == 0 for o, _ in spans)
+    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))  # no overlap
+    for g in grads:
+        g._data += 1.0
+    bufs[0].fill(0)  # the captured step's single zeroing pass reaches every gradient
+    assert all(not g._data.any() for g in grads)

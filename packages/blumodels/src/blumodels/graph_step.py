@@ -133,23 +133,23 @@ def _xp(arr):
     return np if isinstance(arr, np.ndarray) else __import__("cupy")
 
 
-def _static_grads(params, device, xp, align: int = 64):
+def _static_grads(params, device):
     """Static gradient tensors for ``params``: views into one zeroed flat buffer per dtype (each view 256-byte
     aligned), so the captured step zeroes all gradients with one fill instead of one per parameter."""
+    align = 64
     by_dtype: dict = {}
     for i, p in enumerate(params):
         by_dtype.setdefault(p.dtype, []).append(i)
     grads: list = [None] * len(params)
     bufs = []
     for dt, idx in by_dtype.items():
-        storage = np.dtype(dt.cuda_storage if xp is not np else dt.np)
         sizes = [int(np.prod(params[i].shape, dtype=np.int64)) for i in idx]
         padded = [-(-n // align) * align for n in sizes]
-        buf = xp.zeros(max(1, sum(padded)), dtype=storage)
+        buf = bt.zeros(max(1, sum(padded)), dtype=dt, device=device)._data
         bufs.append(buf)
         off = 0
         for i, n, pn in zip(idx, sizes, padded):
-            grads[i] = bt.Tensor._from_data(buf[off:off + n].reshape(params[i].shape), dt, bt.device(device))
+            grads[i] = bt.Tensor._from_data(buf[off:off + n].reshape(params[i].shape), dt, params[i].device)
             off += pn
     return grads, bufs
 
@@ -183,7 +183,7 @@ class GraphedTrainStep:
         self.grad_norm = xp.zeros((), dtype=np.float32)
         self.next_step: int | None = None
         self._opt_step = opt_step or (self._host_opt_step if xp is np else self._fused_opt_step)
-        self.grads, self._grad_bufs = _static_grads(self.params, device, xp)  # views of flat buffers
+        self.grads, self._grad_bufs = _static_grads(self.params, device)  # views of flat buffers
         self._base_count = 0
         self._base_step = 0
 
