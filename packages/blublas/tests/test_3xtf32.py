@@ -4,6 +4,7 @@ plus the GEMM plans for every layout and both modes, with the kernel modelled in
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import replace
 
 import numpy as np
@@ -84,8 +85,9 @@ def test_split_is_exact_to_22_bits():
 @pytest.mark.parametrize("name,layout,m,n,k", SHAPES)
 def test_3xtf32_accuracy_is_fp32_level_tf32_is_not(name, layout, m, n, k):
     """Bound tested: 3xTF32's max componentwise relative error < 4x the strict fp32 GEMM's (and its mean
-    < 2x), while plain TF32's is > 100x (in practice ~300-1000x)."""
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    < 2x; seen 0.6-1.2x and 0.75x), while plain TF32's mean is > 100x (seen 290-670x) and its max > 30x
+    (seen 120-330x)."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
     a3, b3 = concat_3xtf32(a, b)
@@ -97,7 +99,7 @@ def test_3xtf32_accuracy_is_fp32_level_tf32_is_not(name, layout, m, n, k):
     e3 = rel_err(got3[:, cols], a, b[:, cols])
     et = rel_err(got_tf32[:, cols], a, b[:, cols])
     assert e3[0] < 4 * e32[0] and e3[1] < 2 * e32[1], (name, e3, e32)
-    assert et[0] > 100 * e32[0] and et[1] > 100 * e32[1], (name, et, e32)
+    assert et[1] > 100 * e32[1] and et[0] > 30 * e32[0], (name, et, e32)
     assert rel_err(got3, a, b)[0] < 4 * e32[0]  # all columns
 
 
@@ -122,7 +124,7 @@ def test_numpy_gemm_3xtf32_matches_emulation_and_epilogue():
 @pytest.mark.parametrize("layout", ("nn", "nt", "tn"))
 @pytest.mark.parametrize("shape", ODD_SHAPES)
 def test_numpy_3xtf32_cases_within_fp32_tolerance(layout, shape):
-    rng = np.random.default_rng(abs(hash((layout, shape))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((layout, shape)).encode()))
     case = make_case(rng, *shape, layout=layout, precision="3xtf32", bias="f32", epilogue="gelu",
                      save_preact=True, beta=0.5)
     assert check_case(case) <= case.tol, case.describe()
@@ -188,7 +190,7 @@ class Heap:
 @pytest.mark.parametrize("layout", ("nn", "nt", "tn"))
 @pytest.mark.parametrize("batch", (0, 3))
 def test_split_kernel_index_math_and_plans(how, layout, batch):
-    rng = np.random.default_rng(abs(hash((how, layout, batch))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((how, layout, batch)).encode()))
     m, n, k = 6, 5, 7
     ta, tb = layout[0] == "t", layout[1] == "t"
     lead = (batch,) if batch else ()
@@ -272,7 +274,7 @@ def _cupy():
 def test_gpu_3xtf32_within_fp32_tolerance(how, provider, layout, shape, monkeypatch):
     cp = _cupy()
     monkeypatch.setenv("BLUBLAS_3XTF32", how)
-    rng = np.random.default_rng(abs(hash((layout, shape))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((layout, shape)).encode()))
     case = make_case(rng, *shape, layout=layout, precision="3xtf32", bias="f32", epilogue="gelu",
                      save_preact=True, beta=0.5)
     assert check_case(case, cp, provider=provider) <= case.tol, case.describe()
@@ -305,7 +307,7 @@ def fcp(monkeypatch, tmp_path):
 @pytest.mark.parametrize("batch", (0, 2))
 def test_fake_cupy_3xtf32_plumbing(fcp, monkeypatch, how, layout, shape, batch):
     monkeypatch.setenv("BLUBLAS_3XTF32", how)
-    rng = np.random.default_rng(abs(hash((how, layout, shape, batch))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((how, layout, shape, batch)).encode()))
     case = make_case(rng, *shape, layout=layout, precision="3xtf32", bias="f32", epilogue="gelu",
                      save_preact=True, beta=0.5, batch=batch)
     assert check_case(case, fcp, provider="blublas") <= case.tol, case.describe()
