@@ -36,10 +36,12 @@ def tc_gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fp32_gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Strict SGEMM model: a sequential fp32 chain over K (every product and every sum rounded to fp32)."""
+    """Strict SGEMM model: a sequential FFMA chain over K, as one GPU thread runs it (the product is exact in
+    float64, one rounding to fp32 per step)."""
     acc = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
     for k in range(a.shape[1]):
-        acc = acc + np.outer(a[:, k], b[k]).astype(np.float32)
+        acc = (acc + np.outer(a64[:, k], b64[k])).astype(np.float32)
     return acc
 
 
