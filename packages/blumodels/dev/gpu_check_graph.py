@@ -10,6 +10,8 @@
 (b) small GPT-2 with an lr that changes every step: graph == eager (losses, final parameters);
 (c) host syncs: the eager step (forward, backward, clip, fused AdamW) and one graph replay are queued
     behind ~1.5 s of GPU work: without a host sync the Python call returns long before that work ends;
+(e) the Trainer on CUDA (micro GPT-2, 8 steps, eval every 4): train.cuda_graph vs eager, TF32 (1e-5) and
+    bf16 (1e-3): the real capture through graph_train_step, warm-up/capture/replay flags per step;
 (d) pytest of test_sdpa_qkv.py (strided flash attention fwd/bwd vs float64, causal or not, odd T),
     test_cuda_kernels.py (incl. check_plugins: lazy and sync bad-index errors) and test_graph_step.py (incl.
     the Trainer graph-path twin, which failed on the GPU host when a stale device index flag was read).
@@ -165,6 +167,7 @@ def check_a():
         PRECAST[0] = True
         out["bf16"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:600],
                        "traceback": traceback.format_exc()[-2000:]}
+    out["ok"] = all(v.get("ok") for v in out.values() if isinstance(v, dict))
     return out
 
 
@@ -302,6 +305,38 @@ def check_c():
     return out
 
 
+def check_e():
+    """The Trainer on CUDA: train.cuda_graph (real capture through graph_train_step) vs eager, TF32 and bf16."""
+    import tempfile
+
+    sys.path.insert(0, os.path.join(ROOT, "packages", "blumodels", "tests"))
+    from blumodels.trainer import Trainer
+    from models_helpers import micro_config
+
+    out = {}
+    for prec, tol in (("tf32", 1e-5), ("bf16", 1e-3)):
+        hist = {}
+        for graph in (False, True):
+            cfg = micro_config(batch_tokens=128, steps=8, eval_interval=4, eval_steps=2, checkpoint_interval=0,
+                               grad_clip=0.5, precision=prec, device="cuda", cuda_graph=graph)
+            tr = Trainer(cfg, tempfile.mkdtemp(prefix="gcg-"), quiet=True)
+            tr.fit(save_final=False)
+            tr.close()
+            hist[graph] = tr.history
+        le = [r["loss"] for r in hist[False]]
+        lg = [r["loss"] for r in hist[True]]
+        d = max(abs(a - b) for a, b in zip(le, lg))
+        ve = [r["val_loss"] for r in hist[False] if "val_loss" in r]
+        vg = [r["val_loss"] for r in hist[True] if "val_loss" in r]
+        dv = max(abs(a - b) for a, b in zip(ve, vg)) if ve else float("inf")
+        flags = [bool(r.get("cuda_graph", False)) for r in hist[True]]
+        out[prec] = {"eager_losses": le, "graph_losses": lg, "max_abs_diff": d, "val_max_abs_diff": dv,
+                     "graph_steps": sum(flags), "ok": d <= tol and dv <= tol and len(le) == len(lg) == 8
+                     and len(ve) == len(vg) == 3 and flags == [False] * 2 + [True] * 6}
+    out["ok"] = all(v["ok"] for v in out.values())
+    return out
+
+
 def check_d():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -323,7 +358,7 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     RES["gemm"] = setup_gemm()
     for name, fn in (("b_small_lr_schedule", check_b), ("c_host_syncs", check_c), ("a_gpt2_124m", check_a),
-                     ("d_kernels_pytest", check_d)):
+                     ("e_trainer_cuda", check_e), ("d_kernels_pytest", check_d)):
         t = time.time()
         try:
             RES[name] = fn()
