@@ -320,3 +320,32 @@ def test_fake_cupy_3xtf32_plumbing(fcp, monkeypatch, how, layout, shape, batch):
     assert splits[0].endswith("_v4") == vec, (splits, layout, shape)
     gemms = [n for n in names if n.startswith("blu_gemm_tf32") or n.startswith("blu_gemm_wgmma_tf32")]
     assert len(gemms) >= (1 if how == "concat" else 2), names
+
+
+@pytest.mark.parametrize("how", ("concat", "two"))
+@pytest.mark.parametrize("layout", ("nn", "nt", "tn"))
+def test_fake_cupy_3xtf32_k_chunks_bound_the_temporaries(fcp, monkeypatch, how, layout):
+    """A long K runs in chunks under BLUBLAS_3XTF32_MAX_TEMP_MB; beta, bias, GELU and preact stay exact."""
+    monkeypatch.setenv("BLUBLAS_3XTF32", how)
+    monkeypatch.setenv("BLUBLAS_3XTF32_MAX_TEMP_MB", "1")
+    rng = np.random.default_rng(zlib.crc32(repr(("chunks", how, layout)).encode()))
+    case = make_case(rng, 64, 128, 1000, layout=layout, precision="3xtf32", bias="f32", epilogue="gelu",
+                     save_preact=True, beta=0.5, batch=0)
+    assert check_case(case, fcp, provider="blublas") <= case.tol, case.describe()
+    parts = 3 if how == "concat" else 2
+    kc = max(256, ((1 << 20) // (parts * 4 * (64 + 128))) // 32 * 32)
+    n_chunks = -(-1000 // kc)
+    assert n_chunks > 1
+    splits = [r["name"] for r in fcp.LAUNCHES if r["name"].startswith("blu_split_tf32")]
+    assert len(splits) == 2 * n_chunks, splits
+
+
+def test_max_temp_setting_is_validated(monkeypatch):
+    from blublas.split_tf32 import max_temp_bytes
+
+    monkeypatch.setenv("BLUBLAS_3XTF32_MAX_TEMP_MB", "lots")
+    with pytest.raises(GemmError, match="BLUBLAS_3XTF32_MAX_TEMP_MB"):
+        max_temp_bytes()
+    monkeypatch.setenv("BLUBLAS_3XTF32_MAX_TEMP_MB", "0")
+    with pytest.raises(GemmError, match="> 0"):
+        max_temp_bytes()

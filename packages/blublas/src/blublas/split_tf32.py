@@ -26,6 +26,19 @@ from .errors import GemmError
 
 KERNEL_FILE = "split_tf32.cu"
 MODES = ("concat", "two")
+MIN_CHUNK_K = 256
+
+
+def max_temp_bytes() -> int:
+    """BLUBLAS_3XTF32_MAX_TEMP_MB (default 1024): cap on the split operands of one GEMM; longer K runs in chunks."""
+    v = os.environ.get("BLUBLAS_3XTF32_MAX_TEMP_MB", "1024").strip()
+    try:
+        mb = int(v)
+    except ValueError:
+        raise GemmError(f"BLUBLAS_3XTF32_MAX_TEMP_MB must be an integer number of MiB, got {v!r}") from None
+    if mb <= 0:
+        raise GemmError(f"BLUBLAS_3XTF32_MAX_TEMP_MB must be > 0, got {mb}")
+    return mb << 20
 
 
 def mode() -> str:
@@ -93,6 +106,33 @@ def part_view(info: MatInfo, k_along_cols: bool, parts: int, j: int) -> MatInfo:
     return replace(info, rows=k, ptr=info.ptr + 4 * j * k * info.cols)
 
 
+def k_slice(info: MatInfo, k_along_cols: bool, k0: int, kc: int) -> MatInfo:
+    """MatInfo of the K range [k0, k0 + kc) of a stored operand (a strided view, nothing copied)."""
+    if k_along_cols:
+        return replace(info, cols=kc, ptr=info.ptr + info.itemsize * k0)
+    return replace(info, rows=kc, ptr=info.ptr + info.itemsize * k0 * info.ld)
+
+
+def k_chunks(p: Problem, parts: int, cap: int) -> list[Problem]:
+    """Split ``p`` along K so each chunk's split operands stay under ``cap`` bytes.
+
+    Chunk 0 keeps beta; later chunks accumulate (beta = 1); only the last one carries bias, GELU and the
+    pre-activation, so the epilogue sees the full sum exactly as the unchunked GEMM would."""
+    per_k = parts * 4 * max(p.batch, 1) * (p.M + p.N)
+    if per_k * p.K <= cap:
+        return [p]
+    kc = max(MIN_CHUNK_K, (cap // per_k) // 32 * 32)
+    out = []
+    for i, k0 in enumerate(range(0, p.K, kc)):
+        k = min(kc, p.K - k0)
+        q = replace(p, A=k_slice(p.A, not p.trans_a, k0, k), B=k_slice(p.B, p.trans_b, k0, k), K=k,
+                    beta=p.beta if i == 0 else 1.0)
+        if k0 + k < p.K:
+            q = replace(q, bias=None, bias_tag=None, gelu=False, preact=None, P=None)
+        out.append(q)
+    return out
+
+
 def plans_3xtf32(p: Problem, split_a: Any, split_b: Any, how: str) -> tuple[list[Problem], list[Any]]:
     """The TF32 problems computing 3xtf32 problem ``p``; ``split_a/split_b(parts, lo_mask)`` -> (buf, MatInfo).
 
@@ -120,13 +160,15 @@ def run_3xtf32(p: Problem, stream: Any, run: Any) -> None:
     if p.K == 0:  # nothing to split: out = beta*out + bias (+ GELU) as fp32 does it
         run(replace(p, precision="fp32"))
         return
+    how = mode()
     with cupy.cuda.Device(p.device_id):
-        probs, keep = plans_3xtf32(
-            p,
-            lambda parts, mask: split_operand(p.A, not p.trans_a, parts, mask, s),
-            lambda parts, mask: split_operand(p.B, p.trans_b, parts, mask, s),
-            mode(),
-        )
-        for q in probs:
-            run(q)
-        del keep  # freed to the pool in stream order: the GEMMs above were enqueued first
+        for c in k_chunks(p, 3 if how == "concat" else 2, max_temp_bytes()):
+            probs, keep = plans_3xtf32(
+                c,
+                lambda parts, mask, c=c: split_operand(c.A, not c.trans_a, parts, mask, s),
+                lambda parts, mask, c=c: split_operand(c.B, c.trans_b, parts, mask, s),
+                how,
+            )
+            for q in probs:
+                run(q)
+            del keep  # freed to the pool in stream order: the GEMMs above were enqueued first

@@ -95,7 +95,7 @@ from blutensor.functional import (
     var,
     where,
 )
-from blutensor.gemm import get_matmul_precision, set_gemm_provider, set_matmul_precision
+from blutensor.gemm import get_fp32_gemm, get_matmul_precision, set_fp32_gemm, set_gemm_provider, set_matmul_precision
 from blutensor.random import Generator, get_rng_state, manual_seed, set_rng_state
 
 bool = bool_  # noqa: A001 - PyTorch's name for the dtype
@@ -114,7 +114,7 @@ __all__ = [
     "is_grad_enabled", "linspace", "log", "log_softmax", "long", "manual_seed", "matmul", "max",
     "maximum", "mean", "min", "minimum", "mul", "neg", "nn", "no_grad", "norm", "ones", "ones_like",
     "ops", "optim", "permute", "pow", "rand", "rand_like", "randint", "randn", "randn_like", "random",
-    "relu", "reshape", "rsqrt", "set_default_dtype", "set_gemm_provider", "set_grad_enabled",
+    "relu", "reshape", "rsqrt", "set_default_dtype", "set_fp32_gemm", "get_fp32_gemm", "set_gemm_provider", "set_grad_enabled",
     "set_matmul_precision", "set_rng_state", "sigmoid", "sin", "softmax", "split", "sqrt", "squeeze",
     "stack", "std", "sub", "sum", "tanh", "tensor", "transpose", "tril", "triu", "uint16", "unsqueeze",
     "var", "where", "zeros", "zeros_like",
