@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import blutensor as bt
 import numpy as np
 import pytest
-
-import blutensor as bt
 from blutensor import gemm
 
 
