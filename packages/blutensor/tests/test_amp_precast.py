@@ -87,7 +87,8 @@ def test_cuda_multi_cast_matches_single_casts():
         assert bool((o == to_bf16(a)).all())
 
 
-def test_precast_cuda_nodes_on_numpy(monkeypatch):
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_precast_cuda_nodes_on_numpy(monkeypatch, accumulate):
     """CPU twin of the CUDA precast: the one-launch cast replaced by NumPy rounding, the cached copies' cast
     nodes (CastCuda's backward) must deliver the same float32 master gradients as per-weight casts."""
     import ml_dtypes
@@ -105,6 +106,13 @@ def test_precast_cuda_nodes_on_numpy(monkeypatch):
         return [a.astype(ml_dtypes.bfloat16) for a in arrays]
 
     monkeypatch.setattr(cast_mod, "multi_to_bf16", fake_multi)
+    added = []
+
+    def fake_accumulate(acc, g):
+        added.append(g.shape)
+        acc += g.astype(np.float32)
+
+    monkeypatch.setattr(cast_mod, "accumulate_bf16", fake_accumulate)
     monkeypatch.setattr(cast_mod, "cupy", lambda: np)
     real_resolve = dispatch.resolve
     monkeypatch.setattr(dispatch, "resolve",
@@ -113,7 +121,10 @@ def test_precast_cuda_nodes_on_numpy(monkeypatch):
 
     def precast_as_cuda(params):  # route the CPU device through the CUDA half
         todo = list({id(p): p for p in params}.values())
-        assert amp._precast_cuda(todo, bt.device("cpu"), bt.bfloat16, True, bt.Tensor)
+        assert amp._precast_cuda(todo, bt.device("cpu"), bt.bfloat16, True, bt.Tensor, accumulate)
+        if accumulate:  # the captured step: masters hold zeroed float32 grads before backward
+            for p in todo:
+                p.grad = bt.zeros(*p.shape)
         return len(todo)
 
     monkeypatch.setattr(bt.amp, "precast", precast_as_cuda)
@@ -121,5 +132,42 @@ def test_precast_cuda_nodes_on_numpy(monkeypatch):
     monkeypatch.setattr(bt.amp, "precast", orig)
     assert calls == [6] and info["hits"] >= 6
     assert l0 == l1
-    for a, b in zip(g0, g1):
-        assert (a is None and b is None) or np.array_equal(a, b)
+    # accumulate: the 4 lowered weights' grads were added in place by the fused path (once per cast node: the
+    # engine sums the two uses of w1 and w2 before the node's backward)
+    assert sorted(added) == (sorted([(16, 8), (16,), (8, 16), (8,)]) if accumulate else [])
+    for i, (a, b) in enumerate(zip(g0, g1)):
+        if a is None:  # the unused cast: None, or the untouched zero buffer with accumulate
+            assert b is None or (accumulate and not b.any()), i
+        else:
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_cuda_precast_accumulate_equals_plain():
+    """On the GPU: precast(accumulate=True) into zeroed fp32 grads == casts on first use, bit for bit."""
+    import cupy
+    from blutensor.cuda_ops.cast import accumulate_bf16, to_bf16
+
+    ps = _params("cuda")
+    x = bt.tensor(rng(1).standard_normal((4, 8)).astype(np.float32), device="cuda")
+    _, _, l0, g0 = _step(ps, x, pre=False)
+    w1, b1, w2, b2, ln, _ = ps
+    for p in ps:
+        p.grad = bt.zeros(*p.shape, device="cuda")
+    with bt.autocast("cuda"):
+        assert bt.amp.precast(ps, accumulate=True) == 6
+        h = F.gelu(F.linear(x, w1, b1), approximate="tanh")
+        loss = ((F.linear(h, w2, b2).float() + F.linear(F.linear(x, w1), w2).float()) * ln).sum()
+    loss.backward()
+    assert host(loss) == l0
+    for p, a in zip(ps, g0):
+        np.testing.assert_array_equal(host(p.grad), np.zeros(p.shape, np.float32) if a is None else a)
+    acc = cupy.asarray(rng(4).standard_normal(1003).astype(np.float32))
+    g = to_bf16(cupy.asarray(rng(5).standard_normal(1003).astype(np.float32)))
+    ref = acc + (g.astype(cupy.uint32) << 16).view(cupy.float32)
+    accumulate_bf16(acc, g)
+    assert bool((acc == ref).all())
+    acc2, ref2 = acc.copy(), acc[1:] + (g[1:].astype(cupy.uint32) << 16).view(cupy.float32)
+    accumulate_bf16(acc2[1:], g[1:])  # unaligned: scalar path
+    assert bool((acc2[1:] == ref2).all())

@@ -166,13 +166,16 @@ def _cast(t, dt):
     return out
 
 
-def precast(params) -> int:
+def precast(params, accumulate: bool = False) -> int:
     """Put the low-precision casts of all float32 ``params`` into the weight cast cache now (inside a region).
 
     On CUDA the casts of one device run as ONE multi-tensor launch (cuda_ops.cast.multi_to_bf16) instead of one
     launch per weight; each cached copy keeps its own differentiable ``cast`` node, so gradients reach the
     float32 masters exactly as with casts made on first use. Elsewhere (CPU) the casts are made one by one.
     Casts of parameters no op then lowers are unused (a few small extra copies). Returns how many were cast.
+    ``accumulate=True`` (CUDA; for a training step whose masters already hold float32 ``.grad`` buffers, e.g.
+    the captured step, and that never calls ``bt.grad``): the casts' backward adds the bf16 gradient straight
+    into ``.grad`` in one kernel (cast.CastAccumulateCuda) instead of widening it into a new array first.
     """
     if _S.depth == 0 or not _S.cache_enabled:
         return 0
@@ -192,13 +195,13 @@ def precast(params) -> int:
     for (dev, low), ps in todo.items():
         ps = list(ps.values())
         n += len(ps)
-        if dev.type != "cuda" or not _precast_cuda(ps, dev, low, grad_on, T):
+        if dev.type != "cuda" or not _precast_cuda(ps, dev, low, grad_on, T, accumulate):
             for p in ps:
                 _cast(p, low)
     return n
 
 
-def _precast_cuda(ps, dev, low, grad_on, T) -> bool:
+def _precast_cuda(ps, dev, low, grad_on, T, accumulate: bool = False) -> bool:
     """The CUDA half of :func:`precast`; False when the built-in cast kernel is not the one dispatch uses."""
     from blutensor.autograd.node import Ctx, Node
     from blutensor.cuda_ops import cast as cast_mod
@@ -206,6 +209,8 @@ def _precast_cuda(ps, dev, low, grad_on, T) -> bool:
     kernel = dispatch.resolve("cast", "cuda", "float32")
     if kernel is not cast_mod.CastCuda or low is not bfloat16 or any(not p._data.flags.c_contiguous for p in ps):
         return False
+    if accumulate:
+        kernel = cast_mod.CastAccumulateCuda
     if dev.index:
         import cupy
 
@@ -219,6 +224,8 @@ def _precast_cuda(ps, dev, low, grad_on, T) -> bool:
         if grad_on:
             ctx = Ctx()
             ctx.saved, ctx.out_dtype, ctx.needs = (float32, low), low, (True,)
+            if accumulate:
+                ctx.param = p
             t.grad_fn = Node("cast", kernel, ctx, (p,), [])
             t.requires_grad = True
         _S.misses += 1

@@ -129,3 +129,32 @@ class CastCuda(Kernel):
     def backward(ctx, g):
         src, dst = ctx.saved
         return (_convert(g, dst, src),)
+
+
+def accumulate_bf16(acc, g) -> None:
+    """acc (float32, C-contiguous) += widen(g) (bf16 bits) in one pass, in place."""
+    cp = cupy()
+    g = cp.ascontiguousarray(g)
+    if g.size:
+        launch(FILE, "blu_cast_accumulate_bf16_into_f32", _grid(g.size), 256,
+               (g, acc, np.int64(g.size), np.int32(aligned16(g, acc))))
+
+
+class CastAccumulateCuda(CastCuda):
+    """The weight casts of ``bt.amp.precast(..., accumulate=True)`` (the captured training step): backward adds
+    the bf16 gradient straight into the float32 master's existing ``.grad`` (one kernel, bit-identical to
+    widen + accumulate) and hands the engine nothing for it; without a plain float32 ``.grad`` (or with
+    gradient hooks on the master) it widens like :class:`CastCuda`. Not registered: only precast uses it,
+    and only where nothing else needs the gradient to pass through the engine (no ``bt.grad`` capture)."""
+
+    PLUGIN_NAME = "blutensor.cuda.cast_accumulate"
+
+    @staticmethod
+    def backward(ctx, g):
+        p = ctx.param
+        acc = p.grad
+        if (acc is not None and p._hooks is None and p._post_hooks is None and g.dtype.itemsize == 2
+                and acc._data.dtype == _F32 and acc._data.flags.c_contiguous and acc._data.shape == g.shape):
+            accumulate_bf16(acc._data, g)
+            return (None,)
+        return CastCuda.backward(ctx, g)

@@ -68,3 +68,27 @@ extern "C" __global__ void blu_cast_multi_f32_to_bf16(const unsigned long long* 
     }
     for (long long i = first + threadIdx.x; i < end; i += blockDim.x) y[i] = from_f<bf16_t>(x[i]);
 }
+
+// acc (float32) += widen(g) (bfloat16): the backward of an autocast weight cast added straight into the
+// float32 master's gradient buffer (one pass instead of widen-to-a-new-array + accumulate).
+extern "C" __global__ void blu_cast_accumulate_bf16_into_f32(const bf16_t* __restrict__ g, float* __restrict__ acc,
+                                                             long long n, int vec) {
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long nth = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (vec) {
+        const long long nv = n / 8;
+        for (long long i = tid; i < nv; i += nth) {
+            float v[8], a[8];
+            load_vec(g + i * 8, v);
+            load_vec(acc + i * 8, a);
+            load_vec(acc + i * 8 + 4, a + 4);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) a[k] += v[k];
+            store_vec(acc + i * 8, a);
+            store_vec(acc + i * 8 + 4, a + 4);
+        }
+        done = nv * 8;
+    }
+    for (long long i = done + tid; i < n; i += nth) acc[i] += to_f(g[i]);
+}
