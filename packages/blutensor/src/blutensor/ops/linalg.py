@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from blutensor.backend import is_cuda_array
 from blutensor.errors import ShapeError
 from blutensor.ops._util import unbroadcast
 
@@ -76,14 +77,14 @@ def linear_forward(ctx, x, w, b=None):
         raise ShapeError(f"linear: input features {x.shape[-1]} (input shape {tuple(x.shape)}) do not match "
                          f"weight shape {tuple(w.shape)} (out_features, in_features)")
     x2 = x.reshape(-1, x.shape[-1])
-    if type(x2) is np.ndarray:
-        y = np.matmul(x2, w.T)
-        if b is not None:
-            y += b
-    else:  # CUDA: one NT GEMM with the bias fused into its epilogue (blutensor.gemm.cuda_linear)
+    if is_cuda_array(x2):  # CUDA: one NT GEMM with the bias fused into its epilogue (blutensor.gemm.cuda_linear)
         from blutensor.gemm import cuda_linear
 
         y = cuda_linear(x2, w, b)
+    else:  # NumPy, or array-likes of a tracer (blucompiler): the plain formula
+        y = gemm(x2, w.T)
+        if b is not None:
+            y += b
     ctx.saved = (x2, w, x.shape)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
@@ -95,10 +96,10 @@ def linear_backward(ctx, g):
     gw = gemm(g2.T, x2) if ctx.needs[1] else None
     gb = None
     if len(ctx.needs) > 2 and ctx.needs[2]:
-        if type(g2) is np.ndarray:
-            gb = g2.sum(axis=0)
-        else:  # CUDA: a GEMV on the GEMM provider instead of CuPy's one-thread-per-column axis-0 sum
+        if is_cuda_array(g2):  # CUDA: a GEMV on the GEMM provider (CuPy's axis-0 sum is one thread per column)
             from blutensor.gemm import cuda_bias_grad
 
             gb = cuda_bias_grad(g2)
+        else:
+            gb = g2.sum(axis=0)
     return gx, gw, gb
