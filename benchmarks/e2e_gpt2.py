@@ -180,6 +180,37 @@ def main() -> None:
     if a.only:
         runs = [r for r in runs if r[0] in a.only.split(",")]
     results = {}
+    prec_of = {r[0]: r[2] for r in RUNS}
+    refs = {"fp32": ("torch_compile_fp32", "torch_eager_fp32"), "tf32": ("torch_compile_tf32", "torch_eager_tf32"),
+            "bf16": ("torch_eager_bf16",)}
+    loss_refs = {"fp32": ("torch_eager_fp32",), "tf32": ("torch_eager_tf32", "torch_compile_tf32"),
+                 "bf16": ("torch_eager_bf16",)}
+
+    def write_doc():
+        """Ratios (tokens/s, BluTrain / PyTorch, same run) and per-step loss differences; rewritten after every run."""
+        ratios, loss_diff = {}, {}
+        for ours, r in results.items():
+            if not ours.startswith("blutrain") or "tokens_per_s" not in r:
+                continue
+            for ref in refs[prec_of[ours]]:
+                if results.get(ref, {}).get("tokens_per_s"):
+                    ratios[f"{ours}/{ref}"] = r["tokens_per_s"] / results[ref]["tokens_per_s"]
+            ref = next((x for x in loss_refs[prec_of[ours]] if "losses" in results.get(x, {})), None)
+            if ref and "losses" in r:
+                d = [abs(x - y) for x, y in zip(r["losses"], results[ref]["losses"])]
+                r[f"abs_loss_diff_vs_{ref}"] = d
+                loss_diff[f"{ours}/{ref}"] = {"max": max(d), "steps": len(d)}
+        import cupy
+
+        doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 " + " ".join(sys.argv),
+               "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy": cupy.__version__,
+               "python": platform.python_version(), "config": {"model": "gpt2-124m", "batch": a.batch, "seq": a.seq,
+                                                              "layers": a.layers, "steps": a.steps, "warmup": a.warmup},
+               "results": results, "ratios_tokens_per_s": ratios, "max_abs_loss_diff": loss_diff}
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(doc, indent=1))
+        return ratios, loss_diff
+
     for name, fw, prec, comp, env in runs:
         cmd = [sys.executable, __file__, "--child", "--framework", fw, "--precision", prec, "--batch", str(a.batch),
                "--seq", str(a.seq), "--layers", str(a.layers), "--steps", str(a.steps), "--warmup", str(a.warmup)]
@@ -196,40 +227,8 @@ def main() -> None:
         results[name]["wall_s"] = round(time.time() - t0, 1)
         print(name, {k: results[name].get(k) for k in ("tokens_per_s", "median_step_ms", "peak_reserved_gib",
                                                         "peak_allocated_gib", "error")}, flush=True)
-    ratios = {}
-
-    def tps(n):
-        return results.get(n, {}).get("tokens_per_s")
-
-    for ours, ref in (("blutrain_fp32", "torch_compile_fp32"), ("blutrain_fp32", "torch_eager_fp32"),
-                      ("blutrain_fp32_3xtf32", "torch_compile_fp32"),
-                      ("blutrain_fp32_3xtf32_graph", "torch_compile_fp32"),
-                      ("blutrain_tf32", "torch_compile_tf32"), ("blutrain_tf32", "torch_eager_tf32"),
-                      ("blutrain_tf32_graph", "torch_compile_tf32"), ("blutrain_fp32_graph", "torch_compile_fp32"),
-                      ("blutrain_bf16", "torch_eager_bf16"), ("blutrain_bf16_graph", "torch_eager_bf16")):
-        if tps(ours) and tps(ref):
-            ratios[f"{ours}/{ref}"] = tps(ours) / tps(ref)
-    loss_diff = None
-    if "losses" in results.get("blutrain_fp32", {}) and "losses" in results.get("torch_eager_fp32", {}):
-        la, lb = results["blutrain_fp32"]["losses"], results["torch_eager_fp32"]["losses"]
-        loss_diff = max(abs(x - y) for x, y in zip(la, lb))
-    for ours in ("blutrain_fp32_3xtf32", "blutrain_fp32_3xtf32_graph"):  # fp32-accurate: compare with torch fp32
-        if "losses" in results.get(ours, {}) and "losses" in results.get("torch_eager_fp32", {}):
-            la, lb = results[ours]["losses"], results["torch_eager_fp32"]["losses"]
-            results[ours]["max_abs_loss_diff_vs_torch_eager_fp32"] = max(abs(x - y) for x, y in zip(la, lb))
-    for ours in ("blutrain_bf16", "blutrain_bf16_graph"):
-        if "losses" in results.get(ours, {}) and "losses" in results.get("torch_eager_bf16", {}):
-            la, lb = results[ours]["losses"], results["torch_eager_bf16"]["losses"]
-            results[ours]["max_abs_loss_diff_vs_torch_eager_bf16"] = max(abs(x - y) for x, y in zip(la, lb))
-    import cupy
-
-    doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 " + " ".join(sys.argv),
-           "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy": cupy.__version__,
-           "python": platform.python_version(), "config": {"model": "gpt2-124m", "batch": a.batch, "seq": a.seq,
-                                                          "layers": a.layers, "steps": a.steps, "warmup": a.warmup},
-           "results": results, "ratios_tokens_per_s": ratios, "max_abs_loss_diff_fp32_vs_torch_eager": loss_diff}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=1))
+        write_doc()
+    ratios, loss_diff = write_doc()
     print("ratios", json.dumps(ratios), "loss diff", loss_diff)
 
 
