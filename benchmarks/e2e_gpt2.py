@@ -141,6 +141,11 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
      {"--fused": "", "--gemm": "cublas", "BLUTRAIN_FP32_GEMM": "3xtf32"}),
     ("blutrain_fp32_3xtf32_graph", "blutrain", "fp32", False,
      {"--fused": "", "--gemm": "cublas", "--graph": "", "BLUTRAIN_FP32_GEMM": "3xtf32"}),
+    # the same with the two-GEMM split (small terms in their own GEMM: tensor-core accumulation keeps their bits)
+    ("blutrain_fp32_3xtf32two", "blutrain", "fp32", False,
+     {"--fused": "", "--gemm": "cublas", "BLUTRAIN_FP32_GEMM": "3xtf32", "BLUBLAS_3XTF32": "two"}),
+    ("blutrain_fp32_3xtf32two_graph", "blutrain", "fp32", False,
+     {"--fused": "", "--gemm": "cublas", "--graph": "", "BLUTRAIN_FP32_GEMM": "3xtf32", "BLUBLAS_3XTF32": "two"}),
     ("blutrain_fp32_blublas", "blutrain", "fp32", False, {"--fused": "", "--gemm": "blublas"}),
     ("blutrain_fp32_xp", "blutrain", "fp32", False, {"--fused": "", "--gemm": "xp"}),
     ("blutrain_fp32_caching", "blutrain", "fp32", False, {"--fused": "", "--allocator": "caching"}),
