@@ -77,3 +77,16 @@ def test_install_refuses_a_non_cuda_allocator():
     with pytest.raises(TypeError, match="CudaBackend"):
         cupy_glue.install(CachingAllocator(FakeDeviceBackend()))
     assert not cupy_glue.is_installed()
+
+
+def test_graph_allocator_is_none_until_installed(monkeypatch):
+    """blutensor's CUDA graphs ask the plugin for the installed allocator (graph_pool) through the host."""
+    from bluallocator import cupy_glue
+    from bluallocator.hooks import CachingAllocatorPlugin
+
+    monkeypatch.setattr(cupy_glue, "is_installed", lambda: False)
+    assert CachingAllocatorPlugin.graph_allocator() is None
+    sentinel = object()
+    monkeypatch.setattr(cupy_glue, "is_installed", lambda: True)
+    monkeypatch.setattr(cupy_glue, "get_allocator", lambda device=None: sentinel)
+    assert CachingAllocatorPlugin.graph_allocator() is sentinel

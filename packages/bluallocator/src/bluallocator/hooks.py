@@ -45,6 +45,13 @@ class CachingAllocatorPlugin:
         from .cupy_glue import empty_cache
         return empty_cache()
 
+    @classmethod
+    def graph_allocator(cls) -> Any:
+        """The installed caching allocator (it has ``graph_pool()``: private pools for CUDA-graph capture), else
+        None. blutensor's CUDA graphs find it here, through the plugin host, without importing bluallocator."""
+        from .cupy_glue import get_allocator, is_installed
+        return get_allocator() if is_installed() else None
+
 
 class CupyDefaultAllocatorPlugin:
     """CuPy's own memory pool (not graph-safe), for comparison and as a fallback."""

@@ -42,6 +42,24 @@ def _mode(cp, name: str) -> int:
     return int(getattr(rt, table[name], {"global": 0, "thread_local": 1, "relaxed": 2}[name]))
 
 
+def _graph_allocator():
+    """An installed allocator plugin's graph-capable allocator (``graph_pool()``), found through the plugin host
+    (bluallocator registers ``caching``); None when no such allocator is installed."""
+    from blutensor.plugin.manager import get_host
+
+    for rec in get_host().registry("allocator"):
+        get = getattr(rec.cls, "graph_allocator", None)
+        if get is None:
+            continue
+        try:
+            alloc = get()
+        except Exception:  # noqa: BLE001 - a broken plugin must not break capture: fall back to a private CuPy pool
+            alloc = None
+        if alloc is not None and hasattr(alloc, "graph_pool"):
+            return alloc
+    return None
+
+
 class _Pool:
     """A private allocation pool for one capture (kept alive as long as its graph)."""
 
@@ -50,13 +68,7 @@ class _Pool:
         self.blu = None
         self.pool_id = None
         self.cupy_pool = None
-        try:
-            from bluallocator import cupy_glue
-
-            if cupy_glue.is_installed():
-                self.blu = cupy_glue.get_allocator()
-        except ImportError:
-            pass
+        self.blu = _graph_allocator()
         if self.blu is None:
             self.cupy_pool = cp.cuda.MemoryPool()
 

@@ -35,7 +35,8 @@ class BlutrainSpecs:
 
     @hookspec
     def blutrain_register_allocators(self) -> list[type]:
-        """Device allocators: PLUGIN_NAME, ``is_available()``, ``install()`` / ``uninstall()``."""
+        """Device allocators: PLUGIN_NAME, ``is_available()``, ``install()`` / ``uninstall()``; optional
+        ``graph_allocator()`` -> the installed allocator with ``graph_pool()`` (private pools for graph capture)."""
 
     @hookspec
     def blutrain_register_parallel_strategies(self) -> list[type]:
