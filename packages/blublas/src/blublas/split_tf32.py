@@ -4,9 +4,11 @@ Each fp32 operand is split into TF32 parts, x = hi + lo (kernels/split_tf32.cu),
 ``op(A) @ op(B) ~= hi(A) hi(B) + hi(A) lo(B) + lo(A) hi(B)`` (exact TF32 products, fp32 accumulation; the
 lo*lo term is below fp32 precision) runs as TF32 GEMMs of the chosen provider (cuBLASLt or our kernels):
 
-* ``concat`` (default): ONE GEMM over 3K, ``[A_hi | A_lo | A_hi] @ [B_hi ; B_hi ; B_lo]``;
-* ``two``: ``[A_lo | A_hi] @ [B_hi ; B_lo]`` (the small terms, over 2K) then ``A_hi @ B_hi`` with beta = 1
-  (views into the same buffers), 2/3 of the temporary memory.
+* ``two`` (default): ``[A_lo | A_hi] @ [B_hi ; B_lo]`` (the small terms, over 2K) then ``A_hi @ B_hi`` with
+  beta = 1 (views into the same buffers), 2/3 of the temporary memory;
+* ``concat``: ONE GEMM over 3K, ``[A_hi | A_lo | A_hi] @ [B_hi ; B_hi ; B_lo]`` (~5% faster, but the tensor
+  cores sum each k-group's products aligned to the largest exponent, so the small terms lose bits next to the
+  big ones: on the H200 its error was ~10x strict SGEMM's, ``two``'s ~2.3x).
 
 ``BLUBLAS_3XTF32=concat|two`` chooses. alpha, beta*out, bias, GELU and the pre-activation are applied to the
 final result exactly as for ``fp32``. The split operands are temporaries from the current CuPy allocator on
@@ -42,8 +44,8 @@ def max_temp_bytes() -> int:
 
 
 def mode() -> str:
-    """BLUBLAS_3XTF32 (default 'concat'): one GEMM over 3K, or 'two' GEMMs (2K, then K with beta = 1)."""
-    m = os.environ.get("BLUBLAS_3XTF32", "concat").strip().lower() or "concat"
+    """BLUBLAS_3XTF32 (default 'two'): 'two' GEMMs (2K, then K with beta = 1), or one GEMM over 3K ('concat')."""
+    m = os.environ.get("BLUBLAS_3XTF32", "two").strip().lower() or "two"
     if m not in MODES:
         raise GemmError(f"BLUBLAS_3XTF32 must be one of {MODES}, got {m!r}")
     return m
