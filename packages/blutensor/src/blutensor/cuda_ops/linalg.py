@@ -81,16 +81,22 @@ def _all_bf16(*arrays) -> bool:
     return all(a is None or a.dtype == _BF16 for a in arrays)
 
 
-class LinearCuda(Kernel):
-    """linear on bf16 CUDA tensors: one bf16 GEMM with the bias in its epilogue; backward 2 GEMMs + a GEMV."""
+class _Bf16Gemm(Kernel):
+    """Shared plugin metadata of the bf16 GEMM kernels (CUDA, bf16 storage, both operands saved)."""
 
-    PLUGIN_NAME = "blutensor.cuda.linear"
-    OP = "linear"
     BACKEND = "cuda"
     DTYPES = ("bfloat16",)
     PRIORITY = 10
     BF16_NATIVE = True
     SAVES = (0, 1)
+    SAME_DTYPE = (0, 1)
+
+
+class LinearCuda(_Bf16Gemm):
+    """linear on bf16 CUDA tensors: one bf16 GEMM with the bias in its epilogue; backward 2 GEMMs + a GEMV."""
+
+    PLUGIN_NAME = "blutensor.cuda.linear"
+    OP = "linear"
     SAME_DTYPE = (0, 1, 2)
 
     @staticmethod
@@ -115,17 +121,11 @@ class LinearCuda(Kernel):
         return gx, gw, gb
 
 
-class MatmulCuda(Kernel):
+class MatmulCuda(_Bf16Gemm):
     """matmul on bf16 CUDA tensors (>= 2-D, equal batch dims or a 2-D right operand); others widen."""
 
     PLUGIN_NAME = "blutensor.cuda.matmul"
     OP = "matmul"
-    BACKEND = "cuda"
-    DTYPES = ("bfloat16",)
-    PRIORITY = 10
-    BF16_NATIVE = True
-    SAVES = (0, 1)
-    SAME_DTYPE = (0, 1)
 
     @staticmethod
     def forward(ctx, a, b):
@@ -162,17 +162,11 @@ class MatmulCuda(Kernel):
         return ga, gb
 
 
-class BmmCuda(Kernel):
+class BmmCuda(_Bf16Gemm):
     """bmm on bf16 CUDA tensors: strided-batch bf16 GEMMs."""
 
     PLUGIN_NAME = "blutensor.cuda.bmm"
     OP = "bmm"
-    BACKEND = "cuda"
-    DTYPES = ("bfloat16",)
-    PRIORITY = 10
-    BF16_NATIVE = True
-    SAVES = (0, 1)
-    SAME_DTYPE = (0, 1)
 
     @staticmethod
     def forward(ctx, a, b):
