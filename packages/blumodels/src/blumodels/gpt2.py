@@ -96,11 +96,14 @@ class _GeluLinear(Function):
         return gu, gw, gb
 
 
-def _lean_ok(u, w) -> bool:
-    """The fused GELU + c_proj path: fp32 outside autocast (bf16 paths keep the generic ops)."""
+def _lean_ok(u, proj) -> bool:
+    """The fused GELU + c_proj path: fp32 outside autocast (bf16 paths keep the generic ops), and only while
+    ``proj`` is GPT-2's own ``Linear``: a module that replaced it (tensor-parallel row-parallel linear, a
+    plugin's layer) keeps its own forward (and its communication)."""
     from blutensor.ops import dispatch
 
-    return u.dtype == bt.float32 and w.dtype == bt.float32 and dispatch.autocast_hook is None
+    return (type(proj) is Linear and u.dtype == bt.float32 and proj.weight.dtype == bt.float32
+            and dispatch.autocast_hook is None)
 
 
 class MLP(nn.Module):
@@ -113,7 +116,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         u = self.c_fc(x)
-        if _lean_ok(u, self.c_proj.weight):  # saves u only, not gelu(u) too (4*d floats per token less)
+        if _lean_ok(u, self.c_proj):  # saves u only, not gelu(u) too (4*d floats per token less)
             y = _GeluLinear.apply(u, self.c_proj.weight, self.c_proj.bias)
         else:
             y = self.c_proj(F.gelu(u, approximate="tanh"))
