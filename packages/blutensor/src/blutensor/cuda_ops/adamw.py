@@ -75,12 +75,7 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
         t.n_chunks,
         BLOCK,
         (
-            *t.ptrs,
-            t.flags,
-            t.numel,
-            t.chunk_tensor,
-            t.chunk_start,
-            np.int64(t.chunk),
+            *t.args(),
             lr_v,
             lr_p,
             st_v,

@@ -60,6 +60,11 @@ class TensorTable:
         self.chunk_tensor = cp.asarray(ct)
         self.chunk_start = cp.asarray(cs)
 
+    def args(self) -> tuple:
+        """The table's leading kernel arguments: one pointer array per list, flags, sizes, the chunk map and
+        the chunk length (the multi-tensor kernels' shared signature head)."""
+        return (*self.ptrs, self.flags, self.numel, self.chunk_tensor, self.chunk_start, np.int64(self.chunk))
+
 
 _cache: OrderedDict = OrderedDict()
 _CACHE_MAX = 16

@@ -38,7 +38,7 @@ def global_grad_norm(grads):
         "blu_grad_norm_partial",
         t.n_chunks,
         BLOCK,
-        (*t.ptrs, t.flags, t.numel, t.chunk_tensor, t.chunk_start, np.int64(t.chunk), partial),
+        (*t.args(), partial),
     )
     launch(FILE, "blu_grad_norm_finalize", 1, 1024, (partial, np.int32(t.n_chunks), out))
     return out
@@ -57,15 +57,6 @@ def clip_grads_(grads, max_norm: float, norm=None):
                 "blu_grad_norm_scale",
                 t.n_chunks,
                 BLOCK,
-                (
-                    *t.ptrs,
-                    t.flags,
-                    t.numel,
-                    t.chunk_tensor,
-                    t.chunk_start,
-                    np.int64(t.chunk),
-                    norm,
-                    np.float32(max_norm),
-                ),
+                (*t.args(), norm, np.float32(max_norm)),
             )
     return norm
