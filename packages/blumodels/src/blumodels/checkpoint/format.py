@@ -19,12 +19,13 @@ import hashlib
 import json
 import os
 import struct
-import uuid
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from blumodels.fsio import atomic_write
 
 FORMAT_NAME = "blutrain-checkpoint"
 FORMAT_VERSION = 1
@@ -63,20 +64,6 @@ def st_dtype_name(dtype: Any) -> str:
 
 def _bytes_view(arr: np.ndarray) -> memoryview:
     return memoryview(arr.reshape(-1).view(np.uint8))
-
-
-def fsync_dir(directory: str | os.PathLike) -> None:
-    """fsync a directory so a rename inside it is durable (no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _index_and_arrays(tensors: dict[str, np.ndarray]) -> tuple[dict, list[np.ndarray], int]:
@@ -119,29 +106,20 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, np.ndarray], met
                 "meta_sha256": _meta_digest(meta_json, index), "payload_bytes": str(payload),
                 "sha256": "0" * 64}
     head = _header_bytes(index, metadata)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(head)))
-            f.write(head)  # placeholder digest, same length as the real one
-            h = hashlib.sha256()
-            for a in arrays:
-                mv = _bytes_view(a)
-                for i in range(0, len(mv), _CHUNK):
-                    h.update(mv[i:i + _CHUNK])
-                f.write(mv)
-            metadata["sha256"] = h.hexdigest()
-            final = _header_bytes(index, metadata)
-            assert len(final) == len(head)
-            f.seek(8)
-            f.write(final)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
+    with atomic_write(path) as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)  # placeholder digest, same length as the real one
+        h = hashlib.sha256()
+        for a in arrays:
+            mv = _bytes_view(a)
+            for i in range(0, len(mv), _CHUNK):
+                h.update(mv[i:i + _CHUNK])
+            f.write(mv)
+        metadata["sha256"] = h.hexdigest()
+        final = _header_bytes(index, metadata)
+        assert len(final) == len(head)
+        f.seek(8)
+        f.write(final)
 
 
 def _read_header(path: Path, f, size: int) -> tuple[int, dict, dict]:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 import re
 import struct
-import uuid
 from pathlib import Path
 
 import numpy as np
+
+from blumodels.fsio import atomic_write
 
 MAGIC = b"BLUTOKS1"
 FORMAT_VERSION = 1
@@ -54,19 +55,6 @@ def pack_header(count: int, dtype: np.dtype) -> bytes:
     return _HEADER.pack(MAGIC, FORMAT_VERSION, code, int(count)).ljust(HEADER_BYTES, b"\0")
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
     """Write ``tokens`` (1-D uint16/uint32) as a shard at ``path`` atomically (tmp + fsync + rename)."""
     path = Path(path)
@@ -76,18 +64,9 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
     if arr.dtype not in (np.uint16, np.uint32):
         raise ValueError(f"write_shard {path}: tokens must be uint16 or uint32, got {arr.dtype}")
     arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(pack_header(arr.size, arr.dtype))
-            f.write(arr.view(np.uint8).data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
+    with atomic_write(path) as f:
+        f.write(pack_header(arr.size, arr.dtype))
+        f.write(arr.view(np.uint8).data)
 
 
 def read_header(path: str | os.PathLike) -> tuple[np.dtype, int]:
