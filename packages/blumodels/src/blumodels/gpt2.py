@@ -15,6 +15,7 @@ from blutensor import nn
 from blutensor.autograd import Function
 from blutensor.autograd.grad_mode import enable_grad
 from blutensor.cuda_ops.sdpa import sdpa_qkv
+from blutensor.ops import dispatch
 
 from blumodels.config import ModelConfig
 
@@ -100,8 +101,6 @@ def _lean_ok(u, proj) -> bool:
     """The fused GELU + c_proj path: fp32 outside autocast (bf16 paths keep the generic ops), and only while
     ``proj`` is GPT-2's own ``Linear``: a module that replaced it (tensor-parallel row-parallel linear, a
     plugin's layer) keeps its own forward (and its communication)."""
-    from blutensor.ops import dispatch
-
     return (type(proj) is Linear and u.dtype == bt.float32 and proj.weight.dtype == bt.float32
             and dispatch.autocast_hook is None)
 
@@ -178,9 +177,7 @@ class GPT2(nn.Module):
             if self.lean_logits and logits.device.type == "cuda" and logits.requires_grad:
                 # the fused CUDA loss writes d(loss)/d(logits) over the logits: no second (B*T, Vp) buffer;
                 # the logits are then gone, so None is returned for them
-                from blutensor.ops.dispatch import apply
-
-                loss = apply("cross_entropy", logits.view(B * T, -1), targets.view(B * T), inplace_grad=True)
+                loss = dispatch.apply("cross_entropy", logits.view(B * T, -1), targets.view(B * T), inplace_grad=True)
                 return None, loss
             loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
         return logits, loss

@@ -69,8 +69,9 @@ def get_matmul_precision() -> str:
 
 
 def set_fp32_gemm(mode: str | None) -> None:
-    """How 'fp32' GEMMs run: 'strict' (FP32 FFMA) or '3xtf32' (fp32-accurate split-TF32 on the tensor
-    cores: ~SGEMM error at ~2x its speed; not TF32). None: back to BLUTRAIN_FP32_GEMM (default 'strict')."""
+    """How 'fp32' GEMMs run: 'strict' (FP32 FFMA) or '3xtf32' (split-TF32 on the tensor cores, not TF32:
+    on the H200 2-3x SGEMM's error, ~2x its speed; near-fp32, see blublas' README). None: back to
+    BLUTRAIN_FP32_GEMM (default 'strict')."""
     global _fp32_gemm
     if mode is not None and mode not in FP32_GEMMS:
         raise ValueError(f"fp32 GEMM algorithm must be one of {FP32_GEMMS}, got {mode!r}")
