@@ -1,6 +1,6 @@
 """Lane-level NumPy emulation of kernels/sdpa_mma.cu (no GPU): a line-by-line transliteration of the
 forward, dK/dV and dQ kernels over the 32 lanes of each warp, with mma.sync modelled by the PTX fragment
-layouts (m16n8k8 tf32, m16n8k16 bf16). It checks the tiling, masking, online softmax and the
+layouts (m16n8k8 tf32 and 3xtf32, m16n8k16 bf16). It checks the tiling, masking, online softmax and the
 accumulator -> A-operand conversion against the float64 reference; the fragment layouts themselves are
 the PTX ISA's and are confirmed only by the GPU run (gpu_check_kernels.py).
 
@@ -24,6 +24,8 @@ T = LANE & 3
 BR = 64
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+#: tf32x3 tolerances (max abs error / max |ref|): fp32-level, like the SIMT kernel's (kernel_reference.TOL f32)
+TOL_X3 = {"fwd": 1e-5, "bwd": 5e-5}
 
 
 def f32(x):
@@ -91,6 +93,65 @@ class Tf32:
         return tf32(np.stack([a0, a1, a2, a3], 1))
 
     cast = staticmethod(f32)
+
+
+def split3(x):
+    """3xTF32 split of fp32 ``x`` (last axis n) -> (..., 2n): big = tf32(x), small = tf32(x - big)."""
+    x = f32(x)
+    big = tf32(x)
+    return np.concatenate([big, tf32(x - big)], -1)
+
+
+class Tf32x3:
+    """tf32x3 fragments (TF32X3 in sdpa_mma.cu): the raw fp32 fragments of Tf32, split into big and small
+    halves (registers [0, n) and [n, 2n)); mma = small*big, big*small, big*big, each an m16n8k8 tf32 mma
+    accumulating in fp32 (rounded after each: the hardware accumulator is fp32)."""
+
+    KS, PAD = 8, 4
+
+    @staticmethod
+    def load_a(X, r0, k0):  # -> (32, 8)
+        j = LANE >> 3
+        return split3(ldmatrix32(X, r0 + (j & 1) * 8 + (LANE & 7), k0 + (j >> 1) * 4, 4))
+
+    @staticmethod
+    def load_bt(X, n0, k0):  # -> (32, 4)
+        lane = LANE & 15
+        return split3(ldmatrix32(X, n0 + (lane & 7), k0 + (lane >> 3) * 4, 2))
+
+    @staticmethod
+    def load_b(X, k0, n0):
+        return split3(np.stack([X[k0 + T, n0 + G], X[k0 + T + 4, n0 + G]], 1))
+
+    @staticmethod
+    def mma(c, a, b):
+        c = f32(Tf32.mma(c, a[:, 4:], b[:, :2]))  # small * big
+        c = f32(Tf32.mma(c, a[:, :4], b[:, 2:]))  # big * small
+        return f32(Tf32.mma(c, a[:, :4], b[:, :2]))  # big * big
+
+    @staticmethod
+    def c_to_a(cs, kk):
+        c = cs[kk]
+        src1 = (LANE & ~3) | (T >> 1)
+        src2 = src1 + 2
+        odd = (T & 1).astype(bool)
+        a = [np.where(odd, c[s_, i + 1], c[s_, i]) for s_, i in ((src1, 0), (src1, 2), (src2, 0), (src2, 2))]
+        return split3(np.stack(a, 1))
+
+    cast = staticmethod(f32)
+
+
+def fragment_product(X, A, B):
+    """A (16, KS) @ B (KS, 8) through X's fragment loaders and mma (A staged row-major, B as the K-like
+    operand B[k][n] = Bt[n][k]) -> (16, 8) float64; checks the fragment math of one mma step."""
+    As = np.zeros((16, X.KS + X.PAD), np.float32)
+    As[:, : X.KS] = A
+    Bs = np.zeros((8, X.KS + X.PAD), np.float32)
+    Bs[:, : X.KS] = B.T
+    c = X.mma(np.zeros((32, 4)), X.load_a(As, 0, 0), X.load_bt(Bs, 0, 0))
+    out = np.zeros((16, 8))
+    out[G, 2 * T], out[G, 2 * T + 1], out[G + 8, 2 * T], out[G + 8, 2 * T + 1] = c[:, 0], c[:, 1], c[:, 2], c[:, 3]
+    return out
 
 
 def ldmatrix(X, rows, cols, nmat, trans=False):
@@ -326,7 +387,11 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
 def main() -> int:
     rng = np.random.default_rng(0)
     bad = 0
-    for name, X, tol_f, tol_b in (("tf32", Tf32, 4e-3, 1e-2), ("bf16", Bf16, 2e-2, 4e-2)):
+    for name, X, tol_f, tol_b in (
+        ("tf32", Tf32, 4e-3, 1e-2),
+        ("tf32x3", Tf32x3, TOL_X3["fwd"], TOL_X3["bwd"]),
+        ("bf16", Bf16, 2e-2, 4e-2),
+    ):
         for L, S, causal in ((77, 77, False), (77, 77, True), (100, 130, False), (130, 100, True)):
             hd = 64
             q, k, v, do = (X.cast(rng.standard_normal((n, hd))) for n in (L, S, S, L))

@@ -171,9 +171,10 @@ EXPECTED_ENTRIES = {
     "sdpa.cu": [f"blu_sdpa_{k}_simt_hd{d}" for k in ("forward", "backward_dkdv", "backward_dq") for d in (32, 64, 128)]
     + ["blu_sdpa_backward_preprocess_f32", "blu_sdpa_backward_preprocess_bf16"],
     "sdpa_mma.cu": [
-        f"blu_sdpa_{k}_{v}_hd{d}"
+        f"blu_sdpa_{k}{s}_{v}_hd{d}"
         for k in ("forward", "backward_dkdv", "backward_dq")
-        for v in ("tf32", "bf16")
+        for s in ("", "_strided")
+        for v in ("tf32", "tf32x3", "bf16")
         for d in (64, 128)
     ],
     "cast.cu": ["blu_cast_f32_to_bf16", "blu_cast_bf16_to_f32"],

@@ -1,14 +1,19 @@
 """Flash attention on CUDA: forward saves only the log-sum-exp, backward recomputes.
 
-Variants: 'f32' (kernels/sdpa.cu, SIMT fp32, HD 32/64/128), 'tf32' and 'bf16' (kernels/sdpa_mma.cu,
-mma.sync on the matrix units, HD 64/128). fp32 tensors use 'tf32' when blutensor's matmul precision is
-'tf32' or 'bf16', else 'f32'; bf16 tensors use 'bf16'. Calls the kernels do not cover (an explicit mask,
-dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
+Variants: 'f32' (kernels/sdpa.cu, SIMT fp32, HD 32/64/128); 'tf32', 'tf32x3' and 'bf16' (kernels/sdpa_mma.cu,
+mma.sync on the matrix units, HD 64/128). 'tf32x3' is fp32 on the matrix units: each fp32 operand split as
+big + small (both TF32), small*big + big*small + big*big accumulated in fp32 (3xTF32, CUTLASS's
+OpMultiplyAddFastF32) -- what PyTorch's fp32 SDPA (the mem-efficient kernel) runs on sm_80+; its error is of
+the order of the SIMT fp32 kernel's, not TF32's. Choice (:func:`pick_variant`): bf16 tensors use 'bf16'; fp32
+tensors use 'tf32' when blutensor's matmul precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on
+sm_80+ -- ``BLUTRAIN_SDPA_FP32=simt`` keeps the SIMT kernel there. Calls the kernels do not cover (an explicit
+mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -61,8 +66,8 @@ def _names(variant: str, hd: int):
 
 def _mma_smem(variant: str, hd: int, kind: str) -> int:
     """Dynamic shared memory of the mma kernels (must match sdpa_mma.cu)."""
-    es = 4 if variant == "tf32" else 2
-    pad = 4 if variant == "tf32" else 8  # Tr<T>::PAD in sdpa_mma.cu
+    es = 2 if variant == "bf16" else 4
+    pad = 8 if variant == "bf16" else 4  # BF16::PAD / TF32::PAD in sdpa_mma.cu
     row = (hd + pad) * es
     if kind == "fwd":
         return 4 * BR * row  # K, V tiles, two stages (cp.async double buffering)
@@ -147,16 +152,48 @@ def _prepared(a, n: int, hd: int):
     return a.reshape(-1, n, hd)
 
 
+#: values of BLUTRAIN_SDPA_FP32: how strict-fp32 attention runs ('' = default 'tf32x3')
+SDPA_FP32 = ("tf32x3", "simt")
+_cc: dict[int, int] = {}
+
+
+def _compute_capability() -> int:
+    """Compute capability of the current device as an int (80, 90, ...; cached)."""
+    cp = cupy()
+    dev = cp.cuda.runtime.getDevice()
+    if dev not in _cc:
+        _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
+    return _cc[dev]
+
+
+def sdpa_fp32() -> str:
+    """'tf32x3' (default) or 'simt': the kernel of fp32 attention under strict matmul precision."""
+    env = os.environ.get("BLUTRAIN_SDPA_FP32", "").strip().lower() or "tf32x3"
+    if env not in SDPA_FP32:
+        raise ValueError(f"BLUTRAIN_SDPA_FP32 must be one of {SDPA_FP32}, got {env!r}")
+    return env
+
+
 def pick_variant(dtype, hd: int) -> str | None:
-    """Variant for storage ``dtype`` and head dim under blutensor's matmul precision (None: unsupported)."""
+    """Variant for storage ``dtype`` and head dim under blutensor's matmul precision (None: unsupported).
+
+    fp32: 'tf32' under matmul precision 'tf32'/'bf16'; under 'fp32' the fp32-accurate 'tf32x3' on sm_80+
+    (BLUTRAIN_SDPA_FP32=simt: 'f32'); 'f32' wherever the matrix-unit kernels do not apply."""
     if dtype == np.uint16:
         return "bf16" if hd in MMA_HD else None
     if dtype != np.float32:
         return None
     from blutensor.gemm import get_matmul_precision
 
-    if get_matmul_precision() in ("tf32", "bf16") and hd in MMA_HD and _mma_smem("tf32", hd, "bwd") <= smem_optin():
-        return "tf32"
+    prec = get_matmul_precision()
+    want = "tf32" if prec in ("tf32", "bf16") else ("tf32x3" if sdpa_fp32() == "tf32x3" else "f32")
+    if (
+        want != "f32"
+        and hd in MMA_HD
+        and _compute_capability() >= 80
+        and _mma_smem(want, hd, "bwd") <= smem_optin()
+    ):
+        return want
     return "f32" if hd in SIMT_HD else None
 
 

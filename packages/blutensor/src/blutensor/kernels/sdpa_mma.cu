@@ -49,57 +49,52 @@ __device__ __forceinline__ u32 to_tf32(float x) {
     return r;
 }
 
-template <typename T> struct Tr;
+// Fragment traits: storage type T, k per mma KS, row padding PAD, A/B fragment sizes NA/NB (registers), loaders
+// of A (16 x KS, row-major X[r][k]), Bt (KS x 8, B[k][n] = X[n][k], "K-like") and B (B[k][n] = X[k][n], "V-like")
+// from shared memory, mma (c += a b) and c_to_a (accumulator n-tiles -> A operand of the next product).
 
 // ---------------------------------------------------------------- tf32: m16n8k8, fp32 storage
-template <> struct Tr<float> {
+struct TF32 {
+    typedef float T;
     static constexpr int KS = 8;    // k per mma
     static constexpr int PAD = 4;   // row padding (elements)
+    static constexpr int NA = 4, NB = 2;
+    // raw fp32 bits of the fragments (the tf32 rounding is done by fin / split)
 #ifndef BLU_NO_LDMATRIX
     // ldmatrix on b16 pairs: an 8 x 4 fp32 block is an 8 x 8 b16 matrix, and lane (g, t) receives row g,
     // b16 cols 2t, 2t+1 = fp32 col t: exactly the tf32 A/B fragment element. Rows are 16-byte aligned.
-    static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+    static __device__ __forceinline__ void raw_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
         const int lane = 4 * g + t, j = lane >> 3;  // matrices: rows +0/+8 (j & 1), cols +0/+4 (j >> 1)
         const u32 ad = (u32)__cvta_generic_to_shared(X + (r0 + (j & 1) * 8 + (lane & 7)) * ld + k0 + (j >> 1) * 4);
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                      : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(ad));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = to_tf32(__uint_as_float(a[i]));
     }
-    static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
+    static __device__ __forceinline__ void raw_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
         const int lane = (4 * g + t) & 15;
         const u32 ad = (u32)__cvta_generic_to_shared(X + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 4);
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(ad));
-        b[0] = to_tf32(__uint_as_float(b[0]));
-        b[1] = to_tf32(__uint_as_float(b[1]));
     }
 #else
     // A (16 x 8) from row-major X[r][k] at (r0, k0)
-    static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
-        a[0] = to_tf32(X[(r0 + g) * ld + k0 + t]);
-        a[1] = to_tf32(X[(r0 + g + 8) * ld + k0 + t]);
-        a[2] = to_tf32(X[(r0 + g) * ld + k0 + t + 4]);
-        a[3] = to_tf32(X[(r0 + g + 8) * ld + k0 + t + 4]);
+    static __device__ __forceinline__ void raw_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        a[0] = __float_as_uint(X[(r0 + g) * ld + k0 + t]);
+        a[1] = __float_as_uint(X[(r0 + g + 8) * ld + k0 + t]);
+        a[2] = __float_as_uint(X[(r0 + g) * ld + k0 + t + 4]);
+        a[3] = __float_as_uint(X[(r0 + g + 8) * ld + k0 + t + 4]);
     }
     // B (8 x 8) with B[k][n] = X[n0 + n][k0 + k]   ("K-like": rows of X are the n index)
-    static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
-        b[0] = to_tf32(X[(n0 + g) * ld + k0 + t]);
-        b[1] = to_tf32(X[(n0 + g) * ld + k0 + t + 4]);
+    static __device__ __forceinline__ void raw_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
+        b[0] = __float_as_uint(X[(n0 + g) * ld + k0 + t]);
+        b[1] = __float_as_uint(X[(n0 + g) * ld + k0 + t + 4]);
     }
 #endif
     // B (8 x 8) with B[k][n] = X[k0 + k][n0 + n]   ("V-like": rows of X are the k index)
-    static __device__ __forceinline__ void load_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
-        b[0] = to_tf32(X[(k0 + t) * ld + n0 + g]);
-        b[1] = to_tf32(X[(k0 + t + 4) * ld + n0 + g]);
+    static __device__ __forceinline__ void raw_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
+        b[0] = __float_as_uint(X[(k0 + t) * ld + n0 + g]);
+        b[1] = __float_as_uint(X[(k0 + t + 4) * ld + n0 + g]);
     }
-    static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-    // A operand for k-step kk (keys kk*8 .. +7) from accumulator n-tiles c[nt][4] (n-tile kk)
-    static __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, u32* a, int lane) {
+    // A operand for k-step kk (keys kk*8 .. +7) from accumulator n-tiles c[nt][4] (n-tile kk): quad shuffles
+    static __device__ __forceinline__ void raw_c_to_a(const float (*c)[4], int kk, u32* a, int lane) {
         const int t = lane & 3;
         const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
         const bool odd = t & 1;
@@ -107,21 +102,88 @@ template <> struct Tr<float> {
         float y0 = __shfl_sync(0xffffffffu, c[kk][2], src1), y1 = __shfl_sync(0xffffffffu, c[kk][3], src1);
         float z0 = __shfl_sync(0xffffffffu, c[kk][0], src2), z1 = __shfl_sync(0xffffffffu, c[kk][1], src2);
         float w0 = __shfl_sync(0xffffffffu, c[kk][2], src2), w1 = __shfl_sync(0xffffffffu, c[kk][3], src2);
-        a[0] = to_tf32(odd ? x1 : x0);  // (g,   t)
-        a[1] = to_tf32(odd ? y1 : y0);  // (g+8, t)
-        a[2] = to_tf32(odd ? z1 : z0);  // (g,   t+4)
-        a[3] = to_tf32(odd ? w1 : w0);  // (g+8, t+4)
+        a[0] = __float_as_uint(odd ? x1 : x0);  // (g,   t)
+        a[1] = __float_as_uint(odd ? y1 : y0);  // (g+8, t)
+        a[2] = __float_as_uint(odd ? z1 : z0);  // (g,   t+4)
+        a[3] = __float_as_uint(odd ? w1 : w0);  // (g+8, t+4)
     }
+    template <int N> static __device__ __forceinline__ void fin(u32* r) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) r[i] = to_tf32(__uint_as_float(r[i]));
+    }
+    static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        raw_a(X, ld, r0, k0, a, g, t);
+        fin<4>(a);
+    }
+    static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
+        raw_bt(X, ld, n0, k0, b, g, t);
+        fin<2>(b);
+    }
+    static __device__ __forceinline__ void load_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
+        raw_b(X, ld, k0, n0, b, g, t);
+        fin<2>(b);
+    }
+    static __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, u32* a, int lane) {
+        raw_c_to_a(c, kk, a, lane);
+        fin<4>(a);
+    }
+    static __device__ __forceinline__ void mma1(float* c, const u32* a, const u32* b) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) { mma1(c, a, b); }
     static __device__ __forceinline__ float ld(const float* p) { return *p; }
     static __device__ __forceinline__ void store2(float* p, float a, float b) {
         *reinterpret_cast<float2*>(p) = make_float2(a, b);
     }
 };
 
+// ---------------------------------------------------------------- tf32x3: fp32 on the matrix units
+// 3xTF32 (CUTLASS OpMultiplyAddFastF32, what PyTorch's fp32 SDPA runs on sm_80+): x = big + small with
+// big = tf32(x), small = tf32(x - big) (x - big is exact); c += a_small b_big + a_big b_small + a_big b_big,
+// small products first, small*small dropped. Fragments: registers [0, N) = big, [N, 2N) = small.
+struct TF32X3 : TF32 {
+    static constexpr int NA = 8, NB = 4;
+    template <int N> static __device__ __forceinline__ void split(u32* r) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const float x = __uint_as_float(r[i]);
+            const u32 big = to_tf32(x);
+            r[i] = big;
+            r[i + N] = to_tf32(x - __uint_as_float(big));
+        }
+    }
+    static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        raw_a(X, ld, r0, k0, a, g, t);
+        split<4>(a);
+    }
+    static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
+        raw_bt(X, ld, n0, k0, b, g, t);
+        split<2>(b);
+    }
+    static __device__ __forceinline__ void load_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
+        raw_b(X, ld, k0, n0, b, g, t);
+        split<2>(b);
+    }
+    static __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, u32* a, int lane) {
+        raw_c_to_a(c, kk, a, lane);
+        split<4>(a);
+    }
+    static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
+        mma1(c, a + 4, b);      // small * big
+        mma1(c, a, b + 2);      // big * small
+        mma1(c, a, b);          // big * big
+    }
+};
+
 // ---------------------------------------------------------------- bf16: m16n8k16, raw uint16 storage
-template <> struct Tr<bf16_t> {
+struct BF16 {
+    typedef bf16_t T;
     static constexpr int KS = 16;
     static constexpr int PAD = 8;
+    static constexpr int NA = 4, NB = 2;
 #ifndef BLU_NO_LDMATRIX
     // ldmatrix: lane i gives the address of row (i % 8) of 8x8 matrix (i / 8); lane (g, t) receives row g,
     // cols 2t, 2t+1 of each matrix (.trans: row 2t, 2t+1, col g). Rows are 16-byte aligned (LD*2 = 16*k).
@@ -182,9 +244,9 @@ template <> struct Tr<bf16_t> {
 };
 
 // rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride LD (zeros past n); 16-byte copies
-template <typename T, int HD>
+template <typename X, int HD, typename T = typename X::T>
 __device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
-    constexpr int LD = HD + Tr<T>::PAD;
+    constexpr int LD = HD + X::PAD;
     constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
     constexpr int Q = HD / E;
     for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
@@ -196,9 +258,9 @@ __device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int
 }
 
 // asynchronous version of load_tile (cp.async, 16 bytes, zero-fill past n); completes on commit/wait groups
-template <typename T, int HD>
+template <typename X, int HD, typename T = typename X::T>
 __device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
-    constexpr int LD = HD + Tr<T>::PAD;
+    constexpr int LD = HD + X::PAD;
     constexpr int E = 16 / sizeof(T);
     constexpr int Q = HD / E;
     for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
@@ -225,10 +287,9 @@ __device__ __forceinline__ Lay dense(int n, int HD) { Lay l; l.sb = (long long)n
 __device__ __forceinline__ Lay lay(long long sb, long long sh, int st, int H) { Lay l; l.sb = sb; l.sh = sh; l.st = st; l.H = H; return l; }
 
 // ================================================================ forward
-template <typename T, int HD>
+template <typename X, int HD, typename T = typename X::T>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                         float* __restrict__ lse, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
-    using X = Tr<T>;
     constexpr int KS = X::KS, LD = HD + X::PAD, NT = BR / 8, DT = HD / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = reinterpret_cast<T*>(smem_raw);
@@ -242,8 +303,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     const float c = scale * BLU_LOG2E;
 
     // Q fragments of this warp's 16 rows, kept in registers
-    u32 qa[HD / KS][4];
-    load_tile<T, HD>(Ks, qb, q0, L, lq.st);
+    u32 qa[HD / KS][X::NA];
+    load_tile<X, HD>(Ks, qb, q0, L, lq.st);
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < HD / KS; ++ks) X::load_a(Ks, LD, warp * 16, ks * KS, qa[ks], g, t);
@@ -262,8 +323,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     if (causal) kend = min(S, q0 + BR);
 #ifndef BLU_SYNC_TILES
     if (kend > 0) {
-        load_tile_async<T, HD>(Ks, kb, 0, S, lk.st);
-        load_tile_async<T, HD>(Vs, vb, 0, S, lk.st);
+        load_tile_async<X, HD>(Ks, kb, 0, S, lk.st);
+        load_tile_async<X, HD>(Vs, vb, 0, S, lk.st);
         cp_async_commit();
     }
 #endif
@@ -271,8 +332,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 #ifndef BLU_SYNC_TILES
         const int stage = (k0 / BR) & 1;
         if (k0 + BR < kend) {
-            load_tile_async<T, HD>(Ks + (stage ^ 1) * STAGE, kb, k0 + BR, S, lk.st);
-            load_tile_async<T, HD>(Vs + (stage ^ 1) * STAGE, vb, k0 + BR, S, lk.st);
+            load_tile_async<X, HD>(Ks + (stage ^ 1) * STAGE, kb, k0 + BR, S, lk.st);
+            load_tile_async<X, HD>(Vs + (stage ^ 1) * STAGE, vb, k0 + BR, S, lk.st);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -283,8 +344,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         const T* Vt = Vs + stage * STAGE;
 #else
         __syncthreads();
-        load_tile<T, HD>(Ks, kb, k0, S, lk.st);
-        load_tile<T, HD>(Vs, vb, k0, S, lk.st);
+        load_tile<X, HD>(Ks, kb, k0, S, lk.st);
+        load_tile<X, HD>(Vs, vb, k0, S, lk.st);
         __syncthreads();
         const T* Kt = Ks;
         const T* Vt = Vs;
@@ -296,7 +357,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         for (int ks = 0; ks < HD / KS; ++ks) {
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-                u32 b[2];
+                u32 b[X::NB];
                 X::load_bt(Kt, LD, n * 8, ks * KS, b, g, t);
                 X::mma(s[n], qa[ks], b);
             }
@@ -336,11 +397,11 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         for (int d = 0; d < DT; ++d) { acc[d][0] *= al0; acc[d][1] *= al0; acc[d][2] *= al1; acc[d][3] *= al1; }
 #pragma unroll
         for (int kk = 0; kk < BR / KS; ++kk) {
-            u32 a[4];
+            u32 a[X::NA];
             X::c_to_a(s, kk, a, lane);
 #pragma unroll
             for (int d = 0; d < DT; ++d) {
-                u32 b[2];
+                u32 b[X::NB];
                 X::load_b(Vt, LD, kk * KS, d * 8, b, g, t);
                 X::mma(acc[d], a, b);
             }
@@ -371,12 +432,11 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 // ================================================================ backward: dK, dV (block owns 64 keys)
 // smem: Ks, Vs (own keys), two stages of {Qs, Os (=dO)} tiles of 64 queries, then Ls[2][64] (lse * log2 e),
 // Ds[2][64]; the next query tile streams in (cp.async) while the current one is used
-template <typename T, int HD>
+template <typename X, int HD, typename T = typename X::T>
 __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                               const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                               T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal,
                               Lay lq, Lay lk, Lay lo) {
-    using X = Tr<T>;
     constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
     constexpr int QSUB = 32, NT = QSUB / 8;  // queries per sub-pass
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -390,8 +450,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     const T* qb = q + lq.base(bh);
     const T* ob = dout + lo.base(bh);
     const float c = scale * BLU_LOG2E;
-    load_tile<T, HD>(Ks, k + lk.base(bh), kb0, S, lk.st);
-    load_tile<T, HD>(Vs, v + lk.base(bh), kb0, S, lk.st);
+    load_tile<X, HD>(Ks, k + lk.base(bh), kb0, S, lk.st);
+    load_tile<X, HD>(Vs, v + lk.base(bh), kb0, S, lk.st);
     float dka[DT][4], dva[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; ++d)
@@ -408,8 +468,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     };
 #ifndef BLU_SYNC_TILES
     if (qstart < L) {
-        load_tile_async<T, HD>(Q0, qb, qstart, L, lq.st);
-        load_tile_async<T, HD>(Q0 + BR * LD, ob, qstart, L, lo.st);
+        load_tile_async<X, HD>(Q0, qb, qstart, L, lq.st);
+        load_tile_async<X, HD>(Q0 + BR * LD, ob, qstart, L, lo.st);
         cp_async_commit();
         stats(qstart, 0);
     }
@@ -419,8 +479,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         const int stage = ((q0 - qstart) / BR) & 1;
         if (q0 + BR < L) {
             T* nq = Q0 + (stage ^ 1) * 2 * BR * LD;
-            load_tile_async<T, HD>(nq, qb, q0 + BR, L, lq.st);
-            load_tile_async<T, HD>(nq + BR * LD, ob, q0 + BR, L, lo.st);
+            load_tile_async<X, HD>(nq, qb, q0 + BR, L, lq.st);
+            load_tile_async<X, HD>(nq + BR * LD, ob, q0 + BR, L, lo.st);
             cp_async_commit();
             stats(q0 + BR, stage ^ 1);
             cp_async_wait<1>();
@@ -430,8 +490,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
 #else
         const int stage = 0;
         __syncthreads();
-        load_tile<T, HD>(Q0, qb, q0, L, lq.st);
-        load_tile<T, HD>(Q0 + BR * LD, ob, q0, L, lo.st);
+        load_tile<X, HD>(Q0, qb, q0, L, lq.st);
+        load_tile<X, HD>(Q0 + BR * LD, ob, q0, L, lo.st);
         stats(q0, 0);
 #endif
         __syncthreads();
@@ -449,12 +509,12 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                 for (int e = 0; e < 4; ++e) { st[n][e] = 0.f; dpt[n][e] = 0.f; }
 #pragma unroll
             for (int ks = 0; ks < HD / KS; ++ks) {
-                u32 ak[4], av[4];
+                u32 ak[X::NA], av[X::NA];
                 X::load_a(Ks, LD, warp * 16, ks * KS, ak, g, t);
                 X::load_a(Vs, LD, warp * 16, ks * KS, av, g, t);
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
-                    u32 b[2];
+                    u32 b[X::NB];
                     X::load_bt(Qs, LD, qs0 + n * 8, ks * KS, b, g, t);
                     X::mma(st[n], ak, b);   // S^T = K Q^T
                     X::load_bt(Os, LD, qs0 + n * 8, ks * KS, b, g, t);
@@ -476,12 +536,12 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
             }
 #pragma unroll
             for (int kk = 0; kk < QSUB / KS; ++kk) {
-                u32 ap[4], ads[4];
+                u32 ap[X::NA], ads[X::NA];
                 X::c_to_a(st, kk, ap, lane);
                 X::c_to_a(dpt, kk, ads, lane);
 #pragma unroll
                 for (int d = 0; d < DT; ++d) {
-                    u32 b[2];
+                    u32 b[X::NB];
                     X::load_b(Os, LD, qs0 + kk * KS, d * 8, b, g, t);
                     X::mma(dva[d], ap, b);   // dV += P^T dO
                     X::load_b(Qs, LD, qs0 + kk * KS, d * 8, b, g, t);
@@ -510,11 +570,10 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
 
 // ================================================================ backward: dQ (block owns 64 queries)
 // smem: Qs, Os (=dO) of own queries, two stages of {Ks, Vs} tiles of 64 keys, then Ls[64], Ds[64] of own queries
-template <typename T, int HD>
+template <typename X, int HD, typename T = typename X::T>
 __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                             const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                             T* __restrict__ dq, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
-    using X = Tr<T>;
     constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
     constexpr int KSUB = 32, NT = KSUB / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -529,8 +588,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     const T* kb = k + lk.base(bh);
     const T* vb = v + lk.base(bh);
     const float c = scale * BLU_LOG2E;
-    load_tile<T, HD>(Qs, q + lq.base(bh), q0, L, lq.st);
-    load_tile<T, HD>(Os, dout + lo.base(bh), q0, L, lo.st);
+    load_tile<X, HD>(Qs, q + lq.base(bh), q0, L, lq.st);
+    load_tile<X, HD>(Os, dout + lo.base(bh), q0, L, lo.st);
     for (int i = threadIdx.x; i < BR; i += blockDim.x) {
         const bool ok = q0 + i < L;
         Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
@@ -543,8 +602,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     if (causal) kend = min(S, q0 + BR);
 #ifndef BLU_SYNC_TILES
     if (kend > 0) {
-        load_tile_async<T, HD>(K0, kb, 0, S, lk.st);
-        load_tile_async<T, HD>(K0 + BR * LD, vb, 0, S, lk.st);
+        load_tile_async<X, HD>(K0, kb, 0, S, lk.st);
+        load_tile_async<X, HD>(K0 + BR * LD, vb, 0, S, lk.st);
         cp_async_commit();
     }
 #endif
@@ -553,8 +612,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         const int stage = (k0 / BR) & 1;
         if (k0 + BR < kend) {
             T* nk = K0 + (stage ^ 1) * 2 * BR * LD;
-            load_tile_async<T, HD>(nk, kb, k0 + BR, S, lk.st);
-            load_tile_async<T, HD>(nk + BR * LD, vb, k0 + BR, S, lk.st);
+            load_tile_async<X, HD>(nk, kb, k0 + BR, S, lk.st);
+            load_tile_async<X, HD>(nk + BR * LD, vb, k0 + BR, S, lk.st);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -563,8 +622,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 #else
         const int stage = 0;
         __syncthreads();
-        load_tile<T, HD>(K0, kb, k0, S, lk.st);
-        load_tile<T, HD>(K0 + BR * LD, vb, k0, S, lk.st);
+        load_tile<X, HD>(K0, kb, k0, S, lk.st);
+        load_tile<X, HD>(K0 + BR * LD, vb, k0, S, lk.st);
 #endif
         __syncthreads();
         const T* Ks = K0 + stage * 2 * BR * LD;
@@ -580,12 +639,12 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
                 for (int e = 0; e < 4; ++e) { s[n][e] = 0.f; dp[n][e] = 0.f; }
 #pragma unroll
             for (int ks = 0; ks < HD / KS; ++ks) {
-                u32 aq[4], ao[4];
+                u32 aq[X::NA], ao[X::NA];
                 X::load_a(Qs, LD, warp * 16, ks * KS, aq, g, t);
                 X::load_a(Os, LD, warp * 16, ks * KS, ao, g, t);
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
-                    u32 b[2];
+                    u32 b[X::NB];
                     X::load_bt(Ks, LD, ks0 + n * 8, ks * KS, b, g, t);
                     X::mma(s[n], aq, b);   // S = Q K^T
                     X::load_bt(Vs, LD, ks0 + n * 8, ks * KS, b, g, t);
@@ -605,11 +664,11 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
             }
 #pragma unroll
             for (int kk = 0; kk < KSUB / KS; ++kk) {
-                u32 a[4];
+                u32 a[X::NA];
                 X::c_to_a(dp, kk, a, lane);
 #pragma unroll
                 for (int d = 0; d < DT; ++d) {
-                    u32 b[2];
+                    u32 b[X::NB];
                     X::load_b(Ks, LD, ks0 + kk * KS, d * 8, b, g, t);
                     X::mma(dqa[d], a, b);  // dQ += dS K
                 }
@@ -637,44 +696,46 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 #define BLU_LAYS                                                                                               \
     mma::lay(q_sb, q_sh, q_st, H), mma::lay(k_sb, k_sh, k_st, H), mma::lay(o_sb, o_sh, o_st, H)
 
-#define MMA_ENTRIES(NAME, T, HD)                                                                               \
+#define MMA_ENTRIES(NAME, X, T, HD)                                                                            \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,          \
                                  float scale, int causal) {                                                    \
-    mma::forward<T, HD>(q, k, v, o, lse, L, S, scale, causal, mma::dense(L, HD), mma::dense(S, HD),           \
+    mma::forward<mma::X, HD>(q, k, v, o, lse, L, S, scale, causal, mma::dense(L, HD), mma::dense(S, HD),           \
                         mma::dense(L, HD));                                                                    \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_backward_dkdv_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,    \
                                        const float* D, T* dk, T* dv, int L, int S, float scale, int causal) {  \
-    mma::backward_dkdv<T, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),           \
+    mma::backward_dkdv<mma::X, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),           \
                               mma::dense(S, HD), mma::dense(L, HD));                                           \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_backward_dq_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,      \
                                      const float* D, T* dq, int L, int S, float scale, int causal) {           \
-    mma::backward_dq<T, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, mma::dense(L, HD),                 \
+    mma::backward_dq<mma::X, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, mma::dense(L, HD),                 \
                             mma::dense(S, HD), mma::dense(L, HD));                                             \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_forward_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,  \
                                          float scale, int causal, BLU_LAY_PARAMS) {                            \
-    mma::forward<T, HD>(q, k, v, o, lse, L, S, scale, causal, BLU_LAYS);                                       \
+    mma::forward<mma::X, HD>(q, k, v, o, lse, L, S, scale, causal, BLU_LAYS);                                       \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_backward_dkdv_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,              \
                                                const float* lse, const float* D, T* dk, T* dv, int L, int S,   \
                                                float scale, int causal, BLU_LAY_PARAMS) {                      \
-    mma::backward_dkdv<T, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, BLU_LAYS);                   \
+    mma::backward_dkdv<mma::X, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, BLU_LAYS);                   \
 }                                                                                                              \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,                \
                                              const float* lse, const float* D, T* dq, int L, int S,            \
                                              float scale, int causal, BLU_LAY_PARAMS) {                        \
-    mma::backward_dq<T, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                         \
+    mma::backward_dq<mma::X, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                         \
 }
 
-MMA_ENTRIES(tf32, float, 64)
-MMA_ENTRIES(tf32, float, 128)
-MMA_ENTRIES(bf16, bf16_t, 64)
-MMA_ENTRIES(bf16, bf16_t, 128)
+MMA_ENTRIES(tf32, TF32, float, 64)
+MMA_ENTRIES(tf32, TF32, float, 128)
+MMA_ENTRIES(tf32x3, TF32X3, float, 64)
+MMA_ENTRIES(tf32x3, TF32X3, float, 128)
+MMA_ENTRIES(bf16, BF16, bf16_t, 64)
+MMA_ENTRIES(bf16, BF16, bf16_t, 128)

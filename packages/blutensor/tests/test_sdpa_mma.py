@@ -1,0 +1,186 @@
+"""Flash attention on the matrix units (kernels/sdpa_mma.cu): the tf32x3 variant (fp32 on the matrix units).
+
+CPU: the 3xTF32 fragment math of the lane-level emulation (dev/emulate_sdpa_mma.py) against float64 -- fp32-level
+error, far below plain TF32's; the emulated tf32x3 flash attention (forward and backward) at the same
+tolerances as the SIMT fp32 kernel; NVRTC compiles every entry; ``pick_variant``'s choice. GPU (cuda-marked):
+the kernels against the float64 reference at the same tolerances (the CPU twin is the emulation test).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import blutensor as bt
+import numpy as np
+import pytest
+from blutensor.cuda_ops import sdpa
+
+DEV = Path(__file__).resolve().parents[1] / "dev"
+sys.path.insert(0, str(DEV))
+import emulate_sdpa_mma as em  # noqa: E402
+import kernel_reference as ref  # noqa: E402
+
+KDIR = Path(bt.__file__).resolve().parent / "kernels"
+RNG = np.random.default_rng(11)
+
+
+def _frag_err(X, n=30):
+    errs = []
+    for _ in range(n):
+        A = RNG.standard_normal((16, X.KS)).astype(np.float32)
+        B = RNG.standard_normal((X.KS, 8)).astype(np.float32)
+        e = A.astype(np.float64) @ B.astype(np.float64)
+        errs.append(np.abs(em.fragment_product(X, A, B) - e).max() / np.abs(e).max())
+    return max(errs)
+
+
+def test_tf32x3_fragment_product_is_fp32_accurate():
+    """One m16n8k8 step: 3xTF32 (big/small split, three mma) is fp32-level; plain TF32 is ~1000x worse."""
+    e3, e1 = _frag_err(em.Tf32x3), _frag_err(em.Tf32)
+    assert e3 < 1e-6  # fp32 rounding of a k=8 sum of O(1) products: a few ulp
+    assert e1 > 1e-4  # tf32 keeps 10 mantissa bits: ~2^-11 relative per operand
+    assert e3 < e1 / 100
+
+
+def test_tf32x3_split_is_exact_and_tf32():
+    x = RNG.standard_normal(1000).astype(np.float32) * np.float32(1e3)
+    s = em.split3(x[:, None])
+    big, small = s[:, 0], s[:, 1]
+    for h in (big, small):  # 13 low mantissa bits clear: TF32 values
+        assert not (h.view(np.uint32) & 0x1FFF).any()
+    # big + small recovers x to ~2^-22 relative (small keeps 11 of the 13 remaining bits)
+    assert np.abs(big.astype(np.float64) + small - x).max() <= np.abs(x).max() * 2.0**-21
+
+
+@pytest.mark.parametrize("L,S,causal", [(77, 77, True), (100, 130, False)])
+def test_cpu_emulated_tf32x3_flash_attention(L, S, causal):
+    """CPU twin of the GPU check: emulated tf32x3 flash attention meets the SIMT fp32 tolerances and beats
+    the emulated tf32 kernel's error by far (forward and backward)."""
+    hd = 64
+    q, k, v, do = (RNG.standard_normal((n, hd)).astype(np.float32) for n in (L, S, S, L))
+    eo, else_ = ref.sdpa(*(a.astype(np.float64) for a in (q, k, v)), causal)
+    egrads = ref.sdpa_backward(*(a.astype(np.float64) for a in (q, k, v, do)), causal)
+    errs = {}
+    for X in (em.Tf32x3, em.Tf32):
+        o, lse = em.forward(X, q, k, v, L, S, hd, 1 / 8, causal)
+        D = (o.astype(np.float32) * do).sum(-1).astype(np.float32)
+        grads = em.backward(X, q, k, v, do, lse, D, L, S, hd, 1 / 8, causal)
+        errs[X.__name__] = (
+            max(ref.rel_err(o, eo), ref.rel_err(lse, else_)),
+            max(ref.rel_err(a, e) for a, e in zip(grads, egrads)),
+        )
+    fwd3, bwd3 = errs["Tf32x3"]
+    fwd1, bwd1 = errs["Tf32"]
+    assert fwd3 <= em.TOL_X3["fwd"] and bwd3 <= em.TOL_X3["bwd"]
+    assert fwd3 < fwd1 / 100 and bwd3 < bwd1 / 100
+
+
+def test_sdpa_mma_compiles_with_nvrtc():
+    """Every entry of sdpa_mma.cu (tf32, tf32x3, bf16; dense and strided; HD 64/128) compiles with NVRTC."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    from blutensor.cuda_ops._loader import source
+
+    err, prog = nvrtc.nvrtcCreateProgram(source("sdpa_mma.cu").encode(), b"sdpa_mma.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    opts = [b"-std=c++17", b"-arch=compute_80"]
+    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
+    _, n = nvrtc.nvrtcGetPTXSize(prog)
+    ptx = b" " * n
+    nvrtc.nvrtcGetPTX(prog, ptx)
+    nvrtc.nvrtcDestroyProgram(prog)
+    entries = {m.decode() for m in re.findall(rb"\.entry (blu_\w+)\(", ptx)}
+    want = {
+        f"blu_sdpa_{k}{s}_{v}_hd{d}"
+        for k in ("forward", "backward_dkdv", "backward_dq")
+        for s in ("", "_strided")
+        for v in ("tf32", "tf32x3", "bf16")
+        for d in (64, 128)
+    }
+    assert want <= entries, want - entries
+    assert b"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """A fake sm_90 device with H200 shared memory; restores the matmul precision."""
+    from blutensor.gemm import get_matmul_precision, set_matmul_precision
+
+    state = {"cc": 90, "smem": 227 * 1024}
+    monkeypatch.setattr(sdpa, "_compute_capability", lambda: state["cc"])
+    monkeypatch.setattr(sdpa, "smem_optin", lambda: state["smem"])
+    monkeypatch.delenv("BLUTRAIN_SDPA_FP32", raising=False)
+    prec = get_matmul_precision()
+    yield state
+    set_matmul_precision(prec)
+
+
+def test_pick_variant(device, monkeypatch):
+    from blutensor.gemm import set_matmul_precision
+
+    f32, u16 = np.dtype(np.float32), np.dtype(np.uint16)
+    set_matmul_precision("fp32")
+    assert sdpa.pick_variant(f32, 64) == "tf32x3"  # strict fp32: fp32 on the matrix units
+    assert sdpa.pick_variant(f32, 128) == "tf32x3"
+    assert sdpa.pick_variant(f32, 32) == "f32"  # head dim the mma kernels lack
+    assert sdpa.pick_variant(f32, 48) is None
+    assert sdpa.pick_variant(u16, 64) == "bf16"
+    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "simt")
+    assert sdpa.pick_variant(f32, 64) == "f32"
+    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "TF32X3")
+    assert sdpa.pick_variant(f32, 64) == "tf32x3"
+    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "fast")
+    with pytest.raises(ValueError, match="BLUTRAIN_SDPA_FP32"):
+        sdpa.pick_variant(f32, 64)
+    monkeypatch.delenv("BLUTRAIN_SDPA_FP32")
+    for prec in ("tf32", "bf16"):
+        set_matmul_precision(prec)
+        assert sdpa.pick_variant(f32, 64) == "tf32"
+    set_matmul_precision("fp32")
+    device["cc"] = 75  # no tf32 mma.sync before sm_80
+    assert sdpa.pick_variant(f32, 64) == "f32"
+    device["cc"] = 80
+    device["smem"] = sdpa._mma_smem("tf32x3", 128, "bwd") - 1  # HD 128 tiles do not fit
+    assert sdpa.pick_variant(f32, 128) == "f32"
+    assert sdpa.pick_variant(f32, 64) == "tf32x3"
+
+
+def test_mma_smem_sizes():
+    """_mma_smem mirrors sdpa_mma.cu: fp32 storage (tf32, tf32x3) rows of HD + 4 floats, bf16 HD + 8 halves."""
+    for hd in (64, 128):
+        assert sdpa._mma_smem("tf32x3", hd, "fwd") == sdpa._mma_smem("tf32", hd, "fwd") == 4 * 64 * (hd + 4) * 4
+        assert sdpa._mma_smem("bf16", hd, "fwd") == 4 * 64 * (hd + 8) * 2
+        assert sdpa._mma_smem("tf32x3", hd, "bwd") == 6 * 64 * (hd + 4) * 4 + 4 * 64 * 4
+
+
+def _cuda_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("L,S,causal", [(77, 77, True), (100, 130, False)])
+def test_cuda_tf32x3_matches_reference(L, S, causal):
+    """GPU twin of test_cpu_emulated_tf32x3_flash_attention: the kernels at the SIMT fp32 tolerances."""
+    import cupy as cp
+
+    hd = 64
+    q, k, v, do = (RNG.standard_normal((2, n, hd)).astype(np.float32) for n in (L, S, S, L))
+    dq_, dk_, dv_, do_ = (cp.asarray(a) for a in (q, k, v, do))
+    o, lse = sdpa.flash_attention_forward(dq_, dk_, dv_, causal, None, "tf32x3")
+    grads = sdpa.flash_attention_backward(dq_, dk_, dv_, o, lse, do_, causal, None, "tf32x3")
+    for b in range(2):
+        eo, _ = ref.sdpa(*(a[b].astype(np.float64) for a in (q, k, v)), causal)
+        assert ref.rel_err(cp.asnumpy(o[b]), eo) <= em.TOL_X3["fwd"]
+        for a, e in zip(grads, ref.sdpa_backward(*(a[b].astype(np.float64) for a in (q, k, v, do)), causal)):
+            assert ref.rel_err(cp.asnumpy(a[b]), e) <= em.TOL_X3["bwd"]
