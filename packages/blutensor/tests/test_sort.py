@@ -15,3 +15,60 @@ def test_stable_argsort_matches_numpy(n, V):
 def test_stable_argsort_many_duplicates_keeps_order():
     keys = np.array([3, 1, 3, 3, 0, 1, 0, 3] * 50)
     np.testing.assert_array_equal(stable_argsort(keys, 4), np.argsort(keys, kind="stable"))
+
+
+class _FakeCp:
+    """Just enough of CuPy for the probe cache: one device, and a graph module that must not be reached."""
+
+    class cuda:  # noqa: N801
+        class runtime:  # noqa: N801
+            @staticmethod
+            def getDevice():
+                return 0
+
+
+def test_thrust_capturable_inside_a_capture_never_probes(monkeypatch):
+    """Inside a capture (probe=False) an unprobed device answers False (the radix sort); a cached answer is
+    returned as it is, and nothing is captured."""
+    from blutensor.cuda_ops import sort
+
+    monkeypatch.setattr(sort, "_thrust_ok", {})
+    assert sort.thrust_capturable(_FakeCp, probe=False) is False
+    sort._thrust_ok[0] = True
+    assert sort.thrust_capturable(_FakeCp, probe=False) is True
+    assert sort.thrust_capturable(_FakeCp) is True  # cached: no second probe
+
+
+def test_thrust_capturable_probe_failure_means_radix(monkeypatch):
+    """A probe that cannot capture (here: no CuPy graph support at all) caches False instead of raising."""
+    from blutensor.cuda_ops import sort
+
+    monkeypatch.setattr(sort, "_thrust_ok", {})
+    assert sort.thrust_capturable(_FakeCp) is False
+    assert sort._thrust_ok == {0: False}
+
+
+@pytest.mark.cuda
+def test_embedding_backward_in_a_graph_equals_eager():
+    """GPU: the probe's answer (Thrust or radix inside the graph) gives the eager result bit for bit."""
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no GPU")
+    except Exception:  # noqa: BLE001
+        pytest.skip("no GPU")
+    from blutensor.cuda_graph import CUDAGraph, graph
+    from blutensor.cuda_ops.embedding import embedding_backward
+    from blutensor.cuda_ops.sort import thrust_capturable
+
+    rng = np.random.default_rng(0)
+    idx = cp.asarray(rng.integers(0, 1000, size=4099), dtype=cp.int64)
+    g = cp.asarray(rng.standard_normal((4099, 96)), dtype=cp.float32)
+    eager = embedding_backward(idx, g, 1000)
+    assert isinstance(thrust_capturable(cp), bool)
+    cg = CUDAGraph()
+    with graph(cg):
+        out = embedding_backward(idx, g, 1000)
+    cg.replay()
+    cp.cuda.Device().synchronize()
+    assert bool((out == eager).all())

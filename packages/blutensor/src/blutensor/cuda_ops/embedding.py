@@ -10,7 +10,7 @@ import numpy as np
 
 from blutensor.cuda_ops import _fallback
 from blutensor.cuda_ops._loader import aligned16, capturing, cupy, first_bad_index, launch, num_sms, suffix
-from blutensor.cuda_ops.sort import stable_argsort
+from blutensor.cuda_ops.sort import stable_argsort, thrust_capturable
 from blutensor.errors import ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
@@ -47,9 +47,14 @@ def embedding_backward(idx, g, num_embeddings: int):
     dw = cp.zeros((num_embeddings, C), dtype=g.dtype)
     if N == 0 or C == 0:
         return dw
-    if _RADIX_SORT or capturing():  # Thrust (cupy.argsort) may sync the stream: never inside a CUDA graph
+    cap = capturing()
+    # Thrust (cupy.argsort) syncs the stream on older CuPy builds: inside a graph only where the probe (run
+    # once, eagerly) showed it captures and replays correctly; the sync-free radix argsort otherwise
+    if _RADIX_SORT or (cap and not thrust_capturable(cp, probe=False)):
         order = stable_argsort(idx, num_embeddings, cp)
     else:
+        if not cap:
+            thrust_capturable(cp)  # probe before the first capture (cached)
         order = cp.argsort(idx)  # CuPy's sort is a stable radix sort
     sorted_idx = cp.ascontiguousarray(idx[order])
     order = cp.ascontiguousarray(order, dtype=cp.int64)
