@@ -69,8 +69,12 @@ class Tf32:
         return tf32(ldmatrix32(X, n0 + (lane & 7), k0 + (lane >> 3) * 4, 2))
 
     @staticmethod
-    def load_b(X, k0, n0):  # B[k][n] = X[k0 + k][n0 + n]
-        return np.stack([tf32(X[k0 + T, n0 + G]), tf32(X[k0 + T + 4, n0 + G])], 1)
+    def load_b(X, k0, n0):  # B[k][n] = X[k0 + perm(k)][n0 + n]: B row t <-> k 2t, row t + 4 <-> k 2t + 1
+        return tf32(Tf32.raw_b(X, k0, n0))
+
+    @staticmethod
+    def raw_b(X, k0, n0):
+        return np.stack([X[k0 + 2 * T, n0 + G], X[k0 + 2 * T + 1, n0 + G]], 1)
 
     @staticmethod
     def mma(c, a, b):
@@ -81,16 +85,13 @@ class Tf32:
         return c + c_frag(A @ B)
 
     @staticmethod
-    def c_to_a(cs, kk):  # cs: list of (32, 4) accumulators
+    def raw_c_to_a(cs, kk):  # the accumulator IS the A fragment under the k permutation (no shuffles)
         c = cs[kk]
-        src1 = (LANE & ~3) | (T >> 1)
-        src2 = src1 + 2
-        odd = (T & 1).astype(bool)
-        a0 = np.where(odd, c[src1, 1], c[src1, 0])
-        a1 = np.where(odd, c[src1, 3], c[src1, 2])
-        a2 = np.where(odd, c[src2, 1], c[src2, 0])
-        a3 = np.where(odd, c[src2, 3], c[src2, 2])
-        return tf32(np.stack([a0, a1, a2, a3], 1))
+        return np.stack([c[:, 0], c[:, 2], c[:, 1], c[:, 3]], 1)
+
+    @staticmethod
+    def c_to_a(cs, kk):
+        return tf32(Tf32.raw_c_to_a(cs, kk))
 
     cast = staticmethod(f32)
 
@@ -121,7 +122,7 @@ class Tf32x3:
 
     @staticmethod
     def load_b(X, k0, n0):
-        return split3(np.stack([X[k0 + T, n0 + G], X[k0 + T + 4, n0 + G]], 1))
+        return split3(Tf32.raw_b(X, k0, n0))
 
     @staticmethod
     def mma(c, a, b):
@@ -131,12 +132,7 @@ class Tf32x3:
 
     @staticmethod
     def c_to_a(cs, kk):
-        c = cs[kk]
-        src1 = (LANE & ~3) | (T >> 1)
-        src2 = src1 + 2
-        odd = (T & 1).astype(bool)
-        a = [np.where(odd, c[s_, i + 1], c[s_, i]) for s_, i in ((src1, 0), (src1, 2), (src2, 0), (src2, 2))]
-        return split3(np.stack(a, 1))
+        return split3(Tf32.raw_c_to_a(cs, kk))
 
     cast = staticmethod(f32)
 

@@ -393,8 +393,10 @@ def _torch_kernels(fn):
 def _torch_priority():
     try:
         import torch
+        from torch.nn.attention import SDPBackend
 
-        return [str(b) for b in torch._C._get_sdp_priority_order()]
+        names = {int(b.value): n for n, b in SDPBackend.__members__.items()}
+        return [names.get(int(b), str(b)) for b in torch._C._get_sdp_priority_order()]
     except Exception:
         return None
 

@@ -4,9 +4,9 @@
 // causal = query i sees keys j <= i (tril(ones(L, S))).
 // Blocks of 4 warps own 64 rows (queries in forward/dQ, keys in dK/dV); each warp owns 16 of them. Tiles of
 // 64 rows are staged in dynamic shared memory (row stride HD+4 floats for tf32, HD+8 halfwords for bf16,
-// which keeps the fragment loads free of bank conflicts); fragments are built with plain shared loads.
-// The accumulator layout of S = Q K^T is turned into the A operand of P V in registers (quad shuffles for
-// tf32, packing for bf16). Backward: D = rowsum(dO*O) (sdpa.cu preprocess), then a dK/dV kernel and a dQ
+// which keeps the fragment loads free of bank conflicts); fragments are built with ldmatrix / shared loads.
+// The accumulator layout of S = Q K^T is the A operand of P V in registers (tf32: k permuted inside groups of 8,
+// see TF32::raw_b; bf16: packing). Backward: D = rowsum(dO*O) (sdpa.cu preprocess), then a dK/dV kernel and a dQ
 // kernel, each recomputing P: no atomics, deterministic.
 // Self-contained (no headers) so that NVRTC compiles it anywhere.
 
@@ -88,24 +88,22 @@ struct TF32 {
         b[1] = __float_as_uint(X[(n0 + g) * ld + k0 + t + 4]);
     }
 #endif
-    // B (8 x 8) with B[k][n] = X[k0 + k][n0 + n]   ("V-like": rows of X are the k index)
+    // The second product's k index (keys in forward / dQ, queries in dK/dV) is permuted inside each group of
+    // 8: A column t <-> k 2t, column t + 4 <-> k 2t + 1 (any permutation shared by A and B gives the same
+    // sum). Then the accumulator fragment (rows g, g+8; cols 2t, 2t+1) IS the A fragment (no shuffles), and
+    // the V-like B rows 2t, 2t+1 of a tile with row stride HD + 4 hit 32 distinct banks (rows t, t+4: 2-way
+    // conflicts).
+    // B (8 x 8) with B[k][n] = X[k0 + perm(k)][n0 + n]   ("V-like": rows of X are the k index)
     static __device__ __forceinline__ void raw_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
-        b[0] = __float_as_uint(X[(k0 + t) * ld + n0 + g]);
-        b[1] = __float_as_uint(X[(k0 + t + 4) * ld + n0 + g]);
+        b[0] = __float_as_uint(X[(k0 + 2 * t) * ld + n0 + g]);      // B[t][g]
+        b[1] = __float_as_uint(X[(k0 + 2 * t + 1) * ld + n0 + g]);  // B[t + 4][g]
     }
-    // A operand for k-step kk (keys kk*8 .. +7) from accumulator n-tiles c[nt][4] (n-tile kk): quad shuffles
-    static __device__ __forceinline__ void raw_c_to_a(const float (*c)[4], int kk, u32* a, int lane) {
-        const int t = lane & 3;
-        const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
-        const bool odd = t & 1;
-        float x0 = __shfl_sync(0xffffffffu, c[kk][0], src1), x1 = __shfl_sync(0xffffffffu, c[kk][1], src1);
-        float y0 = __shfl_sync(0xffffffffu, c[kk][2], src1), y1 = __shfl_sync(0xffffffffu, c[kk][3], src1);
-        float z0 = __shfl_sync(0xffffffffu, c[kk][0], src2), z1 = __shfl_sync(0xffffffffu, c[kk][1], src2);
-        float w0 = __shfl_sync(0xffffffffu, c[kk][2], src2), w1 = __shfl_sync(0xffffffffu, c[kk][3], src2);
-        a[0] = __float_as_uint(odd ? x1 : x0);  // (g,   t)
-        a[1] = __float_as_uint(odd ? y1 : y0);  // (g+8, t)
-        a[2] = __float_as_uint(odd ? z1 : z0);  // (g,   t+4)
-        a[3] = __float_as_uint(odd ? w1 : w0);  // (g+8, t+4)
+    // A operand for k-step kk (k = kk*8 .. +7, permuted as above) from accumulator n-tiles c[nt][4] (n-tile kk)
+    static __device__ __forceinline__ void raw_c_to_a(const float (*c)[4], int kk, u32* a, int) {
+        a[0] = __float_as_uint(c[kk][0]);  // (g,   t)     = C[g][2t]
+        a[1] = __float_as_uint(c[kk][2]);  // (g+8, t)     = C[g+8][2t]
+        a[2] = __float_as_uint(c[kk][1]);  // (g,   t+4)   = C[g][2t+1]
+        a[3] = __float_as_uint(c[kk][3]);  // (g+8, t+4)   = C[g+8][2t+1]
     }
     template <int N> static __device__ __forceinline__ void fin(u32* r) {
 #pragma unroll
@@ -241,6 +239,13 @@ struct BF16 {
     static __device__ __forceinline__ void store2(bf16_t* p, float a, float b) {
         *reinterpret_cast<u32*>(p) = pack_bf16(a, b);
     }
+};
+
+// backward: the block's own two tiles (K, V in dK/dV; Q, dO in dQ) as A fragments in registers when they take
+// at most MAXREG registers a thread, else loaded per sub-pass. dK/dV: 32 (bf16 HD 64; with 64 the tf32 HD 64
+// kernel spills under ptxas), dQ: 64 (tf32 and bf16 at HD 64, bf16 at HD 128)
+template <typename X, int HD, int MAXREG> struct OwnInRegs {
+    static constexpr bool value = 2 * (HD / X::KS) * X::NA <= MAXREG;
 };
 
 // rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride LD (zeros past n); 16-byte copies
@@ -452,6 +457,17 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     const float c = scale * BLU_LOG2E;
     load_tile<X, HD>(Ks, k + lk.base(bh), kb0, S, lk.st);
     load_tile<X, HD>(Vs, v + lk.base(bh), kb0, S, lk.st);
+    // the warp's own K and V A-fragments stay in registers where they fit (else reloaded every sub-pass)
+    constexpr bool KEEP = OwnInRegs<X, HD, 32>::value;
+    u32 kreg[KEEP ? HD / KS : 1][X::NA], vreg[KEEP ? HD / KS : 1][X::NA];
+    if constexpr (KEEP) {
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < HD / KS; ++ks) {
+            X::load_a(Ks, LD, warp * 16, ks * KS, kreg[ks], g, t);
+            X::load_a(Vs, LD, warp * 16, ks * KS, vreg[ks], g, t);
+        }
+    }
     float dka[DT][4], dva[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; ++d)
@@ -509,9 +525,16 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                 for (int e = 0; e < 4; ++e) { st[n][e] = 0.f; dpt[n][e] = 0.f; }
 #pragma unroll
             for (int ks = 0; ks < HD / KS; ++ks) {
-                u32 ak[X::NA], av[X::NA];
-                X::load_a(Ks, LD, warp * 16, ks * KS, ak, g, t);
-                X::load_a(Vs, LD, warp * 16, ks * KS, av, g, t);
+                u32 akt[X::NA], avt[X::NA];
+                const u32* ak = akt;
+                const u32* av = avt;
+                if constexpr (KEEP) {
+                    ak = kreg[ks];
+                    av = vreg[ks];
+                } else {
+                    X::load_a(Ks, LD, warp * 16, ks * KS, akt, g, t);
+                    X::load_a(Vs, LD, warp * 16, ks * KS, avt, g, t);
+                }
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     u32 b[X::NB];
@@ -595,6 +618,17 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
         Ds[i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
     }
+    // the warp's own Q and dO A-fragments stay in registers where they fit (else reloaded every sub-pass)
+    constexpr bool KEEP = OwnInRegs<X, HD, 64>::value;
+    u32 qreg[KEEP ? HD / KS : 1][X::NA], oreg[KEEP ? HD / KS : 1][X::NA];
+    if constexpr (KEEP) {
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < HD / KS; ++ks) {
+            X::load_a(Qs, LD, warp * 16, ks * KS, qreg[ks], g, t);
+            X::load_a(Os, LD, warp * 16, ks * KS, oreg[ks], g, t);
+        }
+    }
     float dqa[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; ++d) dqa[d][0] = dqa[d][1] = dqa[d][2] = dqa[d][3] = 0.f;
@@ -639,9 +673,16 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
                 for (int e = 0; e < 4; ++e) { s[n][e] = 0.f; dp[n][e] = 0.f; }
 #pragma unroll
             for (int ks = 0; ks < HD / KS; ++ks) {
-                u32 aq[X::NA], ao[X::NA];
-                X::load_a(Qs, LD, warp * 16, ks * KS, aq, g, t);
-                X::load_a(Os, LD, warp * 16, ks * KS, ao, g, t);
+                u32 aqt[X::NA], aot[X::NA];
+                const u32* aq = aqt;
+                const u32* ao = aot;
+                if constexpr (KEEP) {
+                    aq = qreg[ks];
+                    ao = oreg[ks];
+                } else {
+                    X::load_a(Qs, LD, warp * 16, ks * KS, aqt, g, t);
+                    X::load_a(Os, LD, warp * 16, ks * KS, aot, g, t);
+                }
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     u32 b[X::NB];
