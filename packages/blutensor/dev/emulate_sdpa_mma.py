@@ -33,10 +33,17 @@ def f32(x):
 
 
 def tf32(x):
-    """cvt.rna.tf32.f32: keep 10 mantissa bits, round to nearest, ties away from zero."""
+    """cvt.rna.tf32.f32 as sm_90 executes it: the bits plus 0x1000 (round to nearest, ties away from zero) with
+    the 13 low bits left as don't-care (inf/nan passed through); tf32_value() is what mma.sync reads."""
     u = f32(x).view(np.uint32).astype(np.uint64)
-    u = ((u + 0x1000) & 0xFFFFE000).astype(np.uint32)
+    finite = (u & 0x7F800000) != 0x7F800000
+    u = np.where(finite, (u + 0x1000) & 0xFFFFFFFF, u).astype(np.uint32)
     return u.view(np.float32)
+
+
+def tf32_value(x):
+    """The tf32 number an mma operand register holds: the 13 low mantissa bits ignored (masked)."""
+    return (f32(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 def bf16(x):
@@ -78,6 +85,7 @@ class Tf32:
 
     @staticmethod
     def mma(c, a, b):
+        a, b = tf32_value(a), tf32_value(b)
         A = np.zeros((16, 8), np.float64)
         A[G, T], A[G + 8, T], A[G, T + 4], A[G + 8, T + 4] = a[:, 0], a[:, 1], a[:, 2], a[:, 3]
         B = np.zeros((8, 8), np.float64)
@@ -99,7 +107,7 @@ class Tf32:
 def split3(x):
     """3xTF32 split of fp32 ``x`` (last axis n) -> (..., 2n): big = tf32(x), small = tf32(x - big)."""
     x = f32(x)
-    big = tf32(x)
+    big = tf32_value(tf32(x))  # TF32X3::split masks the don't-care bits: x - big is exact
     return np.concatenate([big, tf32(x - big)], -1)
 
 

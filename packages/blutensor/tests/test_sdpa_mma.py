@@ -48,10 +48,18 @@ def test_tf32x3_split_is_exact_and_tf32():
     x = RNG.standard_normal(1000).astype(np.float32) * np.float32(1e3)
     s = em.split3(x[:, None])
     big, small = s[:, 0], s[:, 1]
-    for h in (big, small):  # 13 low mantissa bits clear: TF32 values
-        assert not (h.view(np.uint32) & 0x1FFF).any()
+    assert not (big.view(np.uint32) & 0x1FFF).any()  # big masked: an exact tf32 value, x - big exact
+    small = em.tf32_value(small)  # what the mma reads of small (its 13 low bits are don't-care)
     # big + small recovers x to ~2^-22 relative (small keeps 11 of the 13 remaining bits)
     assert np.abs(big.astype(np.float64) + small - x).max() <= np.abs(x).max() * 2.0**-21
+
+
+def test_tf32_cvt_leaves_dont_care_bits():
+    """sm_90's cvt.rna.tf32.f32 adds 0x1000 without masking; mma ignores the low bits, the split must mask."""
+    x = np.array([1 + 2.0**-11, 1 + 2.0**-12, -3.0, np.inf], np.float32)
+    assert (em.tf32(x).view(np.uint32) == x.view(np.uint32) + np.uint32(0x1000))[:3].all()
+    assert (em.tf32_value(em.tf32(x))[:3] == np.array([1 + 2.0**-10, 1, -3.0], np.float32)).all()
+    assert np.isinf(em.tf32(x)[3])
 
 
 @pytest.mark.parametrize("L,S,causal", [(77, 77, True), (100, 130, False)])

@@ -43,11 +43,14 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     return f2bf(lo) | (f2bf(hi) << 16);
 #endif
 }
+// tf32 operand of mma (round to nearest, ties away): the 13 low bits of the result are don't-care (sm_90 emits
+// an add of 0x1000 guarded against inf/nan); mma ignores them, arithmetic on the value must mask them
 __device__ __forceinline__ u32 to_tf32(float x) {
     u32 r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
+constexpr u32 TF32_MASK = 0xffffe000u;
 
 // Fragment traits: storage type T, k per mma KS, row padding PAD, A/B fragment sizes NA/NB (registers), loaders
 // of A (16 x KS, row-major X[r][k]), Bt (KS x 8, B[k][n] = X[n][k], "K-like") and B (B[k][n] = X[k][n], "V-like")
@@ -148,7 +151,7 @@ struct TF32X3 : TF32 {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
             const float x = __uint_as_float(r[i]);
-            const u32 big = to_tf32(x);
+            const u32 big = to_tf32(x) & TF32_MASK;  // exact tf32 value: x - big is exact
             r[i] = big;
             r[i + N] = to_tf32(x - __uint_as_float(big));
         }
