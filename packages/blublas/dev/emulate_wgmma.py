@@ -1,13 +1,15 @@
-"""NumPy emulation of the shared-memory side of kernels/gemm_wgmma_{bf16,tf32}.cu (no GPU): the swizzled
-tile loaders (blu_load_swz / blu_load_swz_f32, both the 16-byte cp.async and the element path), the matrix
-descriptors each k16/k8 step builds, and the way wgmma walks a descriptor (CUTLASS's canonical GMMA layouts:
-K-major ``((8,m),(T,2k)):((8T,SBO),(1,T))``, MN-major ``((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))``, in elements,
-then Swizzle<3,4,3> on the absolute byte address). imm-trans 0 reads the K-major form, 1 the MN-major one.
+"""NumPy emulation of the shared-memory side of kernels/gemm_wgmma.cuh (no GPU): the host's tensor-map
+specs (blublas.launch.tma_specs: dims, byte strides, boxes, read here straight from host memory through the
+spec's pointer and strides), the TMA boxes the producer issues (coordinates as in gemm_tma_body) written with
+the 128-byte swizzle (16-byte chunk index XOR address bits 7-9, zero fill outside the tensor), the matrix
+descriptors of each k16/k8 step (blu_wgmma_slice), and the way wgmma walks a descriptor (CUTLASS's canonical
+GMMA layouts: K-major ``((8,m),(T,2k)):((8T,SBO),(1,T))``, MN-major ``((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))``,
+in elements, then Swizzle<3,4,3> on the absolute byte address). imm-trans 0 reads the K-major form, 1 the
+MN-major one.
 
-It reconstructs every operand tile the tensor cores would see for each warpgroup and k step, multiplies
-them, and compares with op(A) @ op(B) in float64. This is how the inverted B transpose immediate was
-proven offline: with ``trans_b = TB`` (the old code) NN/NT/TN are wrong, with ``trans_b = !TB`` exact.
-The canonical layouts are CUTLASS's/PTX's; the GPU run (gpu_check.py) is what confirms them.
+It reconstructs every operand tile the tensor cores would see for each consumer warpgroup and k step of one
+output tile, multiplies them, and compares with op(A) @ op(B) in float64. With the B transpose immediate
+inverted (``fixed=False``) NN/NT/TN are wrong: the emulation can fail. The GPU run confirms the model.
 
 Usage: python packages/blublas/dev/emulate_wgmma.py
 """
@@ -29,24 +31,6 @@ def hw_swizzle(addr: int) -> int:
     return addr ^ (((addr >> 7) & 7) << 4)
 
 
-def load_swz(
-    smem: dict, base: int, g: np.ndarray, r0: int, c0: int, R: int, C: int, rows: int, cols: int, esz: int, vec: bool
-) -> None:
-    """blu_load_swz (bf16, esz 2) / blu_load_swz_f32 (esz 4): rows x cols of g (cols contiguous) at base."""
-    per = 16 // esz  # elements per 16-byte chunk
-    atom = rows * 128  # MN-major: 64-element column atoms (only when cols * esz > 128)
-    for r in range(rows):
-        for c in range(cols):
-            gr, gc = r0 + r, c0 + c
-            v = g[gr, gc] if (gr < R and gc < C) else 0.0
-            cc = c // per
-            if vec:  # chunk address, element inside the chunk
-                off = (cc // 8) * atom + swz(r, cc % 8) + (c % per) * esz
-            else:  # the element path's own expression
-                off = (cc >> 3) * atom + swz(r, cc & 7) + (c & (per - 1)) * esz
-            smem[base + off] = v
-
-
 def read_operand(smem: dict, start: int, lbo: int, sbo: int, trans: int, mn: int, kk: int, esz: int) -> np.ndarray:
     """The (mn x kk) operand tile wgmma reads from a descriptor (start, LBO, SBO, 128B swizzle)."""
     per = 16 // esz
@@ -61,85 +45,111 @@ def read_operand(smem: dict, start: int, lbo: int, sbo: int, trans: int, mn: int
     return out
 
 
-def emulate_bf16_tile(
-    layout: str, bn: int, m: int, n: int, k: int, vec: bool, fixed: bool = True, seed: int = 0
+def _stored(spec) -> np.ndarray:
+    """(batch, rows, cols) view of host memory through a TmapSpec's pointer, dims and byte strides."""
+    import ctypes
+
+    dt = np.uint16 if spec.itemsize == 2 else np.float32
+    cols, rows, nb = spec.dims
+    span = (nb - 1) * spec.strides[1] + (rows - 1) * spec.strides[0] + cols * spec.itemsize
+    buf = (ctypes.c_byte * span).from_address(spec.ptr)
+    base = np.frombuffer(buf, dtype=dt)
+    return np.lib.stride_tricks.as_strided(base, (nb, rows, cols), (spec.strides[1], spec.strides[0], spec.itemsize))
+
+
+def tma_box(smem: dict, dst: int, spec, c0: int, c1: int, c2: int) -> None:
+    """cp.async.bulk.tensor.3d of one box at (c0, c1, c2) into smem at 1024-aligned ``dst``, 128B swizzle."""
+    from blublas.reference import bf16_bits_to_f32
+
+    assert dst % 1024 == 0 and spec.box[0] * spec.itemsize == 128
+    mem = _stored(spec)
+    cols, rows, nb = spec.dims
+    for r in range(spec.box[1]):
+        for i in range(spec.box[0]):
+            gr, gc = c1 + r, c0 + i
+            v = 0.0
+            if 0 <= gr < rows and 0 <= gc < cols and 0 <= c2 < nb:
+                x = mem[c2, gr, gc]
+                v = float(bf16_bits_to_f32(np.array([x]))[0]) if spec.itemsize == 2 else float(x)
+            smem[hw_swizzle(dst + r * 128 + i * spec.itemsize)] = v
+
+
+def emulate_tile(
+    layout: str, precision: str, bn: int, m: int, n: int, k: int, tile: tuple[int, int] = (0, 0),
+    fixed: bool = True, seed: int = 0,
 ) -> float:
-    """One CTA (tile 128 x bn, k tiles of 64) of gemm_wgmma_body; max |emulated - reference|."""
+    """One output tile (m0, n0) = tile of gemm_tma_body for ``layout``/``precision`` (all k tiles, both
+    consumer warpgroups); max |emulated - reference| over the tile (inf: a read of never-written smem)."""
+    from blublas import configs, launch
+    from blublas.api import plan
+    from blublas.reference import f32_to_bf16_bits
+
     rng = np.random.default_rng(seed)
     ta, tb = layout[0] == "t", layout[1] == "t"
-    a = rng.integers(-4, 5, size=(k, m) if ta else (m, k)).astype(np.float64)
-    b = rng.integers(-4, 5, size=(n, k) if tb else (k, n)).astype(np.float64)
-    bm, bk = 128, 64
-    a_bytes = bm * bk * 2
-    base = 1024 * 5  # any 1024-aligned stage base
+    bf = precision == "bf16"
+    a = rng.integers(-4, 5, size=(k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.integers(-4, 5, size=(n, k) if tb else (k, n)).astype(np.float32)
+    a_st, b_st = (f32_to_bf16_bits(a), f32_to_bf16_bits(b)) if bf else (a, b)
+    p = plan(a_st, b_st, None, trans_a=ta, trans_b=tb, alpha=1.0, beta=0.0, bias=None, epilogue="none",
+             save_preact=None, precision=precision, batched=False)
+    variant = "wgmma" if bf else "wgmma_tf32"
+    cfg = next(c for c in configs.ALL_CONFIGS[variant].values() if c.bn == bn)
+    spec_a, spec_b = launch.tma_specs(p, cfg)
+    bm, bk = 128, cfg.bk
+    m0, n0 = tile
+    a_bytes = bm * 128
+    base = 1024 * 7  # any 1024-aligned stage
     acc = np.zeros((bm, bn))
     for k0 in range(0, k, bk):
         smem: dict = {}
-        if ta:
-            load_swz(smem, base, a, k0, 0, k, m, bk, bm, 2, vec)
+        if ta:  # the producer's boxes, as issued in gemm_tma_body
+            tma_box(smem, base, spec_a, m0, k0, 0)
+            tma_box(smem, base + 8192, spec_a, m0 + 64, k0, 0)
         else:
-            load_swz(smem, base, a, 0, k0, m, k, bm, bk, 2, vec)
+            tma_box(smem, base, spec_a, k0, m0, 0)
         if tb:
-            load_swz(smem, base + a_bytes, b, 0, k0, n, k, bn, bk, 2, vec)
+            tma_box(smem, base + a_bytes, spec_b, k0, n0, 0)
         else:
-            load_swz(smem, base + a_bytes, b, k0, 0, k, n, bk, bn, 2, vec)
+            for i in range(bn // 64):
+                tma_box(smem, base + a_bytes + i * 8192, spec_b, n0 + 64 * i, k0, 0)
         a_addr, b_addr = base, base + a_bytes
-        for wg in range(2):
-            for j in range(bk // 16):
-                # the descriptors of gemm_wgmma_bf16.cu, verbatim
-                if ta:
-                    da = (a_addr + wg * (bk * 128) + j * 2048, bk * 128, 1024)
+        for cw in range(2):
+            for j in range(4):  # blu_wgmma_slice's descriptors, verbatim
+                if not bf:
+                    da = (a_addr + cw * (64 * 128) + j * 32, 16, 1024)
+                    db = (b_addr + j * 32, 16, 1024)
+                    at = read_operand(smem, *da, 0, 64, 8, 4)
+                    bt = read_operand(smem, *db, 0, bn, 8, 4)
                 else:
-                    da = (a_addr + wg * (64 * 128) + j * 32, 16, 1024)
-                db = (b_addr + j * 32, 16, 1024) if tb else (b_addr + j * 2048, bk * 128, 1024)
-                trans_a = 1 if ta else 0
-                trans_b = (0 if tb else 1) if fixed else (1 if tb else 0)
-                at = read_operand(smem, *da, trans_a, 64, 16, 2)  # (64 m, 16 k)
-                bt = read_operand(smem, *db, trans_b, bn, 16, 2)  # (bn n, 16 k)
-                acc[wg * 64 : wg * 64 + 64] += at @ bt.T
-    opa = a.T if ta else a
-    opb = b.T if tb else b
+                    if ta:
+                        da = (a_addr + cw * (64 * 128) + j * 2048, 64 * 128, 1024)
+                    else:
+                        da = (a_addr + cw * (64 * 128) + j * 32, 16, 1024)
+                    db = (b_addr + j * 32, 16, 1024) if tb else (b_addr + j * 2048, 64 * 128, 1024)
+                    trans_b = (0 if tb else 1) if fixed else (1 if tb else 0)
+                    at = read_operand(smem, *da, 1 if ta else 0, 64, 16, 2)
+                    bt = read_operand(smem, *db, trans_b, bn, 16, 2)
+                acc[cw * 64 : cw * 64 + 64] += at @ bt.T
+    full = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
     ref = np.zeros((bm, bn))
-    ref[: min(m, bm), : min(n, bn)] = (opa @ opb)[:bm, :bn]
-    return float(np.max(np.abs(acc - ref))) if np.all(np.isfinite(acc)) else float("inf")
-
-
-def emulate_tf32_tile(bn: int, m: int, n: int, k: int, vec: bool, seed: int = 0) -> float:
-    """One CTA of gemm_wgmma_tf32_body (NT, both K-major, k tiles of 32, k8 steps)."""
-    rng = np.random.default_rng(seed)
-    a = rng.integers(-4, 5, size=(m, k)).astype(np.float64)
-    b = rng.integers(-4, 5, size=(n, k)).astype(np.float64)
-    bm, bk = 128, 32
-    a_bytes = bm * bk * 4
-    base = 1024 * 3
-    acc = np.zeros((bm, bn))
-    for k0 in range(0, k, bk):
-        smem: dict = {}
-        load_swz(smem, base, a, 0, k0, m, k, bm, bk, 4, vec)
-        load_swz(smem, base + a_bytes, b, 0, k0, n, k, bn, bk, 4, vec)
-        for wg in range(2):
-            for j in range(bk // 8):
-                at = read_operand(smem, base + wg * (64 * 128) + j * 32, 16, 1024, 0, 64, 8, 4)
-                bt = read_operand(smem, base + a_bytes + j * 32, 16, 1024, 0, bn, 8, 4)
-                acc[wg * 64 : wg * 64 + 64] += at @ bt.T
-    ref = np.zeros((bm, bn))
-    ref[: min(m, bm), : min(n, bn)] = (a @ b.T)[:bm, :bn]
+    blk = full[m0 : m0 + bm, n0 : n0 + bn]
+    ref[: blk.shape[0], : blk.shape[1]] = blk
     return float(np.max(np.abs(acc - ref))) if np.all(np.isfinite(acc)) else float("inf")
 
 
 def main() -> None:
     for layout in ("nn", "nt", "tn"):
         for bn in (128, 256):
-            for shape, vec in (((128, bn, 128), True), ((77, bn - 9, 70), False)):
-                new = emulate_bf16_tile(layout, bn, *shape, vec=vec)
-                old = emulate_bf16_tile(layout, bn, *shape, vec=vec, fixed=False)
-                print(f"bf16 {layout} BN={bn} {shape} vec={vec}: max err fixed {new:g}, old trans-b {old:g}")
+            err = emulate_tile(layout, "bf16", bn, 200, bn + 72, 136, tile=(128, bn))
+            old = emulate_tile(layout, "bf16", bn, 128, bn, 64, fixed=False)
+            print(f"bf16 {layout} BN={bn} edge tile: max err {err:g}; inverted trans-b {old:g}")
     for bn in (128, 256):
-        print(
-            f"tf32 nt BN={bn}: max err {emulate_tf32_tile(bn, 128, bn, 64, True):g} (vec), "
-            f"{emulate_tf32_tile(bn, 70, bn - 5, 45, False):g} (element path)"
-        )
+        print(f"tf32 nt BN={bn}: max err {emulate_tile('nt', 'tf32', bn, 130, bn + 6, 100, tile=(128, bn)):g}")
 
 
 if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     main()

@@ -216,6 +216,27 @@ def _epilogue(acc, C, bias, P, M, N, ldc, ldp, z_c, z_p, alpha, beta, flags):
     c[...] = f32_to_bf16_bits(v.astype(np.float32)) if obf else v.astype(np.float32)
 
 
+_TMAP_FMT = "<QQQQQQQQQQ"  # ptr, dims[3], strides[2], box[3], itemsize
+
+
+def blublas_encode_tmap(spec) -> bytes:
+    """Stand-in for cuTensorMapEncodeTiled (blublas.tma looks this up on the CuPy module): the spec's fields
+    packed into the 128 bytes, so the emulated TMA kernels below read the operands through the map."""
+    import struct
+
+    raw = struct.pack(_TMAP_FMT, spec.ptr, *spec.dims, *spec.strides, *spec.box, spec.itemsize)
+    return raw + bytes(128 - len(raw))
+
+
+def _tmap_view(tm: np.void, dtype) -> tuple[np.ndarray, tuple]:
+    """(batch, rows, cols) view of the operand a fake tensor map describes, and its box."""
+    import struct
+
+    ptr, d0, d1, d2, s0, s1, b0, b1, b2, isz = struct.unpack(_TMAP_FMT, tm.tobytes()[:80])
+    assert isz == np.dtype(dtype).itemsize and s0 % isz == 0 and s1 % isz == 0 and b2 == 1
+    return _view(ptr, dtype, (d2, d1, d0), (s1 // isz, s0 // isz, 1)), (b0, b1)
+
+
 def _param_types(name: str) -> list[str]:
     """C parameter types of kernel ``name`` read from the real .cu sources (macro parameter list for GEMMs)."""
     from blublas.loader import KERNEL_DIR, expand_source
@@ -228,6 +249,9 @@ def _param_types(name: str) -> list[str]:
         text = expand_source(KERNEL_DIR / fname)
         body = re.search(rf"void {name}\((.*?)\)\s*{{", text, re.S).group(1)
     body = body.replace("\\", " ")
+    if name.startswith("blu_gemm_wgmma"):  # + BLU_TMA_PARAMS
+        text = (KERNEL_DIR / "gemm_wgmma.cuh").read_text()
+        body += ", " + re.search(r"#define BLU_TMA_PARAMS (.*)", text).group(1).replace("__grid_constant__ ", "")
     out = []
     for decl in body.split(","):
         decl = " ".join(decl.split())
@@ -236,7 +260,7 @@ def _param_types(name: str) -> list[str]:
 
 
 _NP_OF_C = {"ptr": (np.uint64,), "int": (np.int32,), "i64": (np.int64,), "long long": (np.int64,),
-            "float": (np.float32,)}
+            "float": (np.float32,), "BluTmap": (np.void,)}
 
 
 class _Kernel:
@@ -283,25 +307,47 @@ class _Kernel:
         assert shared_mem == cfg.smem_bytes(layout), (shared_mem, cfg.smem_bytes(layout))
         if shared_mem > 48 * 1024:
             assert self.max_dynamic_shared_size_bytes >= shared_mem, "dynamic smem limit not raised"
+        tma = variant in configs.TMA_VARIANTS
+        if tma:  # persistent grid; operands read through the (fake-encoded) tensor maps only
+            tmA, tmB, nz, bmask = args[21:]
+            vals = vals[:21]
+            nz, bmask = int(nz), int(bmask)
+            tiles = -(-vals[6] // cfg.bn) * -(-vals[5] // cfg.bm) * nz
+            assert grid == (min(tiles, 132),), (grid, tiles)
+            assert tmA.dtype.itemsize == 128 and tmB.dtype.itemsize == 128
         (A, B, C, bias, P, M, N, K, lda, ldb, ldc, ldp, sA, sB, sC, sP, alpha, beta, flags, splits, chunk) = vals
-        assert len(args) == 21
-        assert grid[0] == -(-N // cfg.bn) and grid[1] == -(-M // cfg.bm), (grid, M, N)
+        if not tma:
+            assert len(args) == 21
+            assert grid[0] == -(-N // cfg.bn) and grid[1] == -(-M // cfg.bm), (grid, M, N)
+            nz = grid[2]
         bf = variant in ("bf16", "wgmma")
         if flags & 128:  # paired output stores: 2-element alignment of C (and P), even ld and batch stride
             osz = 2 if flags & 16 else 4
-            assert C % (2 * osz) == 0 and ldc % 2 == 0 and (grid[2] == 1 or sC % 2 == 0), "pair flag misused"
+            assert C % (2 * osz) == 0 and ldc % 2 == 0 and (nz == 1 or sC % 2 == 0), "pair flag misused"
             if flags & 8:
-                assert P % (2 * osz) == 0 and ldp % 2 == 0 and (grid[2] == 1 or sP % 2 == 0), "pair flag misused"
+                assert P % (2 * osz) == 0 and ldp % 2 == 0 and (nz == 1 or sP % 2 == 0), "pair flag misused"
         if flags & 64:
             per = 8 if bf else 4
             assert A % 16 == 0 and B % 16 == 0 and lda % per == 0 and ldb % per == 0, "vector path misused"
         ta, tb = layout[0] == "t", layout[1] == "t"
         idt = np.uint16 if bf else np.float32
-        for z in range(grid[2]):
+        if tma:
+            esz = np.dtype(idt).itemsize
+            va, box_a = _tmap_view(tmA, idt)
+            vb, box_b = _tmap_view(tmB, idt)
+            assert va.shape[1:] == ((K, M) if ta else (M, K)) and vb.shape[1:] == ((N, K) if tb else (K, N))
+            assert box_a == (128 // esz, cfg.bk if ta else cfg.bm), box_a  # what gemm_wgmma.cuh loads
+            assert box_b == (128 // esz, cfg.bn if tb else cfg.bk), box_b
+            assert splits == 1 or chunk % cfg.bk == 0, "a split's last k tile would read the next split"
+        for z in range(nz):
             b, s = divmod(z, splits)
             k0, k1 = s * chunk, min(K, (s + 1) * chunk)
-            a = _view(A + b * sA * np.dtype(idt).itemsize, idt, (K, M) if ta else (M, K), (lda, 1))
-            bb = _view(B + b * sB * np.dtype(idt).itemsize, idt, (N, K) if tb else (K, N), (ldb, 1))
+            if tma:
+                a = va[b if bmask & 1 else 0]
+                bb = vb[b if bmask & 2 else 0]
+            else:
+                a = _view(A + b * sA * np.dtype(idt).itemsize, idt, (K, M) if ta else (M, K), (lda, 1))
+                bb = _view(B + b * sB * np.dtype(idt).itemsize, idt, (N, K) if tb else (K, N), (ldb, 1))
             a = _f(a, bf)
             bb = _f(bb, bf)
             opa = a.T if ta else a

@@ -191,6 +191,7 @@ def test_gpu_wgmma_variants_on_sm90(layout, precision):
     """The sm_90a wgmma kernels (forced by config name) against float64; TF32 wgmma exists for NT only."""
     cp = _cupy()
     from blublas import configs, loader
+    from blublas.selftest import tma_shape
 
     if loader.compute_capability() != 90:
         pytest.skip("wgmma kernels need sm_90")
@@ -199,10 +200,11 @@ def test_gpu_wgmma_variants_on_sm90(layout, precision):
     for cfg in configs.configs_for(variant, 90):
         if layout not in cfg.layouts:
             continue
-        for shape in ((7, 5, 3), (257, 129, 200), (300, 270, 129)):
+        for shape in ((7, 5, 3), (257, 129, 200), (300, 270, 129), (2200, 2100, 40)):
+            shape = tma_shape(*shape, layout, precision)  # TMA: 16-byte leading dimensions
             case = make_case(
                 rng, *shape, layout=layout, precision=precision, bias="f32", epilogue="gelu", save_preact=True, beta=0.5
             )
             assert check_case(case, cp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
-        case = make_case(rng, 96, 300, 1500, layout=layout, precision=precision)
+        case = make_case(rng, *tma_shape(96, 300, 1500, layout, precision), layout=layout, precision=precision)
         assert check_case(case, cp, config=cfg.name, splits=3) <= case.tol, (cfg.name, case.describe())

@@ -193,7 +193,7 @@ def test_launch_plumbing_wgmma(fcp, monkeypatch, tmp_path, layout):
     rng = np.random.default_rng(6)
     for cfg in configs.configs_for("wgmma", 90):
         case = make_case(
-            rng, 130, 70, 100, layout=layout, precision="bf16", bias="f32", epilogue="gelu", save_preact=True, beta=0.5
+            rng, 136, 72, 104, layout=layout, precision="bf16", bias="f32", epilogue="gelu", save_preact=True, beta=0.5
         )
         assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
         assert fcp.LAUNCHES[-1]["name"] == cfg.kernel_name(layout)
@@ -203,7 +203,7 @@ def test_launch_plumbing_wgmma(fcp, monkeypatch, tmp_path, layout):
     assert built == [("gemm_wgmma_bf16.cu", "90a")]
     for cfg in configs.configs_for("wgmma_tf32", 90):
         case = make_case(
-            rng, 130, 70, 100, layout=layout, precision="tf32", bias="f32", epilogue="gelu", save_preact=True, beta=0.5
+            rng, 136, 72, 104, layout=layout, precision="tf32", bias="f32", epilogue="gelu", save_preact=True, beta=0.5
         )
         if layout == "nt":
             assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, case.describe())

@@ -1,12 +1,11 @@
-"""CPU proof of the wgmma shared-memory path (dev/emulate_wgmma.py): the swizzled loaders, the descriptors
-of every k step and the transpose immediates reproduce op(A) @ op(B) exactly for every layout, tile width
-and load path, and every address the tensor cores read was written by the loader (so no read leaves the
-stage: the old inverted trans-b read up to 6 KB past the last stage, the H200's cudaErrorIllegalAddress)."""
+"""CPU proof of the TMA + wgmma shared-memory path (dev/emulate_wgmma.py): the host's tensor-map specs, the
+boxes the producer issues (128-byte swizzle, zero fill outside the tensor), the descriptors of every k step
+and the transpose immediates reproduce op(A) @ op(B) exactly for every layout, tile width and edge tile, and
+every address the tensor cores read was written by a TMA box (a read of unwritten smem gives inf)."""
 
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 
 import pytest
@@ -18,26 +17,41 @@ spec.loader.exec_module(emu)
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
-@pytest.mark.parametrize("bn,shape,vec", [(128, (128, 128, 128), True), (256, (77, 247, 70), False)])
-def test_bf16_wgmma_operands_are_exact(layout, bn, shape, vec):
-    assert emu.emulate_bf16_tile(layout, bn, *shape, vec=vec) == 0.0
+@pytest.mark.parametrize("bn", [128, 256])
+def test_bf16_tma_wgmma_operands_are_exact(layout, bn):
+    assert emu.emulate_tile(layout, "bf16", bn, 128, bn, 128) == 0.0
+    assert emu.emulate_tile(layout, "bf16", bn, 200, bn + 72, 136, tile=(128, bn)) == 0.0  # M/N/K edges
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
-def test_old_inverted_trans_b_is_detected(layout):
-    err = emu.emulate_bf16_tile(layout, 128, 64, 128, 64, vec=True, fixed=False)
-    assert err > 1.0  # inf (reads of never-written bytes, i.e. outside the B tile) for nn/tn
+def test_inverted_trans_b_is_detected(layout):
+    assert emu.emulate_tile(layout, "bf16", 128, 128, 128, 64, fixed=False) > 1.0
 
 
 @pytest.mark.parametrize("bn", [128, 256])
-def test_tf32_wgmma_operands_are_exact(bn):
-    assert emu.emulate_tf32_tile(bn, 128, bn, 64, vec=True) == 0.0
-    assert emu.emulate_tf32_tile(bn, 70, bn - 5, 45, vec=False) == 0.0
+def test_tf32_tma_wgmma_operands_are_exact(bn):
+    assert emu.emulate_tile("nt", "tf32", bn, 128, bn, 64) == 0.0
+    assert emu.emulate_tile("nt", "tf32", bn, 130, bn + 6, 100, tile=(128, bn)) == 0.0
 
 
-def test_kernel_source_uses_the_emulated_immediates_and_descriptors():
-    src = (HERE / "src" / "blublas" / "kernels" / "gemm_wgmma_bf16.cu").read_text()
-    assert "blu_wgmma<BN, TA ? 1 : 0, TB ? 0 : 1>(acc, da, db);" in src
-    assert re.search(r"TA \? blu_desc\(a_addr \+ wg \* \(BK \* 128\) \+ j \* 2048, BK \* 128, 1024\)", src)
-    assert "blu_desc(a_addr + wg * (64 * 128) + j * 32, 16, 1024)" in src
-    assert "TB ? blu_desc(b_addr + j * 32, 16, 1024) : blu_desc(b_addr + j * 2048, BK * 128, 1024)" in src
+def test_swizzle_model_is_the_128b_pattern():
+    # chunk c of 128-byte row r lands at chunk c ^ (r % 8): the layout the descriptors' 128B mode reads
+    for r in range(16):
+        for c in range(8):
+            assert emu.hw_swizzle(r * 128 + c * 16) == emu.swz(r, c)
+
+
+def test_kernel_source_uses_the_emulated_descriptors_and_boxes():
+    src = (HERE / "src" / "blublas" / "kernels" / "gemm_wgmma.cuh").read_text()
+    for frag in (
+        "blu_desc(a_addr + cw * (64 * 128) + j * 2048, 64 * 128, 1024)",
+        "blu_desc(a_addr + cw * (64 * 128) + j * 32, 16, 1024)",
+        "TB ? blu_desc(b_addr + j * 32, 16, 1024) : blu_desc(b_addr + j * 2048, 64 * 128, 1024)",
+        "blu_wgmma_m64n256k16<TA ? 1 : 0, TB ? 0 : 1>(acc, da, db)",
+        "blu_tma_load3(a, tmA, tl.m0, k0, batch * zbA, fb);",
+        "blu_tma_load3(a + 8192, tmA, tl.m0 + 64, k0, batch * zbA, fb);",
+        "blu_tma_load3(a, tmA, k0, tl.m0, batch * zbA, fb);",
+        "blu_tma_load3(b, tmB, k0, tl.n0, batch * zbB, fb);",
+        "blu_tma_load3(b + i * 8192, tmB, tl.n0 + 64 * i, k0, batch * zbB, fb);",
+    ):
+        assert frag in src, frag

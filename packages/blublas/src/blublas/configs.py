@@ -25,6 +25,8 @@ FILE_OF_VARIANT = {
 }
 #: variants compiled for an arch-specific target (sm_90a): only on exactly that compute capability
 ARCH_SPECIFIC = {"wgmma": 90, "wgmma_tf32": 90}
+#: variants whose kernels read A and B through TMA tensor maps (persistent grid, launch.tma_ok operands)
+TMA_VARIANTS = ("wgmma", "wgmma_tf32")
 #: precision -> extra sm_90a variants (opt-in, see wgmma_enabled)
 EXTRA_VARIANTS = {"bf16": ("wgmma",), "tf32": ("wgmma_tf32",)}
 LAYOUTS = ("nn", "nt", "tn")
@@ -49,10 +51,8 @@ class TileConfig:
         bm, bn, bk, st = self.bm, self.bn, self.bk, self.stages
         if self.variant == "simt":
             return st * 4 * (bk * (bm + 4) + bk * (bn + 4))
-        if self.variant == "wgmma":  # 128-byte-swizzled atoms, +1024 to align the base
-            return st * 2 * (bm * 64 + bn * 64) + 1024
-        if self.variant == "wgmma_tf32":
-            return st * 4 * (bm * 32 + bn * 32) + 1024
+        if self.variant in TMA_VARIANTS:  # stages of 128-byte rows, +1024 to align the base, + mbarriers
+            return st * 128 * (bm + bn) + 1024 + 16 * st
         if self.variant == "tf32":
             a = bk * (bm + 8) if ta else bm * (bk + 4)
             b = bn * (bk + 4) if tb else bk * (bn + 8)
@@ -74,11 +74,12 @@ def _mma(variant: str, bm: int, bn: int, bk: int, wm: int, wn: int, st: int) -> 
 
 
 def _wgmma(bm: int, bn: int, st: int) -> TileConfig:
-    return TileConfig("wgmma", f"{bm}x{bn}x64_wg2_s{st}", bm, bn, 64, 256, st)
+    """TMA + warp-specialized persistent bf16 kernel: 1 producer + 2 consumer warpgroups (384 threads)."""
+    return TileConfig("wgmma", f"{bm}x{bn}x64_ws_s{st}", bm, bn, 64, 384, st)
 
 
 def _wgmma_tf32(bm: int, bn: int, st: int) -> TileConfig:
-    return TileConfig("wgmma_tf32", f"{bm}x{bn}x32_wg2_s{st}", bm, bn, 32, 256, st, ("nt",))
+    return TileConfig("wgmma_tf32", f"{bm}x{bn}x32_ws_s{st}", bm, bn, 32, 384, st, ("nt",))
 
 
 def _simt(bm: int, bn: int, bk: int, st: int) -> TileConfig:
@@ -96,8 +97,8 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _mma("bf16", 128, 256, 64, 2, 4, 3),  # sm_90 candidate (166 KB of smem)
         )
     },
-    "wgmma": {c.name: c for c in (_wgmma(128, 256, 4), _wgmma(128, 128, 5), _wgmma(128, 128, 3))},
-    "wgmma_tf32": {c.name: c for c in (_wgmma_tf32(128, 256, 4), _wgmma_tf32(128, 128, 5), _wgmma_tf32(128, 128, 3))},
+    "wgmma": {c.name: c for c in (_wgmma(128, 256, 4), _wgmma(128, 128, 6), _wgmma(128, 128, 4))},
+    "wgmma_tf32": {c.name: c for c in (_wgmma_tf32(128, 256, 4), _wgmma_tf32(128, 128, 6), _wgmma_tf32(128, 128, 4))},
     "tf32": {
         c.name: c
         for c in (
@@ -199,8 +200,8 @@ ARCHS: dict[int, ArchInfo] = {
                 "128x256x32_w2x4_s3",
             ),
             "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4", "128x256x8_s4", "128x128x8_s6"),
-            "wgmma": ("128x256x64_wg2_s4", "128x128x64_wg2_s5", "128x128x64_wg2_s3"),
-            "wgmma_tf32": ("128x256x32_wg2_s4", "128x128x32_wg2_s5", "128x128x32_wg2_s3"),
+            "wgmma": ("128x256x64_ws_s4", "128x128x64_ws_s6", "128x128x64_ws_s4"),
+            "wgmma_tf32": ("128x256x32_ws_s4", "128x128x32_ws_s6", "128x128x32_ws_s4"),
         },
     ),
 }

@@ -47,6 +47,35 @@ def vec_ok(p: Problem) -> bool:
     return True
 
 
+def tma_specs(p: Problem, cfg: configs.TileConfig) -> tuple:
+    """TMA tensor-map specs of A and B for a TMA-variant config: K-major operands get boxes of 128 bytes of k
+    by the tile's rows (BM or BN); M/N-major ones boxes of one 64-column atom by BK k rows."""
+    from . import tma
+
+    ta, tb = p.trans_a, p.trans_b
+    a_outer = cfg.bk if ta else cfg.bm
+    b_outer = cfg.bn if tb else cfg.bk
+    sa = tma.operand_spec(p.A.ptr, p.A.rows, p.A.cols, p.A.ld, p.A.batch, p.A.bstride, p.A.itemsize, a_outer)
+    sb = tma.operand_spec(p.B.ptr, p.B.rows, p.B.cols, p.B.ld, p.B.batch, p.B.bstride, p.B.itemsize, b_outer)
+    return sa, sb
+
+
+def tma_ok(p: Problem, cfg: configs.TileConfig | None = None) -> str:
+    """'' when the TMA kernels can read p's operands (16-byte aligned bases, leading dimensions and batch
+    strides; K >= 1), else the reason."""
+    from . import tma
+
+    if p.K < 1:
+        return "K = 0"
+    if cfg is None:
+        cfg = next(iter(configs.ALL_CONFIGS["wgmma" if p.precision == "bf16" else "wgmma_tf32"].values()))
+    for name, spec in zip(("a", "b"), tma_specs(p, cfg), strict=True):
+        why = tma.spec_problem(spec)
+        if why:
+            return f"{name}: {why}"
+    return ""
+
+
 def pair_ok(ptr: int, ld: int, bstride: int, batch: int, itemsize: int) -> bool:
     """Whether columns (c, c+1), c even, of an output can be stored as one 2-element access."""
     return ptr % (2 * itemsize) == 0 and ld % 2 == 0 and (batch <= 1 or bstride % 2 == 0)
@@ -97,6 +126,16 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
     pair = pair_ok(cptr, ldc, sc, p.batch, osz) and (preact is None or pair_ok(pptr, ldp, sp, p.batch, osz))
     if pair:
         flags |= F_PAIR
+    extra: tuple = ()
+    grid = (gx, gy, gz)
+    block = (cfg.threads,)
+    if variant in configs.TMA_VARIANTS:  # persistent: one CTA per SM walks the tiles; tensor maps by value
+        from . import tma
+
+        spec_a, spec_b = tma_specs(p, cfg)
+        bmask = (1 if p.A.batch else 0) | (2 if p.B.batch else 0)
+        extra = (tma.encode(spec_a, "a"), tma.encode(spec_b, "b"), np.int32(gz), np.int32(bmask))
+        grid = (int(max(1, min(gx * gy * gz, loader.sm_count()))),)
     if splits == 1:
         args = (
             _u64(p.A.ptr),
@@ -121,7 +160,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
             np.int32(1),
             np.int32(chunk),
         )
-        fn((gx, gy, gz), (cfg.threads,), args, shared_mem=smem)
+        fn(grid, block, args + extra, shared_mem=smem)
         return
     mn = p.M * p.N
     ws = loader.workspace(4 * p.batch * splits * mn)
@@ -148,7 +187,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
         np.int32(splits),
         np.int32(chunk),
     )
-    fn((gx, gy, gz), (cfg.threads,), args, shared_mem=smem)
+    fn(grid, block, args + extra, shared_mem=smem)
     red = loader.get_function(EPILOGUE_FILE, "blu_gemm_splitk_reduce")
     total = p.batch * mn
     blocks = int(max(1, min(-(-total // 256), loader.sm_count() * 16)))
@@ -219,7 +258,12 @@ def usable_variants(p: Problem, cc: int, stream: Any) -> list[str]:
     out = []
     mode = configs.wgmma_mode()
     for v in configs.variants_for(p.precision, cc):
-        if v == configs.VARIANT_OF_PRECISION[p.precision] or mode == "on":
+        if v == configs.VARIANT_OF_PRECISION[p.precision]:
+            out.append(v)
+            continue
+        if v in configs.TMA_VARIANTS and tma_ok(p):
+            continue  # operands TMA cannot read (alignment, strides): the mma.sync kernels serve them
+        if mode == "on":
             out.append(v)
             continue
         if not any(p.layout in c.layouts for c in configs.configs_for(v, cc)):
@@ -247,6 +291,10 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
             raise GemmError(
                 f"config {cfg.name} ({cfg.variant}) needs sm_{configs.ARCH_SPECIFIC[cfg.variant]}, not sm_{cc}"
             )
+        if cfg.variant in configs.TMA_VARIANTS:
+            why = tma_ok(p, cfg)
+            if why:
+                raise GemmError(f"config {cfg.name} ({cfg.variant}) reads operands through TMA, which {why}")
         if cfg.max_smem_bytes() > configs.arch_info(cc).smem_optin:
             raise GemmError(
                 f"config {cfg.name} needs {cfg.max_smem_bytes()} bytes of shared memory; sm_{cc} has "

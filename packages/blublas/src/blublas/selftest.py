@@ -20,6 +20,21 @@ from pathlib import Path
 #: problems every config must pass: aligned (16-byte cp.async path), odd edges (element path), and enough k
 #: tiles to wrap every pipeline stage (the last stage ends at the end of the shared-memory allocation)
 PROBE_SHAPES = ((200, 264, 136), (130, 70, 99), (257, 129, 330))
+
+
+def tma_shape(m: int, n: int, k: int, layout: str, precision: str) -> tuple[int, int, int]:
+    """(m, n, k) with the stored rows' contiguous extents (the leading dimensions of contiguous operands)
+    rounded up to 16 bytes, as TMA needs; the other extents keep their odd tile edges."""
+    per = 8 if precision == "bf16" else 4
+    ta, tb = layout[0] == "t", layout[1] == "t"
+
+    def up(x: int) -> int:
+        return -(-x // per) * per
+
+    m2 = up(m) if ta else m
+    n2 = n if tb else up(n)
+    k2 = up(k) if (not ta or tb) else k
+    return m2, n2, k2
 PROBE_TIMEOUT_S = 300  # BLUBLAS_SELFTEST_TIMEOUT overrides; a hung child counts as a failure
 
 
@@ -37,6 +52,8 @@ def probe_inproc(variant: str, layout: str, precision: str, cc: int) -> tuple[bo
             if layout not in cfg.layouts:
                 continue
             for shape in PROBE_SHAPES:
+                if variant in configs.TMA_VARIANTS:
+                    shape = tma_shape(*shape, layout, precision)
                 case = make_case(
                     rng,
                     *shape,

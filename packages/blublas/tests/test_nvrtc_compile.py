@@ -1,0 +1,72 @@
+"""Every kernel file compiles with NVRTC (the pip nvidia-cuda-nvrtc, through cuda-bindings; no GPU needed) for
+the architectures the loader uses: sm_80 and sm_90 for the portable files, sm_90a for the Hopper files (whose
+body exists only there), and every configured entry point exists. The generated wgmma wrappers in
+gemm_wgmma.cuh are what dev/gen_wgmma.py emits."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+from blublas import configs, loader
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def _nvrtc_available() -> bool:
+    try:
+        from cuda.bindings import nvrtc
+
+        return nvrtc.nvrtcVersion()[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    except Exception:  # noqa: BLE001 - no cuda-bindings / no NVRTC library
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc_available(), reason="cuda-bindings NVRTC not available")
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("variant", ["wgmma", "wgmma_tf32"])
+def test_hopper_files_compile_for_sm90a_with_every_entry(variant):
+    fname = configs.FILE_OF_VARIANT[variant]
+    cubin, _ver = loader._nvrtc_cubin_bindings(loader._source(fname), fname, "90a")
+    for cfg in configs.ALL_CONFIGS[variant].values():
+        for lay in cfg.layouts:
+            assert cfg.kernel_name(lay).encode() in cubin, cfg.kernel_name(lay)
+    if variant == "wgmma":
+        assert b"blu_tma_smoke" in cubin
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["80", "90"])
+def test_hopper_files_compile_to_stubs_elsewhere(arch):
+    for v in ("wgmma", "wgmma_tf32"):
+        fname = configs.FILE_OF_VARIANT[v]
+        loader._nvrtc_cubin_bindings(loader._source(fname), fname, arch)
+
+
+def test_configs_mirror_the_cu_instantiations():
+    for variant, macro in (("wgmma", "BLU_WGMMA_CONFIG"), ("wgmma_tf32", "BLU_WGMMA_TF32_CONFIG")):
+        text = (loader.KERNEL_DIR / configs.FILE_OF_VARIANT[variant]).read_text()
+        found = {
+            m.group(1): tuple(int(x) for x in m.group(2, 3, 4, 5))
+            for m in re.finditer(rf"^{macro}\((\w+), (\d+), (\d+), (\d+), (\d+)\)", text, re.M)
+        }
+        want = {c.name: (c.bm, c.bn, c.bk, c.stages) for c in configs.ALL_CONFIGS[variant].values()}
+        assert found == want, variant
+
+
+def test_generated_wrappers_match_the_generator():
+    spec = importlib.util.spec_from_file_location("gen_wgmma", HERE / "dev" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.generated_block() in (loader.KERNEL_DIR / "gemm_wgmma.cuh").read_text()
+
+
+def test_tma_configs_fit_hopper_shared_memory():
+    for v in configs.TMA_VARIANTS:
+        for c in configs.ALL_CONFIGS[v].values():
+            assert c.threads == 384 and c.bm == 128 and c.bk * (2 if v == "wgmma" else 4) == 128
+            assert c.max_smem_bytes() <= configs.arch_info(90).smem_optin, c.name

@@ -1,0 +1,107 @@
+"""The TMA (sm_90a) launch path on fake CuPy: tensor-map specs (dims, byte strides, boxes) that the emulated
+kernel reads the operands through, the persistent grid, which problems TMA can serve (16-byte aligned
+bases, leading dimensions and batch strides) and the fall-back to the mma.sync kernels for the others."""
+
+from __future__ import annotations
+
+import sys
+
+import fake_cupy
+import numpy as np
+import pytest
+from blublas import GemmError, configs, launch, loader, selftest, tma
+from blublas.api import plan
+from blublas.testing import check_case, make_case
+
+
+@pytest.fixture
+def fcp(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BLUBLAS_WGMMA", "1")
+    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
+        monkeypatch.setattr(loader, name, {})
+    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.wgmma.cubin")
+    monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
+    monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
+    monkeypatch.setattr(launch, "_probe_results", {})
+    monkeypatch.setattr(tma, "_cache", {})
+    fake_cupy.LAUNCHES.clear()
+    return fake_cupy
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+@pytest.mark.parametrize("precision", ["bf16", "tf32"])
+def test_every_tma_config_through_the_tensor_maps(fcp, layout, precision):
+    variant = "wgmma" if precision == "bf16" else "wgmma_tf32"
+    rng = np.random.default_rng(3)
+    for cfg in configs.configs_for(variant, 90):
+        if layout not in cfg.layouts:
+            continue
+        for shape in selftest.PROBE_SHAPES + ((2200, 2100, 40),):  # the last: > 132 tiles, CTAs loop
+            shape = selftest.tma_shape(*shape, layout, precision)
+            for kw in ({"bias": "f32", "epilogue": "gelu", "save_preact": True, "beta": 0.5}, {"batch": 2}):
+                case = make_case(rng, *shape, layout=layout, precision=precision, **kw)
+                assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, shape, kw)
+                assert fcp.LAUNCHES[-1]["name"] == cfg.kernel_name(layout)
+                assert fcp.LAUNCHES[-1]["block"] == (384,)
+        case = make_case(rng, *selftest.tma_shape(96, 200, 1500, layout, precision), layout=layout,
+                         precision=precision, bias="f32", epilogue="gelu")
+        assert check_case(case, fcp, config=cfg.name, splits=3) <= case.tol  # split-K: k chunks of whole tiles
+        assert fcp.LAUNCHES[-1]["name"] == "blu_gemm_splitk_reduce"
+
+
+def _problem(xp, layout, precision, m, n, k, batch=0):
+    ta, tb = layout[0] == "t", layout[1] == "t"
+    dt = np.uint16 if precision == "bf16" else np.float32
+    lead = (batch,) if batch else ()
+    a = xp.zeros(lead + ((k, m) if ta else (m, k)), dtype=dt)
+    b = xp.zeros(lead + ((n, k) if tb else (k, n)), dtype=dt)
+    return plan(a, b, None, trans_a=ta, trans_b=tb, alpha=1.0, beta=0.0, bias=None, epilogue="none",
+                save_preact=None, precision=precision, batched=bool(batch))
+
+
+def test_tensor_map_specs_of_every_layout(fcp):
+    cfg = configs.ALL_CONFIGS["wgmma"]["128x256x64_ws_s4"]
+    p = _problem(fcp, "nn", "bf16", 300, 264, 136)
+    a, b = launch.tma_specs(p, cfg)
+    assert (a.dims, a.strides, a.box, a.dtype) == ((136, 300, 1), (272, 272 * 300), (64, 128, 1), tma.DTYPE_BF16)
+    assert (b.dims, b.strides, b.box) == ((264, 136, 1), (528, 528 * 136), (64, 64, 1))  # N-major: 64-col atoms
+    p = _problem(fcp, "tn", "bf16", 304, 264, 99, batch=3)
+    a, b = launch.tma_specs(p, cfg)
+    assert (a.dims, a.strides, a.box) == ((304, 99, 3), (608, 608 * 99), (64, 64, 1))
+    p = _problem(fcp, "nt", "tf32", 130, 70, 100)
+    a, b = launch.tma_specs(p, configs.ALL_CONFIGS["wgmma_tf32"]["128x256x32_ws_s4"])
+    assert (a.dims, a.box, a.dtype) == ((100, 130, 1), (32, 128, 1), tma.DTYPE_F32)
+    assert (b.dims, b.strides, b.box) == ((100, 70, 1), (400, 400 * 70), (32, 256, 1))
+    assert tma.encode_args(b)[7:] == (tma.INTERLEAVE_NONE, tma.SWIZZLE_128B, tma.L2_PROMOTION_256B, 0)
+
+
+def test_tma_rejects_what_the_driver_would(fcp):
+    assert launch.tma_ok(_problem(fcp, "nt", "bf16", 130, 70, 104)) == ""
+    assert "multiples of 16" in launch.tma_ok(_problem(fcp, "nt", "bf16", 130, 70, 100))
+    assert "multiples of 16" in launch.tma_ok(_problem(fcp, "nn", "bf16", 130, 70, 104))  # B ld = 70
+    assert launch.tma_ok(_problem(fcp, "nt", "bf16", 130, 70, 0)) == "K = 0"
+    spec = tma.operand_spec(0x1008, 10, 64, 64, 0, 0, 2, 128)
+    assert "16-byte aligned" in tma.spec_problem(spec)
+    with pytest.raises(GemmError, match="cannot be read by TMA"):
+        tma.check_spec(spec, "a")
+
+
+def test_unaligned_problem_uses_mma_sync_and_forcing_tma_is_a_clear_error(fcp):
+    rng = np.random.default_rng(4)
+    case = make_case(rng, 512, 512, 250, layout="nt", precision="bf16")  # ld 250 bf16 = 500 bytes
+    assert check_case(case, fcp) <= case.tol
+    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
+    with pytest.raises(GemmError, match="reads operands through TMA"):
+        check_case(case, fcp, config="128x256x64_ws_s4")
+    case = make_case(rng, 512, 512, 256, layout="nt", precision="bf16")
+    assert check_case(case, fcp) <= case.tol
+    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
+
+
+def test_tensor_maps_are_cached_and_passed_as_128_byte_scalars(fcp):
+    spec = tma.operand_spec(1 << 20, 64, 64, 64, 0, 0, 2, 128)
+    v = tma.encode(spec)
+    assert isinstance(v, np.void) and v.dtype.itemsize == 128
+    assert tma.encode(spec) is v
