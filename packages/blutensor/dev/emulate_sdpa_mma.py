@@ -61,23 +61,25 @@ def ldmatrix32(X, rows, cols, nmat):
 
 
 class Tf32:
-    """Fragments loaded the way sdpa_mma.cu does by default (A and K-like B through ldmatrix on b16 pairs)."""
+    """Fragments loaded the way sdpa_mma.cu does by default (A and K-like B through ldmatrix on b16 pairs) from
+    tiles rounded to tf32 once when staged (TF32::ROUND_TILES): the loaders move bits only."""
 
     KS, PAD = 8, 4
+    stage = staticmethod(tf32)  # round_tile / load_tile
 
     @staticmethod
     def load_a(X, r0, k0):  # -> (32, 4)
         j = LANE >> 3
-        return tf32(ldmatrix32(X, r0 + (j & 1) * 8 + (LANE & 7), k0 + (j >> 1) * 4, 4))
+        return ldmatrix32(X, r0 + (j & 1) * 8 + (LANE & 7), k0 + (j >> 1) * 4, 4)
 
     @staticmethod
     def load_bt(X, n0, k0):  # B[k][n] = X[n0 + n][k0 + k] -> (32, 2)
         lane = LANE & 15
-        return tf32(ldmatrix32(X, n0 + (lane & 7), k0 + (lane >> 3) * 4, 2))
+        return ldmatrix32(X, n0 + (lane & 7), k0 + (lane >> 3) * 4, 2)
 
     @staticmethod
     def load_b(X, k0, n0):  # B[k][n] = X[k0 + perm(k)][n0 + n]: B row t <-> k 2t, row t + 4 <-> k 2t + 1
-        return tf32(Tf32.raw_b(X, k0, n0))
+        return Tf32.raw_b(X, k0, n0)
 
     @staticmethod
     def raw_b(X, k0, n0):
@@ -117,6 +119,7 @@ class Tf32x3:
     accumulating in fp32 (rounded after each: the hardware accumulator is fp32)."""
 
     KS, PAD = 8, 4
+    stage = staticmethod(f32)  # tiles stay fp32
 
     @staticmethod
     def load_a(X, r0, k0):  # -> (32, 8)
@@ -152,6 +155,7 @@ def fragment_product(X, A, B):
     As[:, : X.KS] = A
     Bs = np.zeros((8, X.KS + X.PAD), np.float32)
     Bs[:, : X.KS] = B.T
+    As, Bs = X.stage(As), X.stage(Bs)
     c = X.mma(np.zeros((32, 4)), X.load_a(As, 0, 0), X.load_bt(Bs, 0, 0))
     out = np.zeros((16, 8))
     out[G, 2 * T], out[G, 2 * T + 1], out[G + 8, 2 * T], out[G + 8, 2 * T + 1] = c[:, 0], c[:, 1], c[:, 2], c[:, 3]
@@ -174,6 +178,7 @@ class Bf16:
     """Fragments loaded the way sdpa_mma.cu does by default (ldmatrix; BLU_NO_LDMATRIX: plain loads)."""
 
     KS, PAD = 16, 8
+    stage = staticmethod(f32)
 
     @staticmethod
     def load_a(X, r0, k0):  # -> (32, 4, 2)
@@ -229,11 +234,12 @@ def c_frag(Cm):
     return np.stack([Cm[G, 2 * T], Cm[G, 2 * T + 1], Cm[G + 8, 2 * T], Cm[G + 8, 2 * T + 1]], 1)
 
 
-def load_tile(src, r0, n, hd, pad):
-    tile = np.zeros((BR, hd + pad), np.float32)
+def load_tile(X, src, r0, n, hd):
+    """Rows [r0, r0 + 64) of src staged as sdpa_mma.cu does (zeros past n; X.stage: tf32 rounds the tile)."""
+    tile = np.zeros((BR, hd + X.PAD), np.float32)
     rows = min(BR, max(0, n - r0))
     tile[:rows, :hd] = src[r0 : r0 + rows]
-    return tile
+    return X.stage(tile)
 
 
 def forward(X, q, k, v, L, S, hd, scale, causal):
@@ -243,7 +249,7 @@ def forward(X, q, k, v, L, S, hd, scale, causal):
     c = np.float32(scale * LOG2E)
     for bx in range(math.ceil(L / BR)):
         q0 = bx * BR
-        Qs = load_tile(q, q0, L, hd, X.PAD)
+        Qs = load_tile(X, q, q0, L, hd)
         for w in range(4):
             row0, row1 = q0 + w * 16 + G, q0 + w * 16 + G + 8
             qa = [X.load_a(Qs, w * 16, ks * X.KS) for ks in range(hd // X.KS)]
@@ -254,7 +260,7 @@ def forward(X, q, k, v, L, S, hd, scale, causal):
             l1 = l0.copy()
             kend = min(S, q0 + BR) if causal else S
             for k0 in range(0, kend, BR):
-                Ks, Vs = load_tile(k, k0, S, hd, X.PAD), load_tile(v, k0, S, hd, X.PAD)
+                Ks, Vs = load_tile(X, k, k0, S, hd), load_tile(X, v, k0, S, hd)
                 s = [np.zeros((32, 4)) for _ in range(BR // 8)]
                 for ks in range(hd // X.KS):
                     for n in range(BR // 8):
@@ -308,13 +314,13 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
     sub = 32
     for bx in range(math.ceil(S / BR)):  # ---- dK/dV
         kb0 = bx * BR
-        Ks, Vs = load_tile(k, kb0, S, hd, X.PAD), load_tile(v, kb0, S, hd, X.PAD)
+        Ks, Vs = load_tile(X, k, kb0, S, hd), load_tile(X, v, kb0, S, hd)
         for w in range(4):
             key0, key1 = kb0 + w * 16 + G, kb0 + w * 16 + G + 8
             dka = [np.zeros((32, 4)) for _ in range(hd // 8)]
             dva = [np.zeros((32, 4)) for _ in range(hd // 8)]
             for q0 in range(kb0 if causal else 0, L, BR):
-                Qs, Os = load_tile(q, q0, L, hd, X.PAD), load_tile(do, q0, L, hd, X.PAD)
+                Qs, Os = load_tile(X, q, q0, L, hd), load_tile(X, do, q0, L, hd)
                 Ls = np.zeros(BR, np.float32)
                 Ds = np.zeros(BR, np.float32)
                 nr = min(BR, L - q0)
@@ -349,7 +355,7 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                         dv[keys[ok], d * 8 + 2 * T[ok] + j] = X.cast(dva[d][ok, col])
     for bx in range(math.ceil(L / BR)):  # ---- dQ
         q0 = bx * BR
-        Qs, Os = load_tile(q, q0, L, hd, X.PAD), load_tile(do, q0, L, hd, X.PAD)
+        Qs, Os = load_tile(X, q, q0, L, hd), load_tile(X, do, q0, L, hd)
         Ls = np.zeros(BR, np.float32)
         Ds = np.zeros(BR, np.float32)
         nr = min(BR, L - q0)
@@ -359,7 +365,7 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
             dqa = [np.zeros((32, 4)) for _ in range(hd // 8)]
             kend = min(S, q0 + BR) if causal else S
             for k0 in range(0, kend, BR):
-                Ks, Vs = load_tile(k, k0, S, hd, X.PAD), load_tile(v, k0, S, hd, X.PAD)
+                Ks, Vs = load_tile(X, k, k0, S, hd), load_tile(X, v, k0, S, hd)
                 for ks0 in range(0, BR, sub):
                     s = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     dp = [np.zeros((32, 4)) for _ in range(sub // 8)]

@@ -62,7 +62,10 @@ struct TF32 {
     static constexpr int KS = 8;    // k per mma
     static constexpr int PAD = 4;   // row padding (elements)
     static constexpr int NA = 4, NB = 2;
-    // raw fp32 bits of the fragments (the tf32 rounding is done by fin / split)
+    // tiles are rounded to tf32 once as they are staged (round_tile), so the loaders only move bits: 4x fewer
+    // conversions than rounding every fragment load (each of the 4 warps reads every streamed tile)
+    static constexpr bool ROUND_TILES = true;
+    // raw bits of the fragments (tf32 loaders use them as they are; tf32x3 splits them)
 #ifndef BLU_NO_LDMATRIX
     // ldmatrix on b16 pairs: an 8 x 4 fp32 block is an 8 x 8 b16 matrix, and lane (g, t) receives row g,
     // b16 cols 2t, 2t+1 = fp32 col t: exactly the tf32 A/B fragment element. Rows are 16-byte aligned.
@@ -114,15 +117,12 @@ struct TF32 {
     }
     static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
         raw_a(X, ld, r0, k0, a, g, t);
-        fin<4>(a);
     }
     static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
         raw_bt(X, ld, n0, k0, b, g, t);
-        fin<2>(b);
     }
     static __device__ __forceinline__ void load_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
         raw_b(X, ld, k0, n0, b, g, t);
-        fin<2>(b);
     }
     static __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, u32* a, int lane) {
         raw_c_to_a(c, kk, a, lane);
@@ -147,6 +147,7 @@ struct TF32 {
 // small products first, small*small dropped. Fragments: registers [0, N) = big, [N, 2N) = small.
 struct TF32X3 : TF32 {
     static constexpr int NA = 8, NB = 4;
+    static constexpr bool ROUND_TILES = false;  // tiles stay fp32: split at every fragment load
     template <int N> static __device__ __forceinline__ void split(u32* r) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
@@ -185,6 +186,7 @@ struct BF16 {
     static constexpr int KS = 16;
     static constexpr int PAD = 8;
     static constexpr int NA = 4, NB = 2;
+    static constexpr bool ROUND_TILES = false;
 #ifndef BLU_NO_LDMATRIX
     // ldmatrix: lane i gives the address of row (i % 8) of 8x8 matrix (i / 8); lane (g, t) receives row g,
     // cols 2t, 2t+1 of each matrix (.trans: row 2t, 2t+1, col g). Rows are 16-byte aligned (LD*2 = 16*k).
@@ -251,6 +253,11 @@ template <typename X, int HD, int MAXREG> struct OwnInRegs {
     static constexpr bool value = 2 * (HD / X::KS) * X::NA <= MAXREG;
 };
 
+__device__ __forceinline__ uint4 round4(uint4 v) {
+    return make_uint4(to_tf32(__uint_as_float(v.x)), to_tf32(__uint_as_float(v.y)), to_tf32(__uint_as_float(v.z)),
+                      to_tf32(__uint_as_float(v.w)));
+}
+
 // rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride LD (zeros past n); 16-byte copies
 template <typename X, int HD, typename T = typename X::T>
 __device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
@@ -261,6 +268,7 @@ __device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int
         const int r = i / Q, c = i % Q;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r0 + r < n) v = *reinterpret_cast<const uint4*>(src + (long long)(r0 + r) * ld + c * E);
+        if constexpr (X::ROUND_TILES) v = round4(v);
         *reinterpret_cast<uint4*>(dst + r * LD + c * E) = v;
     }
 }
@@ -277,6 +285,21 @@ __device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ sr
         const T* g = ok ? src + (long long)(r0 + r) * ld + c * E : src;
         const u32 sa = (u32)__cvta_generic_to_shared(dst + r * LD + c * E);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(g), "r"(ok ? 16 : 0));
+    }
+}
+// X::ROUND_TILES: round a tile staged by load_tile_async to tf32 in place, once its group has completed. Each
+// thread converts the 16-byte pieces it copied itself (visible to it after cp.async.wait_group), so no barrier
+// is needed before; the caller's __syncthreads publishes the result.
+template <typename X, int HD, typename T = typename X::T>
+__device__ __forceinline__ void round_tile(T* dst) {
+    if constexpr (X::ROUND_TILES) {
+        constexpr int LD = HD + X::PAD;
+        constexpr int E = 16 / sizeof(T);
+        constexpr int Q = HD / E;
+        for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
+            uint4* p = reinterpret_cast<uint4*>(dst + (i / Q) * LD + (i % Q) * E);
+            *p = round4(*p);
+        }
     }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
@@ -347,6 +370,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         } else {
             cp_async_wait<0>();
         }
+        round_tile<X, HD>(Ks + stage * STAGE);
+        round_tile<X, HD>(Vs + stage * STAGE);
         __syncthreads();
         const T* Kt = Ks + stage * STAGE;
         const T* Vt = Vs + stage * STAGE;
@@ -506,6 +531,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         } else {
             cp_async_wait<0>();
         }
+        round_tile<X, HD>(Q0 + stage * 2 * BR * LD);
+        round_tile<X, HD>(Q0 + stage * 2 * BR * LD + BR * LD);
 #else
         const int stage = 0;
         __syncthreads();
@@ -656,6 +683,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         } else {
             cp_async_wait<0>();
         }
+        round_tile<X, HD>(K0 + stage * 2 * BR * LD);
+        round_tile<X, HD>(K0 + stage * 2 * BR * LD + BR * LD);
 #else
         const int stage = 0;
         __syncthreads();
