@@ -109,8 +109,10 @@ class Tf32:
 def split3(x):
     """3xTF32 split of fp32 ``x`` (last axis n) -> (..., 2n): big = tf32(x), small = tf32(x - big)."""
     x = f32(x)
-    big = tf32_value(tf32(x))  # TF32X3::split masks the don't-care bits: x - big is exact
-    return np.concatenate([big, tf32(x - big)], -1)
+    u = x.view(np.uint32).astype(np.uint64)
+    big = (((u + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)  # add + mask, no guard
+    with np.errstate(invalid="ignore"):
+        return np.concatenate([big, tf32(x - big)], -1)
 
 
 class Tf32x3:

@@ -54,6 +54,15 @@ def test_tf32x3_split_is_exact_and_tf32():
     assert np.abs(big.astype(np.float64) + small - x).max() <= np.abs(x).max() * 2.0**-21
 
 
+def test_tf32x3_split_keeps_inf_and_nan():
+    """The guard-free big (integer add + mask): inf stays inf; nan input may lose big but small stays nan."""
+    x = np.array([[np.inf], [-np.inf], [np.nan], [np.float32(np.nan) * -1]], np.float32)
+    x = np.concatenate([x, np.frombuffer(np.array([0x7FFFFFFF], np.uint32).tobytes(), np.float32)[None]])
+    s = em.split3(x)
+    assert np.isinf(s[:2, 0]).all()
+    assert np.isnan(s[:, 0] + em.tf32_value(s[:, 1])).all()  # the mma sees a nan in every row
+
+
 def test_tf32_cvt_leaves_dont_care_bits():
     """sm_90's cvt.rna.tf32.f32 adds 0x1000 without masking; mma ignores the low bits, the split must mask."""
     x = np.array([1 + 2.0**-11, 1 + 2.0**-12, -3.0, np.inf], np.float32)

@@ -151,8 +151,11 @@ struct TF32X3 : TF32 {
     template <int N> static __device__ __forceinline__ void split(u32* r) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
+            // big = x rounded to nearest tf32 (ties away) as an integer add + mask, an exact tf32 value so that
+            // x - big is exact. No inf/nan guard (cvt's): inf stays inf; a nan x may give any big, but then
+            // small = x - big is nan and cvt keeps it nan, so nan still propagates.
             const float x = __uint_as_float(r[i]);
-            const u32 big = to_tf32(x) & TF32_MASK;  // exact tf32 value: x - big is exact
+            const u32 big = (r[i] + 0x1000u) & TF32_MASK;
             r[i] = big;
             r[i + N] = to_tf32(x - __uint_as_float(big));
         }
