@@ -75,8 +75,15 @@ def tma_box(smem: dict, dst: int, spec, c0: int, c1: int, c2: int) -> None:
 
 
 def emulate_tile(
-    layout: str, precision: str, bn: int, m: int, n: int, k: int, tile: tuple[int, int] = (0, 0),
-    fixed: bool = True, seed: int = 0,
+    layout: str,
+    precision: str,
+    bn: int,
+    m: int,
+    n: int,
+    k: int,
+    tile: tuple[int, int] = (0, 0),
+    fixed: bool = True,
+    seed: int = 0,
 ) -> float:
     """One output tile (m0, n0) = tile of gemm_tma_body for ``layout``/``precision`` (all k tiles, both
     consumer warpgroups); max |emulated - reference| over the tile (inf: a read of never-written smem)."""
@@ -90,8 +97,20 @@ def emulate_tile(
     a = rng.integers(-4, 5, size=(k, m) if ta else (m, k)).astype(np.float32)
     b = rng.integers(-4, 5, size=(n, k) if tb else (k, n)).astype(np.float32)
     a_st, b_st = (f32_to_bf16_bits(a), f32_to_bf16_bits(b)) if bf else (a, b)
-    p = plan(a_st, b_st, None, trans_a=ta, trans_b=tb, alpha=1.0, beta=0.0, bias=None, epilogue="none",
-             save_preact=None, precision=precision, batched=False)
+    p = plan(
+        a_st,
+        b_st,
+        None,
+        trans_a=ta,
+        trans_b=tb,
+        alpha=1.0,
+        beta=0.0,
+        bias=None,
+        epilogue="none",
+        save_preact=None,
+        precision=precision,
+        batched=False,
+    )
     variant = "wgmma" if bf else "wgmma_tf32"
     cfg = next(c for c in configs.ALL_CONFIGS[variant].values() if c.bn == bn)
     spec_a, spec_b = launch.tma_specs(p, cfg)

@@ -45,8 +45,14 @@ def test_every_tma_config_through_the_tensor_maps(fcp, layout, precision):
                 assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, shape, kw)
                 assert fcp.LAUNCHES[-1]["name"] == cfg.kernel_name(layout)
                 assert fcp.LAUNCHES[-1]["block"] == (384,)
-        case = make_case(rng, *selftest.tma_shape(96, 200, 1500, layout, precision), layout=layout,
-                         precision=precision, bias="f32", epilogue="gelu")
+        case = make_case(
+            rng,
+            *selftest.tma_shape(96, 200, 1500, layout, precision),
+            layout=layout,
+            precision=precision,
+            bias="f32",
+            epilogue="gelu",
+        )
         assert check_case(case, fcp, config=cfg.name, splits=3) <= case.tol  # split-K: k chunks of whole tiles
         assert fcp.LAUNCHES[-1]["name"] == "blu_gemm_splitk_reduce"
 
@@ -57,8 +63,20 @@ def _problem(xp, layout, precision, m, n, k, batch=0):
     lead = (batch,) if batch else ()
     a = xp.zeros(lead + ((k, m) if ta else (m, k)), dtype=dt)
     b = xp.zeros(lead + ((n, k) if tb else (k, n)), dtype=dt)
-    return plan(a, b, None, trans_a=ta, trans_b=tb, alpha=1.0, beta=0.0, bias=None, epilogue="none",
-                save_preact=None, precision=precision, batched=bool(batch))
+    return plan(
+        a,
+        b,
+        None,
+        trans_a=ta,
+        trans_b=tb,
+        alpha=1.0,
+        beta=0.0,
+        bias=None,
+        epilogue="none",
+        save_preact=None,
+        precision=precision,
+        batched=bool(batch),
+    )
 
 
 def test_tensor_map_specs_of_every_layout(fcp):

@@ -25,8 +25,9 @@ BLU_WGMMA_CONFIG(128x128x64_ws_s4, 128, 128, 64, 4)
 // Smoke test of the TMA path alone (dev/gpu_check_wgmma.py): one thread loads one box at (c0, c1, c2)
 // through the tensor map into 1024-byte aligned shared memory, waits on the mbarrier, and the block copies
 // the raw (swizzled) bytes to `out` so the host can compare them with the NumPy swizzle model.
-extern "C" __global__ void __launch_bounds__(128, 1)
-    blu_tma_smoke(const __grid_constant__ BluTmap tm, unsigned char* out, int box_bytes, int c0, int c1, int c2) {
+// blu_tma_smoke: the map as a __grid_constant__ parameter; blu_tma_smoke_gmem: the map in global memory.
+__device__ __forceinline__ void blu_tma_smoke_body(const BluTmap* tm, unsigned char* out, int box_bytes, int c0,
+                                                   int c1, int c2) {
 #if BLU_HAVE_WGMMA
   extern __shared__ __align__(1024) unsigned char blu_smoke_smem[];
   const unsigned raw = blu_smem_addr(blu_smoke_smem);
@@ -40,11 +41,21 @@ extern "C" __global__ void __launch_bounds__(128, 1)
   __syncthreads();
   if (threadIdx.x == 0) {
     blu_mbar_expect_tx(bar, box_bytes);
-    blu_tma_load3(dst, &tm, c0, c1, c2, bar);
+    blu_tma_load3(dst, tm, c0, c1, c2, bar);
   }
   blu_mbar_wait(bar, 0);
   for (int i = threadIdx.x; i < box_bytes; i += blockDim.x) out[i] = blu_smoke_smem[pad + i];
 #else
   asm volatile("trap;");
 #endif
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1)
+    blu_tma_smoke(const __grid_constant__ BluTmap tm, unsigned char* out, int box_bytes, int c0, int c1, int c2) {
+  blu_tma_smoke_body(&tm, out, box_bytes, c0, c1, c2);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1)
+    blu_tma_smoke_gmem(const BluTmap* tm, unsigned char* out, int box_bytes, int c0, int c1, int c2) {
+  blu_tma_smoke_body(tm, out, box_bytes, c0, c1, c2);
 }

@@ -1,0 +1,55 @@
+"""dev/gpu_check_wgmma.py's correctness and benchmark sections run end to end on fake CuPy (whose TMA kernels
+read through the fake-encoded tensor maps), so the lead's H200 run cannot die of a Python error."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import fake_cupy
+import pytest
+from blublas import cublas, launch, loader, tma
+from test_gpu_check_dryrun import _fake_matmul
+
+SCRIPT = Path(__file__).resolve().parents[1] / "dev" / "gpu_check_wgmma.py"
+
+
+@pytest.mark.slow
+def test_gpu_check_wgmma_sections_on_fake_cupy(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
+        monkeypatch.setattr(loader, name, {})
+    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.wgmma.cubin")
+    monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
+    monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
+    monkeypatch.setattr(launch, "_probe_results", {})
+    monkeypatch.setattr(tma, "_cache", {})
+    monkeypatch.setattr(cublas, "_matmul", _fake_matmul)
+    monkeypatch.setattr(cublas, "_state", lambda dev: None)
+    monkeypatch.setattr(cublas, "load_library", lambda: None)
+    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("BLUBLAS_WGMMA", "auto")  # the sections set it to 1: restored at teardown
+    monkeypatch.setenv("BLUBLAS_WGMMA_CHECK_T0", "")
+    monkeypatch.setattr(sys, "argv", ["gpu_check_wgmma.py", str(tmp_path / "out")])
+    spec = importlib.util.spec_from_file_location("gpu_check_wgmma_under_test", SCRIPT)
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    monkeypatch.setattr(
+        gc, "GPT2_SHAPES", [("fwd", "nt", 256, 192, 64), ("dx", "nn", 256, 64, 192), ("dw", "tn", 192, 64, 2048)]
+    )
+    for prec, lay in gc.GROUPS:
+        part: dict = {}
+        gc.sec_correct(part, prec, lay)
+        assert part and all(v["fail"] == 0 for v in part.values()), (prec, lay, part)
+    for prec, validated in (("bf16", ["nn", "nt", "tn"]), ("tf32", ["nt"])):
+        part = {}
+        gc.sec_bench(part, prec, validated)
+        rows = part["rows"]
+        assert len(rows) == 3 and all("ratio" in r for r in rows), rows
+        for r in rows:
+            want = "wgmma" if r["layout"] in validated else "tf32"
+            assert r["best"].startswith(want), r
+        gc.RESULT["sections"][f"bench_{prec}"] = part
+    gc.summarize()
+    assert set(gc.RESULT["summary"]) == {"bf16", "tf32"}
