@@ -99,7 +99,10 @@ def run_blutrain(a) -> dict:
                "peak_reserved_gib": st["peak_reserved_bytes"] / 2**30}
     else:
         mem = {"pool_reserved_gib": cupy.get_default_memory_pool().total_bytes() / 2**30}
-    return {"losses": losses, "step_s": times, **mem}
+    from blutensor.cuda_ops.sdpa import pick_variant
+
+    attn = pick_variant(np.dtype(np.uint16 if a.precision == "bf16" else np.float32), 64)
+    return {"losses": losses, "step_s": times, "attention_variant": attn, **mem}
 
 
 def run_torch(a) -> dict:
@@ -155,6 +158,8 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
     ("blutrain_tf32_graph", "blutrain", "tf32", False,
      {"--fused": "", "CUPY_TF32": "1", "--graph": "", "--gemm": "cublas"}),
     ("blutrain_fp32_graph", "blutrain", "fp32", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),
+    ("blutrain_fp32_simt_attn_graph", "blutrain", "fp32", False,
+     {"--fused": "", "--graph": "", "--gemm": "cublas", "BLUTRAIN_SDPA_FP32": "simt"}),
     ("torch_eager_bf16", "torch", "bf16", False, {}),
     ("blutrain_bf16", "blutrain", "bf16", False, {"--fused": "", "--gemm": "cublas"}),
     ("blutrain_bf16_graph", "blutrain", "bf16", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),
