@@ -309,16 +309,24 @@ def forward(X, q, k, v, L, S, hd, scale, causal):
     return o, lse
 
 
+def _reduce_halves(parts):
+    """Warps w and w + 4 (same rows) add their partial fp32 accumulators, warp w's first (BWD_THREADS)."""
+    return [[f32(f32(a) + f32(b)) for a, b in zip(parts[w], parts[w + 4])] for w in range(4)]
+
+
 def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
-    """(dq, dk, dv) of one slice like blu_sdpa_backward_dkdv_* and blu_sdpa_backward_dq_*."""
+    """(dq, dk, dv) of one slice like blu_sdpa_backward_dkdv_* and blu_sdpa_backward_dq_*: 8 warps, warp w
+    owns rows (w % 4) * 16 .. +15 and half w // 4 of every streamed tile; the halves' sums added at the end."""
     c = np.float32(scale * LOG2E)
     dk, dv, dq = np.zeros((S, hd)), np.zeros((S, hd)), np.zeros((L, hd))
-    sub = 32
+    sub = BR // 2
     for bx in range(math.ceil(S / BR)):  # ---- dK/dV
         kb0 = bx * BR
         Ks, Vs = load_tile(X, k, kb0, S, hd), load_tile(X, v, kb0, S, hd)
-        for w in range(4):
-            key0, key1 = kb0 + w * 16 + G, kb0 + w * 16 + G + 8
+        dkp, dvp = [], []
+        for w in range(8):
+            wr, qs0 = w % 4, (w // 4) * sub
+            key0, key1 = kb0 + wr * 16 + G, kb0 + wr * 16 + G + 8
             dka = [np.zeros((32, 4)) for _ in range(hd // 8)]
             dva = [np.zeros((32, 4)) for _ in range(hd // 8)]
             for q0 in range(kb0 if causal else 0, L, BR):
@@ -327,11 +335,11 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                 Ds = np.zeros(BR, np.float32)
                 nr = min(BR, L - q0)
                 Ls[:nr], Ds[:nr] = lse[q0 : q0 + nr] * np.float32(LOG2E), D[q0 : q0 + nr]
-                for qs0 in range(0, BR, sub):
+                if True:  # this warp's half of the tile
                     st = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     dpt = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     for ks in range(hd // X.KS):
-                        ak, av = X.load_a(Ks, w * 16, ks * X.KS), X.load_a(Vs, w * 16, ks * X.KS)
+                        ak, av = X.load_a(Ks, wr * 16, ks * X.KS), X.load_a(Vs, wr * 16, ks * X.KS)
                         for n in range(sub // 8):
                             st[n] = X.mma(st[n], ak, X.load_bt(Qs, qs0 + n * 8, ks * X.KS))
                             dpt[n] = X.mma(dpt[n], av, X.load_bt(Os, qs0 + n * 8, ks * X.KS))
@@ -349,6 +357,10 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                         for d in range(hd // 8):
                             dva[d] = X.mma(dva[d], ap, X.load_b(Os, qs0 + kk * X.KS, d * 8))
                             dka[d] = X.mma(dka[d], ads, X.load_b(Qs, qs0 + kk * X.KS, d * 8))
+            dkp.append(dka)
+            dvp.append(dva)
+        for w, (dka, dva) in enumerate(zip(_reduce_halves(dkp), _reduce_halves(dvp))):
+            key0, key1 = kb0 + w * 16 + G, kb0 + w * 16 + G + 8
             for d in range(hd // 8):
                 for keys, cols in ((key0, (0, 1)), (key1, (2, 3))):
                     ok = keys < S
@@ -362,17 +374,19 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
         Ds = np.zeros(BR, np.float32)
         nr = min(BR, L - q0)
         Ls[:nr], Ds[:nr] = lse[q0 : q0 + nr] * np.float32(LOG2E), D[q0 : q0 + nr]
-        for w in range(4):
-            r0, r1 = w * 16 + G, w * 16 + G + 8
+        dqp = []
+        for w in range(8):
+            wr, ks0 = w % 4, (w // 4) * sub
+            r0, r1 = wr * 16 + G, wr * 16 + G + 8
             dqa = [np.zeros((32, 4)) for _ in range(hd // 8)]
             kend = min(S, q0 + BR) if causal else S
             for k0 in range(0, kend, BR):
                 Ks, Vs = load_tile(X, k, k0, S, hd), load_tile(X, v, k0, S, hd)
-                for ks0 in range(0, BR, sub):
+                if True:  # this warp's half of the tile
                     s = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     dp = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     for ks in range(hd // X.KS):
-                        aq, ao = X.load_a(Qs, w * 16, ks * X.KS), X.load_a(Os, w * 16, ks * X.KS)
+                        aq, ao = X.load_a(Qs, wr * 16, ks * X.KS), X.load_a(Os, wr * 16, ks * X.KS)
                         for n in range(sub // 8):
                             s[n] = X.mma(s[n], aq, X.load_bt(Ks, ks0 + n * 8, ks * X.KS))
                             dp[n] = X.mma(dp[n], ao, X.load_bt(Vs, ks0 + n * 8, ks * X.KS))
@@ -388,6 +402,9 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                         a = X.c_to_a(dp, kk)
                         for d in range(hd // 8):
                             dqa[d] = X.mma(dqa[d], a, X.load_b(Ks, ks0 + kk * X.KS, d * 8))
+            dqp.append(dqa)
+        for w, dqa in enumerate(_reduce_halves(dqp)):
+            r0, r1 = w * 16 + G, w * 16 + G + 8
             for d in range(hd // 8):
                 for rr, cols in ((r0, (0, 1)), (r1, (2, 3))):
                     ok = q0 + rr < L

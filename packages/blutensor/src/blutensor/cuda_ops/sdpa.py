@@ -58,10 +58,11 @@ def _check(q, k, v, variant):
         raise ShapeError(f"flash attention ({variant}): head dim {q.shape[2]} not supported")
 
 
-def _names(variant: str, hd: int):
+def _names(variant: str, hd: int, kind: str = "fwd"):
+    """(kernel file, entry suffix, threads per block) of a variant's forward ('fwd') or backward ('bwd')."""
     if variant == "f32":
         return "sdpa.cu", f"simt_hd{hd}", 64 * (hd // 32)
-    return "sdpa_mma.cu", f"{variant}_hd{hd}", 128
+    return "sdpa_mma.cu", f"{variant}_hd{hd}", 128 if kind == "fwd" else 256  # BWD_THREADS in sdpa_mma.cu
 
 
 def _mma_smem(variant: str, hd: int, kind: str) -> int:
@@ -120,7 +121,7 @@ def flash_attention_backward(
         256,
         (do, o, D, np.int64(rows), np.int32(hd)),
     )
-    file, tag, threads = _names(variant, hd)
+    file, tag, threads = _names(variant, hd, "bwd")
     smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
     args = (q, k, v, do, lse, D)
     tail = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
@@ -338,7 +339,7 @@ def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, 
         (do, o, D, np.int64(rows), np.int32(hd), np.int32(T), np.int32(H), np.int64(lo[0]), np.int64(lo[1]),
          np.int32(lo[2])),
     )
-    file, tag, threads = _names(variant, hd)
+    file, tag, threads = _names(variant, hd, "bwd")
     smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
     tail = (np.int32(T), np.int32(T), np.float32(sc), np.int32(bool(causal))) + _lay_args(
         H, layout(q), layout(k), layout(do)

@@ -2,7 +2,8 @@
 // storage, m16n8k16), fp32 accumulation and softmax. Forward saves only the log-sum-exp; backward recomputes.
 // Layout: q (BH, L, HD), k/v (BH, S, HD) contiguous; o like q; lse (BH, L) fp32 natural log; HD in {64, 128}.
 // causal = query i sees keys j <= i (tril(ones(L, S))).
-// Blocks of 4 warps own 64 rows (queries in forward/dQ, keys in dK/dV); each warp owns 16 of them. Tiles of
+// Blocks own 64 rows (queries in forward/dQ, keys in dK/dV): forward 4 warps of 16 rows; backward 8 warps, two
+// per 16 rows, each taking half of every streamed tile, their partial sums added in a fixed order. Tiles of
 // 64 rows are staged in dynamic shared memory (row stride HD+4 floats for tf32, HD+8 halfwords for bf16,
 // which keeps the fragment loads free of bank conflicts); fragments are built with ldmatrix / shared loads.
 // The accumulator layout of S = Q K^T is the A operand of P V in registers (tf32: k permuted inside groups of 8,
@@ -19,7 +20,8 @@ typedef unsigned int u32;
 
 namespace mma {
 
-constexpr int BR = 64;    // rows per block (4 warps x 16)
+constexpr int BR = 64;    // rows per block: forward 4 warps x 16 rows
+constexpr int BWD_THREADS = 256;  // backward: 8 warps, two per 16 rows, each taking half of every streamed tile
 
 __device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
 __device__ __forceinline__ u32 f2bf(float x) {
@@ -250,8 +252,8 @@ struct BF16 {
 };
 
 // backward: the block's own two tiles (K, V in dK/dV; Q, dO in dQ) as A fragments in registers when they take
-// at most MAXREG registers a thread, else loaded per sub-pass. dK/dV: 32 (bf16 HD 64; with 64 the tf32 HD 64
-// kernel spills under ptxas), dQ: 64 (tf32 and bf16 at HD 64, bf16 at HD 128)
+// at most MAXREG registers a thread, else loaded per use. dK/dV: never, dQ: 32 (bf16 at HD 64): the HD 64
+// backward kernels must stay within 128 registers (two blocks of 256 threads a multiprocessor)
 template <typename X, int HD, int MAXREG> struct OwnInRegs {
     static constexpr bool value = 2 * (HD / X::KS) * X::NA <= MAXREG;
 };
@@ -474,29 +476,31 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                               T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal,
                               Lay lq, Lay lk, Lay lo) {
     constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
-    constexpr int QSUB = 32, NT = QSUB / 8;  // queries per sub-pass
+    constexpr int QSUB = BR / 2, NT = QSUB / 8;  // queries per warp and tile: warps 4-7 take the second half
+    static_assert(2 * DT * 4 * BWD_THREADS / 2 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = reinterpret_cast<T*>(smem_raw);
     T* Vs = Ks + BR * LD;
     T* Q0 = Vs + BR * LD;  // stage s: Q at Q0 + s * 2 * BR * LD, dO right after it
     float* L0 = reinterpret_cast<float*>(Q0 + 4 * BR * LD);  // stage s: Ls at L0 + s * 2 * BR, Ds after it
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int wr = warp & 3, half = warp >> 2;  // key rows wr * 16 .. +15; queries half * QSUB .. +QSUB-1
     const int bh = blockIdx.y, kb0 = blockIdx.x * BR;
-    const int key0 = kb0 + warp * 16 + g, key1 = key0 + 8;
+    const int key0 = kb0 + wr * 16 + g, key1 = key0 + 8;
     const T* qb = q + lq.base(bh);
     const T* ob = dout + lo.base(bh);
     const float c = scale * BLU_LOG2E;
     load_tile<X, HD>(Ks, k + lk.base(bh), kb0, S, lk.st);
     load_tile<X, HD>(Vs, v + lk.base(bh), kb0, S, lk.st);
-    // the warp's own K and V A-fragments stay in registers where they fit (else reloaded every sub-pass)
-    constexpr bool KEEP = OwnInRegs<X, HD, 32>::value;
+    // the warp's own K and V A-fragments stay in registers where they fit (else reloaded per use)
+    constexpr bool KEEP = OwnInRegs<X, HD, 0>::value;
     u32 kreg[KEEP ? HD / KS : 1][X::NA], vreg[KEEP ? HD / KS : 1][X::NA];
     if constexpr (KEEP) {
         __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < HD / KS; ++ks) {
-            X::load_a(Ks, LD, warp * 16, ks * KS, kreg[ks], g, t);
-            X::load_a(Vs, LD, warp * 16, ks * KS, vreg[ks], g, t);
+            X::load_a(Ks, LD, wr * 16, ks * KS, kreg[ks], g, t);
+            X::load_a(Vs, LD, wr * 16, ks * KS, vreg[ks], g, t);
         }
     }
     float dka[DT][4], dva[DT][4];
@@ -548,9 +552,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         const T* Os = Qs + BR * LD;
         const float* Ls = L0 + stage * 2 * BR;
         const float* Ds = Ls + BR;
-#pragma unroll 1
-        for (int sub = 0; sub < BR / QSUB; ++sub) {
-            const int qs0 = sub * QSUB;  // offset of the sub-pass inside the tile
+        {
+            const int qs0 = half * QSUB;  // offset of this warp's queries inside the tile
             float st[NT][4], dpt[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n)
@@ -565,8 +568,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                     ak = kreg[ks];
                     av = vreg[ks];
                 } else {
-                    X::load_a(Ks, LD, warp * 16, ks * KS, akt, g, t);
-                    X::load_a(Vs, LD, warp * 16, ks * KS, avt, g, t);
+                    X::load_a(Ks, LD, wr * 16, ks * KS, akt, g, t);
+                    X::load_a(Vs, LD, wr * 16, ks * KS, avt, g, t);
                 }
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
@@ -609,6 +612,29 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
 #endif
     }
+    // warps 4-7 hand their partial dK, dV to warps 0-3 (same keys) through the free stage area; the sum has a
+    // fixed order: deterministic
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(Q0);
+    const int rt = threadIdx.x & (BWD_THREADS / 2 - 1);
+    if (half) {
+#pragma unroll
+        for (int d = 0; d < DT; ++d)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                red[(2 * (d * 4 + e)) * (BWD_THREADS / 2) + rt] = dka[d][e];
+                red[(2 * (d * 4 + e) + 1) * (BWD_THREADS / 2) + rt] = dva[d][e];
+            }
+    }
+    __syncthreads();
+    if (half) return;
+#pragma unroll
+    for (int d = 0; d < DT; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            dka[d][e] += red[(2 * (d * 4 + e)) * (BWD_THREADS / 2) + rt];
+            dva[d][e] += red[(2 * (d * 4 + e) + 1) * (BWD_THREADS / 2) + rt];
+        }
     T* dkb = dk + lk.base(bh);
     T* dvb = dv + lk.base(bh);
 #pragma unroll
@@ -631,7 +657,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
                             const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                             T* __restrict__ dq, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
     constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
-    constexpr int KSUB = 32, NT = KSUB / 8;
+    constexpr int KSUB = BR / 2, NT = KSUB / 8;  // keys per warp and tile: warps 4-7 take the second half
+    static_assert(DT * 4 * BWD_THREADS / 2 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = reinterpret_cast<T*>(smem_raw);
     T* Os = Qs + BR * LD;
@@ -639,8 +666,9 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     float* Ls = reinterpret_cast<float*>(K0 + 4 * BR * LD);
     float* Ds = Ls + BR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int wr = warp & 3, half = warp >> 2;  // query rows wr * 16 .. +15; keys half * KSUB .. +KSUB-1
     const int bh = blockIdx.y, q0 = blockIdx.x * BR;
-    const int r0 = warp * 16 + g, r1 = r0 + 8;  // rows inside the block
+    const int r0 = wr * 16 + g, r1 = r0 + 8;  // rows inside the block
     const T* kb = k + lk.base(bh);
     const T* vb = v + lk.base(bh);
     const float c = scale * BLU_LOG2E;
@@ -651,15 +679,15 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
         Ds[i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
     }
-    // the warp's own Q and dO A-fragments stay in registers where they fit (else reloaded every sub-pass)
-    constexpr bool KEEP = OwnInRegs<X, HD, 64>::value;
+    // the warp's own Q and dO A-fragments stay in registers where they fit (else reloaded per use)
+    constexpr bool KEEP = OwnInRegs<X, HD, 32>::value;
     u32 qreg[KEEP ? HD / KS : 1][X::NA], oreg[KEEP ? HD / KS : 1][X::NA];
     if constexpr (KEEP) {
         __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < HD / KS; ++ks) {
-            X::load_a(Qs, LD, warp * 16, ks * KS, qreg[ks], g, t);
-            X::load_a(Os, LD, warp * 16, ks * KS, oreg[ks], g, t);
+            X::load_a(Qs, LD, wr * 16, ks * KS, qreg[ks], g, t);
+            X::load_a(Os, LD, wr * 16, ks * KS, oreg[ks], g, t);
         }
     }
     float dqa[DT][4];
@@ -698,9 +726,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         const T* Ks = K0 + stage * 2 * BR * LD;
         const T* Vs = Ks + BR * LD;
         const float l0 = Ls[r0], l1 = Ls[r1], d0 = Ds[r0], d1 = Ds[r1];
-#pragma unroll 1
-        for (int sub = 0; sub < BR / KSUB; ++sub) {
-            const int ks0 = sub * KSUB;
+        {
+            const int ks0 = half * KSUB;  // offset of this warp's keys inside the tile
             float s[NT][4], dp[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n)
@@ -715,8 +742,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
                     aq = qreg[ks];
                     ao = oreg[ks];
                 } else {
-                    X::load_a(Qs, LD, warp * 16, ks * KS, aqt, g, t);
-                    X::load_a(Os, LD, warp * 16, ks * KS, aot, g, t);
+                    X::load_a(Qs, LD, wr * 16, ks * KS, aqt, g, t);
+                    X::load_a(Os, LD, wr * 16, ks * KS, aot, g, t);
                 }
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
@@ -754,6 +781,22 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
 #endif
     }
+    // warps 4-7 hand their partial dQ to warps 0-3 (same rows) through the free stage area: fixed-order sum
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(K0);
+    const int rt = threadIdx.x & (BWD_THREADS / 2 - 1);
+    if (half) {
+#pragma unroll
+        for (int d = 0; d < DT; ++d)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[(d * 4 + e) * (BWD_THREADS / 2) + rt] = dqa[d][e];
+    }
+    __syncthreads();
+    if (half) return;
+#pragma unroll
+    for (int d = 0; d < DT; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dqa[d][e] += red[(d * 4 + e) * (BWD_THREADS / 2) + rt];
     T* dqb = dq + lq.base(bh);
     const int row0 = q0 + r0, row1 = q0 + r1;
 #pragma unroll
@@ -772,20 +815,20 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 #define BLU_LAYS                                                                                               \
     mma::lay(q_sb, q_sh, q_st, H), mma::lay(k_sb, k_sh, k_st, H), mma::lay(o_sb, o_sh, o_st, H)
 
-#define MMA_ENTRIES(NAME, X, T, HD)                                                                            \
+#define MMA_ENTRIES(NAME, X, T, HD, BMIN)                                                                           \
 extern "C" __global__ void __launch_bounds__(128)                                                              \
 blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,          \
                                  float scale, int causal) {                                                    \
     mma::forward<mma::X, HD>(q, k, v, o, lse, L, S, scale, causal, mma::dense(L, HD), mma::dense(S, HD),           \
                         mma::dense(L, HD));                                                                    \
 }                                                                                                              \
-extern "C" __global__ void __launch_bounds__(128)                                                              \
+extern "C" __global__ void __launch_bounds__(256, BMIN)                                                        \
 blu_sdpa_backward_dkdv_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,    \
                                        const float* D, T* dk, T* dv, int L, int S, float scale, int causal) {  \
     mma::backward_dkdv<mma::X, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),           \
                               mma::dense(S, HD), mma::dense(L, HD));                                           \
 }                                                                                                              \
-extern "C" __global__ void __launch_bounds__(128)                                                              \
+extern "C" __global__ void __launch_bounds__(256, BMIN)                                                        \
 blu_sdpa_backward_dq_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,      \
                                      const float* D, T* dq, int L, int S, float scale, int causal) {           \
     mma::backward_dq<mma::X, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, mma::dense(L, HD),                 \
@@ -796,22 +839,22 @@ blu_sdpa_forward_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* 
                                          float scale, int causal, BLU_LAY_PARAMS) {                            \
     mma::forward<mma::X, HD>(q, k, v, o, lse, L, S, scale, causal, BLU_LAYS);                                       \
 }                                                                                                              \
-extern "C" __global__ void __launch_bounds__(128)                                                              \
+extern "C" __global__ void __launch_bounds__(256, BMIN)                                                        \
 blu_sdpa_backward_dkdv_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,              \
                                                const float* lse, const float* D, T* dk, T* dv, int L, int S,   \
                                                float scale, int causal, BLU_LAY_PARAMS) {                      \
     mma::backward_dkdv<mma::X, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, BLU_LAYS);                   \
 }                                                                                                              \
-extern "C" __global__ void __launch_bounds__(128)                                                              \
+extern "C" __global__ void __launch_bounds__(256, BMIN)                                                        \
 blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,                \
                                              const float* lse, const float* D, T* dq, int L, int S,            \
                                              float scale, int causal, BLU_LAY_PARAMS) {                        \
     mma::backward_dq<mma::X, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                         \
 }
 
-MMA_ENTRIES(tf32, TF32, float, 64)
-MMA_ENTRIES(tf32, TF32, float, 128)
-MMA_ENTRIES(tf32x3, TF32X3, float, 64)
-MMA_ENTRIES(tf32x3, TF32X3, float, 128)
-MMA_ENTRIES(bf16, BF16, bf16_t, 64)
-MMA_ENTRIES(bf16, BF16, bf16_t, 128)
+MMA_ENTRIES(tf32, TF32, float, 64, 2)
+MMA_ENTRIES(tf32, TF32, float, 128, 1)
+MMA_ENTRIES(tf32x3, TF32X3, float, 64, 2)
+MMA_ENTRIES(tf32x3, TF32X3, float, 128, 1)
+MMA_ENTRIES(bf16, BF16, bf16_t, 64, 2)
+MMA_ENTRIES(bf16, BF16, bf16_t, 128, 1)
