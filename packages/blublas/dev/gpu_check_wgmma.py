@@ -38,7 +38,7 @@ os.environ["BLUBLAS_WGMMA_CHECK_T0"] = str(T0)
 RESULT: dict = {"sections": {}, "failures": []}
 COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_wgmma.py $OUT"
 TARGETS = {"bf16": 0.85, "tf32": 0.90}
-GROUPS = [("bf16", "nn"), ("bf16", "nt"), ("bf16", "tn"), ("tf32", "nt")]
+GROUPS = [("bf16", "nn"), ("bf16", "nt"), ("bf16", "tn"), ("tf32", "nt"), ("tf32", "nn"), ("tf32", "tn")]
 GPT2_SHAPES = [  # (name, layout, M, N, K), weights stored (out, in) like torch.nn.Linear
     ("fwd_qkv", "nt", 16384, 2304, 768),
     ("fwd_attn_proj", "nt", 16384, 768, 768),
@@ -229,6 +229,8 @@ def sec_bench(part: dict, precision: str, validated: list[str]) -> None:
         row.update(cublaslt_ms=round(ms_cublas, 4), cublaslt_tflops=round(flops / ms_cublas / 1e9, 1))
         use_tma = lay in validated
         cands = configs.candidates(variant if use_tma else configs.VARIANT_OF_PRECISION[precision], 90, m, n, k, 1, lay)
+        if use_tma and precision == "tf32" and lay != "nt":  # copies + NT kernel vs the mma.sync kernels
+            cands += configs.candidates("tf32", 90, m, n, k, 1, lay)
         by_cfg: dict = {}
         for cfg, s in cands:
             by_cfg.setdefault(cfg.name, []).append(s)

@@ -246,6 +246,8 @@ def _param_types(name: str) -> list[str]:
         body = re.search(r"#define BLU_GEMM_PARAMS\s*\\\n(.*?)\n#define", text, re.S).group(1)
     else:
         fname = "split_tf32.cu" if name.startswith("blu_split_tf32") else "gemm_epilogue.cu"
+        if name.startswith("blu_transpose"):
+            fname = "transpose.cu"
         text = expand_source(KERNEL_DIR / fname)
         body = re.search(rf"void {name}\((.*?)\)\s*{{", text, re.S).group(1)
     body = body.replace("\\", " ")
@@ -287,6 +289,13 @@ class _Kernel:
                     for s in range(splits)
                 )
                 _epilogue(acc, C, bias, P, M, N, ldc, ldp, b * sC, b * sP, alpha, beta, flags)
+            return
+        if self.name == "blu_transpose_f32":
+            src, dst, rows, cols, lds, ldd, sbs, dbs = vals
+            assert grid == (-(-cols // 32), -(-rows // 32), grid[2]) and block == (32, 8), (grid, block)
+            for z in range(grid[2]):
+                a = _view(src + 4 * z * sbs, np.float32, (rows, cols), (lds, 1))
+                _view(dst + 4 * z * dbs, np.float32, (cols, rows), (ldd, 1))[...] = a.T
             return
         if self.name.startswith("blu_split_tf32_concat"):
             _split_tf32(self.name, grid, block, vals)

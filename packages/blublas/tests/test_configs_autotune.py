@@ -159,7 +159,7 @@ def test_wgmma_only_on_sm90_and_only_when_enabled(monkeypatch):
     cfg, s = configs.choose("tf32", 90, 16384, 2304, 768, sms=132, precision="tf32", layout="nt")
     assert cfg.variant == "wgmma_tf32"
     cfg, s = configs.choose("tf32", 90, 16384, 2304, 768, sms=132, precision="tf32", layout="nn")
-    assert cfg.variant == "tf32"  # the tf32 wgmma kernels exist for NT only
+    assert cfg.variant == "wgmma_tf32"  # NN: W copied K-major first (cheap next to the GEMM)
 
 
 def test_arch_specific_kernel_file_declares_its_target():

@@ -33,7 +33,7 @@ def test_hopper_files_compile_for_sm90a_with_every_entry(variant):
     fname = configs.FILE_OF_VARIANT[variant]
     cubin, _ver = loader._nvrtc_cubin_bindings(loader._source(fname), fname, "90a")
     for cfg in configs.ALL_CONFIGS[variant].values():
-        for lay in cfg.layouts:
+        for lay in cfg.layouts if variant == "wgmma" else ("nt",):  # tf32: one NT kernel serves every layout
             assert cfg.kernel_name(lay).encode() in cubin, cfg.kernel_name(lay)
     if variant == "wgmma":
         assert b"blu_tma_smoke" in cubin

@@ -79,7 +79,8 @@ def _wgmma(bm: int, bn: int, st: int) -> TileConfig:
 
 
 def _wgmma_tf32(bm: int, bn: int, st: int) -> TileConfig:
-    return TileConfig("wgmma_tf32", f"{bm}x{bn}x32_ws_s{st}", bm, bn, 32, 384, st, ("nt",))
+    """The same kernel for tf32; NT only in the kernel: launch.py copies NN/TN's M/N-major operands K-major."""
+    return TileConfig("wgmma_tf32", f"{bm}x{bn}x32_ws_s{st}", bm, bn, 32, 384, st)
 
 
 def _simt(bm: int, bn: int, bk: int, st: int) -> TileConfig:
@@ -274,7 +275,16 @@ def k_chunk_for(cfg: TileConfig, k: int, splits: int) -> tuple[int, int]:
 
 
 def estimate_seconds(
-    cfg: TileConfig, splits: int, m: int, n: int, k: int, batch: int, cc: int, sms: int, out_bytes: int
+    cfg: TileConfig,
+    splits: int,
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    cc: int,
+    sms: int,
+    out_bytes: int,
+    layout: str | None = None,
 ) -> float:
     """Rough run time of ``cfg`` with ``splits`` on an (m, n, k) x batch problem (for ranking only)."""
     info = arch_info(cc)
@@ -297,6 +307,9 @@ def estimate_seconds(
     t = waves * per_cta + 4e-6
     if splits > 1:
         t += batch * m * n * (8.0 * splits + 2 * out_bytes) / info.bandwidth + 4e-6
+    if cfg.variant == "wgmma_tf32" and layout in ("nn", "tn"):  # K-major copies: read + write fp32
+        copied = (k * n) + (k * m if layout == "tn" else 0)
+        t += batch * copied * 8.0 / (0.7 * info.bandwidth) + 3e-6
     return t
 
 
@@ -362,7 +375,7 @@ def choose(
         else candidates(variant, cc, m, n, k, batch, layout)
     )
     for cfg, s in cands:
-        t = estimate_seconds(cfg, s, m, n, k, batch, cc, sms, out_bytes)
+        t = estimate_seconds(cfg, s, m, n, k, batch, cc, sms, out_bytes, layout)
         if s == 1 and (best is None or t < best[0]):
             best = (t, cfg, s)
         if s > 1 and (best_split is None or t < best_split[0]):

@@ -17,6 +17,7 @@ from .errors import GemmError
 
 F_BIAS, F_BIAS_BF16, F_GELU, F_PREACT, F_OUT_BF16, F_BETA, F_VEC, F_PAIR = 1, 2, 4, 8, 16, 32, 64, 128
 EPILOGUE_FILE = "gemm_epilogue.cu"
+TRANSPOSE_FILE = "transpose.cu"
 MAX_GRID_Z = 65535
 
 
@@ -62,18 +63,77 @@ def tma_specs(p: Problem, cfg: configs.TileConfig) -> tuple:
 
 def tma_ok(p: Problem, cfg: configs.TileConfig | None = None) -> str:
     """'' when the TMA kernels can read p's operands (16-byte aligned bases, leading dimensions and batch
-    strides; K >= 1), else the reason."""
+    strides; K >= 1), else the reason. TF32 operands that are transposed first (see kmajor_copies) always can."""
     from . import tma
 
     if p.K < 1:
         return "K = 0"
+    tf32 = p.precision != "bf16"
     if cfg is None:
-        cfg = next(iter(configs.ALL_CONFIGS["wgmma" if p.precision == "bf16" else "wgmma_tf32"].values()))
-    for name, spec in zip(("a", "b"), tma_specs(p, cfg), strict=True):
-        why = tma.spec_problem(spec)
+        cfg = next(iter(configs.ALL_CONFIGS["wgmma_tf32" if tf32 else "wgmma"].values()))
+    copied = (tf32 and p.trans_a, tf32 and not p.trans_b)
+    for name, spec, cp in zip(("a", "b"), tma_specs(p, cfg), copied, strict=True):
+        why = "" if cp else tma.spec_problem(spec)
         if why:
             return f"{name}: {why}"
     return ""
+
+
+def _kmajor_layout(rows: int, cols: int, batch: int) -> tuple[int, int, int]:
+    """(ld, batch stride, bytes) of a dense fp32 copy with ``rows`` rows of ``cols`` (ld rounded to 16 bytes)."""
+    ld = -(-cols // 4) * 4
+    bs = rows * ld
+    return ld, bs, -(-(max(batch, 1) * bs * 4) // 256) * 256
+
+
+def kmajor_bytes(p: Problem, cfg: configs.TileConfig) -> int:
+    """Workspace bytes of the K-major copies a TF32 wgmma launch of p needs (0 for NT and bf16)."""
+    if cfg.variant != "wgmma_tf32":
+        return 0
+    n = 0
+    if p.trans_a:
+        n += _kmajor_layout(p.M, p.K, p.A.batch)[2]
+    if not p.trans_b:
+        n += _kmajor_layout(p.N, p.K, p.B.batch)[2]
+    return n
+
+
+def kmajor_copies(p: Problem, ws_ptr: int) -> Problem:
+    """TF32 wgmma reads K-major operands only: copy M/N-major ones transposed into the workspace at
+    ``ws_ptr`` (blu_transpose_f32, on the current stream) and return the equivalent NT problem."""
+    import dataclasses
+
+    from .api import MatInfo
+
+    fn = loader.get_function(TRANSPOSE_FILE, "blu_transpose_f32")
+    A, B = p.A, p.B
+
+    def copy(m, rows: int, cols: int, ptr: int):  # stored cols x rows (M/N-major) -> rows x cols (K-major)
+        ld, bs, nbytes = _kmajor_layout(rows, cols, m.batch)
+        fn(
+            (-(-rows // 32), -(-cols // 32), max(m.batch, 1)),
+            (32, 8),
+            (
+                _u64(m.ptr),
+                _u64(ptr),
+                np.int32(cols),
+                np.int32(rows),
+                np.int64(m.ld),
+                np.int64(ld),
+                np.int64(m.bstride if m.batch else 0),
+                np.int64(bs),
+            ),
+        )
+        span = ((max(m.batch, 1) - 1) * bs + (rows - 1) * ld + cols) * 4
+        return MatInfo(rows, cols, ld, m.batch, bs if m.batch else 0, 4, ptr, span), nbytes
+
+    off = 0
+    if p.trans_a:
+        A, n = copy(p.A, p.M, p.K, ws_ptr)
+        off += n
+    if not p.trans_b:
+        B, n = copy(p.B, p.N, p.K, ws_ptr + off)
+    return dataclasses.replace(p, A=A, B=B, trans_a=False, trans_b=True)
 
 
 def pair_ok(ptr: int, ld: int, bstride: int, batch: int, itemsize: int) -> bool:
@@ -98,10 +158,17 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
     """Run one (config, splits) choice on the current stream, writing ``out`` (and ``preact``)."""
     variant = cfg.variant
     fname = configs.FILE_OF_VARIANT[variant]
+    chunk, splits = configs.k_chunk_for(cfg, p.K, splits)
+    # one workspace per stream: [K-major copies (TF32 wgmma of NN/TN)][split-K partial products]
+    t_bytes = kmajor_bytes(p, cfg)
+    ws = None
+    if t_bytes or splits > 1:
+        ws = loader.workspace(t_bytes + (4 * p.batch * splits * p.M * p.N if splits > 1 else 0))
+    if t_bytes:
+        p = kmajor_copies(p, int(ws.data.ptr))
     layout = p.layout
     smem = cfg.smem_bytes(layout)
     fn = loader.get_function(fname, cfg.kernel_name(layout), smem)
-    chunk, splits = configs.k_chunk_for(cfg, p.K, splits)
     flags = epilogue_flags(p)
     if beta == 0.0:
         flags &= ~F_BETA
@@ -163,11 +230,11 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
         fn(grid, block, args + extra, shared_mem=smem)
         return
     mn = p.M * p.N
-    ws = loader.workspace(4 * p.batch * splits * mn)
+    ws_ptr = int(ws.data.ptr) + t_bytes
     args = (
         _u64(p.A.ptr),
         _u64(p.B.ptr),
-        _u64(int(ws.data.ptr)),
+        _u64(ws_ptr),
         _u64(0),
         _u64(0),
         np.int32(p.M),
@@ -195,7 +262,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
         (blocks,),
         (256,),
         (
-            ws,
+            _u64(ws_ptr),
             _u64(cptr),
             _u64(bias_ptr),
             _u64(pptr),
