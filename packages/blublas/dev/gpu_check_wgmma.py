@@ -339,7 +339,7 @@ def compile_all() -> None:
         subprocess.Popen(
             [sys.executable, "-c", code_mma, f, str(SRC)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        for f in ("gemm_mma_tf32.cu", "gemm_mma_bf16.cu")
+        for f in ("gemm_mma_tf32.cu", "gemm_mma_bf16.cu", "transpose.cu")
     ]
     info = {}
     for f, p in procs:
