@@ -21,7 +21,8 @@ import kernel_reference as ref  # noqa: E402
 LANE = np.arange(32)
 G = LANE >> 2
 T = LANE & 3
-BR = 64
+BR = 64  # rows of a staged tile; rows of a backward block
+FWD_ROWS = 128  # queries of a forward block (8 warps)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 #: tf32x3 tolerances (max abs error / max |ref|): fp32-level, like the SIMT kernel's (kernel_reference.TOL f32)
@@ -249,10 +250,10 @@ def forward(X, q, k, v, L, S, hd, scale, causal):
     o = np.zeros((L, hd), np.float32)
     lse = np.zeros(L, np.float32)
     c = np.float32(scale * LOG2E)
-    for bx in range(math.ceil(L / BR)):
-        q0 = bx * BR
-        Qs = load_tile(X, q, q0, L, hd)
-        for w in range(4):
+    for bx in range(math.ceil(L / FWD_ROWS)):  # blocks of 128 queries, 8 warps
+        q0 = bx * FWD_ROWS
+        Qs = np.concatenate([load_tile(X, q, q0, L, hd), load_tile(X, q, q0 + BR, L, hd)])
+        for w in range(FWD_ROWS // 16):
             row0, row1 = q0 + w * 16 + G, q0 + w * 16 + G + 8
             qa = [X.load_a(Qs, w * 16, ks * X.KS) for ks in range(hd // X.KS)]
             acc = [np.zeros((32, 4)) for _ in range(hd // 8)]
@@ -260,8 +261,10 @@ def forward(X, q, k, v, L, S, hd, scale, causal):
             m1 = m0.copy()
             l0 = np.zeros(32, np.float32)
             l1 = l0.copy()
-            kend = min(S, q0 + BR) if causal else S
+            kend = min(S, q0 + FWD_ROWS) if causal else S
             for k0 in range(0, kend, BR):
+                if causal and k0 > q0 + w * 16 + 15:
+                    continue  # the warp skips a tile its rows all precede
                 Ks, Vs = load_tile(X, k, k0, S, hd), load_tile(X, v, k0, S, hd)
                 s = [np.zeros((32, 4)) for _ in range(BR // 8)]
                 for ks in range(hd // X.KS):

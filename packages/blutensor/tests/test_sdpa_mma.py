@@ -173,12 +173,13 @@ def test_mma_smem_sizes():
         assert sdpa._mma_smem("tf32x3", hd, "fwd") == sdpa._mma_smem("tf32", hd, "fwd") == 4 * 64 * (hd + 4) * 4
         assert sdpa._mma_smem("bf16", hd, "fwd") == 4 * 64 * (hd + 8) * 2
         assert sdpa._mma_smem("tf32x3", hd, "bwd") == 6 * 64 * (hd + 4) * 4 + 4 * 64 * 4
-    # threads: mma forward 4 warps, backward 8 (BWD_THREADS); SIMT as before
+    # mma blocks: 8 warps; forward blocks own 128 queries, backward blocks 64 rows (SIMT: 64 everywhere)
     src = (KDIR / "sdpa_mma.cu").read_text()
-    assert "constexpr int BWD_THREADS = 256;" in src
+    assert "constexpr int BWD_THREADS = 256;" in src and "constexpr int FWD_ROWS = 128;" in src
+    assert "constexpr int BR = 64;" in src and sdpa.BR == 64
     for v in ("tf32", "tf32x3", "bf16"):
-        assert sdpa._names(v, 64)[2] == 128 and sdpa._names(v, 64, "bwd")[2] == 256
-    assert sdpa._names("f32", 64, "bwd")[2] == sdpa._names("f32", 64)[2] == 128
+        assert sdpa._names(v, 64)[2] == 256 and sdpa._fwd_rows(v) == 128
+    assert sdpa._names("f32", 64)[2] == 128 and sdpa._fwd_rows("f32") == 64
 
 
 def _cuda_ok() -> bool:

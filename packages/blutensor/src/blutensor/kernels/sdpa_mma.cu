@@ -2,8 +2,8 @@
 // storage, m16n8k16), fp32 accumulation and softmax. Forward saves only the log-sum-exp; backward recomputes.
 // Layout: q (BH, L, HD), k/v (BH, S, HD) contiguous; o like q; lse (BH, L) fp32 natural log; HD in {64, 128}.
 // causal = query i sees keys j <= i (tril(ones(L, S))).
-// Blocks own 64 rows (queries in forward/dQ, keys in dK/dV): forward 4 warps of 16 rows; backward 8 warps, two
-// per 16 rows, each taking half of every streamed tile, their partial sums added in a fixed order. Tiles of
+// Blocks of 8 warps: forward 128 queries (16 rows a warp); backward 64 rows (keys in dK/dV, queries in dQ), two
+// warps per 16 rows, each taking half of every streamed tile, their partial sums added in a fixed order. Tiles of
 // 64 rows are staged in dynamic shared memory (row stride HD+4 floats for tf32, HD+8 halfwords for bf16,
 // which keeps the fragment loads free of bank conflicts); fragments are built with ldmatrix / shared loads.
 // The accumulator layout of S = Q K^T is the A operand of P V in registers (tf32: k permuted inside groups of 8,
@@ -20,7 +20,8 @@ typedef unsigned int u32;
 
 namespace mma {
 
-constexpr int BR = 64;    // rows per block: forward 4 warps x 16 rows
+constexpr int BR = 64;            // rows of a staged tile; rows a backward block owns
+constexpr int FWD_ROWS = 128;     // forward: queries a block owns, 8 warps x 16 rows
 constexpr int BWD_THREADS = 256;  // backward: 8 warps, two per 16 rows, each taking half of every streamed tile
 
 __device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
@@ -331,16 +332,18 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     T* Ks = reinterpret_cast<T*>(smem_raw);
     T* Vs = Ks + BR * LD;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, q0 = blockIdx.x * BR;
+    const int bh = blockIdx.y, q0 = blockIdx.x * FWD_ROWS;
     const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;  // this thread's two query rows
     const T* qb = q + lq.base(bh);
     const T* kb = k + lk.base(bh);
     const T* vb = v + lk.base(bh);
     const float c = scale * BLU_LOG2E;
 
-    // Q fragments of this warp's 16 rows, kept in registers
+    // Q fragments of this warp's 16 rows, kept in registers (the 128 Q rows staged where K0, V0 go)
+    static_assert(FWD_ROWS == 2 * BR, "Q is staged as two tiles");
     u32 qa[HD / KS][X::NA];
     load_tile<X, HD>(Ks, qb, q0, L, lq.st);
+    load_tile<X, HD>(Ks + BR * LD, qb, q0 + BR, L, lq.st);
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < HD / KS; ++ks) X::load_a(Ks, LD, warp * 16, ks * KS, qa[ks], g, t);
@@ -356,7 +359,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     for (int d = 0; d < DT; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
     float m0 = BLU_NEG_INF, m1 = BLU_NEG_INF, l0 = 0.f, l1 = 0.f;
     int kend = S;
-    if (causal) kend = min(S, q0 + BR);
+    if (causal) kend = min(S, q0 + FWD_ROWS);
 #ifndef BLU_SYNC_TILES
     if (kend > 0) {
         load_tile_async<X, HD>(Ks, kb, 0, S, lk.st);
@@ -388,64 +391,67 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         const T* Kt = Ks;
         const T* Vt = Vs;
 #endif
-        float s[NT][4];
+        // causal: a warp whose 16 rows all precede the tile skips it (every score masked: no change)
+        if (!causal || k0 <= q0 + warp * 16 + 15) {
+            float s[NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-        for (int ks = 0; ks < HD / KS; ++ks) {
+            for (int ks = 0; ks < HD / KS; ++ks) {
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    u32 b[X::NB];
+                    X::load_bt(Kt, LD, n * 8, ks * KS, b, g, t);
+                    X::mma(s[n], qa[ks], b);
+                }
+            }
+            float mx0 = BLU_NEG_INF, mx1 = BLU_NEG_INF;
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-                u32 b[X::NB];
-                X::load_bt(Kt, LD, n * 8, ks * KS, b, g, t);
-                X::mma(s[n], qa[ks], b);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = k0 + n * 8 + 2 * t + (e & 1);
+                    const int row = (e < 2) ? row0 : row1;
+                    float x = s[n][e] * c;
+                    if (key >= S || (causal && key > row)) x = BLU_NEG_INF;
+                    s[n][e] = x;
+                    if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
+                }
             }
-        }
-        float mx0 = BLU_NEG_INF, mx1 = BLU_NEG_INF;
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float mu0 = mn0 == BLU_NEG_INF ? 0.f : mn0, mu1 = mn1 == BLU_NEG_INF ? 0.f : mn1;
+            const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+            l0 *= al0;
+            l1 *= al1;
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = k0 + n * 8 + 2 * t + (e & 1);
-                const int row = (e < 2) ? row0 : row1;
-                float x = s[n][e] * c;
-                if (key >= S || (causal && key > row)) x = BLU_NEG_INF;
-                s[n][e] = x;
-                if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
+            for (int n = 0; n < NT; ++n) {
+                s[n][0] = exp2f(s[n][0] - mu0);
+                s[n][1] = exp2f(s[n][1] - mu0);
+                s[n][2] = exp2f(s[n][2] - mu1);
+                s[n][3] = exp2f(s[n][3] - mu1);
+                l0 += s[n][0] + s[n][1];
+                l1 += s[n][2] + s[n][3];
             }
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float mu0 = mn0 == BLU_NEG_INF ? 0.f : mn0, mu1 = mn1 == BLU_NEG_INF ? 0.f : mn1;
-        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-        l0 *= al0;
-        l1 *= al1;
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            s[n][0] = exp2f(s[n][0] - mu0);
-            s[n][1] = exp2f(s[n][1] - mu0);
-            s[n][2] = exp2f(s[n][2] - mu1);
-            s[n][3] = exp2f(s[n][3] - mu1);
-            l0 += s[n][0] + s[n][1];
-            l1 += s[n][2] + s[n][3];
-        }
+            for (int d = 0; d < DT; ++d) { acc[d][0] *= al0; acc[d][1] *= al0; acc[d][2] *= al1; acc[d][3] *= al1; }
 #pragma unroll
-        for (int d = 0; d < DT; ++d) { acc[d][0] *= al0; acc[d][1] *= al0; acc[d][2] *= al1; acc[d][3] *= al1; }
+            for (int kk = 0; kk < BR / KS; ++kk) {
+                u32 a[X::NA];
+                X::c_to_a(s, kk, a, lane);
 #pragma unroll
-        for (int kk = 0; kk < BR / KS; ++kk) {
-            u32 a[X::NA];
-            X::c_to_a(s, kk, a, lane);
-#pragma unroll
-            for (int d = 0; d < DT; ++d) {
-                u32 b[X::NB];
-                X::load_b(Vt, LD, kk * KS, d * 8, b, g, t);
-                X::mma(acc[d], a, b);
+                for (int d = 0; d < DT; ++d) {
+                    u32 b[X::NB];
+                    X::load_b(Vt, LD, kk * KS, d * 8, b, g, t);
+                    X::mma(acc[d], a, b);
+                }
             }
+            m0 = mn0;
+            m1 = mn1;
         }
-        m0 = mn0;
-        m1 = mn1;
 #ifndef BLU_SYNC_TILES
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
 #endif
@@ -815,8 +821,11 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 #define BLU_LAYS                                                                                               \
     mma::lay(q_sb, q_sh, q_st, H), mma::lay(k_sb, k_sh, k_st, H), mma::lay(o_sb, o_sh, o_st, H)
 
-#define MMA_ENTRIES(NAME, X, T, HD, BMIN)                                                                           \
-extern "C" __global__ void __launch_bounds__(128)                                                              \
+// Entries of one variant and head dim; FMIN / BMIN: blocks (of 256 threads) per multiprocessor the forward /
+// backward kernels are built for (2: at most 128 registers, two blocks share a multiprocessor when their shared
+// memory fits; tf32x3's forward needs more registers: 1)
+#define MMA_ENTRIES(NAME, X, T, HD, FMIN, BMIN)                                                                      \
+extern "C" __global__ void __launch_bounds__(256, FMIN)                                                        \
 blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,          \
                                  float scale, int causal) {                                                    \
     mma::forward<mma::X, HD>(q, k, v, o, lse, L, S, scale, causal, mma::dense(L, HD), mma::dense(S, HD),           \
@@ -834,7 +843,7 @@ blu_sdpa_backward_dq_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T
     mma::backward_dq<mma::X, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, mma::dense(L, HD),                 \
                             mma::dense(S, HD), mma::dense(L, HD));                                             \
 }                                                                                                              \
-extern "C" __global__ void __launch_bounds__(128)                                                              \
+extern "C" __global__ void __launch_bounds__(256, FMIN)                                                        \
 blu_sdpa_forward_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,  \
                                          float scale, int causal, BLU_LAY_PARAMS) {                            \
     mma::forward<mma::X, HD>(q, k, v, o, lse, L, S, scale, causal, BLU_LAYS);                                       \
@@ -852,9 +861,9 @@ blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v,
     mma::backward_dq<mma::X, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                         \
 }
 
-MMA_ENTRIES(tf32, TF32, float, 64, 2)
-MMA_ENTRIES(tf32, TF32, float, 128, 1)
-MMA_ENTRIES(tf32x3, TF32X3, float, 64, 2)
-MMA_ENTRIES(tf32x3, TF32X3, float, 128, 1)
-MMA_ENTRIES(bf16, BF16, bf16_t, 64, 2)
-MMA_ENTRIES(bf16, BF16, bf16_t, 128, 1)
+MMA_ENTRIES(tf32, TF32, float, 64, 2, 2)
+MMA_ENTRIES(tf32, TF32, float, 128, 1, 1)
+MMA_ENTRIES(tf32x3, TF32X3, float, 64, 1, 2)
+MMA_ENTRIES(tf32x3, TF32X3, float, 128, 1, 1)
+MMA_ENTRIES(bf16, BF16, bf16_t, 64, 2, 2)
+MMA_ENTRIES(bf16, BF16, bf16_t, 128, 1, 1)
