@@ -50,7 +50,7 @@ GPT2_SHAPES = [  # (name, layout, M, N, K) with weights stored (out, in) like to
     ("dw_fc_proj", "tn", 768, 3072, 16384),
     ("dw_lm_head", "tn", 50304, 768, 16384),
 ]
-SPLITS = (1, 2, 3, 4, 6, 7, 8, 12, 14, 16)  # 7 and 14 are not in configs.SPLIT_CHOICES (yet)
+SPLITS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16)  # configs.SPLIT_CHOICES lacks 5, 7, 9-11, 14
 
 
 def log(msg: str) -> None:
