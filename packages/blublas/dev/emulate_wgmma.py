@@ -172,3 +172,115 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     main()
+
+
+# ---------------------------------------------------------------- the mbarrier protocol of gemm_tma_body
+class MBar:
+    """An mbarrier: ``phase`` completed phases; a phase completes when its arrivals and tx bytes are in."""
+
+    def __init__(self, count: int):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _maybe_complete(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self, expect_tx: int = 0) -> None:
+        self.tx += expect_tx
+        self.pending -= 1
+        assert self.pending >= 0, "more arrivals than the barrier's count"
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes: int) -> None:
+        self.tx -= nbytes
+        self._maybe_complete()
+
+    def try_wait(self, parity: int) -> bool:
+        """mbarrier.try_wait.parity: true once the phase of that parity has completed (current phase's
+        parity differs), which is also true for a phase two passes in the future: the hazard the kernel's
+        turn order has to rule out."""
+        return (self.phase & 1) != parity
+
+
+def simulate_pipeline(
+    stages: int, ktiles: list[int], pp: bool, seed: int = 0, steps: int = 200000, turns: bool = True
+) -> int:
+    """Random interleavings of gemm_tma_body's producer, TMA engine and two consumer warpgroups for one CTA
+    whose walk has ``ktiles[i]`` k tiles at tile i; asserts every wgmma reads the stage holding its own
+    (tile, k) and that no TMA overwrites a stage still being read; returns the scheduler steps used.
+    ``turns=False`` drops the ping-pong turn order (the done barriers): that must be caught."""
+    rng = np.random.default_rng(seed)
+    full = [MBar(1) for _ in range(stages)]
+    empty = [MBar(4 if pp else 8) for _ in range(stages)]
+    done = [MBar(1), MBar(1)]
+    smem: list = [None] * stages
+    readers = [0] * stages
+    inflight: list = []  # TMA loads: (stage, (tile, kt))
+    owner = [(i % 2) if pp else None for i in range(len(ktiles))]
+
+    def producer():
+        stage, phase = 0, 0
+        for i, kt_n in enumerate(ktiles):
+            for kt in range(kt_n):
+                while not empty[stage].try_wait(phase ^ 1):
+                    yield
+                full[stage].arrive(expect_tx=1)
+                inflight.append((stage, (i, kt)))
+                stage += 1
+                if stage == stages:
+                    stage, phase = 0, phase ^ 1
+                yield
+
+    def consumer(cw: int):
+        stage, phase = 0, 0
+        for seq, kt_n in enumerate(ktiles):
+            if pp and owner[seq] != cw:
+                stage += kt_n
+                phase ^= (stage // stages) & 1
+                stage %= stages
+                continue
+            if pp and seq > 0 and turns:
+                while not done[1 - cw].try_wait(((seq - 1) >> 1) & 1):
+                    yield
+            prev = -1
+            for kt in range(kt_n):
+                while not full[stage].try_wait(phase):
+                    yield
+                assert smem[stage] == (seq, kt), f"wg{cw} read {smem[stage]} for {(seq, kt)} at stage {stage}"
+                readers[stage] += 1
+                yield  # the wgmma group reads asynchronously until the next wait<1>
+                if prev >= 0:
+                    readers[prev] -= 1
+                    for _ in range(4):
+                        empty[prev].arrive()
+                prev = stage
+                stage += 1
+                if stage == stages:
+                    stage, phase = 0, phase ^ 1
+            if pp:
+                done[cw].arrive()
+            yield
+            if prev >= 0:
+                readers[prev] -= 1
+                for _ in range(4):
+                    empty[prev].arrive()
+            yield  # epilogue
+
+    actors = {"p": producer(), "c0": consumer(0), "c1": consumer(1)}
+    for n in range(steps):
+        live = list(actors) + (["tma"] if inflight else [])
+        if not live:
+            return n
+        who = live[rng.integers(len(live))]
+        if who == "tma":
+            st, val = inflight.pop(rng.integers(len(inflight)))
+            assert readers[st] == 0, f"TMA overwrote stage {st} while a wgmma group reads it"
+            smem[st] = val
+            full[st].complete_tx(1)
+            continue
+        try:
+            next(actors[who])
+        except StopIteration:
+            del actors[who]
+    raise AssertionError("deadlock or livelock: the walk did not finish")

@@ -28,7 +28,9 @@ def test_python_config_table_matches_the_cu_instantiations():
         assert set(table) == set(cu[variant]), variant
         for name, cfg in table.items():
             nums = cu[variant][name]
-            if variant in ("simt", "wgmma", "wgmma_tf32"):
+            if variant in ("wgmma", "wgmma_tf32"):  # + ping-pong flag
+                assert nums == (cfg.bm, cfg.bn, cfg.bk, cfg.stages, int("_pp_" in name))
+            elif variant == "simt":
                 assert nums == (cfg.bm, cfg.bn, cfg.bk, cfg.stages)
             else:
                 bm, bn, bk, wm, wn, st = nums

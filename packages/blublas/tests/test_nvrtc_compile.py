@@ -51,10 +51,12 @@ def test_configs_mirror_the_cu_instantiations():
     for variant, macro in (("wgmma", "BLU_WGMMA_CONFIG"), ("wgmma_tf32", "BLU_WGMMA_TF32_CONFIG")):
         text = (loader.KERNEL_DIR / configs.FILE_OF_VARIANT[variant]).read_text()
         found = {
-            m.group(1): tuple(int(x) for x in m.group(2, 3, 4, 5))
-            for m in re.finditer(rf"^{macro}\((\w+), (\d+), (\d+), (\d+), (\d+)\)", text, re.M)
+            m.group(1): tuple(int(x) for x in m.group(2, 3, 4, 5, 6))
+            for m in re.finditer(rf"^{macro}\((\w+), (\d+), (\d+), (\d+), (\d+), ([01])\)", text, re.M)
         }
-        want = {c.name: (c.bm, c.bn, c.bk, c.stages) for c in configs.ALL_CONFIGS[variant].values()}
+        want = {
+            c.name: (c.bm, c.bn, c.bk, c.stages, int("_pp_" in c.name)) for c in configs.ALL_CONFIGS[variant].values()
+        }
         assert found == want, variant
 
 

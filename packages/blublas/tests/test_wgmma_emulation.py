@@ -55,3 +55,36 @@ def test_kernel_source_uses_the_emulated_descriptors_and_boxes():
         "blu_tma_load3(b + i * 8192, tmB, tl.n0 + 64 * i, k0, batch * zbB, fb);",
     ):
         assert frag in src, frag
+
+
+@pytest.mark.parametrize("pp", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_mbarrier_protocol_under_random_interleavings(pp, seed):
+    """Producer, TMA engine and both consumer warpgroups of gemm_tma_body, interleaved at random: every
+    wgmma reads its own (tile, k) stage, no TMA overwrites a stage in use, the walk finishes."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ktiles = [int(x) for x in rng.integers(1, 20, size=int(rng.integers(1, 9)))]
+    emu.simulate_pipeline(int(rng.choice([3, 4, 6])), ktiles, pp, seed)
+
+
+def test_ping_pong_without_turns_is_caught():
+    """Without the done-barrier turns a warpgroup that steps over the other's stages can run two ring
+    passes ahead, and a parity wait then passes on a stale phase: the simulation must see that."""
+    with pytest.raises(AssertionError):
+        for seed in range(10):
+            emu.simulate_pipeline(4, [12, 3, 12, 5, 9], True, seed, turns=False)
+
+
+def test_kernel_source_has_the_simulated_protocol():
+    src = (HERE / "src" / "blublas" / "kernels" / "gemm_wgmma.cuh").read_text()
+    for frag in (
+        "blu_mbar_wait(empty_bar + 8 * stage, phase ^ 1);",
+        "blu_mbar_wait(full_bar + 8 * stage, phase);",
+        "blu_mbar_init(empty_bar + 8 * s, PP ? 4 : 8);",
+        "if (PP && seq > 0) blu_mbar_wait(done_bar + 8 * (1 - cw), (unsigned)((seq - 1) >> 1) & 1u);",
+        "phase ^= (unsigned)(stage / STAGES) & 1u;",
+        "if (prev >= 0 && lane == 0) blu_mbar_arrive(empty_bar + 8 * prev);",
+    ):
+        assert frag in src, frag

@@ -52,7 +52,7 @@ class TileConfig:
         if self.variant == "simt":
             return st * 4 * (bk * (bm + 4) + bk * (bn + 4))
         if self.variant in TMA_VARIANTS:  # stages of 128-byte rows, +1024 to align the base, + mbarriers
-            return st * 128 * (bm + bn) + 1024 + 16 * st
+            return st * 128 * (bm + bn) + 1024 + 16 * st + 16
         if self.variant == "tf32":
             a = bk * (bm + 8) if ta else bm * (bk + 4)
             b = bn * (bk + 4) if tb else bk * (bn + 8)
@@ -73,14 +73,15 @@ def _mma(variant: str, bm: int, bn: int, bk: int, wm: int, wn: int, st: int) -> 
     return TileConfig(variant, f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}", bm, bn, bk, wm * wn * 32, st)
 
 
-def _wgmma(bm: int, bn: int, st: int) -> TileConfig:
-    """TMA + warp-specialized persistent bf16 kernel: 1 producer + 2 consumer warpgroups (384 threads)."""
-    return TileConfig("wgmma", f"{bm}x{bn}x64_ws_s{st}", bm, bn, 64, 384, st)
+def _wgmma(bm: int, bn: int, st: int, pp: bool = False) -> TileConfig:
+    """TMA + warp-specialized persistent bf16 kernel: 1 producer + 2 consumer warpgroups (384 threads), which
+    share each tile (ws, cooperative) or take turns on alternate tiles (pp, ping-pong)."""
+    return TileConfig("wgmma", f"{bm}x{bn}x64_{'pp' if pp else 'ws'}_s{st}", bm, bn, 64, 384, st)
 
 
-def _wgmma_tf32(bm: int, bn: int, st: int) -> TileConfig:
+def _wgmma_tf32(bm: int, bn: int, st: int, pp: bool = False) -> TileConfig:
     """The same kernel for tf32; NT only in the kernel: launch.py copies NN/TN's M/N-major operands K-major."""
-    return TileConfig("wgmma_tf32", f"{bm}x{bn}x32_ws_s{st}", bm, bn, 32, 384, st)
+    return TileConfig("wgmma_tf32", f"{bm}x{bn}x32_{'pp' if pp else 'ws'}_s{st}", bm, bn, 32, 384, st)
 
 
 def _simt(bm: int, bn: int, bk: int, st: int) -> TileConfig:
@@ -98,8 +99,10 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _mma("bf16", 128, 256, 64, 2, 4, 3),  # sm_90 candidate (166 KB of smem)
         )
     },
-    "wgmma": {c.name: c for c in (_wgmma(128, 256, 4), _wgmma(128, 128, 6), _wgmma(128, 128, 4))},
-    "wgmma_tf32": {c.name: c for c in (_wgmma_tf32(128, 256, 4), _wgmma_tf32(128, 128, 6), _wgmma_tf32(128, 128, 4))},
+    "wgmma": {c.name: c for c in (_wgmma(128, 256, 4), _wgmma(128, 128, 6, pp=True), _wgmma(128, 128, 6))},
+    "wgmma_tf32": {
+        c.name: c for c in (_wgmma_tf32(128, 256, 4), _wgmma_tf32(128, 128, 6, pp=True), _wgmma_tf32(128, 128, 6))
+    },
     "tf32": {
         c.name: c
         for c in (
@@ -119,10 +122,6 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _simt(64, 64, 8, 4),
             _simt(128, 256, 8, 4),  # sm_90 candidates: 512 threads; a deeper pipeline
             _simt(128, 128, 8, 6),
-            # stages == 2: register-staged double buffer, 16-byte global loads, warp tile 32 x 64
-            _simt(128, 128, 8, 2),
-            _simt(128, 256, 8, 2),
-            _simt(256, 128, 8, 2),
         )
     },
 }
@@ -204,19 +203,9 @@ ARCHS: dict[int, ArchInfo] = {
                 "64x64x32_w2x2_s4",
                 "128x256x32_w2x4_s3",
             ),
-            "simt": (
-                "128x128x8_s4",
-                "128x128x16_s3",
-                "128x64x8_s4",
-                "64x64x8_s4",
-                "128x256x8_s4",
-                "128x128x8_s6",
-                "128x128x8_s2",
-                "128x256x8_s2",
-                "256x128x8_s2",
-            ),
-            "wgmma": ("128x256x64_ws_s4", "128x128x64_ws_s6", "128x128x64_ws_s4"),
-            "wgmma_tf32": ("128x256x32_ws_s4", "128x128x32_ws_s6", "128x128x32_ws_s4"),
+            "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4", "128x256x8_s4", "128x128x8_s6"),
+            "wgmma": ("128x256x64_ws_s4", "128x128x64_pp_s6", "128x128x64_ws_s6"),
+            "wgmma_tf32": ("128x256x32_ws_s4", "128x128x32_pp_s6", "128x128x32_ws_s6"),
         },
     ),
 }

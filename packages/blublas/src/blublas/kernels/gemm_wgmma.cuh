@@ -173,25 +173,35 @@ __device__ __forceinline__ BluPTile blu_ptile(int t, int tiles_m, int tiles_n) {
 // Stage s holds A (128 rows x 128 B, or for TA two 64-column atoms of 64 k rows) then B (BN rows x 128 B,
 // or for !TB BN/64 atoms of 64 k rows), both 1024-byte aligned, exactly as TMA's 128-byte swizzle writes
 // them. Barriers sit after the stages.
-template <bool TF32, int BN, int STAGES, bool TA, bool TB>
+// PP false ("cooperative"): both consumer warpgroups work on every tile, 64 rows each.
+// PP true ("ping-pong", BN 128): consumer warpgroup c owns every other tile of the CTA's walk (all 128 rows,
+// two m64 halves), and the two take turns in the mainloop (done barriers: c starts tile i only once the
+// other has issued its last slice of tile i - 1), so one's epilogue overlaps the other's tensor-core work.
+// The turn order also keeps a warpgroup that skips the other's stages within one ring pass of the producer
+// (mbarrier parity waits cannot tell a phase from the one two phases later).
+template <bool TF32, int BN, int STAGES, bool TA, bool TB, bool PP>
 __device__ __forceinline__ void gemm_tma_body(BLU_GEMM_PARAMS, BLU_TMA_BODY_PARAMS) {
 #if BLU_HAVE_WGMMA
   constexpr int BM = 128, BK = TF32 ? 32 : 64;
   constexpr int A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE_BYTES = A_BYTES + B_BYTES;
   static_assert(!TF32 || (!TA && TB), "tf32 wgmma reads K-major operands only (layout NT)");
+  static_assert(!PP || BN == 128, "ping-pong keeps a 128 x 128 tile (128 fp32 accumulators) per thread");
   extern __shared__ __align__(1024) unsigned char blu_smem_raw[];
   const unsigned raw_addr = blu_smem_addr(blu_smem_raw);
   const unsigned smem = raw_addr + ((1024u - (raw_addr & 1023u)) & 1023u);  // 1024-byte aligned stages
   const unsigned full_bar = smem + STAGES * STAGE_BYTES;                   // STAGES x 8 bytes
   const unsigned empty_bar = full_bar + STAGES * 8;
+  const unsigned done_bar = empty_bar + STAGES * 8;  // PP: 2 x 8 bytes, "warpgroup c issued its mainloop"
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wg = warp >> 2;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       blu_mbar_init(full_bar + 8 * s, 1);   // the producer's arrive.expect_tx (+ the TMA bytes)
-      blu_mbar_init(empty_bar + 8 * s, 8);  // one arrive per consumer warp
+      blu_mbar_init(empty_bar + 8 * s, PP ? 4 : 8);  // one arrive per consumer warp reading the stage
     }
+    blu_mbar_init(done_bar, 1);
+    blu_mbar_init(done_bar + 8, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     blu_tma_prefetch(tmA);
     blu_tma_prefetch(tmB);
@@ -246,21 +256,36 @@ __device__ __forceinline__ void gemm_tma_body(BLU_GEMM_PARAMS, BLU_TMA_BODY_PARA
   const int cw = wg - 1, wi = warp & 3, g = lane >> 2, t4 = lane & 3;
   int stage = 0;
   unsigned phase = 0;
-  float acc[BN / 2];
+  constexpr int NACC = PP ? BN : BN / 2;
+  float acc[NACC];
+  int seq = -1;  // position of the tile in this CTA's walk
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    ++seq;
     const BluPTile tl = blu_ptile<BM, BN>(t, tiles_m, tiles_n);
     const int sp = tl.z - (tl.z / splits) * splits;
     const int k_begin = sp * k_chunk;
     const int k_end = k_begin + k_chunk < K ? k_begin + k_chunk : K;
     const int ktiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+    if (PP && (seq & 1) != cw) {  // the other warpgroup's tile: step over its stages
+      stage += ktiles;
+      phase ^= (unsigned)(stage / STAGES) & 1u;
+      stage %= STAGES;
+      continue;
+    }
+    if (PP && seq > 0) blu_mbar_wait(done_bar + 8 * (1 - cw), (unsigned)((seq - 1) >> 1) & 1u);
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
     int prev = -1;
     for (int kt = 0; kt < ktiles; ++kt) {
       blu_mbar_wait(full_bar + 8 * stage, phase);
       const unsigned a = smem + stage * STAGE_BYTES;
       blu_wgmma_fence();
-      blu_wgmma_slice<TF32, BN, TA, TB>(acc, a, a + A_BYTES, cw);
+      if constexpr (PP) {
+        blu_wgmma_slice<TF32, BN, TA, TB>(acc, a, a + A_BYTES, 0);
+        blu_wgmma_slice<TF32, BN, TA, TB>(acc + BN / 2, a, a + A_BYTES, 1);
+      } else {
+        blu_wgmma_slice<TF32, BN, TA, TB>(acc, a, a + A_BYTES, cw);
+      }
       blu_wgmma_commit();
       blu_wgmma_wait<1>();  // the previous slice's wgmma group is done: its stage may be refilled
       if (prev >= 0 && lane == 0) blu_mbar_arrive(empty_bar + 8 * prev);
@@ -270,16 +295,21 @@ __device__ __forceinline__ void gemm_tma_body(BLU_GEMM_PARAMS, BLU_TMA_BODY_PARA
         phase ^= 1;
       }
     }
+    if (PP && (tid & 127) == 0) blu_mbar_arrive(done_bar + 8 * cw);  // the other warpgroup's turn
     blu_wgmma_wait<0>();
     if (prev >= 0 && lane == 0) blu_mbar_arrive(empty_bar + 8 * prev);
 
     const BluEpi e = blu_make_epi(C, bias, P, ldc, ldp, sC, sP, alpha, beta, flags, M, N, tl.z);
-    const int r = tl.m0 + cw * 64 + wi * 16 + g;
 #pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-      const int c = tl.n0 + i * 8 + 2 * t4;
-      blu_epi_store2(e, r, c, acc[4 * i + 0], acc[4 * i + 1]);
-      blu_epi_store2(e, r + 8, c, acc[4 * i + 2], acc[4 * i + 3]);
+    for (int h = 0; h < (PP ? 2 : 1); ++h) {
+      const int r = tl.m0 + (PP ? h : cw) * 64 + wi * 16 + g;
+      const float* ac = acc + h * (BN / 2);
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        const int c = tl.n0 + i * 8 + 2 * t4;
+        blu_epi_store2(e, r, c, ac[4 * i + 0], ac[4 * i + 1]);
+        blu_epi_store2(e, r + 8, c, ac[4 * i + 2], ac[4 * i + 3]);
+      }
     }
   }
 #else

@@ -7,20 +7,21 @@
 #include "gemm_wgmma.cuh"
 
 // One extern "C" entry point per (config, layout): blu_gemm_wgmma_<config>_<nn|nt|tn>.
-#define BLU_WGMMA_ONE(NAME, BN, ST, TA, TB, SUF)                                            \
+#define BLU_WGMMA_ONE(NAME, BN, ST, PP, TA, TB, SUF)                                        \
   extern "C" __global__ void __launch_bounds__(384, 1)                                      \
       blu_gemm_wgmma_##NAME##_##SUF(BLU_GEMM_PARAMS, BLU_TMA_PARAMS) {                      \
-    gemm_tma_body<false, BN, ST, TA, TB>(BLU_GEMM_ARGS, BLU_TMA_ARGS);                      \
+    gemm_tma_body<false, BN, ST, TA, TB, PP>(BLU_GEMM_ARGS, BLU_TMA_ARGS);                  \
   }
-#define BLU_WGMMA_CONFIG(NAME, BM, BN, BK, ST)   \
-  BLU_WGMMA_ONE(NAME, BN, ST, false, false, nn) \
-  BLU_WGMMA_ONE(NAME, BN, ST, false, true, nt)  \
-  BLU_WGMMA_ONE(NAME, BN, ST, true, false, tn)
+#define BLU_WGMMA_CONFIG(NAME, BM, BN, BK, ST, PP)   \
+  BLU_WGMMA_ONE(NAME, BN, ST, PP, false, false, nn) \
+  BLU_WGMMA_ONE(NAME, BN, ST, PP, false, true, nt)  \
+  BLU_WGMMA_ONE(NAME, BN, ST, PP, true, false, tn)
 
-// Config names: <BM>x<BN>x<BK>_ws_s<stages> (ws: warp-specialized); mirrored in blublas/configs.py.
-BLU_WGMMA_CONFIG(128x256x64_ws_s4, 128, 256, 64, 4)
-BLU_WGMMA_CONFIG(128x128x64_ws_s6, 128, 128, 64, 6)
-BLU_WGMMA_CONFIG(128x128x64_ws_s4, 128, 128, 64, 4)
+// Config names: <BM>x<BN>x<BK>_<ws|pp>_s<stages> (ws: warp-specialized cooperative, pp: ping-pong, last
+// macro argument 1); mirrored in blublas/configs.py.
+BLU_WGMMA_CONFIG(128x256x64_ws_s4, 128, 256, 64, 4, 0)
+BLU_WGMMA_CONFIG(128x128x64_ws_s6, 128, 128, 64, 6, 0)
+BLU_WGMMA_CONFIG(128x128x64_pp_s6, 128, 128, 64, 6, 1)
 
 // Smoke test of the TMA path alone (dev/gpu_check_wgmma.py): one thread loads one box at (c0, c1, c2)
 // through the tensor map into 1024-byte aligned shared memory, waits on the mbarrier, and the block copies

@@ -8,13 +8,13 @@
 #include "gemm_wgmma.cuh"
 
 // Entry points: blu_gemm_wgmma_tf32_<config>_nt (NT layout only).
-#define BLU_WGMMA_TF32_CONFIG(NAME, BM, BN, BK, ST)                                                          \
+#define BLU_WGMMA_TF32_CONFIG(NAME, BM, BN, BK, ST, PP)                                                      \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                       \
       blu_gemm_wgmma_tf32_##NAME##_nt(BLU_GEMM_PARAMS, BLU_TMA_PARAMS) {                                     \
-    gemm_tma_body<true, BN, ST, false, true>(BLU_GEMM_ARGS, BLU_TMA_ARGS);                                   \
+    gemm_tma_body<true, BN, ST, false, true, PP>(BLU_GEMM_ARGS, BLU_TMA_ARGS);                               \
   }
 
-// Config names: <BM>x<BN>x<BK>_ws_s<stages>; mirrored in blublas/configs.py.
-BLU_WGMMA_TF32_CONFIG(128x256x32_ws_s4, 128, 256, 32, 4)
-BLU_WGMMA_TF32_CONFIG(128x128x32_ws_s6, 128, 128, 32, 6)
-BLU_WGMMA_TF32_CONFIG(128x128x32_ws_s4, 128, 128, 32, 4)
+// Config names: <BM>x<BN>x<BK>_<ws|pp>_s<stages> (pp: ping-pong, last argument 1); mirrored in configs.py.
+BLU_WGMMA_TF32_CONFIG(128x256x32_ws_s4, 128, 256, 32, 4, 0)
+BLU_WGMMA_TF32_CONFIG(128x128x32_ws_s6, 128, 128, 32, 6, 0)
+BLU_WGMMA_TF32_CONFIG(128x128x32_pp_s6, 128, 128, 32, 6, 1)
