@@ -122,6 +122,10 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _simt(64, 64, 8, 4),
             _simt(128, 256, 8, 4),  # sm_90 candidates: 512 threads; a deeper pipeline
             _simt(128, 128, 8, 6),
+            # stages == 2: register-staged double buffer, 16-byte global loads, warp tile 32 x 64
+            _simt(128, 128, 8, 2),
+            _simt(128, 256, 8, 2),
+            _simt(256, 128, 8, 2),
         )
     },
 }
@@ -203,7 +207,17 @@ ARCHS: dict[int, ArchInfo] = {
                 "64x64x32_w2x2_s4",
                 "128x256x32_w2x4_s3",
             ),
-            "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4", "128x256x8_s4", "128x128x8_s6"),
+            "simt": (
+                "128x128x8_s4",
+                "128x128x16_s3",
+                "128x64x8_s4",
+                "64x64x8_s4",
+                "128x256x8_s4",
+                "128x128x8_s6",
+                "128x128x8_s2",
+                "128x256x8_s2",
+                "256x128x8_s2",
+            ),
             "wgmma": ("128x256x64_ws_s4", "128x128x64_pp_s6", "128x128x64_ws_s6"),
             "wgmma_tf32": ("128x256x32_ws_s4", "128x128x32_pp_s6", "128x128x32_ws_s6"),
         },
