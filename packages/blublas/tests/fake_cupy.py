@@ -228,7 +228,7 @@ def blublas_encode_tmap(spec) -> bytes:
     return raw + bytes(128 - len(raw))
 
 
-def _tmap_view(tm: np.void, dtype) -> tuple[np.ndarray, tuple]:
+def _tmap_view(tm: np.ndarray, dtype) -> tuple[np.ndarray, tuple]:
     """(batch, rows, cols) view of the operand a fake tensor map describes, and its box."""
     import struct
 
@@ -262,7 +262,7 @@ def _param_types(name: str) -> list[str]:
 
 
 _NP_OF_C = {"ptr": (np.uint64,), "int": (np.int32,), "i64": (np.int64,), "long long": (np.int64,),
-            "float": (np.float32,), "BluTmap": (np.void,)}
+            "float": (np.float32,), "BluTmap": (np.ndarray,)}
 
 
 class _Kernel:
@@ -323,7 +323,8 @@ class _Kernel:
             nz, bmask = int(nz), int(bmask)
             tiles = -(-vals[6] // cfg.bn) * -(-vals[5] // cfg.bm) * nz
             assert grid == (min(tiles, 132),), (grid, tiles)
-            assert tmA.dtype.itemsize == 128 and tmB.dtype.itemsize == 128
+            for tm in (tmA, tmB):  # by value: CuPy passes a one-element NumPy array's bytes
+                assert isinstance(tm, np.ndarray) and tm.size == 1 and tm.dtype.itemsize == 128, tm
         (A, B, C, bias, P, M, N, K, lda, ldb, ldc, ldp, sA, sB, sC, sP, alpha, beta, flags, splits, chunk) = vals
         if not tma:
             assert len(args) == 21

@@ -118,8 +118,8 @@ def test_unaligned_problem_uses_mma_sync_and_forcing_tma_is_a_clear_error(fcp):
     assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
 
 
-def test_tensor_maps_are_cached_and_passed_as_128_byte_scalars(fcp):
+def test_tensor_maps_are_cached_and_passed_as_one_element_128_byte_arrays(fcp):
     spec = tma.operand_spec(1 << 20, 64, 64, 64, 0, 0, 2, 128)
     v = tma.encode(spec)
-    assert isinstance(v, np.void) and v.dtype.itemsize == 128
+    assert isinstance(v, np.ndarray) and v.shape == (1,) and v.dtype.itemsize == 128 and v.nbytes == 128
     assert tma.encode(spec) is v

@@ -5,8 +5,9 @@ swizzled tile row set: the box's inner extent is 128 bytes (64 bf16 or 32 fp32, 
 which the kernels' wgmma descriptors assume) and its outer extent is the tile's rows (K-major operands:
 BM or BN rows; M/N-major operands: BK k rows of one 64-column atom). The driver encodes the 128-byte opaque
 map (``cuTensorMapEncodeTiled`` through ctypes on libcuda); it is passed by value as a
-``__grid_constant__`` kernel parameter (a NumPy structured scalar, which CuPy passes by value), so a launch
-needs no device memory and stays capture-safe. Encoded maps are cached per (pointer, shape, strides, box).
+``__grid_constant__`` kernel parameter (a one-element NumPy array of a 128-byte structured dtype: CuPy passes
+size-one NumPy arrays by value), so a launch needs no device memory and stays capture-safe. Encoded maps are
+cached per (pointer, shape, strides, box).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ OOB_FILL_ZERO = 0
 INTERLEAVE_NONE = 0
 SWIZZLE_SPAN = 128  # bytes: the box's inner extent and the smem row of the wgmma descriptors
 
-#: the 128-byte kernel parameter (CuPy passes NumPy structured scalars by value)
+#: the 128-byte kernel parameter (CuPy passes one-element NumPy arrays by value, any dtype)
 TMAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))])
 
 
@@ -148,12 +149,13 @@ def _driver_encode(spec: TmapSpec) -> bytes:
     return bytes(buf[off : off + 128])
 
 
-_cache: dict[TmapSpec, np.void] = {}
+_cache: dict[TmapSpec, np.ndarray] = {}
 _CACHE_MAX = 4096
 
 
-def encode(spec: TmapSpec, name: str = "operand") -> np.void:
-    """The encoded map of ``spec`` as a 128-byte NumPy scalar kernel argument (cached)."""
+def encode(spec: TmapSpec, name: str = "operand") -> np.ndarray:
+    """The encoded map of ``spec`` as a kernel argument passed by value: a one-element array of the
+    128-byte TMAP_DTYPE (cached)."""
     hit = _cache.get(spec)
     if hit is not None:
         return hit
@@ -163,7 +165,7 @@ def encode(spec: TmapSpec, name: str = "operand") -> np.void:
     raw = enc(spec)
     if len(raw) != 128:
         raise GemmError(f"tensor map encoder returned {len(raw)} bytes, expected 128")
-    val = np.frombuffer(bytes(raw), dtype=TMAP_DTYPE)[0]
+    val = np.frombuffer(bytes(raw), dtype=TMAP_DTYPE).copy()  # own, writable-free, 1 element
     if len(_cache) >= _CACHE_MAX:
         _cache.clear()
     _cache[spec] = val
