@@ -51,8 +51,9 @@ class TileConfig:
         bm, bn, bk, st = self.bm, self.bn, self.bk, self.stages
         if self.variant == "simt":
             return st * 4 * (bk * (bm + 4) + bk * (bn + 4))
-        if self.variant in TMA_VARIANTS:  # stages of 128-byte rows, +1024 to align the base, + mbarriers
-            return st * 128 * (bm + bn) + 1024 + 16 * st + 16
+        if self.variant in TMA_VARIANTS:
+            # stages of 128-byte rows, two 64 x 40 fp32 epilogue buffers, +1024 to align the base, mbarriers
+            return st * 128 * (bm + bn) + 2 * 64 * 40 * 4 + 1024 + 16 * st + 16
         if self.variant == "tf32":
             a = bk * (bm + 8) if ta else bm * (bk + 4)
             b = bn * (bk + 4) if tb else bk * (bn + 8)
