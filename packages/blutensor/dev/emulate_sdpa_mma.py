@@ -42,6 +42,14 @@ def tf32(x):
     return u.view(np.float32)
 
 
+def rz32(x):
+    """float64 -> fp32 rounded toward zero (the matrix units' fp32 accumulation)."""
+    x = np.asarray(x, np.float64)
+    r = x.astype(np.float32)
+    over = np.abs(r.astype(np.float64)) > np.abs(x)
+    return np.where(over, np.nextafter(r, np.float32(0)), r).astype(np.float32)
+
+
 def tf32_value(x):
     """The tf32 number an mma operand register holds: the 13 low mantissa bits ignored (masked)."""
     return (f32(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
@@ -96,6 +104,10 @@ class Tf32:
         return c + c_frag(A @ B)
 
     @staticmethod
+    def mma_acc(c, a, b):
+        return Tf32.mma(c, a, b)
+
+    @staticmethod
     def raw_c_to_a(cs, kk):  # the accumulator IS the A fragment under the k permutation (no shuffles)
         c = cs[kk]
         return np.stack([c[:, 0], c[:, 2], c[:, 1], c[:, 3]], 1)
@@ -119,7 +131,8 @@ def split3(x):
 class Tf32x3:
     """tf32x3 fragments (TF32X3 in sdpa_mma.cu): the raw fp32 fragments of Tf32, split into big and small
     halves (registers [0, n) and [n, 2n)); mma = small*big, big*small, big*big, each an m16n8k8 tf32 mma
-    accumulating in fp32 (rounded after each: the hardware accumulator is fp32)."""
+    accumulating in fp32, modelled as rounding toward zero (the matrix units truncate their fp32 sums);
+    mma_acc (the long sums of acc_pv) stages them: a zeroed temporary, then one rounded fp32 add."""
 
     KS, PAD = 8, 4
     stage = staticmethod(f32)  # tiles stay fp32
@@ -139,10 +152,14 @@ class Tf32x3:
         return split3(Tf32.raw_b(X, k0, n0))
 
     @staticmethod
-    def mma(c, a, b):
-        c = f32(Tf32.mma(c, a[:, 4:], b[:, :2]))  # small * big
-        c = f32(Tf32.mma(c, a[:, :4], b[:, 2:]))  # big * small
-        return f32(Tf32.mma(c, a[:, :4], b[:, :2]))  # big * big
+    def mma(c, a, b):  # small * big, big * small, big * big straight into the accumulator
+        for a_, b_ in ((a[:, 4:], b[:, :2]), (a[:, :4], b[:, 2:]), (a[:, :4], b[:, :2])):
+            c = rz32(Tf32.mma(c, a_, b_))
+        return c
+
+    @staticmethod
+    def mma_acc(c, a, b):  # staged: the three products into a zeroed temporary, then one rounded fp32 add
+        return f32(np.asarray(c, np.float64) + Tf32x3.mma(np.zeros((32, 4)), a, b))
 
     @staticmethod
     def c_to_a(cs, kk):
@@ -225,6 +242,10 @@ class Bf16:
         return c + c_frag(A @ B)
 
     @staticmethod
+    def mma_acc(c, a, b):
+        return Bf16.mma(c, a, b)
+
+    @staticmethod
     def c_to_a(cs, kk):
         c0, c1 = cs[2 * kk], cs[2 * kk + 1]
         return bf16(np.stack([c0[:, 0:2], c0[:, 2:4], c1[:, 0:2], c1[:, 2:4]], 1))
@@ -235,6 +256,20 @@ class Bf16:
 def c_frag(Cm):
     """(16, 8) matrix -> (32, 4) accumulator fragments."""
     return np.stack([Cm[G, 2 * T], Cm[G, 2 * T + 1], Cm[G + 8, 2 * T], Cm[G + 8, 2 * T + 1]], 1)
+
+
+def acc_pv(X, acc, cs, Bs, k0, nk, al0=None, al1=None):
+    """acc_pv of sdpa_mma.cu: acc (x alpha first when given) + sum over nk k-steps of A(cs, kk) B(Bs rows k0 + ..)
+    with X.mma_acc (staged for tf32x3) up to 8 n-tiles (HD 64), X.mma beyond."""
+    mma = X.mma_acc if len(acc) <= 8 else X.mma
+    out = []
+    for d, c in enumerate(acc):
+        if al0 is not None:
+            c = np.concatenate([c[:, 0:2] * al0[:, None], c[:, 2:4] * al1[:, None]], 1)
+        for kk in range(nk):
+            c = mma(c, X.c_to_a(cs, kk), X.load_b(Bs, k0 + kk * X.KS, d * 8))
+        out.append(c)
+    return out
 
 
 def load_tile(X, src, r0, n, hd):
@@ -290,13 +325,7 @@ def forward(X, q, k, v, L, S, hd, scale, causal):
                     s[n][:, 2:4] = np.exp2(s[n][:, 2:4] - mu1[:, None])
                     l0 = l0 + s[n][:, 0] + s[n][:, 1]
                     l1 = l1 + s[n][:, 2] + s[n][:, 3]
-                for d in range(hd // 8):
-                    acc[d][:, 0:2] *= al0[:, None]
-                    acc[d][:, 2:4] *= al1[:, None]
-                for kk in range(BR // X.KS):
-                    a = X.c_to_a(s, kk)
-                    for d in range(hd // 8):
-                        acc[d] = X.mma(acc[d], a, X.load_b(Vs, kk * X.KS, d * 8))
+                acc = acc_pv(X, acc, s, Vs, 0, BR // X.KS, al0, al1)  # O = O * alpha + P V
                 m0, m1 = mn0, mn1
             for off in (1, 2):
                 l0 = l0 + l0[LANE ^ off]
@@ -355,11 +384,8 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                             p = np.where((qg >= L) | (key >= S) | (causal & (key > qg)), 0, p)
                             st[n][:, e] = p
                             dpt[n][:, e] = p * (f32(dpt[n][:, e]) - Ds[qi])
-                    for kk in range(sub // X.KS):
-                        ap, ads = X.c_to_a(st, kk), X.c_to_a(dpt, kk)
-                        for d in range(hd // 8):
-                            dva[d] = X.mma(dva[d], ap, X.load_b(Os, qs0 + kk * X.KS, d * 8))
-                            dka[d] = X.mma(dka[d], ads, X.load_b(Qs, qs0 + kk * X.KS, d * 8))
+                    dva = acc_pv(X, dva, st, Os, qs0, sub // X.KS)  # dV += P^T dO
+                    dka = acc_pv(X, dka, dpt, Qs, qs0, sub // X.KS)  # dK += dS^T Q
             dkp.append(dka)
             dvp.append(dva)
         for w, (dka, dva) in enumerate(zip(_reduce_halves(dkp), _reduce_halves(dvp))):
@@ -401,10 +427,7 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                             p = np.exp2(f32(s[n][:, e]) * c - Ls[rr])
                             p = np.where((row >= L) | (key >= S) | (causal & (key > row)), 0, p)
                             dp[n][:, e] = p * (f32(dp[n][:, e]) - Ds[rr])
-                    for kk in range(sub // X.KS):
-                        a = X.c_to_a(dp, kk)
-                        for d in range(hd // 8):
-                            dqa[d] = X.mma(dqa[d], a, X.load_b(Ks, ks0 + kk * X.KS, d * 8))
+                    dqa = acc_pv(X, dqa, dp, Ks, ks0, sub // X.KS)  # dQ += dS K
             dqp.append(dqa)
         for w, dqa in enumerate(_reduce_halves(dqp)):
             r0, r1 = w * 16 + G, w * 16 + G + 8

@@ -94,6 +94,31 @@ def test_cpu_emulated_tf32x3_flash_attention(L, S, causal):
     assert fwd3 < fwd1 / 100 and bwd3 < bwd1 / 100
 
 
+def test_tf32x3_staged_accumulation_contains_the_truncation_bias(monkeypatch):
+    """The matrix units truncate their fp32 sums (modelled: round toward zero); summed straight into the running
+    P V accumulator that bias grows with the keys (H200: 1.2e-5 at 1000 keys, 6x the SIMT kernel). Staged
+    (TF32X3::mma_acc: three products into a zeroed temporary, one rounded add) it stays near exact fp32
+    accumulation. acc_pv over 1024 keys of positive P and V (the bias cannot cancel) vs the same products
+    accumulated in float64."""
+    rng = np.random.default_rng(7)
+    nk = 128  # k-steps of 8 keys
+    cs = [rng.uniform(0, 1, (32, 4)) for _ in range(nk)]
+    Bs = rng.uniform(0.5, 1.5, (nk * 8, 8 + em.Tf32x3.PAD)).astype(np.float32)
+    X, rz32, mma, mma_acc = em.Tf32x3, em.rz32, em.Tf32x3.mma, em.Tf32x3.mma_acc
+
+    def run(mma_acc, rz):
+        monkeypatch.setattr(X, "mma_acc", staticmethod(mma_acc))
+        monkeypatch.setattr(em, "rz32", rz)
+        return em.acc_pv(X, [np.zeros((32, 4))], cs, Bs, 0, nk)[0]
+
+    exact = run(mma, lambda x: np.asarray(x, np.float64))  # float64 accumulation of the same products
+    staged = run(mma_acc, rz32)
+    unstaged = run(mma, rz32)
+    e_st, e_un = (np.abs(a - exact).max() / np.abs(exact).max() for a in (staged, unstaged))
+    assert e_un > 1e-6  # ~384 truncations of the running sum: biased
+    assert e_st < e_un / 10 and e_st < 1e-6  # one rounded add per k-step: like fp32 accumulation
+
+
 def test_sdpa_mma_compiles_with_nvrtc():
     """Every entry of sdpa_mma.cu (tf32, tf32x3, bf16; dense and strided; HD 64/128) compiles with NVRTC."""
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")

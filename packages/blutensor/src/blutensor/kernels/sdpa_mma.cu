@@ -138,6 +138,7 @@ struct TF32 {
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
     static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) { mma1(c, a, b); }
+    static __device__ __forceinline__ void mma_acc(float* c, const u32* a, const u32* b) { mma1(c, a, b); }
     static __device__ __forceinline__ float ld(const float* p) { return *p; }
     static __device__ __forceinline__ void store2(float* p, float a, float b) {
         *reinterpret_cast<float2*>(p) = make_float2(a, b);
@@ -180,9 +181,22 @@ struct TF32X3 : TF32 {
         split<4>(a);
     }
     static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
-        mma1(c, a + 4, b);      // small * big
-        mma1(c, a, b + 2);      // big * small
-        mma1(c, a, b);          // big * big
+        mma1(c, a + 4, b);  // small * big
+        mma1(c, a, b + 2);  // big * small
+        mma1(c, a, b);      // big * big
+    }
+    // Staged (the long sums over keys / queries: acc_pv): the matrix units' fp32 accumulation truncates, and
+    // summed straight into the running accumulator over 1000 keys that bias reached 1e-5 (5-10x the SIMT
+    // kernel's error; H200). The three products go to a zeroed temporary, added with one rounded FADD.
+    static __device__ __forceinline__ void mma_acc(float* c, const u32* a, const u32* b) {
+        float t[4] = {0.f, 0.f, 0.f, 0.f};
+        mma1(t, a + 4, b);  // small * big
+        mma1(t, a, b + 2);  // big * small
+        mma1(t, a, b);      // big * big
+        c[0] += t[0];
+        c[1] += t[1];
+        c[2] += t[2];
+        c[3] += t[3];
     }
 };
 
@@ -239,6 +253,7 @@ struct BF16 {
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
+    static __device__ __forceinline__ void mma_acc(float* c, const u32* a, const u32* b) { mma(c, a, b); }
     // A operand for k-step kk (keys kk*16 .. +15) = accumulator n-tiles 2kk, 2kk+1
     static __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, u32* a, int) {
         a[0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
@@ -262,6 +277,30 @@ template <typename X, int HD, int MAXREG> struct OwnInRegs {
 __device__ __forceinline__ uint4 round4(uint4 v) {
     return make_uint4(to_tf32(__uint_as_float(v.x)), to_tf32(__uint_as_float(v.y)), to_tf32(__uint_as_float(v.z)),
                       to_tf32(__uint_as_float(v.w)));
+}
+
+// acc[d] (x al first, RESCALE) += sum over k-steps kk < NK of A(kk) B(kk, d) for the DT n-tiles d: A from the
+// accumulator tiles c (c_to_a), B the V-like operand rows k0 + kk * KS .. of Bs (P V, P^T dO, dS^T Q, dS K)
+template <typename X, int DT, int NK, bool RESCALE, typename T = typename X::T>
+__device__ __forceinline__ void acc_pv(float (*acc)[4], const float (*c)[4], const T* Bs, int ld, int k0, float al0,
+                                       float al1, int g, int t, int lane) {
+    if constexpr (RESCALE) {
+#pragma unroll
+        for (int d = 0; d < DT; ++d) { acc[d][0] *= al0; acc[d][1] *= al0; acc[d][2] *= al1; acc[d][3] *= al1; }
+    }
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+        u32 a[X::NA];
+        X::c_to_a(c, kk, a, lane);
+#pragma unroll
+        for (int d = 0; d < DT; ++d) {
+            u32 b[X::NB];
+            X::load_b(Bs, ld, k0 + kk * X::KS, d * 8, b, g, t);
+            // staged accumulation (tf32x3) up to HD 64; at HD 128 its temporaries spill (400+ bytes): unstaged
+            if constexpr (DT <= 8) X::mma_acc(acc[d], a, b);
+            else X::mma(acc[d], a, b);
+        }
+    }
 }
 
 // rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride LD (zeros past n); 16-byte copies
@@ -341,12 +380,17 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 
     // Q fragments of this warp's 16 rows, kept in registers (the 128 Q rows staged where K0, V0 go)
     static_assert(FWD_ROWS == 2 * BR, "Q is staged as two tiles");
-    u32 qa[HD / KS][X::NA];
+    // (tf32x3: the split fragments would take 64 / 128 registers; the raw bits are kept, split per use)
+    constexpr bool QRAW = X::NA == 8;
+    u32 qa[HD / KS][QRAW ? 4 : X::NA];
     load_tile<X, HD>(Ks, qb, q0, L, lq.st);
     load_tile<X, HD>(Ks + BR * LD, qb, q0 + BR, L, lq.st);
     __syncthreads();
 #pragma unroll
-    for (int ks = 0; ks < HD / KS; ++ks) X::load_a(Ks, LD, warp * 16, ks * KS, qa[ks], g, t);
+    for (int ks = 0; ks < HD / KS; ++ks) {
+        if constexpr (QRAW) X::raw_a(Ks, LD, warp * 16, ks * KS, qa[ks], g, t);
+        else X::load_a(Ks, LD, warp * 16, ks * KS, qa[ks], g, t);
+    }
 #ifndef BLU_SYNC_TILES
     __syncthreads();  // every warp has its Q fragments: stage 0 may be overwritten
     // two stages (K0, V0 | K1, V1) at Ks + stage * 2 * BR * LD: tile i+1 streams in (cp.async) while tile i
@@ -398,11 +442,22 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
             for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
             for (int ks = 0; ks < HD / KS; ++ks) {
+                u32 qs[QRAW ? X::NA : 1];
+                const u32* a = qa[ks];
+                if constexpr (QRAW) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        qs[i] = qa[ks][i];
+                        asm volatile("" : "+r"(qs[i]));  // opaque: the split is not hoisted out of the key loop
+                    }
+                    X::template split<4>(qs);
+                    a = qs;
+                }
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     u32 b[X::NB];
                     X::load_bt(Kt, LD, n * 8, ks * KS, b, g, t);
-                    X::mma(s[n], qa[ks], b);
+                    X::mma(s[n], a, b);
                 }
             }
             float mx0 = BLU_NEG_INF, mx1 = BLU_NEG_INF;
@@ -436,19 +491,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
                 l0 += s[n][0] + s[n][1];
                 l1 += s[n][2] + s[n][3];
             }
-#pragma unroll
-            for (int d = 0; d < DT; ++d) { acc[d][0] *= al0; acc[d][1] *= al0; acc[d][2] *= al1; acc[d][3] *= al1; }
-#pragma unroll
-            for (int kk = 0; kk < BR / KS; ++kk) {
-                u32 a[X::NA];
-                X::c_to_a(s, kk, a, lane);
-#pragma unroll
-                for (int d = 0; d < DT; ++d) {
-                    u32 b[X::NB];
-                    X::load_b(Vt, LD, kk * KS, d * 8, b, g, t);
-                    X::mma(acc[d], a, b);
-                }
-            }
+            acc_pv<X, DT, BR / KS, true>(acc, s, Vt, LD, 0, al0, al1, g, t, lane);  // O = O * alpha + P V
             m0 = mn0;
             m1 = mn1;
         }
@@ -599,20 +642,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                     dpt[n][e] = p * (dpt[n][e] - Ds[qi]);
                 }
             }
-#pragma unroll
-            for (int kk = 0; kk < QSUB / KS; ++kk) {
-                u32 ap[X::NA], ads[X::NA];
-                X::c_to_a(st, kk, ap, lane);
-                X::c_to_a(dpt, kk, ads, lane);
-#pragma unroll
-                for (int d = 0; d < DT; ++d) {
-                    u32 b[X::NB];
-                    X::load_b(Os, LD, qs0 + kk * KS, d * 8, b, g, t);
-                    X::mma(dva[d], ap, b);   // dV += P^T dO
-                    X::load_b(Qs, LD, qs0 + kk * KS, d * 8, b, g, t);
-                    X::mma(dka[d], ads, b);  // dK += dS^T Q
-                }
-            }
+            acc_pv<X, DT, QSUB / KS, false>(dva, st, Os, LD, qs0, 1.f, 1.f, g, t, lane);   // dV += P^T dO
+            acc_pv<X, DT, QSUB / KS, false>(dka, dpt, Qs, LD, qs0, 1.f, 1.f, g, t, lane);  // dK += dS^T Q
         }
 #ifndef BLU_SYNC_TILES
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
@@ -771,17 +802,7 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
                     dp[n][e] = p * (dp[n][e] - ((e < 2) ? d0 : d1));
                 }
             }
-#pragma unroll
-            for (int kk = 0; kk < KSUB / KS; ++kk) {
-                u32 a[X::NA];
-                X::c_to_a(dp, kk, a, lane);
-#pragma unroll
-                for (int d = 0; d < DT; ++d) {
-                    u32 b[X::NB];
-                    X::load_b(Ks, LD, ks0 + kk * KS, d * 8, b, g, t);
-                    X::mma(dqa[d], a, b);  // dQ += dS K
-                }
-            }
+            acc_pv<X, DT, KSUB / KS, false>(dqa, dp, Ks, LD, ks0, 1.f, 1.f, g, t, lane);  // dQ += dS K
         }
 #ifndef BLU_SYNC_TILES
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
@@ -823,7 +844,7 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 
 // Entries of one variant and head dim; FMIN / BMIN: blocks (of 256 threads) per multiprocessor the forward /
 // backward kernels are built for (2: at most 128 registers, two blocks share a multiprocessor when their shared
-// memory fits; tf32x3's forward needs more registers: 1)
+// memory fits; tf32x3 needs more registers: 1)
 #define MMA_ENTRIES(NAME, X, T, HD, FMIN, BMIN)                                                                      \
 extern "C" __global__ void __launch_bounds__(256, FMIN)                                                        \
 blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,          \
@@ -863,7 +884,7 @@ blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v,
 
 MMA_ENTRIES(tf32, TF32, float, 64, 2, 2)
 MMA_ENTRIES(tf32, TF32, float, 128, 1, 1)
-MMA_ENTRIES(tf32x3, TF32X3, float, 64, 1, 2)
+MMA_ENTRIES(tf32x3, TF32X3, float, 64, 1, 1)
 MMA_ENTRIES(tf32x3, TF32X3, float, 128, 1, 1)
 MMA_ENTRIES(bf16, BF16, bf16_t, 64, 2, 2)
 MMA_ENTRIES(bf16, BF16, bf16_t, 128, 1, 1)
