@@ -22,6 +22,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -31,7 +32,9 @@ SRC = HERE.parents[1] / "src"
 sys.path.insert(0, str(SRC))
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "blublas_wgmma_out")
 OUT.mkdir(parents=True, exist_ok=True)
-os.environ.setdefault("BLUBLAS_CACHE_DIR", str(OUT / "cache"))
+# everything but the one JSON (and stdout) stays outside OUT: the device returns only a few files
+SCRATCH = Path(os.environ.setdefault("BLUBLAS_WGMMA_CHECK_SCRATCH", tempfile.mkdtemp(prefix="blublas_wgmma_")))
+os.environ.setdefault("BLUBLAS_CACHE_DIR", str(SCRATCH / "cache"))
 CHILD = sys.argv[2] if len(sys.argv) > 2 else ""
 T0 = float(os.environ.get("BLUBLAS_WGMMA_CHECK_T0") or time.time())  # children share the parent's clock
 os.environ["BLUBLAS_WGMMA_CHECK_T0"] = str(T0)
@@ -93,7 +96,10 @@ def sec_smoke(part: dict) -> None:
         spec = tma.operand_spec(int(dev.data.ptr), rows, cols, cols, 0, 0, host.itemsize, outer)
         box = spec.box[:2]
         nbytes = box[1] * 128
-        for c0, c1 in ((0, 0), (box[0], 32), (cols - 7, rows - 5)):  # the last: mostly out of bounds
+        # the last box: mostly out of bounds (zero fill). The inner start must be 16-byte aligned (a start
+        # at bf16 column 193 raised cudaErrorIllegalInstruction in H200 run 1; the GEMM's are multiples of 64)
+        c_last = (cols - 7) // (16 // host.itemsize) * (16 // host.itemsize)
+        for c0, c1 in ((0, 0), (box[0], 32), (c_last, rows - 5)):
             want = model(host, c0, c1, box)
             for kname in ("blu_tma_smoke", "blu_tma_smoke_gmem"):
                 key = f"{tag}_{kname}_{c0}_{c1}"
@@ -201,6 +207,27 @@ def _time_ms(cp, fn, warmup: int = 2, target_ms: float = 20.0) -> float:
     return cp.cuda.get_elapsed_time(start, stop) / reps
 
 
+def _graph_ms(cp, fn, calls: int = 10, reps: int = 3) -> float:
+    """Milliseconds per call with the host out of the loop: ``calls`` calls captured into one CUDA graph
+    (both providers are capture-safe), the graph replayed ``reps`` times."""
+    st = cp.cuda.Stream(non_blocking=True)
+    with st:
+        fn()  # warm-up on this stream (per-stream workspaces, cuBLASLt's algorithm choice)
+        st.synchronize()
+        st.begin_capture()
+        for _ in range(calls):
+            fn()
+        graph = st.end_capture()
+        graph.launch(st)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(st)
+        for _ in range(reps):
+            graph.launch(st)
+        stop.record(st)
+        stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / (calls * reps)
+
+
 def sec_bench(part: dict, precision: str, validated: list[str]) -> None:
     """GPT-2 shapes: our candidates vs cuBLASLt; rows in part['rows']."""
     import cupy as cp
@@ -272,10 +299,32 @@ def sec_bench(part: dict, precision: str, validated: list[str]) -> None:
             else:
                 o, r = out, ref
             row["max_rel_diff_vs_cublaslt"] = float(cp.max(cp.abs(o - r)) / cp.max(cp.abs(r)))
+            try:  # kernel time without the Python per-call cost (both providers inside one CUDA graph)
+                g_ours = _graph_ms(
+                    cp,
+                    lambda a=a, b=b, out=out, c=cname, s=int(s), kw=kw: api.gemm(a, b, out, config=c, splits=s, **kw),
+                )
+                g_cub = _graph_ms(cp, lambda a=a, b=b, ref=ref, kw=kw: api.gemm(a, b, ref, provider="cublas", **kw))
+                row.update(
+                    ours_graph_ms=round(g_ours, 4),
+                    cublaslt_graph_ms=round(g_cub, 4),
+                    ours_graph_tflops=round(flops / g_ours / 1e9, 1),
+                    cublaslt_graph_tflops=round(flops / g_cub / 1e9, 1),
+                    ratio_graph=round(g_cub / g_ours, 3),
+                )
+            except Exception as exc:  # noqa: BLE001
+                row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            try:  # what the library itself picks (heuristic; no autotuning) for this shape
+                ms_h = _time_ms(cp, lambda a=a, b=b, out=out, kw=kw: api.gemm(a, b, out, **kw))
+                row.update(heuristic_ms=round(ms_h, 4), heuristic_ratio=round(ms_cublas / ms_h, 3))
+            except Exception as exc:  # noqa: BLE001
+                row["heuristic_error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
         log(
             f"{precision} {name:14s} {lay} ours {row.get('ours_tflops')} TF ({row.get('best')}) cuBLASLt "
             f"{row['cublaslt_tflops']} TF ratio {row.get('ratio')} diff {row.get('max_rel_diff_vs_cublaslt', 0):.1e}"
+            f" | graph: ours {row.get('ours_graph_tflops')} TF cuBLASLt {row.get('cublaslt_graph_tflops')} TF "
+            f"ratio {row.get('ratio_graph')} | heuristic ratio {row.get('heuristic_ratio')}"
         )
         a = b = out = ref = None
         cp.get_default_memory_pool().free_all_blocks()
@@ -283,7 +332,7 @@ def sec_bench(part: dict, precision: str, validated: list[str]) -> None:
 
 # ---------------------------------------------------------------- parent
 def run_child(name: str, args: list[str], timeout: float) -> dict:
-    part_path = OUT / "parts" / f"{name}.json"
+    part_path = SCRATCH / "parts" / f"{name}.json"
     part_path.parent.mkdir(parents=True, exist_ok=True)
     t = time.time()
     try:
@@ -368,10 +417,12 @@ def compile_all() -> None:
 def summarize() -> None:
     summary = {}
     for prec in ("bf16", "tf32"):
-        rows = [r for r in RESULT["sections"].get(f"bench_{prec}", {}).get("rows", []) if "ratio" in r]
+        rows = [r for r in RESULT["sections"].get(f"bench_{prec}", {}).get("rows", []) if r.get("ratio", 0) > 0]
         if not rows:
             continue
         rs = [r["ratio"] for r in rows]
+        rg = [r["ratio_graph"] for r in rows if r.get("ratio_graph", 0) > 0]
+        rh = [r["heuristic_ratio"] for r in rows if r.get("heuristic_ratio", 0) > 0]
         gm = round(math.exp(sum(math.log(x) for x in rs) / len(rs)), 3)
         worst = min(rows, key=lambda r: r["ratio"])
         summary[prec] = {
@@ -381,6 +432,9 @@ def summarize() -> None:
             "shapes": len(rs),
             "target_geomean": TARGETS[prec],
             "meets_target": gm >= TARGETS[prec] and worst["ratio"] >= 0.6 and len(rs) == len(GPT2_SHAPES),
+            "graph_geomean_ratio": round(math.exp(sum(math.log(x) for x in rg) / len(rg)), 3) if rg else None,
+            "graph_min_ratio": min(rg) if rg else None,
+            "heuristic_geomean_ratio": round(math.exp(sum(math.log(x) for x in rh) / len(rh)), 3) if rh else None,
             "geomean_by_layout": {
                 lay: round(
                     math.exp(
@@ -439,7 +493,8 @@ def main() -> None:
     for prec, s in RESULT.get("summary", {}).items():
         print(
             f"{prec}: geomean {s['geomean_ratio']}x cuBLASLt (target {s['target_geomean']}), min {s['min_ratio']} "
-            f"({s['min_ratio_shape']}), by layout {s['geomean_by_layout']}"
+            f"({s['min_ratio_shape']}), by layout {s['geomean_by_layout']}; in CUDA graphs: geomean "
+            f"{s['graph_geomean_ratio']} min {s['graph_min_ratio']}; library heuristic {s['heuristic_geomean_ratio']}"
         )
     print(f"failures: {len(RESULT['failures'])}; total {time.time() - T0:.1f}s; json: {OUT}/blublas_wgmma_check.json")
     write()
@@ -448,7 +503,8 @@ def main() -> None:
 def child_main() -> None:
     name = sys.argv[3]
     part: dict = {}
-    path = OUT / "parts" / f"{name}.json"
+    path = SCRATCH / "parts" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if name == "smoke":
             sec_smoke(part)

@@ -51,6 +51,7 @@ def test_gpu_check_wgmma_sections_on_fake_cupy(monkeypatch, tmp_path):
             want = ("wgmma" if prec == "bf16" else "wgmma_tf32") if r["layout"] in validated else prec
             assert any(c.startswith(want + ":") for c in r["candidates_ms"]), r  # (fake timings pick any)
             assert all(isinstance(v, float) for v in r["candidates_ms"].values()), r
+            assert "ratio_graph" in r and "heuristic_ratio" in r, r  # CUDA-graph timing, the library's own pick
         gc.RESULT["sections"][f"bench_{prec}"] = part
     gc.summarize()
     assert set(gc.RESULT["summary"]) == {"bf16", "tf32"}
