@@ -37,11 +37,13 @@ VARIANTS = ("f32", "tf32", "tf32x3", "bf16")
 #: max abs error / max |ref| (fwd: o and lse; bwd: dq, dk, dv)
 TOL = {
     "f32": {"fwd": 1e-5, "bwd": 5e-5},
-    "tf32x3": {"fwd": 1e-5, "bwd": 5e-5},
+    "tf32x3": {"fwd": 2e-5, "bwd": 5e-5},
     "tf32": {"fwd": 4e-3, "bwd": 1e-2},
     "bf16": {"fwd": 2e-2, "bwd": 4e-2},
 }
-X3_VS_F32 = 5.0  # tf32x3 error must stay within this multiple of the SIMT kernel's (above a 1e-6 floor)
+#: tf32x3 error must stay within this multiple of the SIMT kernel's (above a 1e-6 floor), per head dim: HD 64
+#: stages its long sums (TF32X3::mma_acc); HD 128 does not (registers), its truncation bias grows with the keys
+X3_VS_F32 = {64: 3.0, 128: 12.0}
 RES: dict = {"kernels": [], "correct": [], "determinism": [], "speed": [], "torch": {}, "errors": []}
 T0 = time.time()
 
@@ -221,7 +223,7 @@ def correctness():
                 f32_err[key] = max(fwd, bwd)
             elif variant == "tf32x3" and key in f32_err:
                 ratio = max(fwd, bwd) / max(f32_err[key], 1e-6)
-                ok = ok and ratio <= X3_VS_F32
+                ok = ok and ratio <= X3_VS_F32[hd]
             RES["correct"].append(dict(variant=variant, kind=kind, L=L, S=S, hd=hd, causal=causal, errs=errs,
                                        tol=TOL[variant], x_f32=ratio, passed=bool(ok)))
             xs = f"{ratio:5.2f}" if ratio is not None else "    -"
@@ -230,6 +232,44 @@ def correctness():
                   + f"  {xs}  {'PASS' if ok else 'FAIL'}", flush=True)
     bad = [c for c in RES["correct"] if not c["passed"]]
     log(f"correctness: {len(RES['correct']) - len(bad)}/{len(RES['correct'])} PASS")
+    failed = sorted({c["variant"] for c in bad if c["variant"] != "f32"})
+    if failed:
+        _localise(failed)
+
+
+def _localise(variants):
+    """Re-run two failing-prone cases of the mma variants on fallback builds of sdpa_mma.cu (-DBLU_NO_LDMATRIX:
+    plain shared loads; -DBLU_SYNC_TILES: no cp.async pipeline) to tell the fault's place."""
+    import cupy as cp
+    from blutensor.cuda_ops import _loader
+
+    d = cp.cuda.runtime.getDevice()
+    src = _loader.source("sdpa_mma.cu")
+    cc = cp.cuda.Device(d).compute_capability
+    saved = _loader._modules.get(("sdpa_mma.cu", d))
+    try:
+        for defines in (("-DBLU_NO_LDMATRIX",), ("-DBLU_SYNC_TILES",)):
+            _loader._modules[("sdpa_mma.cu", d)] = cp.RawModule(code=src, options=_loader.compile_options(cc) + defines)
+            _loader._functions.clear()
+            _loader._smem_set.clear()
+            for variant in variants:
+                for kind, L, causal in (("dense", 77, True), ("strided", 1000, False)):
+                    r = np.random.default_rng([L, L, 64, int(causal), kind == "dense"])
+                    try:
+                        if kind == "dense":
+                            got, e = _dense_case(variant, 3, L, L, 64, causal, r)
+                        else:
+                            got, e = _strided_case(variant, 2, 3, L, 64, causal, r)
+                        errs = dict(zip(("o", "lse", "dq", "dk", "dv"), (rel(a, b) for a, b in zip(got, e))))
+                    except Exception as ex:
+                        errs = {"error": repr(ex)}
+                    RES.setdefault("localise", []).append(dict(defines=defines, variant=variant, kind=kind, L=L,
+                                                               causal=causal, errs=errs))
+                    log(f"   [{' '.join(defines)}] {variant} {kind} L={L} causal={int(causal)}: {errs}")
+    finally:
+        _loader._modules[("sdpa_mma.cu", d)] = saved
+        _loader._functions.clear()
+        _loader._smem_set.clear()
 
 
 def determinism():
