@@ -12,6 +12,7 @@ import numpy as np
 
 from blutensor.cuda_ops import _fallback
 from blutensor.cuda_ops._loader import NULL, aligned16, cupy, first_bad_index, launch, num_sms, smem_optin, suffix
+from blutensor.cuda_ops.occupancy import full_grid
 from blutensor.errors import AutogradError, ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
@@ -54,14 +55,17 @@ def cross_entropy_forward(
         vec = aligned16(logits, grad) and C % (16 // logits.dtype.itemsize) == 0
         row_bytes = C * logits.dtype.itemsize
         if USE_SMEM_ROW and grad is not None and vec and row_bytes + 1024 <= smem_optin():
-            # the row stays in shared memory between the two passes: logits read once, gradient written once
-            # ~47 registers a thread: one 1024-thread block per SM; bf16 rows (100 KB) fit twice per SM, so
-            # two 512-thread blocks overlap one row's reduction with the other's memory traffic
+            # the row stays in shared memory between the two passes: logits read once, gradient written once;
+            # persistent grid (one full wave): each block prefetches its next row (cp.async) while it writes this
+            # row's gradient. fp32 rows (200 KB) fit once per SM (1024 threads); bf16 rows (100 KB) twice, as
+            # two 512-thread blocks whose reductions overlap the other's memory traffic
+            name = f"blu_cross_entropy_forward_smem_{sfx}"
+            block = 512 if logits.dtype == np.uint16 else 1024
             launch(
                 FILE,
-                f"blu_cross_entropy_forward_smem_{sfx}",
-                min(N, 2**31 - 1),
-                512 if logits.dtype == np.uint16 else 1024,
+                name,
+                full_grid(FILE, name, block, min(N, 2**31 - 1), row_bytes),
+                block,
                 (
                     logits,
                     target,
@@ -144,8 +148,16 @@ class CrossEntropyCuda(Kernel):
     SAVES = ()  # the backward needs only the gradient buffer it owns
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, inplace_grad=False,
-                float_loss=False):
+    def forward(
+        ctx,
+        logits,
+        target,
+        ignore_index=-100,
+        reduction="mean",
+        label_smoothing=0.0,
+        inplace_grad=False,
+        float_loss=False,
+    ):
         """``float_loss`` (set by autocast): a float32 loss from bf16 logits (read directly, computed in fp32)."""
         cp = cupy()
         ok = (

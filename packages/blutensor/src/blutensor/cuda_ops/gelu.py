@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, suffix
+from blutensor.cuda_ops._loader import aligned16, cupy, launch, suffix
+from blutensor.cuda_ops.occupancy import full_grid
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
@@ -14,8 +15,13 @@ _APPROX = {"none": 0, "tanh": 1}
 _STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
 
 
-def _grid(n: int, per_thread: int, block: int = 256) -> int:
-    return max(1, min(-(-n // (block * per_thread)), num_sms() * 8))
+#: 16-byte vectors a thread handles per grid-stride step (GELU_U in kernels/gelu.cu)
+_U = 4
+
+
+def _grid(name: str, n: int, per_thread: int, block: int = 256) -> int:
+    """One full wave of resident blocks (grid-stride), fewer when ``n`` is small."""
+    return full_grid(FILE, name, block, -(-n // (block * per_thread)))
 
 
 def gelu_forward(x, approximate: str = "tanh"):
@@ -24,11 +30,12 @@ def gelu_forward(x, approximate: str = "tanh"):
     y = cp.empty_like(x)
     n = x.size
     if n:
+        name = f"blu_gelu_forward_{suffix(x)}"
         vec = aligned16(x, y)
         launch(
             FILE,
-            f"blu_gelu_forward_{suffix(x)}",
-            _grid(n, 16 // x.dtype.itemsize),
+            name,
+            _grid(name, n, _U * 16 // x.dtype.itemsize),
             256,
             (x, y, np.int64(n), np.int32(_APPROX[approximate]), np.int32(vec)),
         )
@@ -41,11 +48,12 @@ def gelu_backward(g, x, approximate: str = "tanh"):
     dx = cp.empty_like(x)
     n = x.size
     if n:
+        name = f"blu_gelu_backward_{suffix(x)}"
         vec = aligned16(g, x, dx)
         launch(
             FILE,
-            f"blu_gelu_backward_{suffix(x)}",
-            _grid(n, 16 // x.dtype.itemsize),
+            name,
+            _grid(name, n, _U * 16 // x.dtype.itemsize),
             256,
             (g, x, dx, np.int64(n), np.int32(_APPROX[approximate]), np.int32(vec)),
         )

@@ -8,6 +8,7 @@ import numpy as np
 
 from blutensor.cuda_ops import _fallback
 from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, ptr, suffix
+from blutensor.cuda_ops.occupancy import full_grid
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
@@ -15,8 +16,21 @@ FILE = "layer_norm.cu"
 _STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
 
 
+#: register-resident entries (kernels/layer_norm.cu *_r<NV>_*): NV = 16-byte vectors a lane holds
+_FWD_NV = (1, 2, 3, 4, 6, 8)
+_BWD_NV = {"f32": (1, 2, 3, 4, 6, 8), "bf16": (1, 2, 3, 4)}
+#: warps (rows in flight) per block of the register-resident kernels
+_WPB = 8
+
+
 def _vec_ok(C: int, arr_dtype, *arrays) -> bool:
     return C % (16 // np.dtype(arr_dtype).itemsize) == 0 and aligned16(*arrays)
+
+
+def reg_nv(C: int, itemsize: int, choices) -> int | None:
+    """Smallest NV in ``choices`` with 32*NV 16-byte vectors covering a row of C elements (None: too wide)."""
+    need = -(-C // ((16 // itemsize) * 32))
+    return next((n for n in choices if n >= need), None)
 
 
 def layer_norm_forward(x, weight, bias, eps: float = 1e-5, residual=None, write_sum: bool = True):
@@ -34,6 +48,13 @@ def layer_norm_forward(x, weight, bias, eps: float = 1e-5, residual=None, write_
     if N == 0:
         return y, mean, rstd, s
     vec = _vec_ok(C, x.dtype, x, residual, s, weight, bias, y)
+    nv = reg_nv(C, x.dtype.itemsize, _FWD_NV) if vec else None
+    if nv is not None:  # the row lives in registers: read once, written once
+        name = f"blu_layer_norm_forward_r{nv}_{suffix(x)}"
+        grid = full_grid(FILE, name, _WPB * 32, -(-N // _WPB))
+        args = (x, ptr(residual), ptr(s), ptr(weight), ptr(bias), y, mean, rstd, np.int64(N), np.int32(C))
+        launch(FILE, name, grid, _WPB * 32, (*args, np.float32(eps)))
+        return y, mean, rstd, s
     wpb = 8
     grid = min(math.ceil(N / wpb), num_sms() * 16)
     launch(
@@ -81,6 +102,24 @@ def layer_norm_backward(
             db.fill(0)
         return dx, dw, db
     vec = _vec_ok(C, x.dtype, g, x, weight, grad_sum, dx)
+    nv = reg_nv(C, x.dtype.itemsize, _BWD_NV[suffix(x)]) if vec else None
+    if nv is not None:  # rows and dweight/dbias partial sums in registers
+        name = f"blu_layer_norm_backward_r{nv}_{suffix(x)}"
+        smem = 2 * C * 4
+        nblocks = full_grid(FILE, name, _WPB * 32, -(-N // _WPB), smem)
+        part = cp.empty((nblocks, 2 * C), dtype=cp.float32) if want_wb else None
+        launch(
+            FILE,
+            name,
+            nblocks,
+            _WPB * 32,
+            (g, x, ptr(weight), mean, rstd, ptr(grad_sum), ptr(dx), ptr(part), np.int64(N), np.int32(C))
+            + (np.int32(need_dx), np.int32(want_wb)),
+            shared_mem=smem,
+        )
+        if want_wb:
+            _reduce(part, nblocks, C, dw, db, suffix(x))
+        return dx, dw, db
     wpb = max(1, min(4, (40 * 1024) // (8 * C))) if want_wb else 4
     smem = wpb * 2 * C * 4 if want_wb else 0
     nblocks = min(math.ceil(N / wpb), num_sms() * 8)
@@ -108,14 +147,19 @@ def layer_norm_backward(
         shared_mem=smem,
     )
     if want_wb:
-        launch(
-            FILE,
-            f"blu_layer_norm_backward_reduce_{suffix(x)}",
-            math.ceil(2 * C / 256),
-            256,
-            (part, np.int32(nblocks), np.int32(C), ptr(dw), ptr(db)),
-        )
+        _reduce(part, nblocks, C, dw, db, suffix(x))
     return dx, dw, db
+
+
+def _reduce(part, nblocks: int, C: int, dw, db, sfx: str) -> None:
+    """dw/db = the per-block partials summed in fixed order (blocks of 32 columns x 8 slices)."""
+    launch(
+        FILE,
+        f"blu_layer_norm_backward_reduce_{sfx}",
+        -(-2 * C // 32),
+        256,
+        (part, np.int32(nblocks), np.int32(C), ptr(dw), ptr(db)),
+    )
 
 
 class LayerNormCuda(Kernel):

@@ -26,12 +26,10 @@ def _table(grads):
 def global_grad_norm(grads):
     """sqrt(sum of squares of all ``grads``) as a 0-d float32 CuPy array (deterministic, no host sync)."""
     cp = cupy()
-    out = cp.zeros((), dtype=cp.float32)
-    if not grads:
-        return out
-    t = _table(list(grads))
-    if t.n_chunks == 0:
-        return out
+    t = _table(list(grads)) if grads else None
+    if t is None or t.n_chunks == 0:
+        return cp.zeros((), dtype=cp.float32)
+    out = cp.empty((), dtype=cp.float32)  # blu_grad_norm_finalize writes it (no memset launch)
     partial = cp.empty(t.n_chunks, dtype=cp.float32)
     launch(
         FILE,

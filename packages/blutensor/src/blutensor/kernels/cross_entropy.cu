@@ -157,10 +157,23 @@ __device__ void ce_forward(const T* logits, const long long* __restrict__ target
     }
 }
 
-// Same contract as ce_forward with a gradient wanted, for rows that fit in shared memory (vec path only):
-// pass 1 copies the row into dynamic shared memory while computing the statistics (4 x 16-byte loads in
-// flight per thread), pass 2 reads the row back from shared memory, so the logits cross HBM exactly once
-// in each direction (read once, gradient written once).
+// 16-byte global -> shared copies that bypass registers (sm_80+ cp.async): a thread can have a whole row's share
+// in flight without holding it
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Same contract as ce_forward with a gradient wanted, for rows that fit in shared memory (vec path only), on a
+// persistent grid (rows blockIdx.x, blockIdx.x + gridDim.x, ...). The row lives in dynamic shared memory and each
+// thread only ever touches its own 16-byte slots i = tid, tid + blockDim.x, ... : it cp.async-loads them, reads
+// them for the statistics, and in the gradient pass reads each slot, then at once refills it with the NEXT row's
+// slot (cp.async) before storing the gradient. So the next row's loads are in flight while this row's gradient
+// is written and while the next row's block reduction runs: the logits cross HBM once each way, and memory never
+// idles between rows. Slots are thread-private, so cp.async.wait_all is the only wait on them; the shared
+// statistics use the two barriers of the block reduction. Deterministic: fixed reduction order.
 template <typename T>
 __device__ void ce_forward_smem(const T* logits, const long long* __restrict__ target, long long N, int C,
                                 long long ignore_index, float ls, float* __restrict__ loss_rows,
@@ -169,34 +182,35 @@ __device__ void ce_forward_smem(const T* logits, const long long* __restrict__ t
     extern __shared__ __align__(16) unsigned char ce_row_raw[];
     uint4* row_s = reinterpret_cast<uint4*>(ce_row_raw);
     __shared__ float sh_m[32], sh_s[32], sh_z[32];
-    __shared__ float sh_lse;
+    __shared__ float sh_lse, sh_zt;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int nv = C / V;
-    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+    long long row = blockIdx.x;
+    if (row < N) {
         const uint4* z = reinterpret_cast<const uint4*>(logits + row * (long long)C);
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) cp_async16(row_s + i, z + i);
+    }
+    cp_async_commit();
+    for (; row < N; row += gridDim.x) {
+        const long long t = target[row];
+        const bool ok = t != ignore_index && t >= 0 && t < C;
+        const int tv = ok ? (int)(t / V) : -1, tk = ok ? (int)(t % V) : 0;
+        cp_async_wait_all();  // this thread's slots of this row have landed
         float m = BLU_NEG_INF, s = 0.f, zs = 0.f;
-        for (int i0 = threadIdx.x; i0 < nv; i0 += 4 * blockDim.x) {
-            uint4 u[4];
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float v[V];
+            unpack(row_s[i], v, T());
+            float vm = v[0];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int i = i0 + j * blockDim.x;
-                if (i < nv) u[j] = z[i];
-            }
+            for (int k = 1; k < V; ++k) vm = fmaxf(vm, v[k]);
+            float vs = 0.f;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int i = i0 + j * blockDim.x;
-                if (i < nv) {
-                    row_s[i] = u[j];
-                    float v[V];
-                    unpack(u[j], v, T());
-                    float vm = v[0];
+            for (int k = 0; k < V; ++k) { vs += __expf(v[k] - vm); zs += v[k]; }
+            ms_merge(m, s, vm, vs);
+            if (i == tv) {
 #pragma unroll
-                    for (int k = 1; k < V; ++k) vm = fmaxf(vm, v[k]);
-                    float vs = 0.f;
-#pragma unroll
-                    for (int k = 0; k < V; ++k) { vs += __expf(v[k] - vm); zs += v[k]; }
-                    ms_merge(m, s, vm, vs);
-                }
+                for (int k = 0; k < V; ++k)
+                    if (k == tk) sh_zt = v[k];  // the target's logit, for thread 0
             }
         }
         for (int off = 16; off > 0; off >>= 1) {
@@ -207,7 +221,6 @@ __device__ void ce_forward_smem(const T* logits, const long long* __restrict__ t
         }
         if (lane == 0) { sh_m[warp] = m; sh_s[warp] = s; sh_z[warp] = zs; }
         __syncthreads();
-        const long long t = target[row];
         if (threadIdx.x == 0) {
             float M = BLU_NEG_INF, S = 0.f, Z = 0.f;
             for (int k = 0; k < nw; ++k) { ms_merge(M, S, sh_m[k], sh_s[k]); Z += sh_z[k]; }
@@ -216,9 +229,7 @@ __device__ void ce_forward_smem(const T* logits, const long long* __restrict__ t
             if (t == ignore_index) loss = 0.f;
             else if (t < 0 || t >= C) loss = BLU_NAN;
             else {
-                float vt[V];
-                unpack(row_s[t / V], vt, T());
-                loss = lse - vt[t % V];
+                loss = lse - sh_zt;
                 if (ls != 0.f) loss = (1.f - ls) * loss + ls * (lse - Z / (float)C);
             }
             loss_rows[row] = loss;
@@ -227,9 +238,10 @@ __device__ void ce_forward_smem(const T* logits, const long long* __restrict__ t
         }
         __syncthreads();
         const float lse = sh_lse;
-        const bool ok = t != ignore_index && t >= 0 && t < C;
         const float scale = ok ? (mean ? 1.f / count[0] : 1.f) : 0.f;
         const float off_c = ls / (float)C;
+        const long long next = row + gridDim.x;
+        const uint4* zn = next < N ? reinterpret_cast<const uint4*>(logits + next * (long long)C) : nullptr;
         uint4* gr = reinterpret_cast<uint4*>(grad + row * (long long)C);
         for (int i = threadIdx.x; i < nv; i += blockDim.x) {
             float v[V];
@@ -239,10 +251,13 @@ __device__ void ce_forward_smem(const T* logits, const long long* __restrict__ t
                 const int c = i * V + k;
                 v[k] = (__expf(v[k] - lse) - off_c - (c == t ? 1.f - ls : 0.f)) * scale;
             }
+            // the slot's value is consumed (the math above waited for it): refill it with the next row's slot
+            if (zn) cp_async16(row_s + i, zn + i);
             gr[i] = pack(v, T());
         }
-        __syncthreads();  // row_s and sh_* reused by the next row
+        cp_async_commit();
     }
+    cp_async_wait_all();
 }
 
 // out[0] = sum(loss_rows) (mode 1) or sum / count (mode 0: mean); one block, fixed order, double accumulation.
@@ -300,7 +315,7 @@ extern "C" __global__ void blu_cross_entropy_forward_##SUF(const T* logits, cons
         const float* count, int mean, int vec) {                                                               \
     ce_forward<T>(logits, target, N, C, ignore_index, ls, loss_rows, lse, grad, count, mean, vec);             \
 }                                                                                                              \
-extern "C" __global__ void __launch_bounds__(1024) blu_cross_entropy_forward_smem_##SUF(const T* logits,         \
+extern "C" __global__ void __launch_bounds__(1024, 1) blu_cross_entropy_forward_smem_##SUF(const T* logits,         \
         const long long* target, long long N, int C, long long ignore_index, float ls, float* loss_rows,      \
         float* lse, T* grad, const float* count, int mean) {                                                   \
     ce_forward_smem<T>(logits, target, N, C, ignore_index, ls, loss_rows, lse, grad, count, mean);             \

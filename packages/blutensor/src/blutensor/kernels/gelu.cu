@@ -1,6 +1,7 @@
 // GELU forward and backward (the backward recomputes from x: no saved activation besides the input),
 // fp32 and bf16 storage (bf16 = raw uint16 bits), fp32 math. approximate: 0 = 'none' (erf), 1 = 'tanh'.
-// 128-bit vector loads/stores on a grid-stride loop when the pointers are 16-byte aligned (vec != 0);
+// 128-bit vector loads/stores (GELU_U in flight per thread) on a grid-stride loop over a grid sized to the SMs
+// when the pointers are 16-byte aligned (vec != 0);
 // the scalar path covers the tail and unaligned views.
 // Shared bf16/vector helpers come from bf16_vec.cuh (inlined by the loader).
 
@@ -38,6 +39,10 @@ __device__ __forceinline__ float gelu_grad_f(float x, int approx) {
     return 0.5f * (1.f + erff(x * BLU_INV_SQRT_2)) + x * __expf(-0.5f * x * x) * BLU_INV_SQRT_2PI;
 }
 
+// vectors per thread per grid-stride step: all U loads are issued before any math, so each thread keeps
+// U x 16 bytes (x2 in backward) in flight; the grid is sized to the SMs by the launcher
+#define GELU_U 4
+
 template <typename T>
 __device__ void gelu_forward(const T* __restrict__ x, T* __restrict__ y, long long n, int approx, int vec) {
     constexpr int V = VecN<T>::N;
@@ -46,12 +51,26 @@ __device__ void gelu_forward(const T* __restrict__ x, T* __restrict__ y, long lo
     long long done = 0;
     if (vec) {
         const long long nv = n / V;
-        for (long long i = tid; i < nv; i += nth) {
-            float v[V];
-            load_vec(x + i * V, v);
+        const uint4* x4 = reinterpret_cast<const uint4*>(x);
+        uint4* y4 = reinterpret_cast<uint4*>(y);
+        for (long long i0 = tid; i0 < nv; i0 += GELU_U * nth) {
+            uint4 u[GELU_U];
 #pragma unroll
-            for (int k = 0; k < V; ++k) v[k] = gelu_f(v[k], approx);
-            store_vec(y + i * V, v);
+            for (int j = 0; j < GELU_U; ++j) {
+                const long long i = i0 + j * nth;
+                if (i < nv) u[j] = __ldcs(x4 + i);  // streamed once: evict-first
+            }
+#pragma unroll
+            for (int j = 0; j < GELU_U; ++j) {
+                const long long i = i0 + j * nth;
+                if (i < nv) {
+                    float v[V];
+                    unpack(u[j], v, T());
+#pragma unroll
+                    for (int k = 0; k < V; ++k) v[k] = gelu_f(v[k], approx);
+                    __stcs(y4 + i, pack(v, T()));
+                }
+            }
         }
         done = nv * V;
     }
@@ -67,13 +86,28 @@ __device__ void gelu_backward(const T* __restrict__ g, const T* __restrict__ x, 
     long long done = 0;
     if (vec) {
         const long long nv = n / V;
-        for (long long i = tid; i < nv; i += nth) {
-            float gv[V], xv[V];
-            load_vec(g + i * V, gv);
-            load_vec(x + i * V, xv);
+        const uint4* g4 = reinterpret_cast<const uint4*>(g);
+        const uint4* x4 = reinterpret_cast<const uint4*>(x);
+        uint4* d4 = reinterpret_cast<uint4*>(dx);
+        for (long long i0 = tid; i0 < nv; i0 += GELU_U * nth) {
+            uint4 ug[GELU_U], ux[GELU_U];
 #pragma unroll
-            for (int k = 0; k < V; ++k) gv[k] *= gelu_grad_f(xv[k], approx);
-            store_vec(dx + i * V, gv);
+            for (int j = 0; j < GELU_U; ++j) {
+                const long long i = i0 + j * nth;
+                if (i < nv) { ug[j] = __ldcs(g4 + i); ux[j] = __ldcs(x4 + i); }
+            }
+#pragma unroll
+            for (int j = 0; j < GELU_U; ++j) {
+                const long long i = i0 + j * nth;
+                if (i < nv) {
+                    float gv[V], xv[V];
+                    unpack(ug[j], gv, T());
+                    unpack(ux[j], xv, T());
+#pragma unroll
+                    for (int k = 0; k < V; ++k) gv[k] *= gelu_grad_f(xv[k], approx);
+                    __stcs(d4 + i, pack(gv, T()));
+                }
+            }
         }
         done = nv * V;
     }

@@ -1,6 +1,8 @@
 // Residual-add + LayerNorm, forward and backward, for fp32 and bf16 storage (bf16 = raw uint16 bits).
-// Math in fp32. One warp per row, Welford/Chan statistics merged with warp shuffles, 128-bit loads
-// when the row is 16-byte aligned (vec != 0), scalar loads otherwise (odd widths).
+// Math in fp32. One warp per row. Rows that are 16-byte aligned and up to 32*NV vectors wide use the
+// register-resident entries (*_r<NV>_*: the row read once, exact two-pass statistics in registers, dweight/dbias
+// accumulated in registers); the generic entries (Welford/Chan statistics merged with warp shuffles, 128-bit
+// loads when vec != 0, scalar loads otherwise) cover odd widths and wider rows.
 // Backward is deterministic: each block accumulates dweight/dbias for its rows in shared memory
 // (one slice per warp, fixed order), writes a per-block partial, and a second kernel sums the
 // partials in block order. No float atomics anywhere.
@@ -186,16 +188,216 @@ __device__ void ln_backward(const T* __restrict__ g, const T* __restrict__ x, co
     }
 }
 
-// dw[c] = sum_b part[b][c], db[c] = sum_b part[b][C + c] (fixed order: deterministic).
+// dw[c] = sum_b part[b][c], db[c] = sum_b part[b][C + c], deterministic. Blocks of 256 threads = 32 columns x
+// 8 slices (blockDim.x must be 256): slice s sums blocks s, s+8, ... in order, then the 8 slice sums are added
+// in slice order. 2C/32 blocks, each reading nblocks/8 coalesced rows per slice.
 template <typename T>
 __device__ void ln_reduce(const float* __restrict__ part, int nblocks, int C, T* __restrict__ dw, T* __restrict__ db) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= 2 * C) return;
+    __shared__ float sh[8][33];
+    const int col = threadIdx.x & 31, sl = threadIdx.x >> 5;
+    const int c = blockIdx.x * 32 + col;
     float s = 0.f;
-    for (int k = 0; k < nblocks; ++k) s += part[(size_t)k * 2 * C + c];
-    if (c < C) { if (dw) dw[c] = from_f<T>(s); }
-    else if (db) db[c - C] = from_f<T>(s);
+    if (c < 2 * C)
+        for (int k = sl; k < nblocks; k += 8) s += part[(size_t)k * 2 * C + c];
+    sh[sl][col] = s;
+    __syncthreads();
+    if (sl != 0 || c >= 2 * C) return;
+    float t = sh[0][col];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) t += sh[k][col];
+    if (c < C) { if (dw) dw[c] = from_f<T>(t); }
+    else if (db) db[c - C] = from_f<T>(t);
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Register-resident rows (vec path, C/V <= 32*NV vectors): lane l holds vectors l, l+32, ... of its row, so
+// the row crosses HBM once in each direction (no second pass over global memory) and the statistics are an
+// exact two-pass mean/variance over registers (more accurate than Welford, same fp32 arithmetic). One warp
+// per row, rows grid-strided over a grid sized to fill the SMs. One entry per NV so that each gets its own
+// register allocation (a switch inside one kernel would give every width the widest one's registers).
+template <typename T, int NV>
+__device__ __forceinline__ void ln_forward_reg(const T* __restrict__ x, const T* __restrict__ resid,
+                                               T* __restrict__ sum_out, const T* __restrict__ w,
+                                               const T* __restrict__ b, T* __restrict__ y,
+                                               float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                               long long N, int C, float eps) {
+    constexpr int V = VecN<T>::N;
+    const int lane = threadIdx.x & 31;
+    const int wpb = blockDim.x >> 5;
+    const int cv = C / V;
+    const float invC = 1.f / (float)C;
+    for (long long row = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); row < N; row += (long long)gridDim.x * wpb) {
+        const long long base = row * C;
+        float v[NV][V];
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int vi = j * 32 + lane;
+            if (vi < cv) load_vec(x + base + vi * V, v[j]);
+        }
+        if (resid) {
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                const int vi = j * 32 + lane;
+                if (vi < cv) {
+                    float r[V];
+                    load_vec(resid + base + vi * V, r);
+#pragma unroll
+                    for (int k = 0; k < V; ++k) v[j][k] = to_f(from_f<T>(v[j][k] + r[k]));
+                    if (sum_out) store_vec(sum_out + base + vi * V, v[j]);
+                }
+            }
+        }
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < NV; ++j)
+            if (j * 32 + lane < cv) {
+#pragma unroll
+                for (int k = 0; k < V; ++k) s += v[j][k];
+            }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        const float mu = s * invC;
+        float q = 0.f;
+#pragma unroll
+        for (int j = 0; j < NV; ++j)
+            if (j * 32 + lane < cv) {
+#pragma unroll
+                for (int k = 0; k < V; ++k) { const float d = v[j][k] - mu; q += d * d; }
+            }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) q += __shfl_xor_sync(0xffffffffu, q, off);
+        const float rs = rsqrtf(q * invC + eps);
+        if (lane == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int vi = j * 32 + lane;
+            if (vi < cv) {
+                float wv[V], bv[V];
+                if (w) load_vec(w + vi * V, wv); else { for (int k = 0; k < V; ++k) wv[k] = 1.f; }
+                if (b) load_vec(b + vi * V, bv); else { for (int k = 0; k < V; ++k) bv[k] = 0.f; }
+#pragma unroll
+                for (int k = 0; k < V; ++k) v[j][k] = (v[j][k] - mu) * rs * wv[k] + bv[k];
+                store_vec(y + base + vi * V, v[j]);
+            }
+        }
+    }
+}
+
+// Backward with register-resident rows: g and x of a row are loaded once; each lane owns the same columns in
+// every row, so dweight/dbias accumulate in registers across the warp's rows, then the block's warps add theirs
+// into one shared buffer in warp order (deterministic) and write the block's partial part[blockIdx.x][0:2C].
+// Dynamic shared memory: 2 * C floats.
+template <typename T, int NV>
+__device__ __forceinline__ void ln_backward_reg(const T* __restrict__ g, const T* __restrict__ x,
+                                                const T* __restrict__ w, const float* __restrict__ mean,
+                                                const float* __restrict__ rstd, const T* __restrict__ g_sum,
+                                                T* __restrict__ dx, float* __restrict__ part, long long N, int C,
+                                                int need_dx, int need_dwdb) {
+    extern __shared__ float smem[];
+    constexpr int V = VecN<T>::N;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wpb = blockDim.x >> 5;
+    const int cv = C / V;
+    const float invC = 1.f / (float)C;
+    float adw[NV][V], adb[NV][V];
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+#pragma unroll
+        for (int k = 0; k < V; ++k) { adw[j][k] = 0.f; adb[j][k] = 0.f; }
+    for (long long row = (long long)blockIdx.x * wpb + warp; row < N; row += (long long)gridDim.x * wpb) {
+        const long long base = row * C;
+        const float mu = mean[row], rs = rstd[row];
+        float gv[NV][V], xv[NV][V];
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int vi = j * 32 + lane;
+            if (vi < cv) { load_vec(g + base + vi * V, gv[j]); load_vec(x + base + vi * V, xv[j]); }
+        }
+        float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int vi = j * 32 + lane;
+            if (vi < cv) {
+                float wv[V];
+                if (w) load_vec(w + vi * V, wv); else { for (int k = 0; k < V; ++k) wv[k] = 1.f; }
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    const float xh = (xv[j][k] - mu) * rs;
+                    xv[j][k] = xh;
+                    adw[j][k] += gv[j][k] * xh;
+                    adb[j][k] += gv[j][k];
+                    const float d = gv[j][k] * wv[k];
+                    gv[j][k] = d;
+                    s1 += d;
+                    s2 += d * xh;
+                }
+            }
+        }
+        if (need_dx) {
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+                s2 += __shfl_xor_sync(0xffffffffu, s2, off);
+            }
+            s1 *= invC; s2 *= invC;
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                const int vi = j * 32 + lane;
+                if (vi < cv) {
+                    float gs[V];
+                    if (g_sum) load_vec(g_sum + base + vi * V, gs); else { for (int k = 0; k < V; ++k) gs[k] = 0.f; }
+#pragma unroll
+                    for (int k = 0; k < V; ++k) gs[k] += rs * (gv[j][k] - s1 - xv[j][k] * s2);
+                    store_vec(dx + base + vi * V, gs);
+                }
+            }
+        }
+    }
+    if (!need_dwdb) return;
+    // warps add their columns into smem[0:2C] one after another (fixed order: bitwise reproducible)
+    for (int k = 0; k < wpb; ++k) {
+        if (warp == k) {
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                const int vi = j * 32 + lane;
+                if (vi < cv) {
+#pragma unroll
+                    for (int e = 0; e < V; ++e) {
+                        const int c = vi * V + e;
+                        smem[c] = k ? smem[c] + adw[j][e] : adw[j][e];
+                        smem[C + c] = k ? smem[C + c] + adb[j][e] : adb[j][e];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) part[(size_t)blockIdx.x * 2 * C + c] = smem[c];
+}
+
+#define LN_REG_FWD(SUF, T, NV)                                                                               \
+extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_forward_r##NV##_##SUF(const T* x,          \
+        const T* resid, T* sum_out, const T* w, const T* b, T* y, float* mean, float* rstd, long long N,     \
+        int C, float eps) {                                                                                  \
+    ln_forward_reg<T, NV>(x, resid, sum_out, w, b, y, mean, rstd, N, C, eps);                                \
+}
+#define LN_REG_BWD(SUF, T, NV)                                                                               \
+extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_backward_r##NV##_##SUF(const T* g,         \
+        const T* x, const T* w, const float* mean, const float* rstd, const T* g_sum, T* dx, float* part,    \
+        long long N, int C, int need_dx, int need_dwdb) {                                                    \
+    ln_backward_reg<T, NV>(g, x, w, mean, rstd, g_sum, dx, part, N, C, need_dx, need_dwdb);                  \
+}
+
+// NV = 16-byte vectors per lane: forward up to 8 (fp32 C <= 1024, bf16 C <= 2048); backward up to 32 elements a
+// lane (fp32 NV <= 8, bf16 NV <= 4: 4 register arrays of NV*V floats, ~170 registers at the top, no spills)
+LN_REG_FWD(f32, float, 1) LN_REG_FWD(f32, float, 2) LN_REG_FWD(f32, float, 3) LN_REG_FWD(f32, float, 4)
+LN_REG_FWD(f32, float, 6) LN_REG_FWD(f32, float, 8)
+LN_REG_FWD(bf16, bf16_t, 1) LN_REG_FWD(bf16, bf16_t, 2) LN_REG_FWD(bf16, bf16_t, 3) LN_REG_FWD(bf16, bf16_t, 4)
+LN_REG_FWD(bf16, bf16_t, 6) LN_REG_FWD(bf16, bf16_t, 8)
+LN_REG_BWD(f32, float, 1) LN_REG_BWD(f32, float, 2) LN_REG_BWD(f32, float, 3) LN_REG_BWD(f32, float, 4)
+LN_REG_BWD(f32, float, 6) LN_REG_BWD(f32, float, 8)
+LN_REG_BWD(bf16, bf16_t, 1) LN_REG_BWD(bf16, bf16_t, 2) LN_REG_BWD(bf16, bf16_t, 3) LN_REG_BWD(bf16, bf16_t, 4)
 
 #define LN_ENTRIES(SUF, T)                                                                                   \
 extern "C" __global__ void blu_layer_norm_forward_##SUF(const T* x, const T* resid, T* sum_out, const T* w,  \
