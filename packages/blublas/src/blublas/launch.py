@@ -397,19 +397,33 @@ def select(p: Problem, stream: Any, config: Any, splits: int | None, autotune: b
             describe=lambda c: {"config": c[0].name, "splits": c[1]},
         )
         return _find_config(p.precision, variant, rec["config"]), int(rec["splits"])
-    return configs.choose(
-        variant,
-        cc,
-        p.M,
-        p.N,
-        p.K,
-        p.batch,
-        sms=loader.sm_count(),
-        out_bytes=2 if p.out_tag == "bf16" else 4,
-        precision=p.precision,
-        layout=p.layout,
-        variants=variants,
-    )
+    sms = loader.sm_count()
+    out_bytes = 2 if p.out_tag == "bf16" else 4
+    order = configs.arch_info(cc).order  # part of the key: tools prune configs at run time
+    key = (variant, cc, p.M, p.N, p.K, p.batch, sms, out_bytes, p.precision, p.layout, tuple(variants))
+    key += tuple(order.get(v, ()) for v in variants)
+    hit = _choice_memo.get(key)
+    if hit is None:  # the cost model is pure: remember its answer (it costs ~50 us of Python per call)
+        hit = configs.choose(
+            variant,
+            cc,
+            p.M,
+            p.N,
+            p.K,
+            p.batch,
+            sms=sms,
+            out_bytes=out_bytes,
+            precision=p.precision,
+            layout=p.layout,
+            variants=variants,
+        )
+        if len(_choice_memo) > 4096:
+            _choice_memo.clear()
+        _choice_memo[key] = hit
+    return hit
+
+
+_choice_memo: dict[tuple, tuple] = {}
 
 
 def run_blublas(
