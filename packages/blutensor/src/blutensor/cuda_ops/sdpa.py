@@ -75,7 +75,8 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
     """Dynamic shared memory of the mma kernels (must match sdpa_mma.cu)."""
     es = 2 if variant == "bf16" else 4
     pad = 8 if variant == "bf16" else 4  # BF16::PAD / TF32::PAD in sdpa_mma.cu
-    row = (hd + pad) * es
+    wide = variant == "tf32x3" and hd <= 64  # TF32X3W: rows hold the big and the small half (tile_ld)
+    row = ((2 * hd if wide else hd) + pad) * es
     if kind == "fwd":
         return 4 * BR * row  # K, V tiles, two stages (cp.async double buffering)
     return 6 * BR * row + 4 * BR * 4  # own 2 tiles + 2 stages x 2 tiles; lse/D (dK/dV: per stage)

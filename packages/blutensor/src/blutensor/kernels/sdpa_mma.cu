@@ -65,9 +65,10 @@ struct TF32 {
     static constexpr int KS = 8;    // k per mma
     static constexpr int PAD = 4;   // row padding (elements)
     static constexpr int NA = 4, NB = 2;
-    // tiles are rounded to tf32 once as they are staged (round_tile), so the loaders only move bits: 4x fewer
+    // tiles are rounded to tf32 once as they are staged (prep_tile), so the loaders only move bits: 4x fewer
     // conversions than rounding every fragment load (each of the 4 warps reads every streamed tile)
     static constexpr bool ROUND_TILES = true;
+    static constexpr bool WIDE = false;  // see TF32X3W
     // raw bits of the fragments (tf32 loaders use them as they are; tf32x3 splits them)
 #ifndef BLU_NO_LDMATRIX
     // ldmatrix on b16 pairs: an 8 x 4 fp32 block is an 8 x 8 b16 matrix, and lane (g, t) receives row g,
@@ -200,6 +201,26 @@ struct TF32X3 : TF32 {
     }
 };
 
+// tf32x3 on "wide" tiles, split once as they are staged: row = [big (HD) | small (HD)] + PAD, so the loaders read
+// both halves and convert nothing (4 warps read every streamed tile: 4x fewer splits). HD 64 only: the wide
+// tiles of HD 128 do not fit the shared memory.
+struct TF32X3W : TF32X3 {
+    static constexpr bool WIDE = true;
+    static __device__ __forceinline__ int small(int ld) { return (ld - PAD) / 2; }  // column of the small half
+    static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        raw_a(X, ld, r0, k0, a, g, t);
+        raw_a(X, ld, r0, k0 + small(ld), a + 4, g, t);
+    }
+    static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
+        raw_bt(X, ld, n0, k0, b, g, t);
+        raw_bt(X, ld, n0, k0 + small(ld), b + 2, g, t);
+    }
+    static __device__ __forceinline__ void load_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
+        raw_b(X, ld, k0, n0, b, g, t);
+        raw_b(X, ld, k0, n0 + small(ld), b + 2, g, t);
+    }
+};
+
 // ---------------------------------------------------------------- bf16: m16n8k16, raw uint16 storage
 struct BF16 {
     typedef bf16_t T;
@@ -207,6 +228,7 @@ struct BF16 {
     static constexpr int PAD = 8;
     static constexpr int NA = 4, NB = 2;
     static constexpr bool ROUND_TILES = false;
+    static constexpr bool WIDE = false;
 #ifndef BLU_NO_LDMATRIX
     // ldmatrix: lane i gives the address of row (i % 8) of 8x8 matrix (i / 8); lane (g, t) receives row g,
     // cols 2t, 2t+1 of each matrix (.trans: row 2t, 2t+1, col g). Rows are 16-byte aligned (LD*2 = 16*k).
@@ -303,25 +325,41 @@ __device__ __forceinline__ void acc_pv(float (*acc)[4], const float (*c)[4], con
     }
 }
 
-// rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride LD (zeros past n); 16-byte copies
-template <typename X, int HD, typename T = typename X::T>
+// row stride (elements) of a staged tile
+template <typename X, int HD> __host__ __device__ constexpr int tile_ld() { return X::WIDE ? 2 * HD + X::PAD : HD + X::PAD; }
+
+// X::WIDE: the 16 bytes at p (fp32) -> big there, small HD elements further (TF32X3::split of each)
+template <int HD> __device__ __forceinline__ void split_store(float* p, uint4 v) {
+    u32 r[8] = {v.x, v.y, v.z, v.w};
+    TF32X3::split<4>(r);
+    *reinterpret_cast<uint4*>(p) = make_uint4(r[0], r[1], r[2], r[3]);
+    *reinterpret_cast<uint4*>(p + HD) = make_uint4(r[4], r[5], r[6], r[7]);
+}
+
+// rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride tile_ld (zeros past n); 16-byte copies.
+// PREP: rounded (X::ROUND_TILES) or split (X::WIDE) as the loaders expect; else the raw values (cols < HD)
+template <typename X, int HD, bool PREP = true, typename T = typename X::T>
 __device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
-    constexpr int LD = HD + X::PAD;
+    constexpr int LD = tile_ld<X, HD>();
     constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
     constexpr int Q = HD / E;
     for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
         const int r = i / Q, c = i % Q;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r0 + r < n) v = *reinterpret_cast<const uint4*>(src + (long long)(r0 + r) * ld + c * E);
-        if constexpr (X::ROUND_TILES) v = round4(v);
-        *reinterpret_cast<uint4*>(dst + r * LD + c * E) = v;
+        if constexpr (X::ROUND_TILES && PREP) v = round4(v);
+        if constexpr (X::WIDE && PREP) {
+            split_store<HD>(reinterpret_cast<float*>(dst + r * LD + c * E), v);
+        } else {
+            *reinterpret_cast<uint4*>(dst + r * LD + c * E) = v;
+        }
     }
 }
 
 // asynchronous version of load_tile (cp.async, 16 bytes, zero-fill past n); completes on commit/wait groups
 template <typename X, int HD, typename T = typename X::T>
 __device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
-    constexpr int LD = HD + X::PAD;
+    constexpr int LD = tile_ld<X, HD>();
     constexpr int E = 16 / sizeof(T);
     constexpr int Q = HD / E;
     for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
@@ -332,18 +370,21 @@ __device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ sr
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(g), "r"(ok ? 16 : 0));
     }
 }
-// X::ROUND_TILES: round a tile staged by load_tile_async to tf32 in place, once its group has completed. Each
-// thread converts the 16-byte pieces it copied itself (visible to it after cp.async.wait_group), so no barrier
-// is needed before; the caller's __syncthreads publishes the result.
+// Prepare a tile staged by load_tile_async once its group has completed: X::ROUND_TILES rounds it to tf32 in
+// place, X::WIDE splits it (big in place, small HD further). Each thread converts the 16-byte pieces it copied
+// itself (visible to it after cp.async.wait_group), so no barrier is needed before; the caller's
+// __syncthreads publishes the result.
 template <typename X, int HD, typename T = typename X::T>
-__device__ __forceinline__ void round_tile(T* dst) {
-    if constexpr (X::ROUND_TILES) {
-        constexpr int LD = HD + X::PAD;
+__device__ __forceinline__ void prep_tile(T* dst) {
+    if constexpr (X::ROUND_TILES || X::WIDE) {
+        constexpr int LD = tile_ld<X, HD>();
         constexpr int E = 16 / sizeof(T);
         constexpr int Q = HD / E;
         for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
-            uint4* p = reinterpret_cast<uint4*>(dst + (i / Q) * LD + (i % Q) * E);
-            *p = round4(*p);
+            T* p = dst + (i / Q) * LD + (i % Q) * E;
+            const uint4 v = *reinterpret_cast<const uint4*>(p);
+            if constexpr (X::WIDE) split_store<HD>(reinterpret_cast<float*>(p), v);
+            else *reinterpret_cast<uint4*>(p) = round4(v);
         }
     }
 }
@@ -366,7 +407,7 @@ __device__ __forceinline__ Lay lay(long long sb, long long sh, int st, int H) { 
 template <typename X, int HD, typename T = typename X::T>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                         float* __restrict__ lse, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
-    constexpr int KS = X::KS, LD = HD + X::PAD, NT = BR / 8, DT = HD / 8;
+    constexpr int KS = X::KS, LD = tile_ld<X, HD>(), NT = BR / 8, DT = HD / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = reinterpret_cast<T*>(smem_raw);
     T* Vs = Ks + BR * LD;
@@ -383,8 +424,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     // (tf32x3: the split fragments would take 64 / 128 registers; the raw bits are kept, split per use)
     constexpr bool QRAW = X::NA == 8;
     u32 qa[HD / KS][QRAW ? 4 : X::NA];
-    load_tile<X, HD>(Ks, qb, q0, L, lq.st);
-    load_tile<X, HD>(Ks + BR * LD, qb, q0 + BR, L, lq.st);
+    load_tile<X, HD, !QRAW>(Ks, qb, q0, L, lq.st);
+    load_tile<X, HD, !QRAW>(Ks + BR * LD, qb, q0 + BR, L, lq.st);
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < HD / KS; ++ks) {
@@ -422,8 +463,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         } else {
             cp_async_wait<0>();
         }
-        round_tile<X, HD>(Ks + stage * STAGE);
-        round_tile<X, HD>(Vs + stage * STAGE);
+        prep_tile<X, HD>(Ks + stage * STAGE);
+        prep_tile<X, HD>(Vs + stage * STAGE);
         __syncthreads();
         const T* Kt = Ks + stage * STAGE;
         const T* Vt = Vs + stage * STAGE;
@@ -524,7 +565,7 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                               const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                               T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal,
                               Lay lq, Lay lk, Lay lo) {
-    constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
+    constexpr int KS = X::KS, LD = tile_ld<X, HD>(), DT = HD / 8;
     constexpr int QSUB = BR / 2, NT = QSUB / 8;  // queries per warp and tile: warps 4-7 take the second half
     static_assert(2 * DT * 4 * BWD_THREADS / 2 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -587,8 +628,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         } else {
             cp_async_wait<0>();
         }
-        round_tile<X, HD>(Q0 + stage * 2 * BR * LD);
-        round_tile<X, HD>(Q0 + stage * 2 * BR * LD + BR * LD);
+        prep_tile<X, HD>(Q0 + stage * 2 * BR * LD);
+        prep_tile<X, HD>(Q0 + stage * 2 * BR * LD + BR * LD);
 #else
         const int stage = 0;
         __syncthreads();
@@ -693,7 +734,7 @@ template <typename X, int HD, typename T = typename X::T>
 __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                             const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                             T* __restrict__ dq, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
-    constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
+    constexpr int KS = X::KS, LD = tile_ld<X, HD>(), DT = HD / 8;
     constexpr int KSUB = BR / 2, NT = KSUB / 8;  // keys per warp and tile: warps 4-7 take the second half
     static_assert(DT * 4 * BWD_THREADS / 2 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -751,8 +792,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         } else {
             cp_async_wait<0>();
         }
-        round_tile<X, HD>(K0 + stage * 2 * BR * LD);
-        round_tile<X, HD>(K0 + stage * 2 * BR * LD + BR * LD);
+        prep_tile<X, HD>(K0 + stage * 2 * BR * LD);
+        prep_tile<X, HD>(K0 + stage * 2 * BR * LD + BR * LD);
 #else
         const int stage = 0;
         __syncthreads();
@@ -884,7 +925,7 @@ blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v,
 
 MMA_ENTRIES(tf32, TF32, float, 64, 2, 2)
 MMA_ENTRIES(tf32, TF32, float, 128, 1, 1)
-MMA_ENTRIES(tf32x3, TF32X3, float, 64, 1, 1)
+MMA_ENTRIES(tf32x3, TF32X3W, float, 64, 1, 1)
 MMA_ENTRIES(tf32x3, TF32X3, float, 128, 1, 1)
 MMA_ENTRIES(bf16, BF16, bf16_t, 64, 2, 2)
 MMA_ENTRIES(bf16, BF16, bf16_t, 128, 1, 1)
