@@ -152,12 +152,13 @@ def layer_norm_backward(
 
 
 def _reduce(part, nblocks: int, C: int, dw, db, sfx: str) -> None:
-    """dw/db = the per-block partials summed in fixed order (blocks of 32 columns x 8 slices)."""
+    """dw/db = the per-block partials summed in fixed order (blocks of 32 columns x up to 32 slices)."""
+    slices = max(1, min(32, nblocks // 4))
     launch(
         FILE,
         f"blu_layer_norm_backward_reduce_{sfx}",
         -(-2 * C // 32),
-        256,
+        32 * slices,
         (part, np.int32(nblocks), np.int32(C), ptr(dw), ptr(db)),
     )
 

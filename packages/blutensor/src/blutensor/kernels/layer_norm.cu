@@ -3,9 +3,9 @@
 // register-resident entries (*_r<NV>_*: the row read once, exact two-pass statistics in registers, dweight/dbias
 // accumulated in registers); the generic entries (Welford/Chan statistics merged with warp shuffles, 128-bit
 // loads when vec != 0, scalar loads otherwise) cover odd widths and wider rows.
-// Backward is deterministic: each block accumulates dweight/dbias for its rows in shared memory
-// (one slice per warp, fixed order), writes a per-block partial, and a second kernel sums the
-// partials in block order. No float atomics anywhere.
+// Backward is deterministic: each block accumulates dweight/dbias for its rows (registers or one shared
+// slice per warp, fixed order), writes a per-block partial, and a second kernel sums the partials in a
+// fixed order (column-parallel, sliced over blocks). No float atomics anywhere.
 // Shared bf16/vector helpers come from bf16_vec.cuh (inlined by the loader).
 
 #include "bf16_vec.cuh"
@@ -188,23 +188,22 @@ __device__ void ln_backward(const T* __restrict__ g, const T* __restrict__ x, co
     }
 }
 
-// dw[c] = sum_b part[b][c], db[c] = sum_b part[b][C + c], deterministic. Blocks of 256 threads = 32 columns x
-// 8 slices (blockDim.x must be 256): slice s sums blocks s, s+8, ... in order, then the 8 slice sums are added
-// in slice order. 2C/32 blocks, each reading nblocks/8 coalesced rows per slice.
+// dw[c] = sum_b part[b][c], db[c] = sum_b part[b][C + c], deterministic. A block is 32 columns x S slices
+// (blockDim.x = 32 * S, S <= 32): slice s sums partial rows s, s+S, ... in order (coalesced 128-byte rows), then
+// the S slice sums of a column are added in slice order. Grid: ceil(2C / 32) blocks.
 template <typename T>
 __device__ void ln_reduce(const float* __restrict__ part, int nblocks, int C, T* __restrict__ dw, T* __restrict__ db) {
-    __shared__ float sh[8][33];
-    const int col = threadIdx.x & 31, sl = threadIdx.x >> 5;
+    __shared__ float sh[32][33];
+    const int col = threadIdx.x & 31, sl = threadIdx.x >> 5, ns = blockDim.x >> 5;
     const int c = blockIdx.x * 32 + col;
     float s = 0.f;
     if (c < 2 * C)
-        for (int k = sl; k < nblocks; k += 8) s += part[(size_t)k * 2 * C + c];
+        for (int k = sl; k < nblocks; k += ns) s += part[(size_t)k * 2 * C + c];
     sh[sl][col] = s;
     __syncthreads();
     if (sl != 0 || c >= 2 * C) return;
     float t = sh[0][col];
-#pragma unroll
-    for (int k = 1; k < 8; ++k) t += sh[k][col];
+    for (int k = 1; k < ns; ++k) t += sh[k][col];
     if (c < C) { if (dw) dw[c] = from_f<T>(t); }
     else if (db) db[c - C] = from_f<T>(t);
 }
