@@ -330,7 +330,8 @@ def bench_layer_norm(storage):
     tw = torch.randn(C, device="cuda", dtype=tdt, requires_grad=True)
     tb = torch.randn(C, device="cuda", dtype=tdt, requires_grad=True)
     F = torch.nn.functional
-    ty, tmean, trstd = torch.ops.aten.native_layer_norm(tx.detach(), (C,), tw.detach(), tb.detach(), 1e-5)
+    txd, twd, tbd = tx.detach(), tw.detach(), tb.detach()
+    ty, tmean, trstd = torch.ops.aten.native_layer_norm(txd, (C,), twd, tbd, 1e-5)
     tg = torch.randn_like(ty)
     nc = N * C * es
     sh = f"{N}x{C}"
@@ -357,7 +358,7 @@ def bench_layer_norm(storage):
         lambda: ln.layer_norm_backward(g, x, w, mean, rstd),
         ln,
         3 * nc + 8 * N,
-        lambda: torch.ops.aten.native_layer_norm_backward(tg, tx, (C,), tmean, trstd, tw, tb, [True, True, True]),
+        lambda: torch.ops.aten.native_layer_norm_backward(tg, txd, (C,), tmean, trstd, twd, tbd, [True] * 3),
         "torch: aten.native_layer_norm_backward",
     )
     bench(
@@ -474,7 +475,7 @@ def check_cross_entropy_paths():
     for storage in ("f32", "bf16"):
         for N, C, ls, red in (
             (1, 8, 0.0, "mean"),
-            (531, 50304, 0.0, "mean"),
+            (300, 50304, 0.0, "mean"),
             (300, 4096, 0.1, "sum"),
             (1200, 1000, 0.0, "none"),
             (77, 50264, 0.0, "mean"),
