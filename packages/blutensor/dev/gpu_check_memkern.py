@@ -71,8 +71,21 @@ def replay(calls) -> None:
         f(g, b, a, shared_mem=sm)
 
 
+GRAPH_ERRORS: list[str] = []
+
+
 def time_graph(run, reps: int = 10, trials: int = 5) -> float:
-    """Median device ms of run() from a CUDA graph holding ``reps`` back-to-back calls (no host gaps)."""
+    """Median device ms of run() from a CUDA graph holding ``reps`` back-to-back calls (no host gaps); eager
+    batches (noted in the JSON's graph_errors) if this CuPy cannot capture."""
+    try:
+        return _time_graph(run, reps, trials)
+    except Exception as e:
+        GRAPH_ERRORS.append(f"{type(e).__name__}: {e}"[:300])
+        _cp().cuda.Device().synchronize()
+        return time_eager(run)
+
+
+def _time_graph(run, reps: int, trials: int) -> float:
     cp = _cp()
     s = cp.cuda.Stream(non_blocking=True)
     with s:
@@ -218,13 +231,14 @@ def bench(name, shape, op_fn, mod, nbytes, torch_fn=None, torch_note="", torch_g
     if "kernel_ms" in row:
         txt += f" op {row['ms']:7.3f} ms  kernels {row['kernel_ms']:7.3f} ms  {row['GBps']:6.0f} GB/s"
         if "frac_copy_bw" in row:
-            txt += f" ({100 * row['frac_copy_bw']:3.0f}% copy,"
-        txt += f" {100 * row['frac_same_size_copy']:3.0f}% same-size copy)"
+            txt += f" ({100 * row['frac_copy_bw']:3.0f}% copy)"
+        if "frac_same_size_copy" in row:
+            txt += f" ({100 * row['frac_same_size_copy']:3.0f}% same-size copy)"
         if "speedup_vs_torch" in row:
             tms = row.get("torch_graph_ms", row.get("torch_ms"))
             txt += f"  torch {tms:7.3f} ms x{row['speedup_vs_torch']:4.2f}"
-    else:
-        txt += f"  ERROR {row.get('error')}"
+    if "error" in row:
+        txt += f"  ERROR {row['error']}"
     print(txt, flush=True)
 
 
@@ -641,6 +655,7 @@ def main() -> int:
     out = out_dir / "memkern.json"
     if len(sys.argv) > 3 and sys.argv[2] == "--family":  # child process
         run_family(sys.argv[3])
+        RES["graph_errors"] = GRAPH_ERRORS
         (out_dir / f"part_{sys.argv[3]}.json").write_text(json.dumps(RES, default=str))
         return 0
     cp = _cp()
@@ -660,6 +675,7 @@ def main() -> int:
     except Exception:
         pass
     RES["copy_bw_GBps"] = copy_bw()
+    RES["graph_errors"] = list(GRAPH_ERRORS)
     cp.get_default_memory_pool().free_all_blocks()
     print(
         f"device {RES['device']}, CuPy {cp.__version__}, torch {RES['torch']}; "
@@ -683,7 +699,8 @@ def main() -> int:
         part = out_dir / f"part_{name}.json"
         if part.exists():
             d = json.loads(part.read_text())
-            for key in ("checks", "bench", "errors"):
+            for key in ("checks", "bench", "errors", "graph_errors"):
+                RES.setdefault(key, [])
                 RES[key] += d.get(key, [])
             part.unlink()
         if rc != 0:
