@@ -64,7 +64,7 @@ def cross_entropy_forward(
             launch(
                 FILE,
                 name,
-                full_grid(FILE, name, block, min(N, 2**31 - 1), row_bytes),
+                full_grid(FILE, name, block, min(N, 2**31 - 1), row_bytes, default=1),
                 block,
                 (
                     logits,

@@ -28,6 +28,7 @@ def resident_blocks(file: str, name: str, block: int, smem: int = 0, default: in
     return n
 
 
-def full_grid(file: str, name: str, block: int, work_blocks: int, smem: int = 0) -> int:
-    """min(work_blocks, one full wave of resident blocks): the grid of a grid-stride launch."""
-    return max(1, min(work_blocks, num_sms() * resident_blocks(file, name, block, smem)))
+def full_grid(file: str, name: str, block: int, work_blocks: int, smem: int = 0, default: int = 2) -> int:
+    """min(work_blocks, one full wave of resident blocks): the grid of a grid-stride launch (``default``: blocks
+    per SM assumed when the occupancy query is unavailable)."""
+    return max(1, min(work_blocks, num_sms() * resident_blocks(file, name, block, smem, default)))
