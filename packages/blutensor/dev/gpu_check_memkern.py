@@ -382,6 +382,19 @@ def bench_layer_norm(storage):
         ln,
         4 * nc + 8 * N,
     )
+    wpb0 = ln._WPB
+    try:  # rows in flight per block: the launcher's 8 warps vs 4
+        ln._WPB = 4
+        bench(f"layer_norm.fwd {storage} wpb=4", sh, lambda: ln.layer_norm_forward(x, w, b), ln, 2 * nc + 8 * N)
+        bench(
+            f"layer_norm.bwd {storage} wpb=4",
+            sh,
+            lambda: ln.layer_norm_backward(g, x, w, mean, rstd),
+            ln,
+            3 * nc + 8 * N,
+        )
+    finally:
+        ln._WPB = wpb0
 
 
 # ------------------------------------------------------------------ gelu
