@@ -601,8 +601,8 @@ GPT2 = (
 @guarded
 def check_grad_norm_paths():
     import kernel_reference as ref
-    from blutensor.cuda_ops.norm import global_grad_norm
-    from gpu_check_kernels import dev
+    from blutensor.cuda_ops.norm import clip_grads_, global_grad_norm
+    from gpu_check_kernels import dev, host
 
     for storage in ("f32", "bf16"):
         for sizes in ([1], [7, 8, 16384, 16385, 16391], [3 * 16384 + 5, 1, 100_000, 2_359_296]):
@@ -613,6 +613,10 @@ def check_grad_norm_paths():
             record("grad_norm", tag, abs(float(n1) - e) / e, ref.TOL["grad_norm"][storage])
             n2 = global_grad_norm(list(gs))
             record("grad_norm.determinism", tag, float(float(n1) != float(n2)), 0.0)
+            coef = 0.5 * e / (float(n1) + 1e-6)
+            clip_grads_(list(gs), 0.5 * e, n1)
+            err = max(ref.rel_err(host(a), a64 * coef) for a, a64 in zip(gs, g64))
+            record("grad_norm.clip", tag + " x0.5", err, 1e-6 if storage == "f32" else 4e-3)
         # a view at an odd element offset (unaligned: scalar path)
         big, big64 = dev(RNG.standard_normal(40_001), storage)
         record(
