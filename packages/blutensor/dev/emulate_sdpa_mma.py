@@ -22,7 +22,8 @@ LANE = np.arange(32)
 G = LANE >> 2
 T = LANE & 3
 BR = 64  # rows of a staged tile; rows of a backward block
-FWD_ROWS = 128  # queries of a forward block (8 warps)
+#: warps of a forward / backward block per fragment class (MMA_ENTRIES' FW / BW in sdpa_mma.cu)
+WARPS = {"Tf32": (8, 8), "Tf32x3": (8, 8), "Tf32x3W": (8, 8), "Bf16": (4, 4)}
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 #: tf32x3 tolerances (max abs error / max |ref|): fp32-level, like the SIMT kernel's (kernel_reference.TOL f32)
@@ -312,10 +313,12 @@ def forward(X, q, k, v, L, S, hd, scale, causal):
     o = np.zeros((L, hd), np.float32)
     lse = np.zeros(L, np.float32)
     c = np.float32(scale * LOG2E)
-    for bx in range(math.ceil(L / FWD_ROWS)):  # blocks of 128 queries, 8 warps
-        q0 = bx * FWD_ROWS
-        Qs = np.concatenate([load_tile(X, q, q0, L, hd), load_tile(X, q, q0 + BR, L, hd)])
-        for w in range(FWD_ROWS // 16):
+    fw = WARPS[X.__name__][0]
+    fr = 16 * fw  # queries of a block
+    for bx in range(math.ceil(L / fr)):
+        q0 = bx * fr
+        Qs = np.concatenate([load_tile(X, q, q0 + j * BR, L, hd) for j in range(fr // BR)])
+        for w in range(fw):
             row0, row1 = q0 + w * 16 + G, q0 + w * 16 + G + 8
             qa = [X.load_a(Qs, w * 16, ks * X.KS) for ks in range(hd // X.KS)]
             acc = [np.zeros((32, 4)) for _ in range(hd // 8)]
@@ -323,7 +326,7 @@ def forward(X, q, k, v, L, S, hd, scale, causal):
             m1 = m0.copy()
             l0 = np.zeros(32, np.float32)
             l1 = l0.copy()
-            kend = min(S, q0 + FWD_ROWS) if causal else S
+            kend = min(S, q0 + fr) if causal else S
             for k0 in range(0, kend, BR):
                 if causal and k0 > q0 + w * 16 + 15:
                     continue  # the warp skips a tile its rows all precede
@@ -374,17 +377,18 @@ def _reduce_halves(parts):
 
 
 def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
-    """(dq, dk, dv) of one slice like blu_sdpa_backward_dkdv_* and blu_sdpa_backward_dq_*: 8 warps, warp w
-    owns rows (w % 4) * 16 .. +15 and half w // 4 of every streamed tile; the halves' sums added at the end."""
+    """(dq, dk, dv) of one slice like blu_sdpa_backward_dkdv_* and blu_sdpa_backward_dq_*: warp w owns rows
+    (w % 4) * 16 .. +15; with 8 warps half w // 4 of every streamed tile, the halves' sums added at the end."""
     c = np.float32(scale * LOG2E)
     dk, dv, dq = np.zeros((S, hd)), np.zeros((S, hd)), np.zeros((L, hd))
     sub = BR // 2
+    bw = WARPS[X.__name__][1]
     for bx in range(math.ceil(S / BR)):  # ---- dK/dV
         kb0 = bx * BR
         Ks, Vs = load_tile(X, k, kb0, S, hd), load_tile(X, v, kb0, S, hd)
         dkp, dvp = [], []
-        for w in range(8):
-            wr, qs0 = w % 4, (w // 4) * sub
+        for w in range(bw):
+            wr, subs = w % 4, ([w // 4] if bw == 8 else [0, 1])
             key0, key1 = kb0 + wr * 16 + G, kb0 + wr * 16 + G + 8
             dka = [np.zeros((32, 4)) for _ in range(hd // 8)]
             dva = [np.zeros((32, 4)) for _ in range(hd // 8)]
@@ -394,7 +398,7 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                 Ds = np.zeros(BR, np.float32)
                 nr = min(BR, L - q0)
                 Ls[:nr], Ds[:nr] = lse[q0 : q0 + nr] * np.float32(LOG2E), D[q0 : q0 + nr]
-                if True:  # this warp's half of the tile
+                for qs0 in (h * sub for h in subs):  # 8 warps: this warp's half of the tile; 4: both
                     st = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     dpt = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     for ks in range(hd // X.KS):
@@ -415,7 +419,9 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                     dka = acc_pv(X, dka, dpt, Qs, qs0, sub // X.KS)  # dK += dS^T Q
             dkp.append(dka)
             dvp.append(dva)
-        for w, (dka, dva) in enumerate(zip(_reduce_halves(dkp), _reduce_halves(dvp))):
+        if bw == 8:
+            dkp, dvp = _reduce_halves(dkp), _reduce_halves(dvp)
+        for w, (dka, dva) in enumerate(zip(dkp, dvp)):
             key0, key1 = kb0 + w * 16 + G, kb0 + w * 16 + G + 8
             for d in range(hd // 8):
                 for keys, cols in ((key0, (0, 1)), (key1, (2, 3))):
@@ -431,14 +437,14 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
         nr = min(BR, L - q0)
         Ls[:nr], Ds[:nr] = lse[q0 : q0 + nr] * np.float32(LOG2E), D[q0 : q0 + nr]
         dqp = []
-        for w in range(8):
-            wr, ks0 = w % 4, (w // 4) * sub
+        for w in range(bw):
+            wr, subs = w % 4, ([w // 4] if bw == 8 else [0, 1])
             r0, r1 = wr * 16 + G, wr * 16 + G + 8
             dqa = [np.zeros((32, 4)) for _ in range(hd // 8)]
             kend = min(S, q0 + BR) if causal else S
             for k0 in range(0, kend, BR):
                 Ks, Vs = load_tile(X, k, k0, S, hd), load_tile(X, v, k0, S, hd)
-                if True:  # this warp's half of the tile
+                for ks0 in (h * sub for h in subs):
                     s = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     dp = [np.zeros((32, 4)) for _ in range(sub // 8)]
                     for ks in range(hd // X.KS):
@@ -456,7 +462,7 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                             dp[n][:, e] = p * (f32(dp[n][:, e]) - Ds[rr])
                     dqa = acc_pv(X, dqa, dp, Ks, ks0, sub // X.KS)  # dQ += dS K
             dqp.append(dqa)
-        for w, dqa in enumerate(_reduce_halves(dqp)):
+        for w, dqa in enumerate(_reduce_halves(dqp) if bw == 8 else dqp):
             r0, r1 = w * 16 + G, w * 16 + G + 8
             for d in range(hd // 8):
                 for rr, cols in ((r0, (0, 1)), (r1, (2, 3))):

@@ -207,12 +207,24 @@ def test_mma_smem_sizes():
     assert sdpa._mma_smem("tf32x3", 128, "bwd") == sdpa._mma_smem("tf32", 128, "bwd")
     src = (KDIR / "sdpa_mma.cu").read_text()
     assert "MMA_ENTRIES(tf32x3, TF32X3W, float, 64," in src and "MMA_ENTRIES(tf32x3, TF32X3, float, 128," in src
-    # mma blocks: 8 warps; forward blocks own 128 queries, backward blocks 64 rows (SIMT: 64 everywhere)
-    assert "constexpr int BWD_THREADS = 256;" in src and "constexpr int FWD_ROWS = 128;" in src
     assert "constexpr int BR = 64;" in src and sdpa.BR == 64
-    for v in ("tf32", "tf32x3", "bf16"):
-        assert sdpa._names(v, 64)[2] == 256 and sdpa._fwd_rows(v) == 128
-    assert sdpa._names("f32", 64)[2] == 128 and sdpa._fwd_rows("f32") == 64
+    assert sdpa._names("f32", 64, "bwd")[2] == 128 and sdpa._fwd_rows("f32", 64) == 64
+
+
+def test_mma_warps_mirror_the_entries():
+    """sdpa.py's MMA_WARPS (threads and forward rows of each launch) = the FW / BW of every MMA_ENTRIES line, and the
+    emulation runs the same block shapes."""
+    src = (KDIR / "sdpa_mma.cu").read_text()
+    rows = re.findall(r"^MMA_ENTRIES\((\w+), (\w+), \w+, (\d+), (\d+), (\d+), (\d+), (\d+)\)", src, re.M)
+    assert len(rows) == 6
+    for name, trait, hd, fw, _fmin, bw, _bmin in rows:
+        assert sdpa.MMA_WARPS[name, int(hd)] == (int(fw), int(bw)), name
+        assert int(fw) in (4, 8) and int(bw) in (4, 8)
+        assert sdpa._names(name, int(hd))[2] == 32 * int(fw) and sdpa._names(name, int(hd), "bwd")[2] == 32 * int(bw)
+        assert sdpa._fwd_rows(name, int(hd)) == 16 * int(fw)
+        if int(hd) == 64:
+            emu = {"TF32": "Tf32", "TF32X3W": "Tf32x3W", "BF16": "Bf16"}[trait]
+            assert em.WARPS[emu] == (int(fw), int(bw))
 
 
 def _cuda_ok() -> bool:

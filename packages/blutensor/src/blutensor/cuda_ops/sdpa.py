@@ -26,7 +26,16 @@ from blutensor.ops.table import Kernel
 SIMT_HD = (32, 64, 128)
 MMA_HD = (64, 128)
 BR = 64  # query (or key) rows per block in every variant but the mma forward
-MMA_FWD_ROWS = 128  # queries per block of the mma forward (FWD_ROWS in sdpa_mma.cu)
+#: warps of a forward and a backward block of the mma kernels per (variant, head dim): MMA_ENTRIES' FW and BW
+#: in sdpa_mma.cu (a mma forward block owns 16 queries a warp)
+MMA_WARPS = {
+    ("tf32", 64): (8, 8),
+    ("tf32", 128): (8, 8),
+    ("tf32x3", 64): (8, 8),
+    ("tf32x3", 128): (8, 8),
+    ("bf16", 64): (4, 4),
+    ("bf16", 128): (4, 4),
+}
 
 
 def supports(variant: str, hd: int) -> bool:
@@ -59,16 +68,16 @@ def _check(q, k, v, variant):
         raise ShapeError(f"flash attention ({variant}): head dim {q.shape[2]} not supported")
 
 
-def _names(variant: str, hd: int):
-    """(kernel file, entry suffix, threads per block) of a variant's entries."""
+def _names(variant: str, hd: int, kind: str = "fwd"):
+    """(kernel file, entry suffix, threads per block) of a variant's forward ('fwd') or backward ('bwd')."""
     if variant == "f32":
         return "sdpa.cu", f"simt_hd{hd}", 64 * (hd // 32)
-    return "sdpa_mma.cu", f"{variant}_hd{hd}", 256  # 8 warps (FWD_ROWS / 16, BWD_THREADS in sdpa_mma.cu)
+    return "sdpa_mma.cu", f"{variant}_hd{hd}", 32 * MMA_WARPS[variant, hd][kind == "bwd"]
 
 
-def _fwd_rows(variant: str) -> int:
+def _fwd_rows(variant: str, hd: int) -> int:
     """Queries per forward block."""
-    return BR if variant == "f32" else MMA_FWD_ROWS
+    return BR if variant == "f32" else 16 * MMA_WARPS[variant, hd][0]
 
 
 def _mma_smem(variant: str, hd: int, kind: str) -> int:
@@ -98,7 +107,7 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     launch(
         file,
         f"blu_sdpa_forward_{tag}",
-        (math.ceil(L / _fwd_rows(variant)), BH),
+        (math.ceil(L / _fwd_rows(variant, hd)), BH),
         threads,
         (q, k, v, o, lse, np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal))),
         shared_mem=smem,
@@ -128,7 +137,7 @@ def flash_attention_backward(
         256,
         (do, o, D, np.int64(rows), np.int32(hd)),
     )
-    file, tag, threads = _names(variant, hd)
+    file, tag, threads = _names(variant, hd, "bwd")
     smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
     args = (q, k, v, do, lse, D)
     tail = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
@@ -314,7 +323,7 @@ def qkv_attention_forward(qkv5, causal: bool, scale: float | None, variant: str)
     launch(
         file,
         f"blu_sdpa_forward_strided_{tag}",
-        (math.ceil(T / _fwd_rows(variant)), B * H),
+        (math.ceil(T / _fwd_rows(variant, hd)), B * H),
         threads,
         (q, k, v, o, lse, np.int32(T), np.int32(T), np.float32(sc), np.int32(bool(causal)))
         + _lay_args(H, layout(q), layout(k), layout(o)),
@@ -346,7 +355,7 @@ def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, 
         (do, o, D, np.int64(rows), np.int32(hd), np.int32(T), np.int32(H), np.int64(lo[0]), np.int64(lo[1]),
          np.int32(lo[2])),
     )
-    file, tag, threads = _names(variant, hd)
+    file, tag, threads = _names(variant, hd, "bwd")
     smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
     tail = (np.int32(T), np.int32(T), np.float32(sc), np.int32(bool(causal))) + _lay_args(
         H, layout(q), layout(k), layout(do)

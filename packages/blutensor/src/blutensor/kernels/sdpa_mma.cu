@@ -20,9 +20,9 @@ typedef unsigned int u32;
 
 namespace mma {
 
-constexpr int BR = 64;            // rows of a staged tile; rows a backward block owns
-constexpr int FWD_ROWS = 128;     // forward: queries a block owns, 8 warps x 16 rows
-constexpr int BWD_THREADS = 256;  // backward: 8 warps, two per 16 rows, each taking half of every streamed tile
+constexpr int BR = 64;  // rows of a staged tile; rows a backward block owns
+// W, the warps of a block (4 or 8, per variant and kernel: MMA_ENTRIES): the forward block owns 16 W queries;
+// the backward block 64 rows, W = 8 giving two warps to every 16 rows, each taking half of every streamed tile
 
 __device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
 __device__ __forceinline__ u32 f2bf(float x) {
@@ -290,8 +290,8 @@ struct BF16 {
 };
 
 // backward: the block's own two tiles (K, V in dK/dV; Q, dO in dQ) as A fragments in registers when they take
-// at most MAXREG registers a thread, else loaded per use. dK/dV: never, dQ: 32 (bf16 at HD 64): the HD 64
-// backward kernels must stay within 128 registers (two blocks of 256 threads a multiprocessor)
+// at most MAXREG registers a thread, else loaded per use. 4 warps: dK/dV 32, dQ 64; 8 warps: dK/dV never, dQ
+// 32 (the HD 64 kernels must stay within 128 registers: two blocks of 256 threads a multiprocessor)
 template <typename X, int HD, int MAXREG> struct OwnInRegs {
     static constexpr bool value = 2 * (HD / X::KS) * X::NA <= MAXREG;
 };
@@ -403,8 +403,35 @@ struct Lay {
 __device__ __forceinline__ Lay dense(int n, int HD) { Lay l; l.sb = (long long)n * HD; l.sh = 0; l.st = HD; l.H = 1; return l; }
 __device__ __forceinline__ Lay lay(long long sb, long long sh, int st, int H) { Lay l; l.sb = sb; l.sh = sh; l.st = st; l.H = H; return l; }
 
+// backward, 8 warps: warps 4-7 hand their partial sums a[DT][4] (and b, NACC = 2) to warps 0-3 (same rows)
+// through red (free shared memory, 128 * 4 * DT * NACC floats); those add them after their own: fixed order
+template <int DT, int NACC>
+__device__ __forceinline__ void reduce_halves(float* red, float (*a)[4], float (*b)[4], int half) {
+    __syncthreads();  // every warp is done with the stage area
+    const int rt = threadIdx.x & 127;
+    if (half) {
+#pragma unroll
+        for (int d = 0; d < DT; ++d)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                red[(NACC * (d * 4 + e)) * 128 + rt] = a[d][e];
+                if constexpr (NACC == 2) red[(2 * (d * 4 + e) + 1) * 128 + rt] = b[d][e];
+            }
+    }
+    __syncthreads();
+    if (!half) {
+#pragma unroll
+        for (int d = 0; d < DT; ++d)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                a[d][e] += red[(NACC * (d * 4 + e)) * 128 + rt];
+                if constexpr (NACC == 2) b[d][e] += red[(2 * (d * 4 + e) + 1) * 128 + rt];
+            }
+    }
+}
+
 // ================================================================ forward
-template <typename X, int HD, typename T = typename X::T>
+template <typename X, int HD, int W, typename T = typename X::T>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                         float* __restrict__ lse, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
     constexpr int KS = X::KS, LD = tile_ld<X, HD>(), NT = BR / 8, DT = HD / 8;
@@ -412,20 +439,21 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     T* Ks = reinterpret_cast<T*>(smem_raw);
     T* Vs = Ks + BR * LD;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, q0 = blockIdx.x * FWD_ROWS;
+    constexpr int FR = 16 * W;  // queries of the block
+    static_assert(W == 4 || W == 8, "4 or 8 warps");
+    const int bh = blockIdx.y, q0 = blockIdx.x * FR;
     const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;  // this thread's two query rows
     const T* qb = q + lq.base(bh);
     const T* kb = k + lk.base(bh);
     const T* vb = v + lk.base(bh);
     const float c = scale * BLU_LOG2E;
 
-    // Q fragments of this warp's 16 rows, kept in registers (the 128 Q rows staged where K0, V0 go)
-    static_assert(FWD_ROWS == 2 * BR, "Q is staged as two tiles");
+    // Q fragments of this warp's 16 rows, kept in registers (the block's Q rows staged where K0 (, V0) go)
     // (tf32x3: the split fragments would take 64 / 128 registers; the raw bits are kept, split per use)
     constexpr bool QRAW = X::NA == 8;
     u32 qa[HD / KS][QRAW ? 4 : X::NA];
-    load_tile<X, HD, !QRAW>(Ks, qb, q0, L, lq.st);
-    load_tile<X, HD, !QRAW>(Ks + BR * LD, qb, q0 + BR, L, lq.st);
+#pragma unroll
+    for (int j = 0; j < FR / BR; ++j) load_tile<X, HD, !QRAW>(Ks + j * BR * LD, qb, q0 + j * BR, L, lq.st);
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < HD / KS; ++ks) {
@@ -444,7 +472,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     for (int d = 0; d < DT; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
     float m0 = BLU_NEG_INF, m1 = BLU_NEG_INF, l0 = 0.f, l1 = 0.f;
     int kend = S;
-    if (causal) kend = min(S, q0 + FWD_ROWS);
+    if (causal) kend = min(S, q0 + FR);
 #ifndef BLU_SYNC_TILES
     if (kend > 0) {
         load_tile_async<X, HD>(Ks, kb, 0, S, lk.st);
@@ -560,21 +588,21 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 // ================================================================ backward: dK, dV (block owns 64 keys)
 // smem: Ks, Vs (own keys), two stages of {Qs, Os (=dO)} tiles of 64 queries, then Ls[2][64] (lse * log2 e),
 // Ds[2][64]; the next query tile streams in (cp.async) while the current one is used
-template <typename X, int HD, typename T = typename X::T>
+template <typename X, int HD, int W, typename T = typename X::T>
 __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                               const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                               T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal,
                               Lay lq, Lay lk, Lay lo) {
     constexpr int KS = X::KS, LD = tile_ld<X, HD>(), DT = HD / 8;
     constexpr int QSUB = BR / 2, NT = QSUB / 8;  // queries per warp and tile: warps 4-7 take the second half
-    static_assert(2 * DT * 4 * BWD_THREADS / 2 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
+    static_assert(W == 4 || 2 * DT * 4 * 128 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = reinterpret_cast<T*>(smem_raw);
     T* Vs = Ks + BR * LD;
     T* Q0 = Vs + BR * LD;  // stage s: Q at Q0 + s * 2 * BR * LD, dO right after it
     float* L0 = reinterpret_cast<float*>(Q0 + 4 * BR * LD);  // stage s: Ls at L0 + s * 2 * BR, Ds after it
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int wr = warp & 3, half = warp >> 2;  // key rows wr * 16 .. +15; queries half * QSUB .. +QSUB-1
+    const int wr = warp & 3, half = warp >> 2;  // key rows wr * 16 .. +15; W = 8: queries half * QSUB .. +QSUB-1
     const int bh = blockIdx.y, kb0 = blockIdx.x * BR;
     const int key0 = kb0 + wr * 16 + g, key1 = key0 + 8;
     const T* qb = q + lq.base(bh);
@@ -583,7 +611,7 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     load_tile<X, HD>(Ks, k + lk.base(bh), kb0, S, lk.st);
     load_tile<X, HD>(Vs, v + lk.base(bh), kb0, S, lk.st);
     // the warp's own K and V A-fragments stay in registers where they fit (else reloaded per use)
-    constexpr bool KEEP = OwnInRegs<X, HD, 0>::value;
+    constexpr bool KEEP = OwnInRegs<X, HD, W == 4 ? 32 : 0>::value;
     u32 kreg[KEEP ? HD / KS : 1][X::NA], vreg[KEEP ? HD / KS : 1][X::NA];
     if constexpr (KEEP) {
         __syncthreads();
@@ -642,8 +670,9 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         const T* Os = Qs + BR * LD;
         const float* Ls = L0 + stage * 2 * BR;
         const float* Ds = Ls + BR;
-        {
-            const int qs0 = half * QSUB;  // offset of this warp's queries inside the tile
+#pragma unroll 1
+        for (int sub = half; sub < 2; sub += W / 4) {  // W = 8: this warp's half; W = 4: both halves
+            const int qs0 = sub * QSUB;  // offset of the queries inside the tile
             float st[NT][4], dpt[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n)
@@ -690,29 +719,10 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
 #endif
     }
-    // warps 4-7 hand their partial dK, dV to warps 0-3 (same keys) through the free stage area; the sum has a
-    // fixed order: deterministic
-    __syncthreads();
-    float* red = reinterpret_cast<float*>(Q0);
-    const int rt = threadIdx.x & (BWD_THREADS / 2 - 1);
-    if (half) {
-#pragma unroll
-        for (int d = 0; d < DT; ++d)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                red[(2 * (d * 4 + e)) * (BWD_THREADS / 2) + rt] = dka[d][e];
-                red[(2 * (d * 4 + e) + 1) * (BWD_THREADS / 2) + rt] = dva[d][e];
-            }
-    }
-    __syncthreads();
+    // W = 8: warps 4-7 hand their partial dK, dV to warps 0-3 (same keys) through the free stage area; the sum
+    // has a fixed order: deterministic
+    if constexpr (W == 8) reduce_halves<DT, 2>(reinterpret_cast<float*>(Q0), dka, dva, half);
     if (half) return;
-#pragma unroll
-    for (int d = 0; d < DT; ++d)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            dka[d][e] += red[(2 * (d * 4 + e)) * (BWD_THREADS / 2) + rt];
-            dva[d][e] += red[(2 * (d * 4 + e) + 1) * (BWD_THREADS / 2) + rt];
-        }
     T* dkb = dk + lk.base(bh);
     T* dvb = dv + lk.base(bh);
 #pragma unroll
@@ -730,13 +740,13 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
 
 // ================================================================ backward: dQ (block owns 64 queries)
 // smem: Qs, Os (=dO) of own queries, two stages of {Ks, Vs} tiles of 64 keys, then Ls[64], Ds[64] of own queries
-template <typename X, int HD, typename T = typename X::T>
+template <typename X, int HD, int W, typename T = typename X::T>
 __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                             const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                             T* __restrict__ dq, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
     constexpr int KS = X::KS, LD = tile_ld<X, HD>(), DT = HD / 8;
     constexpr int KSUB = BR / 2, NT = KSUB / 8;  // keys per warp and tile: warps 4-7 take the second half
-    static_assert(DT * 4 * BWD_THREADS / 2 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
+    static_assert(W == 4 || DT * 4 * 128 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = reinterpret_cast<T*>(smem_raw);
     T* Os = Qs + BR * LD;
@@ -744,7 +754,7 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     float* Ls = reinterpret_cast<float*>(K0 + 4 * BR * LD);
     float* Ds = Ls + BR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int wr = warp & 3, half = warp >> 2;  // query rows wr * 16 .. +15; keys half * KSUB .. +KSUB-1
+    const int wr = warp & 3, half = warp >> 2;  // query rows wr * 16 .. +15; W = 8: keys half * KSUB .. +KSUB-1
     const int bh = blockIdx.y, q0 = blockIdx.x * BR;
     const int r0 = wr * 16 + g, r1 = r0 + 8;  // rows inside the block
     const T* kb = k + lk.base(bh);
@@ -758,7 +768,7 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         Ds[i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
     }
     // the warp's own Q and dO A-fragments stay in registers where they fit (else reloaded per use)
-    constexpr bool KEEP = OwnInRegs<X, HD, 32>::value;
+    constexpr bool KEEP = OwnInRegs<X, HD, W == 4 ? 64 : 32>::value;
     u32 qreg[KEEP ? HD / KS : 1][X::NA], oreg[KEEP ? HD / KS : 1][X::NA];
     if constexpr (KEEP) {
         __syncthreads();
@@ -804,8 +814,9 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         const T* Ks = K0 + stage * 2 * BR * LD;
         const T* Vs = Ks + BR * LD;
         const float l0 = Ls[r0], l1 = Ls[r1], d0 = Ds[r0], d1 = Ds[r1];
-        {
-            const int ks0 = half * KSUB;  // offset of this warp's keys inside the tile
+#pragma unroll 1
+        for (int sub = half; sub < 2; sub += W / 4) {  // W = 8: this warp's half; W = 4: both halves
+            const int ks0 = sub * KSUB;  // offset of the keys inside the tile
             float s[NT][4], dp[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n)
@@ -849,22 +860,9 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
 #endif
     }
-    // warps 4-7 hand their partial dQ to warps 0-3 (same rows) through the free stage area: fixed-order sum
-    __syncthreads();
-    float* red = reinterpret_cast<float*>(K0);
-    const int rt = threadIdx.x & (BWD_THREADS / 2 - 1);
-    if (half) {
-#pragma unroll
-        for (int d = 0; d < DT; ++d)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) red[(d * 4 + e) * (BWD_THREADS / 2) + rt] = dqa[d][e];
-    }
-    __syncthreads();
+    // W = 8: warps 4-7 hand their partial dQ to warps 0-3 (same rows) through the free stage area: fixed order
+    if constexpr (W == 8) reduce_halves<DT, 1>(reinterpret_cast<float*>(K0), dqa, dqa, half);
     if (half) return;
-#pragma unroll
-    for (int d = 0; d < DT; ++d)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dqa[d][e] += red[(d * 4 + e) * (BWD_THREADS / 2) + rt];
     T* dqb = dq + lq.base(bh);
     const int row0 = q0 + r0, row1 = q0 + r1;
 #pragma unroll
@@ -883,49 +881,50 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 #define BLU_LAYS                                                                                               \
     mma::lay(q_sb, q_sh, q_st, H), mma::lay(k_sb, k_sh, k_st, H), mma::lay(o_sb, o_sh, o_st, H)
 
-// Entries of one variant and head dim; FMIN / BMIN: blocks (of 256 threads) per multiprocessor the forward /
-// backward kernels are built for (2: at most 128 registers, two blocks share a multiprocessor when their shared
-// memory fits; tf32x3 needs more registers: 1)
-#define MMA_ENTRIES(NAME, X, T, HD, FMIN, BMIN)                                                                      \
-extern "C" __global__ void __launch_bounds__(256, FMIN)                                                        \
-blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,          \
-                                 float scale, int causal) {                                                    \
-    mma::forward<mma::X, HD>(q, k, v, o, lse, L, S, scale, causal, mma::dense(L, HD), mma::dense(S, HD),           \
-                        mma::dense(L, HD));                                                                    \
-}                                                                                                              \
-extern "C" __global__ void __launch_bounds__(256, BMIN)                                                        \
-blu_sdpa_backward_dkdv_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,    \
-                                       const float* D, T* dk, T* dv, int L, int S, float scale, int causal) {  \
-    mma::backward_dkdv<mma::X, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),           \
-                              mma::dense(S, HD), mma::dense(L, HD));                                           \
-}                                                                                                              \
-extern "C" __global__ void __launch_bounds__(256, BMIN)                                                        \
-blu_sdpa_backward_dq_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,      \
-                                     const float* D, T* dq, int L, int S, float scale, int causal) {           \
-    mma::backward_dq<mma::X, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, mma::dense(L, HD),                 \
-                            mma::dense(S, HD), mma::dense(L, HD));                                             \
-}                                                                                                              \
-extern "C" __global__ void __launch_bounds__(256, FMIN)                                                        \
-blu_sdpa_forward_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,  \
-                                         float scale, int causal, BLU_LAY_PARAMS) {                            \
-    mma::forward<mma::X, HD>(q, k, v, o, lse, L, S, scale, causal, BLU_LAYS);                                       \
-}                                                                                                              \
-extern "C" __global__ void __launch_bounds__(256, BMIN)                                                        \
-blu_sdpa_backward_dkdv_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,              \
-                                               const float* lse, const float* D, T* dk, T* dv, int L, int S,   \
-                                               float scale, int causal, BLU_LAY_PARAMS) {                      \
-    mma::backward_dkdv<mma::X, HD>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, BLU_LAYS);                   \
-}                                                                                                              \
-extern "C" __global__ void __launch_bounds__(256, BMIN)                                                        \
-blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,                \
-                                             const float* lse, const float* D, T* dq, int L, int S,            \
-                                             float scale, int causal, BLU_LAY_PARAMS) {                        \
-    mma::backward_dq<mma::X, HD>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                         \
+// Entries of one variant and head dim. FW / BW: warps of a forward / backward block (4 or 8; sdpa.py's MMA_WARPS
+// mirrors them); FMIN / BMIN: blocks a multiprocessor the kernels are built for (2 with 8 warps: at most 128
+// registers; 1: as many registers as they take). Chosen from H200 runs: 8 warps for tf32 and tf32x3 (backward
+// 1.46 -> 1.23 ms a GPT-2 layer), 4 for bf16 (8 was 10% slower).
+#define MMA_ENTRIES(NAME, X, T, HD, FW, FMIN, BW, BMIN)                                                                \
+extern "C" __global__ void __launch_bounds__(FW * 32, FMIN)                                                            \
+blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,                   \
+                                 float scale, int causal) {                                                            \
+    mma::forward<mma::X, HD, FW>(q, k, v, o, lse, L, S, scale, causal, mma::dense(L, HD), mma::dense(S, HD),           \
+                                 mma::dense(L, HD));                                                                   \
+}                                                                                                                      \
+extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
+blu_sdpa_backward_dkdv_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,            \
+                                       const float* D, T* dk, T* dv, int L, int S, float scale, int causal) {          \
+    mma::backward_dkdv<mma::X, HD, BW>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),          \
+                                       mma::dense(S, HD), mma::dense(L, HD));                                          \
+}                                                                                                                      \
+extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
+blu_sdpa_backward_dq_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,              \
+                                     const float* D, T* dq, int L, int S, float scale, int causal) {                   \
+    mma::backward_dq<mma::X, HD, BW>(q, k, v, dout, lse, D, dq, L, S, scale, causal, mma::dense(L, HD),                \
+                                     mma::dense(S, HD), mma::dense(L, HD));                                            \
+}                                                                                                                      \
+extern "C" __global__ void __launch_bounds__(FW * 32, FMIN)                                                            \
+blu_sdpa_forward_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,           \
+                                         float scale, int causal, BLU_LAY_PARAMS) {                                    \
+    mma::forward<mma::X, HD, FW>(q, k, v, o, lse, L, S, scale, causal, BLU_LAYS);                                      \
+}                                                                                                                      \
+extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
+blu_sdpa_backward_dkdv_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,                      \
+                                               const float* lse, const float* D, T* dk, T* dv, int L, int S,           \
+                                               float scale, int causal, BLU_LAY_PARAMS) {                              \
+    mma::backward_dkdv<mma::X, HD, BW>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, BLU_LAYS);                  \
+}                                                                                                                      \
+extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
+blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout,                        \
+                                             const float* lse, const float* D, T* dq, int L, int S,                    \
+                                             float scale, int causal, BLU_LAY_PARAMS) {                                \
+    mma::backward_dq<mma::X, HD, BW>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                        \
 }
 
-MMA_ENTRIES(tf32, TF32, float, 64, 2, 2)
-MMA_ENTRIES(tf32, TF32, float, 128, 1, 1)
-MMA_ENTRIES(tf32x3, TF32X3W, float, 64, 1, 1)
-MMA_ENTRIES(tf32x3, TF32X3, float, 128, 1, 1)
-MMA_ENTRIES(bf16, BF16, bf16_t, 64, 2, 2)
-MMA_ENTRIES(bf16, BF16, bf16_t, 128, 1, 1)
+MMA_ENTRIES(tf32, TF32, float, 64, 8, 2, 8, 2)
+MMA_ENTRIES(tf32, TF32, float, 128, 8, 1, 8, 1)
+MMA_ENTRIES(tf32x3, TF32X3W, float, 64, 8, 1, 8, 1)
+MMA_ENTRIES(tf32x3, TF32X3, float, 128, 8, 1, 8, 1)
+MMA_ENTRIES(bf16, BF16, bf16_t, 64, 4, 4, 4, 3)
+MMA_ENTRIES(bf16, BF16, bf16_t, 128, 4, 1, 4, 1)
