@@ -395,6 +395,18 @@ def bench_layer_norm(storage):
         )
     finally:
         ln._WPB = wpb0
+    ln.USE_REG_ROWS = False
+    try:  # the generic kernels (before the register-resident rows), for comparison
+        bench(f"layer_norm.fwd {storage} generic", sh, lambda: ln.layer_norm_forward(x, w, b), ln, 2 * nc + 8 * N)
+        bench(
+            f"layer_norm.bwd {storage} generic",
+            sh,
+            lambda: ln.layer_norm_backward(g, x, w, mean, rstd),
+            ln,
+            3 * nc + 8 * N,
+        )
+    finally:
+        ln.USE_REG_ROWS = True
 
 
 # ------------------------------------------------------------------ gelu

@@ -21,6 +21,8 @@ _FWD_NV = (1, 2, 3, 4, 6, 8)
 _BWD_NV = {"f32": (1, 2, 3, 4, 6, 8), "bf16": (1, 2, 3, 4)}
 #: warps (rows in flight) per block of the register-resident kernels
 _WPB = 8
+#: use the register-resident kernels when the row fits (False: always the generic kernels)
+USE_REG_ROWS = True
 
 
 def _vec_ok(C: int, arr_dtype, *arrays) -> bool:
@@ -48,7 +50,7 @@ def layer_norm_forward(x, weight, bias, eps: float = 1e-5, residual=None, write_
     if N == 0:
         return y, mean, rstd, s
     vec = _vec_ok(C, x.dtype, x, residual, s, weight, bias, y)
-    nv = reg_nv(C, x.dtype.itemsize, _FWD_NV) if vec else None
+    nv = reg_nv(C, x.dtype.itemsize, _FWD_NV) if vec and USE_REG_ROWS else None
     if nv is not None:  # the row lives in registers: read once, written once
         name = f"blu_layer_norm_forward_r{nv}_{suffix(x)}"
         grid = full_grid(FILE, name, _WPB * 32, -(-N // _WPB))
@@ -102,7 +104,7 @@ def layer_norm_backward(
             db.fill(0)
         return dx, dw, db
     vec = _vec_ok(C, x.dtype, g, x, weight, grad_sum, dx)
-    nv = reg_nv(C, x.dtype.itemsize, _BWD_NV[suffix(x)]) if vec else None
+    nv = reg_nv(C, x.dtype.itemsize, _BWD_NV[suffix(x)]) if vec and USE_REG_ROWS else None
     if nv is not None:  # rows and dweight/dbias partial sums in registers
         name = f"blu_layer_norm_backward_r{nv}_{suffix(x)}"
         smem = 2 * C * 4
@@ -164,7 +166,7 @@ def _reduce(part, nblocks: int, C: int, dw, db, sfx: str) -> None:
 
 
 class LayerNormCuda(Kernel):
-    """layer_norm on CUDA: one fused kernel forward (Welford, 128-bit loads), deterministic backward."""
+    """layer_norm on CUDA: one fused kernel forward (rows in registers when they fit), deterministic backward."""
 
     PLUGIN_NAME = "blutensor.cuda.layer_norm"
     OP = "layer_norm"
