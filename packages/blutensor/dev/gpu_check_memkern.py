@@ -258,6 +258,15 @@ def guarded(fn):
 RNG = np.random.default_rng(5150)
 
 
+def ddev(shape, storage: str):
+    """Standard-normal benchmark data made on the device (host RNG of GiB-sized arrays costs seconds)."""
+    cp = _cp()
+    from blutensor.backend import f32_to_bf16_bits
+
+    a = cp.random.standard_normal(shape, dtype=cp.float32)
+    return f32_to_bf16_bits(a, cp) if storage == "bf16" else a
+
+
 # ------------------------------------------------------------------ layer_norm
 @guarded
 def check_layer_norm_paths():
@@ -464,10 +473,9 @@ def check_gelu_paths():
 def bench_gelu(storage):
     import torch
     from blutensor.cuda_ops import gelu as ge
-    from gpu_check_kernels import dev
 
     n = 16 * 1024 * 3072
-    x, _ = dev(RNG.standard_normal(n).astype(np.float32), storage)
+    x = ddev(n, storage)
     g = x.copy()
     es = x.dtype.itemsize
     tdt = torch.float32 if storage == "f32" else torch.bfloat16
@@ -552,11 +560,10 @@ def check_cross_entropy_paths():
 def bench_cross_entropy(storage):
     import torch
     from blutensor.cuda_ops import cross_entropy as ce
-    from gpu_check_kernels import dev
 
     cp = _cp()
     N, C = 16384, 50304
-    z, _ = dev(RNG.standard_normal((N, C), dtype=np.float32), storage)
+    z = ddev((N, C), storage)
     t = cp.asarray(RNG.integers(0, 50257, N).astype(np.int64))
     es = z.dtype.itemsize
     tdt = torch.float32 if storage == "f32" else torch.bfloat16
@@ -643,10 +650,9 @@ def check_grad_norm_paths():
 def bench_grad_norm(storage):
     import torch
     from blutensor.cuda_ops import norm
-    from gpu_check_kernels import dev
 
     sizes = [math.prod(s) for s in GPT2]
-    gs = [dev(RNG.standard_normal(n, dtype=np.float32), storage)[0] for n in sizes]
+    gs = [ddev(n, storage) for n in sizes]
     es = gs[0].dtype.itemsize
     tdt = torch.float32 if storage == "f32" else torch.bfloat16
     tg = [torch.randn(s, device="cuda", dtype=tdt) for s in GPT2]
