@@ -1,14 +1,16 @@
-// Flash attention on the matrix units (mma.sync, sm_80+): tf32 (fp32 storage, m16n8k8) and bf16 (raw uint16
-// storage, m16n8k16), fp32 accumulation and softmax. Forward saves only the log-sum-exp; backward recomputes.
-// Layout: q (BH, L, HD), k/v (BH, S, HD) contiguous; o like q; lse (BH, L) fp32 natural log; HD in {64, 128}.
-// causal = query i sees keys j <= i (tril(ones(L, S))).
-// Blocks of 8 warps: forward 128 queries (16 rows a warp); backward 64 rows (keys in dK/dV, queries in dQ), two
-// warps per 16 rows, each taking half of every streamed tile, their partial sums added in a fixed order. Tiles of
-// 64 rows are staged in dynamic shared memory (row stride HD+4 floats for tf32, HD+8 halfwords for bf16,
-// which keeps the fragment loads free of bank conflicts); fragments are built with ldmatrix / shared loads.
-// The accumulator layout of S = Q K^T is the A operand of P V in registers (tf32: k permuted inside groups of 8,
-// see TF32::raw_b; bf16: packing). Backward: D = rowsum(dO*O) (sdpa.cu preprocess), then a dK/dV kernel and a dQ
-// kernel, each recomputing P: no atomics, deterministic.
+// Flash attention on the matrix units (mma.sync, sm_80+): tf32 (fp32 storage, m16n8k8), tf32x3 (fp32 storage,
+// 3xTF32: fp32-accurate, see TF32X3) and bf16 (raw uint16 storage, m16n8k16), fp32 accumulation and softmax.
+// Forward saves only the log-sum-exp; backward recomputes.
+// Layout: q (BH, L, HD), k/v (BH, S, HD) contiguous (or strided, struct Lay); o like q; lse (BH, L) fp32 natural
+// log; HD in {64, 128}. causal = query i sees keys j <= i (tril(ones(L, S))).
+// Blocks of W = 4 or 8 warps (per variant, MMA_ENTRIES): forward 16 W queries (16 rows a warp); backward 64 rows
+// (keys in dK/dV, queries in dQ), with 8 warps two per 16 rows, each taking half of every streamed tile, their
+// partial sums added in a fixed order. Tiles of 64 rows are staged in dynamic shared memory (row stride HD+4
+// floats for tf32, 2HD+4 for tf32x3 at HD 64 (big and small halves), HD+8 halfwords for bf16, which keeps the
+// fragment loads free of bank conflicts) through a two-stage cp.async pipeline; fragments are built with
+// ldmatrix / shared loads. The accumulator layout of S = Q K^T is the A operand of P V in registers (tf32: k
+// permuted inside groups of 8, see TF32::raw_b; bf16: packing). Backward: D = rowsum(dO*O) (sdpa.cu
+// preprocess), then a dK/dV kernel and a dQ kernel, each recomputing P: no atomics, deterministic.
 // Self-contained (no headers) so that NVRTC compiles it anywhere.
 
 typedef unsigned short bf16_t;
@@ -66,7 +68,7 @@ struct TF32 {
     static constexpr int PAD = 4;   // row padding (elements)
     static constexpr int NA = 4, NB = 2;
     // tiles are rounded to tf32 once as they are staged (prep_tile), so the loaders only move bits: 4x fewer
-    // conversions than rounding every fragment load (each of the 4 warps reads every streamed tile)
+    // conversions than rounding every fragment load (every warp of the block reads every streamed tile)
     static constexpr bool ROUND_TILES = true;
     static constexpr bool WIDE = false;  // see TF32X3W
     // raw bits of the fragments (tf32 loaders use them as they are; tf32x3 splits them)
@@ -202,7 +204,7 @@ struct TF32X3 : TF32 {
 };
 
 // tf32x3 on "wide" tiles, split once as they are staged: row = [big (HD) | small (HD)] + PAD, so the loaders read
-// both halves and convert nothing (4 warps read every streamed tile: 4x fewer splits). HD 64 only: the wide
+// both halves and convert nothing (every warp reads every streamed tile: 4-8x fewer splits). HD 64 only: the wide
 // tiles of HD 128 do not fit the shared memory.
 struct TF32X3W : TF32X3 {
     static constexpr bool WIDE = true;
