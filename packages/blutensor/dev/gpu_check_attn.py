@@ -12,7 +12,9 @@ ends (a timeout keeps what finished):
   speed    GPT-2 (B=16, H=12, T=1024, HD=64, causal, fused-qkv strided entries) and long context (B=2, H=12,
            T=16384, HD=64, causal): fwd and fwd+bwd ms (CUDA events, warm-up, median) per variant, next to
            torch SDPA in fp32 (allow_tf32=False), fp32 with tf32 allowed, bf16 (+ which backends accept them)
-Env: BLU_ATTN_SKIP=speed,long (comma list of sections to skip), BLU_ATTN_REPS (default 5).
+Env: BLU_ATTN_SKIP=speed,long,torch,... (comma list of sections to skip; 'torch': no PyTorch timings),
+BLU_ATTN_VARIANTS=tf32,tf32x3 (only these variants; tf32x3's x_f32 ratio needs f32 in the list),
+BLU_ATTN_REPS (default 5). Quick run (~1 min): BLU_ATTN_VARIANTS=tf32,tf32x3 BLU_ATTN_SKIP=torch,determinism.
 Budget: < 2.5 minutes on an H200.
 """
 
@@ -33,7 +35,10 @@ for src in sorted((ROOT / "packages").glob("*/src")):
 
 import numpy as np  # noqa: E402
 
-VARIANTS = ("f32", "tf32", "tf32x3", "bf16")
+VARIANTS = tuple(
+    v for v in ("f32", "tf32", "tf32x3", "bf16")
+    if v in (os.environ.get("BLU_ATTN_VARIANTS") or "f32,tf32,tf32x3,bf16").split(",")
+)
 #: max abs error / max |ref| (fwd: o and lse; bwd: dq, dk, dv)
 TOL = {
     "f32": {"fwd": 1e-5, "bwd": 5e-5},
@@ -465,7 +470,8 @@ def _print_speed(r):
 
 def speed(shape_name, B, H, T, hd, reps):
     _speed_blu(shape_name, B, H, T, hd, reps)
-    _speed_torch(shape_name, B, H, T, hd, reps)
+    if "torch" not in os.environ.get("BLU_ATTN_SKIP", "").split(","):
+        _speed_torch(shape_name, B, H, T, hd, reps)
 
 
 def summary():
