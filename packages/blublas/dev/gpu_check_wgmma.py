@@ -39,6 +39,8 @@ CHILD = sys.argv[2] if len(sys.argv) > 2 else ""
 T0 = float(os.environ.get("BLUBLAS_WGMMA_CHECK_T0") or time.time())  # children share the parent's clock
 os.environ["BLUBLAS_WGMMA_CHECK_T0"] = str(T0)
 RESULT: dict = {"sections": {}, "failures": []}
+# BLUBLAS_WGMMA_CHECK_FULL=1: also time the mma.sync kernels on TF32 NN/TN (compiling them costs ~80 s there)
+FULL = os.environ.get("BLUBLAS_WGMMA_CHECK_FULL", "0") == "1"
 COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_wgmma.py $OUT"
 TARGETS = {"bf16": 0.85, "tf32": 0.90}
 GROUPS = [("bf16", "nn"), ("bf16", "nt"), ("bf16", "tn"), ("tf32", "nt"), ("tf32", "nn"), ("tf32", "tn")]
@@ -256,7 +258,7 @@ def sec_bench(part: dict, precision: str, validated: list[str]) -> None:
         row.update(cublaslt_ms=round(ms_cublas, 4), cublaslt_tflops=round(flops / ms_cublas / 1e9, 1))
         use_tma = lay in validated
         cands = configs.candidates(variant if use_tma else configs.VARIANT_OF_PRECISION[precision], 90, m, n, k, 1, lay)
-        if use_tma and precision == "tf32" and lay != "nt":  # copies + NT kernel vs the mma.sync kernels
+        if FULL and use_tma and precision == "tf32" and lay != "nt":  # copies + NT kernel vs mma.sync kernels
             cands += configs.candidates("tf32", 90, m, n, k, 1, lay)
         by_cfg: dict = {}
         for cfg, s in cands:
@@ -384,11 +386,12 @@ def compile_all() -> None:
         for f in files
     ]
     # the mma.sync files (bench fall-back for layouts without a validated TMA kernel), CuPy's own cache
+    mma_files = ("gemm_mma_tf32.cu", "gemm_mma_bf16.cu") if FULL else ()  # big: ~80 s of NVRTC on the H200 host
     others = [
         subprocess.Popen(
             [sys.executable, "-c", code_mma, f, str(SRC)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        for f in ("gemm_mma_tf32.cu", "gemm_mma_bf16.cu", "transpose.cu")
+        for f in (*mma_files, "transpose.cu", "gemm_epilogue.cu")
     ]
     info = {}
     for f, p in procs:

@@ -336,6 +336,13 @@ class _Kernel:
             assert C % (2 * osz) == 0 and ldc % 2 == 0 and (nz == 1 or sC % 2 == 0), "pair flag misused"
             if flags & 8:
                 assert P % (2 * osz) == 0 and ldp % 2 == 0 and (nz == 1 or sP % 2 == 0), "pair flag misused"
+        LAUNCHES[-1]["flags"] = flags
+        if flags & 256:  # VEC8 (TMA kernels): 16-byte stores of 8 columns
+            osz = 2 if flags & 16 else 4
+            assert variant in configs.TMA_VARIANTS and splits == 1, "VEC8 outside the TMA kernels"
+            assert C % 16 == 0 and (ldc * osz) % 16 == 0 and (nz == 1 or (sC * osz) % 16 == 0), "VEC8 misused"
+            if flags & 8:
+                assert P % 16 == 0 and (ldp * osz) % 16 == 0 and (nz == 1 or (sP * osz) % 16 == 0), "VEC8 misused"
         if flags & 64:
             per = 8 if bf else 4
             assert A % 16 == 0 and B % 16 == 0 and lda % per == 0 and ldb % per == 0, "vector path misused"

@@ -123,3 +123,16 @@ def test_tensor_maps_are_cached_and_passed_as_one_element_128_byte_arrays(fcp):
     v = tma.encode(spec)
     assert isinstance(v, np.ndarray) and v.shape == (1,) and v.dtype.itemsize == 128 and v.nbytes == 128
     assert tma.encode(spec) is v
+
+
+def test_vec8_epilogue_flag_only_where_16_byte_rows_allow(fcp):
+    rng = np.random.default_rng(9)
+    for (m, n, k), want in (((256, 264, 128), True), ((256, 70, 128), False), ((130, 72, 104), True)):
+        for kw in ({}, {"epilogue": "gelu", "save_preact": True, "bias": "f32", "beta": 0.5}):
+            case = make_case(rng, m, n, k, layout="nt", precision="bf16", **kw)
+            assert check_case(case, fcp, config="128x128x64_pp_s6") <= case.tol
+            assert bool(fcp.LAUNCHES[-1]["flags"] & launch.F_VEC8) == want, (m, n, k, kw)
+    case = make_case(rng, 256, 264, 2048, layout="nt", precision="bf16")
+    assert check_case(case, fcp, config="128x128x64_pp_s6", splits=2) <= case.tol
+    gemm = [x for x in fcp.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
+    assert not gemm["flags"] & launch.F_VEC8  # split-K partials go through the reduce kernel

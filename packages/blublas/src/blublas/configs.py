@@ -225,6 +225,17 @@ ARCHS: dict[int, ArchInfo] = {
     ),
 }
 
+#: TMA kernels on the H200 (dev/gpu_check_wgmma.py run 2, fitted over the GPT-2 shapes): seconds per k tile
+#: and fixed seconds per output tile (epilogue, pipeline refill) of one CTA
+TMA_TILE_COST = {
+    "128x256x64_ws_s4": (0.775e-6, 7.8e-6),
+    "128x128x64_pp_s6": (0.406e-6, 4.0e-6),
+    "128x128x64_ws_s6": (0.416e-6, 4.1e-6),
+    "128x256x32_ws_s4": (0.782e-6, 3.8e-6),
+    "128x128x32_pp_s6": (0.413e-6, 1.7e-6),
+    "128x128x32_ws_s6": (0.434e-6, 3.9e-6),
+}
+
 SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MAX_WORKSPACE_BYTES = 128 << 20  # split-K partial products larger than this are not considered
 
@@ -308,6 +319,15 @@ def estimate_seconds(
     info = arch_info(cc)
     chunk, splits = k_chunk_for(cfg, k, splits)
     ctas = -(-m // cfg.bm) * -(-n // cfg.bn) * batch * splits
+    cost = TMA_TILE_COST.get(cfg.name) if cfg.variant in TMA_VARIANTS else None
+    if cost is not None:  # persistent kernels: ceil(tiles / SMs) tiles per CTA, each t0 + k tiles x t_k
+        t_k, t0 = cost
+        t = -(-ctas // sms) * (t0 + -(-chunk // cfg.bk) * t_k) + 4e-6
+        if splits > 1:
+            t += batch * m * n * (8.0 * splits + 2 * out_bytes) / info.bandwidth + 4e-6
+        if cfg.variant == "wgmma_tf32" and layout in ("nn", "tn"):  # K-major copies: read + write fp32
+            t += batch * ((k * n) + (k * m if layout == "tn" else 0)) * 8.0 / (0.7 * info.bandwidth) + 3e-6
+        return t
     acc_regs = cfg.bm * cfg.bn // cfg.threads
     regs = min(255, acc_regs + 48)
     occ = max(

@@ -16,6 +16,7 @@ from .api import Problem
 from .errors import GemmError
 
 F_BIAS, F_BIAS_BF16, F_GELU, F_PREACT, F_OUT_BF16, F_BETA, F_VEC, F_PAIR = 1, 2, 4, 8, 16, 32, 64, 128
+F_VEC8 = 256  # TMA kernels only (gemm_wgmma.cuh): 16-byte stores of 8 output columns
 EPILOGUE_FILE = "gemm_epilogue.cu"
 TRANSPOSE_FILE = "transpose.cu"
 MAX_GRID_Z = 65535
@@ -136,6 +137,12 @@ def kmajor_copies(p: Problem, ws_ptr: int) -> Problem:
     return dataclasses.replace(p, A=A, B=B, trans_a=False, trans_b=True)
 
 
+def vec8_ok(ptr: int, ld: int, bstride: int, batch: int, itemsize: int) -> bool:
+    """Whether 8 output columns starting at a multiple of 8 can be one 16-byte access per row (bf16; fp32:
+    two): 16-byte aligned base, leading dimension and batch stride."""
+    return ptr % 16 == 0 and (ld * itemsize) % 16 == 0 and (batch <= 1 or (bstride * itemsize) % 16 == 0)
+
+
 def pair_ok(ptr: int, ld: int, bstride: int, batch: int, itemsize: int) -> bool:
     """Whether columns (c, c+1), c even, of an output can be stored as one 2-element access."""
     return ptr % (2 * itemsize) == 0 and ld % 2 == 0 and (batch <= 1 or bstride % 2 == 0)
@@ -193,6 +200,10 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
     pair = pair_ok(cptr, ldc, sc, p.batch, osz) and (preact is None or pair_ok(pptr, ldp, sp, p.batch, osz))
     if pair:
         flags |= F_PAIR
+    if variant in configs.TMA_VARIANTS and splits == 1:
+        vec8 = vec8_ok(cptr, ldc, sc, p.batch, osz) and (preact is None or vec8_ok(pptr, ldp, sp, p.batch, osz))
+        if vec8:
+            flags |= F_VEC8
     extra: tuple = ()
     grid = (gx, gy, gz)
     block = (cfg.threads,)

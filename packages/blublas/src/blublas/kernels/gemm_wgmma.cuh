@@ -148,6 +148,74 @@ __device__ __forceinline__ void blu_wgmma_slice(float* acc, unsigned a_addr, uns
 }
 #endif  // BLU_HAVE_WGMMA
 
+// ---- epilogue: 8 columns at a time with 16-byte stores ----
+// Flag bit of the TMA kernels only (mirrored in blublas/launch.py): C (and P) rows allow 16-byte accesses of 8
+// consecutive columns starting at a multiple of 8 (16-byte aligned bases, leading dimensions, batch strides).
+#define BLU_F_VEC8 256
+
+__device__ __forceinline__ void blu_load8(const void* p, i64 off, bool bf, float* o) {
+  if (bf) {
+    const uint4 u = *(const uint4*)((const bf16_t*)p + off);
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      o[2 * j] = blu_bf16_to_f32((bf16_t)(w[j] & 0xffffu));
+      o[2 * j + 1] = blu_bf16_to_f32((bf16_t)(w[j] >> 16));
+    }
+  } else {
+    const float4 a = *(const float4*)((const float*)p + off), b = *(const float4*)((const float*)p + off + 4);
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+  }
+}
+
+__device__ __forceinline__ void blu_store8(void* p, i64 off, bool bf, const float* v) {
+  if (bf) {
+    unsigned w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      w[j] = (unsigned)blu_f32_to_bf16(v[2 * j]) | ((unsigned)blu_f32_to_bf16(v[2 * j + 1]) << 16);
+    *(uint4*)((bf16_t*)p + off) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    *(float4*)((float*)p + off) = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4*)((float*)p + off + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+// Columns c .. c + 7 of row r (c a multiple of 8): the fused epilogue with 16-byte loads/stores when
+// BLU_F_VEC8 allows and the 8 columns are inside the matrix, else column pairs (blu_epi_store2).
+__device__ __forceinline__ void blu_epi_store8(const BluEpi& e, int r, int c, float4 a, float4 b) {
+  const int f = e.flags;
+  if (!(f & BLU_F_VEC8) || r >= e.M || c + 8 > e.N) {
+    blu_epi_store2(e, r, c, a.x, a.y);
+    blu_epi_store2(e, r, c + 2, a.z, a.w);
+    blu_epi_store2(e, r, c + 4, b.x, b.y);
+    blu_epi_store2(e, r, c + 6, b.z, b.w);
+    return;
+  }
+  float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  const bool obf = (f & BLU_F_OUT_BF16) != 0;
+  const i64 off = (i64)r * e.ldc + c;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] *= e.alpha;
+  if (f & BLU_F_BETA) {
+    float o[8];
+    blu_load8(e.C, off, obf, o);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] += e.beta * o[j];
+  }
+  if (f & BLU_F_BIAS) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      v[j] += (f & BLU_F_BIAS_BF16) ? blu_bf16_to_f32(((const bf16_t*)e.bias)[c + j]) : ((const float*)e.bias)[c + j];
+  }
+  if (f & BLU_F_GELU) {
+    if (f & BLU_F_PREACT) blu_store8(e.P, (i64)r * e.ldp + c, obf, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = blu_gelu_tanh(v[j]);
+  }
+  blu_store8(e.C, off, obf, v);
+}
+
 // ---- epilogue staging (per consumer warpgroup: 64 rows x 32 fp32 columns, padded rows) ----
 #define BLU_EPI_LD 40
 #define BLU_EPI_BYTES (64 * BLU_EPI_LD * 4)
@@ -341,11 +409,11 @@ __device__ __forceinline__ void gemm_tma_body(BLU_GEMM_PARAMS, BLU_TMA_BODY_PARA
       const int row0 = tl.m0 + (PP ? ch / CH_PER_HALF : cw) * 64;
       const int col0 = tl.n0 + (ch % CH_PER_HALF) * 32;
 #pragma unroll 1
-      for (int it = 0; it < 4; ++it) {
-        const int idx = it * 128 + ltid, r = idx >> 3, c4 = (idx & 7) * 4;
-        const float4 v = *(const float4*)(buf + r * BLU_EPI_LD + c4);
-        blu_epi_store2(e, row0 + r, col0 + c4, v.x, v.y);
-        blu_epi_store2(e, row0 + r, col0 + c4 + 2, v.z, v.w);
+      for (int it = 0; it < 2; ++it) {  // 4 threads per 32-column row, 8 columns (16 bytes of bf16) each
+        const int idx = it * 128 + ltid, r = idx >> 2, c8 = (idx & 3) * 8;
+        const float4 v0 = *(const float4*)(buf + r * BLU_EPI_LD + c8);
+        const float4 v1 = *(const float4*)(buf + r * BLU_EPI_LD + c8 + 4);
+        blu_epi_store8(e, row0 + r, col0 + c8, v0, v1);
       }
     }
   }
