@@ -3,8 +3,10 @@ every layout, epilogues, split-K, batched, misaligned views), then the GPT-2 124
 (B*T=16384): every candidate (config, split-K) timed per shape next to cuBLASLt (blublas' ctypes provider),
 ratio per shape, geomean and min per config and for the best candidate, so one run tells which configs win.
 
-Run from the repo root on the GPU machine (< 2.5 minutes on an H200):
+Run from the repo root on the GPU machine (< 2.5 minutes on an H200; ~80 s of it is the NVRTC compile):
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_simt.py $OUT
+BLUBLAS_CHECK_QUICK=1: fewer correctness shapes; BLUBLAS_SIMT_BENCH=default: the benchmark times only the
+library's default (heuristic) choice per shape, not every candidate.
 Writes $OUT/blublas_simt_check.json after every step and every benchmark shape.
 """
 
@@ -30,6 +32,7 @@ os.environ["BLUBLAS_WGMMA"] = "0"  # fp32 has no wgmma variant; keep the other v
 T0 = time.time()
 BUDGET_S = float(os.environ.get("BLUBLAS_SIMT_BUDGET_S", "140"))  # benchmark stops adding candidates after
 QUICK = os.environ.get("BLUBLAS_CHECK_QUICK", "0") == "1"
+BENCH_ALL = os.environ.get("BLUBLAS_SIMT_BENCH", "all") != "default"
 RESULT: dict = {"env": {}, "checks": {}, "failures": [], "bench": [], "summary": {}, "timings": {}}
 COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_simt.py $OUT"
 BASELINES = ("128x128x8_s4", "128x128x16_s3")  # the previous winners (cp.async pipeline)
@@ -85,9 +88,11 @@ def run_check(check: str, case, cp, **kw) -> None:
 
 
 def simt_configs() -> list:
+    """This device's SIMT configs, plus the previous (cp.async) winners as baselines."""
     from blublas import configs, loader
 
-    return configs.configs_for("simt", loader.compute_capability())
+    out = configs.configs_for("simt", loader.compute_capability())
+    return out + [configs.ALL_CONFIGS["simt"][n] for n in BASELINES if all(c.name != n for c in out)]
 
 
 def correctness(cp) -> None:
@@ -204,8 +209,9 @@ def bench(cp) -> None:
 
 
 def _bench_shape(cp, cfgs: list, name: str, lay: str, m: int, n: int, k: int) -> dict:
-    """cuBLASLt and every (config, split) candidate on one GPT-2 shape; the best one checked against cuBLASLt."""
-    from blublas import api
+    """cuBLASLt, the library's default choice and every (config, split) candidate
+    on one GPT-2 shape (BLUBLAS_SIMT_BENCH=default: the default only); the best one checked against cuBLASLt."""
+    from blublas import api, launch
 
     row = {"name": name, "layout": lay, "M": m, "N": n, "K": k, "candidates_ms": {}}
     flops = 2.0 * m * n * k
@@ -217,7 +223,17 @@ def _bench_shape(cp, cfgs: list, name: str, lay: str, m: int, n: int, k: int) ->
         kw = dict(trans_a=ta, trans_b=tb, precision="fp32")
         ms_cublas = _time_ms(cp, lambda: api.gemm(a, b, ref, provider="cublas", **kw))
         row.update(cublaslt_ms=round(ms_cublas, 4), cublaslt_tflops=round(flops / ms_cublas / 1e9, 1))
-        for cfg in cfgs:
+        # the library's own choice when not autotuning (heuristic), timed through the plain call
+        p = api.plan(a, b, out, alpha=1.0, beta=0.0, bias=None, epilogue="none", save_preact=None, batched=False, **kw)
+        with cp.cuda.Device(p.device_id):
+            dcfg, dsplit = launch.select(p, cp.cuda.get_current_stream(), None, None, False)
+        ms_default = _time_ms(cp, lambda: api.gemm(a, b, out, autotune=False, **kw))
+        row.update(
+            default=f"{dcfg.name}/s{dsplit}",
+            default_ms=round(ms_default, 4),
+            default_ratio=round(ms_cublas / ms_default, 3),
+        )
+        for cfg in cfgs if BENCH_ALL else []:
             for s in splits_for(cfg, m, n, k):
                 if time.time() - T0 > BUDGET_S and s > 1:
                     row["truncated"] = True
@@ -228,6 +244,7 @@ def _bench_shape(cp, cfgs: list, name: str, lay: str, m: int, n: int, k: int) ->
                     row["candidates_ms"][key] = round(ms, 4)
                 except Exception as exc:  # noqa: BLE001
                     row["candidates_ms"][key] = f"{type(exc).__name__}: {exc}"[:300]
+        row["candidates_ms"].setdefault(row["default"], row["default_ms"])
         ok = {key: v for key, v in row["candidates_ms"].items() if isinstance(v, float)}
         if ok:
             best = min(ok, key=ok.get)
@@ -246,7 +263,8 @@ def _bench_shape(cp, cfgs: list, name: str, lay: str, m: int, n: int, k: int) ->
                 per_cfg[cn] = min(per_cfg.get(cn, v), v)
             row["ratio_per_config"] = {cn: round(ms_cublas / v, 3) for cn, v in per_cfg.items()}
             log(
-                f"{name:14s} {lay} {m}x{n}x{k}: best {row['best_tflops']:5.1f} TF ({best}) cuBLASLt "
+                f"{name:14s} {lay} {m}x{n}x{k}: default {row['default']} {row['default_ratio']:.3f}, "
+                f"best {row['best_tflops']:5.1f} TF ({best}) cuBLASLt "
                 f"{row['cublaslt_tflops']:5.1f} TF ratio {row['ratio']:.3f} "
                 f"diff {row['max_rel_diff_vs_cublaslt']:.1e} | "
                 + " ".join(f"{cn}:{r:.2f}" for cn, r in row["ratio_per_config"].items())
@@ -276,6 +294,11 @@ def summarize() -> None:
         "shapes": len(rows),
         "meets_target": _geomean(rs) >= 0.9 and min(rs) >= 0.6 and len(rows) == len(GPT2_SHAPES),
     }
+    ds = [r["default_ratio"] for r in rows if "default_ratio" in r]
+    if ds:
+        s["default_geomean_ratio"] = _geomean(ds)
+        s["default_min_ratio"] = min(ds)
+        s["default_meets_target"] = _geomean(ds) >= 0.9 and min(ds) >= 0.6 and len(ds) == len(GPT2_SHAPES)
     names = sorted({cn for r in rows for cn in r.get("ratio_per_config", {})})
     s["per_config"] = {}
     for cn in names:
@@ -350,6 +373,10 @@ def main() -> None:
             f"best: geomean {s['best_geomean_ratio']} x cuBLASLt, min {s['best_min_ratio']} ({s['best_min_shape']}), "
             f"meets target: {s['meets_target']}; autotuner splits only {s['best_with_autotuner_splits']}; "
             f"new configs only {s['best_new_configs_only']}; baselines only {s['best_baselines_only']}"
+        )
+        print(
+            f"library default (heuristic, no autotune): geomean {s.get('default_geomean_ratio')} min "
+            f"{s.get('default_min_ratio')} meets target: {s.get('default_meets_target')}"
         )
         for cn, v in s["per_config"].items():
             print(f"  {cn:16s} geomean {v['geomean']:.3f} min {v['min']:.3f} over {v['shapes']} shapes")

@@ -41,5 +41,7 @@ def test_gpu_check_simt_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
     names = {c.split("/s")[0] for r in res["bench"] for c in r["candidates_ms"]}
     assert {"128x128x8_s2", "128x128x8_s4"} <= names
     assert any(c.endswith("/s7") for c in res["bench"][1]["candidates_ms"])  # split-K candidates on the dW shape
+    assert all(r["default"].startswith("128x128x8_s2/") and r["default_ratio"] > 0 for r in res["bench"])
     s = res["summary"]
     assert s["shapes"] == 2 and "128x128x8_s2" in s["per_config"] and s["best_geomean_ratio"] > 0
+    assert s["default_geomean_ratio"] > 0

@@ -121,12 +121,9 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _simt(128, 128, 16, 3),
             _simt(128, 64, 8, 4),
             _simt(64, 64, 8, 4),
-            _simt(128, 256, 8, 4),  # sm_90 candidates: 512 threads; a deeper pipeline
-            _simt(128, 128, 8, 6),
-            # stages == 2: register-staged double buffer, 16-byte global loads, warp tile 32 x 64
+            # stages == 2: register-staged double buffer, 16-byte global loads, warp tile 32 x 64 (H200:
+            # 0.905x cuBLASLt geomean on GPT-2's fp32 GEMMs, where the cp.async configs above reach 0.70x)
             _simt(128, 128, 8, 2),
-            _simt(128, 256, 8, 2),
-            _simt(256, 128, 8, 2),
         )
     },
 }
@@ -156,7 +153,7 @@ ARCHS: dict[int, ArchInfo] = {
         {
             "bf16": ("128x256x32_w2x4_s4", "128x128x64_w2x2_s3", "128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
             "tf32": ("128x128x32_w2x2_s3", "128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
-            "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4"),
+            "simt": ("128x128x8_s4", "128x128x16_s3", "128x64x8_s4", "64x64x8_s4", "128x128x8_s2"),
         },
     ),
     86: ArchInfo(
@@ -169,7 +166,7 @@ ARCHS: dict[int, ArchInfo] = {
         {
             "bf16": ("128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
             "tf32": ("128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
-            "simt": ("128x128x8_s4", "128x64x8_s4", "64x64x8_s4"),
+            "simt": ("128x128x8_s4", "128x64x8_s4", "64x64x8_s4", "128x128x8_s2"),
         },
     ),
     89: ArchInfo(
@@ -182,7 +179,7 @@ ARCHS: dict[int, ArchInfo] = {
         {
             "bf16": ("128x128x32_w2x2_s4", "64x128x32_w2x2_s4"),
             "tf32": ("128x128x16_w2x4_s4", "128x64x32_w2x2_s3", "64x64x32_w2x2_s4"),
-            "simt": ("128x128x8_s4", "128x64x8_s4", "64x64x8_s4"),
+            "simt": ("128x128x8_s4", "128x64x8_s4", "64x64x8_s4", "128x128x8_s2"),
         },
     ),
     90: ArchInfo(
@@ -208,17 +205,9 @@ ARCHS: dict[int, ArchInfo] = {
                 "64x64x32_w2x2_s4",
                 "128x256x32_w2x4_s3",
             ),
-            "simt": (
-                "128x128x8_s4",
-                "128x128x16_s3",
-                "128x64x8_s4",
-                "64x64x8_s4",
-                "128x256x8_s4",
-                "128x128x8_s6",
-                "128x128x8_s2",
-                "128x256x8_s2",
-                "256x128x8_s2",
-            ),
+            # H200 (dev/gpu_check_simt.py): the register-staged 128x128x8_s2 won every GPT-2 fp32 shape, by
+            # 0.17-0.3x of cuBLASLt over the cp.async configs and the 128x256 / 256x128 tiles
+            "simt": ("128x128x8_s2",),
             "wgmma": ("128x256x64_ws_s4", "128x128x64_pp_s6", "128x128x64_ws_s6"),
             "wgmma_tf32": ("128x256x32_ws_s4", "128x128x32_pp_s6", "128x128x32_ws_s6"),
         },
@@ -237,6 +226,9 @@ TMA_TILE_COST = {
 }
 
 SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+#: per-variant split lists: SIMT tiles fill 132 SMs x 2 CTAs best with 7 or 11 splits on GPT-2's dW shapes
+#: (H200: dW 768x768x16384 0.80x -> 0.86x cuBLASLt with 7 instead of 6 or 8, 3072x768x16384 0.81x -> 0.90x with 11)
+SPLIT_CHOICES_OF_VARIANT = {"simt": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16)}
 MAX_WORKSPACE_BYTES = 128 << 20  # split-K partial products larger than this are not considered
 
 
@@ -359,7 +351,7 @@ def candidates(
     for cfg in configs_for(variant, cc):
         if layout is not None and layout not in cfg.layouts:
             continue
-        for s in SPLIT_CHOICES:
+        for s in SPLIT_CHOICES_OF_VARIANT.get(variant, SPLIT_CHOICES):
             if s == 1:
                 out.append((cfg, s))
             elif (

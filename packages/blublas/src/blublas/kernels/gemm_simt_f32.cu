@@ -355,10 +355,5 @@ BLU_SIMT_CONFIG(128x128x8_s4, 128, 128, 8, 4)
 BLU_SIMT_CONFIG(128x128x16_s3, 128, 128, 16, 3)
 BLU_SIMT_CONFIG(128x64x8_s4, 128, 64, 8, 4)
 BLU_SIMT_CONFIG(64x64x8_s4, 64, 64, 8, 4)
-// sm_90 candidates (autotuner): 512-thread 128x256 tile, and a deeper pipeline
-BLU_SIMT_CONFIG(128x256x8_s4, 128, 256, 8, 4)
-BLU_SIMT_CONFIG(128x128x8_s6, 128, 128, 8, 6)
-// register-staged double buffer (stages == 2), warp tile 32 x 64
+// register-staged double buffer (stages == 2), warp tile 32 x 64: the sm_90 choice (H200: 0.905x cuBLASLt)
 BLU_SIMT_CONFIG(128x128x8_s2, 128, 128, 8, 2)
-BLU_SIMT_CONFIG(128x256x8_s2, 128, 256, 8, 2)
-BLU_SIMT_CONFIG(256x128x8_s2, 256, 128, 8, 2)
