@@ -332,8 +332,37 @@ def sec_bench(part: dict, precision: str, validated: list[str]) -> None:
         cp.get_default_memory_pool().free_all_blocks()
 
 
+def sec_diag(part: dict) -> None:
+    """Where the time goes on the short-K shapes: every bf16 TMA config with the epilogue skipped (child started
+    with BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE=1) and with fp32 instead of bf16 output (twice the bytes stored)."""
+    import cupy as cp
+    from blublas import api, configs, launch
+
+    os.environ["BLUBLAS_WGMMA"] = "1"
+    part["no_epilogue_flag"] = launch.F_NO_EPILOGUE
+    for name, lay, m, n, k in [r for r in GPT2_SHAPES if r[0] in ("fwd_fc", "dx_fc_proj", "fwd_fc_proj", "dw_fc")]:
+        ta, tb = lay[0] == "t", lay[1] == "t"
+        a = cp.zeros((k, m) if ta else (m, k), cp.uint16)
+        b = cp.zeros((n, k) if tb else (k, n), cp.uint16)
+        flops = 2.0 * m * n * k
+        row = {}
+        for out_dt in (cp.uint16, cp.float32):
+            out = cp.empty((m, n), out_dt)
+            for cfg in configs.configs_for("wgmma", 90):
+                ms = _time_ms(
+                    cp,
+                    lambda a=a, b=b, out=out, c=cfg.name, ta=ta, tb=tb: api.gemm(
+                        a, b, out, trans_a=ta, trans_b=tb, precision="bf16", config=c, splits=1
+                    ),
+                )
+                row[f"{cfg.name}/{'bf16' if out_dt == cp.uint16 else 'f32'}_out"] = round(flops / ms / 1e9, 1)
+        part[name] = row
+        log(f"diag {name} (no epilogue: {bool(launch.F_NO_EPILOGUE)}): {row}")
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 # ---------------------------------------------------------------- parent
-def run_child(name: str, args: list[str], timeout: float) -> dict:
+def run_child(name: str, args: list[str], timeout: float, env: dict | None = None) -> dict:
     part_path = SCRATCH / "parts" / f"{name}.json"
     part_path.parent.mkdir(parents=True, exist_ok=True)
     t = time.time()
@@ -343,6 +372,7 @@ def run_child(name: str, args: list[str], timeout: float) -> dict:
             capture_output=True,
             text=True,
             timeout=timeout,
+            env={**os.environ, **(env or {})},
         )
         rc = proc.returncode
         tail = (proc.stdout + proc.stderr)[-3000:]
@@ -490,6 +520,9 @@ def main() -> None:
             continue
         run_child(f"bench_{prec}", [prec, ",".join(validated[prec])], max(30, 175 - (time.time() - T0)))
         summarize()
+    if validated["bf16"] and time.time() - T0 < 150:  # diagnostics: epilogue skipped, then fp32 output
+        run_child("diag_no_epilogue", [], 40, {"BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE": "1"})
+        run_child("diag_with_epilogue", [], 40)
     print("\n==== blublas wgmma check summary ====")
     print(f"smoke: { ({k: v.get('ok') for k, v in smoke.items() if isinstance(v, dict)}) }")
     print(f"validated layouts: {validated}")
@@ -513,6 +546,8 @@ def child_main() -> None:
             sec_smoke(part)
         elif name.startswith("correct_"):
             sec_correct(part, sys.argv[4], sys.argv[5])
+        elif name.startswith("diag_"):
+            sec_diag(part)
         elif name.startswith("bench_"):
             sec_bench(part, sys.argv[4], [x for x in sys.argv[5].split(",") if x] if len(sys.argv) > 5 else [])
     except Exception:  # noqa: BLE001

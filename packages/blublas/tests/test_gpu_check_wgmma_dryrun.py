@@ -53,5 +53,9 @@ def test_gpu_check_wgmma_sections_on_fake_cupy(monkeypatch, tmp_path):
             assert all(isinstance(v, float) for v in r["candidates_ms"].values()), r
             assert "ratio_graph" in r and "heuristic_ratio" in r, r  # CUDA-graph timing, the library's own pick
         gc.RESULT["sections"][f"bench_{prec}"] = part
+    monkeypatch.setattr(gc, "GPT2_SHAPES", [("fwd_fc", "nt", 256, 192, 64), ("dw_fc", "tn", 192, 64, 256)])
+    part = {}
+    gc.sec_diag(part)
+    assert set(part) == {"no_epilogue_flag", "fwd_fc", "dw_fc"} and len(part["fwd_fc"]) == 6, part
     gc.summarize()
     assert set(gc.RESULT["summary"]) == {"bf16", "tf32"}

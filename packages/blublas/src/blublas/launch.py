@@ -17,6 +17,8 @@ from .errors import GemmError
 
 F_BIAS, F_BIAS_BF16, F_GELU, F_PREACT, F_OUT_BF16, F_BETA, F_VEC, F_PAIR = 1, 2, 4, 8, 16, 32, 64, 128
 F_VEC8 = 256  # TMA kernels only (gemm_wgmma.cuh): 16-byte stores of 8 output columns
+# diagnostics of the TMA kernels (dev/gpu_check_wgmma.py): skip the epilogue, read once at import
+F_NO_EPILOGUE = 512 if os.environ.get("BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE") == "1" else 0
 EPILOGUE_FILE = "gemm_epilogue.cu"
 TRANSPOSE_FILE = "transpose.cu"
 MAX_GRID_Z = 65535
@@ -204,6 +206,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
         vec8 = vec8_ok(cptr, ldc, sc, p.batch, osz) and (preact is None or vec8_ok(pptr, ldp, sp, p.batch, osz))
         if vec8:
             flags |= F_VEC8
+        flags |= F_NO_EPILOGUE
     extra: tuple = ()
     grid = (gx, gy, gz)
     block = (cfg.threads,)

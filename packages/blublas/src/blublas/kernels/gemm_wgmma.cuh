@@ -152,6 +152,8 @@ __device__ __forceinline__ void blu_wgmma_slice(float* acc, unsigned a_addr, uns
 // Flag bit of the TMA kernels only (mirrored in blublas/launch.py): C (and P) rows allow 16-byte accesses of 8
 // consecutive columns starting at a multiple of 8 (16-byte aligned bases, leading dimensions, batch strides).
 #define BLU_F_VEC8 256
+// Diagnostics only (BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE=1 at import): skip the epilogue, the output stays unwritten.
+#define BLU_F_NO_EPILOGUE 512
 
 __device__ __forceinline__ void blu_load8(const void* p, i64 off, bool bf, float* o) {
   if (bf) {
@@ -397,6 +399,7 @@ __device__ __forceinline__ void gemm_tma_body(BLU_GEMM_PARAMS, BLU_TMA_BODY_PARA
     // a short compare chain), then one compact loop applies the epilogue with row-contiguous stores. The
     // code stays small: unrolled per-fragment epilogues made the kernel ~200-340 KB of SASS, refetched
     // into the instruction cache at every tile (the H200 run: ~8 us per 128 x 128 tile).
+    if (flags & BLU_F_NO_EPILOGUE) continue;
     const BluEpi e = blu_make_epi(C, bias, P, ldc, ldp, sC, sP, alpha, beta, flags, M, N, tl.z);
     float* buf = (float*)(epi_base + cw * BLU_EPI_BYTES);
     constexpr int CH_PER_HALF = BN / 32, NCH = (PP ? 2 : 1) * CH_PER_HALF;
