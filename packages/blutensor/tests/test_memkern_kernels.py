@@ -11,6 +11,13 @@ import pytest
 FILES = ("layer_norm.cu", "gelu.cu", "cross_entropy.cu", "grad_norm.cu")
 
 
+def test_gelu_launch_variants_have_entries():
+    """Every (PLAIN) name the GELU launcher can build exists in gelu.cu."""
+    have = _entries(_ptx("gelu.cu", 90))
+    want = {f"blu_gelu_{k}_{p}{s}" for k in ("forward", "backward") for p in ("", "plain_") for s in ("f32", "bf16")}
+    assert want <= have, want - have
+
+
 def _ptx(file: str, arch: int) -> str:
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
     from blutensor.cuda_ops._loader import source
@@ -46,7 +53,7 @@ def test_layer_norm_register_entries_match_the_launcher():
 
     have = _entries(_ptx("layer_norm.cu", 90))
     want = {f"blu_layer_norm_forward_r{nv}_{s}" for nv in ln._FWD_NV for s in ("f32", "bf16")}
-    want |= {f"blu_layer_norm_backward_r{nv}_{s}" for s, nvs in ln._BWD_NV.items() for nv in nvs}
+    want |= {f"blu_layer_norm_backward_{k}{nv}_{s}" for s, nvs in ln._BWD_NV.items() for nv in nvs for k in "rs"}
     want |= {f"blu_layer_norm_{k}_{s}" for k in ("forward", "backward", "backward_reduce") for s in ("f32", "bf16")}
     assert want <= have, want - have
 

@@ -17,11 +17,20 @@ _STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
 
 #: 16-byte vectors a thread handles per grid-stride step (GELU_U in kernels/gelu.cu)
 _U = 4
+#: plain loads/stores (``blu_gelu_*_plain_*``) instead of streaming (evict-first) cache hints
+PLAIN = False
+#: grid of one full wave of resident blocks striding over the array (False: one step per thread, many waves)
+ONE_WAVE = True
+
+
+def _name(kind: str, x) -> str:
+    return f"blu_gelu_{kind}_{'plain_' if PLAIN else ''}{suffix(x)}"
 
 
 def _grid(name: str, n: int, per_thread: int, block: int = 256) -> int:
     """One full wave of resident blocks (grid-stride), fewer when ``n`` is small."""
-    return full_grid(FILE, name, block, -(-n // (block * per_thread)))
+    work = -(-n // (block * per_thread))
+    return full_grid(FILE, name, block, work) if ONE_WAVE else max(1, min(work, 2**31 - 1))
 
 
 def gelu_forward(x, approximate: str = "tanh"):
@@ -30,7 +39,7 @@ def gelu_forward(x, approximate: str = "tanh"):
     y = cp.empty_like(x)
     n = x.size
     if n:
-        name = f"blu_gelu_forward_{suffix(x)}"
+        name = _name("forward", x)
         vec = aligned16(x, y)
         launch(
             FILE,
@@ -48,7 +57,7 @@ def gelu_backward(g, x, approximate: str = "tanh"):
     dx = cp.empty_like(x)
     n = x.size
     if n:
-        name = f"blu_gelu_backward_{suffix(x)}"
+        name = _name("backward", x)
         vec = aligned16(g, x, dx)
         launch(
             FILE,

@@ -23,6 +23,9 @@ _BWD_NV = {"f32": (1, 2, 3, 4, 6, 8), "bf16": (1, 2, 3, 4)}
 _WPB = 8
 #: use the register-resident kernels when the row fits (False: always the generic kernels)
 USE_REG_ROWS = True
+#: backward of register-resident rows with dweight/dbias summed in shared memory (``*_s<NV>_*``: ~80 instead of
+#: ~128 registers at C = 768, so 3 blocks a SM instead of 2) rather than in registers (``*_r<NV>_*``)
+BWD_SMEM_ACC = False
 
 
 def _vec_ok(C: int, arr_dtype, *arrays) -> bool:
@@ -106,8 +109,9 @@ def layer_norm_backward(
     vec = _vec_ok(C, x.dtype, g, x, weight, grad_sum, dx)
     nv = reg_nv(C, x.dtype.itemsize, _BWD_NV[suffix(x)]) if vec and USE_REG_ROWS else None
     if nv is not None:  # rows and dweight/dbias partial sums in registers
-        name = f"blu_layer_norm_backward_r{nv}_{suffix(x)}"
-        smem = 2 * C * 4
+        kind = "s" if BWD_SMEM_ACC else "r"
+        name = f"blu_layer_norm_backward_{kind}{nv}_{suffix(x)}"
+        smem = (_WPB if BWD_SMEM_ACC else 1) * 2 * C * 4
         nblocks = full_grid(FILE, name, _WPB * 32, -(-N // _WPB), smem)
         part = cp.empty((nblocks, 2 * C), dtype=cp.float32) if want_wb else None
         launch(

@@ -53,7 +53,13 @@ __device__ __forceinline__ float gelu_grad_f(float x, int approx) {
 // U x 16 bytes (x2 in backward) in flight; the grid is sized to the SMs by the launcher
 #define GELU_U 4
 
-template <typename T>
+// CS: streaming cache hints (ld.global.cs / st.global.cs: evict-first, the data is touched once) or plain accesses
+template <typename T, bool CS>
+__device__ __forceinline__ uint4 ld16(const uint4* p) { return CS ? __ldcs(p) : *p; }
+template <bool CS>
+__device__ __forceinline__ void st16(uint4* p, uint4 v) { if (CS) __stcs(p, v); else *p = v; }
+
+template <typename T, bool CS>
 __device__ void gelu_forward(const T* __restrict__ x, T* __restrict__ y, long long n, int approx, int vec) {
     constexpr int V = VecN<T>::N;
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -68,7 +74,7 @@ __device__ void gelu_forward(const T* __restrict__ x, T* __restrict__ y, long lo
 #pragma unroll
             for (int j = 0; j < GELU_U; ++j) {
                 const long long i = i0 + j * nth;
-                if (i < nv) u[j] = __ldcs(x4 + i);  // streamed once: evict-first
+                if (i < nv) u[j] = ld16<T, CS>(x4 + i);
             }
 #pragma unroll
             for (int j = 0; j < GELU_U; ++j) {
@@ -78,7 +84,7 @@ __device__ void gelu_forward(const T* __restrict__ x, T* __restrict__ y, long lo
                     unpack(u[j], v, T());
 #pragma unroll
                     for (int k = 0; k < V; ++k) v[k] = gelu_f<T>(v[k], approx);
-                    __stcs(y4 + i, pack(v, T()));
+                    st16<CS>(y4 + i, pack(v, T()));
                 }
             }
         }
@@ -87,7 +93,7 @@ __device__ void gelu_forward(const T* __restrict__ x, T* __restrict__ y, long lo
     for (long long i = done + tid; i < n; i += nth) y[i] = from_f<T>(gelu_f<T>(to_f(x[i]), approx));
 }
 
-template <typename T>
+template <typename T, bool CS>
 __device__ void gelu_backward(const T* __restrict__ g, const T* __restrict__ x, T* __restrict__ dx, long long n,
                               int approx, int vec) {
     constexpr int V = VecN<T>::N;
@@ -104,7 +110,7 @@ __device__ void gelu_backward(const T* __restrict__ g, const T* __restrict__ x, 
 #pragma unroll
             for (int j = 0; j < GELU_U; ++j) {
                 const long long i = i0 + j * nth;
-                if (i < nv) { ug[j] = __ldcs(g4 + i); ux[j] = __ldcs(x4 + i); }
+                if (i < nv) { ug[j] = ld16<T, CS>(g4 + i); ux[j] = ld16<T, CS>(x4 + i); }
             }
 #pragma unroll
             for (int j = 0; j < GELU_U; ++j) {
@@ -115,7 +121,7 @@ __device__ void gelu_backward(const T* __restrict__ g, const T* __restrict__ x, 
                     unpack(ux[j], xv, T());
 #pragma unroll
                     for (int k = 0; k < V; ++k) gv[k] *= gelu_grad_f<T>(xv[k], approx);
-                    __stcs(d4 + i, pack(gv, T()));
+                    st16<CS>(d4 + i, pack(gv, T()));
                 }
             }
         }
@@ -124,17 +130,17 @@ __device__ void gelu_backward(const T* __restrict__ g, const T* __restrict__ x, 
     for (long long i = done + tid; i < n; i += nth) dx[i] = from_f<T>(to_f(g[i]) * gelu_grad_f<T>(to_f(x[i]), approx));
 }
 
-extern "C" __global__ void blu_gelu_forward_f32(const float* x, float* y, long long n, int approx, int vec) {
-    gelu_forward<float>(x, y, n, approx, vec);
+#define GELU_ENTRIES(SUF, TY, VAR, CS)                                                                       \
+extern "C" __global__ void blu_gelu_forward##VAR##SUF(const TY* x, TY* y, long long n, int approx, int vec) {   \
+    gelu_forward<TY, CS>(x, y, n, approx, vec);                                                               \
+}                                                                                                            \
+extern "C" __global__ void blu_gelu_backward##VAR##SUF(const TY* g, const TY* x, TY* dx, long long n,           \
+                                                       int approx, int vec) {                                \
+    gelu_backward<TY, CS>(g, x, dx, n, approx, vec);                                                          \
 }
-extern "C" __global__ void blu_gelu_forward_bf16(const bf16_t* x, bf16_t* y, long long n, int approx, int vec) {
-    gelu_forward<bf16_t>(x, y, n, approx, vec);
-}
-extern "C" __global__ void blu_gelu_backward_f32(const float* g, const float* x, float* dx, long long n, int approx,
-                                                 int vec) {
-    gelu_backward<float>(g, x, dx, n, approx, vec);
-}
-extern "C" __global__ void blu_gelu_backward_bf16(const bf16_t* g, const bf16_t* x, bf16_t* dx, long long n,
-                                                  int approx, int vec) {
-    gelu_backward<bf16_t>(g, x, dx, n, approx, vec);
-}
+
+// blu_gelu_{forward,backward}_{f32,bf16}: streaming hints; *_plain_*: plain loads/stores
+GELU_ENTRIES(f32, float, _, true)
+GELU_ENTRIES(bf16, bf16_t, _, true)
+GELU_ENTRIES(f32, float, _plain_, false)
+GELU_ENTRIES(bf16, bf16_t, _plain_, false)

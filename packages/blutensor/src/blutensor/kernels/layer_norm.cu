@@ -286,7 +286,7 @@ __device__ __forceinline__ void ln_forward_reg(const T* __restrict__ x, const T*
 // every row, so dweight/dbias accumulate in registers across the warp's rows, then the block's warps add theirs
 // into one shared buffer in warp order (deterministic) and write the block's partial part[blockIdx.x][0:2C].
 // Dynamic shared memory: 2 * C floats.
-template <typename T, int NV>
+template <typename T, int NV, bool SACC>
 __device__ __forceinline__ void ln_backward_reg(const T* __restrict__ g, const T* __restrict__ x,
                                                 const T* __restrict__ w, const float* __restrict__ mean,
                                                 const float* __restrict__ rstd, const T* __restrict__ g_sum,
@@ -304,6 +304,13 @@ __device__ __forceinline__ void ln_backward_reg(const T* __restrict__ g, const T
     for (int j = 0; j < NV; ++j)
 #pragma unroll
         for (int k = 0; k < V; ++k) { adw[j][k] = 0.f; adb[j][k] = 0.f; }
+    // SACC: this warp's dweight/dbias sums live in its own shared slice instead (k-major: element e of vector vi
+    // at e * cv + vi, so a warp's lanes hit consecutive words), freeing 2*NV*V registers for more rows in flight
+    float* acc = smem + (size_t)warp * 2 * C;
+    if (SACC && need_dwdb) {
+        for (int c = lane; c < 2 * C; c += 32) acc[c] = 0.f;
+        __syncwarp();
+    }
     for (long long row = (long long)blockIdx.x * wpb + warp; row < N; row += (long long)gridDim.x * wpb) {
         const long long base = row * C;
         const float mu = mean[row], rs = rstd[row];
@@ -324,8 +331,12 @@ __device__ __forceinline__ void ln_backward_reg(const T* __restrict__ g, const T
                 for (int k = 0; k < V; ++k) {
                     const float xh = (xv[j][k] - mu) * rs;
                     xv[j][k] = xh;
-                    adw[j][k] += gv[j][k] * xh;
-                    adb[j][k] += gv[j][k];
+                    if (SACC) {
+                        if (need_dwdb) { acc[k * cv + vi] += gv[j][k] * xh; acc[C + k * cv + vi] += gv[j][k]; }
+                    } else {
+                        adw[j][k] += gv[j][k] * xh;
+                        adb[j][k] += gv[j][k];
+                    }
                     const float d = gv[j][k] * wv[k];
                     gv[j][k] = d;
                     s1 += d;
@@ -354,6 +365,17 @@ __device__ __forceinline__ void ln_backward_reg(const T* __restrict__ g, const T
         }
     }
     if (!need_dwdb) return;
+    if (SACC) {  // sum the warps' slices in warp order (deterministic)
+        __syncthreads();
+        for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+            const int cc = c < C ? c : c - C;
+            const int idx = (c < C ? 0 : C) + (cc % V) * cv + cc / V;
+            float t = 0.f;
+            for (int k = 0; k < wpb; ++k) t += smem[(size_t)k * 2 * C + idx];
+            part[(size_t)blockIdx.x * 2 * C + c] = t;
+        }
+        return;
+    }
     // warps add their columns into smem[0:2C] one after another (fixed order: bitwise reproducible)
     for (int k = 0; k < wpb; ++k) {
         if (warp == k) {
@@ -385,7 +407,14 @@ extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_forward_r##NV##
 extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_backward_r##NV##_##SUF(const T* g,         \
         const T* x, const T* w, const float* mean, const float* rstd, const T* g_sum, T* dx, float* part,    \
         long long N, int C, int need_dx, int need_dwdb) {                                                    \
-    ln_backward_reg<T, NV>(g, x, w, mean, rstd, g_sum, dx, part, N, C, need_dx, need_dwdb);                  \
+    ln_backward_reg<T, NV, false>(g, x, w, mean, rstd, g_sum, dx, part, N, C, need_dx, need_dwdb);           \
+}
+// the same with dweight/dbias accumulated in shared memory (dynamic shared memory: warps * 2 * C floats)
+#define LN_SMEM_BWD(SUF, T, NV)                                                                              \
+extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_backward_s##NV##_##SUF(const T* g,         \
+        const T* x, const T* w, const float* mean, const float* rstd, const T* g_sum, T* dx, float* part,    \
+        long long N, int C, int need_dx, int need_dwdb) {                                                    \
+    ln_backward_reg<T, NV, true>(g, x, w, mean, rstd, g_sum, dx, part, N, C, need_dx, need_dwdb);            \
 }
 
 // NV = 16-byte vectors per lane: forward up to 8 (fp32 C <= 1024, bf16 C <= 2048); backward up to 32 elements a
@@ -397,6 +426,9 @@ LN_REG_FWD(bf16, bf16_t, 6) LN_REG_FWD(bf16, bf16_t, 8)
 LN_REG_BWD(f32, float, 1) LN_REG_BWD(f32, float, 2) LN_REG_BWD(f32, float, 3) LN_REG_BWD(f32, float, 4)
 LN_REG_BWD(f32, float, 6) LN_REG_BWD(f32, float, 8)
 LN_REG_BWD(bf16, bf16_t, 1) LN_REG_BWD(bf16, bf16_t, 2) LN_REG_BWD(bf16, bf16_t, 3) LN_REG_BWD(bf16, bf16_t, 4)
+LN_SMEM_BWD(f32, float, 1) LN_SMEM_BWD(f32, float, 2) LN_SMEM_BWD(f32, float, 3) LN_SMEM_BWD(f32, float, 4)
+LN_SMEM_BWD(f32, float, 6) LN_SMEM_BWD(f32, float, 8)
+LN_SMEM_BWD(bf16, bf16_t, 1) LN_SMEM_BWD(bf16, bf16_t, 2) LN_SMEM_BWD(bf16, bf16_t, 3) LN_SMEM_BWD(bf16, bf16_t, 4)
 
 #define LN_ENTRIES(SUF, T)                                                                                   \
 extern "C" __global__ void blu_layer_norm_forward_##SUF(const T* x, const T* resid, T* sum_out, const T* w,  \
