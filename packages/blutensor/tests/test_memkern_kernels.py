@@ -203,3 +203,39 @@ def test_cross_entropy_persistent_rows_and_slots_are_owned_once():
     for nv, bd in ((6288, 512), (12576, 1024), (1, 1024)):
         slots = np.concatenate([np.arange(t, nv, bd) for t in range(bd)])
         assert np.array_equal(np.sort(slots), np.arange(nv))
+
+
+def test_occupancy_query_reaches_the_driver_with_the_function_handle(monkeypatch):
+    """full_grid asks the driver (through the RawKernel's Function handle) and sizes one wave from the answer;
+    the fallback guess is used only when the query raises."""
+    from types import SimpleNamespace
+
+    from blutensor.cuda_ops import occupancy as occ
+
+    asked = []
+
+    def query(ptr, block, smem):
+        asked.append((ptr, block, smem))
+        return 5
+
+    fake_cp = SimpleNamespace(
+        cuda=SimpleNamespace(
+            runtime=SimpleNamespace(getDevice=lambda: 0),
+            driver=SimpleNamespace(occupancyMaxActiveBlocksPerMultiprocessor=query),
+        )
+    )
+    raw_kernel = SimpleNamespace(kernel=SimpleNamespace(ptr=1234))  # no .ptr of its own, like cupy.RawKernel
+    monkeypatch.setattr(occ, "cupy", lambda: fake_cp)
+    monkeypatch.setattr(occ, "function", lambda file, name: raw_kernel)
+    monkeypatch.setattr(occ, "num_sms", lambda: 132)
+    monkeypatch.setattr(occ, "_cache", {})
+    assert occ.full_grid("gelu.cu", "blu_gelu_forward_f32", 256, 10**6) == 132 * 5
+    assert asked == [(1234, 256, 0)]
+    assert occ.full_grid("gelu.cu", "blu_gelu_forward_f32", 256, 100) == 100  # small work: fewer blocks
+
+    def broken(ptr, block, smem):
+        raise RuntimeError("no occupancy API")
+
+    fake_cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor = broken
+    monkeypatch.setattr(occ, "_cache", {})
+    assert occ.full_grid("cross_entropy.cu", "k", 1024, 10**6, default=1) == 132

@@ -21,7 +21,8 @@ def resident_blocks(file: str, name: str, block: int, smem: int = 0, default: in
             fn = function(file, name)
             if smem > 48 * 1024:  # the query counts only what the kernel is allowed: opt in first
                 _raise_smem_limit(fn, file, name, smem)
-            n = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, block, smem))
+            ptr = fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr  # RawModule.get_function gives a RawKernel
+            n = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, block, smem))
         except Exception:  # the query is missing (old CuPy, stand-ins): a safe guess
             n = default
         n = _cache[key] = max(1, n)
