@@ -704,6 +704,9 @@ def main() -> int:
     if len(sys.argv) > 3 and sys.argv[2] == "--family":  # child process
         run_family(sys.argv[3])
         RES["graph_errors"] = GRAPH_ERRORS
+        from blutensor.cuda_ops import occupancy
+
+        RES["occupancy_errors"] = [f"{k}: {v}" for k, v in occupancy.errors.items()]
         (out_dir / f"part_{sys.argv[3]}.json").write_text(json.dumps(RES, default=str))
         return 0
     cp = _cp()
@@ -747,7 +750,7 @@ def main() -> int:
         part = out_dir / f"part_{name}.json"
         if part.exists():
             d = json.loads(part.read_text())
-            for key in ("checks", "bench", "errors", "graph_errors"):
+            for key in ("checks", "bench", "errors", "graph_errors", "occupancy_errors"):
                 RES.setdefault(key, [])
                 RES[key] += d.get(key, [])
             part.unlink()
@@ -766,6 +769,8 @@ def main() -> int:
         print(f"  FAILED {c['kernel']} {c['variant']} err={c['err']:.3e} tol={c['tol']:.1e} {c['info']}")
     for e in RES["errors"]:
         print(f"  ERROR {e['error']}")
+    for e in RES.get("occupancy_errors", []) + RES.get("graph_errors", []):
+        print(f"  NOTE {e}")
     print(f"wrote {out}", flush=True)
     return 0
 

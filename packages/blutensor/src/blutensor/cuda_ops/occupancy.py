@@ -9,6 +9,8 @@ from __future__ import annotations
 from blutensor.cuda_ops._loader import _raise_smem_limit, cupy, function, num_sms
 
 _cache: dict[tuple, int] = {}
+#: why a query fell back to its guess, per kernel name (for dev/gpu_check_memkern.py)
+errors: dict[str, str] = {}
 
 
 def resident_blocks(file: str, name: str, block: int, smem: int = 0, default: int = 2) -> int:
@@ -23,7 +25,8 @@ def resident_blocks(file: str, name: str, block: int, smem: int = 0, default: in
                 _raise_smem_limit(fn, file, name, smem)
             ptr = fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr  # RawModule.get_function gives a RawKernel
             n = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, block, smem))
-        except Exception:  # the query is missing (old CuPy, stand-ins): a safe guess
+        except Exception as e:  # the query is missing (old CuPy, stand-ins): a safe guess
+            errors[name] = f"{type(e).__name__}: {e}"
             n = default
         n = _cache[key] = max(1, n)
     return n
