@@ -249,7 +249,14 @@ GPT2_SHAPES = [  # (name, layout, M, N, K) with weights stored (out, in) like to
 
 
 WGMMA_SHAPES = [(1, 1, 1), (7, 5, 3), (130, 67, 19), (257, 129, 200), (256, 256, 64), (300, 270, 129), (128, 512, 1024)]
-WGMMA_GROUPS = [("wgmma", "nn", "bf16"), ("wgmma", "nt", "bf16"), ("wgmma", "tn", "bf16"), ("wgmma_tf32", "nt", "tf32")]
+WGMMA_GROUPS = [
+    ("wgmma", "nn", "bf16"),
+    ("wgmma", "nt", "bf16"),
+    ("wgmma", "tn", "bf16"),
+    ("wgmma_tf32", "nt", "tf32"),
+    ("wgmma_tf32", "nn", "tf32"),  # NN/TN: the NT kernel on K-major copies
+    ("wgmma_tf32", "tn", "tf32"),
+]
 
 
 def wgmma_group(cp, variant: str, layout: str, precision: str) -> None:

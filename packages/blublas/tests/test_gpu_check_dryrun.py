@@ -59,7 +59,14 @@ def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
     res = json.loads((out / "blublas_gpu_check.json").read_text())
     unexpected = [f for f in res["failures"] if not (f["check"] == "capture" and "cublas" in f.get("case", ""))]
     assert unexpected == [], unexpected[:3]
-    assert res["wgmma_validated"] == {"wgmma|nn": True, "wgmma|nt": True, "wgmma|tn": True, "wgmma_tf32|nt": True}
+    assert res["wgmma_validated"] == {
+        "wgmma|nn": True,
+        "wgmma|nt": True,
+        "wgmma|tn": True,
+        "wgmma_tf32|nt": True,
+        "wgmma_tf32|nn": True,
+        "wgmma_tf32|tn": True,
+    }
     assert res["wgmma_auto_self_test"] and all(ok for ok, _why in res["wgmma_auto_self_test"].values())
     bench = json.loads((out / "blublas_gemm_h200.json").read_text())
     assert bench["command"].endswith("gpu_check.py $OUT")
