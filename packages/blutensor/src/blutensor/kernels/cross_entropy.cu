@@ -1,8 +1,8 @@
 // Fused classifier: softmax + cross-entropy + logits gradient, fp32 and bf16 storage (raw uint16 bits).
 // blu_cross_entropy_forward_smem_* (rows that fit in shared memory, the usual case): a persistent grid, the row
 // held in shared memory between the passes and the next row prefetched by cp.async (see ce_forward_smem).
-// blu_cross_entropy_forward_* (wider rows, unaligned, or loss only): one block per row. Pass 1 reads the row once (vectorised online max/sum-exp, plus the row sum for label
-// smoothing) -> log-sum-exp and loss. Pass 2 (only when the gradient is wanted) re-reads the row (mostly
+// blu_cross_entropy_forward_* (wider rows, unaligned, or loss only): one block per row. Pass 1 reads the row
+// once (vectorised online max/sum-exp, plus the row sum for label smoothing) -> log-sum-exp and loss. Pass 2 (only when the gradient is wanted) re-reads the row (mostly
 // from L2) and writes  (softmax - (1-ls)*onehot - ls/C) * scale  into grad, which may be the logits
 // buffer itself (each element is read and then written by the same thread). scale = 1/count for
 // reduction 'mean' (count of non-ignored targets, computed on device by blu_cross_entropy_count: no host
