@@ -339,7 +339,7 @@ class _Kernel:
         LAUNCHES[-1]["flags"] = flags
         if flags & 256:  # VEC8 (TMA kernels): 16-byte stores of 8 columns
             osz = 2 if flags & 16 else 4
-            assert variant in configs.TMA_VARIANTS and splits == 1, "VEC8 outside the TMA kernels"
+            assert variant in configs.TMA_VARIANTS, "VEC8 outside the TMA kernels"
             assert C % 16 == 0 and (ldc * osz) % 16 == 0 and (nz == 1 or (sC * osz) % 16 == 0), "VEC8 misused"
             if flags & 8:
                 assert P % 16 == 0 and (ldp * osz) % 16 == 0 and (nz == 1 or (sP * osz) % 16 == 0), "VEC8 misused"

@@ -135,4 +135,8 @@ def test_vec8_epilogue_flag_only_where_16_byte_rows_allow(fcp):
     case = make_case(rng, 256, 264, 2048, layout="nt", precision="bf16")
     assert check_case(case, fcp, config="128x128x64_pp_s6", splits=2) <= case.tol
     gemm = [x for x in fcp.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
-    assert not gemm["flags"] & launch.F_VEC8  # split-K partials go through the reduce kernel
+    assert gemm["flags"] & launch.F_VEC8  # split-K: fp32 partials with row stride N = 264 (16-byte rows)
+    case = make_case(rng, 256, 270, 2048, layout="nt", precision="bf16")
+    assert check_case(case, fcp, config="128x128x64_pp_s6", splits=2) <= case.tol
+    gemm = [x for x in fcp.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
+    assert not gemm["flags"] & launch.F_VEC8  # N = 270: rows of 1080 bytes

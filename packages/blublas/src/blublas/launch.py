@@ -202,7 +202,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
     pair = pair_ok(cptr, ldc, sc, p.batch, osz) and (preact is None or pair_ok(pptr, ldp, sp, p.batch, osz))
     if pair:
         flags |= F_PAIR
-    if variant in configs.TMA_VARIANTS and splits == 1:
+    if variant in configs.TMA_VARIANTS:
         vec8 = vec8_ok(cptr, ldc, sc, p.batch, osz) and (preact is None or vec8_ok(pptr, ldp, sp, p.batch, osz))
         if vec8:
             flags |= F_VEC8
@@ -245,6 +245,11 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
         return
     mn = p.M * p.N
     ws_ptr = int(ws.data.ptr) + t_bytes
+    split_flags = 0  # fp32 partial products, row stride N: paired / 16-byte stores where N allows
+    if pair_ok(ws_ptr, p.N, mn, gz, 4):
+        split_flags |= F_PAIR
+    if variant in configs.TMA_VARIANTS and vec8_ok(ws_ptr, p.N, mn, gz, 4):
+        split_flags |= F_VEC8
     args = (
         _u64(p.A.ptr),
         _u64(p.B.ptr),
@@ -264,7 +269,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
         np.int64(mn),
         np.float32(1.0),
         np.float32(0.0),
-        np.int32(vec),
+        np.int32(vec | split_flags),
         np.int32(splits),
         np.int32(chunk),
     )
