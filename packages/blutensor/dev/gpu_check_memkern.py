@@ -311,11 +311,12 @@ def check_layer_norm_paths():
             dx2, dw2, db2 = ln.layer_norm_backward(g, xin, w, mean, rstd, grad_sum=gs)
             same = bool((dx2 == dx).all()) and bool((db2 == db).all()) and (dw is None or bool((dw2 == dw).all()))
             record("layer_norm.bwd.determinism", tag, 0.0 if same else 1.0, 0.0)
-            ln.BWD_SMEM_ACC = True  # shared-memory dW/db variant: the same fp32 operations in the same order
+            acc0 = ln.BWD_SMEM_ACC  # the other dW/db variant: the same fp32 operations in the same order
+            ln.BWD_SMEM_ACC = not acc0
             try:
                 dx5, dw5, db5 = ln.layer_norm_backward(g, xin, w, mean, rstd, grad_sum=gs)
             finally:
-                ln.BWD_SMEM_ACC = False
+                ln.BWD_SMEM_ACC = acc0
             same = bool((dx5 == dx).all()) and bool((db5 == db).all()) and (dw is None or bool((dw5 == dw).all()))
             record("layer_norm.bwd smem-acc == reg-acc", tag, 0.0 if same else 1.0, 0.0)
             if i % 4 == 0:  # parameter grads only (need_dx False) and dx only
@@ -385,24 +386,26 @@ def bench_layer_norm(storage):
         ln,
         4 * nc + 8 * N,
     )
-    ln.BWD_SMEM_ACC = True
-    try:  # dW/db in shared memory: fewer registers, more rows in flight
+    acc0 = ln.BWD_SMEM_ACC
+    ln.BWD_SMEM_ACC = not acc0
+    other = "smem-acc" if not acc0 else "reg-acc"
+    try:  # the other dW/db variant (default: sums in shared memory, fewer registers, more rows in flight)
         bench(
-            f"layer_norm.bwd {storage} smem-acc",
+            f"layer_norm.bwd {storage} {other}",
             sh,
             lambda: ln.layer_norm_backward(g, x, w, mean, rstd),
             ln,
             3 * nc + 8 * N,
         )
         bench(
-            f"layer_norm.bwd +grad_sum {storage} smem-acc",
+            f"layer_norm.bwd +grad_sum {storage} {other}",
             sh,
             lambda: ln.layer_norm_backward(g, s, w, mean, rstd, grad_sum=g),
             ln,
             4 * nc + 8 * N,
         )
     finally:
-        ln.BWD_SMEM_ACC = False
+        ln.BWD_SMEM_ACC = acc0
 
 
 # ------------------------------------------------------------------ gelu
