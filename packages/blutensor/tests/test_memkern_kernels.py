@@ -239,3 +239,17 @@ def test_occupancy_query_reaches_the_driver_with_the_function_handle(monkeypatch
     fake_cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor = broken
     monkeypatch.setattr(occ, "_cache", {})
     assert occ.full_grid("cross_entropy.cu", "k", 1024, 10**6, default=1) == 132
+
+
+@pytest.mark.parametrize("C,V", [(768, 4), (768, 8), (36, 4), (1024, 8), (8, 8)])
+def test_layer_norm_smem_acc_layout_round_trips(C, V):
+    """ln_backward_reg<SACC>: element e of vector vi accumulates at e*cv + vi (lanes of a warp on consecutive
+    words); the block sum reads column c at (c % V)*cv + c // V: a bijection onto [0, C) that finds c again."""
+    cv = C // V
+    slot = {(vi * V + e): e * cv + vi for vi in range(cv) for e in range(V)}
+    assert sorted(slot.values()) == list(range(C))
+    assert all((c % V) * cv + c // V == s for c, s in slot.items())
+    for j in range(-(-cv // 32)):  # one warp step: lanes 0..31 at fixed (j, e) hit 32 consecutive words
+        for e in range(V):
+            words = [e * cv + j * 32 + lane for lane in range(32) if j * 32 + lane < cv]
+            assert words == list(range(words[0], words[0] + len(words)))
