@@ -140,3 +140,20 @@ def test_vec8_epilogue_flag_only_where_16_byte_rows_allow(fcp):
     assert check_case(case, fcp, config="128x128x64_pp_s6", splits=2) <= case.tol
     gemm = [x for x in fcp.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
     assert not gemm["flags"] & launch.F_VEC8  # N = 270: rows of 1080 bytes
+
+
+def test_shipped_h200_table_sets_the_default_for_the_gpt2_shapes(fcp):
+    """Without an autotune cache entry the measured best of the shipped table (tuned_sm90.json) is the default
+    for its shapes; other shapes use the cost model; a table entry whose config is not usable is ignored."""
+    from blublas import autotune
+
+    st = fcp.cuda.get_current_stream()
+    for prec, lay, m, n, k in (("bf16", "nt", 16384, 2304, 768), ("tf32", "nn", 16384, 768, 2304)):
+        key = autotune.problem_key(90, prec, lay, m, n, k, 1, "bf16" if prec == "bf16" else "f32")
+        want = autotune.shipped(key)
+        assert want is not None, key
+        cfg, s = launch.select(_problem(fcp, lay, prec, m, n, k), st, None, None, False)
+        assert (cfg.name, s) == (want["config"], want["splits"])
+    assert autotune.shipped(autotune.problem_key(90, "bf16", "nt", 1000, 1000, 1000, 1, "bf16")) is None
+    for entry in autotune._shipped.values():  # every entry names a config that exists
+        assert any(entry["config"] in t for t in configs.ALL_CONFIGS.values()), entry

@@ -77,6 +77,22 @@ class AutotuneCache:
         return len(self._load())
 
 
+_shipped: dict[str, dict[str, Any]] | None = None
+
+
+def shipped(key: str) -> dict[str, Any] | None:
+    """The measured best (config, splits) for ``key`` from the table shipped with the package
+    (``tuned_sm90.json``: GPT-2 shapes on an H200, made by dev/make_tuned_table.py), or None."""
+    global _shipped
+    if _shipped is None:
+        path = Path(__file__).parent / "tuned_sm90.json"
+        try:
+            _shipped = dict(json.loads(path.read_text()).get("entries", {}))
+        except (OSError, ValueError):
+            _shipped = {}
+    return _shipped.get(key)
+
+
 _default_cache: AutotuneCache | None = None
 
 
