@@ -39,7 +39,6 @@ def _frag_err(X, n=30):
 def test_tf32x3_fragment_product_is_fp32_accurate():
     """One m16n8k8 step: 3xTF32 (big/small split, three mma) is fp32-level; plain TF32 is ~1000x worse."""
     e3, e1 = _frag_err(em.Tf32x3), _frag_err(em.Tf32)
-    assert _frag_err(em.Tf32x3W) < 1e-6  # the same on tiles split when staged (HD 64)
     assert e3 < 1e-6  # fp32 rounding of a k=8 sum of O(1) products: a few ulp
     assert e1 > 1e-4  # tf32 keeps 10 mantissa bits: ~2^-11 relative per operand
     assert e3 < e1 / 100
@@ -81,7 +80,7 @@ def test_cpu_emulated_tf32x3_flash_attention(L, S, causal):
     eo, else_ = ref.sdpa(*(a.astype(np.float64) for a in (q, k, v)), causal)
     egrads = ref.sdpa_backward(*(a.astype(np.float64) for a in (q, k, v, do)), causal)
     errs = {}
-    for X in (em.Tf32x3W, em.Tf32):  # Tf32x3W: the tf32x3 kernels of HD 64 (tiles split when staged)
+    for X in (em.Tf32x3, em.Tf32):
         o, lse = em.forward(X, q, k, v, L, S, hd, 1 / 8, causal)
         D = (o.astype(np.float32) * do).sum(-1).astype(np.float32)
         grads = em.backward(X, q, k, v, do, lse, D, L, S, hd, 1 / 8, causal)
@@ -89,7 +88,7 @@ def test_cpu_emulated_tf32x3_flash_attention(L, S, causal):
             max(ref.rel_err(o, eo), ref.rel_err(lse, else_)),
             max(ref.rel_err(a, e) for a, e in zip(grads, egrads)),
         )
-    fwd3, bwd3 = errs["Tf32x3W"]
+    fwd3, bwd3 = errs["Tf32x3"]
     fwd1, bwd1 = errs["Tf32"]
     assert fwd3 <= em.TOL_X3["fwd"] and bwd3 <= em.TOL_X3["bwd"]
     assert fwd3 < fwd1 / 100 and bwd3 < bwd1 / 100
@@ -188,9 +187,9 @@ def test_pick_variant(device, monkeypatch):
     device["cc"] = 75  # no tf32 mma.sync before sm_80
     assert sdpa.pick_variant(f32, 64) == "f32"
     device["cc"] = 80
-    device["smem"] = 163 * 1024  # A100: tf32x3's wide HD 64 tiles (200 KB) and HD 128 tiles do not fit
-    assert sdpa._mma_smem("tf32x3", 64, "bwd") > device["smem"] >= sdpa._mma_smem("tf32", 64, "bwd")
-    assert sdpa.pick_variant(f32, 64) == sdpa.pick_variant(f32, 128) == "f32"
+    device["smem"] = 163 * 1024  # A100: the HD 128 tiles (200 KB) do not fit
+    assert sdpa._mma_smem("tf32x3", 128, "bwd") > device["smem"] >= sdpa._mma_smem("tf32x3", 64, "bwd")
+    assert sdpa.pick_variant(f32, 64) == "tf32x3" and sdpa.pick_variant(f32, 128) == "f32"
     set_matmul_precision("tf32")
     assert sdpa.pick_variant(f32, 64) == "tf32" and sdpa.pick_variant(f32, 128) == "f32"
 
@@ -198,15 +197,10 @@ def test_pick_variant(device, monkeypatch):
 def test_mma_smem_sizes():
     """_mma_smem mirrors sdpa_mma.cu: fp32 storage (tf32, tf32x3) rows of HD + 4 floats, bf16 HD + 8 halves."""
     for hd in (64, 128):
-        assert sdpa._mma_smem("tf32", hd, "fwd") == 4 * 64 * (hd + 4) * 4
+        assert sdpa._mma_smem("tf32x3", hd, "fwd") == sdpa._mma_smem("tf32", hd, "fwd") == 4 * 64 * (hd + 4) * 4
         assert sdpa._mma_smem("bf16", hd, "fwd") == 4 * 64 * (hd + 8) * 2
-        assert sdpa._mma_smem("tf32", hd, "bwd") == 6 * 64 * (hd + 4) * 4 + 4 * 64 * 4
-    # tf32x3 at HD 64: wide tiles (TF32X3W, big and small halves a row), within the H200's 227 KB
-    assert sdpa._mma_smem("tf32x3", 64, "fwd") == 4 * 64 * 132 * 4
-    assert sdpa._mma_smem("tf32x3", 64, "bwd") == 6 * 64 * 132 * 4 + 4 * 64 * 4 <= 227 * 1024
-    assert sdpa._mma_smem("tf32x3", 128, "bwd") == sdpa._mma_smem("tf32", 128, "bwd")
+        assert sdpa._mma_smem("tf32x3", hd, "bwd") == 6 * 64 * (hd + 4) * 4 + 4 * 64 * 4
     src = (KDIR / "sdpa_mma.cu").read_text()
-    assert "MMA_ENTRIES(tf32x3, TF32X3W, float, 64," in src and "MMA_ENTRIES(tf32x3, TF32X3, float, 128," in src
     assert "constexpr int BR = 64;" in src and sdpa.BR == 64
     assert sdpa._names("f32", 64, "bwd")[2] == 128 and sdpa._fwd_rows("f32", 64) == 64
 
@@ -223,7 +217,7 @@ def test_mma_warps_mirror_the_entries():
         assert sdpa._names(name, int(hd))[2] == 32 * int(fw) and sdpa._names(name, int(hd), "bwd")[2] == 32 * int(bw)
         assert sdpa._fwd_rows(name, int(hd)) == 16 * int(fw)
         if int(hd) == 64:
-            emu = {"TF32": "Tf32", "TF32X3W": "Tf32x3W", "BF16": "Bf16"}[trait]
+            emu = {"TF32": "Tf32", "TF32X3": "Tf32x3", "BF16": "Bf16"}[trait]
             assert em.WARPS[emu] == (int(fw), int(bw))
 
 

@@ -7,9 +7,9 @@ OpMultiplyAddFastF32) -- what PyTorch's fp32 SDPA (the mem-efficient kernel) run
 the order of the SIMT fp32 kernel's, not TF32's (H200: 0.5-3e-6 vs 1-6e-7 at 77 keys, tf32 3-9e-4; the long
 sums are staged at head dim 64 so that the matrix units' truncating accumulation does not grow with the keys).
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16'; fp32 tensors use 'tf32' when blutensor's matmul
-precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared memory fits (205 KB
-at head dim 64: sm_90) -- ``BLUTRAIN_SDPA_FP32=simt`` keeps the SIMT kernel there. Calls the kernels do not
-cover (an explicit mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
+precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared memory fits --
+``BLUTRAIN_SDPA_FP32=simt`` keeps the SIMT kernel there. Calls the kernels do not cover (an explicit mask,
+dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ MMA_WARPS = {
     ("tf32", 128): (8, 8),
     ("tf32x3", 64): (8, 8),
     ("tf32x3", 128): (8, 8),
-    ("bf16", 64): (4, 4),
-    ("bf16", 128): (4, 4),
+    ("bf16", 64): (8, 8),
+    ("bf16", 128): (8, 8),
 }
 
 
@@ -86,8 +86,7 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
     """Dynamic shared memory of the mma kernels (must match sdpa_mma.cu)."""
     es = 2 if variant == "bf16" else 4
     pad = 8 if variant == "bf16" else 4  # BF16::PAD / TF32::PAD in sdpa_mma.cu
-    wide = variant == "tf32x3" and hd <= 64  # TF32X3W: rows hold the big and the small half (tile_ld)
-    row = ((2 * hd if wide else hd) + pad) * es
+    row = (hd + pad) * es
     if kind == "fwd":
         return 4 * BR * row  # K, V tiles, two stages (cp.async double buffering)
     return 6 * BR * row + 4 * BR * 4  # own 2 tiles + 2 stages x 2 tiles; lse/D (dK/dV: per stage)

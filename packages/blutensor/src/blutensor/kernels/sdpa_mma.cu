@@ -6,8 +6,8 @@
 // Blocks of W = 4 or 8 warps (per variant, MMA_ENTRIES): forward 16 W queries (16 rows a warp); backward 64 rows
 // (keys in dK/dV, queries in dQ), with 8 warps two per 16 rows, each taking half of every streamed tile, their
 // partial sums added in a fixed order. Tiles of 64 rows are staged in dynamic shared memory (row stride HD+4
-// floats for tf32, 2HD+4 for tf32x3 at HD 64 (big and small halves), HD+8 halfwords for bf16, which keeps the
-// fragment loads free of bank conflicts) through a two-stage cp.async pipeline; fragments are built with
+// floats for tf32 / tf32x3, HD+8 halfwords for bf16, which keeps the fragment loads free of bank conflicts)
+// through a two-stage cp.async pipeline; fragments are built with
 // ldmatrix / shared loads. The accumulator layout of S = Q K^T is the A operand of P V in registers (tf32: k
 // permuted inside groups of 8, see TF32::raw_b; bf16: packing). Backward: D = rowsum(dO*O) (sdpa.cu
 // preprocess), then a dK/dV kernel and a dQ kernel, each recomputing P: no atomics, deterministic.
@@ -70,7 +70,6 @@ struct TF32 {
     // tiles are rounded to tf32 once as they are staged (prep_tile), so the loaders only move bits: 4x fewer
     // conversions than rounding every fragment load (every warp of the block reads every streamed tile)
     static constexpr bool ROUND_TILES = true;
-    static constexpr bool WIDE = false;  // see TF32X3W
     // raw bits of the fragments (tf32 loaders use them as they are; tf32x3 splits them)
 #ifndef BLU_NO_LDMATRIX
     // ldmatrix on b16 pairs: an 8 x 4 fp32 block is an 8 x 8 b16 matrix, and lane (g, t) receives row g,
@@ -203,26 +202,6 @@ struct TF32X3 : TF32 {
     }
 };
 
-// tf32x3 on "wide" tiles, split once as they are staged: row = [big (HD) | small (HD)] + PAD, so the loaders read
-// both halves and convert nothing (every warp reads every streamed tile: 4-8x fewer splits). HD 64 only: the wide
-// tiles of HD 128 do not fit the shared memory.
-struct TF32X3W : TF32X3 {
-    static constexpr bool WIDE = true;
-    static __device__ __forceinline__ int small(int ld) { return (ld - PAD) / 2; }  // column of the small half
-    static __device__ __forceinline__ void load_a(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
-        raw_a(X, ld, r0, k0, a, g, t);
-        raw_a(X, ld, r0, k0 + small(ld), a + 4, g, t);
-    }
-    static __device__ __forceinline__ void load_bt(const float* X, int ld, int n0, int k0, u32* b, int g, int t) {
-        raw_bt(X, ld, n0, k0, b, g, t);
-        raw_bt(X, ld, n0, k0 + small(ld), b + 2, g, t);
-    }
-    static __device__ __forceinline__ void load_b(const float* X, int ld, int k0, int n0, u32* b, int g, int t) {
-        raw_b(X, ld, k0, n0, b, g, t);
-        raw_b(X, ld, k0, n0 + small(ld), b + 2, g, t);
-    }
-};
-
 // ---------------------------------------------------------------- bf16: m16n8k16, raw uint16 storage
 struct BF16 {
     typedef bf16_t T;
@@ -230,7 +209,6 @@ struct BF16 {
     static constexpr int PAD = 8;
     static constexpr int NA = 4, NB = 2;
     static constexpr bool ROUND_TILES = false;
-    static constexpr bool WIDE = false;
 #ifndef BLU_NO_LDMATRIX
     // ldmatrix: lane i gives the address of row (i % 8) of 8x8 matrix (i / 8); lane (g, t) receives row g,
     // cols 2t, 2t+1 of each matrix (.trans: row 2t, 2t+1, col g). Rows are 16-byte aligned (LD*2 = 16*k).
@@ -327,41 +305,26 @@ __device__ __forceinline__ void acc_pv(float (*acc)[4], const float (*c)[4], con
     }
 }
 
-// row stride (elements) of a staged tile
-template <typename X, int HD> __host__ __device__ constexpr int tile_ld() { return X::WIDE ? 2 * HD + X::PAD : HD + X::PAD; }
-
-// X::WIDE: the 16 bytes at p (fp32) -> big there, small HD elements further (TF32X3::split of each)
-template <int HD> __device__ __forceinline__ void split_store(float* p, uint4 v) {
-    u32 r[8] = {v.x, v.y, v.z, v.w};
-    TF32X3::split<4>(r);
-    *reinterpret_cast<uint4*>(p) = make_uint4(r[0], r[1], r[2], r[3]);
-    *reinterpret_cast<uint4*>(p + HD) = make_uint4(r[4], r[5], r[6], r[7]);
-}
-
-// rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride tile_ld (zeros past n); 16-byte copies.
-// PREP: rounded (X::ROUND_TILES) or split (X::WIDE) as the loaders expect; else the raw values (cols < HD)
-template <typename X, int HD, bool PREP = true, typename T = typename X::T>
+// rows [r0, r0 + 64) of a (n, HD) matrix -> smem tile with row stride HD + PAD (zeros past n); 16-byte copies,
+// rounded to tf32 where the loaders expect it (X::ROUND_TILES)
+template <typename X, int HD, typename T = typename X::T>
 __device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
-    constexpr int LD = tile_ld<X, HD>();
+    constexpr int LD = HD + X::PAD;
     constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
     constexpr int Q = HD / E;
     for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
         const int r = i / Q, c = i % Q;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r0 + r < n) v = *reinterpret_cast<const uint4*>(src + (long long)(r0 + r) * ld + c * E);
-        if constexpr (X::ROUND_TILES && PREP) v = round4(v);
-        if constexpr (X::WIDE && PREP) {
-            split_store<HD>(reinterpret_cast<float*>(dst + r * LD + c * E), v);
-        } else {
-            *reinterpret_cast<uint4*>(dst + r * LD + c * E) = v;
-        }
+        if constexpr (X::ROUND_TILES) v = round4(v);
+        *reinterpret_cast<uint4*>(dst + r * LD + c * E) = v;
     }
 }
 
 // asynchronous version of load_tile (cp.async, 16 bytes, zero-fill past n); completes on commit/wait groups
 template <typename X, int HD, typename T = typename X::T>
 __device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ src, int r0, int n, int ld) {
-    constexpr int LD = tile_ld<X, HD>();
+    constexpr int LD = HD + X::PAD;
     constexpr int E = 16 / sizeof(T);
     constexpr int Q = HD / E;
     for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
@@ -372,21 +335,18 @@ __device__ __forceinline__ void load_tile_async(T* dst, const T* __restrict__ sr
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(g), "r"(ok ? 16 : 0));
     }
 }
-// Prepare a tile staged by load_tile_async once its group has completed: X::ROUND_TILES rounds it to tf32 in
-// place, X::WIDE splits it (big in place, small HD further). Each thread converts the 16-byte pieces it copied
-// itself (visible to it after cp.async.wait_group), so no barrier is needed before; the caller's
-// __syncthreads publishes the result.
+// X::ROUND_TILES: round a tile staged by load_tile_async to tf32 in place, once its group has completed. Each
+// thread converts the 16-byte pieces it copied itself (visible to it after cp.async.wait_group), so no barrier
+// is needed before; the caller's __syncthreads publishes the result.
 template <typename X, int HD, typename T = typename X::T>
 __device__ __forceinline__ void prep_tile(T* dst) {
-    if constexpr (X::ROUND_TILES || X::WIDE) {
-        constexpr int LD = tile_ld<X, HD>();
+    if constexpr (X::ROUND_TILES) {
+        constexpr int LD = HD + X::PAD;
         constexpr int E = 16 / sizeof(T);
         constexpr int Q = HD / E;
         for (int i = threadIdx.x; i < BR * Q; i += blockDim.x) {
-            T* p = dst + (i / Q) * LD + (i % Q) * E;
-            const uint4 v = *reinterpret_cast<const uint4*>(p);
-            if constexpr (X::WIDE) split_store<HD>(reinterpret_cast<float*>(p), v);
-            else *reinterpret_cast<uint4*>(p) = round4(v);
+            uint4* p = reinterpret_cast<uint4*>(dst + (i / Q) * LD + (i % Q) * E);
+            *p = round4(*p);
         }
     }
 }
@@ -436,7 +396,7 @@ __device__ __forceinline__ void reduce_halves(float* red, float (*a)[4], float (
 template <typename X, int HD, int W, typename T = typename X::T>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                         float* __restrict__ lse, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
-    constexpr int KS = X::KS, LD = tile_ld<X, HD>(), NT = BR / 8, DT = HD / 8;
+    constexpr int KS = X::KS, LD = HD + X::PAD, NT = BR / 8, DT = HD / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = reinterpret_cast<T*>(smem_raw);
     T* Vs = Ks + BR * LD;
@@ -455,7 +415,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     constexpr bool QRAW = X::NA == 8;
     u32 qa[HD / KS][QRAW ? 4 : X::NA];
 #pragma unroll
-    for (int j = 0; j < FR / BR; ++j) load_tile<X, HD, !QRAW>(Ks + j * BR * LD, qb, q0 + j * BR, L, lq.st);
+    for (int j = 0; j < FR / BR; ++j) load_tile<X, HD>(Ks + j * BR * LD, qb, q0 + j * BR, L, lq.st);
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < HD / KS; ++ks) {
@@ -595,7 +555,7 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                               const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                               T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal,
                               Lay lq, Lay lk, Lay lo) {
-    constexpr int KS = X::KS, LD = tile_ld<X, HD>(), DT = HD / 8;
+    constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
     constexpr int QSUB = BR / 2, NT = QSUB / 8;  // queries per warp and tile: warps 4-7 take the second half
     static_assert(W == 4 || 2 * DT * 4 * 128 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -746,7 +706,7 @@ template <typename X, int HD, int W, typename T = typename X::T>
 __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                             const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                             T* __restrict__ dq, int L, int S, float scale, int causal, Lay lq, Lay lk, Lay lo) {
-    constexpr int KS = X::KS, LD = tile_ld<X, HD>(), DT = HD / 8;
+    constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
     constexpr int KSUB = BR / 2, NT = KSUB / 8;  // keys per warp and tile: warps 4-7 take the second half
     static_assert(W == 4 || DT * 4 * 128 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -885,8 +845,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 
 // Entries of one variant and head dim. FW / BW: warps of a forward / backward block (4 or 8; sdpa.py's MMA_WARPS
 // mirrors them); FMIN / BMIN: blocks a multiprocessor the kernels are built for (2 with 8 warps: at most 128
-// registers; 1: as many registers as they take). Chosen from H200 runs: 8 warps for tf32 and tf32x3 (backward
-// 1.46 -> 1.23 ms a GPT-2 layer), 4 for bf16 (8 was 10% slower).
+// registers; 1: as many registers as they take). H200, GPT-2 layer fwd+bwd: 8 warps for all (tf32 1.92 -> 1.61
+// ms; bf16 0.87 with 8 and with 4 warps in separate runs, 0.92-0.95 in others: noise).
 #define MMA_ENTRIES(NAME, X, T, HD, FW, FMIN, BW, BMIN)                                                                \
 extern "C" __global__ void __launch_bounds__(FW * 32, FMIN)                                                            \
 blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,                   \
@@ -926,7 +886,7 @@ blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v,
 
 MMA_ENTRIES(tf32, TF32, float, 64, 8, 2, 8, 2)
 MMA_ENTRIES(tf32, TF32, float, 128, 8, 1, 8, 1)
-MMA_ENTRIES(tf32x3, TF32X3W, float, 64, 8, 1, 8, 1)
+MMA_ENTRIES(tf32x3, TF32X3, float, 64, 8, 1, 8, 1)
 MMA_ENTRIES(tf32x3, TF32X3, float, 128, 8, 1, 8, 1)
-MMA_ENTRIES(bf16, BF16, bf16_t, 64, 4, 4, 4, 3)
-MMA_ENTRIES(bf16, BF16, bf16_t, 128, 4, 1, 4, 1)
+MMA_ENTRIES(bf16, BF16, bf16_t, 64, 8, 2, 8, 2)
+MMA_ENTRIES(bf16, BF16, bf16_t, 128, 8, 1, 8, 1)
