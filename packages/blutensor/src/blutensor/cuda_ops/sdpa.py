@@ -4,8 +4,9 @@ Variants: 'f32' (kernels/sdpa.cu, SIMT fp32, HD 32/64/128); 'tf32', 'tf32x3' and
 mma.sync on the matrix units, HD 64/128). 'tf32x3' is fp32 on the matrix units: each fp32 operand split as
 big + small (both TF32), small*big + big*small + big*big accumulated in fp32 (3xTF32, CUTLASS's
 OpMultiplyAddFastF32) -- what PyTorch's fp32 SDPA (the mem-efficient kernel) runs on sm_80+; its error is of
-the order of the SIMT fp32 kernel's, not TF32's (H200: 0.5-3e-6 vs 1-6e-7 at 77 keys, tf32 3-9e-4; the long
-sums are staged at head dim 64 so that the matrix units' truncating accumulation does not grow with the keys).
+the order of the SIMT fp32 kernel's, not TF32's (H200, head dim 64: 0.7-2.2x the SIMT kernel's error up to
+1000 keys, tf32 ~300x it; the long sums are staged so that the matrix units' truncating accumulation does not
+grow with the keys).
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16'; fp32 tensors use 'tf32' when blutensor's matmul
 precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared memory fits --
 ``BLUTRAIN_SDPA_FP32=simt`` keeps the SIMT kernel there. Calls the kernels do not cover (an explicit mask,
