@@ -96,12 +96,19 @@ def shipped(key: str) -> dict[str, Any] | None:
 _default_cache: AutotuneCache | None = None
 
 
+_default_env: str | None = None
+
+
 def default_cache() -> AutotuneCache:
-    """The process-wide cache at ``cache_dir()`` (re-created when BLUBLAS_CACHE_DIR changes)."""
-    global _default_cache
-    path = cache_dir() / "autotune.json"
-    if _default_cache is None or _default_cache.path != path:
-        _default_cache = AutotuneCache(path)
+    """The process-wide cache at ``cache_dir()`` (re-created when BLUBLAS_CACHE_DIR changes; the path is only
+    rebuilt then: it is looked up on every GEMM call)."""
+    global _default_cache, _default_env
+    env = os.environ.get("BLUBLAS_CACHE_DIR")
+    if _default_cache is None or env != _default_env:
+        path = cache_dir() / "autotune.json"
+        if _default_cache is None or _default_cache.path != path:
+            _default_cache = AutotuneCache(path)
+        _default_env = env
     return _default_cache
 
 

@@ -66,11 +66,28 @@ def tma_specs(p: Problem, cfg: configs.TileConfig) -> tuple:
 
 def tma_ok(p: Problem, cfg: configs.TileConfig | None = None) -> str:
     """'' when the TMA kernels can read p's operands (16-byte aligned bases, leading dimensions and batch
-    strides; K >= 1), else the reason. TF32 operands that are transposed first (see kmajor_copies) always can."""
-    from . import tma
-
+    strides; K >= 1), else the reason. TF32 operands that are transposed first (see kmajor_copies) always can.
+    Memoized per operand geometry (it runs on every call)."""
     if p.K < 1:
         return "K = 0"
+    A, B = p.A, p.B
+    key = (p.precision, p.trans_a, p.trans_b, p.K, cfg.name if cfg is not None else None)
+    key += (A.ptr, A.rows, A.cols, A.ld, A.batch, A.bstride, B.ptr, B.rows, B.cols, B.ld, B.batch, B.bstride)
+    why = _tma_ok_memo.get(key)
+    if why is None:
+        why = _tma_ok(p, cfg)
+        if len(_tma_ok_memo) > 4096:
+            _tma_ok_memo.clear()
+        _tma_ok_memo[key] = why
+    return why
+
+
+_tma_ok_memo: dict[tuple, str] = {}
+
+
+def _tma_ok(p: Problem, cfg: configs.TileConfig | None) -> str:
+    from . import tma
+
     tf32 = p.precision != "bf16"
     if cfg is None:
         cfg = next(iter(configs.ALL_CONFIGS["wgmma_tf32" if tf32 else "wgmma"].values()))
