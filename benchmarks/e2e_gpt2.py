@@ -160,6 +160,8 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
     ("blutrain_fp32_graph", "blutrain", "fp32", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),
     ("blutrain_fp32_simt_attn_graph", "blutrain", "fp32", False,
      {"--fused": "", "--graph": "", "--gemm": "cublas", "BLUTRAIN_SDPA_FP32": "simt"}),
+    ("blutrain_fp32_tf32x3_attn_graph", "blutrain", "fp32", False,
+     {"--fused": "", "--graph": "", "--gemm": "cublas", "BLUTRAIN_SDPA_FP32": "tf32x3"}),
     ("torch_eager_bf16", "torch", "bf16", False, {}),
     ("blutrain_bf16", "blutrain", "bf16", False, {"--fused": "", "--gemm": "cublas"}),
     ("blutrain_bf16_graph", "blutrain", "bf16", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),

@@ -167,15 +167,16 @@ def test_pick_variant(device, monkeypatch):
 
     f32, u16 = np.dtype(np.float32), np.dtype(np.uint16)
     set_matmul_precision("fp32")
-    assert sdpa.pick_variant(f32, 64) == "tf32x3"  # strict fp32: fp32 on the matrix units
-    assert sdpa.pick_variant(f32, 128) == "tf32x3"
-    assert sdpa.pick_variant(f32, 32) == "f32"  # head dim the mma kernels lack
+    assert sdpa.pick_variant(f32, 64) == "f32"  # strict fp32 default: the SIMT kernel (end-to-end loss match)
+    assert sdpa.pick_variant(f32, 32) == "f32"
     assert sdpa.pick_variant(f32, 48) is None
     assert sdpa.pick_variant(u16, 64) == "bf16"
+    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "TF32X3")  # opt-in: fp32 on the matrix units
+    assert sdpa.pick_variant(f32, 64) == "tf32x3"
+    assert sdpa.pick_variant(f32, 128) == "tf32x3"
+    assert sdpa.pick_variant(f32, 32) == "f32"  # head dim the mma kernels lack
     monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "simt")
     assert sdpa.pick_variant(f32, 64) == "f32"
-    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "TF32X3")
-    assert sdpa.pick_variant(f32, 64) == "tf32x3"
     monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "fast")
     with pytest.raises(ValueError, match="BLUTRAIN_SDPA_FP32"):
         sdpa.pick_variant(f32, 64)
@@ -184,6 +185,7 @@ def test_pick_variant(device, monkeypatch):
         set_matmul_precision(prec)
         assert sdpa.pick_variant(f32, 64) == "tf32"
     set_matmul_precision("fp32")
+    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "tf32x3")
     device["cc"] = 75  # no tf32 mma.sync before sm_80
     assert sdpa.pick_variant(f32, 64) == "f32"
     device["cc"] = 80
