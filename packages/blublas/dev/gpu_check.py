@@ -481,23 +481,11 @@ def _operands(cp, prec: str, lay: str, m: int, n: int, k: int):
     return a, b, cp.empty((m, n), dt)
 
 
-def _time_ms(cp, fn, warmup: int = 2, target_ms: float = 25.0) -> float:
-    """Mean milliseconds per call over enough back-to-back calls to fill ~target_ms (5 to 200 calls)."""
-    for _ in range(warmup):
-        fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    fn()
-    stop.record()
-    stop.synchronize()
-    one = max(cp.cuda.get_elapsed_time(start, stop), 1e-3)
-    reps = int(min(200, max(5, target_ms / one)))
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / reps
+def _time_ms(cp, fn):
+    """Mean ms per call (5 to 200 back-to-back calls filling ~25 ms): blublas.testing.time_ms."""
+    from blublas.testing import time_ms
+
+    return time_ms(cp, fn, target_ms=25.0, min_reps=5)
 
 
 def _torch_ms(prec: str, lay: str, m: int, n: int, k: int) -> float | None:

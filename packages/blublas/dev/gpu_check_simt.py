@@ -153,23 +153,11 @@ def misaligned(cp, rng, config: str, lay: str) -> None:
         record("misaligned", False, None, desc, traceback.format_exc(limit=3)[-1500:])
 
 
-def _time_ms(cp, fn, warmup: int = 2, target_ms: float = 20.0) -> float:
-    """Mean milliseconds per call over enough back-to-back calls to fill ~target_ms (3 to 200 calls)."""
-    for _ in range(warmup):
-        fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    fn()
-    stop.record()
-    stop.synchronize()
-    one = max(cp.cuda.get_elapsed_time(start, stop), 1e-3)
-    reps = int(min(200, max(3, target_ms / one)))
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / reps
+def _time_ms(cp, fn):
+    """Mean ms per call (3 to 200 back-to-back calls filling ~20 ms): blublas.testing.time_ms."""
+    from blublas.testing import time_ms
+
+    return time_ms(cp, fn)
 
 
 def splits_for(cfg, m: int, n: int, k: int) -> list[int]:

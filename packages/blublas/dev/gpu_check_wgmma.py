@@ -191,22 +191,11 @@ def sec_correct(part: dict, precision: str, layout: str) -> None:
         )
 
 
-def _time_ms(cp, fn, warmup: int = 2, target_ms: float = 20.0) -> float:
-    for _ in range(warmup):
-        fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    fn()
-    stop.record()
-    stop.synchronize()
-    one = max(cp.cuda.get_elapsed_time(start, stop), 1e-3)
-    reps = int(min(100, max(3, target_ms / one)))
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / reps
+def _time_ms(cp, fn):
+    """Mean ms per call (3 to 100 back-to-back calls filling ~20 ms): blublas.testing.time_ms."""
+    from blublas.testing import time_ms
+
+    return time_ms(cp, fn, max_reps=100)
 
 
 def _graph_ms(cp, fn, calls: int = 10, reps: int = 3) -> float:

@@ -206,3 +206,24 @@ def check_case(case: Case, xp: Any = np, provider: str = "blublas", **kw: Any) -
     if pre is not None:
         err = max(err, normalized_error(pre, ref_pre, scale, case.out_bf16))
     return err
+
+
+def time_ms(cp: Any, fn: Any, warmup: int = 2, target_ms: float = 20.0, min_reps: int = 3,
+            max_reps: int = 200) -> float:
+    """Mean milliseconds per call of ``fn`` on the current CUDA stream, over enough back-to-back calls to fill
+    about ``target_ms`` (``min_reps`` to ``max_reps`` calls), timed with CUDA events (the GPU checks' timer)."""
+    for _ in range(warmup):
+        fn()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    one = max(cp.cuda.get_elapsed_time(start, stop), 1e-3)
+    reps = int(min(max_reps, max(min_reps, target_ms / one)))
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / reps
