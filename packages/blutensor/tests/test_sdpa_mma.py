@@ -202,7 +202,9 @@ def test_mma_smem_sizes():
         assert sdpa._mma_smem("tf32x3", hd, "fwd") == sdpa._mma_smem("tf32", hd, "fwd") == 4 * 64 * (hd + 4) * 4
         assert sdpa._mma_smem("bf16", hd, "fwd") == 4 * 64 * (hd + 8) * 2
         assert sdpa._mma_smem("tf32x3", hd, "bwd") == 6 * 64 * (hd + 4) * 4 + 4 * 64 * 4
-    src = (KDIR / "sdpa_mma.cu").read_text()
+    from blutensor.cuda_ops._loader import source
+
+    src = source("sdpa_mma.cu")  # with sdpa_mma_frag.cuh inlined, as NVRTC sees it
     assert "constexpr int BR = 64;" in src and sdpa.BR == 64
     assert sdpa._names("f32", 64, "bwd")[2] == 128 and sdpa._fwd_rows("f32", 64) == 64
 
