@@ -15,8 +15,12 @@ ARCHS = (80, 86, 89, 90)
 
 
 def compile_one(path: Path, arch: int) -> str | None:
-    """None on success, else the NVRTC log."""
-    src = path.read_bytes()
+    """None on success, else the NVRTC log. The text is the loader's (local .cuh includes inlined), so what is
+    compiled here is what the GPU compiles."""
+    sys.path.insert(0, str(KDIR.parents[1]))
+    from blutensor.cuda_ops._loader import source
+
+    src = source(path.name).encode()
     err, prog = nvrtc.nvrtcCreateProgram(src, path.name.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     opts = [b"-std=c++17", f"-arch=compute_{arch}".encode()]
