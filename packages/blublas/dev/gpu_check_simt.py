@@ -36,23 +36,10 @@ BENCH_ALL = os.environ.get("BLUBLAS_SIMT_BENCH", "all") != "default"
 RESULT: dict = {"env": {}, "checks": {}, "failures": [], "bench": [], "summary": {}, "timings": {}}
 COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_simt.py $OUT"
 BASELINES = ("128x128x8_s4", "128x128x16_s3")  # the previous winners (cp.async pipeline)
-GPT2_SHAPES = [  # (name, layout, M, N, K) with weights stored (out, in) like torch.nn.Linear
-    ("fwd_qkv", "nt", 16384, 2304, 768),
-    ("fwd_attn_proj", "nt", 16384, 768, 768),
-    ("fwd_fc", "nt", 16384, 3072, 768),
-    ("fwd_fc_proj", "nt", 16384, 768, 3072),
-    ("fwd_lm_head", "nt", 16384, 50304, 768),
-    ("dx_qkv", "nn", 16384, 768, 2304),
-    ("dx_attn_proj", "nn", 16384, 768, 768),
-    ("dx_fc", "nn", 16384, 768, 3072),
-    ("dx_fc_proj", "nn", 16384, 3072, 768),
-    ("dx_lm_head", "nn", 16384, 768, 50304),
-    ("dw_qkv", "tn", 2304, 768, 16384),
-    ("dw_attn_proj", "tn", 768, 768, 16384),
-    ("dw_fc", "tn", 3072, 768, 16384),
-    ("dw_fc_proj", "tn", 768, 3072, 16384),
-    ("dw_lm_head", "tn", 50304, 768, 16384),
-]
+
+from blublas.testing import gpt2_gemm_shapes  # noqa: E402 - after the sys.path insert
+
+GPT2_SHAPES = gpt2_gemm_shapes()  # GPT-2 124M at B*T = 16384 (blublas.testing): fwd nt, dX nn, dW tn
 SPLITS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16)  # configs.SPLIT_CHOICES lacks 5, 7, 9-11, 14
 
 

@@ -44,23 +44,9 @@ FULL = os.environ.get("BLUBLAS_WGMMA_CHECK_FULL", "0") == "1"
 COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_wgmma.py $OUT"
 TARGETS = {"bf16": 0.85, "tf32": 0.90}
 GROUPS = [("bf16", "nn"), ("bf16", "nt"), ("bf16", "tn"), ("tf32", "nt"), ("tf32", "nn"), ("tf32", "tn")]
-GPT2_SHAPES = [  # (name, layout, M, N, K), weights stored (out, in) like torch.nn.Linear
-    ("fwd_qkv", "nt", 16384, 2304, 768),
-    ("fwd_attn_proj", "nt", 16384, 768, 768),
-    ("fwd_fc", "nt", 16384, 3072, 768),
-    ("fwd_fc_proj", "nt", 16384, 768, 3072),
-    ("fwd_lm_head", "nt", 16384, 50304, 768),
-    ("dx_qkv", "nn", 16384, 768, 2304),
-    ("dx_attn_proj", "nn", 16384, 768, 768),
-    ("dx_fc", "nn", 16384, 768, 3072),
-    ("dx_fc_proj", "nn", 16384, 3072, 768),
-    ("dx_lm_head", "nn", 16384, 768, 50304),
-    ("dw_qkv", "tn", 2304, 768, 16384),
-    ("dw_attn_proj", "tn", 768, 768, 16384),
-    ("dw_fc", "tn", 3072, 768, 16384),
-    ("dw_fc_proj", "tn", 768, 3072, 16384),
-    ("dw_lm_head", "tn", 50304, 768, 16384),
-]
+from blublas.testing import gpt2_gemm_shapes  # noqa: E402 - after the sys.path insert
+
+GPT2_SHAPES = gpt2_gemm_shapes()  # GPT-2 124M at B*T = 16384 (blublas.testing): fwd nt, dX nn, dW tn
 
 
 def log(msg: str) -> None:

@@ -41,3 +41,19 @@ def test_time_ms_mean_and_repetitions():
     calls.clear()
     assert time_ms(cp, fn, warmup=0, target_ms=1.0, min_reps=5) == 2.0
     assert len(calls) == 1 + 5
+
+
+def test_gpt2_gemm_shapes_are_the_issue_table():
+    """The 15 GEMMs of issue 6 at B*T = 16384: forward 16384 x 768 times 768 x {2304, 768, 3072}, 3072 x 768,
+    768 x 50304, and the matching dX and dW GEMMs (FLOPs of dX and dW equal the forward's)."""
+    from blublas.testing import gpt2_gemm_shapes
+
+    shapes = gpt2_gemm_shapes()
+    assert len(shapes) == 15 and len({s[0] for s in shapes}) == 15
+    fwd = {s[0][4:]: s for s in shapes if s[1] == "nt"}
+    assert fwd["qkv"] == ("fwd_qkv", "nt", 16384, 2304, 768)
+    assert fwd["lm_head"] == ("fwd_lm_head", "nt", 16384, 50304, 768)
+    for name, (_, _, m, n, k) in fwd.items():
+        dx = next(s for s in shapes if s[0] == f"dx_{name}")
+        dw = next(s for s in shapes if s[0] == f"dw_{name}")
+        assert dx[1:] == ("nn", m, k, n) and dw[1:] == ("tn", n, k, m)

@@ -227,3 +227,13 @@ def time_ms(cp: Any, fn: Any, warmup: int = 2, target_ms: float = 20.0, min_reps
     stop.record()
     stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) / reps
+
+
+def gpt2_gemm_shapes(tokens: int = 16384, d: int = 768, vocab: int = 50304) -> list[tuple[str, str, int, int, int]]:
+    """GPT-2's dense-layer GEMMs at ``tokens`` = B*T as (name, layout, M, N, K): the forward (``nt``: weights stored
+    (out, in) like torch.nn.Linear), dX (``nn``) and dW (``tn``) of qkv, attn_proj, fc, fc_proj and the LM head."""
+    layers = {"qkv": (d, 3 * d), "attn_proj": (d, d), "fc": (d, 4 * d), "fc_proj": (4 * d, d), "lm_head": (d, vocab)}
+    fwd = [(f"fwd_{n}", "nt", tokens, out, inp) for n, (inp, out) in layers.items()]
+    dx = [(f"dx_{n}", "nn", tokens, inp, out) for n, (inp, out) in layers.items()]
+    dw = [(f"dw_{n}", "tn", out, inp, tokens) for n, (inp, out) in layers.items()]
+    return fwd + dx + dw
