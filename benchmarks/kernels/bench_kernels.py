@@ -20,6 +20,17 @@ import pytest
 ROUNDS = 20
 
 
+def _gpt2_param_shapes() -> list[tuple[int, ...]]:
+    """blutensor's dev/kernel_reference.gpt2_param_shapes (the one list the kernel checks and tests share)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "blutensor" / "dev"))
+    from kernel_reference import gpt2_param_shapes
+
+    return gpt2_param_shapes()
+
+
 def _cupy():
     try:
         import cupy
@@ -230,25 +241,7 @@ def test_cross_entropy_fwd_and_logits_grad(benchmark, impl, storage):
     _run(benchmark, impl, fn, info, nbytes=2 * N * C * es)  # minimum traffic: read + write the logits once
 
 
-GPT2_SHAPES = (
-    [(50304, 768), (1024, 768)]
-    + [
-        (768,),
-        (768,),
-        (2304, 768),
-        (2304,),
-        (768, 768),
-        (768,),
-        (768,),
-        (768,),
-        (3072, 768),
-        (3072,),
-        (768, 3072),
-        (768,),
-    ]
-    * 12
-    + [(768,), (768,)]
-)
+GPT2_SHAPES = _gpt2_param_shapes()  # GPT-2 124M parameter shapes, model order
 
 
 @pytest.mark.parametrize("impl", IMPLS)

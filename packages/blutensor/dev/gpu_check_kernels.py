@@ -644,25 +644,7 @@ def bench_cross_entropy(storage):
     bench_row(f"cross_entropy loss only {storage}", f"{N}x{C}", ms, None, N * C * es)
 
 
-GPT2_SHAPES = (
-    [(50304, 768), (1024, 768)]
-    + [
-        (768,),
-        (768,),
-        (2304, 768),
-        (2304,),
-        (768, 768),
-        (768,),
-        (768,),
-        (768,),
-        (3072, 768),
-        (3072,),
-        (768, 3072),
-        (768,),
-    ]
-    * 12
-    + [(768,), (768,)]
-)
+GPT2_SHAPES = ref.gpt2_param_shapes()  # GPT-2 124M, model order
 
 
 @bench_guard

@@ -612,25 +612,9 @@ def bench_cross_entropy(storage):
 
 
 # ------------------------------------------------------------------ grad_norm
-GPT2 = (
-    [(50304, 768), (1024, 768)]
-    + [
-        (768,),
-        (768,),
-        (2304, 768),
-        (2304,),
-        (768, 768),
-        (768,),
-        (768,),
-        (768,),
-        (3072, 768),
-        (3072,),
-        (768, 3072),
-        (768,),
-    ]
-    * 12
-    + [(768,), (768,)]
-)
+import kernel_reference  # noqa: E402 - dev/ is on sys.path (top of the file)
+
+GPT2 = kernel_reference.gpt2_param_shapes()  # GPT-2 124M parameter shapes, model order
 
 
 @guarded

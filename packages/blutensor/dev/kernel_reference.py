@@ -178,3 +178,10 @@ def sdpa_backward(q, k, v, do, causal=False, scale=None):
     dp = do @ np.swapaxes(v, -1, -2)
     ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * sc
     return ds @ k, np.swapaxes(ds, -1, -2) @ q, dv
+
+
+def gpt2_param_shapes(layers: int = 12, d: int = 768, vocab: int = 50304, ctx: int = 1024) -> list[tuple[int, ...]]:
+    """Parameter shapes of GPT-2 (124M by default) in model order: wte, wpe, per block ln_1, c_attn, attn c_proj,
+    ln_2, c_fc, mlp c_proj (weights and biases), then ln_f: the tensor list the multi-tensor kernels run over."""
+    block = [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,)]
+    return [(vocab, d), (ctx, d)] + block * layers + [(d,), (d,)]

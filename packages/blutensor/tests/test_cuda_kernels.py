@@ -71,25 +71,7 @@ def test_chunk_table_rejects_bad_input():
 
 def test_gpt2_chunk_balance():
     """GPT-2 124M's parameters give enough equal chunks to fill 132 SMs several times over."""
-    shapes = (
-        [(50304, 768), (1024, 768)]
-        + [
-            (768,),
-            (768,),
-            (2304, 768),
-            (2304,),
-            (768, 768),
-            (768,),
-            (768,),
-            (768,),
-            (3072, 768),
-            (3072,),
-            (768, 3072),
-            (768,),
-        ]
-        * 12
-        + [(768,)] * 2
-    )
+    shapes = ref.gpt2_param_shapes()
     ct, _ = build_chunk_table([math.prod(s) for s in shapes])
     assert len(ct) > 8 * 132
     assert len(set(ct.tolist())) == len(shapes)
