@@ -83,7 +83,7 @@ class _GeluLinear(Function):
         needs = ctx.needs_input_grad
         # the gelu kernel forward used, called directly: no nested autograd pass (its leaf-gradient copy of
         # an activation-sized buffer cost ~0.15 ms per block on the H200)
-        gelu = dispatch.resolve("gelu", u.device.type, u.dtype.name)
+        gelu = dispatch.kernel_for("gelu", u.device.type, u.dtype.name)
         gctx = Ctx()
         g = gelu.forward(gctx, u._data, approximate="tanh")  # the recompute: one elementwise kernel
         lin = Ctx()

@@ -69,6 +69,16 @@ def _env_overrides() -> dict[str, str]:
     return out
 
 
+def kernel_for(op: str, backend: str, dtype: str):
+    """:func:`resolve`, cached with the dispatcher's own choices (and cleared with them): for code that calls a
+    kernel class directly on a hot path (GPT-2's fused GELU + c_proj backward)."""
+    key = (op, backend, dtype, "kernel_for")
+    k = _cache.get(key)
+    if k is None:
+        k = _cache[key] = resolve(op, backend, dtype)
+    return k
+
+
 def _with_flags(cls, op: str):
     """``cls`` itself when it carries every dispatch flag, else a subclass that fills the missing
     ones from the built-in kernel of ``op`` (so a minimal plugin class works)."""
