@@ -253,7 +253,8 @@ def _param_types(name: str) -> list[str]:
     body = body.replace("\\", " ")
     if name.startswith("blu_gemm_wgmma"):  # + BLU_TMA_PARAMS
         text = (KERNEL_DIR / "gemm_wgmma.cuh").read_text()
-        body += ", " + re.search(r"#define BLU_TMA_PARAMS (.*)", text).group(1).replace("__grid_constant__ ", "")
+        tma = re.search(r"#define BLU_TMA_PARAMS((?:.*\\\n)*.*)", text).group(1).replace("\\", " ")
+        body += ", " + tma.replace("__grid_constant__ ", "")
     out = []
     for decl in body.split(","):
         decl = " ".join(decl.split())
@@ -318,12 +319,12 @@ class _Kernel:
             assert self.max_dynamic_shared_size_bytes >= shared_mem, "dynamic smem limit not raised"
         tma = variant in configs.TMA_VARIANTS
         if tma:  # persistent grid; operands read through the (fake-encoded) tensor maps only
-            tmA, tmB, nz, bmask = args[21:]
+            tmA, tmB, tmC, nz, bmask = args[21:]
             vals = vals[:21]
             nz, bmask = int(nz), int(bmask)
             tiles = -(-vals[6] // cfg.bn) * -(-vals[5] // cfg.bm) * nz
             assert grid == (min(tiles, 132),), (grid, tiles)
-            for tm in (tmA, tmB):  # by value: CuPy passes a one-element NumPy array's bytes
+            for tm in (tmA, tmB, tmC):  # by value: CuPy passes a one-element NumPy array's bytes
                 assert isinstance(tm, np.ndarray) and tm.size == 1 and tm.dtype.itemsize == 128, tm
         (A, B, C, bias, P, M, N, K, lda, ldb, ldc, ldp, sA, sB, sC, sP, alpha, beta, flags, splits, chunk) = vals
         if not tma:
@@ -343,6 +344,16 @@ class _Kernel:
             assert C % 16 == 0 and (ldc * osz) % 16 == 0 and (nz == 1 or (sC * osz) % 16 == 0), "VEC8 misused"
             if flags & 8:
                 assert P % 16 == 0 and (ldp * osz) % 16 == 0 and (nz == 1 or (sP * osz) % 16 == 0), "VEC8 misused"
+        tma_store = bool(flags & 1024)
+        if tma_store:  # the output through tmC: plain alpha (+ bias) epilogue, boxes of 128 B x 64 rows
+            assert tma and not flags & (4 | 8 | 32), "TMA-store flag with GELU, pre-activation or beta"
+            odt = np.uint16 if flags & 16 else np.float32
+            vc, box_c = _tmap_view(tmC, odt)
+            assert box_c == (128 // np.dtype(odt).itemsize, 64), box_c
+            osz = np.dtype(odt).itemsize
+            assert vc.shape == (nz, M, N) and vc.strides[1:] == (ldc * osz, osz), (vc.shape, vc.strides, nz, M, N)
+            for z in range(nz):  # the map's z-th matrix is the one the epilogue below writes
+                assert vc[z].ctypes.data == C + z * sC * osz, "tmC does not describe the output"
         if flags & 64:
             per = 8 if bf else 4
             assert A % 16 == 0 and B % 16 == 0 and lda % per == 0 and ldb % per == 0, "vector path misused"

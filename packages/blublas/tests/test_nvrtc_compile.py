@@ -77,15 +77,17 @@ def test_tma_configs_fit_hopper_shared_memory():
 def test_smem_formula_matches_the_kernel_layout():
     text = (loader.KERNEL_DIR / "gemm_wgmma.cuh").read_text()
     assert "#define BLU_EPI_LD 40" in text and "#define BLU_EPI_BYTES (64 * BLU_EPI_LD * 4)" in text
-    assert "STAGES * STAGE_BYTES + 2 * BLU_EPI_BYTES" in text
+    assert "#define BLU_EPI_AREA 16384" in text and 64 * 40 * 4 <= 16384  # staged path fits the TMA boxes' area
+    assert "STAGES * STAGE_BYTES + 2 * BLU_EPI_AREA" in text
     c = configs.ALL_CONFIGS["wgmma"]["128x256x64_ws_s4"]
-    assert c.smem_bytes("nt") == 4 * (128 + 256) * 128 + 2 * 64 * 40 * 4 + 1024 + 4 * 16 + 16
+    assert c.smem_bytes("nt") == 4 * (128 + 256) * 128 + 2 * 16384 + 1024 + 4 * 16 + 16
 
 
 @needs_nvrtc
 def test_hopper_kernels_are_compact():
     """Unrolled per-fragment epilogues made the kernels 180-340 KB of SASS, refetched into the instruction
-    cache at every tile (H200: ~8 us per 128 x 128 tile); the staged epilogue keeps each kernel small."""
+    cache at every tile (H200: ~8 us per 128 x 128 tile). The staged epilogue is a compact loop; the TMA-store
+    epilogue adds two straight-line per-box variants (bf16 and fp32 boxes) of ~15 KB each."""
     import struct
 
     for v in ("wgmma", "wgmma_tf32"):
@@ -100,4 +102,4 @@ def test_hopper_kernels_are_compact():
             name = cubin[stroff + sec[0] : cubin.index(b"\0", stroff + sec[0])].decode()
             if name.startswith(".text.blu_gemm_wgmma"):
                 sizes[name] = sec[5]
-        assert sizes and max(sizes.values()) < 64 * 1024, sizes
+        assert sizes and max(sizes.values()) < 96 * 1024, sizes

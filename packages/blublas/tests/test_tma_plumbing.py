@@ -142,6 +142,39 @@ def test_vec8_epilogue_flag_only_where_16_byte_rows_allow(fcp):
     assert not gemm["flags"] & launch.F_VEC8  # N = 270: rows of 1080 bytes
 
 
+def test_tma_store_epilogue_only_for_plain_epilogues_on_tma_addressable_outputs(fcp):
+    """The output goes through the TMA-store map (the emulated kernel checks the map describes the output)
+    for alpha/bias epilogues on 16-byte-row outputs, split-K partials included; beta, GELU or a pre-activation,
+    or rows that are not 16-byte multiples, take the staged epilogue; BLUBLAS_WGMMA_TMA_STORE=0 turns it off."""
+    rng = np.random.default_rng(12)
+
+    def flag(m, n, k, splits=None, precision="bf16", **kw):
+        case = make_case(rng, m, n, k, layout="nt", precision=precision, **kw)
+        cfg = "128x128x64_pp_s6" if precision == "bf16" else "128x128x32_ws_s6"
+        assert check_case(case, fcp, config=cfg, splits=splits) <= case.tol
+        gemm = [x for x in fcp.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
+        return bool(gemm["flags"] & launch.F_TMA_STORE)
+
+    assert flag(256, 264, 128)
+    assert flag(130, 72, 104, bias="f32", alpha=0.5)
+    assert flag(130, 72, 104, bias="bf16", out_bf16=False)
+    assert flag(200, 136, 96, precision="tf32", bias="f32")
+    assert flag(67, 136, 72, batch=3)
+    assert flag(256, 264, 2048, splits=2)  # fp32 partials [z][M][N] in the workspace, rows of 1056 bytes
+    assert not flag(256, 270, 2048, splits=2)  # rows of 1080 bytes
+    assert not flag(256, 270, 128)  # bf16 rows of 540 bytes
+    assert not flag(256, 264, 128, beta=0.5)
+    assert not flag(256, 264, 128, epilogue="gelu")
+    assert not flag(256, 264, 128, epilogue="gelu", save_preact=True, bias="f32")
+    fcp.LAUNCHES.clear()
+    old = launch._TMA_STORE_ON
+    try:
+        launch._TMA_STORE_ON = False
+        assert not flag(256, 264, 128)
+    finally:
+        launch._TMA_STORE_ON = old
+
+
 def test_shipped_h200_table_sets_the_default_for_the_gpt2_shapes(fcp):
     """Without an autotune cache entry the measured best of the shipped table (tuned_sm90.json) is the default
     for its shapes; other shapes use the cost model; a table entry whose config is not usable is ignored."""

@@ -52,8 +52,9 @@ class TileConfig:
         if self.variant == "simt":
             return st * 4 * (bk * (bm + 4) + bk * (bn + 4))
         if self.variant in TMA_VARIANTS:
-            # stages of 128-byte rows, two 64 x 40 fp32 epilogue buffers, +1024 to align the base, mbarriers
-            return st * 128 * (bm + bn) + 2 * 64 * 40 * 4 + 1024 + 16 * st + 16
+            # stages of 128-byte rows, 16 KB of epilogue buffers per consumer warpgroup (two 8 KB TMA-store
+            # boxes), +1024 to align the base, mbarriers
+            return st * 128 * (bm + bn) + 2 * 16384 + 1024 + 16 * st + 16
         if self.variant == "tf32":
             a = bk * (bm + 8) if ta else bm * (bk + 4)
             b = bn * (bk + 4) if tb else bk * (bn + 8)

@@ -17,6 +17,9 @@ from .errors import GemmError
 
 F_BIAS, F_BIAS_BF16, F_GELU, F_PREACT, F_OUT_BF16, F_BETA, F_VEC, F_PAIR = 1, 2, 4, 8, 16, 32, 64, 128
 F_VEC8 = 256  # TMA kernels only (gemm_wgmma.cuh): 16-byte stores of 8 output columns
+F_TMA_STORE = 1024  # TMA kernels only: the output written by TMA stores (no beta, GELU or pre-activation)
+# BLUBLAS_WGMMA_TMA_STORE=0 (read once at import): always the staged epilogue (A/B and a kill switch)
+_TMA_STORE_ON = os.environ.get("BLUBLAS_WGMMA_TMA_STORE", "1").strip() != "0"
 # diagnostics of the TMA kernels (dev/gpu_check_wgmma.py): skip the epilogue, read once at import
 F_NO_EPILOGUE = 512 if os.environ.get("BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE") == "1" else 0
 EPILOGUE_FILE = "gemm_epilogue.cu"
@@ -162,6 +165,21 @@ def vec8_ok(ptr: int, ld: int, bstride: int, batch: int, itemsize: int) -> bool:
     return ptr % 16 == 0 and (ld * itemsize) % 16 == 0 and (batch <= 1 or (bstride * itemsize) % 16 == 0)
 
 
+def tma_store_map(ptr: int, rows: int, cols: int, ld: int, nz: int, bstride: int, itemsize: int, flags: int):
+    """The encoded tensor map through which the TMA kernels store their output (boxes of 128 bytes of columns
+    by 64 rows, the third coordinate is z = batch x split), or None when the epilogue must run the staged
+    path: beta, GELU or a pre-activation asked for, the diagnostic no-epilogue flag, or an output TMA cannot
+    address (base, leading dimension or batch stride not 16-byte aligned)."""
+    from . import tma
+
+    if not _TMA_STORE_ON or flags & (F_BETA | F_GELU | F_PREACT | F_NO_EPILOGUE):
+        return None
+    spec = tma.operand_spec(ptr, rows, cols, ld, nz if nz > 1 else 0, bstride, itemsize, 64)
+    if tma.spec_problem(spec):
+        return None
+    return tma.encode(spec, "out")
+
+
 def pair_ok(ptr: int, ld: int, bstride: int, batch: int, itemsize: int) -> bool:
     """Whether columns (c, c+1), c even, of an output can be stored as one 2-element access."""
     return ptr % (2 * itemsize) == 0 and ld % 2 == 0 and (batch <= 1 or bstride % 2 == 0)
@@ -225,6 +243,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
             flags |= F_VEC8
         flags |= F_NO_EPILOGUE
     extra: tuple = ()
+    tma_store = 0
     grid = (gx, gy, gz)
     block = (cfg.threads,)
     if variant in configs.TMA_VARIANTS:  # persistent: one CTA per SM walks the tiles; tensor maps by value
@@ -232,7 +251,14 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
 
         spec_a, spec_b = tma_specs(p, cfg)
         bmask = (1 if p.A.batch else 0) | (2 if p.B.batch else 0)
-        extra = (tma.encode(spec_a, "a"), tma.encode(spec_b, "b"), np.int32(gz), np.int32(bmask))
+        tm_a = tma.encode(spec_a, "a")
+        if splits == 1:
+            tm_c = tma_store_map(cptr, p.M, p.N, ldc, p.batch, sc, osz, flags)
+        else:  # fp32 partial products [z][M][N], plain stores (no bias or activation until the reduction)
+            tm_c = tma_store_map(int(ws.data.ptr) + t_bytes, p.M, p.N, p.N, gz, p.M * p.N, 4, 0)
+        tma_store = F_TMA_STORE if tm_c is not None else 0
+        # without the TMA-store flag the kernel never reads the output map: A's stands in for it
+        extra = (tm_a, tma.encode(spec_b, "b"), tm_a if tm_c is None else tm_c, np.int32(gz), np.int32(bmask))
         grid = (int(max(1, min(gx * gy * gz, loader.sm_count()))),)
     if splits == 1:
         args = (
@@ -254,7 +280,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
             np.int64(sp),
             np.float32(alpha),
             np.float32(beta),
-            np.int32(flags | vec),
+            np.int32(flags | vec | tma_store),
             np.int32(1),
             np.int32(chunk),
         )
@@ -286,7 +312,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
         np.int64(mn),
         np.float32(1.0),
         np.float32(0.0),
-        np.int32(vec | split_flags),
+        np.int32(vec | split_flags | tma_store),
         np.int32(splits),
         np.int32(chunk),
     )
