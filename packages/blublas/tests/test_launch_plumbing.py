@@ -22,6 +22,7 @@ def fcp(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "_workspaces", {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
     monkeypatch.setattr(launch, "_probe_results", {})
+    monkeypatch.setattr(launch, "_launch_memo", {})
     monkeypatch.setenv("BLUBLAS_WGMMA_PROBE", "inproc")  # fake CuPy lives in this process only
     fake_cupy.LAUNCHES.clear()
     return fake_cupy
@@ -229,6 +230,7 @@ def test_wgmma_auto_mode_self_tests_once_and_falls_back_on_failure(fcp, monkeypa
     assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
 
     monkeypatch.setattr(launch, "_probe_results", {})
+    monkeypatch.setattr(launch, "_launch_memo", {})
     real = bt.check_case
     monkeypatch.setattr(
         bt, "check_case", lambda c, xp, *a, **k: float("inf") if k.get("config") else real(c, xp, *a, **k)
@@ -247,3 +249,51 @@ def test_wgmma_off_never_self_tests(fcp, monkeypatch):
     assert check_case(case, fcp) <= case.tol
     assert launch._probe_results == {}
     assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
+
+
+def test_launch_memo_replays_repeated_calls_and_never_a_changed_one(fcp, monkeypatch):
+    """A repeated call (same arrays, options, stream) replays the recorded launch without planning; any change
+    of an array, a scalar option or a switch plans again; split-K (workspace) is never recorded."""
+    from blublas import api
+
+    rng = np.random.default_rng(5)
+    case = make_case(rng, 96, 80, 64, layout="nt", precision="bf16", bias="f32")
+    planned = []
+    real_plan = api.plan
+    monkeypatch.setattr(api, "plan", lambda *a, **k: planned.append(1) or real_plan(*a, **k))
+    for _ in range(3):
+        assert check_case(case, fcp, config="128x128x32_w2x2_s4") <= case.tol
+    # check_case fills fresh arrays per call; where they reuse freed addresses the replayed launch (same
+    # pointers, shapes, options) must still compute the new contents: the tolerance checks above
+    a = fcp.asarray(case.a)
+    b = fcp.asarray(case.b)
+    out = fcp.zeros((96, 80), np.uint16)
+    planned.clear()
+    n0 = len(fcp.LAUNCHES)
+    for _ in range(3):
+        api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4")
+    assert len(planned) == 1 and len(fcp.LAUNCHES) == n0 + 3  # planned once, launched three times
+    first = out.get().copy()
+    api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4", alpha=2.0)
+    assert len(planned) == 2  # alpha changed: planned again
+    doubled = out.get().copy()
+    api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4")
+    assert len(planned) == 2 and np.array_equal(out.get(), first)  # replayed the alpha = 1 launch
+    assert not np.array_equal(doubled, first)
+    monkeypatch.setenv("BLUBLAS_LAUNCH_MEMO", "0")
+    api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4")
+    assert len(planned) == 3
+    monkeypatch.delenv("BLUBLAS_LAUNCH_MEMO")
+    big_a64 = rng.standard_normal((64, 2048))
+    big_a = fcp.asarray(big_a64.astype(np.float32))
+    big_b64 = rng.standard_normal((2048, 48))
+    big_b = fcp.asarray(big_b64.astype(np.float32))
+    o2 = fcp.zeros((64, 48), np.float32)
+    n0 = len(fcp.LAUNCHES)
+    for _ in range(2):  # split-K: GEMM into the workspace + reduction, both replayed
+        api.gemm(big_a, big_b, o2, precision="fp32", splits=4, config="64x64x8_s4")
+        assert np.allclose(o2.get(), big_a64 @ big_b64, rtol=1e-4, atol=1e-3)
+    assert len(planned) == 4 and len(fcp.LAUNCHES) == n0 + 4
+    loader.workspace(1 << 22)  # a larger GEMM grew the stream's workspace: the recorded one is stale
+    api.gemm(big_a, big_b, o2, precision="fp32", splits=4, config="64x64x8_s4")
+    assert len(planned) == 5 and np.allclose(o2.get(), big_a64 @ big_b64, rtol=1e-4, atol=1e-3)

@@ -314,7 +314,9 @@ def _run_numpy(p: Problem) -> Any:
     return p.out
 
 
-def _dispatch(p: Problem, provider: str, stream: Any, config: Any, splits: int | None, autotune: bool | None) -> Any:
+def _dispatch(
+    p: Problem, provider: str, stream: Any, config: Any, splits: int | None, autotune: bool | None, memo: Any = None
+) -> Any:
     if p.backend == "numpy":
         return _run_numpy(p)
     if provider not in PROVIDERS:
@@ -345,16 +347,25 @@ def _dispatch(p: Problem, provider: str, stream: Any, config: Any, splits: int |
     else:
         from .launch import run_blublas
 
-        run_blublas(p, stream, config=config, splits=splits, autotune=autotune)
+        run_blublas(p, stream, config=config, splits=splits, autotune=autotune, memo=memo)
     return p.out
 
 
 def _planned_gemm(a, b, out, batched, trans_a, trans_b, alpha, beta, bias, epilogue, save_preact, precision,
                   stream, provider, config, splits, autotune):
-    """The one body of :func:`gemm` and :func:`gemm_batched`: validate into a plan, then dispatch it."""
+    """The one body of :func:`gemm` and :func:`gemm_batched`: validate into a plan, then dispatch it. A CuPy
+    call repeated with the same arrays and options replays its recorded launch (launch.memo_key)."""
+    key = None
+    if provider == "blublas" and precision != "3xtf32" and out is not None and not isinstance(a, np.ndarray):
+        from . import launch
+
+        opts = (batched, trans_a, trans_b, alpha, beta, epilogue, precision, config, splits, autotune)
+        key = launch.memo_key(a, b, out, bias, save_preact, stream, opts)
+        if launch.replay(key, stream):
+            return out
     p = plan(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias=bias, epilogue=epilogue,
              save_preact=save_preact, precision=precision, batched=batched)
-    return _dispatch(p, provider, stream, config, splits, autotune)
+    return _dispatch(p, provider, stream, config, splits, autotune, key)
 
 
 def gemm(

@@ -121,7 +121,14 @@ def kmajor_bytes(p: Problem, cfg: configs.TileConfig) -> int:
     return n
 
 
-def kmajor_copies(p: Problem, ws_ptr: int) -> Problem:
+def _run(rec: list | None, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
+    """Launch ``fn`` on the current stream, appending the launch to ``rec`` (the launch memo) when given."""
+    fn(grid, block, args, shared_mem=smem)
+    if rec is not None:
+        rec.append((fn, grid, block, args, smem))
+
+
+def kmajor_copies(p: Problem, ws_ptr: int, rec: list | None = None) -> Problem:
     """TF32 wgmma reads K-major operands only: copy M/N-major ones transposed into the workspace at
     ``ws_ptr`` (blu_transpose_f32, on the current stream) and return the equivalent NT problem."""
     import dataclasses
@@ -133,7 +140,9 @@ def kmajor_copies(p: Problem, ws_ptr: int) -> Problem:
 
     def copy(m, rows: int, cols: int, ptr: int):  # stored cols x rows (M/N-major) -> rows x cols (K-major)
         ld, bs, nbytes = _kmajor_layout(rows, cols, m.batch)
-        fn(
+        _run(
+            rec,
+            fn,
             (-(-rows // 32), -(-cols // 32), max(m.batch, 1)),
             (32, 8),
             (
@@ -198,8 +207,26 @@ def _autotune_enabled(flag: bool | None) -> bool:
     return os.environ.get("BLUBLAS_AUTOTUNE", "0") not in ("", "0", "false", "False")
 
 
-def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: Any, beta: float) -> None:
-    """Run one (config, splits) choice on the current stream, writing ``out`` (and ``preact``)."""
+def launch(
+    p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: Any, beta: float, memo: tuple | None = None
+) -> None:
+    """Run one (config, splits) choice on the current stream, writing ``out`` (and ``preact``).
+
+    ``memo``: the call's launch-memo key (see :func:`memo_key`); the launches are recorded under it so the same
+    call next time skips planning (:func:`replay`)."""
+    rec: list | None = [] if memo is not None else None
+    _launch_body(p, cfg, splits, out, preact, beta, rec)
+    if rec:
+        if len(_launch_memo) >= _MEMO_MAX:
+            _launch_memo.clear()
+        # the workspace (split-K partials, K-major copies) is part of the recorded arguments: valid while the
+        # stream's workspace buffer stays the same
+        _launch_memo[memo] = (tuple(rec), p.device_id, loader.workspace_token())
+
+
+def _launch_body(
+    p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: Any, beta: float, rec: list | None
+) -> None:
     variant = cfg.variant
     fname = configs.FILE_OF_VARIANT[variant]
     chunk, splits = configs.k_chunk_for(cfg, p.K, splits)
@@ -209,7 +236,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
     if t_bytes or splits > 1:
         ws = loader.workspace(t_bytes + (4 * p.batch * splits * p.M * p.N if splits > 1 else 0))
     if t_bytes:
-        p = kmajor_copies(p, int(ws.data.ptr))
+        p = kmajor_copies(p, int(ws.data.ptr), rec)
     layout = p.layout
     smem = cfg.smem_bytes(layout)
     fn = loader.get_function(fname, cfg.kernel_name(layout), smem)
@@ -284,7 +311,7 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
             np.int32(1),
             np.int32(chunk),
         )
-        fn(grid, block, args + extra, shared_mem=smem)
+        _run(rec, fn, grid, block, args + extra, smem)
         return
     mn = p.M * p.N
     ws_ptr = int(ws.data.ptr) + t_bytes
@@ -316,11 +343,13 @@ def launch(p: Problem, cfg: configs.TileConfig, splits: int, out: Any, preact: A
         np.int32(splits),
         np.int32(chunk),
     )
-    fn(grid, block, args + extra, shared_mem=smem)
+    _run(rec, fn, grid, block, args + extra, smem)
     red = loader.get_function(EPILOGUE_FILE, "blu_gemm_splitk_reduce")
     total = p.batch * mn
     blocks = int(max(1, min(-(-total // 256), loader.sm_count() * 16)))
-    red(
+    _run(
+        rec,
+        red,
         (blocks,),
         (256,),
         (
@@ -501,11 +530,65 @@ def run_blublas(
     config: Any = None,
     splits: int | None = None,
     autotune: bool | None = None,
+    memo: tuple | None = None,
 ) -> None:
-    """Compute p with BluBLAS kernels on ``stream`` (default: the current stream)."""
+    """Compute p with BluBLAS kernels on ``stream`` (default: the current stream); ``memo``: see launch()."""
     import cupy
 
     st = stream if stream is not None else cupy.cuda.get_current_stream()
     with cupy.cuda.Device(p.device_id), st:
         cfg, s = select(p, st, config, splits, autotune)
-        launch(p, cfg, s, p.out, p.preact, p.beta)
+        capturing = memo is not None and _is_capturing(st)  # a choice made while capturing is not the tuned one
+        launch(p, cfg, s, p.out, p.preact, p.beta, memo=None if capturing else memo)
+
+
+# ---- launch memo: a repeated call (same arrays, strides, options, stream) replays its recorded launches ----
+# Planning (validation, config choice, flags, tensor maps) costs tens of microseconds of Python per call, as
+# much as a small GEMM's kernel. Nothing is recorded while capturing; launches that use the stream's
+# workspace (split-K partials, K-major copies) replay only while that buffer is unchanged; every switch that
+# changes the plan is part of the key. BLUBLAS_LAUNCH_MEMO=0 turns it off; clear_launch_memo() forgets all.
+_launch_memo: dict[tuple, tuple] = {}
+_MEMO_MAX = 4096
+
+
+def clear_launch_memo() -> None:
+    """Forget every recorded launch (tests; after changing tuned tables by hand)."""
+    _launch_memo.clear()
+    _choice_memo.clear()
+
+
+def _arr_key(x: Any) -> tuple | None:
+    return None if x is None else (x.data.ptr, x.shape, x.strides, x.dtype.char)
+
+
+def memo_key(a: Any, b: Any, out: Any, bias: Any, save_preact: Any, stream: Any, opts: tuple) -> tuple | None:
+    """The launch-memo key of a CuPy GEMM call (None: do not memoize); ``opts``: every scalar argument."""
+    if os.environ.get("BLUBLAS_LAUNCH_MEMO", "1") == "0":
+        return None
+    import cupy
+
+    st = stream if stream is not None else cupy.cuda.get_current_stream()
+    switches = (_TMA_STORE_ON, F_NO_EPILOGUE, os.environ.get("BLUBLAS_WGMMA"), os.environ.get("BLUBLAS_AUTOTUNE"))
+    return (st.ptr, _arr_key(a), _arr_key(b), _arr_key(out), _arr_key(bias), _arr_key(save_preact), opts, switches)
+
+
+def replay(key: tuple | None, stream: Any) -> bool:
+    """Launch the recorded kernel of ``key`` on ``stream`` (default: the current one); False if none."""
+    hit = _launch_memo.get(key) if key is not None else None
+    if hit is None:
+        return False
+    import cupy
+
+    launches, dev, ws_token = hit
+    with cupy.cuda.Device(dev):
+        if stream is not None:
+            stream.__enter__()
+        try:
+            if ws_token is not None and loader.workspace_token() != ws_token:
+                return False  # the workspace was reallocated since: plan again
+            for fn, grid, block, args, smem in launches:
+                fn(grid, block, args, shared_mem=smem)
+        finally:
+            if stream is not None:
+                stream.__exit__(None, None, None)
+    return True

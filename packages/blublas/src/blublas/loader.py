@@ -220,6 +220,17 @@ def get_function(filename: str, name: str, smem_bytes: int = 0, device_id: int |
     return fn
 
 
+def workspace_token(stream: Any = None) -> tuple | None:
+    """(device, stream, pointer, size) of the current workspace of (device, stream), None if there is none: a
+    recorded launch that uses the workspace stays valid only while this token is unchanged."""
+    import cupy
+
+    st = stream if stream is not None else cupy.cuda.get_current_stream()
+    key = (int(cupy.cuda.Device().id), int(st.ptr))
+    buf = _workspaces.get(key)
+    return None if buf is None else (*key, int(buf.data.ptr), int(buf.nbytes))
+
+
 def workspace(nbytes: int, stream: Any = None) -> Any:
     """A device scratch buffer of at least ``nbytes`` owned per (device, stream), grown when needed.
 
