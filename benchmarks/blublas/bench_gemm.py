@@ -1,10 +1,14 @@
 """pytest-benchmark suite: BluBLAS kernels beside cuBLASLt on GPT-2 124M's GEMMs at B*T=16384.
 
 Run on a GPU machine from the repo root:
-    pytest benchmarks/blublas/bench_gemm.py --benchmark-json=benchmarks/results/blublas_gemm.json
-Each benchmark's ``extra_info`` holds the shape, layout, precision, provider, TFLOP/s and (for blublas) the
-tile config and split-K chosen. Without CuPy or a GPU every benchmark is skipped. The autotuner runs once per
-shape before timing (BLUBLAS_AUTOTUNE=0 keeps the heuristic choice); its cache is reused across runs.
+    pytest benchmarks/blublas/bench_gemm.py --benchmark-json=/tmp/gemm.json
+    python3 benchmarks/blublas/summarize_gemm.py /tmp/gemm.json benchmarks/results/blublas_gemm_h200.json
+Each benchmark round replays a CUDA graph of ``GRAPH_CALLS`` calls of one GEMM, so the timed quantity is the
+kernels' time with the host out of the loop (how a captured training step runs them); the per-call time of
+plain eager calls, Python planning included, is measured beside it (``eager_ms``). ``extra_info`` holds the
+shape, layout, precision, provider, both times and TFLOP/s, and for blublas the tile config and split-K. Without
+CuPy or a GPU every benchmark is skipped. The autotuner runs once per shape before timing (BLUBLAS_AUTOTUNE=0
+keeps the heuristic choice); its cache is reused across runs.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from blublas.testing import gpt2_gemm_shapes
+from blublas.testing import gpt2_gemm_shapes, time_ms
 
+GRAPH_CALLS = 10
 SHAPES = gpt2_gemm_shapes()  # GPT-2 124M at B*T = 16384 (blublas.testing): fwd nt, dX nn, dW tn
 PRECISIONS = ("fp32", "tf32", "bf16")
 PROVIDERS = ("blublas", "cublas")
@@ -64,13 +69,23 @@ def test_gemm_gpt2(benchmark, shape, precision, provider):
     tune = os.environ.get("BLUBLAS_AUTOTUNE", "1") != "0"
     gemm(a, b, out, autotune=tune if provider == "blublas" else None, **kw)  # compile, tune, warm up
     cp.cuda.Device().synchronize()
+    eager_ms = time_ms(cp, lambda: gemm(a, b, out, **kw))
+    st = cp.cuda.Stream(non_blocking=True)
+    with st:  # both providers are capture-safe: GRAPH_CALLS calls in one graph
+        gemm(a, b, out, **kw)
+        st.synchronize()
+        st.begin_capture()
+        for _ in range(GRAPH_CALLS):
+            gemm(a, b, out, **kw)
+        graph = st.end_capture()
 
     def run():
-        gemm(a, b, out, **kw)
-        cp.cuda.get_current_stream().synchronize()
+        graph.launch(st)
+        st.synchronize()
 
-    benchmark.pedantic(run, rounds=10, iterations=1, warmup_rounds=2)
+    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
     flops = 2.0 * m * n * k
+    kernel_s = benchmark.stats.stats.median / GRAPH_CALLS
     benchmark.extra_info.update(
         name=name,
         layout=layout,
@@ -79,7 +94,11 @@ def test_gemm_gpt2(benchmark, shape, precision, provider):
         K=k,
         precision=precision,
         provider=provider,
-        tflops=round(flops / benchmark.stats.stats.median / 1e12, 1),
+        graph_calls=GRAPH_CALLS,
+        kernel_ms=round(kernel_s * 1e3, 5),
+        tflops=round(flops / kernel_s / 1e12, 1),
+        eager_ms=round(eager_ms, 5),
+        tflops_eager=round(flops / eager_ms / 1e9, 1),
         gpu=cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode(),
         cc=loader.compute_capability(),
     )

@@ -184,25 +184,11 @@ def _time_ms(cp, fn):
     return time_ms(cp, fn, max_reps=100)
 
 
-def _graph_ms(cp, fn, calls: int = 10, reps: int = 3) -> float:
-    """Milliseconds per call with the host out of the loop: ``calls`` calls captured into one CUDA graph
-    (both providers are capture-safe), the graph replayed ``reps`` times."""
-    st = cp.cuda.Stream(non_blocking=True)
-    with st:
-        fn()  # warm-up on this stream (per-stream workspaces, cuBLASLt's algorithm choice)
-        st.synchronize()
-        st.begin_capture()
-        for _ in range(calls):
-            fn()
-        graph = st.end_capture()
-        graph.launch(st)
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(st)
-        for _ in range(reps):
-            graph.launch(st)
-        stop.record(st)
-        stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / (calls * reps)
+def _graph_ms(cp, fn):
+    """Milliseconds per call inside one CUDA graph (host out of the loop): blublas.testing.graph_ms."""
+    from blublas.testing import graph_ms
+
+    return graph_ms(cp, fn)
 
 
 def sec_bench(part: dict, precision: str, validated: list[str]) -> None:

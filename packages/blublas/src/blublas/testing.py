@@ -229,6 +229,28 @@ def time_ms(cp: Any, fn: Any, warmup: int = 2, target_ms: float = 20.0, min_reps
     return cp.cuda.get_elapsed_time(start, stop) / reps
 
 
+def graph_ms(cp: Any, fn: Any, calls: int = 10, reps: int = 3) -> float:
+    """Milliseconds per call of ``fn`` with the host out of the loop: ``calls`` calls captured into one CUDA graph
+    on a fresh stream (``fn`` must be capture-safe, as both GEMM providers are), the graph replayed ``reps``
+    times between CUDA events."""
+    st = cp.cuda.Stream(non_blocking=True)
+    with st:
+        fn()  # warm-up on this stream (per-stream workspaces, cuBLASLt's algorithm choice)
+        st.synchronize()
+        st.begin_capture()
+        for _ in range(calls):
+            fn()
+        graph = st.end_capture()
+        graph.launch(st)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(st)
+        for _ in range(reps):
+            graph.launch(st)
+        stop.record(st)
+        stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / (calls * reps)
+
+
 def gpt2_gemm_shapes(tokens: int = 16384, d: int = 768, vocab: int = 50304) -> list[tuple[str, str, int, int, int]]:
     """GPT-2's dense-layer GEMMs at ``tokens`` = B*T as (name, layout, M, N, K): the forward (``nt``: weights stored
     (out, in) like torch.nn.Linear), dX (``nn``) and dW (``tn``) of qkv, attn_proj, fc, fc_proj and the LM head."""
