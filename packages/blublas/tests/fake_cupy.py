@@ -241,7 +241,7 @@ def _param_types(name: str) -> list[str]:
     """C parameter types of kernel ``name`` read from the real .cu sources (macro parameter list for GEMMs)."""
     from blublas.loader import KERNEL_DIR, expand_source
 
-    if name.startswith("blu_gemm_") and name not in ("blu_gemm_splitk_reduce", "blu_gemm_epilogue_apply"):
+    if name.startswith("blu_gemm_") and not name.startswith(("blu_gemm_splitk_reduce", "blu_gemm_epilogue_apply")):
         text = (KERNEL_DIR / "gemm_common.cuh").read_text()
         body = re.search(r"#define BLU_GEMM_PARAMS\s*\\\n(.*?)\n#define", text, re.S).group(1)
     else:
@@ -282,8 +282,11 @@ class _Kernel:
             return
         vals = [int(a.data.ptr) if isinstance(a, ndarray) else a.item() for a in args]
         LAUNCHES.append({"name": self.name, "grid": grid, "block": block, "smem": shared_mem})
-        if self.name == "blu_gemm_splitk_reduce":
+        if self.name.startswith("blu_gemm_splitk_reduce"):
             W, C, bias, P, M, N, batch, splits, ldc, ldp, sC, sP, alpha, beta, flags = vals
+            if self.name.endswith("_v4"):  # column quads x rows: the grid must cover every (row, quad)
+                assert N % 4 == 0 and W % 16 == 0 and block == (256,), (N, W, block)
+                assert grid[0] * 256 >= N // 4 and 1 <= grid[1] <= min(batch * M, 65535), (grid, N, M)
             for b in range(batch):
                 acc = sum(
                     _view(W + 4 * ((b * splits + s) * M * N), np.float32, (M, N), (N, 1)).astype(np.float64)

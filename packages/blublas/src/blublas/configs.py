@@ -347,16 +347,23 @@ def estimate_seconds(
 def candidates(
     variant: str, cc: int, m: int, n: int, k: int, batch: int, layout: str | None = None
 ) -> list[tuple[TileConfig, int]]:
-    """All (config, splits) pairs worth trying on this shape and layout (what the autotuner measures)."""
+    """All (config, splits) pairs worth trying on this shape and layout (what the autotuner measures).
+
+    Split-K only where the output tiles fill fewer than two waves of the GPU: with more, splitting adds the
+    partial products' traffic and a reduction for no gain in occupancy (on the H200 the autotuner's single-call
+    timings picked 2 splits for some 768-tile fp32 GEMMs that then ran 7-8% slower back to back)."""
     out = []
+    sms = arch_info(cc).sms_default
     for cfg in configs_for(variant, cc):
         if layout is not None and layout not in cfg.layouts:
             continue
+        few_tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * max(batch, 1) < 2 * sms
         for s in SPLIT_CHOICES_OF_VARIANT.get(variant, SPLIT_CHOICES):
             if s == 1:
                 out.append((cfg, s))
             elif (
-                k >= 1024
+                few_tiles
+                and k >= 1024
                 and k >= 2 * s * cfg.bk
                 and k_chunk_for(cfg, k, s)[1] == s
                 and 4 * batch * m * n * s <= MAX_WORKSPACE_BYTES

@@ -344,13 +344,16 @@ def _launch_body(
         np.int32(chunk),
     )
     _run(rec, fn, grid, block, args + extra, smem)
-    red = loader.get_function(EPILOGUE_FILE, "blu_gemm_splitk_reduce")
-    total = p.batch * mn
-    blocks = int(max(1, min(-(-total // 256), loader.sm_count() * 16)))
+    if p.N % 4 == 0 and ws_ptr % 16 == 0:  # float4 partials, one row of column quads per grid row
+        red = loader.get_function(EPILOGUE_FILE, "blu_gemm_splitk_reduce_v4")
+        rgrid: tuple = (-(-(p.N // 4) // 256), int(min(p.batch * p.M, 65535)))
+    else:
+        red = loader.get_function(EPILOGUE_FILE, "blu_gemm_splitk_reduce")
+        rgrid = (int(max(1, min(-(-(p.batch * mn) // 256), loader.sm_count() * 16))),)
     _run(
         rec,
         red,
-        (blocks,),
+        rgrid,
         (256,),
         (
             _u64(ws_ptr),
