@@ -157,6 +157,9 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
     ("blutrain_tf32", "blutrain", "tf32", False, {"--fused": "", "CUPY_TF32": "1"}),
     ("blutrain_tf32_graph", "blutrain", "tf32", False,
      {"--fused": "", "CUPY_TF32": "1", "--graph": "", "--gemm": "cublas"}),
+    # the same step on BluBLAS's own GEMM kernels (sm_90a TMA wgmma) instead of cuBLASLt
+    ("blutrain_tf32_graph_blublas", "blutrain", "tf32", False,
+     {"--fused": "", "CUPY_TF32": "1", "--graph": "", "--gemm": "blublas"}),
     ("blutrain_fp32_graph", "blutrain", "fp32", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),
     ("blutrain_fp32_simt_attn_graph", "blutrain", "fp32", False,
      {"--fused": "", "--graph": "", "--gemm": "cublas", "BLUTRAIN_SDPA_FP32": "simt"}),
@@ -165,6 +168,7 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
     ("torch_eager_bf16", "torch", "bf16", False, {}),
     ("blutrain_bf16", "blutrain", "bf16", False, {"--fused": "", "--gemm": "cublas"}),
     ("blutrain_bf16_graph", "blutrain", "bf16", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),
+    ("blutrain_bf16_graph_blublas", "blutrain", "bf16", False, {"--fused": "", "--graph": "", "--gemm": "blublas"}),
 ]
 
 
