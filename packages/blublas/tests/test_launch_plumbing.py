@@ -298,3 +298,15 @@ def test_launch_memo_replays_repeated_calls_and_never_a_changed_one(fcp, monkeyp
     loader.workspace(1 << 22)  # a larger GEMM grew the stream's workspace: the recorded one is stale
     api.gemm(big_a, big_b, o2, precision="fp32", splits=4, config="64x64x8_s4")
     assert len(planned) == 5 and np.allclose(o2.get(), big_a64 @ big_b64, rtol=1e-4, atol=1e-3)
+
+
+def test_launch_memo_leaves_bad_arguments_to_the_planner(fcp):
+    """Arguments that are not arrays reach plan(), whose error names them (the memo key never raises)."""
+    from blublas import GemmError, api
+
+    a = fcp.asarray(np.zeros((8, 8), np.float32))
+    out = fcp.zeros((8, 8), np.float32)
+    with pytest.raises(GemmError, match="b"):
+        api.gemm(a, [[1.0] * 8] * 8, out)
+    with pytest.raises(GemmError, match="precision"):
+        api.gemm(a, a, out, precision=["fp32"])

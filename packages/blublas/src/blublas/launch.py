@@ -572,7 +572,12 @@ def memo_key(a: Any, b: Any, out: Any, bias: Any, save_preact: Any, stream: Any,
 
     st = stream if stream is not None else cupy.cuda.get_current_stream()
     switches = (_TMA_STORE_ON, F_NO_EPILOGUE, os.environ.get("BLUBLAS_WGMMA"), os.environ.get("BLUBLAS_AUTOTUNE"))
-    return (st.ptr, _arr_key(a), _arr_key(b), _arr_key(out), _arr_key(bias), _arr_key(save_preact), opts, switches)
+    try:
+        key = (st.ptr, _arr_key(a), _arr_key(b), _arr_key(out), _arr_key(bias), _arr_key(save_preact), opts, switches)
+        hash(key)
+    except (AttributeError, TypeError):  # not arrays / unhashable options: plan() names what is wrong
+        return None
+    return key
 
 
 def replay(key: tuple | None, stream: Any) -> bool:
