@@ -69,9 +69,7 @@ def main():
     opt = bt.optim.AdamW(m.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     losses, grad_err, norms = [], 0.0, []
     for s in range(STEPS):
-        x, y = batch(s, dp * b)
-        x, y = x[par.mesh.dp_i * b:(par.mesh.dp_i + 1) * b], y[par.mesh.dp_i * b:(par.mesh.dp_i + 1) * b]
-        x, y = par.shard_batch(x), par.shard_batch(y)
+        x, y = (par.local_batch(a) for a in batch(s, dp * b))
         _, loss = m(bt.tensor(x), bt.tensor(y))
         loss.backward()
         if s == 0:

@@ -32,6 +32,15 @@ class Parallelized:
             return x
         return shard_sequence(x, self.mesh.cp_i, self.mesh.dims.cp, dim=1)
 
+    def local_batch(self, x):
+        """This rank's part of a global (B, T) batch: rows of its data-parallel index, then its sequence shard."""
+        B = x.shape[0]
+        dp, i = self.mesh.dims.dp, self.mesh.dp_i
+        if B % dp:
+            raise ValueError(f"global batch {B} is not divisible by dp={dp}")
+        b = B // dp
+        return self.shard_batch(x[i * b:(i + 1) * b])
+
     def global_loss(self, loss: float) -> float:
         """Mean of a per-rank mean loss over the ranks that saw different tokens (dp x cp)."""
         import numpy as np
