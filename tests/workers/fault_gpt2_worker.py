@@ -8,7 +8,9 @@ rank verified. Faults come from $FAULT_SPEC: a JSON list of {kind, rank, step, a
 kill | stop | raise | oom | nan | kill_in_save (SIGKILL inside the save of ``step``, before its rename) |
 flip | truncate | delete (damage this rank's newest checkpoint, then SIGKILL).
 
-argv: --steps N --ckpt-every K --out DIR [--async] [--nan-policy P] [--keep K]
+argv: --steps N --ckpt-every K --out DIR [--async] [--nan-policy P] [--keep K] [--device auto|cpu|cuda]
+(auto: CUDA when blutensor sees a GPU; under blurun on GPUs the ranks then use NCCL, as in
+benchmarks/dtms_gpt2.py --part recovery).
 """
 
 import argparse
@@ -35,10 +37,10 @@ CFG = dict(n_layer=2, n_head=2, d_model=32, block_size=16, vocab_size=64, vocab_
 B, T = 4, 16
 
 
-def batch(step, rank):
+def batch(step, rank, device="cpu"):
     rng = np.random.default_rng(7919 * step + rank)
     x = rng.integers(0, 64, (B, T + 1))
-    return bt.tensor(x[:, :-1]), bt.tensor(x[:, 1:])
+    return bt.tensor(x[:, :-1], device=device), bt.tensor(x[:, 1:], device=device)
 
 
 def injected(agent, rank, step):
@@ -80,15 +82,21 @@ def main():
     p.add_argument("--async", dest="async_save", action="store_true")
     p.add_argument("--nan-policy", default="stop")
     p.add_argument("--keep", type=int, default=3)
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     a = p.parse_args()
+    dev = ("cuda" if bt.cuda.is_available() else "cpu") if a.device == "auto" else a.device
+    xp = np
+    if dev == "cuda":
+        import cupy as xp
     agent = WorkerAgent.from_env()
-    dtms.init_process_group()
+    pg = dtms.init_process_group()
     rank = dtms.get_rank()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / f"backend.rank{rank}").write_text(pg.backend)
     log = out / f"losses.rank{rank}.jsonl"
     with agent.guard():
-        model = build_model(ModelConfig(**CFG), seed=1)
+        model = build_model(ModelConfig(**CFG), seed=1, device=dev)
         ddp = DDP(model)
         opt = bt.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
         ck = CheckpointManager(out / "ckpt", rank=rank, keep=a.keep, async_save=a.async_save)
@@ -137,16 +145,17 @@ def main():
                     kill_before_rename(step + 1)
                 elif kind == "slow":  # pace the run so a signal from outside lands mid-run
                     time.sleep(0.5)
-            x, y = batch(step, rank)
+            x, y = batch(step, rank, dev)
             _, loss = ddp(x, y)
             if "nan" in kinds:
                 loss = loss * float("nan")
             with agent.phase("collective"):
                 loss.backward()  # DDP all-reduces the gradients during backward
-            lv = np.array([loss.item()])
+            lv = xp.array([loss.item()])  # NCCL moves device arrays only
             with agent.phase("collective"):
                 dtms.all_reduce(lv, "avg")
-            gn = float(np.sqrt(sum(float((p.grad.numpy().astype(np.float64) ** 2).sum()) for p in model.parameters())))
+            gn = float(np.sqrt(sum(float((p.grad.to("cpu").numpy().astype(np.float64) ** 2).sum())
+                                   for p in model.parameters())))
             if agent.check_finite(gn, step, a.nan_policy, "gradient norm"):
                 opt.step()
             opt.zero_grad()
