@@ -181,7 +181,7 @@ def launch(run: dict, a, work: Path) -> dict:
     tail = log.read_text(errors="replace")[-2500:]
     errors = [r["error"] for r in ranks if r and "error" in r]
     if timed_out:
-        res["error"] = f"timeout after {a.timeout:.0f}s"
+        res["error"] = f"timeout after {a.timeout:g}s"
     elif errors:
         res["error"] = errors[0]
     elif any(r is None for r in ranks) or any(p.returncode for p in procs):
@@ -296,7 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             keys = ("tokens_per_s_per_gpu", "median_step_ms", "peak_memory_gib_per_gpu", "wall_s", "error")
             print(f"[{part}] {run['name']}: " + ", ".join(f"{k}={res[k]}" for k in keys if k in res), flush=True)
     write()
-    print("derived " + json.dumps(doc["derived"]))
+    d = doc["derived"]
+    brief = {k: (round(x, 4) if isinstance(x, float) else x) for k, x in d.items() if not isinstance(x, dict)}
+    if "equivalence" in d:
+        brief["max_abs_loss_diff"] = {k: e.get("max_abs_loss_diff", e.get("why")) for k, e in d["equivalence"].items()}
+    if "ddp_bucket_sweep_tokens_per_s_per_gpu" in d:
+        brief["ddp_bucket_sweep"] = d["ddp_bucket_sweep_tokens_per_s_per_gpu"]
+    print("derived " + json.dumps(brief, default=str))
     print("verdicts " + json.dumps(doc["verdicts"]))
     return 0
 
