@@ -94,8 +94,10 @@ def visible_gpus() -> list[str]:
     return v()
 
 
-def child_env() -> dict:
+def child_env(device: str = "auto") -> dict:
     env = dict(os.environ)
+    if device == "cpu":  # CPU ranks even on a GPU machine: blurun then starts them under mpiexec (MPI backend)
+        env["CUDA_VISIBLE_DEVICES"] = ""
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "BLUTRAIN_RUN_ID",
               "CUPY_TF32", "BLUTRAIN_FP32_GEMM"):
         env.pop(k, None)
@@ -135,7 +137,7 @@ def launch(run: dict, a, work: Path) -> dict:
             "--bucket-mb", str(run.get("bucket_mb", 25.0)), "--batch", str(run["batch"]), "--seq", str(run["seq"]),
             "--steps", str(run["steps"]), "--layers", str(a.layers), "--d-model", str(a.d_model),
             "--heads", str(a.heads), "--vocab", str(a.vocab), "--allocator", a.allocator, "--device", a.device]
-    env = child_env()
+    env = child_env(a.device)
     gpus = visible_gpus() if a.device != "cpu" else []
     log = work / f"{name}.log"
     logf = open(log, "w")
@@ -210,14 +212,18 @@ def machine(a) -> dict:
     info = {"python": platform.python_version(), "host": platform.node(), "nproc": a.nproc}
     gpus = visible_gpus() if a.device != "cpu" else []
     info["visible_gpus"] = gpus
-    if gpus:
+    if gpus:  # asked of nvidia-smi: a CUDA context in this process would sit on GPU 0 during every run
         try:
-            import cupy
-
-            info.update(gpu=cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), cupy=cupy.__version__,
-                        nccl=cupy.cuda.nccl.get_version())
-        except Exception as e:  # noqa: BLE001
+            q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+            info["gpus"] = [ln.strip() for ln in q.stdout.splitlines() if ln.strip()]
+        except (OSError, subprocess.TimeoutExpired) as e:
             info["gpu_error"] = str(e)
+    for mod in ("cupy", "torch"):
+        try:
+            info[mod] = __import__("importlib.metadata").metadata.version(mod if mod == "torch" else "cupy-cuda13x")
+        except Exception:  # noqa: BLE001 - other wheel names: the ranks report what they import
+            pass
     return info
 
 
@@ -281,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             from dtms_gpt2_report import run_recovery
 
             t0 = time.time()
-            doc["runs"][part]["orchestrator_kill_rank"] = run_recovery(a, work, child_env())
+            doc["runs"][part]["orchestrator_kill_rank"] = run_recovery(a, work, child_env(a.device))
             print(f"[recovery] {json.dumps(doc['runs'][part]['orchestrator_kill_rank'])[:300]} "
                   f"({time.time() - t0:.0f}s)", flush=True)
             write()

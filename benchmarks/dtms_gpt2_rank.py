@@ -176,8 +176,8 @@ def run_torch(a) -> dict:
 
         mesh = init_device_mesh(dev.type, (W,))
         cp_ctx = (context_parallel, mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                            fused=True if cuda else None)
+    fused = cuda and a.strategy != "fsdp"  # FSDP2's DTensor parameters: the default (foreach) implementation
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=fused or None)
 
     def sync():
         if cuda:
@@ -213,7 +213,7 @@ def run_torch(a) -> dict:
         sync()
         times.append(time.perf_counter() - t0)
         losses.append(lv)
-    mem: dict = {"torch": torch.__version__}
+    mem: dict = {"torch": torch.__version__, "optimizer": "fused" if fused else "foreach/default"}
     if cuda:
         free, total = torch.cuda.mem_get_info()
         mem.update(device_used_gib=(total - free) / 2**30, peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
