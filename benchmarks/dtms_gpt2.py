@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RANK_SCRIPT = HERE / "dtms_gpt2_rank.py"
 sys.path.insert(0, str(HERE))
-from dtms_gpt2_report import derive  # noqa: E402
+from dtms_gpt2_report import Interrupted, derive, pdeathsig, stop  # noqa: E402
 
 ROTATORS = ("p2p", "allgather", "alltoall")
 
@@ -109,26 +109,6 @@ def child_env(device: str = "auto") -> dict:
     return env
 
 
-def stop(procs: list[subprocess.Popen], grace: float = 8.0) -> None:
-    """SIGTERM (blurun tears its gang down), then SIGKILL to each process group still alive."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    t_end = time.time() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, t_end - time.time()))
-        except subprocess.TimeoutExpired:
-            pass
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-
-
 def launch(run: dict, a, work: Path) -> dict:
     """Start one run's ranks, wait up to --timeout, and merge their JSON files (or record the failure)."""
     name, W = run["name"], run["nproc"]
@@ -145,11 +125,13 @@ def launch(run: dict, a, work: Path) -> dict:
     if W == 1:
         e = dict(env, **({"CUDA_VISIBLE_DEVICES": gpus[0]} if gpus else {}))
         procs.append(subprocess.Popen([sys.executable, str(RANK_SCRIPT), *args], env=e, stdout=logf,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=pdeathsig))
     elif run["framework"] == "blutrain":
         cmd = [sys.executable, "-m", "dtms.run", "--nproc-per-node", str(W), "--log-dir", str(work / f"{name}.logs"),
                "--grace-period", "3", str(RANK_SCRIPT), *args]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=pdeathsig))
     else:  # torch.distributed's environment, one process per rank (one GPU each)
         port = free_port()
         for r in range(W):
@@ -158,7 +140,8 @@ def launch(run: dict, a, work: Path) -> dict:
             if gpus:
                 e["CUDA_VISIBLE_DEVICES"] = gpus[r % len(gpus)]
             procs.append(subprocess.Popen([sys.executable, str(RANK_SCRIPT), *args], env=e, stdout=logf,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=pdeathsig))
     t0 = time.time()
     timed_out = False
     try:
@@ -281,6 +264,31 @@ def main(argv: list[str] | None = None) -> int:
         tmp.replace(out)
 
     only = set(filter(None, a.only.split(",")))
+
+    def on_term(signum, frame):  # `timeout` stops the driver: stop the running gang, keep what was measured
+        raise Interrupted(f"driver stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        run_parts(a, parts, only, doc, work, write)
+    except Interrupted as e:
+        doc["interrupted"] = str(e)
+        write()
+        print(f"interrupted: {e}", flush=True)
+        return 124
+    d = doc["derived"]
+    brief = {k: (round(x, 4) if isinstance(x, float) else x) for k, x in d.items() if not isinstance(x, dict)}
+    if "equivalence" in d:
+        brief["max_abs_loss_diff"] = {k: e.get("max_abs_loss_diff", e.get("why")) for k, e in d["equivalence"].items()}
+    if "ddp_bucket_sweep_tokens_per_s_per_gpu" in d:
+        brief["ddp_bucket_sweep"] = d["ddp_bucket_sweep_tokens_per_s_per_gpu"]
+    print("derived " + json.dumps(brief, default=str))
+    print("verdicts " + json.dumps(doc["verdicts"]))
+    return 0
+
+
+def run_parts(a, parts: list[str], only: set[str], doc: dict, work: Path, write) -> None:
+    """Every run of every part in turn, the JSON rewritten after each."""
     for part in parts:
         doc["runs"][part] = {}
         if part == "recovery":
@@ -296,21 +304,14 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             if only and run["name"] not in only:
                 continue
+            doc["running"] = f"{part}/{run['name']}"
             res = launch(run, a, work)
+            doc.pop("running")
             doc["runs"][part][run["name"]] = res
             write()
             keys = ("tokens_per_s_per_gpu", "median_step_ms", "peak_memory_gib_per_gpu", "wall_s", "error")
             print(f"[{part}] {run['name']}: " + ", ".join(f"{k}={res[k]}" for k in keys if k in res), flush=True)
     write()
-    d = doc["derived"]
-    brief = {k: (round(x, 4) if isinstance(x, float) else x) for k, x in d.items() if not isinstance(x, dict)}
-    if "equivalence" in d:
-        brief["max_abs_loss_diff"] = {k: e.get("max_abs_loss_diff", e.get("why")) for k, e in d["equivalence"].items()}
-    if "ddp_bucket_sweep_tokens_per_s_per_gpu" in d:
-        brief["ddp_bucket_sweep"] = d["ddp_bucket_sweep_tokens_per_s_per_gpu"]
-    print("derived " + json.dumps(brief, default=str))
-    print("verdicts " + json.dumps(doc["verdicts"]))
-    return 0
 
 
 if __name__ == "__main__":

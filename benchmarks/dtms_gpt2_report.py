@@ -7,8 +7,11 @@ batch)), BluTrain / PyTorch ratios, async / sync TP, the bucket sweep, and the i
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +19,38 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULT_WORKER = ROOT / "tests" / "workers" / "fault_gpt2_worker.py"
+
+class Interrupted(Exception):
+    """The driver was asked to stop (SIGTERM from `timeout`): the running gang is stopped, results kept."""
+
+
+def pdeathsig() -> None:
+    """In a child before exec: SIGKILL it when the driver dies, so no rank outlives a killed driver."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+
+def stop(procs: list[subprocess.Popen], grace: float = 8.0) -> None:
+    """SIGTERM (blurun and the orchestrator tear their gang down), then SIGKILL to each process group left."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    t_end = time.time() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, t_end - time.time()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
 
 TARGETS = {"ddp_over_torch_ddp": 1.0, "ddp_scaling_efficiency": 0.90, "tp_async_over_sync": 1.05}
 
@@ -112,7 +147,7 @@ def derive(runs: dict, W: int, tol: float) -> tuple[dict, dict]:
 
 # ---------------------------------------------------------------- recovery (orchestrator kills a rank)
 
-FAST = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "10", "--progress-timeout", "60",
+FAST = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "30", "--progress-timeout", "60",
         "--startup-timeout", "120", "--grace-period", "5"]
 
 
@@ -121,12 +156,18 @@ def _orchestrate(run: Path, a, env: dict, fault: list) -> dict:
            "--max-restarts", "2", *FAST, str(FAULT_WORKER), "--out", str(run / "job"), "--steps",
            str(a.recovery_steps), "--ckpt-every", "3", "--device", "cpu" if a.device == "cpu" else "auto"]
     t0 = time.time()
-    try:
-        p = subprocess.run(cmd, env=dict(env, FAULT_SPEC=json.dumps(fault)), capture_output=True, text=True,
-                           timeout=a.timeout, start_new_session=True)
-        rc, tail = p.returncode, (p.stdout + p.stderr)[-2000:]
-    except subprocess.TimeoutExpired as e:
-        rc, tail = "timeout", str(e)[-500:]
+    run.mkdir(parents=True, exist_ok=True)
+    log = run / "orchestrate.log"
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, env=dict(env, FAULT_SPEC=json.dumps(fault)), stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True, preexec_fn=pdeathsig)
+        try:
+            rc = p.wait(timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            rc = f"timeout after {a.timeout:g}s"
+        finally:
+            stop([p])
+    tail = log.read_text(errors="replace")[-2000:]
     res: dict = {"rc": rc, "seconds": round(time.time() - t0, 1)}
     try:
         st = json.loads((run / "orchestrator_state.json").read_text())

@@ -109,6 +109,24 @@ def test_failure_and_timeout_are_recorded(tmp_path):
     assert time.time() - t0 < 30
 
 
+@needs_mpi
+def test_sigterm_stops_the_gang_and_keeps_the_json(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.Popen([sys.executable, str(DRIVER), *TINY, "--out", str(out), "--part", "sweep", "--buckets", "5",
+                          "--steps", "500"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    work = tmp_path / "r_work"
+    t0 = time.time()
+    while not list(work.glob("bt_ddp_bucket5.logs/rank*.out")) and time.time() - t0 < 60:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    p.terminate()  # as `timeout` does
+    assert p.wait(timeout=30) == 124, p.stdout.read()
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] == "driver stopped by signal 15" and doc["running"] == "sweep/bt_ddp_bucket5"
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, left  # no rank outlives the driver
+
+
 def run(name, tps=None, losses=(3.0, 2.9), ref=None, steps=2, error=None, mem=(1.0, 1.5)):
     if error:
         return {"error": error, "ref": ref}
