@@ -89,6 +89,16 @@ def free_port() -> int:
 
 
 def visible_gpus() -> list[str]:
+    """$CUDA_VISIBLE_DEVICES, else CUDA ordinals 0..n-1 for the n GPUs nvidia-smi lists (device-node numbers
+    inside a container need not be ordinals), else blurun's view."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        try:
+            q = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+            n = sum(ln.startswith("GPU ") for ln in q.stdout.splitlines())
+            if n:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(n)))  # blurun and children see it
+        except (OSError, subprocess.TimeoutExpired):
+            pass
     from dtms.run import visible_gpus as v
 
     return v()
@@ -194,7 +204,7 @@ def launch(run: dict, a, work: Path) -> dict:
 def machine(a) -> dict:
     info = {"python": platform.python_version(), "host": platform.node(), "nproc": a.nproc}
     gpus = visible_gpus() if a.device != "cpu" else []
-    info["visible_gpus"] = gpus
+    info["visible_gpus"] = gpus  # CUDA_VISIBLE_DEVICES as the ranks get it
     if gpus:  # asked of nvidia-smi: a CUDA context in this process would sit on GPU 0 during every run
         try:
             q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],

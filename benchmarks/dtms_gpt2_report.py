@@ -118,6 +118,8 @@ def derive(runs: dict, W: int, tol: float) -> tuple[dict, dict]:
         def tps(n):
             return tab.get(n, {}).get("tokens_per_s_per_gpu")
 
+        d["ddp_scaling_definition"] = ("tokens/s of DDP on W GPUs / (W x tokens/s of one GPU at the per-GPU batch "
+                                       "global_batch/W); tokens/s per GPU = global tokens per step / median step / W")
         d["ddp_scaling_efficiency"] = _ratio(tps("bt_ddp"), tps("bt_single_per_gpu"))
         d["torch_ddp_scaling_efficiency"] = _ratio(tps("torch_ddp"), tps("torch_single_per_gpu"))
         d["ddp_over_torch_ddp"] = _ratio(tps("bt_ddp"), tps("torch_ddp"))

@@ -6,6 +6,7 @@
 # Results: $OUT/dtms_gpt2_equivalence_h200.json, $OUT/dtms_gpt2_recovery_h200.json (copy to benchmarks/results/).
 source dev/gpu_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1  # machine rule: never NVLink multicast
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)}
 mkdir -p $OUT/nccl
 echo "== snap $(cat SNAP_COMMIT 2>/dev/null) gpus: $(nvidia-smi -L 2>/dev/null | wc -l)"
 (timeout 45 python3 -m dtms.run --nproc-per-node 2 --log-dir $OUT/nccl/logs packages/dtms/dev/nccl_worker.py $OUT/nccl \

@@ -5,6 +5,7 @@
 # the BluTrain DDP bucket sweep (5-100 MB). Results: $OUT/dtms_gpt2_bench_h200.json, $OUT/dtms_gpt2_sweep_h200.json.
 source dev/gpu_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1  # machine rule: never NVLink multicast
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)}
 echo "== snap $(cat SNAP_COMMIT 2>/dev/null) gpus: $(nvidia-smi -L 2>/dev/null | wc -l)"
 (timeout 330 python3 benchmarks/dtms_gpt2.py --part bench --nproc 2 --batch 16 --seq 1024 --steps 25 --warmup 5 \
   --tp-chunks 4 --timeout 75 --out $OUT/dtms_gpt2_bench_h200.json 2>&1 | grep -v Warning | cut -c1-400 | tail -14)

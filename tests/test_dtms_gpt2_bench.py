@@ -46,6 +46,7 @@ def dry_run(tmp_path_factory) -> dict:
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.slow  # the shared dry run: ~60-85 s on 2 cores
 def test_every_strategy_matches_single_process(dry_run):
     eq = dry_run["derived"]["equivalence"]
     expected = {"bt_ddp", "bt_fsdp", "bt_tp", "bt_tp_async", "bt_cp_p2p", "bt_cp_allgather", "bt_cp_alltoall",
@@ -62,6 +63,7 @@ def test_every_strategy_matches_single_process(dry_run):
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.slow  # the shared dry run: ~60-85 s on 2 cores
 def test_bench_sweep_and_torch(dry_run):
     bench, d = dry_run["runs"]["bench"], dry_run["derived"]
     for name in ("bt_single_per_gpu", "bt_ddp", "bt_fsdp", "bt_tp", "bt_tp_async", "bt_cp_p2p",
@@ -86,6 +88,7 @@ def test_bench_sweep_and_torch(dry_run):
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.slow  # the shared dry run: ~60-85 s on 2 cores
 def test_orchestrator_kill_a_rank_recovers_bit_identically(dry_run):
     rec = dry_run["runs"]["recovery"]["orchestrator_kill_rank"]
     assert rec["ok"] and rec["losses_identical"] and rec["final_state_identical"], rec
