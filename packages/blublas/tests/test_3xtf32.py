@@ -299,7 +299,7 @@ def fcp(monkeypatch, tmp_path):
         monkeypatch.setattr(loader, name, {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
     monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr(launch, "_launch_memo", {})
+    monkeypatch.setattr("blublas.memo._launch_memo", {})
     fake_cupy.LAUNCHES.clear()
     return fake_cupy
 

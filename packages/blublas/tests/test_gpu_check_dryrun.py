@@ -39,7 +39,7 @@ def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
         monkeypatch.setattr(loader, name, {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
     monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr(launch, "_launch_memo", {})
+    monkeypatch.setattr("blublas.memo._launch_memo", {})
     monkeypatch.setenv("BLUBLAS_WGMMA_PROBE", "inproc")  # fake CuPy lives in this process only
     monkeypatch.setattr(cublas, "_matmul", _fake_matmul)
     monkeypatch.setattr(cublas, "_state", lambda dev: None)

@@ -24,7 +24,7 @@ def test_gpu_check_wgmma_sections_on_fake_cupy(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
     monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
     monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr(launch, "_launch_memo", {})
+    monkeypatch.setattr("blublas.memo._launch_memo", {})
     monkeypatch.setattr(tma, "_cache", {})
     monkeypatch.setattr(cublas, "_matmul", _fake_matmul)
     monkeypatch.setattr(cublas, "_state", lambda dev: None)

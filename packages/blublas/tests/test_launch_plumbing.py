@@ -22,7 +22,7 @@ def fcp(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "_workspaces", {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
     monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr(launch, "_launch_memo", {})
+    monkeypatch.setattr("blublas.memo._launch_memo", {})
     monkeypatch.setenv("BLUBLAS_WGMMA_PROBE", "inproc")  # fake CuPy lives in this process only
     fake_cupy.LAUNCHES.clear()
     return fake_cupy
@@ -231,7 +231,7 @@ def test_wgmma_auto_mode_self_tests_once_and_falls_back_on_failure(fcp, monkeypa
     assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
 
     monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr(launch, "_launch_memo", {})
+    monkeypatch.setattr("blublas.memo._launch_memo", {})
     real = bt.check_case
     monkeypatch.setattr(
         bt, "check_case", lambda c, xp, *a, **k: float("inf") if k.get("config") else real(c, xp, *a, **k)

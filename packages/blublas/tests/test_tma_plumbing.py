@@ -25,7 +25,7 @@ def fcp(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
     monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
     monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr(launch, "_launch_memo", {})
+    monkeypatch.setattr("blublas.memo._launch_memo", {})
     monkeypatch.setattr(tma, "_cache", {})
     fake_cupy.LAUNCHES.clear()
     return fake_cupy

@@ -354,14 +354,14 @@ def _dispatch(
 def _planned_gemm(a, b, out, batched, trans_a, trans_b, alpha, beta, bias, epilogue, save_preact, precision,
                   stream, provider, config, splits, autotune):
     """The one body of :func:`gemm` and :func:`gemm_batched`: validate into a plan, then dispatch it. A CuPy
-    call repeated with the same arrays and options replays its recorded launch (launch.memo_key)."""
+    call repeated with the same arrays and options replays its recorded launch (blublas.memo)."""
     key = None
     if provider == "blublas" and precision != "3xtf32" and out is not None and not isinstance(a, np.ndarray):
-        from . import launch
+        from . import memo
 
         opts = (batched, trans_a, trans_b, alpha, beta, epilogue, precision, config, splits, autotune)
-        key = launch.memo_key(a, b, out, bias, save_preact, stream, opts)
-        if launch.replay(key, stream):
+        key = memo.key(a, b, out, bias, save_preact, stream, opts)
+        if memo.replay(key, stream):
             return out
     p = plan(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias=bias, epilogue=epilogue,
              save_preact=save_preact, precision=precision, batched=batched)

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import autotune as _at
 from . import configs, loader
+from . import memo as _memo
 from .api import Problem
 from .errors import GemmError
 
@@ -212,16 +213,12 @@ def launch(
 ) -> None:
     """Run one (config, splits) choice on the current stream, writing ``out`` (and ``preact``).
 
-    ``memo``: the call's launch-memo key (see :func:`memo_key`); the launches are recorded under it so the same
-    call next time skips planning (:func:`replay`)."""
+    ``memo``: the call's launch-memo key (blublas.memo.key); the launches are recorded under it so the same
+    call next time skips planning (blublas.memo.replay)."""
     rec: list | None = [] if memo is not None else None
     _launch_body(p, cfg, splits, out, preact, beta, rec)
     if rec:
-        if len(_launch_memo) >= _MEMO_MAX:
-            _launch_memo.clear()
-        # the workspace (split-K partials, K-major copies) is part of the recorded arguments: valid while the
-        # stream's workspace buffer stays the same
-        _launch_memo[memo] = (tuple(rec), p.device_id, loader.workspace_token())
+        _memo.record(memo, rec, p.device_id)
 
 
 def _launch_body(
@@ -543,60 +540,3 @@ def run_blublas(
         cfg, s = select(p, st, config, splits, autotune)
         capturing = memo is not None and _is_capturing(st)  # a choice made while capturing is not the tuned one
         launch(p, cfg, s, p.out, p.preact, p.beta, memo=None if capturing else memo)
-
-
-# ---- launch memo: a repeated call (same arrays, strides, options, stream) replays its recorded launches ----
-# Planning (validation, config choice, flags, tensor maps) costs tens of microseconds of Python per call, as
-# much as a small GEMM's kernel. Nothing is recorded while capturing; launches that use the stream's
-# workspace (split-K partials, K-major copies) replay only while that buffer is unchanged; every switch that
-# changes the plan is part of the key. BLUBLAS_LAUNCH_MEMO=0 turns it off; clear_launch_memo() forgets all.
-_launch_memo: dict[tuple, tuple] = {}
-_MEMO_MAX = 4096
-
-
-def clear_launch_memo() -> None:
-    """Forget every recorded launch (tests; after changing tuned tables by hand)."""
-    _launch_memo.clear()
-    _choice_memo.clear()
-
-
-def _arr_key(x: Any) -> tuple | None:
-    return None if x is None else (x.data.ptr, x.shape, x.strides, x.dtype.char)
-
-
-def memo_key(a: Any, b: Any, out: Any, bias: Any, save_preact: Any, stream: Any, opts: tuple) -> tuple | None:
-    """The launch-memo key of a CuPy GEMM call (None: do not memoize); ``opts``: every scalar argument."""
-    if os.environ.get("BLUBLAS_LAUNCH_MEMO", "1") == "0":
-        return None
-    import cupy
-
-    st = stream if stream is not None else cupy.cuda.get_current_stream()
-    switches = (_TMA_STORE_ON, F_NO_EPILOGUE, os.environ.get("BLUBLAS_WGMMA"), os.environ.get("BLUBLAS_AUTOTUNE"))
-    try:
-        key = (st.ptr, _arr_key(a), _arr_key(b), _arr_key(out), _arr_key(bias), _arr_key(save_preact), opts, switches)
-        hash(key)
-    except (AttributeError, TypeError):  # not arrays / unhashable options: plan() names what is wrong
-        return None
-    return key
-
-
-def replay(key: tuple | None, stream: Any) -> bool:
-    """Launch the recorded kernel of ``key`` on ``stream`` (default: the current one); False if none."""
-    hit = _launch_memo.get(key) if key is not None else None
-    if hit is None:
-        return False
-    import cupy
-
-    launches, dev, ws_token = hit
-    with cupy.cuda.Device(dev):
-        if stream is not None:
-            stream.__enter__()
-        try:
-            if ws_token is not None and loader.workspace_token() != ws_token:
-                return False  # the workspace was reallocated since: plan again
-            for fn, grid, block, args, smem in launches:
-                fn(grid, block, args, shared_mem=smem)
-        finally:
-            if stream is not None:
-                stream.__exit__(None, None, None)
-    return True
