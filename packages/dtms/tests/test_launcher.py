@@ -162,3 +162,19 @@ def test_two_node_rendezvous_through_the_store(tmp_path):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got == {"rank": r, "local": r % 2, "world": 4, "seen": want}
     assert (tmp_path / "logs1" / "rank3.err").exists() and (tmp_path / "logs0" / "rank0.out").exists()
+
+
+def test_visible_gpus_are_cuda_ordinals_not_device_node_numbers(monkeypatch):
+    """Without CUDA_VISIBLE_DEVICES the n device nodes become CUDA ordinals 0..n-1: a container exposing
+    /dev/nvidia3 and /dev/nvidia5 has CUDA devices 0 and 1 (handing out "3" would hide every GPU)."""
+    import dtms.run as run
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(run, "glob", lambda pattern: ["/dev/nvidia5", "/dev/nvidia3"])
+    assert run.visible_gpus() == ["0", "1"]
+    monkeypatch.setattr(run, "glob", lambda pattern: [])
+    assert run.visible_gpus() == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert run.visible_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert run.visible_gpus() == []

@@ -47,12 +47,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def visible_gpus() -> list[str]:
-    """GPU ids this launcher may hand out: $CUDA_VISIBLE_DEVICES, else /dev/nvidiaN (no CUDA init)."""
+    """GPU ids this launcher may hand out: $CUDA_VISIBLE_DEVICES, else CUDA ordinals 0..n-1 for the n device
+    nodes /dev/nvidiaN (no CUDA init). The node numbers themselves are not CUDA ordinals: a container that
+    exposes /dev/nvidia3 and /dev/nvidia5 has CUDA devices 0 and 1."""
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
         return [d for d in cvd.split(",") if d.strip() not in ("", "-1")]
-    devs = sorted(glob("/dev/nvidia[0-9]*"), key=lambda d: int(d.removeprefix("/dev/nvidia")))
-    return [d.removeprefix("/dev/nvidia") for d in devs]
+    return [str(i) for i in range(len(glob("/dev/nvidia[0-9]*")))]
 
 
 def _fail(msg: str) -> int:
