@@ -19,6 +19,29 @@ LAUNCHES: list[dict] = []
 CAPTURE: list | None = None  # kernel launches recorded while a stream captures
 
 
+def install(monkeypatch, tmp_path, sm90: bool = False):
+    """Put this module in place of ``cupy`` for one test (the tests' ``fcp`` fixtures): fresh blublas state
+    (loader modules, functions, smem limits, workspaces, wgmma probe verdicts, launch memo, tensor maps),
+    NVRTC bypassed, the cache dir under ``tmp_path``; ``sm90``: an H200-like device (cc 90, 132 SMs)."""
+    import sys
+
+    from blublas import launch, loader, tma
+
+    monkeypatch.setitem(sys.modules, "cupy", sys.modules[__name__])
+    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
+    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
+        monkeypatch.setattr(loader, name, {})
+    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
+    monkeypatch.setattr(launch, "_probe_results", {})
+    monkeypatch.setattr("blublas.memo._launch_memo", {})
+    monkeypatch.setattr(tma, "_cache", {})
+    if sm90:
+        monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
+        monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
+    LAUNCHES.clear()
+    return sys.modules[__name__]
+
+
 class _Ptr:
     def __init__(self, ptr: int):
         self.ptr = ptr

@@ -287,21 +287,10 @@ def test_gpu_3xtf32_within_fp32_tolerance(how, provider, layout, shape, monkeypa
 
 @pytest.fixture
 def fcp(monkeypatch, tmp_path):
-    import sys
-
     import fake_cupy
-    from blublas import launch, loader
 
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("BLUBLAS_WGMMA", "0")
-    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
-        monkeypatch.setattr(loader, name, {})
-    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
-    monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr("blublas.memo._launch_memo", {})
-    fake_cupy.LAUNCHES.clear()
-    return fake_cupy
+    return fake_cupy.install(monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("how", ("concat", "two"))

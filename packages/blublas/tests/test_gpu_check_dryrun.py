@@ -11,7 +11,7 @@ from pathlib import Path
 import fake_cupy
 import numpy as np
 import pytest
-from blublas import cublas, launch, loader
+from blublas import cublas
 from blublas.reference import f32_to_bf16_bits
 from blublas.testing import to_f64
 
@@ -31,15 +31,10 @@ def _fake_matmul(p, st, stream, fuse):
 
 @pytest.mark.slow
 def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    fake_cupy.install(monkeypatch, tmp_path)
     monkeypatch.setenv("BLUBLAS_CHECK_QUICK", "1")
     monkeypatch.setenv("BLUBLAS_CHECK_INPROC", "1")  # the wgmma groups run in this process (fake CuPy)
     monkeypatch.setenv("BLUBLAS_CHECK_TORCH", "0")  # no torch import under a fake "cupy"
-    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
-        monkeypatch.setattr(loader, name, {})
-    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
-    monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr("blublas.memo._launch_memo", {})
     monkeypatch.setenv("BLUBLAS_WGMMA_PROBE", "inproc")  # fake CuPy lives in this process only
     monkeypatch.setattr(cublas, "_matmul", _fake_matmul)
     monkeypatch.setattr(cublas, "_state", lambda dev: None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import fake_cupy
 import pytest
-from blublas import cublas, launch, loader, tma
+from blublas import cublas
 from test_gpu_check_dryrun import _fake_matmul
 
 SCRIPT = Path(__file__).resolve().parents[1] / "dev" / "gpu_check_wgmma.py"
@@ -17,15 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "dev" / "gpu_check_wgmma.py"
 
 @pytest.mark.slow
 def test_gpu_check_wgmma_sections_on_fake_cupy(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
-        monkeypatch.setattr(loader, name, {})
-    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.wgmma.cubin")
-    monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
-    monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
-    monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr("blublas.memo._launch_memo", {})
-    monkeypatch.setattr(tma, "_cache", {})
+    fake_cupy.install(monkeypatch, tmp_path, sm90=True)
     monkeypatch.setattr(cublas, "_matmul", _fake_matmul)
     monkeypatch.setattr(cublas, "_state", lambda dev: None)
     monkeypatch.setattr(cublas, "load_library", lambda: None)

@@ -3,8 +3,6 @@ batch strides, views) run against fake_cupy, whose kernels emulate the documente
 
 from __future__ import annotations
 
-import sys
-
 import fake_cupy
 import numpy as np
 import pytest
@@ -14,18 +12,8 @@ from blublas.testing import check_case, make_case
 
 @pytest.fixture
 def fcp(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(loader, "_modules", {})
-    monkeypatch.setattr(loader, "_functions", {})
-    monkeypatch.setattr(loader, "_smem_set", {})
-    monkeypatch.setattr(loader, "_workspaces", {})
-    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
-    monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr("blublas.memo._launch_memo", {})
     monkeypatch.setenv("BLUBLAS_WGMMA_PROBE", "inproc")  # fake CuPy lives in this process only
-    fake_cupy.LAUNCHES.clear()
-    return fake_cupy
+    return fake_cupy.install(monkeypatch, tmp_path)
 
 
 LAYOUTS = ("nn", "nt", "tn")

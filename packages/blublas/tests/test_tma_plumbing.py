@@ -4,31 +4,18 @@ bases, leading dimensions and batch strides) and the fall-back to the mma.sync k
 
 from __future__ import annotations
 
-import sys
-
 import fake_cupy
 import numpy as np
 import pytest
-from blublas import GemmError, configs, launch, loader, selftest, tma
+from blublas import GemmError, configs, launch, selftest, tma
 from blublas.api import plan
 from blublas.testing import check_case, make_case
 
 
 @pytest.fixture
 def fcp(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("BLUBLAS_WGMMA", "1")
-    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
-        monkeypatch.setattr(loader, name, {})
-    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.wgmma.cubin")
-    monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
-    monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
-    monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr("blublas.memo._launch_memo", {})
-    monkeypatch.setattr(tma, "_cache", {})
-    fake_cupy.LAUNCHES.clear()
-    return fake_cupy
+    return fake_cupy.install(monkeypatch, tmp_path, sm90=True)
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])

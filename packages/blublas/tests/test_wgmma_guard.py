@@ -6,30 +6,19 @@ a self-test child that dies (e.g. an illegal address) counts as a failure."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import fake_cupy
 import numpy as np
 import pytest
-from blublas import autotune, configs, launch, loader, selftest
+from blublas import autotune, configs, launch, selftest
 from blublas.api import plan
 
 
 @pytest.fixture
 def fcp(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("BLUBLAS_WGMMA", raising=False)
     monkeypatch.delenv("BLUBLAS_WGMMA_PROBE", raising=False)
-    for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
-        monkeypatch.setattr(loader, name, {})
-    monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
-    monkeypatch.setattr(launch, "_probe_results", {})
-    monkeypatch.setattr("blublas.memo._launch_memo", {})
-    monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
-    monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
-    fake_cupy.LAUNCHES.clear()
-    return fake_cupy
+    return fake_cupy.install(monkeypatch, tmp_path, sm90=True)
 
 
 def _problem(xp, layout="nt", precision="bf16", m=512, n=512, k=256):
