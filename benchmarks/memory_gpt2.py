@@ -56,6 +56,10 @@ RUNS = [  # (case, name, framework, flags)
     ("b", "torch_eager", "torch", []),
     ("b", "blutrain", "blutrain", []),
     ("b", "blutrain_lean", "blutrain", LEAN),
+    # fp32 storage and fp32-accurate arithmetic on the tensor cores: 3xTF32 attention (what PyTorch's own fp32
+    # SDPA runs), then also 3xTF32 GEMMs (split-TF32, blublas.split_tf32) instead of FFMA SGEMM
+    ("b", "blutrain_x3attn", "blutrain", ["--sdpa-fp32", "tf32x3"]),
+    ("b", "blutrain_x3", "blutrain", ["--sdpa-fp32", "tf32x3", "--fp32-gemm", "3xtf32"]),
     ("c", "blutrain_lean", "blutrain", LEAN),
     ("e", "torch_eager", "torch", ["--no-clip"]),
     ("e", "blutrain_plain", "blutrain", ["--no-clip"]),
@@ -69,6 +73,10 @@ TARGETS = [
     ("a", "blutrain", "torch_compile", "peak_reserved_gib", 1.0, "<="),
     ("b", "blutrain", "torch_eager", "peak_reserved_gib", 0.85, "<="),
     ("b", "blutrain", "torch_eager", "tokens_per_s", 1.2, ">="),
+    ("b", "blutrain_x3attn", "torch_eager", "peak_reserved_gib", 0.85, "<="),
+    ("b", "blutrain_x3attn", "torch_eager", "tokens_per_s", 1.2, ">="),
+    ("b", "blutrain_x3", "torch_eager", "peak_reserved_gib", 0.85, "<="),
+    ("b", "blutrain_x3", "torch_eager", "tokens_per_s", 1.2, ">="),
 ]
 
 
@@ -96,6 +104,9 @@ def blutrain(a) -> dict:
     from blutensor.utils import OptimizerInBackward, checkpoint_modules
 
     cuda = a.device == "cuda"
+    if a.sdpa_fp32:
+        os.environ["BLUTRAIN_SDPA_FP32"] = a.sdpa_fp32
+    bt.set_fp32_gemm(a.fp32_gemm)
     alloc = None
     if cuda and a.allocator == "blu":
         import bluallocator
@@ -253,6 +264,8 @@ def main() -> None:
     p.add_argument("--oib", action="store_true")
     p.add_argument("--no-clip", action="store_true")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--sdpa-fp32", default="", help="BluTrain: BLUTRAIN_SDPA_FP32 (simt | tf32x3)")
+    p.add_argument("--fp32-gemm", default="strict", help="BluTrain: fp32 GEMMs, strict | 3xtf32")
     p.add_argument("--allocator", default="blu", choices=("blu", "cupy"))
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=0)

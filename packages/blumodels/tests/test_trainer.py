@@ -188,3 +188,21 @@ def test_progress_bar_only_when_asked(tmp_path, capsys):
     tr.close()
     out = capsys.readouterr().out
     assert "\r" not in out and "step 2/2 loss" in out
+
+
+def test_deterministic_key_sets_the_switch(tmp_path):
+    """train.deterministic turns blutensor's deterministic-algorithms switch on (and off again for the default)."""
+    import blutensor as bt
+    from blumodels.config import ConfigError, from_dict
+
+    try:
+        tr = Trainer(micro_config(steps=1, deterministic=True), tmp_path / "a", quiet=True)
+        assert bt.are_deterministic_algorithms_enabled()
+        tr.close()
+        tr = Trainer(micro_config(steps=1), tmp_path / "b", quiet=True)
+        assert not bt.are_deterministic_algorithms_enabled()
+        tr.close()
+        with pytest.raises(ConfigError, match=r"train\.deterministic"):
+            from_dict({"train": {"deterministic": "sometimes"}})
+    finally:
+        bt.use_deterministic_algorithms(False)

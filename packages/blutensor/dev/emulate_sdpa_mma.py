@@ -117,6 +117,13 @@ class Tf32:
     def c_to_a(cs, kk):
         return tf32(Tf32.raw_c_to_a(cs, kk))
 
+    @staticmethod
+    def raw_a_perm(X, r0, k0):  # A from row-major X[r][k] in raw_b's permuted k order (float2 loads)
+        return np.stack([X[r0 + G, k0 + 2 * T], X[r0 + G + 8, k0 + 2 * T], X[r0 + G, k0 + 2 * T + 1],
+                         X[r0 + G + 8, k0 + 2 * T + 1]], 1)
+
+    load_a_perm = raw_a_perm
+    tile_value = staticmethod(tf32)  # the fused backward's dS tile, rounded like every staged tile
     cast = staticmethod(f32)
 
 
@@ -166,6 +173,11 @@ class Tf32x3:
     def c_to_a(cs, kk):
         return split3(Tf32.raw_c_to_a(cs, kk))
 
+    @staticmethod
+    def load_a_perm(X, r0, k0):
+        return split3(Tf32.raw_a_perm(X, r0, k0))
+
+    tile_value = staticmethod(f32)  # tiles stay fp32
     cast = staticmethod(f32)
 
 
@@ -349,17 +361,43 @@ def _reduce_halves(parts):
     return [[f32(f32(a) + f32(b)) for a, b in zip(parts[w], parts[w + 4])] for w in range(4)]
 
 
-def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
+def dq_atomic(X, Ss, Ks, dq, q0, L, hd, bw, scale):
+    """dq_atomic of sdpa_mma_frag.cuh for every warp of a fused block: rows (w % 4) * 16 .., head-dim columns
+    (w // 4) * hd / (bw / 4) .. of dS K (a zeroed, staged accumulator over the 64 keys), added into the fp32
+    ``dq`` (float32 adds: the atomics, in some order)."""
+    dw = hd // (bw // 4)
+    for w in range(bw):
+        lr, part = (w % 4) * 16, w // 4
+        acc = [np.zeros((32, 4)) for _ in range(dw // 8)]
+        for kk in range(BR // X.KS):
+            a = X.load_a_perm(Ss, lr, kk * X.KS)
+            for n in range(dw // 8):
+                acc[n] = X.mma_acc(acc[n], a, X.load_b(Ks, kk * X.KS, part * dw + n * 8))
+        for n in range(dw // 8):
+            col = part * dw + n * 8 + 2 * T
+            for rows, cs in ((q0 + lr + G, (0, 1)), (q0 + lr + G + 8, (2, 3))):
+                ok = rows < L
+                for j, e in enumerate(cs):
+                    val = f32(f32(acc[n][ok, e]) * np.float32(scale))
+                    dq[rows[ok], col[ok] + j] = f32(dq[rows[ok], col[ok] + j] + val)
+
+
+def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal, fused=False):
     """(dq, dk, dv) of one slice like blu_sdpa_backward_dkdv_* and blu_sdpa_backward_dq_*: warp w owns rows
-    (w % 4) * 16 .. +15; with 8 warps half w // 4 of every streamed tile, the halves' sums added at the end."""
+    (w % 4) * 16 .. +15; with 8 warps half w // 4 of every streamed tile, the halves' sums added at the end.
+    ``fused`` (Tf32, Tf32x3): blu_sdpa_backward_fused_*, the dK/dV kernel staging each tile's dS and adding dS K
+    into a zeroed fp32 dq (dq_atomic) instead of the separate dQ kernel."""
     c = np.float32(scale * LOG2E)
     dk, dv, dq = np.zeros((S, hd)), np.zeros((S, hd)), np.zeros((L, hd))
+    if fused:
+        dq = np.zeros((L, hd), np.float32)
     sub = BR // 2
     bw = WARPS[X.__name__][1]
     for bx in range(math.ceil(S / BR)):  # ---- dK/dV
         kb0 = bx * BR
         Ks, Vs = load_tile(X, k, kb0, S, hd), load_tile(X, v, kb0, S, hd)
         dkp, dvp = [], []
+        tiles = {}  # fused: q0 -> the tile's dS as Ss[query][key] (tile_value)
         for w in range(bw):
             wr, subs = w % 4, ([w // 4] if bw == 8 else [0, 1])
             key0, key1 = kb0 + wr * 16 + G, kb0 + wr * 16 + G + 8
@@ -388,10 +426,15 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                             p = np.where((qg >= L) | (key >= S) | (causal & (key > qg)), 0, p)
                             st[n][:, e] = p
                             dpt[n][:, e] = p * (f32(dpt[n][:, e]) - Ds[qi])
+                            if fused:
+                                Ss = tiles.setdefault(q0, np.zeros((BR, BR + 8), np.float32))
+                                Ss[qi, wr * 16 + G + (0 if e < 2 else 8)] = X.tile_value(dpt[n][:, e])
                     dva = acc_pv(X, dva, st, Os, qs0, sub // X.KS)  # dV += P^T dO
                     dka = acc_pv(X, dka, dpt, Qs, qs0, sub // X.KS)  # dK += dS^T Q
             dkp.append(dka)
             dvp.append(dva)
+        for q0, Ss in tiles.items():  # fused: after each tile, every warp adds its part of dS K
+            dq_atomic(X, Ss, Ks, dq, q0, L, hd, bw, scale)
         if bw == 8:
             dkp, dvp = _reduce_halves(dkp), _reduce_halves(dvp)
         for w, (dka, dva) in enumerate(zip(dkp, dvp)):
@@ -402,7 +445,7 @@ def backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal):
                     for j, col in enumerate(cols):
                         dk[keys[ok], d * 8 + 2 * T[ok] + j] = X.cast(dka[d][ok, col] * scale)
                         dv[keys[ok], d * 8 + 2 * T[ok] + j] = X.cast(dva[d][ok, col])
-    for bx in range(math.ceil(L / BR)):  # ---- dQ
+    for bx in range(0 if fused else math.ceil(L / BR)):  # ---- dQ (the fused kernel has added it)
         q0 = bx * BR
         Qs, Os = load_tile(X, q, q0, L, hd), load_tile(X, do, q0, L, hd)
         Ls = np.zeros(BR, np.float32)
@@ -469,7 +512,12 @@ def main() -> int:
                 dk=ref.rel_err(dk, e[1]),
                 dv=ref.rel_err(dv, e[2]),
             )
-            ok = errs["o"] <= tol_f and errs["lse"] <= tol_f and max(errs["dq"], errs["dk"], errs["dv"]) <= tol_b
+            if X is not Bf16:  # the fused backward (fp32 storage)
+                fq, fk, fv = backward(X, q, k, v, do, lse, D, L, S, hd, scale, causal, fused=True)
+                errs.update(fused_dq=ref.rel_err(fq, e[0]), fused_dk=ref.rel_err(fk, e[1]),
+                            fused_dv=ref.rel_err(fv, e[2]))
+            bwd = max(v_ for k_, v_ in errs.items() if "d" in k_)
+            ok = errs["o"] <= tol_f and errs["lse"] <= tol_f and bwd <= tol_b
             bad += not ok
             print(
                 f"{'PASS' if ok else 'FAIL'} {name} L={L} S={S} causal={causal}: "

@@ -8,7 +8,9 @@ ends (a timeout keeps what finished):
   correct  fwd (o, lse) and bwd (dq, dk, dv) vs a float64 torch reference, dense (BH, L, HD) and strided
            fused-qkv entries, causal and not, odd sizes, HD 64/128: max abs error / max |ref| per tensor,
            PASS within the variant's tolerance; tf32x3's error also as a multiple of the f32 SIMT kernel's
-  determinism  two backward runs bitwise equal (GPT-2 shape)
+           tf32 and tf32x3 backward both ways: the fused kernel (atomic dQ) and the two split kernels ('mode')
+  determinism  two backward runs bitwise equal (GPT-2 shape) under bt.use_deterministic_algorithms(True); the
+           fused backward's run-to-run difference is recorded (not required to be zero)
   speed    GPT-2 (B=16, H=12, T=1024, HD=64, causal, fused-qkv strided entries) and long context (B=2, H=12,
            T=16384, HD=64, causal): fwd and fwd+bwd ms (CUDA events, warm-up, median) per variant, next to
            torch SDPA in fp32 (allow_tf32=False), fp32 with tf32 allowed, bf16 (+ which backends accept them)
@@ -50,6 +52,17 @@ TOL = {
 #: stages its long sums (TF32X3::mma_acc); HD 128 does not (registers), its truncation bias grows with the keys
 X3_VS_F32 = {64: 3.0, 128: 12.0}
 RES: dict = {"kernels": [], "correct": [], "determinism": [], "speed": [], "torch": {}, "errors": []}
+FUSED = ("tf32", "tf32x3")  # variants with a fused backward (sdpa.FUSED_BWD)
+
+
+def modes(variant: str) -> tuple[str, ...]:
+    """Backward modes to check for ``variant``: 'fused' and 'split' where a fused kernel exists."""
+    return ("fused", "split") if variant in FUSED else ("split",)
+
+
+def set_mode(mode: str) -> None:
+    """Select the backward kernels (BLUTRAIN_SDPA_BWD) for the calls that follow."""
+    os.environ["BLUTRAIN_SDPA_BWD"] = mode
 T0 = time.time()
 
 
@@ -204,7 +217,8 @@ def correctness():
     refs: dict = {}  # float64 references of the fp32 inputs, shared by f32, tf32 and tf32x3
     print(f"   {'variant':7s} {'entry':7s} {'L':>5s} {'S':>5s} hd  c  {'o':>8s} {'lse':>8s} {'dq':>8s} {'dk':>8s} "
           f"{'dv':>8s}  x_f32  ok")
-    for variant in VARIANTS:  # f32 first: tf32x3 is compared with it
+    for variant, mode in ((v, m) for v in VARIANTS for m in modes(v)):  # f32 first: tf32x3 is compared with it
+        set_mode(mode)
         for kind, L, S, hd, causal in cases:
             key = (kind, L, S, hd, causal)
             r = np.random.default_rng([L, S, hd, int(causal), kind == "dense"])  # same data for every variant
@@ -216,7 +230,7 @@ def correctness():
                     got, e = _strided_case(variant, 2, 3, L, hd, causal, r, refs.get(rkey))
                 refs[rkey] = e
             except Exception as ex:
-                RES["correct"].append(dict(variant=variant, kind=kind, L=L, S=S, hd=hd, causal=causal,
+                RES["correct"].append(dict(variant=variant, mode=mode, kind=kind, L=L, S=S, hd=hd, causal=causal,
                                            passed=False, error=repr(ex)))
                 print(f"   {variant:7s} {kind:7s} {L:5d} {S:5d} {hd:3d} {int(causal)}  ERROR {ex!r}")
                 continue
@@ -229,14 +243,16 @@ def correctness():
             elif variant == "tf32x3" and key in f32_err:
                 ratio = max(fwd, bwd) / max(f32_err[key], 1e-6)
                 ok = ok and ratio <= X3_VS_F32[hd]
-            RES["correct"].append(dict(variant=variant, kind=kind, L=L, S=S, hd=hd, causal=causal, errs=errs,
-                                       tol=TOL[variant], x_f32=ratio, passed=bool(ok)))
+            RES["correct"].append(dict(variant=variant, mode=mode, kind=kind, L=L, S=S, hd=hd, causal=causal,
+                                       errs=errs, tol=TOL[variant], x_f32=ratio, passed=bool(ok)))
             xs = f"{ratio:5.2f}" if ratio is not None else "    -"
-            print(f"   {variant:7s} {kind:7s} {L:5d} {S:5d} {hd:3d} {int(causal)}  "
+            tag = variant + ("/" + mode[0] if variant in FUSED else "")
+            print(f"   {tag:9s} {kind:7s} {L:5d} {S:5d} {hd:3d} {int(causal)}  "
                   + " ".join(f"{errs[n]:8.1e}" for n in ("o", "lse", "dq", "dk", "dv"))
                   + f"  {xs}  {'PASS' if ok else 'FAIL'}", flush=True)
     bad = [c for c in RES["correct"] if not c["passed"]]
     log(f"correctness: {len(RES['correct']) - len(bad)}/{len(RES['correct'])} PASS")
+    set_mode("auto")
     failed = sorted({c["variant"] for c in bad if c["variant"] != "f32"})
     if failed:
         _localise(failed)
@@ -278,6 +294,7 @@ def _localise(variants):
 
 
 def determinism():
+    import blutensor as bt
     import cupy as cp
     from blutensor.cuda_ops.sdpa import qkv_attention_backward, qkv_attention_forward
 
@@ -286,11 +303,23 @@ def determinism():
         qkv, _ = to_dev(rng.standard_normal((4, 1024, 3, 12, 64)), variant)
         do, _ = to_dev(rng.standard_normal((4, 1024, 12, 64)), variant)
         o, lse = qkv_attention_forward(qkv, True, None, variant)
-        g1 = qkv_attention_backward(qkv, o, lse, do, True, None, variant)
-        g2 = qkv_attention_backward(qkv, o, lse, do, True, None, variant)
+        bt.use_deterministic_algorithms(True)  # the default mode ('auto') must then be bitwise repeatable
+        try:
+            g1 = qkv_attention_backward(qkv, o, lse, do, True, None, variant)
+            g2 = qkv_attention_backward(qkv, o, lse, do, True, None, variant)
+        finally:
+            bt.use_deterministic_algorithms(False)
         same = bool(cp.array_equal(g1, g2))
-        RES["determinism"].append(dict(variant=variant, bitwise_equal=same))
-        log(f"determinism {variant}: {'bitwise equal' if same else 'DIFFERENT'}")
+        row = dict(variant=variant, bitwise_equal=same)
+        if variant in FUSED:  # the fused kernel's atomics: how far two runs (and the split result) are apart
+            f1 = qkv_attention_backward(qkv, o, lse, do, True, None, variant)
+            f2 = qkv_attention_backward(qkv, o, lse, do, True, None, variant)
+            scale = float(cp.abs(g1).max())
+            row.update(fused_bitwise_equal=bool(cp.array_equal(f1, f2)),
+                       fused_run_to_run_rel=float(cp.abs(f1 - f2).max()) / scale,
+                       fused_vs_split_rel=float(cp.abs(f1 - g1).max()) / scale)
+        RES["determinism"].append(row)
+        log(f"determinism {variant}: {row}")
 
 
 def _median_ms(fn, reps: int, warm: int = 2) -> float:
@@ -321,13 +350,17 @@ def _speed_blu(shape_name, B, H, T, hd, reps):
     base = rng.standard_normal((B, T, 3, H, hd), dtype=np.float32)
     dbase = rng.standard_normal((B, T, H, hd), dtype=np.float32)
     fl = _attn_flops(B, H, T, hd, True)
-    for variant in VARIANTS:
+    for variant, mode in ((v, m) for v in VARIANTS for m in modes(v)):
+        set_mode(mode)
         row = _time_blu(variant, base, dbase, T, reps)
+        if variant in FUSED:
+            row.update(impl=f"{row['impl']}/{mode}", mode=mode)
         row.update(shape=shape_name, fwd_tflops=fl / row["fwd_ms"] / 1e9,
                    bwd_tflops=2.5 * fl / max(row["bwd_ms"], 1e-9) / 1e9)
         RES["speed"].append(row)
         _print_speed(row)
         cp.get_default_memory_pool().free_all_blocks()
+    set_mode("auto")
 
 
 def _time_blu(variant, base, dbase, T, reps):
@@ -463,7 +496,7 @@ def _median_ms_torch(fn, reps: int, warm: int = 2) -> float:
 
 
 def _print_speed(r):
-    print(f"   {r['shape']:6s} {r['impl']:13s} fwd {r['fwd_ms']:8.3f} ms ({r['fwd_tflops']:6.1f} TF/s)  "
+    print(f"   {r['shape']:6s} {r['impl']:18s} fwd {r['fwd_ms']:8.3f} ms ({r['fwd_tflops']:6.1f} TF/s)  "
           f"fwd+bwd {r['fwdbwd_ms']:8.3f} ms  bwd {r['bwd_ms']:8.3f} ms ({r['bwd_tflops']:6.1f} TF/s)"
           + (f"  backends {r['backends']}" if r.get("backends") is not None else ""), flush=True)
 
@@ -478,11 +511,11 @@ def summary():
     print("\n== summary (ms; GPT-2 per step = 12 layers)")
     rows = [r for r in RES["speed"] if r["shape"] == "gpt2"]
     for r in rows:
-        print(f"   gpt2 {r['impl']:13s} fwd {r['fwd_ms']:7.3f} (x12 {12 * r['fwd_ms']:7.2f})  "
+        print(f"   gpt2 {r['impl']:18s} fwd {r['fwd_ms']:7.3f} (x12 {12 * r['fwd_ms']:7.2f})  "
               f"fwd+bwd {r['fwdbwd_ms']:7.3f} (x12 {12 * r['fwdbwd_ms']:7.2f})")
     for r in RES["speed"]:
         if r["shape"] == "long":
-            print(f"   long {r['impl']:13s} fwd {r['fwd_ms']:8.2f}  fwd+bwd {r['fwdbwd_ms']:8.2f}")
+            print(f"   long {r['impl']:18s} fwd {r['fwd_ms']:8.2f}  fwd+bwd {r['fwdbwd_ms']:8.2f}")
     bad = [c for c in RES["correct"] if not c["passed"]]
     print(f"   correctness {len(RES['correct']) - len(bad)}/{len(RES['correct'])} PASS; "
           f"determinism {sum(d['bitwise_equal'] for d in RES['determinism'])}/{len(RES['determinism'])}; "

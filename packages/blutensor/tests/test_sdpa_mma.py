@@ -1,8 +1,9 @@
 """Flash attention on the matrix units (kernels/sdpa_mma.cu): the tf32x3 variant (fp32 on the matrix units).
 
 CPU: the 3xTF32 fragment math of the lane-level emulation (dev/emulate_sdpa_mma.py) against float64 -- fp32-level
-error, far below plain TF32's; the emulated tf32x3 flash attention (forward and backward) at the same
-tolerances as the SIMT fp32 kernel; NVRTC compiles every entry; ``pick_variant``'s choice. GPU (cuda-marked):
+error, far below plain TF32's; the emulated tf32x3 flash attention (forward and backward, split and fused) at the
+same tolerances as the SIMT fp32 kernel; NVRTC compiles every entry; ``pick_variant``'s and ``fused_backward``'s
+choices; the deterministic switch. GPU (cuda-marked):
 the kernels against the float64 reference at the same tolerances (the CPU twin is the emulation test).
 """
 
@@ -94,6 +95,25 @@ def test_cpu_emulated_tf32x3_flash_attention(L, S, causal):
     assert fwd3 < fwd1 / 100 and bwd3 < bwd1 / 100
 
 
+@pytest.mark.parametrize("X", [em.Tf32x3, em.Tf32], ids=["tf32x3", "tf32"])
+def test_cpu_emulated_fused_backward(X):
+    """CPU twin of the fused backward (dS staged in shared memory, dS K added into dQ with fp32 atomics): same
+    tolerance against float64 as the split kernels, dK/dV bitwise the split kernels', dQ within fp32 rounding of
+    the split dQ kernel's."""
+    L, S, hd, causal = 100, 130, 64, True
+    q, k, v, do = (RNG.standard_normal((n, hd)).astype(np.float32) for n in (L, S, S, L))
+    egrads = ref.sdpa_backward(*(a.astype(np.float64) for a in (q, k, v, do)), causal)
+    o, lse = em.forward(X, q, k, v, L, S, hd, 1 / 8, causal)
+    D = (o.astype(np.float32) * do).sum(-1).astype(np.float32)
+    split = em.backward(X, q, k, v, do, lse, D, L, S, hd, 1 / 8, causal)
+    fused = em.backward(X, q, k, v, do, lse, D, L, S, hd, 1 / 8, causal, fused=True)
+    tol = em.TOL_X3["bwd"] if X is em.Tf32x3 else 1e-2
+    assert max(ref.rel_err(a, e) for a, e in zip(fused, egrads)) <= tol
+    assert np.array_equal(fused[1], split[1]) and np.array_equal(fused[2], split[2])
+    assert ref.rel_err(fused[0], split[0]) < (2e-6 if X is em.Tf32x3 else 2e-4)
+    assert np.any(fused[0] != 0) and ref.rel_err(fused[0], egrads[0]) > 0  # dq was really accumulated
+
+
 def test_tf32x3_staged_accumulation_contains_the_truncation_bias(monkeypatch):
     """The matrix units truncate their fp32 sums (modelled: round toward zero); summed straight into the running
     P V accumulator that bias grows with the keys (H200: 1.2e-5 at 1000 keys, 6x the SIMT kernel). Staged
@@ -143,7 +163,7 @@ def test_sdpa_mma_compiles_with_nvrtc():
         for s in ("", "_strided")
         for v in ("tf32", "tf32x3", "bf16")
         for d in (64, 128)
-    }
+    } | {f"blu_sdpa_backward_fused{s}_{v}_hd{d}" for s in ("", "_strided") for v in sdpa.FUSED_BWD for d in (64, 128)}
     assert want <= entries, want - entries
     assert b"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
 
@@ -202,11 +222,62 @@ def test_mma_smem_sizes():
         assert sdpa._mma_smem("tf32x3", hd, "fwd") == sdpa._mma_smem("tf32", hd, "fwd") == 4 * 64 * (hd + 4) * 4
         assert sdpa._mma_smem("bf16", hd, "fwd") == 4 * 64 * (hd + 8) * 2
         assert sdpa._mma_smem("tf32x3", hd, "bwd") == 6 * 64 * (hd + 4) * 4 + 4 * 64 * 4
+        assert sdpa._mma_smem("tf32", hd, "fused") == sdpa._mma_smem("tf32", hd, "bwd") + 64 * 72 * 4
+        assert sdpa._mma_smem("tf32x3", hd, "fused") <= 227 * 1024  # fits an H100/H200 block
     from blutensor.cuda_ops._loader import source
 
     src = source("sdpa_mma.cu")  # with sdpa_mma_frag.cuh inlined, as NVRTC sees it
     assert "constexpr int BR = 64;" in src and sdpa.BR == 64
+    assert "constexpr int SLD = BR + 8;" in src and sdpa.SLD == 72
     assert sdpa._names("f32", 64, "bwd")[2] == 128 and sdpa._fwd_rows("f32", 64) == 64
+
+
+def test_fused_backward_choice(device, monkeypatch):
+    """The fused backward (atomic dQ) runs for tf32/tf32x3 by default; never for bf16 / SIMT, under
+    deterministic algorithms, with BLUTRAIN_SDPA_BWD=split, or where its shared memory does not fit."""
+    monkeypatch.delenv("BLUTRAIN_SDPA_BWD", raising=False)
+    monkeypatch.delenv("BLUTRAIN_DETERMINISTIC", raising=False)
+    assert sdpa.fused_backward("tf32x3", 64) and sdpa.fused_backward("tf32", 128)
+    assert not sdpa.fused_backward("bf16", 64) and not sdpa.fused_backward("f32", 64)
+    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "split")
+    assert not sdpa.fused_backward("tf32x3", 64)
+    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "atomic")
+    with pytest.raises(ValueError, match="BLUTRAIN_SDPA_BWD"):
+        sdpa.fused_backward("tf32x3", 64)
+    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "fused")
+    monkeypatch.setenv("BLUTRAIN_DETERMINISTIC", "1")
+    assert not sdpa.fused_backward("tf32x3", 64)
+    bt.use_deterministic_algorithms(False)  # the API call wins over the environment
+    try:
+        assert sdpa.fused_backward("tf32x3", 64)
+        device["smem"] = sdpa._mma_smem("tf32x3", 128, "fused") - 1
+        assert not sdpa.fused_backward("tf32x3", 128) and sdpa.fused_backward("tf32x3", 64)
+    finally:
+        from blutensor import determinism
+
+        determinism._reset()
+
+
+def test_deterministic_switch(monkeypatch):
+    """bt.use_deterministic_algorithms / BLUTRAIN_DETERMINISTIC: off by default, the API wins, bad values named."""
+    from blutensor import determinism
+
+    monkeypatch.delenv("BLUTRAIN_DETERMINISTIC", raising=False)
+    determinism._reset()
+    try:
+        assert bt.are_deterministic_algorithms_enabled() is False
+        monkeypatch.setenv("BLUTRAIN_DETERMINISTIC", "1")
+        assert bt.are_deterministic_algorithms_enabled() is True
+        bt.use_deterministic_algorithms(False)
+        assert bt.are_deterministic_algorithms_enabled() is False
+        with pytest.raises(TypeError, match="bool"):
+            bt.use_deterministic_algorithms(1)
+        determinism._reset()
+        monkeypatch.setenv("BLUTRAIN_DETERMINISTIC", "maybe")
+        with pytest.raises(ValueError, match="BLUTRAIN_DETERMINISTIC"):
+            bt.are_deterministic_algorithms_enabled()
+    finally:
+        determinism._reset()
 
 
 def test_mma_warps_mirror_the_entries():
@@ -236,10 +307,14 @@ def _cuda_ok() -> bool:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("mode", ["fused", "split"])
 @pytest.mark.parametrize("L,S,causal", [(77, 77, True), (100, 130, False)])
-def test_cuda_tf32x3_matches_reference(L, S, causal):
-    """GPU twin of test_cpu_emulated_tf32x3_flash_attention: the kernels at the SIMT fp32 tolerances."""
+def test_cuda_tf32x3_matches_reference(L, S, causal, mode, monkeypatch):
+    """GPU twin of test_cpu_emulated_tf32x3_flash_attention and test_cpu_emulated_fused_backward: the kernels
+    (both backward modes) at the SIMT fp32 tolerances."""
     import cupy as cp
+
+    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", mode)
 
     hd = 64
     q, k, v, do = (RNG.standard_normal((2, n, hd)).astype(np.float32) for n in (L, S, S, L))

@@ -74,6 +74,8 @@ class TrainConfig:
     nan_policy: str = "stop"  # "stop" | "skip"
     precision: str = "fp32"  # "fp32" | "tf32" (CUDA matmuls) | "bf16" (bt.autocast: bf16 compute, fp32 masters)
     fp32_gemm: str = "strict"  # how fp32 CUDA GEMMs run: "strict" (FFMA) | "3xtf32" (fp32-accurate, tensor cores)
+    deterministic: bool = False  # bitwise-repeatable kernels only (bt.use_deterministic_algorithms), e.g. for
+    # bit-exact resume in tf32; off: faster paths whose last bits vary (the fused attention backward's atomic dQ)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     world_size: int = 1
     fused_adamw: bool = True  # on CUDA: one multi-tensor AdamW launch per step (blutensor's fused path)

@@ -112,6 +112,7 @@ class Trainer:
         if cfg.train.cuda_graph and not self.device.startswith("cuda"):
             raise ConfigError(f"train.cuda_graph = true needs a CUDA device; train.device={cfg.train.device!r} "
                               f"resolved to {self.device!r} (set train.cuda_graph = false on CPU)")
+        bt.use_deterministic_algorithms(bool(cfg.train.deterministic))
         if self.device.startswith("cuda"):
             bt.set_matmul_precision(cfg.train.precision)
             from blutensor.gemm import set_fp32_gemm

@@ -31,6 +31,7 @@ from blutensor.creation import (
     zeros,
     zeros_like,
 )
+from blutensor.determinism import are_deterministic_algorithms_enabled, use_deterministic_algorithms
 from blutensor.device import device
 from blutensor.dtypes import (
     bfloat16,
@@ -118,5 +119,6 @@ __all__ = [
     "set_grad_enabled",
     "set_matmul_precision", "set_rng_state", "sigmoid", "sin", "softmax", "split", "sqrt", "squeeze",
     "stack", "std", "sub", "sum", "tanh", "tensor", "transpose", "tril", "triu", "uint16", "unsqueeze",
+    "are_deterministic_algorithms_enabled", "use_deterministic_algorithms",
     "var", "where", "zeros", "zeros_like",
 ]

@@ -14,6 +14,10 @@ precision is 'tf32' or 'bf16', else (strict 'fp32') the SIMT kernel 'f32'; ``BLU
 within 9.9e-5 of PyTorch fp32 eager at every step, with tf32x3 it drifted to 3.6e-4 (16 steps above 1e-4), for
 0.98x instead of 0.91x torch.compile's speed. Calls the kernels do not cover (an explicit mask,
 dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
+Backward (:func:`fused_backward`): the fp32-storage matrix-unit variants ('tf32', 'tf32x3') run one fused kernel
+(dK, dV, and dQ added with fp32 atomics: 5 products a tile pair instead of 7, dQ's last bits vary run to run);
+under ``bt.use_deterministic_algorithms(True)`` / ``BLUTRAIN_DETERMINISTIC=1``, or ``BLUTRAIN_SDPA_BWD=split``,
+the two deterministic kernels (dK/dV, then dQ).
 """
 
 from __future__ import annotations
@@ -87,13 +91,36 @@ def _fwd_rows(variant: str, hd: int) -> int:
 
 
 def _mma_smem(variant: str, hd: int, kind: str) -> int:
-    """Dynamic shared memory of the mma kernels (must match sdpa_mma.cu)."""
+    """Dynamic shared memory of the mma kernels, kind 'fwd', 'bwd' or 'fused' (must match sdpa_mma.cu)."""
     es = 2 if variant == "bf16" else 4
     pad = 8 if variant == "bf16" else 4  # BF16::PAD / TF32::PAD in sdpa_mma.cu
     row = (hd + pad) * es
     if kind == "fwd":
         return 4 * BR * row  # K, V tiles, two stages (cp.async double buffering)
-    return 6 * BR * row + 4 * BR * 4  # own 2 tiles + 2 stages x 2 tiles; lse/D (dK/dV: per stage)
+    bwd = 6 * BR * row + 4 * BR * 4  # own 2 tiles + 2 stages x 2 tiles; lse/D (dK/dV: per stage)
+    return bwd + (BR * SLD * 4 if kind == "fused" else 0)  # fused: the tile's dS, [query][key]
+
+
+#: variants with a fused backward (fp32 storage: dQ accumulated with fp32 atomics); SLD: its dS row stride
+FUSED_BWD = ("tf32", "tf32x3")
+SLD = BR + 8
+#: values of BLUTRAIN_SDPA_BWD ('' = 'auto': fused where it exists, unless deterministic algorithms are required)
+SDPA_BWD = ("auto", "fused", "split")
+
+
+def fused_backward(variant: str, hd: int) -> bool:
+    """Whether the backward of ``variant`` runs the fused kernel (dQ by fp32 atomics, not bitwise repeatable).
+
+    Never under ``bt.use_deterministic_algorithms(True)`` / BLUTRAIN_DETERMINISTIC=1 or BLUTRAIN_SDPA_BWD=split,
+    nor where its shared memory does not fit; else for the FUSED_BWD variants."""
+    from blutensor.determinism import are_deterministic_algorithms_enabled
+
+    env = os.environ.get("BLUTRAIN_SDPA_BWD", "").strip().lower() or "auto"
+    if env not in SDPA_BWD:
+        raise ValueError(f"BLUTRAIN_SDPA_BWD must be one of {SDPA_BWD}, got {env!r}")
+    if env == "split" or variant not in FUSED_BWD or are_deterministic_algorithms_enabled():
+        return False
+    return _mma_smem(variant, hd, "fused") <= smem_optin()
 
 
 def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "f32"):
@@ -123,13 +150,16 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
 def flash_attention_backward(
     q, k, v, o, lse, do, causal: bool = False, scale: float | None = None, variant: str = "f32"
 ):
-    """(dq, dk, dv): recomputes the probabilities from q, k and lse; deterministic (no atomics)."""
+    """(dq, dk, dv): recomputes the probabilities from q, k and lse (fused kernel with atomic dQ or two
+    deterministic kernels: :func:`fused_backward`)."""
     cp = cupy()
     _check(q, k, v, variant)
     BH, L, hd = q.shape
     S = k.shape[1]
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
-    dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
+    fused = variant != "f32" and fused_backward(variant, hd)
+    dq = cp.zeros_like(q) if fused else cp.empty_like(q)
+    dk, dv = cp.empty_like(k), cp.empty_like(v)
     if BH == 0 or L == 0 or S == 0:
         dq.fill(0), dk.fill(0), dv.fill(0)
         return dq, dk, dv
@@ -143,9 +173,13 @@ def flash_attention_backward(
         (do, o, D, np.int64(rows), np.int32(hd)),
     )
     file, tag, threads = _names(variant, hd, "bwd")
-    smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
     args = (q, k, v, do, lse, D)
     tail = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
+    if fused:
+        launch(file, f"blu_sdpa_backward_fused_{tag}", (math.ceil(S / BR), BH), threads, args + (dq, dk, dv) + tail,
+               shared_mem=_mma_smem(variant, hd, "fused"))
+        return dq, dk, dv
+    smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
     launch(
         file,
         f"blu_sdpa_backward_dkdv_{tag}",
@@ -361,10 +395,15 @@ def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, 
          np.int32(lo[2])),
     )
     file, tag, threads = _names(variant, hd, "bwd")
-    smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
     tail = (np.int32(T), np.int32(T), np.float32(sc), np.int32(bool(causal))) + _lay_args(
         H, layout(q), layout(k), layout(do)
     )
+    if variant != "f32" and fused_backward(variant, hd):
+        dq.fill(0)
+        launch(file, f"blu_sdpa_backward_fused_strided_{tag}", (math.ceil(T / BR), B * H), threads,
+               (q, k, v, do, lse, D, dq, dk, dv) + tail, shared_mem=_mma_smem(variant, hd, "fused"))
+        return dqkv
+    smem = 0 if variant == "f32" else _mma_smem(variant, hd, "bwd")
     launch(file, f"blu_sdpa_backward_dkdv_strided_{tag}", (math.ceil(T / BR), B * H), threads,
            (q, k, v, do, lse, D, dk, dv) + tail, shared_mem=smem)
     launch(file, f"blu_sdpa_backward_dq_strided_{tag}", (math.ceil(T / BR), B * H), threads,

@@ -10,7 +10,10 @@
 // through a two-stage cp.async pipeline; fragments are built with
 // ldmatrix / shared loads. The accumulator layout of S = Q K^T is the A operand of P V in registers (tf32: k
 // permuted inside groups of 8, see TF32::raw_b; bf16: packing). Backward: D = rowsum(dO*O) (sdpa.cu
-// preprocess), then a dK/dV kernel and a dQ kernel, each recomputing P: no atomics, deterministic.
+// preprocess), then either a dK/dV kernel and a dQ kernel, each recomputing P (5 + 2 products a key/query
+// tile pair: no atomics, deterministic), or (fp32 storage: tf32, tf32x3) the fused kernel, the dK/dV kernel
+// that also stages dS in shared memory and adds its block's dS K into a zeroed dQ with fp32 atomics (5
+// products: ~30% less work; the order of the atomic adds varies, so dQ's last bits vary run to run).
 // Fragment traits (TF32, TF32X3, BF16), tile staging and shared helpers: sdpa_mma_frag.cuh (inlined by the
 // loader, so NVRTC still compiles one self-contained text).
 
@@ -175,12 +178,15 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 
 // ================================================================ backward: dK, dV (block owns 64 keys)
 // smem: Ks, Vs (own keys), two stages of {Qs, Os (=dO)} tiles of 64 queries, then Ls[2][64] (lse * log2 e),
-// Ds[2][64]; the next query tile streams in (cp.async) while the current one is used
-template <typename X, int HD, int W, typename T = typename X::T>
+// Ds[2][64]; the next query tile streams in (cp.async) while the current one is used.
+// FDQ (fused dQ, fp32 storage): then Ss[64][SLD], the tile's dS as [query][key]; after each tile warp w computes
+// rows (w % 4) * 16 .. +15, head-dim columns (w / 4) * HD / (W / 4) .. of dS K (a zeroed accumulator: one
+// 64-key sum) and adds it, times scale, into dq32 (zeroed by the caller, layout lq) with fp32 atomics
+template <typename X, int HD, int W, bool FDQ = false, typename T = typename X::T>
 __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                               const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ D,
                               T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale, int causal,
-                              Lay lq, Lay lk, Lay lo) {
+                              Lay lq, Lay lk, Lay lo, float* __restrict__ dq32 = nullptr) {
     constexpr int KS = X::KS, LD = HD + X::PAD, DT = HD / 8;
     constexpr int QSUB = BR / 2, NT = QSUB / 8;  // queries per warp and tile: warps 4-7 take the second half
     static_assert(W == 4 || 2 * DT * 4 * 128 * sizeof(float) <= 4 * BR * LD * sizeof(T), "reduction space");
@@ -189,6 +195,8 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     T* Vs = Ks + BR * LD;
     T* Q0 = Vs + BR * LD;  // stage s: Q at Q0 + s * 2 * BR * LD, dO right after it
     float* L0 = reinterpret_cast<float*>(Q0 + 4 * BR * LD);  // stage s: Ls at L0 + s * 2 * BR, Ds after it
+    float* Ss = L0 + 4 * BR;  // FDQ: dS of the current tile, [query][key], row stride SLD
+    static_assert(!FDQ || sizeof(T) == 4, "fused dQ: fp32 storage only");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int wr = warp & 3, half = warp >> 2;  // key rows wr * 16 .. +15; W = 8: queries half * QSUB .. +QSUB-1
     const int bh = blockIdx.y, kb0 = blockIdx.x * BR;
@@ -298,13 +306,18 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
                     if (qg >= L || key >= S || (causal && key > qg)) p = 0.f;
                     st[n][e] = p;
                     dpt[n][e] = p * (dpt[n][e] - Ds[qi]);
+                    if constexpr (FDQ) Ss[qi * SLD + wr * 16 + g + (e < 2 ? 0 : 8)] = X::tile_value(dpt[n][e]);
                 }
             }
             acc_pv<X, DT, QSUB / KS, false>(dva, st, Os, LD, qs0, 1.f, 1.f, g, t, lane);   // dV += P^T dO
             acc_pv<X, DT, QSUB / KS, false>(dka, dpt, Qs, LD, qs0, 1.f, 1.f, g, t, lane);  // dK += dS^T Q
         }
+        if constexpr (FDQ) {
+            __syncthreads();  // the whole tile's dS is staged
+            dq_atomic<X, HD, W>(Ss, Ks, LD, dq32 + lq.base(bh), lq.st, wr * 16, q0, warp >> 2, L, scale, g, t);
+        }
 #ifndef BLU_SYNC_TILES
-        __syncthreads();  // this stage is refilled by the next iteration's prefetch
+        __syncthreads();  // this stage (and FDQ's Ss) is refilled by the next iteration
 #endif
     }
     // W = 8: warps 4-7 hand their partial dK, dV to warps 0-3 (same keys) through the free stage area; the sum
@@ -510,9 +523,29 @@ blu_sdpa_backward_dq_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v,
     mma::backward_dq<mma::X, HD, BW>(q, k, v, dout, lse, D, dq, L, S, scale, causal, BLU_LAYS);                        \
 }
 
+// The fused backward (dK, dV and, through fp32 atomics, dQ in one pass; fp32 storage): dq must be zeroed first.
+#define MMA_FUSED_ENTRIES(NAME, X, HD, BW, BMIN)                                                                     \
+extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
+blu_sdpa_backward_fused_##NAME##_hd##HD(const float* q, const float* k, const float* v, const float* dout,             \
+                                        const float* lse, const float* D, float* dq, float* dk, float* dv, int L,      \
+                                        int S, float scale, int causal) {                                              \
+    mma::backward_dkdv<mma::X, HD, BW, true>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),    \
+                                             mma::dense(S, HD), mma::dense(L, HD), dq);                                \
+}                                                                                                                      \
+extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
+blu_sdpa_backward_fused_strided_##NAME##_hd##HD(const float* q, const float* k, const float* v, const float* dout,     \
+                                                const float* lse, const float* D, float* dq, float* dk, float* dv,     \
+                                                int L, int S, float scale, int causal, BLU_LAY_PARAMS) {               \
+    mma::backward_dkdv<mma::X, HD, BW, true>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, BLU_LAYS, dq);      \
+}
+
 MMA_ENTRIES(tf32, TF32, float, 64, 8, 2, 8, 2)
 MMA_ENTRIES(tf32, TF32, float, 128, 8, 1, 8, 1)
 MMA_ENTRIES(tf32x3, TF32X3, float, 64, 8, 1, 8, 1)
 MMA_ENTRIES(tf32x3, TF32X3, float, 128, 8, 1, 8, 1)
 MMA_ENTRIES(bf16, BF16, bf16_t, 64, 8, 2, 8, 2)
 MMA_ENTRIES(bf16, BF16, bf16_t, 128, 8, 1, 8, 1)
+MMA_FUSED_ENTRIES(tf32, TF32, 64, 8, 1)
+MMA_FUSED_ENTRIES(tf32, TF32, 128, 8, 1)
+MMA_FUSED_ENTRIES(tf32x3, TF32X3, 64, 8, 1)
+MMA_FUSED_ENTRIES(tf32x3, TF32X3, 128, 8, 1)

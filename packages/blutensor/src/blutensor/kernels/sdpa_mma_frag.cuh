@@ -122,6 +122,21 @@ struct TF32 {
         raw_c_to_a(c, kk, a, lane);
         fin<4>(a);
     }
+    // A (16 x 8) from row-major X[r][k] at (r0, k0) in raw_b's permuted k order (column t <-> k 2t, t + 4 <->
+    // k 2t + 1): one float2 load a row (the fused backward's dS tile, written by tile_value)
+    static __device__ __forceinline__ void raw_a_perm(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        const float2 x0 = *reinterpret_cast<const float2*>(X + (r0 + g) * ld + k0 + 2 * t);
+        const float2 x1 = *reinterpret_cast<const float2*>(X + (r0 + g + 8) * ld + k0 + 2 * t);
+        a[0] = __float_as_uint(x0.x);
+        a[1] = __float_as_uint(x1.x);
+        a[2] = __float_as_uint(x0.y);
+        a[3] = __float_as_uint(x1.y);
+    }
+    static __device__ __forceinline__ void load_a_perm(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        raw_a_perm(X, ld, r0, k0, a, g, t);
+    }
+    // a value as a staged tile holds it (ROUND_TILES: rounded to tf32 once, the loaders move bits only)
+    static __device__ __forceinline__ float tile_value(float x) { return __uint_as_float(to_tf32(x)); }
     static __device__ __forceinline__ void mma1(float* c, const u32* a, const u32* b) {
         asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                      "{%0,%1,%2,%3};"
@@ -171,6 +186,11 @@ struct TF32X3 : TF32 {
         raw_c_to_a(c, kk, a, lane);
         split<4>(a);
     }
+    static __device__ __forceinline__ void load_a_perm(const float* X, int ld, int r0, int k0, u32* a, int g, int t) {
+        raw_a_perm(X, ld, r0, k0, a, g, t);
+        split<4>(a);
+    }
+    static __device__ __forceinline__ float tile_value(float x) { return x; }  // tiles stay fp32
     static __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
         mma1(c, a + 4, b);  // small * big
         mma1(c, a, b + 2);  // big * small
@@ -291,6 +311,50 @@ __device__ __forceinline__ void acc_pv(float (*acc)[4], const float (*c)[4], con
             if constexpr (DT <= 8) X::mma_acc(acc[d], a, b);
             else X::mma(acc[d], a, b);
         }
+    }
+}
+
+// Fused backward (sdpa_mma.cu backward_dkdv<FDQ>): the staged dS tile's row stride in floats; 64 + 8 keeps
+// raw_a_perm's float2 loads free of bank conflicts
+constexpr int SLD = BR + 8;
+
+// two fp32 atomic adds at p, p + 1 (8-byte aligned): one vector reduction on sm_90
+__device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+
+// Fused backward: dq rows q0 + lr .. +15 (lr: the warp's first row in the tile), head-dim columns part * HD /
+// (W / 4) .. += scale * (dS K) over the block's 64 keys: dS from Ss ([query][key], stride SLD), K the block's
+// own key tile (row stride ld); a zeroed accumulator per tile (staged like acc_pv), then fp32 atomics
+template <typename X, int HD, int W>
+__device__ __forceinline__ void dq_atomic(const float* Ss, const float* Ks, int ld, float* dqb, int st, int lr,
+                                          int q0, int part, int L, float scale, int g, int t) {
+    constexpr int DW = HD / (W / 4), NDT = DW / 8;
+    float acc[NDT][4];
+#pragma unroll
+    for (int n = 0; n < NDT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < BR / X::KS; ++kk) {
+        u32 a[X::NA];
+        X::load_a_perm(Ss, SLD, lr, kk * X::KS, a, g, t);
+#pragma unroll
+        for (int n = 0; n < NDT; ++n) {
+            u32 b[X::NB];
+            X::load_b(Ks, ld, kk * X::KS, part * DW + n * 8, b, g, t);
+            X::mma_acc(acc[n], a, b);
+        }
+    }
+    const int row0 = q0 + lr + g, row1 = row0 + 8;
+#pragma unroll
+    for (int n = 0; n < NDT; ++n) {
+        const int col = part * DW + n * 8 + 2 * t;
+        if (row0 < L) atomic_add2(dqb + (long long)row0 * st + col, acc[n][0] * scale, acc[n][1] * scale);
+        if (row1 < L) atomic_add2(dqb + (long long)row1 * st + col, acc[n][2] * scale, acc[n][3] * scale);
     }
 }
 
