@@ -168,6 +168,11 @@ RUNS = [  # (name, framework, precision, compile, options: env vars, or child fl
      {"--fused": "", "--graph": "", "--gemm": "cublas", "BLUTRAIN_SDPA_FP32": "simt"}),
     ("blutrain_fp32_tf32x3_attn_graph", "blutrain", "fp32", False,
      {"--fused": "", "--graph": "", "--gemm": "cublas", "BLUTRAIN_SDPA_FP32": "tf32x3"}),
+    # fp32 storage, fp32-accurate arithmetic on the tensor cores: 3xTF32 GEMMs (long reductions, K > 4096, strict:
+    # BLUTRAIN_3XTF32_MAX_K) and 3xTF32 attention, the whole step in a CUDA graph
+    ("blutrain_fp32_x3_graph", "blutrain", "fp32", False,
+     {"--fused": "", "--graph": "", "--gemm": "cublas", "BLUTRAIN_FP32_GEMM": "3xtf32",
+      "BLUTRAIN_SDPA_FP32": "tf32x3"}),
     ("torch_eager_bf16", "torch", "bf16", False, {}),
     ("blutrain_bf16", "blutrain", "bf16", False, {"--fused": "", "--gemm": "cublas"}),
     ("blutrain_bf16_graph", "blutrain", "bf16", False, {"--fused": "", "--graph": "", "--gemm": "cublas"}),

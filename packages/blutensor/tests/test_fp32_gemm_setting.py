@@ -47,3 +47,42 @@ def test_cpu_matmul_unchanged_by_3xtf32():
     bt.set_fp32_gemm("3xtf32")
     got = (bt.tensor(a) @ bt.tensor(b)).numpy()
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+class _Recorder:
+    """A fake GEMM provider that records the precision and the operands' shapes of each call."""
+
+    PLUGIN_NAME = "recorder"
+    PRECISIONS = ("fp32", "tf32", "bf16", "3xtf32")
+    calls: list = []
+
+    @classmethod
+    def matmul(cls, a, b, *, trans_a=False, trans_b=False, precision="fp32", bias=None):
+        cls.calls.append((a.shape, trans_a, precision))
+        return (a.T if trans_a else a) @ (b.T if trans_b else b)
+
+
+def test_3xtf32_keeps_long_reductions_strict(monkeypatch):
+    """Under '3xtf32' a GEMM whose reduction (K) exceeds BLUTRAIN_3XTF32_MAX_K (default 4096) runs strict
+    ('fp32'): weight gradients sum over all tokens; shorter ones, transposed operands included, stay 3xtf32."""
+    from blutensor import gemm
+
+    monkeypatch.delenv("BLUTRAIN_3XTF32_MAX_K", raising=False)
+    bt.set_fp32_gemm("3xtf32")
+    _Recorder.calls.clear()
+    rng = np.random.default_rng(1)
+    short = rng.standard_normal((8, 4096)).astype(np.float32)
+    long_ = rng.standard_normal((4097, 8)).astype(np.float32)  # used transposed: K = 4097
+    gemm._call(_Recorder, short, short.T, "3xtf32", np)
+    out = gemm._call(_Recorder, long_.T, long_, "3xtf32", np)
+    np.testing.assert_allclose(out, long_.T.astype(np.float64) @ long_, rtol=1e-4, atol=1e-3)
+    assert [c[2] for c in _Recorder.calls] == ["3xtf32", "fp32"] and _Recorder.calls[1][1] is True
+    monkeypatch.setenv("BLUTRAIN_3XTF32_MAX_K", "100000")
+    gemm._call(_Recorder, long_.T, long_, "3xtf32", np)
+    assert _Recorder.calls[-1][2] == "3xtf32"
+    gemm._call(_Recorder, long_.T, long_, "tf32", np)  # other precisions are never touched
+    assert _Recorder.calls[-1][2] == "tf32"
+    monkeypatch.setenv("BLUTRAIN_3XTF32_MAX_K", "lots")
+    with pytest.raises(ValueError, match="BLUTRAIN_3XTF32_MAX_K"):
+        gemm._call(_Recorder, short, short.T, "3xtf32", np)
+    bt.set_fp32_gemm(None)

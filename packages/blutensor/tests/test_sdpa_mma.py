@@ -233,12 +233,15 @@ def test_mma_smem_sizes():
 
 
 def test_fused_backward_choice(device, monkeypatch):
-    """The fused backward (atomic dQ) runs for tf32/tf32x3 by default; never for bf16 / SIMT, under
-    deterministic algorithms, with BLUTRAIN_SDPA_BWD=split, or where its shared memory does not fit."""
+    """The fused backward (atomic dQ) runs for tf32x3 by default and for tf32 when asked (BLUTRAIN_SDPA_BWD=fused);
+    never for bf16 / SIMT, under deterministic algorithms, with BLUTRAIN_SDPA_BWD=split, or where its shared memory
+    does not fit."""
     monkeypatch.delenv("BLUTRAIN_SDPA_BWD", raising=False)
     monkeypatch.delenv("BLUTRAIN_DETERMINISTIC", raising=False)
-    assert sdpa.fused_backward("tf32x3", 64) and sdpa.fused_backward("tf32", 128)
+    assert sdpa.fused_backward("tf32x3", 64) and not sdpa.fused_backward("tf32", 64)
     assert not sdpa.fused_backward("bf16", 64) and not sdpa.fused_backward("f32", 64)
+    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "fused")
+    assert sdpa.fused_backward("tf32", 128) and not sdpa.fused_backward("bf16", 64)
     monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "split")
     assert not sdpa.fused_backward("tf32x3", 64)
     monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "atomic")

@@ -9,6 +9,9 @@ is :func:`set_fp32_gemm` / ``BLUTRAIN_FP32_GEMM``: 'strict' (default: FP32 FFMA,
 emulated on the TF32 tensor cores, each operand split as hi + lo (both TF32) and hi*hi + hi*lo + lo*hi
 accumulated in fp32; its error is of the order of SGEMM's (NOT TF32's, ~1000x larger) at about twice
 SGEMM's speed. Providers that declare it in ``PRECISIONS`` (blublas, cublas) run it; others run strict.
+GEMMs whose reduction is longer than :func:`max_3xtf32_k` (``BLUTRAIN_3XTF32_MAX_K``, default 4096) run strict
+even then: the tensor cores truncate their fp32 sums, and over the 16K tokens of a weight gradient that bias
+made 3xtf32 10-60x SGEMM's error on the H200 (2-3x at K <= 3072), enough to double the loss drift in training.
 """
 
 from __future__ import annotations
@@ -89,6 +92,18 @@ def get_fp32_gemm() -> str:
     return _fp32_gemm
 
 
+def max_3xtf32_k() -> int:
+    """BLUTRAIN_3XTF32_MAX_K (default 4096): the longest reduction a '3xtf32' fp32 GEMM keeps; longer run strict."""
+    v = os.environ.get("BLUTRAIN_3XTF32_MAX_K", "4096").strip()
+    try:
+        k = int(v)
+    except ValueError:
+        raise ValueError(f"BLUTRAIN_3XTF32_MAX_K must be an integer, got {v!r}") from None
+    if k < 0:
+        raise ValueError(f"BLUTRAIN_3XTF32_MAX_K must be >= 0, got {k}")
+    return k
+
+
 def _default_precision(prov) -> str:
     """The provider precision of float32 GEMMs under the current settings."""
     if _precision in ("tf32", "bf16"):
@@ -141,6 +156,8 @@ def _operand(x, xp):
 def _call(prov, a, b, prec, xp, bias=None):
     a, ta = _operand(a, xp)
     b, tb = _operand(b, xp)
+    if prec == "3xtf32" and (a.shape[-2] if ta else a.shape[-1]) > max_3xtf32_k():
+        prec = "fp32"  # a long reduction (weight gradients): strict, see the module docstring
     if bias is None:
         return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec)
     return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec, bias=bias)

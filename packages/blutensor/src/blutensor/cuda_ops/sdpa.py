@@ -14,8 +14,8 @@ precision is 'tf32' or 'bf16', else (strict 'fp32') the SIMT kernel 'f32'; ``BLU
 within 9.9e-5 of PyTorch fp32 eager at every step, with tf32x3 it drifted to 3.6e-4 (16 steps above 1e-4), for
 0.98x instead of 0.91x torch.compile's speed. Calls the kernels do not cover (an explicit mask,
 dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
-Backward (:func:`fused_backward`): the fp32-storage matrix-unit variants ('tf32', 'tf32x3') run one fused kernel
-(dK, dV, and dQ added with fp32 atomics: 5 products a tile pair instead of 7, dQ's last bits vary run to run);
+Backward (:func:`fused_backward`): 'tf32x3' runs one fused kernel (dK, dV, and dQ added with fp32 atomics: 5
+products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' has one too, opt-in, FUSED_AUTO);
 under ``bt.use_deterministic_algorithms(True)`` / ``BLUTRAIN_DETERMINISTIC=1``, or ``BLUTRAIN_SDPA_BWD=split``,
 the two deterministic kernels (dK/dV, then dQ).
 """
@@ -101,10 +101,14 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
     return bwd + (BR * SLD * 4 if kind == "fused" else 0)  # fused: the tile's dS, [query][key]
 
 
-#: variants with a fused backward (fp32 storage: dQ accumulated with fp32 atomics); SLD: its dS row stride
+#: variants with a fused backward kernel (fp32 storage: dQ accumulated with fp32 atomics); SLD: its dS row stride
 FUSED_BWD = ("tf32", "tf32x3")
+#: where 'auto' takes it: tf32x3 (H200, GPT-2 layer fwd+bwd 2.89 vs 3.37 ms, T=16384 72.5 vs 85.1 ms); not tf32,
+#: whose HD-64 split kernels run two blocks a multiprocessor and the fused one (+18 KB shared) only one (1.74 vs
+#: 1.60 ms) -- BLUTRAIN_SDPA_BWD=fused still selects it
+FUSED_AUTO = ("tf32x3",)
 SLD = BR + 8
-#: values of BLUTRAIN_SDPA_BWD ('' = 'auto': fused where it exists, unless deterministic algorithms are required)
+#: values of BLUTRAIN_SDPA_BWD ('' = 'auto': fused for FUSED_AUTO, unless deterministic algorithms are required)
 SDPA_BWD = ("auto", "fused", "split")
 
 
@@ -112,13 +116,15 @@ def fused_backward(variant: str, hd: int) -> bool:
     """Whether the backward of ``variant`` runs the fused kernel (dQ by fp32 atomics, not bitwise repeatable).
 
     Never under ``bt.use_deterministic_algorithms(True)`` / BLUTRAIN_DETERMINISTIC=1 or BLUTRAIN_SDPA_BWD=split,
-    nor where its shared memory does not fit; else for the FUSED_BWD variants."""
+    nor where its shared memory does not fit; else for FUSED_AUTO ('auto') or FUSED_BWD ('fused')."""
     from blutensor.determinism import are_deterministic_algorithms_enabled
 
     env = os.environ.get("BLUTRAIN_SDPA_BWD", "").strip().lower() or "auto"
     if env not in SDPA_BWD:
         raise ValueError(f"BLUTRAIN_SDPA_BWD must be one of {SDPA_BWD}, got {env!r}")
-    if env == "split" or variant not in FUSED_BWD or are_deterministic_algorithms_enabled():
+    if env == "split" or variant not in (FUSED_BWD if env == "fused" else FUSED_AUTO):
+        return False
+    if are_deterministic_algorithms_enabled():
         return False
     return _mma_smem(variant, hd, "fused") <= smem_optin()
 
