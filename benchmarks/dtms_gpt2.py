@@ -305,7 +305,9 @@ def run_parts(a, parts: list[str], only: set[str], doc: dict, work: Path, write)
             from dtms_gpt2_report import run_recovery
 
             t0 = time.time()
-            doc["runs"][part]["orchestrator_kill_rank"] = run_recovery(a, work, child_env(a.device))
+            # bit-identical replay needs bitwise-repeatable kernels (the fused attention backward's atomics are not)
+            renv = dict(child_env(a.device), BLUTRAIN_DETERMINISTIC="1")
+            doc["runs"][part]["orchestrator_kill_rank"] = run_recovery(a, work, renv)
             print(f"[recovery] {json.dumps(doc['runs'][part]['orchestrator_kill_rank'])[:300]} "
                   f"({time.time() - t0:.0f}s)", flush=True)
             write()

@@ -168,7 +168,7 @@ def resume(data: Path, work: Path):
     cfg = from_dict({"model": {"n_layer": 2, "n_head": 4, "d_model": 128, "block_size": 128, "dropout": 0.1},
                      "train": {"steps": 8, "batch_tokens": 2048, "micro_batch": 8, "seq_len": 128, "device": DEV,
                                "warmup_steps": 2, "eval_interval": 4, "eval_steps": 2, "checkpoint_interval": 0,
-                               "plot": False, "precision": "fp32", "lr": 1e-3},
+                               "plot": False, "precision": "fp32", "lr": 1e-3, "deterministic": True},
                      "data": {"dir": str(data)}})
     ref = Trainer(cfg, work / "ref", quiet=True)
     ref.fit()

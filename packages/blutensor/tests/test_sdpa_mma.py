@@ -187,11 +187,11 @@ def test_pick_variant(device, monkeypatch):
 
     f32, u16 = np.dtype(np.float32), np.dtype(np.uint16)
     set_matmul_precision("fp32")
-    assert sdpa.pick_variant(f32, 64) == "f32"  # strict fp32 default: the SIMT kernel (end-to-end loss match)
+    assert sdpa.pick_variant(f32, 64) == "tf32x3"  # strict fp32 default: fp32 on the matrix units, as PyTorch
     assert sdpa.pick_variant(f32, 32) == "f32"
     assert sdpa.pick_variant(f32, 48) is None
     assert sdpa.pick_variant(u16, 64) == "bf16"
-    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "TF32X3")  # opt-in: fp32 on the matrix units
+    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "TF32X3")
     assert sdpa.pick_variant(f32, 64) == "tf32x3"
     assert sdpa.pick_variant(f32, 128) == "tf32x3"
     assert sdpa.pick_variant(f32, 32) == "f32"  # head dim the mma kernels lack

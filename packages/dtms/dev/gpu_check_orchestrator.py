@@ -26,7 +26,7 @@ WORKER = ROOT / "packages" / "dtms" / "tests" / "workers" / "fault_toy.py"
 
 
 def run_job(run: Path, fault: list, scrape: bool) -> dict:
-    env = dict(os.environ, FAULT_SPEC=json.dumps(fault), BLUTRAIN_DIST_BACKEND="local",
+    env = dict(os.environ, FAULT_SPEC=json.dumps(fault), BLUTRAIN_DIST_BACKEND="local", BLUTRAIN_DETERMINISTIC="1",
                PYTHONPATH=os.pathsep.join(sys.path[:7] + [os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "dtms.orchestrate", "--run-dir", str(run), "--nproc-per-node", "1",
            "--heartbeat-interval", "0.1", "--heartbeat-timeout", "5", "--metrics-port", "0", "--quiet",

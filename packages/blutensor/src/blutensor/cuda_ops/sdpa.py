@@ -8,12 +8,13 @@ the order of the SIMT fp32 kernel's, not TF32's (H200, head dim 64: 0.7-2.2x the
 1000 keys, tf32 ~300x it; the long sums are staged so that the matrix units' truncating accumulation does not
 grow with the keys).
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16'; fp32 tensors use 'tf32' when blutensor's matmul
-precision is 'tf32' or 'bf16', else (strict 'fp32') the SIMT kernel 'f32'; ``BLUTRAIN_SDPA_FP32=tf32x3`` selects
-'tf32x3' there (sm_80+, where its shared memory fits). Why SIMT stays the default: in the H200 end-to-end run
-(benchmarks/results/e2e_gpt2_h200.json, GPT-2 124M, 50 steps) the strict-fp32 step with SIMT attention stayed
-within 9.9e-5 of PyTorch fp32 eager at every step, with tf32x3 it drifted to 3.6e-4 (16 steps above 1e-4), for
-0.98x instead of 0.91x torch.compile's speed. Calls the kernels do not cover (an explicit mask,
-dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
+precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared memory fits, as PyTorch's
+own fp32 SDPA does; ``BLUTRAIN_SDPA_FP32=simt`` selects the SIMT kernel 'f32' there (the default until session 5).
+Why tf32x3 is the default: in the H200 end-to-end runs (GPT-2 124M, 50 steps from PyTorch's weights and batches)
+its loss stayed as close to PyTorch fp32 eager (max 4.8e-4 and 4.9e-4 in two runs, 1.4e-6 before the loss spike
+of step 14) as PyTorch fp32 on cuBLASLt instead of cuBLAS stays to itself (5.5e-4 and 6.2e-4; 2.9e-6 before the
+spike), at 1.25x the speed of PyTorch's fp32 attention (the SIMT kernel: 0.70x). Calls the kernels do not
+cover (an explicit mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
 Backward (:func:`fused_backward`): 'tf32x3' runs one fused kernel (dK, dV, and dQ added with fp32 atomics: 5
 products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' has one too, opt-in, FUSED_AUTO);
 under ``bt.use_deterministic_algorithms(True)`` / ``BLUTRAIN_DETERMINISTIC=1``, or ``BLUTRAIN_SDPA_BWD=split``,
@@ -214,7 +215,7 @@ def _prepared(a, n: int, hd: int):
     return a.reshape(-1, n, hd)
 
 
-#: values of BLUTRAIN_SDPA_FP32: how strict-fp32 attention runs ('' = default 'simt')
+#: values of BLUTRAIN_SDPA_FP32: how strict-fp32 attention runs ('' = default 'tf32x3')
 SDPA_FP32 = ("simt", "tf32x3")
 _cc: dict[int, int] = {}
 
@@ -229,8 +230,8 @@ def _compute_capability() -> int:
 
 
 def sdpa_fp32() -> str:
-    """'simt' (default) or 'tf32x3': the kernel of fp32 attention under strict matmul precision."""
-    env = os.environ.get("BLUTRAIN_SDPA_FP32", "").strip().lower() or "simt"
+    """'tf32x3' (default) or 'simt': the kernel of fp32 attention under strict matmul precision."""
+    env = os.environ.get("BLUTRAIN_SDPA_FP32", "").strip().lower() or "tf32x3"
     if env not in SDPA_FP32:
         raise ValueError(f"BLUTRAIN_SDPA_FP32 must be one of {SDPA_FP32}, got {env!r}")
     return env
@@ -239,8 +240,8 @@ def sdpa_fp32() -> str:
 def pick_variant(dtype, hd: int) -> str | None:
     """Variant for storage ``dtype`` and head dim under blutensor's matmul precision (None: unsupported).
 
-    fp32: 'tf32' under matmul precision 'tf32'/'bf16'; under 'fp32' the SIMT 'f32' (BLUTRAIN_SDPA_FP32=tf32x3:
-    'tf32x3' on sm_80+); 'f32' wherever the matrix-unit kernels do not apply."""
+    fp32: 'tf32' under matmul precision 'tf32'/'bf16'; under 'fp32' 'tf32x3' on sm_80+ (BLUTRAIN_SDPA_FP32=simt:
+    the SIMT 'f32'); 'f32' wherever the matrix-unit kernels do not apply."""
     if dtype == np.uint16:
         return "bf16" if hd in MMA_HD else None
     if dtype != np.float32:

@@ -1,0 +1,149 @@
+"""Where a GPT-2 124M fp32 training step spends its GPU time, kernel by kernel: BluTrain (whole step in a CUDA
+graph, as e2e_gpt2.py's blutrain_fp32_*_graph runs) or PyTorch (eager / torch.compile), same batches, B=16, T=1024.
+
+    python3 dev/kernel_profile.py OUT.json blutrain|torch_eager|torch_compile [steps]
+
+torch.profiler (CUPTI) records every kernel of the profiled steps, CuPy's and graph-launched ones included; the
+JSON has per-kernel counts and total microseconds per step, and the sums per category (gemm, attention, other).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+CATS = (("attention", ("sdpa", "fmha", "attention", "flash")),
+        ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "splitk", "blu_gemm", "cublas", "sm90_", "sm80_")))
+
+
+def category(name: str) -> str:
+    n = name.lower()
+    for cat, keys in CATS:
+        if any(k in n for k in keys):
+            return cat
+    return "other"
+
+
+def profile(step, n: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        r = rows.setdefault(e.name, {"count": 0, "us": 0.0})
+        r["count"] += 1
+        r["us"] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    for r in rows.values():
+        r["count"] /= n
+        r["us"] /= n
+    return rows
+
+
+def blutrain_step(steps: int):
+    import blutensor as bt
+    import cupy
+    from blumodels.gpt2 import build_model
+    from blumodels.graph_step import GraphedTrainStep
+    from e2e_gpt2 import batches, config
+
+    bt.set_matmul_precision("fp32")
+    bt.set_gemm_provider("cublas")
+    model = build_model(config(12), device="cuda", seed=0)
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    data = list(batches(16, 1024, steps + 4))
+    graphed = None
+    for s, (x, y) in enumerate(data[:3]):
+        xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
+        if s < 2:
+            _, loss = model(xi, yi)
+            loss.backward()
+            bt.optim.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        else:
+            graphed = GraphedTrainStep(model, opt, [6e-4] * (steps + 4), 1.0, tuple(xi.shape), "cuda")
+            graphed.capture(s)
+            graphed.step(xi, yi, s)
+    cupy.cuda.Device().synchronize()
+    it = iter(range(3, steps + 4))
+
+    def step():
+        s = next(it)
+        x, y = data[s]
+        graphed.step(bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda"), s)
+
+    return step
+
+
+def torch_step(steps: int, compile: bool):
+    import torch
+    from blumodels.gpt2 import build_model
+    from e2e_gpt2 import batches, config
+    from torch_gpt2 import from_blutrain
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = from_blutrain(build_model(config(12), device="cpu", seed=0))
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    sm = torch.compile(model) if compile else model
+    data = list(batches(16, 1024, steps + 4))
+    it = iter(range(steps + 4))
+
+    def step():
+        x, y = data[next(it)]
+        loss = sm(torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    return step
+
+
+def main() -> int:
+    out, which = Path(sys.argv[1]), sys.argv[2]
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    import torch
+
+    torch.zeros(1, device="cuda")  # one CUDA context for torch and CuPy
+    step = blutrain_step(n) if which == "blutrain" else torch_step(n, which == "torch_compile")
+    t0 = time.perf_counter()
+    rows = profile(step, n)
+    cats: dict = {}
+    for name, r in rows.items():
+        c = category(name)
+        cats[c] = cats.get(c, 0.0) + r["us"]
+    top = sorted(rows.items(), key=lambda kv: -kv[1]["us"])
+    doc = {"which": which, "steps": n, "wall_s": time.perf_counter() - t0,
+           "total_ms_per_step": sum(r["us"] for r in rows.values()) / 1e3,
+           "category_ms_per_step": {k: v / 1e3 for k, v in sorted(cats.items())},
+           "kernels": [{"name": k[:160], "category": category(k), **v} for k, v in top]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    cat = {k: round(v, 2) for k, v in doc["category_ms_per_step"].items()}
+    print(which, f"total {doc['total_ms_per_step']:.2f} ms/step", cat)
+    for k, v in top[:25]:
+        print(f"   {v['us'] / 1e3:8.3f} ms  x{v['count']:5.1f}  {category(k):9s} {k[:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
