@@ -147,7 +147,11 @@ EXPECTED_ENTRIES = {
     + [
         f"blu_cross_entropy_{k}_{s}" for k in ("forward", "forward_smem", "reduce", "backward") for s in ("f32", "bf16")
     ],
-    "embedding.cu": [f"blu_embedding_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
+    "embedding.cu": [
+        f"blu_embedding_{k}_{s}"
+        for k in ("forward", "backward", "backward_pieces", "backward_runs")
+        for s in ("f32", "bf16")
+    ],
     "adamw.cu": ["blu_adamw_step"],
     "grad_norm.cu": ["blu_grad_norm_partial", "blu_grad_norm_finalize", "blu_grad_norm_scale"],
     "sdpa.cu": [f"blu_sdpa_{k}_simt_hd{d}" for k in ("forward", "backward_dkdv", "backward_dq") for d in (32, 64, 128)]
@@ -250,6 +254,64 @@ def test_cpu_embedding_reference():
     out.backward(bt.tensor(g, dtype=bt.float64))
     assert ref.rel_err(out.numpy(), w[idx]) == 0.0
     assert ref.rel_err(wt.grad.numpy(), ref.embedding_backward(idx, g, V)) < 1e-12
+
+
+def _pieces_emulation(sorted_idx, order, g, V, piece):
+    """NumPy transliteration of embedding.cu's two 'pieces' kernels (fp32 sums in the kernels' order)."""
+    N, C = g.shape
+    part = np.zeros((N, C), np.float32)
+    dw = np.zeros((V, C), np.float32)
+    for j in range(N):  # pass 1: block j sums its piece when it starts one
+        v = sorted_idx[j]
+        first = int(np.searchsorted(sorted_idx, v, side="left"))
+        if (j - first) % piece:
+            continue
+        acc = np.zeros(C, np.float32)
+        k = j
+        while k < min(N, j + piece) and sorted_idx[k] == v:
+            acc = acc + g[order[k]].astype(np.float32)
+            k += 1
+        part[j] = acc
+    for j in range(N):  # pass 2: the run's first block adds the pieces in order
+        v = sorted_idx[j]
+        if j > 0 and sorted_idx[j - 1] == v:
+            continue
+        acc = np.zeros(C, np.float32)
+        for k in range(j, N, piece):
+            if sorted_idx[k] != v:
+                break
+            acc = acc + part[k]
+        dw[v] = acc
+    return dw
+
+
+def test_cpu_embedding_backward_pieces_emulation():
+    """CPU twin of the balanced embedding backward (BLUTRAIN_EMBEDDING_BWD=pieces): a run of 700 rows of one index
+    (22 pieces of 32, the last partial), runs shorter than a piece and unused rows, against float64."""
+    from blutensor.cuda_ops import embedding
+
+    V, C, N = 50, 24, 1500
+    idx = RNG.integers(0, V - 5, N)
+    idx[RNG.permutation(N)[:700]] = 7  # one very frequent token
+    g = RNG.standard_normal((N, C)).astype(np.float32)
+    order = np.argsort(idx, kind="stable")
+    got = _pieces_emulation(idx[order], order, g, V, embedding.PIECE)
+    want = ref.embedding_backward(idx, g.astype(np.float64), V)
+    assert ref.rel_err(got, want) < 1e-6
+    assert not got[V - 5 :].any()  # rows never indexed stay zero
+    assert embedding.PIECE == 32 and embedding.backward_mode() in embedding.EMBEDDING_BWD
+
+
+def test_embedding_backward_mode_setting(monkeypatch):
+    from blutensor.cuda_ops import embedding
+
+    monkeypatch.delenv("BLUTRAIN_EMBEDDING_BWD", raising=False)
+    assert embedding.backward_mode() == "runs"
+    monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", "Pieces")
+    assert embedding.backward_mode() == "pieces"
+    monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", "atomics")
+    with pytest.raises(ValueError, match="BLUTRAIN_EMBEDDING_BWD"):
+        embedding.backward_mode()
 
 
 def test_cpu_adamw_reference():

@@ -49,6 +49,39 @@ def test_thrust_capturable_probe_failure_means_radix(monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["runs", "pieces"])
+def test_cuda_embedding_backward_modes(mode, monkeypatch):
+    """GPU twin of test_cpu_embedding_backward_pieces_emulation: both backward algorithms against float64 with a
+    very frequent token, bitwise repeatable, and equal inside a CUDA graph."""
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no GPU")
+    except Exception:  # noqa: BLE001
+        pytest.skip("no GPU")
+    from blutensor.cuda_graph import CUDAGraph, graph
+    from blutensor.cuda_ops.embedding import embedding_backward
+
+    monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", mode)
+    rng = np.random.default_rng(1)
+    idx_h = rng.integers(0, 997, size=5000)
+    idx_h[rng.permutation(5000)[:1800]] = 5
+    g_h = rng.standard_normal((5000, 200)).astype(np.float32)
+    idx, g = cp.asarray(idx_h, dtype=cp.int64), cp.asarray(g_h)
+    dw = embedding_backward(idx, g, 1000)
+    want = np.zeros((1000, 200))
+    np.add.at(want, idx_h, g_h.astype(np.float64))
+    assert float(np.abs(cp.asnumpy(dw) - want).max()) < 1e-4 * float(np.abs(want).max())
+    assert bool((embedding_backward(idx, g, 1000) == dw).all())
+    cg = CUDAGraph()
+    with graph(cg):
+        out = embedding_backward(idx, g, 1000)
+    cg.replay()
+    cp.cuda.Device().synchronize()
+    assert bool((out == dw).all())
+
+
+@pytest.mark.cuda
 def test_embedding_backward_in_a_graph_equals_eager():
     """GPU: the probe's answer (Thrust or radix inside the graph) gives the eager result bit for bit."""
     cp = pytest.importorskip("cupy")

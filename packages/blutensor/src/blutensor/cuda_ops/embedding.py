@@ -40,6 +40,21 @@ def embedding_forward(idx, weight):
     return out
 
 
+#: BLUTRAIN_EMBEDDING_BWD: 'runs' (default: one block per run of an index sums it serially) or 'pieces' (runs cut
+#: into PIECE sorted positions, summed in two passes: balanced when one token fills much of the batch). Opt-in
+#: until measured on a GPU; both are deterministic.
+EMBEDDING_BWD = ("runs", "pieces")
+PIECE = 32
+
+
+def backward_mode() -> str:
+    """The embedding backward's algorithm from BLUTRAIN_EMBEDDING_BWD ('runs' or 'pieces')."""
+    m = os.environ.get("BLUTRAIN_EMBEDDING_BWD", "").strip().lower() or "runs"
+    if m not in EMBEDDING_BWD:
+        raise ValueError(f"BLUTRAIN_EMBEDDING_BWD must be one of {EMBEDDING_BWD}, got {m!r}")
+    return m
+
+
 def embedding_backward(idx, g, num_embeddings: int):
     """dweight (V, C) = sum of the rows of ``g`` (N, C) per index, bitwise deterministic."""
     cp = cupy()
@@ -59,6 +74,14 @@ def embedding_backward(idx, g, num_embeddings: int):
     sorted_idx = cp.ascontiguousarray(idx[order])
     order = cp.ascontiguousarray(order, dtype=cp.int64)
     block = 128 if C >= 128 else 32 * math.ceil(C / 32)
+    if backward_mode() == "pieces":
+        part = cp.empty((N, C), dtype=cp.float32)  # piece sums (only the rows of piece starts are written)
+        grid = (N, math.ceil(C / block))
+        launch(FILE, f"blu_embedding_backward_pieces_{suffix(g)}", grid, block,
+               (sorted_idx, order, g, part, np.int64(N), np.int64(num_embeddings), np.int32(C), np.int32(PIECE)))
+        launch(FILE, f"blu_embedding_backward_runs_{suffix(g)}", grid, block,
+               (sorted_idx, part, dw, np.int64(N), np.int64(num_embeddings), np.int32(C), np.int32(PIECE)))
+        return dw
     launch(
         FILE,
         f"blu_embedding_backward_{suffix(g)}",
