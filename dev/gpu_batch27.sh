@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU batch 27 (prepared in session 5 for the next session, ~5 min): the cuda tests touched in session 5
-# (test_errors with sync index checks, both embedding backward modes), then the fp32 step's kernel profile with the
-# balanced embedding backward and a forward at two blocks per SM is left to a source edit (see the closing note).
+# GPU batch 27 (prepared in session 5 for the next session, ~5 min): the cuda tests touched in session 5 that did
+# not run on a GPU yet (test_errors with sync index checks, both embedding backward modes), then the fp32 step's
+# kernel profile with the default and the balanced ('pieces') embedding backward.
 source dev/gpu_env.sh
 mkdir -p $OUT/p
 echo "== snap $(cat SNAP_COMMIT)"
