@@ -48,17 +48,23 @@ def test_thrust_capturable_probe_failure_means_radix(monkeypatch):
     assert sort._thrust_ok == {0: False}
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("mode", ["runs", "pieces"])
-def test_cuda_embedding_backward_modes(mode, monkeypatch):
-    """GPU twin of test_cpu_embedding_backward_pieces_emulation: both backward algorithms against float64 with a
-    very frequent token, bitwise repeatable, and equal inside a CUDA graph."""
+def _cupy_with_gpu():
+    """CuPy when a GPU is present, else skip the test."""
     cp = pytest.importorskip("cupy")
     try:
         if cp.cuda.runtime.getDeviceCount() == 0:
             pytest.skip("no GPU")
     except Exception:  # noqa: BLE001
         pytest.skip("no GPU")
+    return cp
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["runs", "pieces"])
+def test_cuda_embedding_backward_modes(mode, monkeypatch):
+    """GPU twin of test_cpu_embedding_backward_pieces_emulation: both backward algorithms against float64 with a
+    very frequent token, bitwise repeatable, and equal inside a CUDA graph."""
+    cp = _cupy_with_gpu()
     from blutensor.cuda_graph import CUDAGraph, graph
     from blutensor.cuda_ops.embedding import embedding_backward
 
@@ -84,12 +90,7 @@ def test_cuda_embedding_backward_modes(mode, monkeypatch):
 @pytest.mark.cuda
 def test_embedding_backward_in_a_graph_equals_eager():
     """GPU: the probe's answer (Thrust or radix inside the graph) gives the eager result bit for bit."""
-    cp = pytest.importorskip("cupy")
-    try:
-        if cp.cuda.runtime.getDeviceCount() == 0:
-            pytest.skip("no GPU")
-    except Exception:  # noqa: BLE001
-        pytest.skip("no GPU")
+    cp = _cupy_with_gpu()
     from blutensor.cuda_graph import CUDAGraph, graph
     from blutensor.cuda_ops.embedding import embedding_backward
     from blutensor.cuda_ops.sort import thrust_capturable
