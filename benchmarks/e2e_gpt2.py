@@ -225,7 +225,8 @@ def main() -> None:
             if ref and ref != ours and "losses" in r:
                 d = [abs(x - y) for x, y in zip(r["losses"], results[ref]["losses"])]
                 r[f"abs_loss_diff_vs_{ref}"] = d
-                loss_diff[f"{ours}/{ref}"] = {"max": max(d), "steps": len(d)}
+                loss_diff[f"{ours}/{ref}"] = {"max": max(d), "steps": len(d), "median": sorted(d)[len(d) // 2],
+                                              "steps_above_1e-4": sum(x > 1e-4 for x in d)}
         import cupy
 
         doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 " + " ".join(sys.argv),
