@@ -104,9 +104,9 @@ def blutrain(a) -> dict:
     from blutensor.utils import OptimizerInBackward, checkpoint_modules
 
     cuda = a.device == "cuda"
-    if getattr(a, "sdpa_fp32", ""):  # callers may pass a bare Namespace (blumodels' tests)
+    if a.sdpa_fp32:
         os.environ["BLUTRAIN_SDPA_FP32"] = a.sdpa_fp32
-    bt.set_fp32_gemm(getattr(a, "fp32_gemm", "strict"))
+    bt.set_fp32_gemm(a.fp32_gemm)
     alloc = None
     if cuda and a.allocator == "blu":
         import bluallocator

@@ -75,7 +75,7 @@ def _bench_module():
 
 def _args(**kw):
     a = dict(batch=1, seq=16, layers=24, d=32, heads=2, steps=4, lr=3e-3, warmup=0, device="cpu", allocator="cupy",
-             recompute=False, oib=False, no_clip=True, compile=False)
+             recompute=False, oib=False, no_clip=True, compile=False, sdpa_fp32="", fp32_gemm="strict")
     a.update(kw)
     return argparse.Namespace(**a)
 

@@ -164,7 +164,7 @@ def flash_attention_backward(
     BH, L, hd = q.shape
     S = k.shape[1]
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
-    fused = variant != "f32" and fused_backward(variant, hd)
+    fused = fused_backward(variant, hd)
     dq = cp.zeros_like(q) if fused else cp.empty_like(q)
     dk, dv = cp.empty_like(k), cp.empty_like(v)
     if BH == 0 or L == 0 or S == 0:
@@ -405,7 +405,7 @@ def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, 
     tail = (np.int32(T), np.int32(T), np.float32(sc), np.int32(bool(causal))) + _lay_args(
         H, layout(q), layout(k), layout(do)
     )
-    if variant != "f32" and fused_backward(variant, hd):
+    if fused_backward(variant, hd):
         dq.fill(0)
         launch(file, f"blu_sdpa_backward_fused_strided_{tag}", (math.ceil(T / BR), B * H), threads,
                (q, k, v, do, lse, D, dq, dk, dv) + tail, shared_mem=_mma_smem(variant, hd, "fused"))

@@ -17,15 +17,7 @@ typedef unsigned short bf16_t;
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((unsigned int)x) << 16); }
 
-// Strided layouts (also in sdpa_mma.cu): element (b, h, row, :) at  b * sb + h * sh + row * st,  bh = b * H + h;
-// contiguous (BH, n, HD) is H = 1, sb = n * HD, st = HD. q/dq share one layout, k/v/dk/dv one, o/dO one.
-struct Lay {
-    long long sb, sh;
-    int st, H;
-    __device__ __forceinline__ long long base(int bh) const { return (long long)(bh / H) * sb + (long long)(bh % H) * sh; }
-};
-__device__ __forceinline__ Lay dense(int n, int HD) { Lay l; l.sb = (long long)n * HD; l.sh = 0; l.st = HD; l.H = 1; return l; }
-__device__ __forceinline__ Lay lay(long long sb, long long sh, int st, int H) { Lay l; l.sb = sb; l.sh = sh; l.st = st; l.H = H; return l; }
+#include "sdpa_layout.cuh"
 
 namespace simt {
 

@@ -480,7 +480,7 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     int H, long long q_sb, long long q_sh, int q_st, long long k_sb, long long k_sh, int k_st, long long o_sb, \
         long long o_sh, int o_st
 #define BLU_LAYS                                                                                               \
-    mma::lay(q_sb, q_sh, q_st, H), mma::lay(k_sb, k_sh, k_st, H), mma::lay(o_sb, o_sh, o_st, H)
+    lay(q_sb, q_sh, q_st, H), lay(k_sb, k_sh, k_st, H), lay(o_sb, o_sh, o_st, H)
 
 // Entries of one variant and head dim. FW / BW: warps of a forward / backward block (4 or 8; sdpa.py's MMA_WARPS
 // mirrors them); FMIN / BMIN: blocks a multiprocessor the kernels are built for (2 with 8 warps: at most 128
@@ -490,20 +490,20 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 extern "C" __global__ void __launch_bounds__(FW * 32, FMIN)                                                            \
 blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,                   \
                                  float scale, int causal) {                                                            \
-    mma::forward<mma::X, HD, FW>(q, k, v, o, lse, L, S, scale, causal, mma::dense(L, HD), mma::dense(S, HD),           \
-                                 mma::dense(L, HD));                                                                   \
+    mma::forward<mma::X, HD, FW>(q, k, v, o, lse, L, S, scale, causal, dense(L, HD), dense(S, HD),           \
+                                 dense(L, HD));                                                                   \
 }                                                                                                                      \
 extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
 blu_sdpa_backward_dkdv_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,            \
                                        const float* D, T* dk, T* dv, int L, int S, float scale, int causal) {          \
-    mma::backward_dkdv<mma::X, HD, BW>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),          \
-                                       mma::dense(S, HD), mma::dense(L, HD));                                          \
+    mma::backward_dkdv<mma::X, HD, BW>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, dense(L, HD),          \
+                                       dense(S, HD), dense(L, HD));                                          \
 }                                                                                                                      \
 extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
 blu_sdpa_backward_dq_##NAME##_hd##HD(const T* q, const T* k, const T* v, const T* dout, const float* lse,              \
                                      const float* D, T* dq, int L, int S, float scale, int causal) {                   \
-    mma::backward_dq<mma::X, HD, BW>(q, k, v, dout, lse, D, dq, L, S, scale, causal, mma::dense(L, HD),                \
-                                     mma::dense(S, HD), mma::dense(L, HD));                                            \
+    mma::backward_dq<mma::X, HD, BW>(q, k, v, dout, lse, D, dq, L, S, scale, causal, dense(L, HD),                \
+                                     dense(S, HD), dense(L, HD));                                            \
 }                                                                                                                      \
 extern "C" __global__ void __launch_bounds__(FW * 32, FMIN)                                                            \
 blu_sdpa_forward_strided_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,           \
@@ -529,8 +529,8 @@ extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                     
 blu_sdpa_backward_fused_##NAME##_hd##HD(const float* q, const float* k, const float* v, const float* dout,             \
                                         const float* lse, const float* D, float* dq, float* dk, float* dv, int L,      \
                                         int S, float scale, int causal) {                                              \
-    mma::backward_dkdv<mma::X, HD, BW, true>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, mma::dense(L, HD),    \
-                                             mma::dense(S, HD), mma::dense(L, HD), dq);                                \
+    mma::backward_dkdv<mma::X, HD, BW, true>(q, k, v, dout, lse, D, dk, dv, L, S, scale, causal, dense(L, HD),    \
+                                             dense(S, HD), dense(L, HD), dq);                                \
 }                                                                                                                      \
 extern "C" __global__ void __launch_bounds__(BW * 32, BMIN)                                                            \
 blu_sdpa_backward_fused_strided_##NAME##_hd##HD(const float* q, const float* k, const float* v, const float* dout,     \

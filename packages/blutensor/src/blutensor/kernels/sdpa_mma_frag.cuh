@@ -9,6 +9,8 @@ typedef unsigned int u32;
 #define BLU_LOG2E 1.4426950408889634f
 #define BLU_LN2 0.6931471805599453f
 
+#include "sdpa_layout.cuh"
+
 namespace mma {
 
 constexpr int BR = 64;  // rows of a staged tile; rows a backward block owns
@@ -405,18 +407,6 @@ __device__ __forceinline__ void prep_tile(T* dst) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
-// Strided layouts: element (b, h, row, :) of a tensor is at  b * sb + h * sh + row * st  with bh = b * H + h
-// (contiguous (BH, n, HD): H = 1, sb = n * HD, st = HD). q/dq share one layout, k/v/dk/dv one, o/dO one,
-// so q, k, v may be views of one fused (B, T, 3, H, HD) qkv tensor and o may be written as (B, T, H, HD).
-// Rows must stay 16-byte aligned (st * sizeof(T) % 16 == 0, 16-byte aligned bases).
-struct Lay {
-    long long sb, sh;
-    int st, H;
-    __device__ __forceinline__ long long base(int bh) const { return (long long)(bh / H) * sb + (long long)(bh % H) * sh; }
-};
-__device__ __forceinline__ Lay dense(int n, int HD) { Lay l; l.sb = (long long)n * HD; l.sh = 0; l.st = HD; l.H = 1; return l; }
-__device__ __forceinline__ Lay lay(long long sb, long long sh, int st, int H) { Lay l; l.sb = sb; l.sh = sh; l.st = st; l.H = H; return l; }
 
 // backward, 8 warps: warps 4-7 hand their partial sums a[DT][4] (and b, NACC = 2) to warps 0-3 (same rows)
 // through red (free shared memory, 128 * 4 * DT * NACC floats); those add them after their own: fixed order
