@@ -6,23 +6,9 @@
 // lr and step are read from device memory when lr_dev / step_dev are non-null, so a captured CUDA graph
 // replays with new values; otherwise the scalar arguments are used.
 // Update order = PyTorch's AdamW (decoupled decay, then moments, bias-corrected step), fp32 math.
-// Self-contained (no headers) so that NVRTC compiles it anywhere.
+// bf16 conversions: bf16_vec.cuh.
 
-typedef unsigned short bf16_t;
-
-__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ bf16_t f2bf(float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));  // round to nearest even, one instruction
-    return (bf16_t)h;
-#else
-    unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16_t)(u >> 16);
-#endif
-}
+#include "bf16_vec.cuh"
 
 
 // one element, PyTorch's order: decay, lerp into m, v = b2 v + (1-b2) g^2, p += (-step_size * m) / denom
@@ -85,12 +71,12 @@ blu_adamw_step(const unsigned long long* __restrict__ p_ptr, const unsigned long
     }
     // bf16 params/grads or unaligned views: one element per thread and iteration (coalesced 2/4-byte accesses)
     for (long long i = first + threadIdx.x; i < end; i += blockDim.x) {
-        float xu = pbf ? bf2f(pb[i]) : pf[i];
-        const float gu = gbf ? bf2f(gb[i]) : gf[i];
+        float xu = pbf ? to_f(pb[i]) : pf[i];
+        const float gu = gbf ? to_f(gb[i]) : gf[i];
         float mu = m[i], vu = v[i];
         adam_elem(xu, gu, mu, vu, decay, omb1, b2f, omb2, bc2f, epsf, nss);
         m[i] = mu;
         v[i] = vu;
-        if (pbf) pb[i] = f2bf(xu); else pf[i] = xu;
+        if (pbf) pb[i] = from_f<bf16_t>(xu); else pf[i] = xu;
     }
 }

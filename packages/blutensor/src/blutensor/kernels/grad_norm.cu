@@ -5,23 +5,9 @@
 // blu_grad_norm_finalize: one block sums the partials in fixed order in double and writes sqrt -> out[0];
 // blu_grad_norm_scale: g *= max_norm / (norm + 1e-6) when that is < 1, reading norm from device memory (16-byte
 // accesses, 4 in flight per thread, when aligned).
-// Deterministic: no atomics. Self-contained (no headers) so that NVRTC compiles it anywhere.
+// Deterministic: no atomics. bf16 conversions: bf16_vec.cuh.
 
-typedef unsigned short bf16_t;
-
-__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ bf16_t f2bf(float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));  // round to nearest even, one instruction
-    return (bf16_t)h;
-#else
-    unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16_t)(u >> 16);
-#endif
-}
+#include "bf16_vec.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
 blu_grad_norm_partial(const unsigned long long* __restrict__ g_ptr, const int* __restrict__ flags,
@@ -72,12 +58,12 @@ blu_grad_norm_partial(const unsigned long long* __restrict__ g_ptr, const int* _
     }
     long long i = first + threadIdx.x;
     for (; i + blockDim.x < end; i += 2LL * blockDim.x) {
-        float a = bf ? bf2f(gb[i]) : gf[i];
-        float b = bf ? bf2f(gb[i + blockDim.x]) : gf[i + blockDim.x];
+        float a = bf ? to_f(gb[i]) : gf[i];
+        float b = bf ? to_f(gb[i + blockDim.x]) : gf[i + blockDim.x];
         s0 += a * a;
         s1 += b * b;
     }
-    if (i < end) { float a = bf ? bf2f(gb[i]) : gf[i]; s0 += a * a; }
+    if (i < end) { float a = bf ? to_f(gb[i]) : gf[i]; s0 += a * a; }
     float s = s0 + s1;
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
@@ -140,7 +126,7 @@ blu_grad_norm_scale(const unsigned long long* __restrict__ g_ptr, const int* __r
                     if (bf) {
                         const float lo = __uint_as_float(w[e] << 16) * coef;
                         const float hi = __uint_as_float(w[e] & 0xffff0000u) * coef;
-                        w[e] = (unsigned int)f2bf(lo) | ((unsigned int)f2bf(hi) << 16);
+                        w[e] = (unsigned int)from_f<bf16_t>(lo) | ((unsigned int)from_f<bf16_t>(hi) << 16);
                     } else {
                         w[e] = __float_as_uint(__uint_as_float(w[e]) * coef);
                     }
@@ -151,6 +137,6 @@ blu_grad_norm_scale(const unsigned long long* __restrict__ g_ptr, const int* __r
         first = start + nvec * per;
     }
     for (long long i = first + threadIdx.x; i < end; i += blockDim.x) {
-        if (bf) gb[i] = f2bf(bf2f(gb[i]) * coef); else gf[i] *= coef;
+        if (bf) gb[i] = from_f<bf16_t>(to_f(gb[i]) * coef); else gf[i] *= coef;
     }
 }

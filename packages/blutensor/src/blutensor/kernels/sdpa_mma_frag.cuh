@@ -2,13 +2,13 @@
 // strided q/k/v (struct Lay) and the shared accumulation/reduction helpers of kernels/sdpa_mma.cu, which
 // includes this file once (blutensor's loader inlines it before NVRTC compiles).
 
-typedef unsigned short bf16_t;
 typedef unsigned int u32;
 
 #define BLU_NEG_INF (-__int_as_float(0x7f800000))
 #define BLU_LOG2E 1.4426950408889634f
 #define BLU_LN2 0.6931471805599453f
 
+#include "bf16_vec.cuh"
 #include "sdpa_layout.cuh"
 
 namespace mma {
@@ -17,28 +17,6 @@ constexpr int BR = 64;  // rows of a staged tile; rows a backward block owns
 // W, the warps of a block (4 or 8, per variant and kernel: MMA_ENTRIES): the forward block owns 16 W queries;
 // the backward block 64 rows, W = 8 giving two warps to every 16 rows, each taking half of every streamed tile
 
-__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
-__device__ __forceinline__ u32 f2bf(float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));  // round to nearest even, one instruction
-    return (u32)h;
-#else
-    u32 u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
-#endif
-}
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // upper half <- hi, lower <- lo
-    return r;
-#else
-    return f2bf(lo) | (f2bf(hi) << 16);
-#endif
-}
 // tf32 operand of mma (round to nearest, ties away): the 13 low bits of the result are don't-care (sm_90 emits
 // an add of 0x1000 guarded against inf/nan); mma ignores them, arithmetic on the value must mask them
 __device__ __forceinline__ u32 to_tf32(float x) {
@@ -269,14 +247,14 @@ struct BF16 {
     static __device__ __forceinline__ void mma_acc(float* c, const u32* a, const u32* b) { mma(c, a, b); }
     // A operand for k-step kk (keys kk*16 .. +15) = accumulator n-tiles 2kk, 2kk+1
     static __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, u32* a, int) {
-        a[0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
-        a[1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
-        a[2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-        a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+        a[0] = pack2(c[2 * kk][0], c[2 * kk][1]);
+        a[1] = pack2(c[2 * kk][2], c[2 * kk][3]);
+        a[2] = pack2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+        a[3] = pack2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
     }
-    static __device__ __forceinline__ float ld(const bf16_t* p) { return bf2f(*p); }
+    static __device__ __forceinline__ float ld(const bf16_t* p) { return to_f(*p); }
     static __device__ __forceinline__ void store2(bf16_t* p, float a, float b) {
-        *reinterpret_cast<u32*>(p) = pack_bf16(a, b);
+        *reinterpret_cast<u32*>(p) = pack2(a, b);
     }
 };
 
