@@ -6,6 +6,9 @@ Errors name the field at fault (``train.batch_tokens``, ``model.n_head`` ...) be
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -15,6 +18,11 @@ from typing import Any, get_type_hints
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or out of range; names the field."""
+
+
+MODEL_FAMILIES = ("gpt2",)  # what the Trainer builds (blumodels.gpt2.build_model)
+TOKENIZERS = ("auto", "gpt2", "bpe")  # data.tokenizer (blumodels.data.prepare.TOKENIZER_CHOICES)
+_CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 
 
 @dataclass
@@ -41,6 +49,27 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    def check(self) -> ModelConfig:
+        """Raise ConfigError naming the first model.* field out of range (shared by RunConfig and GPT2)."""
+        if self.family not in MODEL_FAMILIES:
+            raise ConfigError(f"model.family={self.family!r} is not a family blumodels trains "
+                              f"({', '.join(MODEL_FAMILIES)}){_did_you_mean(self.family, MODEL_FAMILIES)}")
+        for name in ("n_layer", "n_head", "d_model", "block_size", "vocab_multiple"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"model.{name} must be a positive integer, got {v!r}")
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 0:
+            raise ConfigError(f"model.vocab_size must be a non-negative integer, got {self.vocab_size!r}")
+        if self.d_model % self.n_head:
+            raise ConfigError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if not self.ln_eps > 0:  # LayerNorm of a constant row divides by sqrt(0 + ln_eps)
+            raise ConfigError(f"model.ln_eps must be positive, got {self.ln_eps}")
+        if not (math.isfinite(self.init_std) and self.init_std >= 0):
+            raise ConfigError(f"model.init_std must be a finite non-negative number, got {self.init_std}")
+        return self
 
 
 @dataclass
@@ -123,15 +152,11 @@ class RunConfig:
         for sec, obj in (("model", m), ("train", t), ("data", d)):
             for f in fields(obj):
                 v = getattr(obj, f.name)
+                if isinstance(v, float) and not math.isfinite(v):  # NaN slips past every range check below
+                    raise ConfigError(f"{sec}.{f.name} must be a finite number, got {v}")
                 if isinstance(v, int | float) and not isinstance(v, bool) and v < 0:
                     raise ConfigError(f"{sec}.{f.name} must not be negative, got {v}")
-        for name in ("n_layer", "n_head", "d_model", "block_size", "vocab_multiple"):
-            if getattr(m, name) <= 0:
-                raise ConfigError(f"model.{name} must be positive, got {getattr(m, name)}")
-        if m.d_model % m.n_head:
-            raise ConfigError(f"model.n_head={m.n_head} does not divide model.d_model={m.d_model}")
-        if not 0.0 <= m.dropout < 1.0:
-            raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
+        m.check()
         for name in ("steps", "batch_tokens", "micro_batch", "seq_len", "world_size"):
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
@@ -141,8 +166,14 @@ class RunConfig:
         if t.batch_tokens % per:
             raise ConfigError(f"train.batch_tokens={t.batch_tokens} is not divisible by micro_batch*seq_len*"
                               f"world_size = {t.micro_batch}*{t.seq_len}*{t.world_size} = {per}")
+        if t.lr <= 0:
+            raise ConfigError(f"train.lr must be positive, got {t.lr} (a zero learning rate trains nothing)")
         if t.min_lr > t.lr:
             raise ConfigError(f"train.min_lr={t.min_lr} is larger than train.lr={t.lr}")
+        if t.eps <= 0:  # AdamW divides by sqrt(v) + eps; v stays 0 for the padded vocabulary rows -> 0/0
+            raise ConfigError(f"train.eps must be positive, got {t.eps}")
+        if t.temperature <= 0:
+            raise ConfigError(f"train.temperature must be positive, got {t.temperature}")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(t, name) < 1.0:
                 raise ConfigError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
@@ -155,7 +186,7 @@ class RunConfig:
                               f"got {t.fp32_gemm!r}")
         if t.allocator not in ("blu", "cupy"):
             raise ConfigError(f"train.allocator must be 'blu' or 'cupy', got {t.allocator!r}")
-        if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
+        if t.device not in ("auto", "cpu") and not _CUDA_DEVICE.fullmatch(t.device):
             raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda[:N]', got {t.device!r}")
         if t.optimizer_in_backward:
             why = "the optimizer step happens inside every backward, as each gradient becomes ready"
@@ -185,10 +216,30 @@ class RunConfig:
             raise ConfigError(f"train.log_interval must be positive, got {t.log_interval}")
         if not 0.0 < d.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction must be in (0, 1), got {d.val_fraction}")
+        if d.tokenizer not in TOKENIZERS:
+            raise ConfigError(f"data.tokenizer must be one of {', '.join(TOKENIZERS)}, got {d.tokenizer!r}"
+                              f"{_did_you_mean(d.tokenizer, TOKENIZERS)}")
+        if d.shard_tokens < 2:
+            raise ConfigError(f"data.shard_tokens must be at least 2, got {d.shard_tokens}")
         return self
 
 
 _SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+
+
+#: names other trainers (nanoGPT, llm.c, PyTorch) use for our keys: an unknown key among them gets our name as hint
+_ALIASES = {"learning_rate": "lr", "max_lr": "lr", "batch_size": "micro_batch", "block_size": "seq_len",
+            "max_steps": "steps", "max_iters": "steps", "iters": "steps", "n_embd": "d_model", "n_heads": "n_head",
+            "n_layers": "n_layer", "warmup_iters": "warmup_steps", "grad_accum": "batch_tokens",
+            "gradient_accumulation_steps": "batch_tokens", "dtype": "precision", "eval_iters": "eval_steps"}
+
+
+def _did_you_mean(word: str, choices: Any, prefix: str = "") -> str:
+    """'; did you mean 'X'?' for the closest choice or known alias (``prefix`` put before it), or ''."""
+    names = [str(c) for c in choices]
+    alias = _ALIASES.get(str(word))
+    close = [alias] if alias in names else difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
 def _coerce(section: str, name: str, typ: Any, value: Any) -> Any:
@@ -232,15 +283,18 @@ def _coerce(section: str, name: str, typ: Any, value: Any) -> Any:
 def _apply(cfg: RunConfig, data: dict[str, Any], origin: str) -> None:
     for section, table in data.items():
         if section not in _SECTIONS:
-            raise ConfigError(f"{origin}: unknown section [{section}]; sections: {', '.join(_SECTIONS)}")
+            raise ConfigError(f"{origin}: unknown section [{section}]{_did_you_mean(section, _SECTIONS)} "
+                              f"(sections: {', '.join(_SECTIONS)})")
         if not isinstance(table, dict):
             raise ConfigError(f"{origin}: [{section}] must be a table")
         obj = getattr(cfg, section)
         hints = get_type_hints(type(obj))
         for key, value in table.items():
             if key not in hints:
-                known = ", ".join(f.name for f in fields(obj))
-                raise ConfigError(f"{origin}: unknown key {section}.{key}; known keys: {known}")
+                names = [f.name for f in fields(obj)]
+                hint = _did_you_mean(key, names, prefix=f"{section}.")
+                raise ConfigError(f"{origin}: unknown key {section}.{key}{hint} (known keys of [{section}]: "
+                                  f"{', '.join(names)})")
             setattr(obj, key, _coerce(section, key, hints[key], value))
 
 
@@ -261,6 +315,11 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"config file {p} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {p}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {p}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset "
+                          f"{e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {p} cannot be read: {e.strerror or e}") from None
     return from_dict(data, origin=str(p))
 
 

@@ -147,6 +147,7 @@ class GPT2(nn.Module):
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
+        cfg.check()  # a ModelConfig built by hand gets the same checks as a loaded one
         if cfg.vocab_size <= 0:
             raise ValueError("GPT2: model.vocab_size must be set (> 0) before building the model")
         self.config = cfg
@@ -157,7 +158,11 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps, bias=cfg.bias, device=device)
 
     def forward(self, idx, targets=None):
+        if idx.ndim != 2:
+            raise ValueError(f"GPT2: idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
         B, T = idx.shape
+        if targets is not None and tuple(targets.shape) != (B, T):
+            raise ValueError(f"GPT2: targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
         if T > self.config.block_size:
             raise ValueError(f"GPT2: sequence length {T} exceeds model.block_size={self.config.block_size}")
         pos = self._positions(T, idx.device)
