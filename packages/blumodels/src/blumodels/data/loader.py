@@ -24,10 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from .shards import list_shards, open_shard, read_header
+from .shards import check_token_range, list_shards, open_shard, read_header
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
+
+
+class LoaderError(ValueError):
+    """The shards or a saved position do not fit this loader's batch shape / rank / split (names which)."""
 
 
 def _pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -74,14 +78,17 @@ class TokenLoader:
     """
 
     def __init__(self, data_dir: str | os.PathLike, split: str, batch_size: int, seq_len: int,
-                 rank: int = 0, world_size: int = 1, device: Any = "cpu", pinned: bool | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, device: Any = "cpu", pinned: bool | None = None,
+                 vocab_size: int | None = None) -> None:
+        """``vocab_size``: when given, every shard is scanned once here and a token id >= it is a ShardError
+        naming the file and byte offset (instead of an index error at the step that reaches it)."""
         from blutensor.device import as_device
 
         if batch_size < 1 or seq_len < 1:
-            raise ValueError(f"TokenLoader: batch_size and seq_len must be >= 1, got B={batch_size} "
+            raise LoaderError(f"TokenLoader: batch_size and seq_len must be >= 1, got B={batch_size} "
                              f"T={seq_len}")
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"TokenLoader: rank {rank} out of range for world_size {world_size}")
+            raise LoaderError(f"TokenLoader: rank {rank} out of range for world_size {world_size}")
         self.data_dir, self.split = Path(data_dir), split
         self.B, self.T, self.rank, self.world_size = int(batch_size), int(seq_len), int(rank), int(world_size)
         self.BT = self.B * self.T
@@ -95,10 +102,13 @@ class TokenLoader:
         need = self.BT * self.world_size + 1
         small = [p.name for p, n in zip(self.shards, self.shard_sizes) if n < need]
         if len(small) == len(self.shards):
-            raise ValueError(f"TokenLoader: every '{split}' shard in {self.data_dir} is smaller than one "
+            raise LoaderError(f"TokenLoader: every '{split}' shard in {self.data_dir} is smaller than one "
                              "step "
                              f"(B*T*W+1 = {need} tokens; largest has {max(self.shard_sizes)}): lower "
                              "batch_size/seq_len or prepare more data")
+        if vocab_size is not None:
+            for p in self.shards:
+                check_token_range(p, int(vocab_size))
         if small:
             log.warning("TokenLoader: skipping %d shard(s) smaller than one step (%d tokens): %s",
                         len(small), need, ", ".join(small[:5]))
@@ -244,17 +254,26 @@ class TokenLoader:
                 "rank": self.rank, "world_size": self.world_size, "batch_size": self.B, "seq_len": self.T,
                 "num_shards": len(self.shards)}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state``: the next batches equal those of the loader that saved it."""
+    def check_state_dict(self, state: dict) -> tuple[int, int]:
+        """ValueError naming the field when ``state`` does not fit this loader; else its (shard, pos) here."""
+        if not isinstance(state, dict):
+            raise LoaderError(f"TokenLoader.load_state_dict: state must be a dict, got {type(state).__name__}")
         for key, mine in (("world_size", self.world_size), ("batch_size", self.B), ("seq_len", self.T),
                           ("num_shards", len(self.shards))):
             if key in state and int(state[key]) != mine:
-                raise ValueError(f"TokenLoader.load_state_dict: saved {key}={state[key]} but this loader has "
+                raise LoaderError(f"TokenLoader.load_state_dict: saved {key}={state[key]} but this loader has "
                                  f"{key}={mine} ({self.data_dir}, split {self.split!r})")
-        shard, pos = int(state["shard"]), int(state["pos"])
+        try:
+            shard, pos = int(state["shard"]), int(state["pos"])
+        except (KeyError, TypeError, ValueError):
+            raise LoaderError(f"TokenLoader.load_state_dict: state lacks integer 'shard'/'pos': {state!r}") from None
         pos += self.BT * (self.rank - int(state.get("rank", self.rank)))  # same step base on another rank
         if not 0 <= shard < len(self.shards) or not 0 <= pos <= self.shard_sizes[shard]:
-            raise ValueError(f"TokenLoader.load_state_dict: shard {shard} pos {pos} out of range for "
+            raise LoaderError(f"TokenLoader.load_state_dict: shard {shard} pos {pos} out of range for "
                              f"{len(self.shards)} '{self.split}' shards in {self.data_dir}")
-        self._cur, self._pos = shard, pos
+        return shard, pos
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``: the next batches equal those of the loader that saved it."""
+        self._cur, self._pos = self.check_state_dict(state)
         self._primed, self._buf = False, 0
