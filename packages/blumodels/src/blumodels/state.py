@@ -58,44 +58,80 @@ def training_state(model: bt.nn.Module, optimizer: bt.optim.Optimizer | None, st
     return tensors, meta
 
 
-def restore_training_state(tensors: dict[str, np.ndarray], meta: dict[str, Any], model: bt.nn.Module,
-                           optimizer: bt.optim.Optimizer | None = None, loader: Any = None,
-                           restore_rng: bool = True) -> int:
-    """Load parameters, moments, RNG and loader position in place; returns the completed step."""
-    if int(meta.get("state_format", -1)) != STATE_FORMAT:
-        raise StateError(f"checkpoint state format {meta.get('state_format')!r} is not {STATE_FORMAT}")
+def _check_array(key: str, arr: Any, p: bt.Tensor) -> None:
+    """StateError naming ``key`` when the stored array cannot become parameter ``p`` (shape, kind of dtype)."""
+    if not isinstance(arr, np.ndarray):
+        raise StateError(f"checkpoint tensor {key} is a {type(arr).__name__}, not an array")
+    if tuple(arr.shape) != tuple(p.shape):
+        raise StateError(f"checkpoint tensor {key} has shape {tuple(arr.shape)}, the model's parameter has "
+                         f"{tuple(p.shape)}")
+    if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
+        raise StateError(f"checkpoint tensor {key} has dtype {arr.dtype}, the model's parameter is "
+                         f"{p.dtype.name} (a floating-point tensor was expected)")
+
+
+def check_training_state(tensors: dict[str, np.ndarray], meta: dict[str, Any], model: bt.nn.Module,
+                         optimizer: bt.optim.Optimizer | None = None, loader: Any = None) -> int:
+    """Everything :func:`restore_training_state` checks, changing nothing; returns the completed step.
+
+    StateError (or the loader's ValueError) names the tensor or field that does not fit.
+    """
+    if not isinstance(meta, dict) or meta.get("state_format") != STATE_FORMAT:
+        fmt = meta.get("state_format") if isinstance(meta, dict) else meta
+        raise StateError(f"checkpoint state format {fmt!r} is not {STATE_FORMAT}")
+    try:
+        step = int(meta["step"])
+    except (KeyError, TypeError, ValueError):
+        raise StateError(f"checkpoint meta has no integer 'step' (got {meta.get('step')!r})") from None
     params = dict(model.named_parameters())
     expected = {f"model.{n}" for n in params}
     got = {k for k in tensors if k.startswith("model.")}
     if expected != got:
         raise StateError(f"checkpoint parameters do not match the model: missing "
                          f"{sorted(expected - got)[:5]}, unexpected {sorted(got - expected)[:5]}")
-    with bt.no_grad():
-        for n, p in params.items():
-            arr = tensors[f"model.{n}"]
-            if tuple(arr.shape) != tuple(p.shape):
-                raise StateError(f"checkpoint tensor model.{n} has shape {tuple(arr.shape)}, the model's "
-                                 f"parameter has {tuple(p.shape)}")
-            p.copy_(bt.tensor(arr, dtype=p.dtype, device=p.device))
+    for n, p in params.items():
+        _check_array(f"model.{n}", tensors[f"model.{n}"], p)
     if optimizer is not None:
-        optimizer.state = {}
-        for n, st_step in meta.get("optim_steps", {}).items():
+        steps = meta.get("optim_steps", {})
+        if not isinstance(steps, dict):
+            raise StateError(f"checkpoint meta 'optim_steps' must be a dict, got {type(steps).__name__}")
+        for n, st_step in steps.items():
             if n not in params:
                 raise StateError(f"checkpoint optimizer state names unknown parameter {n!r}")
-            p = params[n]
-            st: dict[str, Any] = {"step": int(st_step)}
+            if isinstance(st_step, bool) or not isinstance(st_step, int) or st_step < 0:
+                raise StateError(f"checkpoint optimizer step count of {n!r} is {st_step!r}, not a count")
             for k in _MOMENTS:
                 key = f"optim.{k}.{n}"
                 if key not in tensors:
                     raise StateError(f"checkpoint lacks optimizer tensor {key}")
-                arr = tensors[key]
-                if tuple(arr.shape) != tuple(p.shape):
-                    raise StateError(f"checkpoint tensor {key} has shape {tuple(arr.shape)}, parameter has "
-                                     f"{tuple(p.shape)}")
-                st[k] = bt.tensor(arr, device=p.device)
+                _check_array(key, tensors[key], params[n])
+    if loader is not None and meta.get("loader") is not None:
+        loader.check_state_dict(meta["loader"])
+    return step
+
+
+def restore_training_state(tensors: dict[str, np.ndarray], meta: dict[str, Any], model: bt.nn.Module,
+                           optimizer: bt.optim.Optimizer | None = None, loader: Any = None,
+                           restore_rng: bool = True) -> int:
+    """Load parameters, moments, RNG and loader position in place; returns the completed step.
+
+    Everything is checked first (:func:`check_training_state`): on a mismatch nothing has been changed.
+    """
+    step = check_training_state(tensors, meta, model, optimizer, loader)
+    params = dict(model.named_parameters())
+    with bt.no_grad():
+        for n, p in params.items():
+            p.copy_(bt.tensor(tensors[f"model.{n}"], dtype=p.dtype, device=p.device))
+    if optimizer is not None:
+        optimizer.state = {}
+        for n, st_step in meta.get("optim_steps", {}).items():
+            p = params[n]
+            st: dict[str, Any] = {"step": int(st_step)}
+            for k in _MOMENTS:
+                st[k] = bt.tensor(tensors[f"optim.{k}.{n}"], device=p.device)
             optimizer.state[p] = st
     if restore_rng and meta.get("rng") is not None:
         bt.set_rng_state(meta["rng"])
     if loader is not None and meta.get("loader") is not None:
         loader.load_state_dict(meta["loader"])
-    return int(meta["step"])
+    return step
