@@ -90,7 +90,13 @@ def resolve_config(args: argparse.Namespace, fallback_preset: str | None = "tiny
     elif args.preset:
         cfg = load_preset(args.preset)
     elif run_cfg is not None and run_cfg.is_file():
-        cfg = from_dict(json.loads(run_cfg.read_text()), origin=str(run_cfg))
+        try:
+            saved = json.loads(run_cfg.read_text())
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"{run_cfg} is not readable JSON ({e}); give --config or --preset") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"{run_cfg} must hold a JSON object, got {type(saved).__name__}")
+        cfg = from_dict(saved, origin=str(run_cfg))
     elif fallback_preset:
         cfg = load_preset(fallback_preset)
     else:
@@ -150,6 +156,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from blumodels.trainer import Trainer
 
     cfg = resolve_config(args)
+    if args.stop_at is not None and not 0 < args.stop_at <= cfg.train.steps:
+        raise ConfigError(f"--stop-at {args.stop_at} must be in 1..train.steps={cfg.train.steps} (the LR schedule "
+                          "ends at train.steps; use --steps to train longer)")
     out = args.out or f"runs/{args.preset or (Path(args.config).stem if args.config else 'tiny')}"
     tr = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
     try:
@@ -295,6 +304,16 @@ def limit_cpu_blas_threads(args: argparse.Namespace) -> bool:
     return False
 
 
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions whose message already names the file/tensor at fault: printed without a traceback."""
+    from blumodels.checkpoint.format import CheckpointError
+    from blumodels.data.loader import LoaderError
+    from blumodels.data.shards import ShardError
+    from blumodels.state import StateError
+
+    return (ShardError, LoaderError, CheckpointError, StateError, FileNotFoundError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     limit_cpu_blas_threads(args)
@@ -303,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"blutrain: config error: {e}", file=sys.stderr)
         return 2
+    except _input_errors() as e:  # a bad data file, checkpoint or run directory: the message names it
+        print(f"blutrain: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("blutrain: interrupted", file=sys.stderr)
         return 130

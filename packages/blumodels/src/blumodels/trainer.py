@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ import numpy as np
 from blutensor.optim.lr_scheduler import warmup_cosine
 
 from blumodels import metrics
+from blumodels.checkpoint.format import CheckpointError
 from blumodels.config import ConfigError, RunConfig
 from blumodels.dist import Dist
 from blumodels.gpt2 import GPT2, build_model
@@ -41,8 +43,20 @@ def resolve_device(name: str) -> str:
 
 
 def ensure_data(cfg: RunConfig, out_dir: Path, log=print) -> Path:
-    """The data directory, running ``prepare`` on the configured corpus when meta.json is missing."""
-    d = Path(cfg.data.dir) if cfg.data.dir else out_dir / "data"
+    """The data directory: ``data.dir`` must hold prepared data; "" = ``<out>/data``, where ``prepare`` runs on
+    the configured corpus when meta.json is missing (a mistyped data.dir is an error, not a new corpus)."""
+    if cfg.data.dir:
+        d = Path(cfg.data.dir)
+        if not (d / "meta.json").is_file():
+            from blumodels.data.shards import list_shards
+
+            what = ("does not exist" if not d.exists() else "is not a directory" if not d.is_dir() else
+                    "has token shards but no meta.json" if list_shards(d, "train") or list_shards(d, "val")
+                    else "holds no prepared data (no meta.json)")
+            raise ConfigError(f"data.dir={str(d)!r} {what}: run `blutrain prepare --out {d}` first, or leave "
+                              "data.dir empty to prepare the configured corpus under <out>/data")
+        return d
+    d = out_dir / "data"
     if not (d / "meta.json").is_file():
         from blumodels.data.prepare import prepare
 
@@ -57,11 +71,21 @@ def ensure_data(cfg: RunConfig, out_dir: Path, log=print) -> Path:
 
 
 def data_meta(data_dir: Path) -> dict[str, Any]:
+    """meta.json of a prepared data directory; ConfigError naming the file when missing or malformed."""
+    p = Path(data_dir) / "meta.json"
     try:
-        return json.loads((Path(data_dir) / "meta.json").read_text())
+        meta = json.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"data.dir={str(data_dir)!r} has no meta.json: run `blutrain prepare --out "
                           f"{data_dir}` first") from None
+    except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"{p} is not readable JSON ({e}): re-run `blutrain prepare --out {data_dir}`") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{p} must hold a JSON object, got {type(meta).__name__}")
+    dv = meta.get("vocab_size")
+    if isinstance(dv, bool) or not isinstance(dv, int) or dv <= 0:
+        raise ConfigError(f"{p}: vocab_size must be a positive integer, got {dv!r}")
+    return meta
 
 
 def fit_vocab(cfg: RunConfig, meta: dict[str, Any]) -> None:
@@ -87,6 +111,40 @@ def lr_at(step: int, cfg: RunConfig) -> float:
     return warmup_cosine(step, t.lr, t.min_lr, t.warmup_steps, t.steps)
 
 
+#: keys a checkpoint must agree on to be resumed: the model's shape (dropout may change; init_std no longer
+#: matters) and the batch shape the saved data position counts in
+RESUME_KEYS = {"model": ("family", "n_layer", "n_head", "d_model", "block_size", "vocab_size", "vocab_multiple",
+                         "bias", "ln_eps"),
+               "train": ("micro_batch", "seq_len", "world_size")}
+
+
+def check_resume_config(path: str | Path, meta: dict[str, Any], cfg: RunConfig) -> None:
+    """ConfigError naming each key where the checkpoint's config differs from ``cfg``, before any state is
+    touched (n_head, for one, changes no shape and would otherwise resume silently)."""
+    saved = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(saved, dict):
+        return  # written without a config (a custom loop): the checks of restore_training_state remain
+    diff = []
+    for sec, keys in RESUME_KEYS.items():
+        old, now = saved.get(sec), getattr(cfg, sec)
+        if isinstance(old, dict):
+            diff += [f"{sec}.{k}={old[k]!r} in the checkpoint, {getattr(now, k)!r} now" for k in keys
+                     if k in old and old[k] != getattr(now, k)]
+    if diff:
+        raise ConfigError(f"cannot resume from {path}: it was written with another config ({'; '.join(diff)})")
+
+
+def _check_writable_dir(d: Path, what: str) -> None:
+    """Create ``d`` and write a probe file in it: ConfigError naming it now instead of an OSError at the first save."""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".blutrain-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{what} {d} is not a writable directory: {e.strerror or e}") from None
+
+
 def _hook():
     from blutensor.plugin.manager import get_host
 
@@ -105,7 +163,8 @@ class Trainer:
         self.cfg = cfg.validate()
         self.dist = Dist.from_config(cfg.train.world_size)
         self.out = Path(out_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        _check_writable_dir(self.out, "the run directory (--out)")
+        _check_writable_dir(self.out / "checkpoints", "the checkpoint directory")
         self.quiet = quiet or not self.dist.is_main
         self.progress = sys.stdout.isatty() if progress is None else progress
         self.device = self.dist.device(resolve_device(cfg.train.device))
@@ -118,10 +177,11 @@ class Trainer:
             from blutensor.gemm import set_fp32_gemm
 
             set_fp32_gemm(cfg.train.fp32_gemm)
-        if self.dist.is_main:
-            self.data_dir = ensure_data(cfg, self.out, self.log)
-        self.dist.barrier()
-        self.data_dir = ensure_data(cfg, self.out, self.log)  # the other ranks find it prepared
+        if not cfg.data.dir:  # rank 0 prepares <out>/data when missing, the other ranks then find it prepared
+            if self.dist.is_main:
+                self.data_dir = ensure_data(cfg, self.out, self.log)
+            self.dist.barrier()
+        self.data_dir = ensure_data(cfg, self.out, self.log)  # a given data.dir: every rank checks it (no barrier)
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
         from blumodels.memory import DeviceMemory
@@ -143,10 +203,11 @@ class Trainer:
         from blumodels.data.loader import TokenLoader
 
         t, r, w = cfg.train, self.dist.rank, self.dist.world
+        dv = int(self.meta["vocab_size"])  # every token id is checked against it now, not at the step that meets it
         self.train_loader = TokenLoader(self.data_dir, "train", t.micro_batch, t.seq_len, rank=r, world_size=w,
-                                        device=self.device)
+                                        device=self.device, vocab_size=dv)
         self.val_loader = TokenLoader(self.data_dir, "val", t.micro_batch, t.seq_len, rank=r, world_size=w,
-                                      device=self.device)
+                                      device=self.device, vocab_size=dv)
         from blumodels.checkpoint.manager import CheckpointManager
 
         self.ckpt = CheckpointManager(self.out / "checkpoints", rank=r, keep=t.keep_checkpoints,
@@ -156,12 +217,12 @@ class Trainer:
         self.resumed_from: str | None = None
         self.flops_per_token = self.model.flops_per_token(t.seq_len)
         self.peak = metrics.peak_flops(self.device.split(":")[0], t.precision, t.peak_flops)
-        if self.dist.is_main:
-            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         if resume:
             self.resume()
         else:
             self._fresh_start()
+        if self.dist.is_main:  # after resume() accepted the checkpoint: a refused resume leaves it as it was
+            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     # ------------------------------------------------------------------ bookkeeping
     def log(self, msg: str) -> None:
@@ -173,10 +234,16 @@ class Trainer:
         return self.out / "log.jsonl"
 
     def resume(self) -> bool:
-        """Restore the newest good checkpoint; returns False when there is none."""
+        """Restore the newest good checkpoint; returns False when there is none.
+
+        Checkpoint files none of which verifies, or a checkpoint of another model shape, are errors (the
+        run's files are left as they are) rather than a silent start from step 0.
+        """
         found = self.ckpt.latest_good()
-        step = int(found[2]["step"]) if found is not None else -1
+        step = int(found[2]["step"]) if found is not None else (-2 if self.ckpt.list() else -1)
         agreed = self.dist.min_int(step, self.device)  # every rank resumes from the same step
+        if agreed == -2:  # some rank (maybe this one) has checkpoint files but none that verifies
+            raise CheckpointError(self.out / "checkpoints", self._unusable_report())
         if agreed != step and agreed >= 0:
             from blumodels.checkpoint.format import load_checkpoint
 
@@ -184,14 +251,30 @@ class Trainer:
             found = (p, *load_checkpoint(p))
         if agreed < 0:
             self.log(f"[blutrain] no checkpoint in {self.out / 'checkpoints'} (on every rank): starting from step 0")
+            self._truncate_log(0)
             return False
         path, tensors, meta = found
+        check_resume_config(path, meta, self.cfg)
         self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
         self.resumed_from = str(path)
         self._truncate_log(self.step)
         _hook().blutrain_on_checkpoint_loaded(path=str(path), step=self.step)
         self.log(f"[blutrain] resumed from {path} at step {self.step}")
         return True
+
+    def _unusable_report(self) -> str:
+        """Why resume found nothing: each of this rank's checkpoint files and its verification error."""
+        from blumodels.checkpoint.format import load_checkpoint
+
+        why = []
+        for p in self.ckpt.list():
+            try:
+                load_checkpoint(p)
+            except (CheckpointError, OSError) as e:
+                why.append(f"{p.name}: {getattr(e, 'reason', e)}")
+        files = "; ".join(why) if why else "this rank's files verify, another rank's do not"
+        return (f"--resume found checkpoint files but none that verifies on every rank ({files}); move them "
+                "away to start from step 0")
 
     def _fresh_start(self) -> None:
         """A run without --resume owns its directory: drop an earlier run's log and checkpoints."""
@@ -334,6 +417,9 @@ class Trainer:
         """Train until ``steps`` (default train.steps) steps are done, checkpoint, return a summary."""
         t = self.cfg.train
         total = steps if steps is not None else t.steps
+        if isinstance(total, bool) or not isinstance(total, numbers.Integral) or not 0 < total <= t.steps:
+            raise ConfigError(f"stop step {total!r} must be in 1..train.steps={t.steps} (the LR schedule ends at "
+                              "train.steps; raise train.steps to train longer)")
         hook = _hook()
         t_start = time.perf_counter()
         first_val = last_val = None
