@@ -83,3 +83,15 @@ def test_events_jsonl_rebuilds_the_result(tmp_path):
     assert res.step_ms() == pytest.approx(s["step_ms"], rel=1e-6)
     if HAS_MPL:
         assert plot_main([str(tmp_path)]) == 0 and (tmp_path / "memory.png").exists()
+
+
+def test_plot_cli_help_and_missing_folder(tmp_path, capsys):
+    """`python -m bluprofiler.plot --help` prints usage (it used to take '--help' for the folder and crash);
+    a folder without events.jsonl is named in a one-line error, exit status 2."""
+    from bluprofiler.plot import main as plot_main
+
+    with pytest.raises(SystemExit) as e:
+        plot_main(["--help"])
+    assert e.value.code == 0 and "out_dir" in capsys.readouterr().out
+    assert plot_main([str(tmp_path / "nothing")]) == 2
+    assert "nothing/events.jsonl does not exist" in capsys.readouterr().out

@@ -59,16 +59,19 @@ def plot_memory(res: ProfileResult, path: str | Path, title: str | None = None) 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m bluprofiler.plot OUT_DIR``: (re)draw OUT_DIR/memory.png from OUT_DIR/events.jsonl."""
-    import sys
+    import argparse
 
     from bluprofiler.sinks import load_jsonl
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m bluprofiler.plot OUT_DIR  (a folder written by profile_steps)")
+    ap = argparse.ArgumentParser(prog="python -m bluprofiler.plot",
+                                 description="(Re)draw OUT_DIR/memory.png from OUT_DIR/events.jsonl.")
+    ap.add_argument("out_dir", type=Path, help="a folder written by profile_steps (blutrain profile)")
+    out = ap.parse_args(argv).out_dir
+    events = out / "events.jsonl"
+    if not events.is_file():
+        print(f"error: {events} does not exist: OUT_DIR must be a folder written by profile_steps")
         return 2
-    out = Path(args[0])
-    p = plot_memory(load_jsonl(out / "events.jsonl"), out / "memory.png")
+    p = plot_memory(load_jsonl(events), out / "memory.png")
     print(f"wrote {p}")
     return 0
 

@@ -3,7 +3,6 @@ device's own architecture (``-arch=sm_XY``); CuPy is imported lazily, on the fir
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -156,12 +155,6 @@ def aligned16(*arrays) -> bool:
 def ptr(a):
     """Kernel argument for an optional array: the array itself, or a null pointer."""
     return NULL if a is None else a
-
-
-#: validate index inputs (embedding indices, cross-entropy targets): by default LAZILY (a kernel records a bad
-#: index in a device flag, read by ``cuda_ops.index_check.raise_pending`` at log time: no host sync in the
-#: step); BLUTRAIN_VALIDATE_INDICES=sync checks and raises at the call (one host sync per call), =0 turns it off
-VALIDATE_INDICES = os.environ.get("BLUTRAIN_VALIDATE_INDICES", "1") not in ("0", "false", "False", "")
 
 
 def capturing() -> bool:
