@@ -49,10 +49,20 @@ def test_override_typo_suggests_the_real_one():
     ({"train": {"device": "cudax"}}, r"train\.device must be .*got 'cudax'"),
     ({"train": {"device": "cuda:-1"}}, r"train\.device must be .*got 'cuda:-1'"),
     ({"train": {"precision": "BF16"}}, r"train\.precision must be 'fp32', 'tf32' or 'bf16', got 'BF16'"),
+    ({"data": {"corpus": "pydoc"}}, r"data\.corpus must be a built-in corpus \(pydocs\), got 'pydoc'; did you mean"),
+    ({"data": {"tokenizer": "bpe", "vocab_size": 100}}, r"data\.vocab_size=100 is too small for a byte-level BPE"),
 ])
 def test_value_out_of_range_names_key_and_value(data, msg):
     with pytest.raises(ConfigError, match=msg):
         from_dict(data)
+
+
+def test_config_lists_mirror_the_data_package():
+    from blumodels import config
+    from blumodels.data.corpus import BUILTIN_CORPORA
+    from blumodels.data.prepare import TOKENIZER_CHOICES
+
+    assert config.BUILTIN_CORPORA == BUILTIN_CORPORA and config.TOKENIZERS == TOKENIZER_CHOICES
 
 
 def test_nan_override_is_refused():
@@ -231,6 +241,15 @@ def test_resume_without_checkpoints_drops_the_stale_log(tmp_path):
     tr.close()
 
 
+def test_resume_drops_a_log_line_cut_short(finished, tmp_path):
+    out, _ = _clone(finished, tmp_path)
+    with open(out / "log.jsonl", "a") as f:
+        f.write('{"step": 2, "lo')  # killed mid-write: used to be a JSONDecodeError on --resume
+    tr = Trainer(micro_config(steps=2, eval_interval=0), out, resume=True, quiet=True)
+    assert tr.step == 2 and [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [0, 1]
+    tr.close()
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 
 
@@ -240,6 +259,15 @@ def test_cli_stop_at_outside_the_schedule(tmp_path, capsys):
     assert "--stop-at 9 must be in 1..train.steps=5" in capsys.readouterr().err
     assert main([*args, "--stop-at", "0"]) == 2
     assert not (tmp_path / "run").exists()  # refused before the run directory is touched
+
+
+@pytest.mark.parametrize("args,msg", [(["sample", "--tokens", "-5"], "argument --tokens: must be positive, got -5"),
+                                      (["eval", "--batches", "0"], "argument --batches: must be positive, got 0"),
+                                      (["sample", "--temperature", "nan"], "argument --temperature: must be positive")])
+def test_cli_numbers_must_be_positive(args, msg, capsys):
+    with pytest.raises(SystemExit):
+        main([*args, "--out", "unused"])
+    assert msg in capsys.readouterr().err
 
 
 def test_cli_reports_bad_checkpoints_without_traceback(finished, tmp_path, capsys):

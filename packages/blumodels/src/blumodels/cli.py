@@ -19,8 +19,24 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from blumodels.config import ConfigError, RunConfig, apply_overrides, from_dict, load_config, load_preset
+
+
+def _positive(kind: type) -> Any:
+    """argparse type: a number of ``kind`` > 0 (argparse names the option when it is not)."""
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'number' if kind is float else 'integer'}") from None
+        if not v > 0:  # also refuses NaN
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return v
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
 
 
 def _add_common(p: argparse.ArgumentParser, default_out: str | None = None) -> None:
@@ -59,14 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sample", help="generate text from a run's newest good checkpoint")
     _add_common(p)
     p.add_argument("--prompt", default=None)
-    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--tokens", type=_positive(int), default=200)
     p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--temperature", type=_positive(float), default=None)
     p.add_argument("--seed", type=int, default=0)
 
     p = sub.add_parser("eval", help="validation loss of a run's newest good checkpoint")
     _add_common(p)
-    p.add_argument("--batches", type=int, default=None, help="validation batches (default train.eval_steps)")
+    p.add_argument("--batches", type=_positive(int), default=None,
+                   help="validation batches (default train.eval_steps)")
 
     p = sub.add_parser("profile", help="run a few training steps with bluprofiler on: table, trace, memory PNG")
     _add_common(p)
@@ -221,12 +238,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import blutensor as bt
 
     from blumodels.data.loader import TokenLoader
+    from blumodels.trainer import data_meta
 
     cfg, model, data_dir, path, step = _load_run(args)
     t = cfg.train
     n = args.batches or t.eval_steps or 20
     device = str(next(iter(model.parameters())).device)
-    loader = TokenLoader(data_dir, "val", t.micro_batch, t.seq_len, device=device)
+    loader = TokenLoader(data_dir, "val", t.micro_batch, t.seq_len, device=device,
+                         vocab_size=int(data_meta(data_dir)["vocab_size"]))
     model.eval()
     total = 0.0
     with bt.no_grad():

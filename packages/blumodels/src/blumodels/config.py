@@ -22,6 +22,7 @@ class ConfigError(ValueError):
 
 MODEL_FAMILIES = ("gpt2",)  # what the Trainer builds (blumodels.gpt2.build_model)
 TOKENIZERS = ("auto", "gpt2", "bpe")  # data.tokenizer (blumodels.data.prepare.TOKENIZER_CHOICES)
+BUILTIN_CORPORA = ("pydocs",)  # data.corpus (blumodels.data.corpus.BUILTIN_CORPORA; not imported: no NumPy here)
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 
 
@@ -221,6 +222,12 @@ class RunConfig:
                               f"{_did_you_mean(d.tokenizer, TOKENIZERS)}")
         if d.shard_tokens < 2:
             raise ConfigError(f"data.shard_tokens must be at least 2, got {d.shard_tokens}")
+        if d.corpus not in BUILTIN_CORPORA:
+            raise ConfigError(f"data.corpus must be a built-in corpus ({', '.join(BUILTIN_CORPORA)}), got "
+                              f"{d.corpus!r}{_did_you_mean(d.corpus, BUILTIN_CORPORA)} (own text: `blutrain "
+                              "prepare --source DIR --corpus none`, then data.dir)")
+        if d.tokenizer in ("bpe", "auto") and d.vocab_size < 257:  # 256 bytes + the end-of-text token
+            raise ConfigError(f"data.vocab_size={d.vocab_size} is too small for a byte-level BPE (at least 257)")
         return self
 
 

@@ -291,8 +291,15 @@ class Trainer:
         """Drop log records of steps >= ``step`` (they were run after the checkpoint and are redone)."""
         if not self.dist.is_main or not self.log_path.is_file():
             return
-        keep = [ln for ln in self.log_path.read_text().splitlines()
-                if ln.strip() and json.loads(ln).get("step", -1) < step]
+        keep = []
+        for i, ln in enumerate(self.log_path.read_text(errors="replace").splitlines(), 1):
+            try:
+                rec = json.loads(ln) if ln.strip() else None
+            except ValueError:  # a line cut short by a killed process: its step is redone
+                self.log(f"[blutrain] {self.log_path}:{i}: dropping a line that is not JSON ({ln[:40]!r}...)")
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] < step:
+                keep.append(ln)
         self.log_path.write_text("".join(ln + "\n" for ln in keep))
 
     def save_checkpoint(self) -> None:
