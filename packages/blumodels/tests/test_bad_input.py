@@ -12,6 +12,7 @@ from blumodels.cli import main
 from blumodels.config import ConfigError, ModelConfig, apply_overrides, from_dict, load_config, load_preset
 from blumodels.data.loader import LoaderError, TokenLoader
 from blumodels.data.shards import HEADER_BYTES, ShardError, write_shard
+from blumodels.data.tokenizer import TokenizerError
 from blumodels.gpt2 import build_model
 from blumodels.state import StateError, restore_training_state
 from blumodels.trainer import Trainer
@@ -158,6 +159,14 @@ def test_malformed_meta_json_names_the_file(tmp_path, text, msg):
         Trainer(micro_config(d), tmp_path / "run", quiet=True)
 
 
+def test_damaged_tokenizer_fails_before_training_when_sampling_is_on(tmp_path):
+    d = _copy_data(tmp_path)
+    (d / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    Trainer(micro_config(d, sample_tokens=0), tmp_path / "a", quiet=True).close()  # not needed: not read
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json cannot be read"):
+        Trainer(micro_config(d, sample_tokens=8), tmp_path / "b", quiet=True)  # used to fail after the last step
+
+
 # ---------------------------------------------------------------------------------------------- run directory
 
 
@@ -210,6 +219,26 @@ def test_resume_refuses_another_model_config_and_keeps_config_json(finished, tmp
     assert (out / "config.json").read_text() == before
     with pytest.raises(ConfigError, match=r"train\.micro_batch=4 in the checkpoint, 2 now"):
         Trainer(micro_config(steps=2, micro_batch=2, batch_tokens=64), out, resume=True, quiet=True)
+
+
+def test_damaged_checkpoint_header_is_a_checkpoint_error(finished, tmp_path):
+    from blumodels.checkpoint.format import read_checkpoint_meta
+
+    def craft(metadata):
+        head = json.dumps({"__metadata__": metadata}).encode()
+        head += b" " * (-(len(head) + 8) % 8)
+        p = tmp_path / "c.safetensors"
+        p.write_bytes(len(head).to_bytes(8, "little") + head)
+        return p
+
+    for md, msg in [(5, "is not a map of strings"), ({"format": "blutrain-checkpoint", "format_version": 1},
+                                                     "is not a map of strings")]:
+        for fn in (load_checkpoint, read_checkpoint_meta):  # were AttributeError / TypeError
+            with pytest.raises(CheckpointError, match=msg):
+                fn(craft(md))
+    p = craft({"format": "blutrain-checkpoint", "format_version": "1", "meta": "{"})
+    with pytest.raises(CheckpointError, match="lacks a JSON 'meta' entry"):  # was a JSONDecodeError
+        read_checkpoint_meta(p)
 
 
 def test_restore_checks_everything_before_writing(finished):

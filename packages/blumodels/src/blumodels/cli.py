@@ -328,9 +328,10 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     from blumodels.checkpoint.format import CheckpointError
     from blumodels.data.loader import LoaderError
     from blumodels.data.shards import ShardError
+    from blumodels.data.tokenizer import TokenizerError
     from blumodels.state import StateError
 
-    return (ShardError, LoaderError, CheckpointError, StateError, FileNotFoundError)
+    return (ShardError, LoaderError, TokenizerError, CheckpointError, StateError, FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:

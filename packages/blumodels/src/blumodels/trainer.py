@@ -184,6 +184,11 @@ class Trainer:
         self.data_dir = ensure_data(cfg, self.out, self.log)  # a given data.dir: every rank checks it (no barrier)
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
+        self._tokenizer = None
+        if cfg.train.sample_tokens and self.dist.is_main:
+            from blumodels.data.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.data_dir)  # a broken tokenizer fails now, not after training
         from blumodels.memory import DeviceMemory
 
         self.memory = DeviceMemory(self.device, cfg.train.allocator)  # before the model: it allocates through it
@@ -334,7 +339,7 @@ class Trainer:
         from blumodels.sampling import sample_text
 
         t = self.cfg.train
-        tok = load_tokenizer(self.data_dir)
+        tok = self._tokenizer = self._tokenizer or load_tokenizer(self.data_dir)
         return sample_text(self.model, tok, t.sample_prompt if prompt is None else prompt,
                            tokens or t.sample_tokens or 100, top_k=t.top_k, temperature=t.temperature,
                            seed=t.seed if seed is None else seed)

@@ -139,6 +139,8 @@ def _read_header(path: Path, f, size: int) -> tuple[int, dict, dict]:
         raise CheckpointError(path, "not a safetensors file: header at offset 8 is not a JSON object") \
             from None
     md = header.pop("__metadata__", None) or {}
+    if not isinstance(md, dict) or not all(isinstance(v, str) for v in md.values()):
+        raise CheckpointError(path, "not a safetensors file: __metadata__ at offset 8 is not a map of strings")
     if md.get("format") != FORMAT_NAME or "format_version" not in md:
         raise CheckpointError(path, "not a BluTrain checkpoint: metadata has no format/format_version")
     if md["format_version"] != str(FORMAT_VERSION):
@@ -150,9 +152,19 @@ def _read_header(path: Path, f, size: int) -> tuple[int, dict, dict]:
 def read_checkpoint_meta(path: str | os.PathLike) -> dict:
     """The JSON meta of a checkpoint from its header alone (no payload read, no checksum)."""
     path = Path(path)
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise CheckpointError(path, "no such file") from None
+    with f:
         _, _, md = _read_header(path, f, os.fstat(f.fileno()).st_size)
-    return json.loads(md["meta"])
+    try:
+        meta = json.loads(md["meta"])
+    except (KeyError, ValueError):  # unverified: the header may be damaged
+        raise CheckpointError(path, "metadata lacks a JSON 'meta' entry") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(path, f"metadata 'meta' is a JSON {type(meta).__name__}, not an object")
+    return meta
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
@@ -172,8 +184,10 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
         try:
             payload = int(md["payload_bytes"])
             meta_json = md["meta"]
-        except (KeyError, ValueError):
+        except (KeyError, TypeError, ValueError):
             raise CheckpointError(path, "metadata lacks payload_bytes/meta") from None
+        if payload < 0:
+            raise CheckpointError(path, f"metadata payload_bytes={payload} is negative")
         have = size - start
         if have < payload:
             raise CheckpointError(path, f"truncated: header claims {payload} payload bytes at offset "

@@ -221,18 +221,33 @@ def train_bpe(texts: Iterable[str], vocab_size: int,
     return bpe
 
 
+class TokenizerError(ValueError):
+    """A saved tokenizer file cannot be read; names the file."""
+
+
 def load_tokenizer(data_dir: str | os.PathLike) -> Tokenizer:
     """The tokenizer that ``prepare`` saved in ``data_dir`` (tokenizer_meta.json says which kind)."""
     d = Path(data_dir)
     meta_path = d / TOKENIZER_META
-    kind = json.loads(meta_path.read_text())["kind"] if meta_path.is_file() else None
+    kind = None
+    if meta_path.is_file():
+        try:
+            kind = json.loads(meta_path.read_text())["kind"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise TokenizerError(f"load_tokenizer: {meta_path} is not the JSON `blutrain prepare` writes "
+                                 f"({type(e).__name__}: {e})") from None
     if kind is None:
         if (d / "tokenizer.json").is_file():
             kind = "bpe"
         elif (d / "vocab.bpe").is_file():
             kind = "gpt2"
     if kind == "bpe":
-        return ByteLevelBPE.from_file(d / "tokenizer.json")
+        try:
+            return ByteLevelBPE.from_file(d / "tokenizer.json")
+        except (FileNotFoundError, ImportError):
+            raise
+        except Exception as e:  # the tokenizers library raises a bare Exception for a damaged file
+            raise TokenizerError(f"load_tokenizer: {d / 'tokenizer.json'} cannot be read: {e}") from None
     if kind == "gpt2":
         return TiktokenGPT2.from_local(d)
     raise FileNotFoundError(f"load_tokenizer: no tokenizer in {d} (expected {TOKENIZER_META} written by "
