@@ -299,6 +299,29 @@ def test_cli_numbers_must_be_positive(args, msg, capsys):
     assert msg in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,msg", [(["--vocab-size", "10"], "argument --vocab-size: must be >= 257, got 10"),
+                                      (["--val-fraction", "1.5"], "argument --val-fraction: must be >= 0.0 and < 1.0"),
+                                      (["--shard-tokens", "1"], "argument --shard-tokens: must be >= 2, got 1"),
+                                      (["--max-bytes", "-5"], "argument --max-bytes: must be >= 0, got -5"),
+                                      (["--corpus", "pydoc"], "argument --corpus: invalid choice: 'pydoc'")])
+def test_cli_prepare_refuses_bad_numbers_before_reading_the_corpus(args, msg, tmp_path, capsys):
+    with pytest.raises(SystemExit):  # --max-bytes -5 used to prepare a corpus; the others failed after reading it
+        main(["prepare", "--out", str(tmp_path / "d"), *args])
+    assert msg in capsys.readouterr().err and not (tmp_path / "d").exists()
+
+
+def test_prepare_source_that_is_not_text(tmp_path, capsys):
+    from blumodels.data.corpus import CorpusError, read_texts
+
+    (tmp_path / "a.txt").write_text("plain text\n")
+    (tmp_path / "b.txt").write_bytes("utf-16 text".encode("utf-16"))  # used to become U+FFFD soup, silently
+    with pytest.raises(CorpusError, match=r"b\.txt is not UTF-8 text \(NUL byte at offset 3; binary, or UTF-16\?\)"):
+        read_texts([tmp_path])
+    (tmp_path / "e").mkdir()
+    assert main(["prepare", "--out", str(tmp_path / "d"), "--source", str(tmp_path / "e"), "--corpus", "none"]) == 1
+    assert "prepare: no documents in" in capsys.readouterr().err
+
+
 def test_cli_reports_bad_checkpoints_without_traceback(finished, tmp_path, capsys):
     out, ck = _clone(finished, tmp_path)
     raw = bytearray(ck.read_bytes())

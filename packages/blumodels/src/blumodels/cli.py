@@ -21,22 +21,38 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blumodels.config import ConfigError, RunConfig, apply_overrides, from_dict, load_config, load_preset
+from blumodels.config import (
+    BUILTIN_CORPORA,
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    from_dict,
+    load_config,
+    load_preset,
+)
 
 
-def _positive(kind: type) -> Any:
-    """argparse type: a number of ``kind`` > 0 (argparse names the option when it is not)."""
+def _in_range(kind: type, lo: float, hi: float | None = None, above: bool = False) -> Any:
+    """argparse type: a number of ``kind`` in [lo, hi) ((lo, hi) when ``above``); argparse names the option."""
     def parse(text: str) -> Any:
         try:
             v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {'number' if kind is float else 'integer'}") from None
-        if not v > 0:  # also refuses NaN
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'' if kind is float else 'n'} "
+                                             f"{'number' if kind is float else 'integer'}") from None
+        if not ((v > lo if above else v >= lo) and (hi is None or v < hi)):  # also refuses NaN
+            rule = ("positive" if above and lo == 0 else f"{'>' if above else '>='} {lo}") + \
+                (f" and < {hi}" if hi is not None else "")
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return v
 
-    parse.__name__ = f"positive {kind.__name__}"
+    parse.__name__ = kind.__name__
     return parse
+
+
+def _positive(kind: type) -> Any:
+    """argparse type: a number of ``kind`` > 0."""
+    return _in_range(kind, 0, above=True)
 
 
 def _add_common(p: argparse.ArgumentParser, default_out: str | None = None) -> None:
@@ -55,13 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="tokenize text into train/val token shards")
     p.add_argument("--out", required=True, help="data directory to write (shards, tokenizer, meta.json)")
     p.add_argument("--source", action="append", default=[], help="text file or folder (repeatable)")
-    p.add_argument("--corpus", default="pydocs", help="built-in corpus to add ('none' for only --source)")
+    p.add_argument("--corpus", default="pydocs", choices=(*BUILTIN_CORPORA, "none"),
+                   help="built-in corpus to add ('none' for only --source)")
     p.add_argument("--tokenizer", default="auto", choices=("auto", "gpt2", "bpe"))
-    p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary when training one")
-    p.add_argument("--val-fraction", type=float, default=0.05)
-    p.add_argument("--shard-tokens", type=int, default=10_000_000)
+    p.add_argument("--vocab-size", type=_in_range(int, 257), default=4096,
+                   help="BPE vocabulary when training one (at least 257: the bytes and end-of-text)")
+    p.add_argument("--val-fraction", type=_in_range(float, 0.0, 1.0), default=0.05, help="in [0, 1)")
+    p.add_argument("--shard-tokens", type=_in_range(int, 2), default=10_000_000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-bytes", type=int, default=0, help="cap on the built-in corpus (0 = all of it)")
+    p.add_argument("--max-bytes", type=_in_range(int, 0), default=0, help="cap on the built-in corpus (0 = all of it)")
 
     p = sub.add_parser("train", help="train a model (prepares the built-in corpus when data is missing)")
     _add_common(p)
@@ -326,12 +344,14 @@ def limit_cpu_blas_threads(args: argparse.Namespace) -> bool:
 def _input_errors() -> tuple[type[BaseException], ...]:
     """Exceptions whose message already names the file/tensor at fault: printed without a traceback."""
     from blumodels.checkpoint.format import CheckpointError
+    from blumodels.data.corpus import CorpusError
     from blumodels.data.loader import LoaderError
     from blumodels.data.shards import ShardError
     from blumodels.data.tokenizer import TokenizerError
     from blumodels.state import StateError
 
-    return (ShardError, LoaderError, TokenizerError, CheckpointError, StateError, FileNotFoundError)
+    return (ShardError, LoaderError, CorpusError, TokenizerError, CheckpointError, StateError,
+            FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:

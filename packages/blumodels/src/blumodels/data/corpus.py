@@ -26,11 +26,15 @@ _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle
                         "ensurepip"})
 
 
+class CorpusError(ValueError):
+    """A source file is not text; names the file and the byte offset."""
+
+
 def read_texts(paths: Iterable[str | os.PathLike]) -> list[str]:
     """Read text files (and folders, recursively, text extensions only) as one document per file.
 
     Folders are walked in sorted order; bytes that are not UTF-8 become U+FFFD. A missing path is an
-    error naming it.
+    error naming it, and so is a file holding a NUL byte (binary or UTF-16: CorpusError with the offset).
     """
     docs: list[str] = []
     for p in paths:
@@ -44,7 +48,11 @@ def read_texts(paths: Iterable[str | os.PathLike]) -> list[str]:
         else:
             raise FileNotFoundError(f"read_texts: no such file or folder: {path}")
         for f in files:
-            text = f.read_bytes().decode("utf-8", errors="replace")
+            raw = f.read_bytes()
+            if (nul := raw.find(b"\0")) >= 0:  # a binary file, or UTF-16 text: would become U+FFFD soup
+                raise CorpusError(f"read_texts: {f} is not UTF-8 text (NUL byte at offset {nul}; binary, or "
+                                  "UTF-16?): convert it to UTF-8 or leave it out")
+            text = raw.decode("utf-8", errors="replace")
             if text.strip():
                 docs.append(text)
     return docs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import builtin_corpus, read_texts
+from .corpus import CorpusError, builtin_corpus, read_texts
 from .shards import FORMAT_VERSION, list_shards, shard_name, token_dtype, write_shard
 from .tokenizer import TiktokenGPT2, Tokenizer, gpt2_tiktoken_available, train_bpe
 
@@ -100,7 +100,9 @@ def prepare(out_dir: str | os.PathLike, sources: list[str] | None = None, corpus
     if corpus:
         docs += builtin_corpus(corpus, max_bytes=max_corpus_bytes)
     if not docs:
-        raise ValueError("prepare: no documents (give sources=[files or folders] and/or corpus='pydocs')")
+        where = f" in {', '.join(map(str, sources))} (empty files and, in folders, non-text extensions are " \
+                "skipped)" if sources else ""
+        raise CorpusError(f"prepare: no documents{where}; give sources=[files or folders] and/or corpus='pydocs'")
     out.mkdir(parents=True, exist_ok=True)
     (out / META_FILE).unlink(missing_ok=True)  # written last: a crashed run never looks prepared
     for split in ("train", "val"):  # a re-run must not leave shards of a previous, larger run behind
