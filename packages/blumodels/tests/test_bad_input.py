@@ -241,6 +241,15 @@ def test_damaged_checkpoint_header_is_a_checkpoint_error(finished, tmp_path):
         read_checkpoint_meta(p)
 
 
+def test_resume_past_the_schedule_and_sample_with_another_model(finished, tmp_path, capsys):
+    out, _ = _clone(finished, tmp_path)
+    with pytest.raises(ConfigError, match=r"it is at step 2, past train\.steps=1"):  # was a silent no-op
+        Trainer(micro_config(steps=1, eval_interval=0), out, resume=True, quiet=True)
+    Trainer(micro_config(steps=2, eval_interval=0), out, resume=True, quiet=True).close()  # finished: fine
+    assert main(["sample", "--out", str(out), "--tokens", "2", "model.n_head=4"]) == 2  # sampled silently
+    assert "model.n_head=2 in the checkpoint, 4 now" in capsys.readouterr().err
+
+
 def test_restore_checks_everything_before_writing(finished):
     tensors, meta = load_checkpoint(finished / "checkpoints" / "step_00000002.rank0.safetensors")
     cfg = micro_config()

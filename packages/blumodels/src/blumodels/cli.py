@@ -216,7 +216,7 @@ def _load_run(args: argparse.Namespace):
     from blumodels.checkpoint.manager import CheckpointManager
     from blumodels.gpt2 import build_model
     from blumodels.state import restore_training_state
-    from blumodels.trainer import data_meta, fit_vocab, resolve_device
+    from blumodels.trainer import check_resume_config, data_meta, fit_vocab, resolve_device
 
     if not args.out:
         raise ConfigError("give --out RUN_DIR (the directory `blutrain train` wrote)")
@@ -232,6 +232,7 @@ def _load_run(args: argparse.Namespace):
     if found is None:
         raise FileNotFoundError(f"no good checkpoint under {out / 'checkpoints'}")
     path, tensors, meta = found
+    check_resume_config(path, meta, cfg, sections=("model",))  # a model.* override must not load silently
     restore_training_state(tensors, meta, model, restore_rng=False)
     return cfg, model, data_dir, path, int(meta["step"])
 

@@ -118,14 +118,15 @@ RESUME_KEYS = {"model": ("family", "n_layer", "n_head", "d_model", "block_size",
                "train": ("micro_batch", "seq_len", "world_size")}
 
 
-def check_resume_config(path: str | Path, meta: dict[str, Any], cfg: RunConfig) -> None:
-    """ConfigError naming each key where the checkpoint's config differs from ``cfg``, before any state is
-    touched (n_head, for one, changes no shape and would otherwise resume silently)."""
+def check_resume_config(path: str | Path, meta: dict[str, Any], cfg: RunConfig,
+                        sections: tuple[str, ...] = ("model", "train")) -> None:
+    """ConfigError naming each key of ``sections`` where the checkpoint's config differs from ``cfg``, before any
+    state is touched (n_head, for one, changes no shape and would otherwise resume silently)."""
     saved = meta.get("config") if isinstance(meta, dict) else None
     if not isinstance(saved, dict):
         return  # written without a config (a custom loop): the checks of restore_training_state remain
     diff = []
-    for sec, keys in RESUME_KEYS.items():
+    for sec, keys in ((k, v) for k, v in RESUME_KEYS.items() if k in sections):
         old, now = saved.get(sec), getattr(cfg, sec)
         if isinstance(old, dict):
             diff += [f"{sec}.{k}={old[k]!r} in the checkpoint, {getattr(now, k)!r} now" for k in keys
@@ -260,6 +261,9 @@ class Trainer:
             return False
         path, tensors, meta = found
         check_resume_config(path, meta, self.cfg)
+        if int(meta["step"]) > self.cfg.train.steps:
+            raise ConfigError(f"cannot resume from {path}: it is at step {meta['step']}, past train.steps="
+                              f"{self.cfg.train.steps} (the end of the LR schedule); raise train.steps (--steps)")
         self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
         self.resumed_from = str(path)
         self._truncate_log(self.step)
