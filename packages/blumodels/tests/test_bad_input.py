@@ -50,6 +50,7 @@ def test_override_typo_suggests_the_real_one():
     ({"train": {"device": "cudax"}}, r"train\.device must be .*got 'cudax'"),
     ({"train": {"device": "cuda:-1"}}, r"train\.device must be .*got 'cuda:-1'"),
     ({"train": {"precision": "BF16"}}, r"train\.precision must be 'fp32', 'tf32' or 'bf16', got 'BF16'"),
+    ({"train": {"sample_interval": 10}}, r"train\.sample_interval=10 samples nothing with train\.sample_tokens = 0"),
     ({"data": {"corpus": "pydoc"}}, r"data\.corpus must be a built-in corpus \(pydocs\), got 'pydoc'; did you mean"),
     ({"data": {"tokenizer": "bpe", "vocab_size": 100}}, r"data\.vocab_size=100 is too small for a byte-level BPE"),
 ])
@@ -86,6 +87,17 @@ def test_toml_that_is_not_text_or_not_a_file(tmp_path):
 def test_hand_built_model_config_is_checked():
     with pytest.raises(ConfigError, match=r"model\.n_head=5 does not divide model\.d_model=32"):
         build_model(ModelConfig(n_layer=1, n_head=5, d_model=32, block_size=16, vocab_size=50))
+
+
+def test_model_family_plugin_checks_a_dict_config():
+    from blumodels.hooks import GPT2Family
+
+    m = GPT2Family.build({"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 8, "vocab_size": 50}, seed=0)
+    assert m.wte.weight.shape == (64, 16)
+    with pytest.raises(ConfigError, match=r"unknown key model\.n_embd; did you mean 'model\.d_model'"):
+        GPT2Family.build({"n_embd": 16})  # was AttributeError: 'dict' object has no attribute ...
+    with pytest.raises(ConfigError, match="expected a ModelConfig, RunConfig or dict"):
+        GPT2Family.build(42)
 
 
 def test_forward_names_bad_shapes():

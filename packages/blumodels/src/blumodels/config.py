@@ -209,6 +209,9 @@ class RunConfig:
             from blumodels.graph_step import check_config
 
             check_config(self)
+        if t.sample_interval and not t.sample_tokens:
+            raise ConfigError(f"train.sample_interval={t.sample_interval} samples nothing with train.sample_tokens = 0 "
+                              "(set the number of tokens to sample)")
         if t.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints must be at least 1, got {t.keep_checkpoints}")
         if t.eval_interval and t.eval_steps <= 0:
@@ -310,6 +313,13 @@ def from_dict(data: dict[str, Any], origin: str = "config") -> RunConfig:
     cfg = RunConfig()
     _apply(cfg, data, origin)
     return cfg.validate()
+
+
+def model_config(data: dict[str, Any], origin: str = "model config") -> ModelConfig:
+    """A checked ModelConfig from a dict of model.* keys (unknown keys and wrong types name the key)."""
+    cfg = RunConfig()
+    _apply(cfg, {"model": data}, origin)
+    return cfg.model.check()
 
 
 def load_config(path: str | Path) -> RunConfig:

@@ -22,10 +22,17 @@ class GPT2Family:
 
     @staticmethod
     def build(config: Any, device: Any = None, seed: int | None = None) -> Any:
-        """A GPT2 from a ModelConfig (or a RunConfig, whose .model is used)."""
+        """A GPT2 from a ModelConfig (or a RunConfig, whose .model is used, or a dict of model.* keys)."""
+        from blumodels.config import ConfigError, ModelConfig, model_config
         from blumodels.gpt2 import build_model
 
-        return build_model(getattr(config, "model", config), device=device, seed=seed)
+        cfg = getattr(config, "model", config)
+        if isinstance(cfg, dict):  # checked like a [model] table: unknown keys and wrong types name the key
+            cfg = model_config(cfg, origin="GPT2Family.build")
+        if not isinstance(cfg, ModelConfig):
+            raise ConfigError(f"GPT2Family.build: expected a ModelConfig, RunConfig or dict of model keys, got "
+                              f"{type(config).__name__}")
+        return build_model(cfg, device=device, seed=seed)
 
 
 @hookimpl
