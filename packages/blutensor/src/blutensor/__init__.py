@@ -46,7 +46,7 @@ from blutensor.dtypes import (
     set_default_dtype,
     uint16,
 )
-from blutensor.errors import AutogradError, BluTensorError, DeviceError, DTypeError, ShapeError
+from blutensor.errors import ArgumentError, AutogradError, BluTensorError, DeviceError, DTypeError, ShapeError
 from blutensor.functional import (
     abs,
     add,
@@ -105,7 +105,8 @@ float = float32  # noqa: A001
 double = float64
 
 __all__ = [
-    "__version__", "AutogradError", "BluTensorError", "DTypeError", "DeviceError", "Generator", "ShapeError", "Tensor",
+    "__version__", "ArgumentError", "AutogradError", "BluTensorError", "DTypeError", "DeviceError", "Generator",
+    "ShapeError", "Tensor",
     "abs", "add", "amax", "amp", "autocast", "get_autocast_dtype", "is_autocast_enabled",
     "amin", "arange", "argmax", "argmin", "autograd", "backend", "bfloat16",
     "bmm", "bool", "bool_", "cat", "chunk", "clamp", "cos", "creation", "cuda", "device", "div",

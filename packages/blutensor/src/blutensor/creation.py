@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import numbers
+import operator
+
 import numpy as np
 
 from blutensor import random as _random
 from blutensor.backend import xp_of
 from blutensor.device import as_device
 from blutensor.dtypes import as_dtype, bfloat16, bool_, from_numpy_dtype, get_default_dtype, int64
+from blutensor.errors import ArgumentError, DTypeError, ShapeError
 
 
 def _host_to(arr: np.ndarray, dt, dev):
@@ -41,7 +45,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False):
         out = _wrap(out._data.copy(), out.dtype, out.device, requires_grad)
         return out
     typed = isinstance(data, np.ndarray | np.generic) or hasattr(data, "__cuda_array_interface__")
-    arr = data.get() if hasattr(data, "__cuda_array_interface__") else np.asarray(data)
+    arr = data.get() if hasattr(data, "__cuda_array_interface__") else _host_array(data)
     if dtype is not None:
         dt = as_dtype(dtype)
     elif typed:
@@ -58,22 +62,46 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False):
     return _wrap(_host_to(arr, dt, dev), dt, dev, requires_grad)
 
 
+def _host_array(data) -> np.ndarray:
+    """``np.asarray(data)``, with ragged nesting and non-numeric data reported as blutensor errors."""
+    try:
+        arr = np.asarray(data)
+    except ValueError as e:  # NumPy >= 1.24 refuses ragged nested sequences
+        raise ShapeError(f"tensor: data is ragged (nested sequences of different lengths): {e}") from None
+    if arr.dtype.kind not in "biuf" and arr.dtype != bfloat16.np:
+        kind = "ragged or non-numeric" if arr.dtype == object else "non-numeric"
+        raise DTypeError(f"tensor: cannot make a tensor from {kind} data of NumPy dtype {arr.dtype} "
+                         f"({type(data).__name__}); expected numbers, bools or nested lists of them")
+    return arr
+
+
 def from_numpy(arr: np.ndarray):
     """A CPU tensor sharing memory with ``arr``."""
+    if not isinstance(arr, np.ndarray):
+        raise DTypeError(f"from_numpy: expected a numpy.ndarray, got {type(arr).__name__} "
+                         f"(use blutensor.tensor() for lists and scalars)")
     return _wrap(arr, from_numpy_dtype(arr.dtype), as_device("cpu"))
 
 
-def _shape(size) -> tuple:
+def _shape(size, op: str = "zeros") -> tuple:
+    """A size given as ints or one list/tuple of ints, checked: integers (not floats), none negative."""
     if len(size) == 1 and isinstance(size[0], list | tuple):
         size = size[0]
-    return tuple(int(s) for s in size)
+    try:
+        shape = tuple(operator.index(s) for s in size)
+    except TypeError:
+        raise DTypeError(f"{op}: size must be a sequence of ints, got {tuple(size)!r}") from None
+    for s in shape:
+        if s < 0:
+            raise ShapeError(f"{op}: size {shape} has a negative dimension")
+    return shape
 
 
-def _make(fill, size, dtype, device, requires_grad):
+def _make(fill, size, dtype, device, requires_grad, op: str = "zeros"):
+    shape = _shape(size, op)
     dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
     dev = as_device(device)
     xp = xp_of(dev)
-    shape = _shape(size)
     store = dt.cuda_storage if dev.type == "cuda" else dt.np
     if dev.type == "cuda":
         with xp.cuda.Device(dev.index):
@@ -95,15 +123,15 @@ def _fill(xp, shape, store, fill, dt):
 
 
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False):
-    return _make(0, size, dtype, device, requires_grad)
+    return _make(0, size, dtype, device, requires_grad, "zeros")
 
 
 def ones(*size, dtype=None, device=None, requires_grad: bool = False):
-    return _make(1, size, dtype, device, requires_grad)
+    return _make(1, size, dtype, device, requires_grad, "ones")
 
 
 def empty(*size, dtype=None, device=None, requires_grad: bool = False):
-    return _make(None, size, dtype, device, requires_grad)
+    return _make(None, size, dtype, device, requires_grad, "empty")
 
 
 def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False):
@@ -111,12 +139,20 @@ def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False)
         dtype = bool_
     elif dtype is None and isinstance(fill_value, int):
         dtype = int64
-    return _make(fill_value, (size,) if isinstance(size, int) else tuple(size), dtype, device, requires_grad)
+    if not isinstance(fill_value, numbers.Number | np.generic):
+        raise DTypeError(f"full: fill_value must be a number, got {type(fill_value).__name__} {fill_value!r}")
+    return _make(fill_value, (size,) if isinstance(size, int) else tuple(size), dtype, device, requires_grad,
+                 "full")
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool = False):
     if end is None:
         start, end = 0, start
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if not isinstance(v, numbers.Real):
+            raise DTypeError(f"arange: {name} must be a number, got {type(v).__name__} {v!r}")
+    if step == 0:
+        raise ArgumentError(f"arange: step must be nonzero (start={start}, end={end})")
     if dtype is None:
         dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else get_default_dtype()
     dt = as_dtype(dtype)
@@ -126,6 +162,8 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool
 
 
 def linspace(start: float, end: float, steps: int, dtype=None, device=None):
+    if not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ArgumentError(f"linspace: steps must be a non-negative int, got {steps!r}")
     dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
     dev = as_device(device)
     return _wrap(_host_to(np.linspace(start, end, steps).astype(dt.np), dt, dev), dt, dev)
@@ -176,30 +214,35 @@ def randn(*size, dtype=None, device=None, requires_grad: bool = False, generator
     """Standard-normal samples from the Philox stream (identical on CPU and CUDA)."""
     dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
     dev = as_device(device)
-    return _wrap(_normal_array(_shape(size), dt, dev, generator), dt, dev, requires_grad)
+    return _wrap(_normal_array(_shape(size, "randn"), dt, dev, generator), dt, dev, requires_grad)
 
 
 def rand(*size, dtype=None, device=None, requires_grad: bool = False, generator=None):
     """Uniform [0, 1) samples from the Philox stream."""
     dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
     dev = as_device(device)
-    return _wrap(_uniform_array(_shape(size), dt, dev, generator), dt, dev, requires_grad)
+    return _wrap(_uniform_array(_shape(size, "rand"), dt, dev, generator), dt, dev, requires_grad)
 
 
 def randint(low: int, high: int | None = None, size=(), dtype=None, device=None, generator=None):
     if high is None:
         low, high = 0, low
+    if low >= high:
+        raise ArgumentError(f"randint: low ({low}) must be less than high ({high})")
+    shape = _shape((size,) if isinstance(size, int) else tuple(size), "randint")
     gen = generator or _random.default_generator
     dev = as_device(device)
     xp = xp_of(dev)
     dt = as_dtype(dtype) if dtype is not None else int64
     with _on(dev, xp):
-        arr = gen.integers(low, high, _shape((size,) if isinstance(size, int) else tuple(size)), xp)
+        arr = gen.integers(low, high, shape, xp)
         arr = arr.astype(dt.np)
     return _wrap(arr, dt, dev)
 
 
 def _like(fn, t, dtype, device, **kw):
+    if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+        raise DTypeError(f"{fn.__name__}_like: expected a Tensor, got {type(t).__name__}")
     return fn(*t.shape, dtype=dtype or t.dtype, device=device or t.device, **kw)
 
 
@@ -216,6 +259,8 @@ def empty_like(t, dtype=None, device=None, requires_grad: bool = False):
 
 
 def full_like(t, fill_value, dtype=None, device=None):
+    if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+        raise DTypeError(f"full_like: expected a Tensor, got {type(t).__name__}")
     return full(t.shape, fill_value, dtype=dtype or t.dtype, device=device or t.device)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from blutensor.errors import DTypeError
+
 
 class dtype:  # noqa: N801 - PyTorch's name
     """A blutensor dtype: its name, its NumPy dtype, and how CUDA stores it."""
@@ -56,7 +58,10 @@ def get_default_dtype() -> dtype:
 def set_default_dtype(d: dtype) -> None:
     """Set the dtype used for floating-point tensors created from Python floats."""
     global _default
-    _default = as_dtype(d)
+    d = as_dtype(d)
+    if not d.is_floating_point:
+        raise DTypeError(f"set_default_dtype: only floating-point dtypes can be the default, got {d.name}")
+    _default = d
 
 
 def as_dtype(d) -> dtype:
@@ -67,11 +72,11 @@ def as_dtype(d) -> dtype:
         try:
             return _NAMES[d]
         except KeyError:
-            raise TypeError(f"unknown dtype {d!r}; known: {', '.join(x.name for x in ALL)}") from None
+            raise DTypeError(f"unknown dtype {d!r}; known: {', '.join(x.name for x in ALL)}") from None
     try:
         return _FROM_NP[np.dtype(d)]
     except (KeyError, TypeError):
-        raise TypeError(f"unsupported dtype {d!r}; known: {', '.join(x.name for x in ALL)}") from None
+        raise DTypeError(f"unsupported dtype {d!r}; known: {', '.join(x.name for x in ALL)}") from None
 
 
 def from_numpy_dtype(npd) -> dtype:
@@ -85,4 +90,4 @@ def from_numpy_dtype(npd) -> dtype:
         return int64
     if npd.kind == "b":
         return bool_
-    raise TypeError(f"unsupported NumPy dtype {npd}")
+    raise DTypeError(f"unsupported NumPy dtype {npd}; known: {', '.join(x.name for x in ALL)}")

@@ -10,11 +10,15 @@ class ShapeError(BluTensorError, ValueError):
 
 
 class DTypeError(BluTensorError, TypeError):
-    """Operands of an op have unsupported or mismatched dtypes."""
+    """Operands of an op have unsupported or mismatched dtypes (or are not tensors where tensors are needed)."""
 
 
 class DeviceError(BluTensorError):
     """Operands live on different devices, or a device is unavailable."""
+
+
+class ArgumentError(BluTensorError, ValueError):
+    """A non-tensor argument has a bad value: a negative size, a probability outside [0, 1], an unknown option."""
 
 
 class AutogradError(BluTensorError):
