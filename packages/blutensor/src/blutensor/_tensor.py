@@ -198,7 +198,11 @@ class Tensor:
             if isinstance(a, Tensor):
                 dev, dt = a.device, a.dtype
             elif isinstance(a, dtype) or (isinstance(a, str) and a not in ("cpu",) and not a.startswith("cuda")):
-                dt = as_dtype(a)
+                try:
+                    dt = as_dtype(a)
+                except DTypeError as e:
+                    raise DTypeError(f"to: {a!r} is neither a device ('cpu', 'cuda', 'cuda:N') nor a dtype: "
+                                     f"{e}") from None
             elif isinstance(a, np.dtype):
                 dt = as_dtype(a)
             else:
@@ -369,6 +373,7 @@ class Tensor:
         return self._inplace("clamp", min=min, max=max)
 
     def masked_fill_(self, mask, value) -> Tensor:
+        F.bool_mask("masked_fill_", mask)
         return self._inplace("masked_fill", mask, value=_scalar(value))
 
     def zero_(self) -> Tensor:
@@ -425,7 +430,12 @@ class Tensor:
             v = value.to(self.dtype)._data
         else:
             v = _storage_scalar(value, self.dtype, self.device)
-        self._data[_device_index(index, self.device)] = v
+        try:
+            self._data[_device_index(index, self.device)] = v
+        except (IndexError, ValueError, TypeError) as e:
+            vdesc = value._desc() if isinstance(value, Tensor) else repr(value)
+            raise ShapeError(f"setitem: cannot assign {vdesc} to the selection {index!r} of {self._desc()}: "
+                             f"{e}") from None
         self._version.v += 1
 
     def __getitem__(self, index) -> Tensor:
@@ -470,10 +480,10 @@ class Tensor:
         return apply("neg", self)
 
     def __matmul__(self, o):
-        return apply("matmul", self, o)
+        return apply("matmul", self, o if isinstance(o, Tensor) else _operand("matmul", o))
 
     def __rmatmul__(self, o):
-        return apply("matmul", o, self)
+        return apply("matmul", o if isinstance(o, Tensor) else _operand("matmul", o), self)
 
     def __iadd__(self, o):
         return self.add_(o)
@@ -552,9 +562,16 @@ def _scalar(o):
     if isinstance(o, numbers.Real):
         return float(o)
     if isinstance(o, np.ndarray | list | tuple):
-        raise BluTensorError(f"operand {type(o).__name__} is not a Tensor or a Python number; wrap it with "
-                             f"blutensor.tensor()")
+        raise DTypeError(f"operand {type(o).__name__} is not a Tensor or a Python number; wrap it with "
+                         f"blutensor.tensor()")
+    if isinstance(o, str | bytes | numbers.Complex | dict | set):
+        raise DTypeError(f"operand {type(o).__name__} {o!r:.40} is not a Tensor or a real number")
     return o
+
+
+def _operand(op: str, o):
+    """Raise for a non-Tensor operand of an op that takes only tensors (matmul)."""
+    raise DTypeError(f"{op}: expected a Tensor operand, got {type(o).__name__}; wrap it with blutensor.tensor()")
 
 
 def _raw(o):

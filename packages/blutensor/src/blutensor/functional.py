@@ -4,12 +4,14 @@ turn arguments into op attributes and call :func:`blutensor.ops.dispatch.apply`.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import namedtuple
 
 from blutensor import random as _random
 from blutensor.autograd.grad_mode import STATE
 from blutensor.autograd.node import Ctx, Node
-from blutensor.errors import ShapeError
+from blutensor.errors import ArgumentError, DTypeError, ShapeError
+from blutensor.ops._util import norm_dim
 from blutensor.ops.dispatch import apply
 
 # ---- elementwise ----
@@ -104,12 +106,23 @@ def minimum(a, b):
 def where(cond, a, b):
     from blutensor._tensor import Tensor
 
-    if not isinstance(cond, Tensor):
-        raise TypeError("where: condition must be a bool Tensor")
+    if not isinstance(cond, Tensor) or cond.dtype.name != "bool":
+        got = cond._desc() if isinstance(cond, Tensor) else type(cond).__name__
+        raise DTypeError(f"where: condition must be a bool Tensor, got {got} (compare it, e.g. x > 0)")
     return apply("where", cond, _s(a), _s(b))
 
 
+def bool_mask(op: str, mask) -> None:
+    """Raise unless ``mask`` is a bool Tensor (masked_fill, masked_fill_)."""
+    from blutensor._tensor import Tensor
+
+    if not isinstance(mask, Tensor) or mask.dtype.name != "bool":
+        got = mask._desc() if isinstance(mask, Tensor) else type(mask).__name__
+        raise DTypeError(f"{op}: mask must be a bool Tensor, got {got}")
+
+
 def masked_fill(a, mask, value):
+    bool_mask("masked_fill", mask)
     return apply("masked_fill", a, mask, value=float(value) if not isinstance(value, bool) else value)
 
 
@@ -248,8 +261,10 @@ def view_as(a, other):
 
 def flatten(a, start_dim=0, end_dim=-1):
     nd = a.ndim
-    s, e = start_dim % builtins_max(nd, 1), end_dim % builtins_max(nd, 1)
-    new = tuple(a.shape[:s]) + (-1,) + tuple(a.shape[e + 1:])
+    s, e = norm_dim(start_dim, nd, "flatten"), norm_dim(end_dim, nd, "flatten")
+    if s > e:
+        raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for shape {tuple(a.shape)}")
+    new = tuple(a.shape[:s]) + (math.prod(a.shape[s:e + 1]),) + tuple(a.shape[e + 1:])
     return reshape(a, new)
 
 
@@ -286,14 +301,20 @@ def unsqueeze(a, dim):
 
 
 def split(a, split_size_or_sections, dim=0):
-    d = dim % a.ndim
+    if a.ndim == 0:
+        raise ShapeError("split: cannot split a 0-d tensor")
+    d = norm_dim(dim, a.ndim, "split")
     n = a.shape[d]
     if isinstance(split_size_or_sections, int):
+        if split_size_or_sections <= 0:
+            raise ArgumentError(f"split: split_size must be a positive int, got {split_size_or_sections}")
         sizes = [split_size_or_sections] * (n // split_size_or_sections)
         if n % split_size_or_sections:
             sizes.append(n % split_size_or_sections)
     else:
         sizes = list(split_size_or_sections)
+        if builtins_any(not isinstance(z, numbers.Integral) or z < 0 for z in sizes):
+            raise ArgumentError(f"split: sections must be non-negative ints, got {sizes}")
         if builtins_sum(sizes) != n:
             raise ShapeError(f"split: sections {sizes} do not sum to dim {d} size {n} of shape {tuple(a.shape)}")
     out, start = [], 0
@@ -305,29 +326,59 @@ def split(a, split_size_or_sections, dim=0):
 
 
 def chunk(a, chunks, dim=0):
-    n = a.shape[dim % a.ndim]
+    if not isinstance(chunks, numbers.Integral) or chunks <= 0:
+        raise ArgumentError(f"chunk: chunks must be a positive int, got {chunks!r}")
+    if a.ndim == 0:
+        raise ShapeError("chunk: cannot chunk a 0-d tensor")
+    n = a.shape[norm_dim(dim, a.ndim, "chunk")]
     return split(a, -(-n // chunks), dim)
 
 
-def cat(tensors, dim=0):
+def _tensor_list(op: str, tensors) -> list:
+    """The tensors of cat/stack as a list: a non-empty sequence of tensors of one dtype."""
+    from blutensor._tensor import Tensor
+
+    if isinstance(tensors, Tensor):
+        raise DTypeError(f"{op}: expected a sequence of tensors, got a single {tensors._desc()} "
+                         f"(wrap it in a list)")
     tensors = list(tensors)
     if not tensors:
-        raise ShapeError("cat: expected a non-empty list of tensors")
+        raise ShapeError(f"{op}: expected a non-empty list of tensors")
+    t0 = tensors[0]
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"{op}: element {i} is a {type(t).__name__}, not a Tensor")
+        if t.dtype is not t0.dtype:
+            raise DTypeError(f"{op}: expected tensors of one dtype, got tensor 0 {t0._desc()} and tensor {i} "
+                             f"{t._desc()} (convert with .to(dtype))")
+    return tensors
+
+
+def cat(tensors, dim=0):
+    tensors = _tensor_list("cat", tensors)
+    if tensors[0].ndim == 0:
+        raise ShapeError("cat: zero-dimensional tensors cannot be concatenated (use stack)")
     return apply("cat", *tensors, dim=dim)
 
 
 def stack(tensors, dim=0):
-    tensors = list(tensors)
-    if not tensors:
-        raise ShapeError("stack: expected a non-empty list of tensors")
+    tensors = _tensor_list("stack", tensors)
+    norm_dim(dim, tensors[0].ndim + 1, "stack")
     return apply("stack", *tensors, dim=dim)
 
 
+def _matrix(op: str, a) -> None:
+    if a.ndim < 2:
+        raise ShapeError(f"{op}: input must have at least 2 dims, got shape {tuple(a.shape)}")
+
+
 def tril(a, diagonal=0):
+    _matrix("tril", a)
     return apply("tril", a, diagonal=diagonal)
 
 
 def triu(a, diagonal=0):
+    _matrix("triu", a)
     return apply("triu", a, diagonal=diagonal)
 
 
@@ -365,20 +416,38 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 def gelu(x, approximate="none"):
+    if approximate != "none" and approximate != "tanh":
+        raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return apply("gelu", x, approximate=approximate)
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     """Mean (or sum/none) of -log softmax(logits)[target]; logits (..., C), target (...)."""
-    if target.dtype.is_floating_point:
-        raise TypeError(f"cross_entropy: target must hold class indices (int), got {target._desc()}")
+    from blutensor._tensor import Tensor
+
+    if not isinstance(logits, Tensor) or not logits.dtype.is_floating_point:
+        got = logits._desc() if isinstance(logits, Tensor) else type(logits).__name__
+        raise DTypeError(f"cross_entropy: logits must be a floating-point Tensor, got {got}")
+    if not isinstance(target, Tensor) or target.dtype.is_floating_point or target.dtype.name == "bool":
+        got = target._desc() if isinstance(target, Tensor) else type(target).__name__
+        raise DTypeError(f"cross_entropy: target must hold class indices (int), got {got}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ArgumentError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ArgumentError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     return apply("cross_entropy", logits, target, ignore_index=ignore_index, reduction=reduction,
                  label_smoothing=label_smoothing)
 
 
 def embedding(idx, weight):
-    if idx.dtype.is_floating_point:
-        raise TypeError(f"embedding: indices must be integers, got {idx._desc()}")
+    from blutensor._tensor import Tensor
+
+    if not isinstance(idx, Tensor) or idx.dtype.is_floating_point or idx.dtype.name == "bool":
+        got = idx._desc() if isinstance(idx, Tensor) else type(idx).__name__
+        raise DTypeError(f"embedding: indices must be an integer Tensor, got {got}")
+    if weight.ndim != 2:
+        raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape "
+                         f"{tuple(weight.shape)}")
     return apply("embedding", idx, weight)
 
 
@@ -395,7 +464,7 @@ def dropout(x, p=0.5, training=True):
         if p == 1.0 and training:
             return x * 0.0
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+            raise ArgumentError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
     seed, off = _draw_offset(x.numel())
@@ -404,11 +473,46 @@ def dropout(x, p=0.5, training=True):
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     """softmax(q k^T / sqrt(E) [+ mask]) v with an optional causal mask, over (..., L, E)."""
+    _check_sdpa(q, k, v, attn_mask, dropout_p, is_causal)
     seed = off = 0
     if dropout_p > 0:
         seed, off = _draw_offset(q.shape[-2] * k.shape[-2] * math.prod(q.shape[:-2]))
     return apply("sdpa", q, k, v, attn_mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p,
                  seed=seed, offset=off)
+
+
+def _check_sdpa(q, k, v, mask, dropout_p, is_causal) -> None:
+    """Shapes (..., L, E), (..., S, E), (..., S, Ev) with broadcastable batch dims; mask to (..., L, S)."""
+    import numpy as np
+
+    from blutensor._tensor import Tensor
+
+    op = "scaled_dot_product_attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+        if t.ndim < 2:
+            raise ShapeError(f"{op}: {name} must have at least 2 dims (..., seq, head_dim), got shape "
+                             f"{tuple(t.shape)}")
+    qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+    if qs[-1] != ks[-1] or ks[-2] != vs[-2]:
+        raise ShapeError(f"{op}: q {qs}, k {ks}, v {vs} do not fit (..., L, E), (..., S, E), (..., S, Ev)")
+    try:
+        batch = np.broadcast_shapes(qs[:-2], ks[:-2], vs[:-2])
+    except ValueError:
+        raise ShapeError(f"{op}: batch dims of q {qs}, k {ks}, v {vs} do not broadcast") from None
+    if mask is not None:
+        if is_causal:
+            raise ArgumentError(f"{op}: pass either attn_mask or is_causal=True, not both")
+        ms, want = tuple(mask.shape), batch + (qs[-2], ks[-2])
+        try:
+            ok = np.broadcast_shapes(ms, want) == want
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ShapeError(f"{op}: attn_mask shape {ms} does not broadcast to (..., L, S) = {want}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ArgumentError(f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
 
 
 # ---- devices ----
@@ -460,3 +564,4 @@ import builtins as _b  # noqa: E402
 
 builtins_max = _b.max
 builtins_sum = _b.sum
+builtins_any = _b.any

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 from blutensor.backend import array_module
 
@@ -33,8 +35,18 @@ def norm_dim(dim, ndim: int, op: str):
     if dim is None:
         return None
     if isinstance(dim, list | tuple):
-        return tuple(norm_dim(d, ndim, op) for d in dim)
-    d = int(dim)
+        dims = tuple(norm_dim(d, ndim, op) for d in dim)
+        if len(set(dims)) != len(dims):
+            from blutensor.errors import ShapeError
+
+            raise ShapeError(f"{op}: dims {tuple(dim)} repeat a dim of a tensor with {ndim} dims")
+        return dims
+    try:
+        d = operator.index(dim)
+    except TypeError:
+        from blutensor.errors import DTypeError
+
+        raise DTypeError(f"{op}: dim must be an int, got {type(dim).__name__} {dim!r}") from None
     if not -max(ndim, 1) <= d < max(ndim, 1):
         from blutensor.errors import ShapeError
 

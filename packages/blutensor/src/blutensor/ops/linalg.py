@@ -73,9 +73,8 @@ def bmm_backward(ctx, g):
 
 def linear_forward(ctx, x, w, b=None):
     """y = x @ w^T + b with x (..., in), w (out, in): one fused op so backward needs no transposes."""
-    if x.shape[-1] != w.shape[1]:
-        raise ShapeError(f"linear: input features {x.shape[-1]} (input shape {tuple(x.shape)}) do not match "
-                         f"weight shape {tuple(w.shape)} (out_features, in_features)")
+    if w.ndim != 2 or x.ndim == 0 or x.shape[-1] != w.shape[1] or b is not None and b.shape != w.shape[:1]:
+        _linear_error(x, w, b)
     x2 = x.reshape(-1, x.shape[-1])
     if is_cuda_array(x2):  # CUDA: one NT GEMM with the bias fused into its epilogue (blutensor.gemm.cuda_linear)
         from blutensor.gemm import cuda_linear
@@ -87,6 +86,19 @@ def linear_forward(ctx, x, w, b=None):
             y += b
     ctx.saved = (x2, w, x.shape)
     return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+def _linear_error(x, w, b) -> None:
+    """Raise the ShapeError naming which of input, weight or bias does not fit."""
+    if w.ndim != 2:
+        raise ShapeError(f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(w.shape)}")
+    if x.ndim == 0:
+        raise ShapeError("linear: input must have at least 1 dim (..., in_features), got shape ()")
+    if x.shape[-1] != w.shape[1]:
+        raise ShapeError(f"linear: input features {x.shape[-1]} (input shape {tuple(x.shape)}) do not match "
+                         f"weight shape {tuple(w.shape)} (out_features, in_features)")
+    raise ShapeError(f"linear: bias shape {tuple(b.shape)} does not match weight shape {tuple(w.shape)}: "
+                     f"expected ({w.shape[0]},)")
 
 
 def linear_backward(ctx, g):

@@ -3,13 +3,18 @@ indexing) and the copying ones (contiguous, cat, stack, advanced indexing, setit
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
-from blutensor.errors import ShapeError
+from blutensor.errors import DTypeError, ShapeError
 from blutensor.ops._util import norm_dim, scatter_add, unbroadcast, xp_of
 
 
 def _resolve_shape(shape, numel: int, op: str, src) -> tuple:
-    shape = tuple(int(s) for s in shape)
+    try:
+        shape = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise DTypeError(f"{op}: shape {tuple(shape)!r} must hold ints (input shape {tuple(src)})") from None
     neg = [i for i, s in enumerate(shape) if s == -1]
     if len(neg) > 1:
         raise ShapeError(f"{op}: only one dimension can be -1, got {shape}")
