@@ -43,6 +43,11 @@ class Generator:
         return {"seed": self.seed, "offset": self.offset}
 
     def set_state(self, state: dict) -> None:
+        if not isinstance(state, dict) or "seed" not in state or "offset" not in state:
+            from blutensor.errors import DTypeError
+
+            raise DTypeError(f"set_rng_state: expected the dict from get_rng_state() ({{'seed': int, 'offset': int}}), "
+                             f"got {type(state).__name__} {state!r:.60}")
         self.seed, self.offset = int(state["seed"]), int(state["offset"])
 
     def _bits(self, n: int, xp):

@@ -21,6 +21,10 @@ class set_grad_enabled:  # noqa: N801 - PyTorch's name
     """Context manager (and decorator) that sets whether ops record the graph."""
 
     def __init__(self, mode: bool):
+        if mode is None or isinstance(mode, str | bytes):
+            from blutensor.errors import DTypeError
+
+            raise DTypeError(f"set_grad_enabled: mode must be a bool, got {type(mode).__name__} {mode!r}")
         self.prev = STATE.enabled
         self.mode = bool(mode)
         STATE.enabled = self.mode
@@ -35,6 +39,21 @@ class set_grad_enabled:  # noqa: N801 - PyTorch's name
 
 class _GradCtx:
     mode = True
+
+    def __new__(cls, orig_func=None):
+        """``@no_grad`` without parentheses decorates ``orig_func`` directly (as PyTorch allows)."""
+        self = super().__new__(cls)
+        if orig_func is None:
+            return self
+        if not callable(orig_func):
+            from blutensor.errors import DTypeError
+
+            raise DTypeError(f"{cls.__name__}() takes no arguments (or a function to decorate), got "
+                             f"{type(orig_func).__name__}")
+        return self(orig_func)
+
+    def __init__(self, orig_func=None):
+        pass
 
     def __enter__(self):
         self.prev = STATE.enabled

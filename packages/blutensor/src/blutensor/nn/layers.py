@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 from blutensor import functional as F
 from blutensor.creation import empty, ones, zeros
+from blutensor.errors import ArgumentError, DTypeError
 from blutensor.nn import init
 from blutensor.nn.module import Module
 from blutensor.nn.parameter import Parameter
+
+
+def _sizes(layer: str, **sizes) -> None:
+    """Raise unless every named size is a non-negative int (checked before any allocation)."""
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise DTypeError(f"{layer}: {name} must be an int, got {type(v).__name__} {v!r}")
+        if v < 0:
+            raise ArgumentError(f"{layer}: {name} must be >= 0, got {v}")
 
 
 class Linear(Module):
@@ -16,6 +27,7 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
         super().__init__()
+        _sizes("Linear", in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(empty(out_features, in_features, device=device, dtype=dtype))
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -40,6 +52,7 @@ class LayerNorm(Module):
         if isinstance(normalized_shape, int):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(normalized_shape)
+        _sizes("LayerNorm", **{f"normalized_shape[{i}]": n for i, n in enumerate(self.normalized_shape)})
         self.eps = eps
         if elementwise_affine:
             self.weight = Parameter(ones(*self.normalized_shape, device=device, dtype=dtype))
@@ -57,6 +70,7 @@ class LayerNorm(Module):
 class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()
+        _sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = Parameter(empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
         init.normal_(self.weight)
@@ -72,7 +86,7 @@ class Dropout(Module):
     def __init__(self, p: float = 0.5):
         super().__init__()
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+            raise ArgumentError(f"Dropout: p must be in [0, 1], got {p}")
         self.p = p
 
     def forward(self, x):
@@ -85,6 +99,8 @@ class Dropout(Module):
 class GELU(Module):
     def __init__(self, approximate: str = "none"):
         super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ArgumentError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
         self.approximate = approximate
 
     def forward(self, x):

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from blutensor._tensor import Tensor
 from blutensor.autograd.grad_mode import no_grad
-from blutensor.errors import BluTensorError, ShapeError
+from blutensor.errors import BluTensorError, DTypeError, ShapeError
 from blutensor.nn.parameter import Parameter
 
 
@@ -54,14 +54,23 @@ class Module:
         object.__delattr__(self, name)
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
+        if param is not None and not isinstance(param, Parameter):
+            raise DTypeError(f"{type(self).__name__}.register_parameter: '{name}' must be a Parameter or None, got "
+                             f"{type(param).__name__}")
         self._parameters[name] = param
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise DTypeError(f"{type(self).__name__}.register_buffer: '{name}' must be a Tensor or None, got "
+                             f"{type(tensor).__name__}")
         self._buffers[name] = tensor
         if not persistent:
             self.__dict__.setdefault("_non_persistent", set()).add(name)
 
     def add_module(self, name: str, module: Module) -> None:
+        if module is not None and not isinstance(module, Module):
+            raise DTypeError(f"{type(self).__name__}: submodule '{name}' must be a Module or None, got "
+                             f"{type(module).__name__}")
         self._modules[name] = module
 
     # ---- traversal ----
@@ -176,6 +185,9 @@ class Module:
 
     def load_state_dict(self, state: dict, strict: bool = True):
         """Copy tensors into parameters/buffers; strict: exact key set; shapes must match."""
+        if not hasattr(state, "keys") or not hasattr(state, "items"):
+            raise DTypeError(f"load_state_dict({type(self).__name__}): expected a dict of name -> Tensor, got "
+                             f"{type(state).__name__}")
         own = self.state_dict()
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -186,6 +198,9 @@ class Module:
             if k not in own:
                 continue
             dst = own[k]
+            if not hasattr(v, "shape"):
+                raise DTypeError(f"load_state_dict({type(self).__name__}): '{k}' is a {type(v).__name__}, expected "
+                                 f"a Tensor or an array")
             shape = tuple(v.shape)
             if shape != tuple(dst.shape):
                 raise ShapeError(f"load_state_dict({type(self).__name__}): '{k}' has shape {shape} in the state "

@@ -8,8 +8,8 @@ import numpy as np
 
 from blutensor.autograd.grad_mode import no_grad
 from blutensor.creation import zeros_like
-from blutensor.errors import BluTensorError
-from blutensor.optim.optimizer import Optimizer
+from blutensor.errors import ArgumentError
+from blutensor.optim.optimizer import Optimizer, check_grads, check_hyper
 
 
 def _f32(p):
@@ -30,15 +30,21 @@ class AdamW(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, fused: bool | None = None):
-        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or weight_decay < 0:
-            raise BluTensorError(f"AdamW: invalid hyperparameters lr={lr}, betas={betas}, eps={eps}, "
-                                 f"weight_decay={weight_decay}")
+        check_hyper("AdamW", "lr", lr)
+        check_hyper("AdamW", "eps", eps)
+        check_hyper("AdamW", "weight_decay", weight_decay)
+        if isinstance(betas, str) or not hasattr(betas, "__len__") or len(betas) != 2:
+            raise ArgumentError(f"AdamW: invalid hyperparameters: betas={betas!r} must be a pair (beta1, beta2)")
+        check_hyper("AdamW", "betas[0]", betas[0], 0.0, 1.0)
+        check_hyper("AdamW", "betas[1]", betas[1], 0.0, 1.0)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.fused = fused
 
     @no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        if not self.fused:
+            check_grads("AdamW", self.param_groups)
         for g in self.param_groups:
             if self.fused and any(p.device.type == "cuda" for p in g["params"]):
                 from blutensor.cuda_ops.adamw import fused_step

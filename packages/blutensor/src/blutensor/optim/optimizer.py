@@ -2,7 +2,53 @@
 
 from __future__ import annotations
 
-from blutensor.errors import BluTensorError
+import numbers
+
+from blutensor.errors import ArgumentError, BluTensorError, DTypeError, ShapeError
+
+
+def check_hyper(opt: str, name: str, value, low: float = 0.0, high: float | None = None) -> None:
+    """Raise ArgumentError unless ``value`` is a number in [low, high) (a Tensor value is left unchecked)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return  # a tensor learning rate (CUDA graphs): its value is not read here
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(f"{opt}: invalid hyperparameters: {name}={value!r} must be a number")
+    if value < low or (high is not None and value >= high) or value != value:
+        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+        raise ArgumentError(f"{opt}: invalid hyperparameters: {name}={value!r} must be {bound}")
+
+
+def _param_list(opt: str, params, where: str) -> list:
+    """``params`` as a list of leaf tensors; errors name the optimizer and the position at fault."""
+    from blutensor._tensor import Tensor
+
+    if isinstance(params, Tensor):
+        raise DTypeError(f"{opt}: {where} must be an iterable of Tensors, got a single {params._desc()} "
+                         f"(wrap it in a list)")
+    if hasattr(params, "parameters") and hasattr(params, "forward"):
+        raise DTypeError(f"{opt}: {where} is a {type(params).__name__} module; pass its .parameters()")
+    try:
+        out = list(params)
+    except TypeError:
+        raise DTypeError(f"{opt}: {where} must be an iterable of Tensors or dicts, got "
+                         f"{type(params).__name__}") from None
+    for i, p in enumerate(out):
+        if not isinstance(p, Tensor):
+            raise DTypeError(f"{opt}: {where}[{i}] is a {type(p).__name__}, not a Tensor")
+        if p.grad_fn is not None:
+            raise ArgumentError(f"{opt}: {where}[{i}] {p._desc()} is not a leaf tensor (it has a grad_fn); "
+                                f"optimize the leaves it was computed from")
+    return out
+
+
+def check_grads(opt: str, groups) -> None:
+    """Raise before any update if a parameter's .grad does not match it in shape or device."""
+    for g in groups:
+        for p in g["params"]:
+            gr = p.grad
+            if gr is not None and (gr.shape != p.shape or gr.device != p.device):
+                raise ShapeError(f"{opt}.step: parameter {p._desc()} has a gradient {gr._desc()} of another "
+                                 f"shape or device")
 
 
 class Optimizer:
@@ -12,15 +58,28 @@ class Optimizer:
 
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
-        params = list(params)
+        name = type(self).__name__
+        from blutensor._tensor import Tensor
+
+        if isinstance(params, Tensor) or (hasattr(params, "parameters") and hasattr(params, "forward")):
+            _param_list(name, params, "params")  # raises the descriptive error
+        try:
+            params = list(params)
+        except TypeError:
+            raise DTypeError(f"{name}: params must be an iterable of Tensors or dicts, got "
+                             f"{type(params).__name__}") from None
         if not params:
-            raise BluTensorError(f"{type(self).__name__} got an empty parameter list")
+            raise BluTensorError(f"{name} got an empty parameter list")
         groups = params if isinstance(params[0], dict) else [{"params": params}]
         self.param_groups: list[dict] = []
         self.state: dict = {}
         seen = set()
-        for g in groups:
-            g = {**self.defaults, **g, "params": list(g["params"])}
+        for gi, g in enumerate(groups):
+            if not isinstance(g, dict) or "params" not in g:
+                raise ArgumentError(f"{name}: param group {gi} must be a dict with a 'params' key, got "
+                                    f"{type(g).__name__}" + (f" with keys {sorted(g)}" if isinstance(g, dict) else ""))
+            where = f"param group {gi} 'params'" if groups is params else "params"
+            g = {**self.defaults, **g, "params": _param_list(name, g["params"], where)}
             for p in g["params"]:
                 if id(p) in seen:
                     raise BluTensorError(f"{type(self).__name__}: a parameter appears in more than one group")
@@ -53,6 +112,10 @@ class Optimizer:
 
     def load_state_dict(self, sd: dict) -> None:
         params = self._ordered()
+        if not isinstance(sd, dict) or "state" not in sd or "param_groups" not in sd:
+            got = f"keys {sorted(map(str, sd))}" if isinstance(sd, dict) else type(sd).__name__
+            raise ArgumentError(f"{type(self).__name__}.load_state_dict: expected a dict with 'state' and "
+                                f"'param_groups' (from Optimizer.state_dict()), got {got}")
         if len(sd["param_groups"]) != len(self.param_groups):
             raise BluTensorError(f"optimizer state has {len(sd['param_groups'])} groups, optimizer has "
                                  f"{len(self.param_groups)}")
@@ -64,6 +127,9 @@ class Optimizer:
         from blutensor._tensor import Tensor
 
         for i, s in sd["state"].items():
+            if not 0 <= int(i) < len(params):
+                raise ArgumentError(f"{type(self).__name__}.load_state_dict: state for parameter index {i}, but "
+                                    f"the optimizer has {len(params)} parameters")
             p = params[int(i)]
             st = {}
             for k, v in s.items():

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from blutensor.autograd.grad_mode import no_grad
 from blutensor.errors import BluTensorError
-from blutensor.optim.optimizer import Optimizer
+from blutensor.optim.optimizer import Optimizer, check_grads, check_hyper
 
 
 class SGD(Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
+        for name, v in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
+                        ("weight_decay", weight_decay)):
+            check_hyper("SGD", name, v)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise BluTensorError("SGD: nesterov needs momentum > 0 and dampening == 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
@@ -18,6 +21,7 @@ class SGD(Optimizer):
     @no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        check_grads("SGD", self.param_groups)
         for g in self.param_groups:
             lr, mom, damp, wd, nest = g["lr"], g["momentum"], g["dampening"], g["weight_decay"], g["nesterov"]
             for p in g["params"]:
