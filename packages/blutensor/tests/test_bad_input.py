@@ -1,0 +1,251 @@
+"""Bad input to the public API (CPU): each error has a blutensor class and names the argument at fault,
+and is raised before any work is done (no NumPy-internal tracebacks, no silent wrong results)."""
+
+from __future__ import annotations
+
+import blutensor as bt
+import blutensor.nn as nn
+import blutensor.nn.functional as F
+import numpy as np
+import pytest
+
+
+def test_error_classes():
+    assert issubclass(bt.ArgumentError, ValueError) and issubclass(bt.ArgumentError, bt.BluTensorError)
+    assert issubclass(bt.DTypeError, TypeError) and issubclass(bt.ShapeError, ValueError)
+
+
+def test_creation_sizes():
+    with pytest.raises(bt.ShapeError, match=r"zeros: size \(-1, 3\) has a negative dimension"):
+        bt.zeros(-1, 3)
+    with pytest.raises(bt.ShapeError, match=r"randn: size \(-2, 3\)"):  # was a silent (0, 3) tensor
+        bt.randn(-2, 3)
+    with pytest.raises(bt.ShapeError, match=r"full: size \(-1,\)"):
+        bt.full((-1,), 2.0)
+    with pytest.raises(bt.DTypeError, match=r"zeros: size must be a sequence of ints, got \(2\.5,\)"):
+        bt.zeros(2.5)  # was silently truncated to 2
+    with pytest.raises(bt.DTypeError, match=r"ones: size .*'3'"):
+        bt.ones("3")
+    with pytest.raises(bt.ArgumentError, match=r"randint: low \(5\) must be less than high \(2\)"):
+        bt.randint(5, 2, (3,))
+    with pytest.raises(bt.ArgumentError, match="arange: step must be nonzero"):
+        bt.arange(0, 5, 0)
+    with pytest.raises(bt.DTypeError, match="arange: end must be a number"):
+        bt.arange("5")
+    with pytest.raises(bt.ArgumentError, match="linspace: steps must be a non-negative int, got -3"):
+        bt.linspace(0, 1, -3)
+    with pytest.raises(bt.DTypeError, match="full: fill_value must be a number, got str"):
+        bt.full((2,), "a")
+    assert bt.zeros(np.int64(2), 3).shape == (2, 3) and bt.randint(0, 5, 4).shape == (4,)
+
+
+def test_tensor_from_bad_data():
+    with pytest.raises(bt.ShapeError, match="tensor: data is ragged"):
+        bt.tensor([[1, 2], [3]])
+    with pytest.raises(bt.DTypeError, match=r"tensor: .*non-numeric data of NumPy dtype <U1"):
+        bt.tensor(["a", "b"])
+    with pytest.raises(bt.DTypeError, match="dtype object"):
+        bt.tensor(np.array([1, None], dtype=object))
+    with pytest.raises(bt.DTypeError, match="complex128"):
+        bt.tensor([1j])
+    with pytest.raises(bt.DTypeError, match="from_numpy: expected a numpy.ndarray, got list"):
+        bt.from_numpy([1, 2])
+    with pytest.raises(bt.DTypeError, match="zeros_like: expected a Tensor, got list"):
+        bt.zeros_like([1, 2])
+    with pytest.raises(bt.DTypeError, match="set_default_dtype: only floating-point dtypes.*int64"):
+        bt.set_default_dtype(bt.int64)
+    assert bt.get_default_dtype() is bt.float32
+    assert bt.tensor(np.ones(2, dtype=bt.bfloat16.np)).dtype is bt.bfloat16
+
+
+def test_operands_that_are_not_tensors():
+    x = bt.zeros(2, 3)
+    with pytest.raises(bt.DTypeError, match="operand str 'a' is not a Tensor or a real number"):
+        x + "a"
+    with pytest.raises(bt.DTypeError, match="operand list is not a Tensor"):
+        x * [1.0, 2.0, 3.0]
+    with pytest.raises(bt.DTypeError, match="matmul: expected a Tensor operand, got list"):
+        x @ [[1.0], [2.0], [3.0]]
+    with pytest.raises(bt.DTypeError, match=r"where: condition must be a bool Tensor, got Tensor\(shape=\(2, 3\), "
+                                            r"dtype=float32"):
+        bt.where(x, x, x)  # was silently used as truthiness
+    with pytest.raises(bt.DTypeError, match="masked_fill: mask must be a bool Tensor.*float32"):
+        x.masked_fill(x, 1.0)
+    with pytest.raises(bt.DTypeError, match="masked_fill_: mask must be a bool Tensor"):
+        x.masked_fill_(x, 1.0)
+    with pytest.raises(bt.DTypeError, match=r"to: 'tpu' is neither a device .* nor a dtype"):
+        x.to("tpu")
+    with pytest.raises(bt.DTypeError, match=r"to: 'tpu' is neither a device"):
+        nn.Linear(2, 2).to("tpu")
+
+
+def test_shape_op_arguments():
+    x = bt.zeros(2, 3, 4)
+    with pytest.raises(bt.ShapeError, match="flatten: dim 3 out of range for a tensor with 3 dims"):
+        x.flatten(3)  # was a silent no-op
+    with pytest.raises(bt.ShapeError, match=r"flatten: start_dim 2 comes after end_dim 1 for shape \(2, 3, 4\)"):
+        x.flatten(2, 1)  # was a silent (2, 3, 1, 4)
+    assert bt.zeros(0, 2, 3).flatten(1).shape == (0, 6) and bt.tensor(1.0).flatten().shape == (1,)
+    with pytest.raises(bt.ArgumentError, match="split: split_size must be a positive int, got 0"):
+        x.split(0, dim=1)
+    with pytest.raises(bt.ArgumentError, match="chunk: chunks must be a positive int, got 0"):
+        x.chunk(0)
+    with pytest.raises(bt.ShapeError, match="split: dim 5 out of range"):
+        x.split(1, dim=5)  # was a silent split along dim 5 % 3
+    with pytest.raises(bt.ArgumentError, match=r"split: sections must be non-negative ints, got \[-1, 4\]"):
+        x.split([-1, 4], dim=1)
+    with pytest.raises(bt.ShapeError, match=r"tril: input must have at least 2 dims, got shape \(3,\)"):
+        bt.tril(bt.zeros(3))
+    with pytest.raises(bt.DTypeError, match="sum: dim must be an int, got float 1.0"):
+        x.sum(dim=1.0)
+    with pytest.raises(bt.ShapeError, match=r"sum: dims \(0, -3\) repeat a dim"):
+        x.sum(dim=(0, -3))
+    with pytest.raises(bt.DTypeError, match=r"view: shape \(2.0, 12\) must hold ints"):
+        x.reshape(2.0, 12)
+    with pytest.raises(bt.ShapeError, match=r"setitem: cannot assign 1.0 to the selection 5 of Tensor\(shape="
+                                            r"\(2, 3, 4\)"):
+        x[5] = 1.0
+    with pytest.raises(bt.ShapeError, match=r"setitem: cannot assign Tensor\(shape=\(5,\)"):
+        x[0] = bt.zeros(5)
+
+
+def test_cat_stack_arguments():
+    a = bt.zeros(2, 3)
+    with pytest.raises(bt.DTypeError, match=r"cat: expected a sequence of tensors, got a single Tensor"):
+        bt.cat(a)  # was a silent cat of its rows
+    with pytest.raises(bt.DTypeError, match="cat: element 1 is a list, not a Tensor"):
+        bt.cat([a, [1, 2, 3]])
+    with pytest.raises(bt.DTypeError, match=r"stack: expected tensors of one dtype, got tensor 0 .*float32.* "
+                                            r"tensor 1 .*int64"):
+        bt.stack([a, bt.zeros(2, 3, dtype=bt.int64)])  # was a silent float64 result
+    with pytest.raises(bt.ShapeError, match="cat: zero-dimensional tensors cannot be concatenated"):
+        bt.cat([bt.tensor(1.0), bt.tensor(2.0)])
+    with pytest.raises(bt.ShapeError, match="stack: dim 4 out of range for a tensor with 3 dims"):
+        bt.stack([a, a], dim=4)  # was a silent stack along dim 4 % 3
+    assert bt.stack([a, a], dim=-3).shape == (2, 2, 3)
+
+
+def test_linear_embedding_arguments():
+    with pytest.raises(bt.ShapeError, match=r"linear: weight must be 2-D .* got shape \(3,\)"):
+        F.linear(bt.zeros(2, 3), bt.zeros(3))
+    with pytest.raises(bt.ShapeError, match=r"linear: bias shape \(5,\) does not match weight shape \(4, 3\)"):
+        F.linear(bt.zeros(2, 3), bt.zeros(4, 3), bt.zeros(5))
+    with pytest.raises(bt.ShapeError, match=r"linear: input must have at least 1 dim"):
+        nn.Linear(4, 5)(bt.tensor(1.0))
+    with pytest.raises(bt.ArgumentError, match="Linear: in_features must be >= 0, got -4"):
+        nn.Linear(-4, 5)
+    with pytest.raises(bt.DTypeError, match="Linear: in_features must be an int, got float 4.5"):
+        nn.Linear(4.5, 5)
+    with pytest.raises(bt.ArgumentError, match="Embedding: num_embeddings must be >= 0"):
+        nn.Embedding(-1, 4)
+    with pytest.raises(bt.ArgumentError, match=r"LayerNorm: normalized_shape\[0\] must be >= 0"):
+        nn.LayerNorm(-3)
+    emb = nn.Embedding(10, 4)
+    with pytest.raises(bt.DTypeError, match="embedding: indices must be an integer Tensor, got list"):
+        emb([1, 2])
+    with pytest.raises(bt.DTypeError, match=r"embedding: indices must be an integer Tensor, got Tensor.*bool"):
+        emb(bt.tensor([True]))
+    with pytest.raises(bt.ShapeError, match=r"embedding: weight must be 2-D .* got shape \(4,\)"):
+        F.embedding(bt.tensor([1]), bt.zeros(4))
+
+
+def test_nn_option_arguments():
+    x, t = bt.zeros(2, 3), bt.tensor([0, 1])
+    with pytest.raises(bt.ArgumentError, match="gelu: approximate must be 'none' or 'tanh', got 'fast'"):
+        F.gelu(x, approximate="fast")
+    with pytest.raises(bt.ArgumentError, match="GELU: approximate"):
+        nn.GELU("fast")
+    with pytest.raises(ValueError, match=r"Dropout: p must be in \[0, 1\], got 2.0"):
+        nn.Dropout(2.0)
+    with pytest.raises(bt.ArgumentError, match="cross_entropy: reduction must be 'mean', 'sum' or 'none', got 'avg'"):
+        F.cross_entropy(x, t, reduction="avg")
+    with pytest.raises(bt.ArgumentError, match=r"cross_entropy: label_smoothing must be in \[0, 1\], got 1.5"):
+        F.cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises(bt.DTypeError, match="cross_entropy: logits must be a floating-point Tensor.*int64"):
+        F.cross_entropy(bt.zeros(2, 3, dtype=bt.int64), t)  # was an int64 'loss'
+    with pytest.raises(bt.DTypeError, match="cross_entropy: target must hold class indices .*got list"):
+        F.cross_entropy(x, [0, 1])
+    with pytest.raises(bt.DTypeError, match="Sequential: submodule '0' must be a Module or None, got function"):
+        nn.Sequential(lambda v: v)
+    with pytest.raises(bt.DTypeError, match="ModuleList: submodule '0' must be a Module or None, got int"):
+        nn.ModuleList([3])
+    with pytest.raises(bt.DTypeError, match="register_parameter: 'w' must be a Parameter or None, got int"):
+        nn.Module().register_parameter("w", 3)
+
+
+def test_sdpa_arguments():
+    q = bt.zeros(1, 2, 4, 8)
+    with pytest.raises(bt.ShapeError, match=r"batch dims of q \(1, 2, 4, 8\), k \(1, 3, 4, 8\), v \(1, 3, 4, 8\) do "
+                                            r"not broadcast"):
+        F.scaled_dot_product_attention(q, bt.zeros(1, 3, 4, 8), bt.zeros(1, 3, 4, 8))
+    with pytest.raises(bt.ShapeError, match=r"q must have at least 2 dims .* got shape \(8,\)"):
+        F.scaled_dot_product_attention(bt.zeros(8), bt.zeros(8), bt.zeros(8))
+    with pytest.raises(bt.ShapeError, match=r"attn_mask shape \(3, 3\) does not broadcast to \(\.\.\., L, S\) = "
+                                            r"\(1, 2, 4, 4\)"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=bt.zeros(3, 3))
+    with pytest.raises(bt.ArgumentError, match="either attn_mask or is_causal=True, not both"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=bt.zeros(4, 4), is_causal=True)
+    with pytest.raises(bt.ArgumentError, match=r"dropout_p must be in \[0, 1\), got 1.5"):
+        F.scaled_dot_product_attention(q, q, q, dropout_p=1.5)
+    # still accepted: a (L, S) mask and batch dims that broadcast
+    assert F.scaled_dot_product_attention(q, q, q, attn_mask=bt.zeros(4, 4)).shape == (1, 2, 4, 8)
+    k = bt.zeros(3, 1, 4, 8)
+    assert F.scaled_dot_product_attention(q, k, k).shape == (3, 2, 4, 8)
+
+
+def test_optimizer_arguments():
+    params = list(nn.Linear(3, 2).parameters())
+    with pytest.raises(bt.ArgumentError, match=r"AdamW: invalid hyperparameters: lr='1e-3' must be a number"):
+        bt.optim.AdamW(params, lr="1e-3")
+    with pytest.raises(bt.ArgumentError, match=r"betas=\(0.9,\) must be a pair"):
+        bt.optim.AdamW(params, betas=(0.9,))
+    with pytest.raises(bt.ArgumentError, match=r"betas\[1\]=1.5 must be in \[0.0, 1.0\)"):
+        bt.optim.AdamW(params, betas=(0.9, 1.5))
+    with pytest.raises(bt.ArgumentError, match="SGD: invalid hyperparameters: lr=-1 must be >= 0"):
+        bt.optim.SGD(params, lr=-1)
+    with pytest.raises(bt.DTypeError, match=r"AdamW: params must be an iterable of Tensors, got a single Tensor"):
+        bt.optim.AdamW(bt.zeros(3, requires_grad=True))  # was an optimizer over the tensor's rows
+    with pytest.raises(bt.DTypeError, match=r"params is a Linear module; pass its .parameters\(\)"):
+        bt.optim.AdamW(nn.Linear(3, 2))
+    with pytest.raises(bt.DTypeError, match=r"AdamW: params\[1\] is a int, not a Tensor"):
+        bt.optim.AdamW([params[0], 2])
+    with pytest.raises(bt.ArgumentError, match=r"params\[0\] .* is not a leaf tensor"):
+        bt.optim.AdamW([bt.ones(3, requires_grad=True) * 2])
+    with pytest.raises(bt.ArgumentError, match="param group 0 must be a dict with a 'params' key"):
+        bt.optim.AdamW([{"lr": 1e-3}])
+    opt = bt.optim.AdamW(params)
+    with pytest.raises(bt.ArgumentError, match=r"AdamW.load_state_dict: expected a dict with 'state' and "
+                                               r"'param_groups'"):
+        opt.load_state_dict({"foo": 1})
+
+
+@pytest.mark.parametrize("make", [lambda ps: bt.optim.AdamW(ps, lr=0.1), lambda ps: bt.optim.SGD(ps, lr=0.1)])
+def test_optimizer_step_checks_grad_shapes_before_updating(make):
+    a, b = bt.ones(3, requires_grad=True), bt.ones(2, requires_grad=True)
+    opt = make([a, b])
+    a.grad, b.grad = bt.ones(3), bt.ones(4)
+    with pytest.raises(bt.ShapeError, match=r"step: parameter Tensor\(shape=\(2,\).*gradient Tensor\(shape=\(4,\)"):
+        opt.step()
+    assert a.numpy().tolist() == [1.0, 1.0, 1.0]  # nothing was updated
+
+
+def test_module_state_dict_arguments():
+    m = nn.Linear(3, 2)
+    with pytest.raises(bt.DTypeError, match=r"load_state_dict\(Linear\): 'weight' is a list"):
+        m.load_state_dict({"weight": [[0.0] * 3] * 2, "bias": [0.0, 0.0]})
+    with pytest.raises(bt.DTypeError, match=r"load_state_dict\(Linear\): expected a dict of name -> Tensor, got list"):
+        m.load_state_dict([1, 2])
+
+
+def test_grad_mode_and_rng_arguments():
+    with pytest.raises(bt.DTypeError, match="set_grad_enabled: mode must be a bool, got str 'no'"):
+        bt.set_grad_enabled("no")
+    assert bt.is_grad_enabled()
+
+    @bt.no_grad
+    def f(x):
+        return x * 2
+
+    assert not f(bt.ones(2, requires_grad=True)).requires_grad and bt.is_grad_enabled()
+    with pytest.raises(bt.DTypeError, match=r"set_rng_state: expected the dict from get_rng_state\(\)"):
+        bt.set_rng_state("x")
