@@ -32,6 +32,13 @@ def test_unknown_key_suggests_the_real_one(data, hint):
         from_dict(data)
 
 
+def test_key_outside_any_table_names_its_table(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("lr = 1e-3\n[model]\nn_layer = 2\n")
+    with pytest.raises(ConfigError, match=r"key 'lr' = 0\.001 is outside any table; put it under \[train\]"):
+        load_config(p)  # was: unknown section [lr]
+
+
 def test_override_typo_suggests_the_real_one():
     with pytest.raises(ConfigError, match=r"override: unknown key train\.lrr; did you mean 'train\.lr'\?"):
         apply_overrides(load_preset("tiny"), ["train.lrr=1e-3"])

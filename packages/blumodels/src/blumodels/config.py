@@ -292,6 +292,11 @@ def _coerce(section: str, name: str, typ: Any, value: Any) -> Any:
 
 def _apply(cfg: RunConfig, data: dict[str, Any], origin: str) -> None:
     for section, table in data.items():
+        if section not in _SECTIONS and not isinstance(table, dict):  # `lr = 1e-3` above every [table]
+            homes = [sec for sec, typ in _SECTIONS.items() if section in {f.name for f in fields(typ)}]
+            where = f"; put it under [{homes[0]}]" if homes else ""
+            raise ConfigError(f"{origin}: key {section!r} = {table!r} is outside any table{where} (tables: "
+                              f"{', '.join(_SECTIONS)})")
         if section not in _SECTIONS:
             raise ConfigError(f"{origin}: unknown section [{section}]{_did_you_mean(section, _SECTIONS)} "
                               f"(sections: {', '.join(_SECTIONS)})")
