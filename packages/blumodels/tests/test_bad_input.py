@@ -186,6 +186,33 @@ def test_damaged_tokenizer_fails_before_training_when_sampling_is_on(tmp_path):
         Trainer(micro_config(d, sample_tokens=8), tmp_path / "b", quiet=True)  # used to fail after the last step
 
 
+def test_failed_data_preparation_is_told_to_every_rank(tmp_path, monkeypatch):
+    """Rank 0 prepares <out>/data while the others wait: a failure must reach them, not leave them in a barrier."""
+    import importlib
+
+    import blumodels.trainer as trainer_mod
+    from blumodels.dist import Dist
+
+    votes = []
+
+    class TwoRanks(Dist):  # the collective as rank ``rank`` of 2 would see it: rank 0's vote decides
+        def min_int(self, value, device="cpu"):
+            votes.append(value)
+            return value if self.rank == 0 else 0
+
+    def broken_prepare(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(importlib.import_module("blumodels.data.prepare"), "prepare", broken_prepare)
+    cfg = micro_config()
+    cfg.data.dir = ""
+    for rank, err, msg in ((0, OSError, "disk full"), (1, ConfigError, "rank 0 could not prepare the data")):
+        monkeypatch.setattr(trainer_mod.Dist, "from_config", classmethod(lambda c, w, r=rank: TwoRanks(r, 2)))
+        with pytest.raises(err, match=msg):
+            Trainer(cfg, tmp_path / f"rank{rank}", quiet=True)
+    assert votes == [0, 1]  # rank 0 voted "failed" and still took part in the collective
+
+
 # ---------------------------------------------------------------------------------------------- run directory
 
 

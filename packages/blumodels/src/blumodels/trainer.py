@@ -179,9 +179,16 @@ class Trainer:
 
             set_fp32_gemm(cfg.train.fp32_gemm)
         if not cfg.data.dir:  # rank 0 prepares <out>/data when missing, the other ranks then find it prepared
+            failed: BaseException | None = None
             if self.dist.is_main:
-                self.data_dir = ensure_data(cfg, self.out, self.log)
-            self.dist.barrier()
+                try:
+                    self.data_dir = ensure_data(cfg, self.out, self.log)
+                except Exception as e:  # told to the other ranks below instead of leaving them in a barrier
+                    failed = e
+            if self.dist.min_int(0 if failed is not None else 1, self.device) == 0:  # the barrier, with a verdict
+                if failed is not None:
+                    raise failed
+                raise ConfigError(f"rank 0 could not prepare the data in {self.out / 'data'} (its error says why)")
         self.data_dir = ensure_data(cfg, self.out, self.log)  # a given data.dir: every rank checks it (no barrier)
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
