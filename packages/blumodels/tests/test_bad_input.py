@@ -296,6 +296,26 @@ def test_resume_past_the_schedule_and_sample_with_another_model(finished, tmp_pa
     assert "model.n_head=2 in the checkpoint, 4 now" in capsys.readouterr().err
 
 
+def test_resume_failure_on_another_rank_stops_this_one(finished, tmp_path, monkeypatch):
+    """This rank's checkpoint is fine, another rank's is not: the vote after the checks stops both (this rank
+    would otherwise train on, into the first all-reduce, and wait forever)."""
+    import blumodels.trainer as trainer_mod
+    from blumodels.dist import Dist
+
+    class PeerFailed(Dist):
+        calls = 0
+
+        def min_int(self, value, device="cpu"):  # 1st: the agreed step; 2nd: the vote, where a peer said 0
+            PeerFailed.calls += 1
+            return value if PeerFailed.calls == 1 else 0
+
+    out, _ = _clone(finished, tmp_path)
+    monkeypatch.setattr(trainer_mod.Dist, "from_config", classmethod(lambda c, w: PeerFailed()))
+    with pytest.raises(CheckpointError, match="another rank cannot restore its checkpoint of this step"):
+        Trainer(micro_config(steps=2, eval_interval=0), out, resume=True, quiet=True)
+    assert PeerFailed.calls == 2
+
+
 def test_restore_checks_everything_before_writing(finished):
     tensors, meta = load_checkpoint(finished / "checkpoints" / "step_00000002.rank0.safetensors")
     cfg = micro_config()

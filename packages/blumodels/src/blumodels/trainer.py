@@ -25,7 +25,7 @@ from blumodels.checkpoint.format import CheckpointError
 from blumodels.config import ConfigError, RunConfig
 from blumodels.dist import Dist
 from blumodels.gpt2 import GPT2, build_model
-from blumodels.state import restore_training_state, training_state
+from blumodels.state import check_training_state, restore_training_state, training_state
 
 
 class NonFiniteError(RuntimeError):
@@ -193,10 +193,10 @@ class Trainer:
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
         self._tokenizer = None
-        if cfg.train.sample_tokens and self.dist.is_main:
+        if cfg.train.sample_tokens:  # every rank: a broken tokenizer fails now, not after training, and everywhere
             from blumodels.data.tokenizer import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.data_dir)  # a broken tokenizer fails now, not after training
+            self._tokenizer = load_tokenizer(self.data_dir)
         from blumodels.memory import DeviceMemory
 
         self.memory = DeviceMemory(self.device, cfg.train.allocator)  # before the model: it allocates through it
@@ -267,10 +267,19 @@ class Trainer:
             self._truncate_log(0)
             return False
         path, tensors, meta = found
-        check_resume_config(path, meta, self.cfg)
-        if int(meta["step"]) > self.cfg.train.steps:
-            raise ConfigError(f"cannot resume from {path}: it is at step {meta['step']}, past train.steps="
-                              f"{self.cfg.train.steps} (the end of the LR schedule); raise train.steps (--steps)")
+        failed: BaseException | None = None
+        try:
+            check_resume_config(path, meta, self.cfg)
+            if int(meta["step"]) > self.cfg.train.steps:
+                raise ConfigError(f"cannot resume from {path}: it is at step {meta['step']}, past train.steps="
+                                  f"{self.cfg.train.steps} (the end of the LR schedule); raise train.steps (--steps)")
+            check_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
+        except Exception as e:  # every rank learns of it below: one rank alone must not go on into a collective
+            failed = e
+        if self.dist.min_int(0 if failed is not None else 1, self.device) == 0:
+            if failed is not None:
+                raise failed
+            raise CheckpointError(path, "another rank cannot restore its checkpoint of this step (its error says why)")
         self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
         self.resumed_from = str(path)
         self._truncate_log(self.step)
