@@ -257,18 +257,18 @@ class Trainer:
         agreed = self.dist.min_int(step, self.device)  # every rank resumes from the same step
         if agreed == -2:  # some rank (maybe this one) has checkpoint files but none that verifies
             raise CheckpointError(self.out / "checkpoints", self._unusable_report())
-        if agreed != step and agreed >= 0:
-            from blumodels.checkpoint.format import load_checkpoint
-
-            p = self.ckpt.path_for(agreed)
-            found = (p, *load_checkpoint(p))
         if agreed < 0:
             self.log(f"[blutrain] no checkpoint in {self.out / 'checkpoints'} (on every rank): starting from step 0")
             self._truncate_log(0)
             return False
-        path, tensors, meta = found
+        path = self.ckpt.path_for(agreed)
         failed: BaseException | None = None
         try:
+            if agreed != step:  # an older step that every rank has: this rank loads that one
+                from blumodels.checkpoint.format import load_checkpoint
+
+                found = (path, *load_checkpoint(path))
+            path, tensors, meta = found
             check_resume_config(path, meta, self.cfg)
             if int(meta["step"]) > self.cfg.train.steps:
                 raise ConfigError(f"cannot resume from {path}: it is at step {meta['step']}, past train.steps="
