@@ -56,7 +56,10 @@ def test_override_typo_suggests_the_real_one():
     ({"data": {"shard_tokens": 1}}, r"data\.shard_tokens must be at least 2, got 1"),
     ({"train": {"device": "cudax"}}, r"train\.device must be .*got 'cudax'"),
     ({"train": {"device": "cuda:-1"}}, r"train\.device must be .*got 'cuda:-1'"),
-    ({"train": {"precision": "BF16"}}, r"train\.precision must be 'fp32', 'tf32' or 'bf16', got 'BF16'"),
+    ({"train": {"precision": "BF16"}}, r"train\.precision must be 'fp32', 'tf32' or 'bf16', got 'BF16'; did you "
+                                       r"mean 'bf16'\?"),
+    ({"train": {"precision": "fp-32"}}, r"got 'fp-32'; did you mean 'fp32'\?"),
+    ({"train": {"nan_policy": "Skip"}}, r"train\.nan_policy must be 'stop' or 'skip', got 'Skip'; did you mean 'skip'"),
     ({"train": {"sample_interval": 10}}, r"train\.sample_interval=10 samples nothing with train\.sample_tokens = 0"),
     ({"data": {"corpus": "pydoc"}}, r"data\.corpus must be a built-in corpus \(pydocs\), got 'pydoc'; did you mean"),
     ({"data": {"tokenizer": "bpe", "vocab_size": 100}}, r"data\.vocab_size=100 is too small for a byte-level BPE"),

@@ -23,6 +23,7 @@ class ConfigError(ValueError):
 MODEL_FAMILIES = ("gpt2",)  # what the Trainer builds (blumodels.gpt2.build_model)
 TOKENIZERS = ("auto", "gpt2", "bpe")  # data.tokenizer (blumodels.data.prepare.TOKENIZER_CHOICES)
 BUILTIN_CORPORA = ("pydocs",)  # data.corpus (blumodels.data.corpus.BUILTIN_CORPORA; not imported: no NumPy here)
+PRECISIONS = ("fp32", "tf32", "bf16")  # train.precision
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 
 
@@ -179,14 +180,17 @@ class RunConfig:
             if not 0.0 <= getattr(t, name) < 1.0:
                 raise ConfigError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
         if t.nan_policy not in ("stop", "skip"):
-            raise ConfigError(f"train.nan_policy must be 'stop' or 'skip', got {t.nan_policy!r}")
-        if t.precision not in ("fp32", "tf32", "bf16"):
-            raise ConfigError(f"train.precision must be 'fp32', 'tf32' or 'bf16', got {t.precision!r}")
+            raise ConfigError(f"train.nan_policy must be 'stop' or 'skip', got {t.nan_policy!r}"
+                              f"{_did_you_mean(t.nan_policy, ('stop', 'skip'))}")
+        if t.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision must be 'fp32', 'tf32' or 'bf16', got {t.precision!r}"
+                              f"{_did_you_mean(t.precision, PRECISIONS)}")
         if t.fp32_gemm not in ("strict", "3xtf32"):
             raise ConfigError(f"train.fp32_gemm must be 'strict' or '3xtf32' (fp32-accurate split-TF32 GEMMs), "
-                              f"got {t.fp32_gemm!r}")
+                              f"got {t.fp32_gemm!r}{_did_you_mean(t.fp32_gemm, ('strict', '3xtf32'))}")
         if t.allocator not in ("blu", "cupy"):
-            raise ConfigError(f"train.allocator must be 'blu' or 'cupy', got {t.allocator!r}")
+            raise ConfigError(f"train.allocator must be 'blu' or 'cupy', got {t.allocator!r}"
+                              f"{_did_you_mean(t.allocator, ('blu', 'cupy'))}")
         if t.device not in ("auto", "cpu") and not _CUDA_DEVICE.fullmatch(t.device):
             raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda[:N]', got {t.device!r}")
         if t.optimizer_in_backward:
@@ -248,7 +252,9 @@ def _did_you_mean(word: str, choices: Any, prefix: str = "") -> str:
     """'; did you mean 'X'?' for the closest choice or known alias (``prefix`` put before it), or ''."""
     names = [str(c) for c in choices]
     alias = _ALIASES.get(str(word))
-    close = [alias] if alias in names else difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
+    lower = {n.lower(): n for n in names}  # 'BF16' -> 'bf16'
+    close = [alias] if alias in names else \
+        [lower[m] for m in difflib.get_close_matches(str(word).lower(), list(lower), n=1, cutoff=0.6)]
     return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
