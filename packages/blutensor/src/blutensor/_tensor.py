@@ -136,6 +136,8 @@ class Tensor:
         return self.shape[0]
 
     def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError(f"iteration over a 0-d tensor ({self._desc()}); use .item()")
         for i in range(len(self)):
             yield self[i]
 
@@ -292,6 +294,8 @@ class Tensor:
 
     def register_hook(self, hook):
         """Call ``hook(grad) -> Tensor | None`` whenever this tensor's gradient is computed."""
+        if not callable(hook):
+            raise DTypeError(f"register_hook: hook must be callable, got {type(hook).__name__}")
         if not self.requires_grad:
             raise AutogradError(f"cannot register a hook on {self._desc()}: it does not require grad")
         if self.grad_fn is not None:
@@ -309,6 +313,8 @@ class Tensor:
     def register_post_accumulate_grad_hook(self, hook):
         """Call ``hook(tensor)`` on a leaf once its ``.grad`` for this backward is complete
         ("gradient ready"; distributed data parallel hangs its buckets on it)."""
+        if not callable(hook):
+            raise DTypeError(f"register_post_accumulate_grad_hook: hook must be callable, got {type(hook).__name__}")
         if self.grad_fn is not None:
             raise AutogradError("post-accumulate-grad hooks can only be registered on leaf tensors")
         if self._post_hooks is None:
@@ -383,6 +389,9 @@ class Tensor:
         self._check_plain_inplace("fill_")
         if isinstance(value, Tensor):
             value = value.item()
+        elif not isinstance(value, numbers.Real | np.bool_):
+            raise DTypeError(f"fill_: value must be a real number, got {type(value).__name__} {value!r:.40} "
+                             f"(filling {self._desc()})")
         self._data[...] = _storage_scalar(value, self.dtype, self.device)
         self._version.v += 1
         return self

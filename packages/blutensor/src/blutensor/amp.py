@@ -75,6 +75,8 @@ class autocast:  # noqa: N801 - PyTorch's name
         if device_type not in DEVICE_TYPES:
             raise ValueError(f"autocast: device_type must be 'cuda' or 'cpu', got {device_type!r}")
         dt = bfloat16 if dtype is None else dtype
+        if isinstance(dt, str) and dt in ("bfloat16", "bf16"):
+            dt = bfloat16
         if dt is not bfloat16:
             raise DTypeError(f"autocast: dtype must be blutensor.bfloat16 (the only lower-precision compute dtype "
                              f"blutensor autocasts to), got {dt!r}")

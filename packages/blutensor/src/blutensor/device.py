@@ -21,8 +21,8 @@ class device:  # noqa: N801 - PyTorch's name
                 index = int(idx)
             except ValueError:
                 raise ValueError(f"bad device {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'") from None
-        if s not in ("cpu", "cuda"):
-            raise ValueError(f"bad device {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        if s not in ("cpu", "cuda") or (index is not None and index < 0):
+            raise ValueError(f"bad device {spec!r}: expected 'cpu', 'cuda' or 'cuda:N' with N >= 0")
         self.type = s
         self.index = (index or 0) if s == "cuda" else None
 

@@ -84,6 +84,7 @@ def abs(a):  # noqa: A001
 
 
 def sigmoid(a):
+    _floating(a, "sigmoid")  # an integer result would be silently truncated
     return apply("sigmoid", a)
 
 
@@ -92,6 +93,9 @@ def relu(a):
 
 
 def clamp(a, min=None, max=None):  # noqa: A002
+    for name, v in (("min", min), ("max", max)):
+        if v is not None and not isinstance(v, numbers.Real) and not hasattr(v, "_data"):
+            raise DTypeError(f"clamp: {name} must be a number, a Tensor or None, got {type(v).__name__} {v!r:.40}")
     return apply("clamp", a, min=min, max=max)
 
 
@@ -170,10 +174,11 @@ def sum(a, dim=None, keepdim=False, dtype=None):  # noqa: A001
 
 
 def _floating(a, op: str) -> None:
-    if not a.dtype.is_floating_point:
-        from blutensor.errors import DTypeError
-
-        raise DTypeError(f"{op}: needs a floating-point tensor, got {a._desc()} (convert with .float())")
+    """Raise unless ``a`` is a floating-point Tensor (ops whose integer result would be wrong or truncated)."""
+    dt = getattr(a, "dtype", None)
+    if not getattr(dt, "is_floating_point", False):
+        got = a._desc() if hasattr(a, "_desc") else type(a).__name__
+        raise DTypeError(f"{op}: needs a floating-point tensor, got {got} (convert with .float())")
 
 
 def mean(a, dim=None, keepdim=False):
@@ -401,15 +406,26 @@ def linear(x, weight, bias=None):
 # ---- neural-network ops ----
 
 
+def _softmax_args(op: str, a, dim) -> None:
+    _floating(a, op)
+    if type(dim) is not int:
+        if dim is None:
+            raise ArgumentError(f"{op}: dim must be given (an int), got None")
+        norm_dim(dim, a.ndim, op)  # raises for a non-int dim
+
+
 def softmax(a, dim=-1):
+    _softmax_args("softmax", a, dim)
     return apply("softmax", a, dim=dim)
 
 
 def log_softmax(a, dim=-1):
+    _softmax_args("log_softmax", a, dim)
     return apply("log_softmax", a, dim=dim)
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    _floating(x, "layer_norm")
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     return apply("layer_norm", x, weight, bias, normalized_shape=tuple(normalized_shape), eps=eps)
@@ -418,6 +434,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 def gelu(x, approximate="none"):
     if approximate != "none" and approximate != "tanh":
         raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    _floating(x, "gelu")
     return apply("gelu", x, approximate=approximate)
 
 
@@ -460,6 +477,8 @@ def _draw_offset(numel: int) -> tuple[int, int]:
 
 def dropout(x, p=0.5, training=True):
     """Inverted dropout; the mask comes from the default Philox generator (seed, offset)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise ArgumentError(f"dropout: p must be a number in [0, 1], got {type(p).__name__} {p!r}")
     if not 0.0 <= p < 1.0:
         if p == 1.0 and training:
             return x * 0.0
@@ -491,6 +510,7 @@ def _check_sdpa(q, k, v, mask, dropout_p, is_causal) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise DTypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+        _floating(t, f"{op}: {name}")
         if t.ndim < 2:
             raise ShapeError(f"{op}: {name} must have at least 2 dims (..., seq, head_dim), got shape "
                              f"{tuple(t.shape)}")
@@ -511,7 +531,7 @@ def _check_sdpa(q, k, v, mask, dropout_p, is_causal) -> None:
             ok = False
         if not ok:
             raise ShapeError(f"{op}: attn_mask shape {ms} does not broadcast to (..., L, S) = {want}")
-    if not 0.0 <= dropout_p < 1.0:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
         raise ArgumentError(f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
@@ -35,7 +37,13 @@ class Generator:
         self.manual_seed(seed)
 
     def manual_seed(self, seed: int) -> Generator:
-        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        try:
+            seed = operator.index(seed)
+        except TypeError:
+            from blutensor.errors import DTypeError
+
+            raise DTypeError(f"manual_seed: seed must be an int, got {type(seed).__name__} {seed!r:.40}") from None
+        self.seed = seed & 0xFFFFFFFFFFFFFFFF
         self.offset = 0
         return self
 

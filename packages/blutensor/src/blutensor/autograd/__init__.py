@@ -11,12 +11,18 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False):
     no tensor's ``.grad`` is touched. An input the outputs do not depend on gets None."""
     from blutensor._tensor import Tensor
 
-    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
-    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    outputs = [outputs] if isinstance(outputs, Tensor) or not hasattr(outputs, "__iter__") else list(outputs)
+    inputs = [inputs] if isinstance(inputs, Tensor) or not hasattr(inputs, "__iter__") else list(inputs)
     if grad_outputs is None:
         grad_outputs = [None] * len(outputs)
     elif isinstance(grad_outputs, Tensor):
         grad_outputs = [grad_outputs]
+    for name, ts in (("outputs", outputs), ("inputs", inputs)):
+        for i, t in enumerate(ts):
+            if not isinstance(t, Tensor):
+                from blutensor.errors import DTypeError
+
+                raise DTypeError(f"grad: {name}[{i}] is a {type(t).__name__}, not a Tensor")
     nodes = []
     for t in inputs:
         if not t.requires_grad:

@@ -125,7 +125,10 @@ def squeeze_forward(ctx, a, dim=None):
 
 def unsqueeze_forward(ctx, a, dim=0):
     ctx.saved = a.shape
-    d = int(dim)
+    try:
+        d = operator.index(dim)
+    except TypeError:
+        raise DTypeError(f"unsqueeze: dim must be an int, got {type(dim).__name__} {dim!r}") from None
     if not -(a.ndim + 1) <= d <= a.ndim:
         raise ShapeError(f"unsqueeze: dim {dim} out of range for a tensor with {a.ndim} dims")
     return xp_of(a).expand_dims(a, d % (a.ndim + 1))
