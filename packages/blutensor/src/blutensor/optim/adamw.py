@@ -30,15 +30,18 @@ class AdamW(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, fused: bool | None = None):
-        check_hyper("AdamW", "lr", lr)
-        check_hyper("AdamW", "eps", eps)
-        check_hyper("AdamW", "weight_decay", weight_decay)
+        self._check_group(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.fused = fused
+
+    def _check_group(self, group: dict) -> None:
+        for name in ("lr", "eps", "weight_decay"):
+            check_hyper("AdamW", name, group[name])
+        betas = group["betas"]
         if isinstance(betas, str) or not hasattr(betas, "__len__") or len(betas) != 2:
             raise ArgumentError(f"AdamW: invalid hyperparameters: betas={betas!r} must be a pair (beta1, beta2)")
         check_hyper("AdamW", "betas[0]", betas[0], 0.0, 1.0)
         check_hyper("AdamW", "betas[1]", betas[1], 0.0, 1.0)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-        self.fused = fused
 
     @no_grad()
     def step(self, closure=None):

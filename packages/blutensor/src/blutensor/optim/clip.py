@@ -8,8 +8,10 @@ fp32/bf16 CUDA gradients with the L2 norm go through the fused multi-tensor kern
 from __future__ import annotations
 
 import math
+import numbers
 
 from blutensor.autograd.grad_mode import no_grad
+from blutensor.errors import ArgumentError, DTypeError
 
 
 def _f32(t):
@@ -48,7 +50,16 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     from blutensor._tensor import Tensor
     from blutensor.ops._util import xp_of
 
-    params = [p for p in ([parameters] if isinstance(parameters, Tensor) else parameters) if p.grad is not None]
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise DTypeError(f"clip_grad_norm_: parameters[{i}] is a {type(p).__name__}, not a Tensor")
+    for name, v in (("max_norm", max_norm), ("norm_type", norm_type)):
+        if isinstance(v, Tensor):
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
+            raise ArgumentError(f"clip_grad_norm_: {name} must be a number, got {type(v).__name__} {v!r:.40}")
+    params = [p for p in params if p.grad is not None]
     if not params:
         from blutensor.creation import tensor
 

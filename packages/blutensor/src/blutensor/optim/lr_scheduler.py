@@ -19,6 +19,11 @@ class LRScheduler:
     """Sets every group's lr from ``lr_at(step)`` on each ``step()``."""
 
     def __init__(self, optimizer, last_step: int = -1):
+        if not hasattr(optimizer, "param_groups"):
+            from blutensor.errors import DTypeError
+
+            raise DTypeError(f"{type(self).__name__}: expected an optimizer (with param_groups), got "
+                             f"{type(optimizer).__name__}")
         self.optimizer = optimizer
         self.base_lrs = [g["lr"] for g in optimizer.param_groups]
         self.last_step = last_step

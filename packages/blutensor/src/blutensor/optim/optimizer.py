@@ -86,7 +86,11 @@ class Optimizer:
                 if not p.requires_grad:
                     raise BluTensorError(f"{type(self).__name__}: parameter {p._desc()} does not require grad")
                 seen.add(id(p))
+            self._check_group(g)
             self.param_groups.append(g)
+
+    def _check_group(self, group: dict) -> None:
+        """Subclasses raise ArgumentError for a bad hyperparameter of a group (defaults merged in)."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self.param_groups:

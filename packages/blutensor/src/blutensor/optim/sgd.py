@@ -10,13 +10,15 @@ from blutensor.optim.optimizer import Optimizer, check_grads, check_hyper
 class SGD(Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
-        for name, v in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
-                        ("weight_decay", weight_decay)):
-            check_hyper("SGD", name, v)
+        self._check_group(dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay))
         if nesterov and (momentum <= 0 or dampening != 0):
             raise BluTensorError("SGD: nesterov needs momentum > 0 and dampening == 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov))
+
+    def _check_group(self, group: dict) -> None:
+        for name in ("lr", "momentum", "dampening", "weight_decay"):
+            check_hyper("SGD", name, group[name])
 
     @no_grad()
     def step(self, closure=None):

@@ -49,6 +49,10 @@ def checkpoint(fn, *args, params=None):
     The block's parameters are passed through the recorded op, so their gradients reach the
     engine as ordinary inputs: gradient accumulation and "gradient ready" hooks work unchanged.
     """
+    if not callable(fn):
+        from blutensor.errors import DTypeError
+
+        raise DTypeError(f"checkpoint: fn must be callable (a function or Module), got {type(fn).__name__}")
     if not is_grad_enabled():
         return fn(*args)
     if params is None:
