@@ -249,3 +249,68 @@ def test_grad_mode_and_rng_arguments():
     assert not f(bt.ones(2, requires_grad=True)).requires_grad and bt.is_grad_enabled()
     with pytest.raises(bt.DTypeError, match=r"set_rng_state: expected the dict from get_rng_state\(\)"):
         bt.set_rng_state("x")
+
+
+def test_float_only_ops_refuse_integer_tensors():
+    """Each used to return a silently truncated integer result, an int64 'attention', or a NumPy cast error."""
+    xi = bt.arange(6).reshape(2, 3)
+    for name, fn in [("sigmoid", bt.sigmoid), ("gelu", F.gelu), ("softmax", lambda t: F.softmax(t, -1)),
+                     ("log_softmax", lambda t: F.log_softmax(t, -1)), ("layer_norm", lambda t: F.layer_norm(t, 3))]:
+        with pytest.raises(bt.DTypeError, match=rf"{name}: needs a floating-point tensor, got Tensor\(shape=\(2, 3\), "
+                                                r"dtype=int64"):
+            fn(xi)
+    qi = bt.zeros(1, 4, 8, dtype=bt.int64)
+    with pytest.raises(bt.DTypeError, match="scaled_dot_product_attention: q: needs a floating-point tensor"):
+        F.scaled_dot_product_attention(qi, qi, qi)
+    with pytest.raises(bt.ArgumentError, match="softmax: dim must be given"):
+        F.softmax(bt.zeros(2, 3), dim=None)
+    with pytest.raises(bt.DTypeError, match="log_softmax: dim must be an int, got float 1.0"):
+        F.log_softmax(bt.zeros(2, 3), dim=1.0)
+    with pytest.raises(bt.DTypeError, match="unsqueeze: dim must be an int, got float 1.5"):
+        bt.zeros(2, 3).unsqueeze(1.5)  # was silently dim 1
+
+
+def test_tensor_method_arguments():
+    x = bt.zeros(2, 3)
+    with pytest.raises(bt.DTypeError, match=r"fill_: value must be a real number, got NoneType None \(filling Tensor"):
+        x.fill_(None)  # was a silent fill with NaN
+    with pytest.raises(bt.DTypeError, match="fill_: value must be a real number, got str 'a'"):
+        x.fill_("a")
+    with pytest.raises(bt.DTypeError, match="clamp: min must be a number, a Tensor or None, got str 'a'"):
+        x.clamp("a")
+    with pytest.raises(bt.ArgumentError, match="dropout: p must be a number in \\[0, 1\\], got str '0.5'"):
+        F.dropout(x, p="0.5")
+    with pytest.raises(TypeError, match=r"iteration over a 0-d tensor"):
+        list(bt.tensor(1.0))
+    w = bt.ones(2, requires_grad=True)
+    with pytest.raises(bt.DTypeError, match="register_hook: hook must be callable, got int"):
+        w.register_hook(3)  # used to fail only inside a later backward
+    with pytest.raises(bt.DTypeError, match="register_post_accumulate_grad_hook: hook must be callable"):
+        w.register_post_accumulate_grad_hook(None)
+    with pytest.raises(bt.DTypeError, match=r"grad: inputs\[0\] is a int, not a Tensor"):
+        bt.grad((w * 2).sum(), [3])
+    with pytest.raises(ValueError, match=r"bad device 'cuda:-1'"):
+        bt.device("cuda:-1")
+
+
+def test_training_utility_arguments():
+    lin = nn.Linear(2, 2)
+    with pytest.raises(bt.ArgumentError, match="AdamW: invalid hyperparameters: lr=-1 must be >= 0"):
+        bt.optim.AdamW([{"params": list(lin.parameters()), "lr": -1}])  # a group's own value is checked too
+    with pytest.raises(bt.ArgumentError, match="clip_grad_norm_: max_norm must be a number, got str '1.0'"):
+        bt.optim.clip_grad_norm_(list(lin.parameters()), "1.0")
+    with pytest.raises(bt.DTypeError, match=r"clip_grad_norm_: parameters\[0\] is a int"):
+        bt.optim.clip_grad_norm_([1, 2], 1.0)
+    with pytest.raises(bt.DTypeError, match="LambdaLR: expected an optimizer"):
+        bt.optim.lr_scheduler.LambdaLR([1], lambda s: 1.0)
+    from blutensor.utils.checkpoint import checkpoint
+
+    with pytest.raises(bt.DTypeError, match="checkpoint: fn must be callable"):
+        checkpoint(3, bt.zeros(2, requires_grad=True))
+    with pytest.raises(bt.DTypeError, match="Parameter: data must be a Tensor, got list"):
+        nn.Parameter([1.0, 2.0])
+    with pytest.raises(bt.AutogradError, match="Parameter: only floating-point tensors can require grad"):
+        nn.Parameter(bt.arange(3))
+    assert nn.Parameter(bt.arange(3), requires_grad=False).dtype is bt.int64
+    with pytest.raises(bt.DTypeError, match="manual_seed: seed must be an int, got float 1.5"):
+        bt.manual_seed(1.5)  # was silently seed 1
