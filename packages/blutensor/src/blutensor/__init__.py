@@ -12,6 +12,7 @@ from blutensor.__about__ import __version__
 from blutensor._tensor import Tensor
 from blutensor.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from blutensor.autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
+from blutensor.compile import compile, compiler_backends  # noqa: A004 - PyTorch's name
 from blutensor.creation import (
     arange,
     empty,
@@ -107,7 +108,8 @@ double = float64
 __all__ = [
     "__version__", "ArgumentError", "AutogradError", "BluTensorError", "DTypeError", "DeviceError", "Generator",
     "ShapeError", "Tensor",
-    "abs", "add", "amax", "amp", "autocast", "get_autocast_dtype", "is_autocast_enabled",
+    "abs", "add", "amax", "amp", "autocast", "compile", "compiler_backends", "get_autocast_dtype",
+    "is_autocast_enabled",
     "amin", "arange", "argmax", "argmin", "autograd", "backend", "bfloat16",
     "bmm", "bool", "bool_", "cat", "chunk", "clamp", "cos", "creation", "cuda", "device", "div",
     "double", "dtype", "dtypes", "empty", "empty_like", "enable_grad", "errors", "exp", "flatten",
