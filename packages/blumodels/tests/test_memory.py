@@ -13,6 +13,7 @@ import pytest
 from blumodels.config import ConfigError
 from blumodels.memory import DeviceMemory
 from blumodels.trainer import Trainer
+from blutensor.plugin import hookimpl, reset_host
 from models_helpers import micro_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,8 +32,53 @@ def _has_gpu() -> bool:
 def test_config_checks_the_allocator_name():
     assert micro_config().train.allocator == "blu"
     micro_config(allocator="cupy").validate()
-    with pytest.raises(ConfigError, match=r"train.allocator must be 'blu' or 'cupy', got 'torch'"):
+    micro_config(allocator="caching").validate()  # bluallocator's plugin name for "blu"
+    with pytest.raises(ConfigError, match=r"train.allocator must be 'blu', 'cupy' or an installed allocator "
+                                          r"plugin \(blu, cupy, caching, cupy-default\), got 'torch'"):
         micro_config(allocator="torch").validate()
+
+
+class FakeAllocator:
+    """A third-party allocator plugin: records install() and reports fixed statistics."""
+
+    PLUGIN_NAME = "testalloc"
+    installed = 0
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def install(cls):
+        cls.installed += 1
+
+    @classmethod
+    def memory_stats(cls):
+        return {"allocated_bytes": 10, "reserved_bytes": 64, "peak_allocated_bytes": 32}
+
+
+class FakePlugin:
+    @hookimpl
+    def blutrain_register_allocators(self):
+        return [FakeAllocator]
+
+
+def test_allocator_plugin_selected_by_name():
+    """train.allocator names any installed allocator plugin: config accepts it, DeviceMemory installs it on CUDA
+    (here only the plumbing: the fake needs no GPU) and reports its statistics; on the CPU nothing is installed."""
+    host = reset_host(autoload=True)
+    try:
+        host.register(FakePlugin(), name="testalloc-pkg")
+        with pytest.raises(ConfigError, match=r"got 'testaloc'; did you mean 'testalloc'"):
+            micro_config(allocator="testaloc").validate()
+        micro_config(allocator="testalloc").validate()
+        assert DeviceMemory("cpu", "testalloc").after_step()["peak_allocated_bytes"] is None
+        assert FakeAllocator.installed == 0
+        m = DeviceMemory("cuda", "testalloc")
+        assert FakeAllocator.installed == 1 and m.alloc is None and m.stats()["reserved_bytes"] == 64
+        assert m.after_step() == {"peak_allocated_bytes": 32, "peak_reserved_bytes": 64, "reserved_bytes": 64}
+    finally:
+        reset_host()
 
 
 def test_device_memory_on_cpu_installs_nothing():

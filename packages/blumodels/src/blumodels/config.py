@@ -113,7 +113,7 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute each block in backward (keeps only block inputs)
     optimizer_in_backward: bool = False  # step each parameter and free its grad as soon as it is ready
     cuda_graph: bool = False  # CUDA: capture the whole step in one CUDA graph after warm-up (graph_step.py)
-    allocator: str = "blu"  # CUDA: "blu" (bluallocator, flushed after step 0) | "cupy" (CuPy's pool)
+    allocator: str = "blu"  # CUDA: "blu" (bluallocator, flushed after step 0) | "cupy" (CuPy's pool) | a plugin
     peak_flops: float = 0.0  # per device; 0 = default table (CUDA) or none (CPU: MFU null)
     plot: bool = True
 
@@ -189,8 +189,12 @@ class RunConfig:
             raise ConfigError(f"train.fp32_gemm must be 'strict' or '3xtf32' (fp32-accurate split-TF32 GEMMs), "
                               f"got {t.fp32_gemm!r}{_did_you_mean(t.fp32_gemm, ('strict', '3xtf32'))}")
         if t.allocator not in ("blu", "cupy"):
-            raise ConfigError(f"train.allocator must be 'blu' or 'cupy', got {t.allocator!r}"
-                              f"{_did_you_mean(t.allocator, ('blu', 'cupy'))}")
+            from blumodels.memory import allocator_names
+
+            names = allocator_names()
+            if t.allocator not in names:
+                raise ConfigError(f"train.allocator must be 'blu', 'cupy' or an installed allocator plugin "
+                                  f"({', '.join(names)}), got {t.allocator!r}{_did_you_mean(t.allocator, names)}")
         if t.device not in ("auto", "cpu") and not _CUDA_DEVICE.fullmatch(t.device):
             raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda[:N]', got {t.device!r}")
         if t.optimizer_in_backward:

@@ -4,7 +4,9 @@ and the peak allocated/reserved bytes that go into every log record.
 ``"blu"`` (default on CUDA) installs bluallocator's caching allocator before the model is built, profiles
 step 0's request sizes and, after the first step of the process, applies the chosen rounding and returns
 the start-up cache (init temporaries, step-0-only buffers) to the driver. ``"cupy"`` keeps CuPy's pool.
-On the CPU nothing is installed and the peaks are None.
+Any other name is an allocator plugin (``blutrain_register_allocators``; "caching" and "cupy-default" are
+bluallocator's two, the same as "blu" and "cupy"): its ``install()`` runs and its ``memory_stats()`` gives the
+numbers. On the CPU nothing is installed and the peaks are None.
 """
 
 from __future__ import annotations
@@ -12,19 +14,35 @@ from __future__ import annotations
 from typing import Any
 
 ALLOCATORS = ("blu", "cupy")
+ALIASES = {"caching": "blu", "cupy-default": "cupy"}  # bluallocator's plugin names for the two built-in choices
+
+
+def allocator_names() -> tuple[str, ...]:
+    """Values ``train.allocator`` accepts: "blu", "cupy" and every installed allocator plugin."""
+    from blutensor.plugin import get_host
+
+    return tuple(dict.fromkeys((*ALLOCATORS, *get_host().registry("allocator").names())))
 
 
 class DeviceMemory:
     """Installs the configured allocator on CUDA; ``after_step()`` flushes once and reports the peaks."""
 
     def __init__(self, device: str, allocator: str = "blu") -> None:
-        if allocator not in ALLOCATORS:
-            raise ValueError(f"train.allocator must be one of {ALLOCATORS}, got {allocator!r}")
+        allocator = ALIASES.get(allocator, allocator)
+        if allocator not in ALLOCATORS and allocator not in allocator_names():
+            raise ValueError(f"train.allocator must be one of {allocator_names()}, got {allocator!r}")
         self.device = device
         self.allocator = allocator
         self.alloc = None
+        self.plugin: Any = None  # an allocator plugin class (a name other than "blu" / "cupy")
         self.flushed: dict[str, Any] | None = None
         self.note = ""
+        if device.startswith("cuda") and allocator not in ALLOCATORS:
+            from blutensor.plugin import get_host
+
+            self.plugin = get_host().registry("allocator").select(allocator)  # PluginError if unavailable
+            self.plugin.install()
+            return
         if device.startswith("cuda") and allocator == "blu":
             try:
                 import bluallocator
@@ -43,6 +61,11 @@ class DeviceMemory:
             st = self.alloc.memory_stats()
             return {"peak_allocated_bytes": st["peak_allocated_bytes"],
                     "peak_reserved_bytes": st["peak_reserved_bytes"], "reserved_bytes": st["reserved_bytes"]}
+        if self.plugin is not None:
+            st = self.plugin.memory_stats()
+            alloc, res = st.get("allocated_bytes"), st.get("reserved_bytes")
+            return {"peak_allocated_bytes": st.get("peak_allocated_bytes", alloc),
+                    "peak_reserved_bytes": st.get("peak_reserved_bytes", res), "reserved_bytes": res}
         if self.device.startswith("cuda"):
             try:
                 import cupy
@@ -55,5 +78,7 @@ class DeviceMemory:
         return {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "reserved_bytes": None}
 
     def stats(self) -> dict[str, Any] | None:
-        """bluallocator's full statistics (None when it is not the allocator)."""
+        """The allocator's full statistics (None with CuPy's pool or on the CPU)."""
+        if self.plugin is not None:
+            return self.plugin.memory_stats()
         return self.alloc.memory_stats() if self.alloc is not None else None
