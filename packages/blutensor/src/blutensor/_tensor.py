@@ -17,7 +17,7 @@ from blutensor.autograd.version import Version as _Version
 from blutensor.backend import xp_of
 from blutensor.device import CPU, as_device, device
 from blutensor.dtypes import as_dtype, bfloat16, dtype, float32, float64, from_numpy_dtype, int32, int64
-from blutensor.errors import AutogradError, BluTensorError, DeviceError, DTypeError, ShapeError
+from blutensor.errors import ArgumentError, AutogradError, BluTensorError, DeviceError, DTypeError, ShapeError
 from blutensor.ops.dispatch import apply
 
 
@@ -409,6 +409,8 @@ class Tensor:
 
     def normal_(self, mean: float = 0.0, std: float = 1.0, generator=None) -> Tensor:
         self._check_plain_inplace("normal_")
+        if not std >= 0:
+            raise ArgumentError(f"normal_: std must be >= 0, got {std} (filling {self._desc()})")
         from blutensor.creation import _normal_array
 
         self._data[...] = _normal_array(self.shape, self.dtype, self.device, generator, mean, std)
@@ -417,6 +419,8 @@ class Tensor:
 
     def uniform_(self, a: float = 0.0, b: float = 1.0, generator=None) -> Tensor:
         self._check_plain_inplace("uniform_")
+        if not a <= b:
+            raise ArgumentError(f"uniform_: needs a <= b, got a={a}, b={b} (filling {self._desc()})")
         from blutensor.creation import _uniform_array
 
         self._data[...] = _uniform_array(self.shape, self.dtype, self.device, generator, a, b)
@@ -538,6 +542,9 @@ class Tensor:
     def view(self, *shape) -> Tensor:
         """A view with a new shape (no copy; errors when the strides do not allow one)."""
         if len(shape) == 1 and type(shape[0]) is not int:
+            if isinstance(shape[0], dtype):
+                raise DTypeError(f"view: reinterpreting {self._desc()} as {shape[0].name} is not supported; "
+                                 f"use .to({shape[0].name}) to convert")
             shape = tuple(shape[0])
         return apply("view", self, shape=shape)
 

@@ -169,9 +169,18 @@ def linspace(start: float, end: float, steps: int, dtype=None, device=None):
     return _wrap(_host_to(np.linspace(start, end, steps).astype(dt.np), dt, dev), dt, dev)
 
 
+def _generator(generator):
+    """``generator`` or the default one; anything else is refused before drawing."""
+    if generator is None:
+        return _random.default_generator
+    if not isinstance(generator, _random.Generator):
+        raise DTypeError(f"generator must be a blutensor.Generator, got {type(generator).__name__}")
+    return generator
+
+
 def _normal_array(shape, dt, dev, generator=None, mean: float = 0.0, std: float = 1.0):
     """Normal(mean, std) samples in ``dt``'s storage on ``dev`` (drawn and scaled in float32/64)."""
-    gen = generator or _random.default_generator
+    gen = _generator(generator)
     xp = xp_of(dev)
     compute = np.float64 if dt.np == np.float64 else np.float32
     with _on(dev, xp):
@@ -183,7 +192,7 @@ def _normal_array(shape, dt, dev, generator=None, mean: float = 0.0, std: float 
 
 def _uniform_array(shape, dt, dev, generator=None, low: float = 0.0, high: float = 1.0):
     """Uniform[low, high) samples in ``dt``'s storage on ``dev``."""
-    gen = generator or _random.default_generator
+    gen = _generator(generator)
     xp = xp_of(dev)
     compute = np.float64 if dt.np == np.float64 else np.float32
     with _on(dev, xp):
@@ -230,7 +239,7 @@ def randint(low: int, high: int | None = None, size=(), dtype=None, device=None,
     if low >= high:
         raise ArgumentError(f"randint: low ({low}) must be less than high ({high})")
     shape = _shape((size,) if isinstance(size, int) else tuple(size), "randint")
-    gen = generator or _random.default_generator
+    gen = _generator(generator)
     dev = as_device(device)
     xp = xp_of(dev)
     dt = as_dtype(dtype) if dtype is not None else int64

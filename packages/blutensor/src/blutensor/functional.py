@@ -227,6 +227,10 @@ def std(a, dim=None, keepdim=False, correction=1, unbiased=None):
 
 
 def norm(a, p=2, dim=None, keepdim=False):
+    if p == math.inf:
+        return amax(abs(a), dim=dim, keepdim=keepdim)
+    if p == 0 or isinstance(p, bool) or not isinstance(p, numbers.Real) or p != p:
+        raise ArgumentError(f"norm: p must be a nonzero number or inf, got {p!r}")
     if p != 2:
         return sum(abs(a) ** p, dim=dim, keepdim=keepdim) ** (1.0 / p)
     return sqrt(sum(a * a, dim=dim, keepdim=keepdim))
@@ -310,7 +314,10 @@ def split(a, split_size_or_sections, dim=0):
         raise ShapeError("split: cannot split a 0-d tensor")
     d = norm_dim(dim, a.ndim, "split")
     n = a.shape[d]
-    if isinstance(split_size_or_sections, int):
+    if not isinstance(split_size_or_sections, numbers.Integral | list | tuple):
+        raise DTypeError(f"split: split_size_or_sections must be an int or a list of ints, got "
+                         f"{type(split_size_or_sections).__name__} {split_size_or_sections!r}")
+    if isinstance(split_size_or_sections, numbers.Integral):
         if split_size_or_sections <= 0:
             raise ArgumentError(f"split: split_size must be a positive int, got {split_size_or_sections}")
         sizes = [split_size_or_sections] * (n // split_size_or_sections)
@@ -502,8 +509,6 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
 
 def _check_sdpa(q, k, v, mask, dropout_p, is_causal) -> None:
     """Shapes (..., L, E), (..., S, E), (..., S, Ev) with broadcastable batch dims; mask to (..., L, S)."""
-    import numpy as np
-
     from blutensor._tensor import Tensor
 
     op = "scaled_dot_product_attention"
@@ -517,10 +522,14 @@ def _check_sdpa(q, k, v, mask, dropout_p, is_causal) -> None:
     qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
     if qs[-1] != ks[-1] or ks[-2] != vs[-2]:
         raise ShapeError(f"{op}: q {qs}, k {ks}, v {vs} do not fit (..., L, E), (..., S, E), (..., S, Ev)")
-    try:
-        batch = np.broadcast_shapes(qs[:-2], ks[:-2], vs[:-2])
-    except ValueError:
-        raise ShapeError(f"{op}: batch dims of q {qs}, k {ks}, v {vs} do not broadcast") from None
+    import numpy as np
+
+    batch = qs[:-2]
+    if batch != ks[:-2] or batch != vs[:-2]:  # the common case (equal batch dims) skips NumPy
+        try:
+            batch = np.broadcast_shapes(qs[:-2], ks[:-2], vs[:-2])
+        except ValueError:
+            raise ShapeError(f"{op}: batch dims of q {qs}, k {ks}, v {vs} do not broadcast") from None
     if mask is not None:
         if is_causal:
             raise ArgumentError(f"{op}: pass either attn_mask or is_causal=True, not both")

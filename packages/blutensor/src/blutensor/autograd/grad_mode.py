@@ -37,7 +37,19 @@ class set_grad_enabled:  # noqa: N801 - PyTorch's name
         return False
 
 
-class _GradCtx:
+class _GradCtxType(type):
+    """``with no_grad:`` (the class, not an instance) fails with a message that says what to write."""
+
+    def __enter__(cls):
+        from blutensor.errors import AutogradError
+
+        raise AutogradError(f"'with {cls.__name__}:' needs parentheses: write 'with {cls.__name__}():'")
+
+    def __exit__(cls, *exc):
+        return False
+
+
+class _GradCtx(metaclass=_GradCtxType):
     mode = True
 
     def __new__(cls, orig_func=None):

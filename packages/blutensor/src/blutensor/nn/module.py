@@ -27,6 +27,9 @@ class Module:
         if name in self._buffers and (value is None or isinstance(value, Tensor)):
             self._buffers[name] = value
             return
+        if name in self._parameters and value is not None and not isinstance(value, Tensor):
+            raise DTypeError(f"{type(self).__name__}: cannot assign a {type(value).__name__} to parameter '{name}' "
+                             f"(a Parameter or None expected)")
         for d in (self._parameters, self._buffers, self._modules):
             d.pop(name, None)
         if isinstance(value, Parameter):

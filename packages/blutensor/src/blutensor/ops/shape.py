@@ -100,7 +100,10 @@ def transpose_backward(ctx, g):
 
 
 def expand_forward(ctx, a, shape=()):
-    shape = tuple(int(s) for s in shape)
+    try:
+        shape = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise DTypeError(f"expand: shape {tuple(shape)!r} must hold ints (input shape {tuple(a.shape)})") from None
     if len(shape) < a.ndim:
         raise ShapeError(f"expand: target {shape} has fewer dims than input {tuple(a.shape)}")
     full = tuple(a.shape[i - (len(shape) - a.ndim)] if s == -1 else s for i, s in enumerate(shape))
