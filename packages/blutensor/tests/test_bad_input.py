@@ -314,3 +314,31 @@ def test_training_utility_arguments():
     assert nn.Parameter(bt.arange(3), requires_grad=False).dtype is bt.int64
     with pytest.raises(bt.DTypeError, match="manual_seed: seed must be an int, got float 1.5"):
         bt.manual_seed(1.5)  # was silently seed 1
+
+
+def test_more_silent_cases():
+    x = bt.zeros(2, 3)
+    with pytest.raises(bt.AutogradError, match=r"'with no_grad:' needs parentheses"):
+        with bt.no_grad:
+            pass
+    assert bt.is_grad_enabled()
+    with pytest.raises(bt.DTypeError, match=r"expand: shape \(2.5, 3\) must hold ints"):
+        bt.zeros(1, 3).expand(2.5, 3)  # was silently 2
+    with pytest.raises(bt.DTypeError, match="split: split_size_or_sections must be an int or a list of ints"):
+        x.split(1.5)
+    with pytest.raises(bt.DTypeError, match="view: reinterpreting .* as int32 is not supported"):
+        x.view(bt.int32)
+    with pytest.raises(bt.ArgumentError, match="norm: p must be a nonzero number or inf, got 0"):
+        bt.norm(x, p=0)
+    v = bt.tensor([3.0, -4.0])
+    assert bt.norm(v, p=float("inf")).item() == 4.0  # was 1.0 (|v| ** inf ** 0)
+    with pytest.raises(bt.ArgumentError, match="normal_: std must be >= 0, got -1"):
+        x.normal_(0, -1)
+    with pytest.raises(bt.ArgumentError, match="uniform_: needs a <= b, got a=1, b=0"):
+        x.uniform_(1, 0)
+    with pytest.raises(bt.DTypeError, match="generator must be a blutensor.Generator, got int"):
+        bt.randn(2, generator=3)
+    lin = nn.Linear(2, 2)
+    with pytest.raises(bt.DTypeError, match="Linear: cannot assign a int to parameter 'weight'"):
+        lin.weight = 3  # used to replace the parameter silently
+    assert isinstance(lin.weight, nn.Parameter)
