@@ -342,3 +342,14 @@ def test_more_silent_cases():
     with pytest.raises(bt.DTypeError, match="Linear: cannot assign a int to parameter 'weight'"):
         lin.weight = 3  # used to replace the parameter silently
     assert isinstance(lin.weight, nn.Parameter)
+
+
+def test_tensor_integer_overflow_and_nan():
+    with pytest.raises(bt.ArgumentError, match=r"tensor: value 1099511627776 is out of range for int32"):
+        bt.tensor([2**40], dtype=bt.int32)  # was a silent wrap-around to 0
+    with pytest.raises(bt.ArgumentError, match="tensor: value -1 is out of range for uint16"):
+        bt.tensor([-1], dtype=bt.uint16)
+    with pytest.raises(bt.ArgumentError, match="NaN or inf in the data cannot be converted to int64"):
+        bt.tensor([float("nan")], dtype=bt.int64)
+    assert bt.tensor([1.7, -2.0], dtype=bt.int64).tolist() == [1, -2]  # truncation, as in PyTorch
+    assert bt.tensor(np.arange(3), dtype=bt.int32).tolist() == [0, 1, 2]

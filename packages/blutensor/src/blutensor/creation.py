@@ -58,6 +58,9 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False):
         dt = int64
     else:
         dt = from_numpy_dtype(arr.dtype)
+    if not dt.is_floating_point and dt is not bool_ and arr.dtype.kind in "iuf" and arr.size \
+            and not np.can_cast(arr.dtype, dt.np):
+        _check_int_range(arr, dt)
     arr = np.array(arr, dtype=dt.np, copy=True)
     return _wrap(_host_to(arr, dt, dev), dt, dev, requires_grad)
 
@@ -73,6 +76,17 @@ def _host_array(data) -> np.ndarray:
         raise DTypeError(f"tensor: cannot make a tensor from {kind} data of NumPy dtype {arr.dtype} "
                          f"({type(data).__name__}); expected numbers, bools or nested lists of them")
     return arr
+
+
+def _check_int_range(arr: np.ndarray, dt) -> None:
+    """Raise unless every value of ``arr`` fits integer dtype ``dt`` (no silent wrap-around or NaN cast)."""
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise ArgumentError(f"tensor: NaN or inf in the data cannot be converted to {dt.name}")
+    info = np.iinfo(dt.np)
+    lo, hi = arr.min(), arr.max()
+    if lo < info.min or hi > info.max:
+        bad = lo if lo < info.min else hi
+        raise ArgumentError(f"tensor: value {bad} is out of range for {dt.name} [{info.min}, {info.max}]")
 
 
 def from_numpy(arr: np.ndarray):
