@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from blumodels.config import ConfigError
 from blumodels.trainer import NonFiniteError, Trainer
 from models_helpers import micro_config, micro_data
 
@@ -169,7 +170,13 @@ def test_new_run_in_old_directory_starts_clean(tmp_path):
     tr.fit()
     tr.close()
     first = _losses(tmp_path)
-    tr = Trainer(micro_config(steps=2, eval_interval=0), tmp_path, quiet=True)  # no resume: a new run
+    with pytest.raises(ConfigError, match=r"holds an earlier run's checkpoints \(1 on this rank, newest "
+                                          r"step_00000004.rank0.safetensors\): pass --resume .* or --overwrite"):
+        Trainer(micro_config(steps=2, eval_interval=0), tmp_path, quiet=True)  # would delete them: refused
+    assert _losses(tmp_path) == first  # nothing was touched
+    with pytest.raises(ConfigError, match="contradict"):
+        Trainer(micro_config(steps=2, eval_interval=0), tmp_path, resume=True, overwrite=True, quiet=True)
+    tr = Trainer(micro_config(steps=2, eval_interval=0), tmp_path, quiet=True, overwrite=True)  # a new run
     assert tr.step == 0 and not tr.ckpt.list()
     tr.fit()
     tr.close()

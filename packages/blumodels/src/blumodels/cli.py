@@ -5,6 +5,7 @@ Examples::
     blutrain train --preset tiny --out runs/tiny                 # CPU (or GPU) demo on the built-in corpus
     blutrain train --preset gpt2-124m --device cuda --steps 50 train.micro_batch=8
     blutrain train --out runs/tiny --resume                      # continue from the newest good checkpoint
+    blutrain train --out runs/tiny --overwrite                   # start over there (deletes its checkpoints)
     blutrain sample --out runs/tiny --prompt "def " --tokens 200
     blutrain eval --out runs/tiny
     blutrain prepare --out data/pydocs --tokenizer bpe --vocab-size 2048
@@ -87,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-at", type=int, help="stop after this many steps; the LR schedule still spans "
                    "train.steps (split a run: --stop-at 500, later --resume)")
     p.add_argument("--data", help="prepared data directory (data.dir); default <out>/data")
-    p.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
+    start.add_argument("--overwrite", action="store_true", help="start from step 0 even though --out holds an "
+                       "earlier run's checkpoints (they are deleted); without it such a start is refused")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
     p = sub.add_parser("sample", help="generate text from a run's newest good checkpoint")
@@ -195,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--stop-at {args.stop_at} must be in 1..train.steps={cfg.train.steps} (the LR schedule "
                           "ends at train.steps; use --steps to train longer)")
     out = args.out or f"runs/{args.preset or (Path(args.config).stem if args.config else 'tiny')}"
-    tr = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
+    tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
     try:
         summary = tr.fit(args.stop_at)
         if not tr.quiet:

@@ -156,11 +156,16 @@ class Trainer:
     """Trains a GPT-2 from a RunConfig into ``out_dir`` (log.jsonl, checkpoints/, loss.png).
 
     ``resume=True`` continues from the newest verified checkpoint in ``out_dir/checkpoints`` (falling
-    back past corrupt ones); the losses that follow equal those of an uninterrupted run.
+    back past corrupt ones); the losses that follow equal those of an uninterrupted run. Without it, a directory
+    holding an earlier run's checkpoints is refused unless ``overwrite=True`` (which deletes them).
     """
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, quiet: bool = False,
-                 progress: bool | None = None):
+                 progress: bool | None = None, overwrite: bool = False):
+        if resume and overwrite:
+            raise ConfigError("Trainer: resume=True and overwrite=True contradict each other (continue the earlier "
+                              "run, or delete it and start over)")
+        self.overwrite = overwrite
         self.cfg = cfg.validate()
         self.dist = Dist.from_config(cfg.train.world_size)
         self.out = Path(out_dir)
@@ -302,8 +307,14 @@ class Trainer:
                 "away to start from step 0")
 
     def _fresh_start(self) -> None:
-        """A run without --resume owns its directory: drop an earlier run's log and checkpoints."""
+        """A run without --resume owns its directory: drop an earlier run's log and, with --overwrite only, its
+        checkpoints (without it they are kept and the start is refused on every rank)."""
         old = self.ckpt.list()
+        keep = bool(old) and not self.overwrite
+        if self.dist.min_int(0 if keep else 1, self.device) == 0:
+            raise ConfigError(f"{self.out / 'checkpoints'} holds an earlier run's checkpoints ({len(old)} on this "
+                              f"rank{', newest ' + old[-1].name if old else ''}): pass --resume to continue that "
+                              f"run, or --overwrite (Trainer(overwrite=True)) to delete them and start over")
         if old or (self.log_path.is_file() and self.log_path.stat().st_size):
             self.log(f"[blutrain] starting a new run in {self.out}: removing the earlier run's log and "
                      f"{len(old)} checkpoint(s) (use --resume to continue it instead)")
