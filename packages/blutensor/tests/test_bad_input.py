@@ -353,3 +353,13 @@ def test_tensor_integer_overflow_and_nan():
         bt.tensor([float("nan")], dtype=bt.int64)
     assert bt.tensor([1.7, -2.0], dtype=bt.int64).tolist() == [1, -2]  # truncation, as in PyTorch
     assert bt.tensor(np.arange(3), dtype=bt.int32).tolist() == [0, 1, 2]
+
+
+def test_array_module_type_errors_are_dtype_errors():
+    """A TypeError from NumPy inside a kernel is re-raised as DTypeError (was ShapeError), naming op and operands."""
+    with pytest.raises(bt.DTypeError, match=r"neg failed on Tensor\(shape=\(2,\), dtype=bool"):
+        -bt.zeros(2, dtype=bt.bool_)
+    with pytest.raises(bt.DTypeError, match=r"add failed on Tensor\(shape=\(2, 3\)"):
+        bt.zeros(2, 3) + None
+    with pytest.raises(bt.ShapeError, match=r"add failed on .*\(2, 3\).*\(4,\)"):
+        bt.zeros(2, 3) + bt.zeros(4)

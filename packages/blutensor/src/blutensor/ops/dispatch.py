@@ -282,9 +282,10 @@ def _apply(op: str, inputs, attrs):
         out = kcls.forward(ctx, *arrays, **attrs)
     except BluTensorError:
         raise
-    except (ValueError, TypeError, IndexError) as e:
-        raise ShapeError(f"{op} failed on " + ", ".join(describe(x) for x in inputs if x is not None)
-                         + f": {e}") from None
+    except (ValueError, TypeError, IndexError) as e:  # NumPy/CuPy's own complaint, with the op and operands named
+        cls = DTypeError if isinstance(e, TypeError) else ShapeError
+        raise cls(f"{op} failed on " + ", ".join(describe(x) for x in inputs if x is not None)
+                  + f": {e}") from None
     if kernel is not kcls:
         out = kernel.narrow(out)
     if type(out) is not _ndarray and isinstance(out, np.generic):
