@@ -363,3 +363,17 @@ def test_array_module_type_errors_are_dtype_errors():
         bt.zeros(2, 3) + None
     with pytest.raises(bt.ShapeError, match=r"add failed on .*\(2, 3\).*\(4,\)"):
         bt.zeros(2, 3) + bt.zeros(4)
+
+
+@pytest.mark.parametrize("op", ["exp", "log", "tanh", "sqrt", "rsqrt", "sin", "cos"])
+def test_transcendental_ops_refuse_integer_and_bool(op):
+    """Their kernels serve floating dtypes only (table DTYPES): an int64 input used to give a float64 result and a
+    bool input float16 (NumPy's promotion) while PyTorch gives float32; now a DTypeError names op and dtype."""
+    for x in (bt.tensor([1, 2]), bt.tensor([True, False])):
+        with pytest.raises(bt.DTypeError, match=rf"{op}: no kernel for dtype {x.dtype.name} \(kernels serve "
+                                                 r"bfloat16, float16, float32, float64\)"):
+            getattr(bt, op)(x)
+    y = getattr(bt, op)(bt.tensor([1.0, 2.0]))  # floating inputs unchanged, reference: NumPy float64
+    ref = 1 / np.sqrt([1.0, 2.0]) if op == "rsqrt" else getattr(np, op)(np.array([1.0, 2.0]))
+    assert y.dtype == bt.float32
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-6)

@@ -101,6 +101,10 @@ def resolve(op: str, backend: str, dtype: str):
     reg = get_host().registry("kernel")
     cands = reg.for_op(op, backend, dtype) + reg.for_op(op, "*", dtype)
     if not cands:
+        served = sorted({d for r in reg if getattr(r.cls, "OP", None) == op for d in getattr(r.cls, "DTYPES", ("*",))})
+        if served and "*" not in served:  # the op exists, not for this dtype: the tensor's dtype is at fault
+            raise DTypeError(f"{op}: no kernel for dtype {dtype} (kernels serve {', '.join(served)}); convert "
+                             f"the input with .to(dtype) / .float()")
         raise BluTensorError(f"no kernel implements op '{op}' for backend {backend} and dtype {dtype}")
     want = {**_env_overrides(), **_overrides}.get(op)
     if want:

@@ -42,10 +42,11 @@ OPS: dict[str, type] = {}
 
 
 def op(name: str, forward, backward=None, *, saves=(), saves_output=False, same_dtype=(), dtype_arg=0,
-       view=False, bf16_native=False) -> type:
+       view=False, bf16_native=False, dtypes=("*",)) -> type:
     """Create and record the built-in kernel class of one op."""
     cls = type(f"{name}_kernel", (Kernel,), {
-        "PLUGIN_NAME": f"blutensor.{name}", "OP": name, "SAVES": tuple(saves), "SAVES_OUTPUT": saves_output,
+        "PLUGIN_NAME": f"blutensor.{name}", "OP": name, "DTYPES": tuple(dtypes), "SAVES": tuple(saves),
+        "SAVES_OUTPUT": saves_output,
         "SAME_DTYPE": tuple(same_dtype), "DTYPE_ARG": dtype_arg, "VIEW": view,
         "DIFFERENTIABLE": backward is not None, "BF16_NATIVE": bf16_native,
         "forward": staticmethod(forward), "backward": staticmethod(backward) if backward else Kernel.backward,
@@ -56,6 +57,8 @@ def op(name: str, forward, backward=None, *, saves=(), saves_output=False, same_
 
 
 BIN = (0, 1)
+#: transcendental ops: an integer or bool input has no kernel (NumPy would return float64 / float16 silently)
+FLOAT = ("float16", "bfloat16", "float32", "float64")
 # name              forward                 backward               flags
 op("add",           ew.add_forward,         ew.add_backward,       same_dtype=BIN)
 op("sub",           ew.sub_forward,         ew.sub_backward,       same_dtype=BIN)
@@ -65,15 +68,15 @@ op("pow",           ew.pow_forward,         ew.pow_backward,       same_dtype=BI
 op("maximum",       ew.maximum_forward,     ew.maximum_backward,   same_dtype=BIN, saves=BIN)
 op("minimum",       ew.minimum_forward,     ew.minimum_backward,   same_dtype=BIN, saves=BIN)
 op("neg",           ew.neg_forward,         ew.neg_backward)
-op("exp",           ew.exp_forward,         ew.exp_backward,       saves_output=True)
-op("log",           ew.log_forward,         ew.log_backward,       saves=(0,))
-op("tanh",          ew.tanh_forward,        ew.tanh_backward,      saves_output=True)
-op("sqrt",          ew.sqrt_forward,        ew.sqrt_backward,      saves_output=True)
-op("rsqrt",         ew.rsqrt_forward,       ew.rsqrt_backward,     saves_output=True)
-op("sin",           ew.sin_forward,         ew.sin_backward,       saves=(0,))
-op("cos",           ew.cos_forward,         ew.cos_backward,       saves=(0,))
+op("exp",           ew.exp_forward,         ew.exp_backward,       saves_output=True, dtypes=FLOAT)
+op("log",           ew.log_forward,         ew.log_backward,       saves=(0,), dtypes=FLOAT)
+op("tanh",          ew.tanh_forward,        ew.tanh_backward,      saves_output=True, dtypes=FLOAT)
+op("sqrt",          ew.sqrt_forward,        ew.sqrt_backward,      saves_output=True, dtypes=FLOAT)
+op("rsqrt",         ew.rsqrt_forward,       ew.rsqrt_backward,     saves_output=True, dtypes=FLOAT)
+op("sin",           ew.sin_forward,         ew.sin_backward,       saves=(0,), dtypes=FLOAT)
+op("cos",           ew.cos_forward,         ew.cos_backward,       saves=(0,), dtypes=FLOAT)
 op("abs",           ew.abs_forward,         ew.abs_backward,       saves=(0,))
-op("sigmoid",       ew.sigmoid_forward,     ew.sigmoid_backward,   saves_output=True)
+op("sigmoid",       ew.sigmoid_forward,     ew.sigmoid_backward,   saves_output=True, dtypes=FLOAT)
 op("relu",          ew.relu_forward,        ew.relu_backward)
 op("clamp",         ew.clamp_forward,       ew.clamp_backward,     saves=(0,))
 op("cast",          ew.cast_forward,        ew.cast_backward,        bf16_native=True)
