@@ -18,11 +18,15 @@ pytestmark = pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec (pip 
 WORKER = Path(__file__).parent / "ddp_worker.py"
 
 
-def _run(out, result, mode="fresh", stop=0, dropout=0.0):
+def _run(out, result, mode="fresh", stop=0, dropout=0.0, fails=None):
+    """Train on 2 ranks; ``fails``: the run must end nonzero (both ranks, no hang) with this in its output."""
     cmd = mpiexec_command(2, [sys.executable, str(WORKER), str(micro_data()), str(out), "2", str(result), mode,
                               str(stop), str(dropout)])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=mpiexec_env(),
                        cwd=str(Path(__file__).parent))
+    if fails is not None:
+        assert p.returncode != 0 and fails in p.stdout + p.stderr, p.stdout[-3000:] + p.stderr[-3000:]
+        return None
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads(Path(result).read_text())
 
@@ -49,6 +53,16 @@ def test_ddp_resume_bit_exact(tmp_path):
     # with dropout: each rank's RNG state must come back too
     ref = _run(tmp_path / "ref", tmp_path / "ref.json", dropout=0.1)
     _run(tmp_path / "split", tmp_path / "a.json", "fresh", 5, dropout=0.1)
+    # refused on both ranks, files untouched: a fresh start over the checkpoints, and a resume with rank 1's gone
+    _run(tmp_path / "split", tmp_path / "x.json", "fresh", dropout=0.1, fails="holds an earlier run's checkpoints")
+    (tmp_path / "away").mkdir()
+    rank1 = sorted((tmp_path / "split" / "checkpoints").glob("*.rank1.safetensors"))
+    for f in rank1:
+        f.rename(tmp_path / "away" / f.name)
+    _run(tmp_path / "split", tmp_path / "x.json", "resume", dropout=0.1,
+         fails="some rank has no checkpoint file while another has up to step 5")
+    for f in rank1:
+        (tmp_path / "away" / f.name).rename(f)
     b = _run(tmp_path / "split", tmp_path / "b.json", "resume", dropout=0.1)
     log = [json.loads(x) for x in (tmp_path / "split" / "log.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in log] == [(r["step"], r["loss"]) for r in ref["history"]]

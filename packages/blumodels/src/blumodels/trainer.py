@@ -262,6 +262,11 @@ class Trainer:
         agreed = self.dist.min_int(step, self.device)  # every rank resumes from the same step
         if agreed == -2:  # some rank (maybe this one) has checkpoint files but none that verifies
             raise CheckpointError(self.out / "checkpoints", self._unusable_report())
+        if agreed == -1 and (newest := -self.dist.min_int(-step, self.device)) >= 0:
+            raise CheckpointError(self.out / "checkpoints", f"--resume: some rank has no checkpoint file while "
+                                  f"another has up to step {newest} (this rank: "
+                                  f"{'none' if step < 0 else f'step {step}'}); restore the missing rank's files, or "
+                                  f"start over with --overwrite")
         if agreed < 0:
             self.log(f"[blutrain] no checkpoint in {self.out / 'checkpoints'} (on every rank): starting from step 0")
             self._truncate_log(0)
