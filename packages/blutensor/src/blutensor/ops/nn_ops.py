@@ -111,8 +111,12 @@ def gelu_backward(ctx, g):
 def cross_entropy_forward(ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     xp = xp_of(logits)
     if logits.ndim < 1 or target.shape != logits.shape[:-1]:
+        hint = ""
+        if logits.ndim > 2 and target.shape == logits.shape[:1] + logits.shape[2:]:
+            hint = (": this is PyTorch's (N, C, d...) layout; blutensor reads the class dim last: permute it there "
+                    "(logits.transpose(1, 2) for 3-D)")
         raise ShapeError(f"cross_entropy: logits {tuple(logits.shape)} (..., C) and target "
-                         f"{tuple(target.shape)} (...) do not match")
+                         f"{tuple(target.shape)} (...) do not match{hint}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     C = logits.shape[-1]
