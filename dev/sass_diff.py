@@ -1,0 +1,104 @@
+"""Compare the machine code (SASS) of every CUDA kernel between a git revision and the working tree, offline.
+
+When no GPU is at hand, a kernel refactor can still be shown to change nothing: if every ``extern "C"`` function
+compiles to the same SASS, the GPU runs exactly what was measured before. Each ``.cu`` file of blutensor and
+blublas is compiled the way the loaders see it (local quoted includes inlined), with nvcc ``-cubin`` for sm_90
+(sm_90a for the wgmma files), disassembled with cuobjdump, and compared function by function (addresses and
+column padding ignored).
+
+    python dev/sass_diff.py 8e893f6            # REV vs the working tree
+    python dev/sass_diff.py 8e893f6 --verbose  # also the first differing lines of each function
+
+Needs nvcc (CUDA 12.8+), cuobjdump and nvdisasm on PATH (or CUOBJDUMP=...; the pip wheels
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm carry both). Exit status 1 when a function differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNEL_DIRS = ("packages/blutensor/src/blutensor/kernels", "packages/blublas/src/blublas/kernels")
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
+_FUNC = re.compile(r"\s*Function : (\S+)")
+
+
+def inline(path: Path, seen: set[str] | None = None) -> str:
+    """``path`` with its local quoted includes inlined, each header once (what both kernel loaders do)."""
+    seen = set() if seen is None else seen
+
+    def repl(m: re.Match) -> str:
+        name = m.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        return inline(path.parent / name, seen)
+
+    return _INCLUDE.sub(repl, path.read_text())
+
+
+def sass(src: str, arch: str, work: Path, cuobjdump: str) -> dict[str, list[str]]:
+    """Function name -> normalised SASS lines of ``src`` compiled for ``arch``."""
+    cu, cubin = work / "k.cu", work / "k.cubin"
+    cu.write_text(src)
+    subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", "-o", str(cubin), str(cu)], check=True,
+                   capture_output=True, text=True)
+    out = subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    funcs: dict[str, list[str]] = {}
+    cur = None
+    for ln in out.splitlines():
+        m = _FUNC.match(ln)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+        elif cur is not None and ln.strip():
+            cur.append(re.sub(r"\s+", " ", re.sub(r"/\*[0-9a-f]{4,}\*/", "", ln)).strip())
+    return funcs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("rev", help="git revision to compare the working tree against")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    cuobjdump = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if shutil.which("nvcc") is None or cuobjdump is None or shutil.which("nvdisasm") is None:
+        print("sass_diff: needs nvcc, cuobjdump and nvdisasm on PATH (pip install nvidia-cuda-cuobjdump-cu13 "
+              "nvidia-cuda-nvdisasm-cu13 for the last two)", file=sys.stderr)
+        return 2
+    differ = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        subprocess.run(f"git -C {ROOT} archive {a.rev} {' '.join(KERNEL_DIRS)} | tar -x -C {tmp} --one-top-level=old",
+                       shell=True, check=True)
+        for kdir in KERNEL_DIRS:
+            for new_cu in sorted((ROOT / kdir).glob("*.cu")):
+                old_cu = old / kdir / new_cu.name
+                if not old_cu.exists():
+                    print(f"{new_cu.name}: new file")
+                    continue
+                arch = "sm_90a" if "wgmma" in new_cu.name else "sm_90"
+                A = sass(inline(old_cu), arch, Path(tmp), cuobjdump)
+                B = sass(inline(new_cu), arch, Path(tmp), cuobjdump)
+                common = sorted(set(A) & set(B))
+                bad = [f for f in common if A[f] != B[f]]
+                differ += len(bad)
+                extra = f"; new: {sorted(set(B) - set(A))}" if set(B) - set(A) else ""
+                gone = f"; gone: {sorted(set(A) - set(B))}" if set(A) - set(B) else ""
+                print(f"{new_cu.name}: {len(common) - len(bad)}/{len(common)} identical{extra}{gone}"
+                      + (f"; DIFFER: {bad}" if bad else ""))
+                if a.verbose:
+                    for f in bad:
+                        print("\n".join(list(difflib.unified_diff(A[f], B[f], f, f, lineterm="", n=0))[:20]))
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
