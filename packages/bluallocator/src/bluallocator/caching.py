@@ -11,6 +11,8 @@ under 10 MiB) or segments rounded up to 2 MiB. Nothing goes back to the driver e
 from __future__ import annotations
 
 import contextlib
+import math
+import operator
 import threading
 import time
 from collections import Counter, deque
@@ -29,6 +31,29 @@ _now_ns = time.perf_counter_ns
 _LISTENERS: list = []
 #: with blocks pending on other streams' events, poll them every this many mallocs (not on every call)
 EVENT_POLL_INTERVAL = 64
+_BACKEND_METHODS = ("malloc", "free", "mem_get_info", "current_stream", "event_create", "event_record",
+                    "event_query", "event_synchronize", "event_destroy", "is_capturing")
+
+
+def _ptr_text(ptr: Any) -> str:
+    """``ptr`` for an error message: hex for an int, else its type and repr (a pointer of the wrong type)."""
+    try:
+        return f"{operator.index(ptr):#x}"
+    except TypeError:
+        return f"{ptr!r} (a {type(ptr).__name__}, not an int pointer)"
+
+
+def _as_count(value: Any, what: str, minimum: int) -> int:
+    """``value`` as an int >= ``minimum`` (NumPy integers pass; bool, float, str do not), else an error naming it."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got bool {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {n}")
+    return n
 
 
 def add_listener(fn) -> None:
@@ -70,8 +95,21 @@ class CachingAllocator:
         profile_first_n: int | None = None,
         class_weight: float = 1.0,
     ) -> None:
-        if granularity < 1 or granularity & (granularity - 1):
+        missing = [m for m in _BACKEND_METHODS if not callable(getattr(backend, m, None))]
+        if missing:
+            raise TypeError(f"CachingAllocator: backend must be a DeviceBackend (FakeDeviceBackend, CudaBackend), "
+                            f"got {type(backend).__name__} without {', '.join(missing)}")
+        small_size = _as_count(small_size, "CachingAllocator: small_size", 1)
+        small_segment_size = _as_count(small_segment_size, "CachingAllocator: small_segment_size", 1)
+        large_segment_size = _as_count(large_segment_size, "CachingAllocator: large_segment_size", 1)
+        min_large_alloc = _as_count(min_large_alloc, "CachingAllocator: min_large_alloc", 0)
+        large_segment_round = _as_count(large_segment_round, "CachingAllocator: large_segment_round", 1)
+        granularity = _as_count(granularity, "CachingAllocator: granularity", 1)
+        if granularity & (granularity - 1):
             raise ValueError(f"CachingAllocator: granularity must be a power of two, got {granularity}")
+        if isinstance(class_weight, bool) or not isinstance(class_weight, int | float) or not (
+                math.isfinite(class_weight) and class_weight >= 0):
+            raise ValueError(f"CachingAllocator: class_weight must be a finite number >= 0, got {class_weight!r}")
         if small_size % granularity or small_segment_size < small_size:
             raise ValueError(f"CachingAllocator: small_size ({small_size}) must be a multiple of granularity "
                              f"({granularity}) and fit in small_segment_size ({small_segment_size})")
@@ -148,7 +186,7 @@ class CachingAllocator:
                 raise RuntimeError("CachingAllocator.malloc: re-entered from a callback inside the allocator")
             self._busy = True
             try:
-                if self._fast and nbytes > 0 and not _LISTENERS:
+                if self._fast and nbytes.__class__ is int and nbytes > 0 and not _LISTENERS:
                     if nbytes <= self.small_size:
                         g = self.granularity_small
                         fl = self._small_lists.get(stream)
@@ -172,9 +210,11 @@ class CachingAllocator:
                         if self._deferred_frees:
                             self._drain_deferred()
                         return ptr
-                if nbytes < 0:
-                    raise ValueError(f"CachingAllocator.malloc: nbytes must be >= 0, got {nbytes}")
-                ptr = self._malloc_locked(int(nbytes), stream)
+                if nbytes.__class__ is not int or nbytes < 0:
+                    nbytes = _as_count(nbytes, "CachingAllocator.malloc: nbytes", 0)
+                if stream.__class__ is not int or stream < 0:
+                    stream = _as_count(stream, "CachingAllocator.malloc: stream (a stream handle)", 0)
+                ptr = self._malloc_locked(nbytes, stream)
                 if self._deferred_frees:
                     self._drain_deferred()
                 return ptr
@@ -191,7 +231,8 @@ class CachingAllocator:
             try:
                 block = self._allocated.pop(ptr, None)
                 if block is None:
-                    raise ValueError(f"CachingAllocator.free: {ptr:#x} was not allocated here (or was freed twice)")
+                    raise ValueError(f"CachingAllocator.free: {_ptr_text(ptr)} was not allocated here "
+                                     f"(or was freed twice)")
                 seg = block.segment
                 fl = seg.free_list
                 if fl is not None and not block.stream_uses and not _LISTENERS:
@@ -227,7 +268,8 @@ class CachingAllocator:
         with self._locked():
             block = self._allocated.get(ptr)
             if block is None:
-                raise ValueError(f"CachingAllocator.record_stream: {ptr:#x} is not an allocated block")
+                raise ValueError(f"CachingAllocator.record_stream: {_ptr_text(ptr)} is not an allocated block")
+            stream = _as_count(stream, "CachingAllocator.record_stream: stream (a stream handle)", 0)
             if stream != block.stream:
                 if block.stream_uses is None:
                     block.stream_uses = set()
@@ -237,7 +279,7 @@ class CachingAllocator:
         """Size of the block that serves the allocation at ``ptr``."""
         block = self._allocated.get(ptr)
         if block is None:
-            raise ValueError(f"CachingAllocator.allocation_size: {ptr:#x} is not an allocated block")
+            raise ValueError(f"CachingAllocator.allocation_size: {_ptr_text(ptr)} is not an allocated block")
         return block.size
 
     # ------------------------------------------------------------------ internals: allocate
@@ -369,7 +411,7 @@ class CachingAllocator:
     def _free_locked(self, ptr: int) -> None:
         block = self._allocated.pop(ptr, None)
         if block is None:
-            raise ValueError(f"CachingAllocator.free: {ptr:#x} was not allocated here (or was freed twice)")
+            raise ValueError(f"CachingAllocator.free: {_ptr_text(ptr)} was not allocated here (or was freed twice)")
         self._free_block(block)
 
     def _free_block(self, block: Block) -> None:
@@ -554,6 +596,8 @@ class CachingAllocator:
     # ------------------------------------------------------------------ step-0 profile
     def begin_profile(self, first_n: int | None = None) -> None:
         """Start recording request sizes (step 0); with ``first_n`` it ends by itself after n requests."""
+        if first_n is not None:
+            first_n = _as_count(first_n, "CachingAllocator.begin_profile: first_n (profile_first_n)", 1)
         self._profiler = AlignmentProfiler(self.small_size, self.class_weight)
         self._profile_remaining = first_n
         self._fast = False

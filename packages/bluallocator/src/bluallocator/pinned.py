@@ -41,6 +41,20 @@ def host_size_class(nbytes: int) -> int:
     return -(-n // MiB) * MiB
 
 
+def _shape_tuple(shape: Any) -> tuple[int, ...]:
+    """``shape`` (an int or a sequence of ints) as a tuple of ints, else a TypeError naming it."""
+    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
+        return (int(shape),)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"PinnedHostAllocator.empty: shape must be an int or a tuple of ints, "
+                        f"got {type(shape).__name__} {shape!r}") from None
+    if isinstance(shape, str) or not all(isinstance(d, int | np.integer) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"PinnedHostAllocator.empty: shape must be an int or a tuple of ints, got {shape!r}")
+    return tuple(int(d) for d in dims)
+
+
 class _HostBlock:
     __slots__ = ("ptr", "size", "keep", "stream_uses", "events")
 
@@ -119,8 +133,14 @@ class PinnedHostAllocator:
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """Uninitialised array of ``shape``/``dtype`` over a (pinned, when available) cached host buffer."""
-        dt = np.dtype(dtype)
-        shp = (shape,) if isinstance(shape, int | np.integer) else tuple(int(s) for s in shape)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"PinnedHostAllocator.empty: dtype {dtype!r} is not a NumPy dtype ({e})") from None
+        if dt.hasobject:
+            raise TypeError(f"PinnedHostAllocator.empty: dtype {dt} holds Python objects; host buffers hold "
+                            f"plain numbers only")
+        shp = _shape_tuple(shape)
         if any(s < 0 for s in shp):
             raise ValueError(f"PinnedHostAllocator.empty: negative dimension in shape {shp}")
         nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
@@ -138,13 +158,15 @@ class PinnedHostAllocator:
 
     def empty_like(self, array: np.ndarray) -> np.ndarray:
         """:meth:`empty` with the shape and dtype of ``array``."""
+        if not hasattr(array, "shape") or not hasattr(array, "dtype"):
+            raise TypeError(f"PinnedHostAllocator.empty_like: expected an array, got {type(array).__name__}")
         return self.empty(array.shape, array.dtype)
 
     def record_stream(self, array: np.ndarray, stream: int) -> None:
         """Delay reuse of ``array``'s buffer until work now queued on ``stream`` (e.g. an async copy) ends."""
+        ptr = self._block_ptr(array)  # checked without CUDA too: a foreign array is a bug on every machine
         if self._events is None:
             return
-        ptr = self._block_ptr(array)
         with self._locked():
             self._live[ptr].stream_uses.add(int(stream))
 
