@@ -26,7 +26,9 @@ class ReduceOp:
 
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
-_KINDS = {"all_reduce": 1, "reduce_scatter": 2, "all_gather": 3, "broadcast": 4, "all_to_all": 5}
+_KINDS = {"all_reduce": 1, "reduce_scatter": 2, "all_gather": 3, "broadcast": 4, "all_to_all": 5,
+          "barrier": 6, "new_group": 7}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
 
 
 class CollectiveError(RuntimeError):
@@ -76,6 +78,11 @@ def raw_array(x: Any, what: str, name: str = "tensor") -> Any:
             f"{what}: {name} of shape {tuple(a.shape)} is not C-contiguous (strides {a.strides}); "
             "collectives work in place on contiguous arrays (use a flat bucket or a contiguous copy)"
         )
+    if a.dtype.hasobject:
+        raise CollectiveError(
+            f"{what}: {name} has dtype {a.dtype}, which holds Python object references; collectives move "
+            "raw numbers (use a numeric dtype)"
+        )
     if isinstance(a, np.ndarray) and not a.flags.writeable:
         raise CollectiveError(f"{what}: {name} is read-only; collectives write their result in place")
     return a
@@ -92,10 +99,13 @@ def checks_enabled(default: bool) -> bool:
     return default if v is None or v == "" else v not in ("0", "false", "no", "off")
 
 
-def signature(kind: str, op: str | None, a: Any) -> np.ndarray:
-    """Fixed-size int64 description of one rank's call, compared across ranks to catch mismatches."""
+def signature(kind: str, op: str | None, a: Any, extra: int = 0) -> np.ndarray:
+    """Fixed-size int64 description of one rank's call, compared across ranks to catch mismatches.
+
+    ``extra`` carries call details beyond op/dtype/shape (``new_group``: a checksum of its ranks)."""
     shape = tuple(int(s) for s in a.shape)[:6]
-    sig = np.zeros(11, dtype=np.int64)
+    sig = np.zeros(12, dtype=np.int64)
+    sig[11] = extra
     sig[0] = _KINDS[kind]
     sig[1] = REDUCE_OPS.index(op) + 1 if op else 0
     sig[2] = _dtype_code(a.dtype)
@@ -131,8 +141,14 @@ def compare_signatures(kind: str, sigs: np.ndarray, my_rank: int, my_dtype: Any)
         s = sigs[r]
         if s[0] != ref[0]:
             raise CollectiveError(
-                f"{kind}: ranks called different collectives at the same point (rank 0 and rank {r}); "
+                f"{kind}: ranks called different collectives at the same point: rank 0 called "
+                f"{_KIND_NAMES.get(int(ref[0]), '?')} but rank {r} called {_KIND_NAMES.get(int(s[0]), '?')}; "
                 "every rank of a group must issue the same collectives in the same order"
+            )
+        if s[11] != ref[11]:
+            raise CollectiveError(
+                f"{kind}: arguments differ across ranks: rank {r} passed other ranks than rank 0 "
+                f"(seen from rank {my_rank}); every member must pass the same list"
             )
         if s[1] != ref[1]:
             raise CollectiveError(
@@ -144,6 +160,9 @@ def compare_signatures(kind: str, sigs: np.ndarray, my_rank: int, my_dtype: Any)
                 f"{kind}: shape/dtype mismatch across ranks: rank 0 passed {_describe(ref, names)} "
                 f"but rank {r} passed {_describe(s, names)} (seen from rank {my_rank})"
             )
+
+
+_NO_DATA = np.empty(0, dtype=np.uint8)  # the "array" a barrier's signature describes
 
 
 class ProcessGroup(ABC):
@@ -174,7 +193,15 @@ class ProcessGroup(ABC):
             raise CollectiveError(f"{what}: unknown op {op!r}; use one of {REDUCE_OPS}")
         if op == "avg" and not (np.issubdtype(a.dtype, np.floating) or str(a.dtype) == "bfloat16"):
             raise CollectiveError(f"{what}: op 'avg' needs a floating dtype, got {a.dtype}")
+        if op in ("max", "min") and np.issubdtype(a.dtype, np.complexfloating):
+            raise CollectiveError(f"{what}: op {op!r} is not defined for complex dtype {a.dtype}")
         return op
+
+    @staticmethod
+    def _tag(what: str, tag: Any) -> int:
+        if not isinstance(tag, int | np.integer) or isinstance(tag, bool) or not 0 <= int(tag) < 2**23:
+            raise CollectiveError(f"{what}: tag={tag!r} must be an integer in [0, 2**23)")
+        return int(tag)
 
     def _peer(self, what: str, peer: int, name: str) -> int:
         if not isinstance(peer, int | np.integer) or not 0 <= int(peer) < self._size:
@@ -192,7 +219,7 @@ class ProcessGroup(ABC):
     def _flush_p2p(self) -> None:  # noqa: B027 (optional hook)
         """Backends that coalesce point-to-point ops launch the queued ones here (before a collective)."""
 
-    def _cross_check(self, kind: str, op: str | None, a: Any) -> None:  # noqa: B027 (optional hook)
+    def _cross_check(self, kind: str, op: str | None, a: Any, extra: int = 0) -> None:  # noqa: B027
         """Backends override: compare (kind, op, dtype, shape) across ranks when checks are on."""
 
     # --- public collectives (validate, then call the backend) ---
@@ -264,7 +291,7 @@ class ProcessGroup(ABC):
         dst = self._peer("send", dst, "dst")
         if dst == self._rank:
             raise CollectiveError(f"send: dst={dst} is this rank; send to another rank")
-        return self._ret(self._send(a, dst, int(tag)), async_op)
+        return self._ret(self._send(a, dst, self._tag("send", tag)), async_op)
 
     def recv(self, tensor: Any, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
         """Receive into ``tensor`` from group rank ``src``."""
@@ -273,7 +300,7 @@ class ProcessGroup(ABC):
         src = self._peer("recv", src, "src")
         if src == self._rank:
             raise CollectiveError(f"recv: src={src} is this rank; receive from another rank")
-        return self._ret(self._recv(a, src, int(tag)), async_op)
+        return self._ret(self._recv(a, src, self._tag("recv", tag)), async_op)
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Nonblocking ``send``."""
@@ -286,6 +313,7 @@ class ProcessGroup(ABC):
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank of the group has reached the barrier."""
         self._flush_p2p()
+        self._cross_check("barrier", None, _NO_DATA)
         w = self._barrier()
         if async_op:
             return w
@@ -304,6 +332,8 @@ class ProcessGroup(ABC):
             raise CollectiveError(f"new_group: ranks {bad} are not in this group of size {self._size}")
         self._n_subgroups += 1
         self._flush_p2p()
+        ids = np.asarray(rs, dtype=np.int64)
+        self._cross_check("new_group", None, ids, extra=zlib.crc32(ids.tobytes()))
         return self._new_group(rs, self._n_subgroups)
 
     def destroy(self) -> None:  # noqa: B027 (optional hook)

@@ -8,6 +8,7 @@ forever). The launcher sees the exit code and stops the gang. blurun runs every 
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import sys
@@ -49,8 +50,34 @@ def exit_code(code: object) -> int:
     return 1
 
 
+def _install_exit_guard() -> None:
+    """Make ``sys.exit(nonzero)`` on a rank of a multi-process group leave without MPI_Finalize.
+
+    Under plain mpirun a rank that exits with an error code would otherwise wait in MPI_Finalize for
+    peers that wait in a collective for it: the job hangs. The code is recorded by a ``sys.exit``
+    wrapper and acted on at interpreter exit (after ``finally`` blocks and later ``atexit`` handlers)."""
+    if getattr(sys.exit, "_dtms", False):
+        return
+    real_exit, last = sys.exit, {"code": 0}
+
+    def exit(code: object = None) -> None:
+        last["code"] = code if isinstance(code, int) or code is None else 1
+        real_exit(code)
+
+    def at_exit() -> None:
+        code = (last["code"] or 0) & 0xFF
+        if code and _in_group():
+            hard_exit(code)
+
+    exit._dtms = True  # type: ignore[attr-defined]
+    sys.exit = exit
+    atexit.register(at_exit)
+
+
 def install_excepthook() -> None:
-    """Make an uncaught exception end a rank of a multi-process group at once (used under plain mpirun)."""
+    """Make an uncaught exception, or ``sys.exit`` with an error code, end a rank of a multi-process
+    group at once (used under plain mpirun; blurun's ranks get the same through ``main`` here)."""
+    _install_exit_guard()
     prev = sys.excepthook
     if getattr(prev, "_dtms", False):
         return

@@ -31,10 +31,19 @@ def import_mpi() -> Any:
 class MPIWork(Work):
     """Nonblocking MPI requests plus an optional host-side finish (average, copy back from staging)."""
 
-    def __init__(self, MPI: Any, requests: list, finish: Callable[[], None] | None = None, keep: tuple = ()):
+    def __init__(self, MPI: Any, requests: list, finish: Callable[[], None] | None = None, keep: tuple = (),
+                 what: str = "collective"):
         self._MPI, self._reqs, self._finish, self._keep = MPI, requests, finish, keep
-        self._done = False
+        self._done, self._what = False, what
         self._outputs = keep[:1]
+
+    def _failed(self, e: Exception) -> CollectiveError:
+        """An MPI error turned into a CollectiveError naming the operation (not a bare mpi4py Exception)."""
+        msg = e.Get_error_string() if hasattr(e, "Get_error_string") else str(e)
+        hint = ""
+        if self._what.startswith("recv"):
+            hint = " (MPI_ERR_TRUNCATE/IN_STATUS here means the sender's message is larger than this buffer)"
+        return CollectiveError(f"{self._what}: MPI error: {msg}{hint}")
 
     def _complete(self) -> None:
         if self._finish is not None:
@@ -43,7 +52,10 @@ class MPIWork(Work):
 
     def synchronize(self) -> None:
         if not self._done:
-            self._MPI.Request.Waitall(self._reqs)
+            try:
+                self._MPI.Request.Waitall(self._reqs)
+            except self._MPI.Exception as e:
+                raise self._failed(e) from e
             self._complete()
 
     def wait(self, stream: Any = None) -> bool:
@@ -51,12 +63,19 @@ class MPIWork(Work):
         return True
 
     def is_completed(self) -> bool:
-        if not self._done and self._MPI.Request.Testall(self._reqs):
-            self._complete()
+        if not self._done:
+            try:
+                done = self._MPI.Request.Testall(self._reqs)
+            except self._MPI.Exception as e:
+                raise self._failed(e) from e
+            if done:
+                self._complete()
         return self._done
 
 
-def _mpi_ops(MPI: Any) -> dict[str, Any]:
+def _mpi_ops(MPI: Any, dtype: Any = None) -> dict[str, Any]:
+    if dtype is not None and np.dtype(dtype) == np.bool_:  # MPI has only logical ops on C_BOOL: PyTorch's
+        return {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}  # bool semantics
     return {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 
 
@@ -96,10 +115,10 @@ class MPIProcessGroup(ProcessGroup):
                     "use backend='nccl' for GPU arrays"
                 )
 
-    def _cross_check(self, kind: str, op: str | None, a: Any) -> None:
+    def _cross_check(self, kind: str, op: str | None, a: Any, extra: int = 0) -> None:
         if not self.check or self._size == 1:
             return
-        mine = signature(kind, op, a)
+        mine = signature(kind, op, a, extra)
         sigs = np.empty((self._size, mine.size), dtype=np.int64)
         self.comm.Allgather([mine, self.MPI.INT64_T], [sigs, self.MPI.INT64_T])
         compare_signatures(kind, sigs, self._rank, a.dtype)
@@ -115,7 +134,7 @@ class MPIProcessGroup(ProcessGroup):
 
     def _all_reduce(self, a: np.ndarray, op: str) -> Work:
         buf, t, staged = self._reduce_prep("all_reduce", a)
-        req = self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, t], _mpi_ops(self.MPI)[op])
+        req = self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, t], _mpi_ops(self.MPI, buf.dtype)[op])
         n = self._size
 
         def finish() -> None:
@@ -124,13 +143,13 @@ class MPIProcessGroup(ProcessGroup):
             if staged:
                 a[...] = buf.astype(a.dtype)
 
-        return MPIWork(self.MPI, [req], finish, (a, buf))
+        return MPIWork(self.MPI, [req], finish, (a, buf), "all_reduce")
 
     def _reduce_scatter(self, o: np.ndarray, i: np.ndarray, op: str) -> Work:
         src, t, staged = self._reduce_prep("reduce_scatter", i)
         aliased = np.may_share_memory(o, i)
         dst = np.empty(o.shape, np.float32 if staged else o.dtype) if (staged or aliased) else o
-        req = self.comm.Ireduce_scatter_block([src, t], [dst, t], _mpi_ops(self.MPI)[op])
+        req = self.comm.Ireduce_scatter_block([src, t], [dst, t], _mpi_ops(self.MPI, src.dtype)[op])
         n = self._size
 
         def finish() -> None:
@@ -139,32 +158,34 @@ class MPIProcessGroup(ProcessGroup):
             if dst is not o:
                 o[...] = dst.astype(o.dtype).reshape(o.shape)
 
-        return MPIWork(self.MPI, [req], finish, (o, src, dst))
+        return MPIWork(self.MPI, [req], finish, (o, src, dst), "reduce_scatter")
 
     # --- data movement: byte views, any dtype ---
     def _all_gather(self, o: np.ndarray, i: np.ndarray) -> Work:
         src = i.copy() if np.may_share_memory(o, i) else i
         req = self.comm.Iallgather([_bytes(src), self.MPI.BYTE], [_bytes(o), self.MPI.BYTE])
-        return MPIWork(self.MPI, [req], None, (o, src))
+        return MPIWork(self.MPI, [req], None, (o, src), "all_gather")
 
     def _broadcast(self, a: np.ndarray, src: int) -> Work:
         req = self.comm.Ibcast([_bytes(a), self.MPI.BYTE], root=src)
-        return MPIWork(self.MPI, [req], None, (a,))
+        return MPIWork(self.MPI, [req], None, (a,), f"broadcast from rank {src}")
 
     def _all_to_all(self, o: np.ndarray, i: np.ndarray) -> Work:
         src = i.copy() if np.may_share_memory(o, i) else i
         req = self.comm.Ialltoall([_bytes(src), self.MPI.BYTE], [_bytes(o), self.MPI.BYTE])
-        return MPIWork(self.MPI, [req], None, (o, src))
+        return MPIWork(self.MPI, [req], None, (o, src), "all_to_all")
 
     def _send(self, a: np.ndarray, dst: int, tag: int) -> Work:
-        return MPIWork(self.MPI, [self.comm.Isend([_bytes(a), self.MPI.BYTE], dest=dst, tag=tag)], None, (a,))
+        req = self.comm.Isend([_bytes(a), self.MPI.BYTE], dest=dst, tag=tag)
+        return MPIWork(self.MPI, [req], None, (a,), f"send to rank {dst} (tag {tag})")
 
     def _recv(self, a: np.ndarray, src: int, tag: int) -> Work:
         req = self.comm.Irecv([_bytes(a), self.MPI.BYTE], source=src, tag=tag)
-        return MPIWork(self.MPI, [req], None, (a,))
+        return MPIWork(self.MPI, [req], None, (a,),
+                       f"recv from rank {src} (tag {tag}) into {tuple(a.shape)} {a.dtype} ({a.nbytes} bytes)")
 
     def _barrier(self) -> Work:
-        return MPIWork(self.MPI, [self.comm.Ibarrier()])
+        return MPIWork(self.MPI, [self.comm.Ibarrier()], what="barrier")
 
     def _new_group(self, ranks: list[int], group_index: int) -> ProcessGroup | None:
         member = self._rank in ranks

@@ -174,11 +174,11 @@ class NCCLProcessGroup(ProcessGroup):
                     f"cuda:{self.device.id}"
                 )
 
-    def _cross_check(self, kind: str, op: str | None, a: Any) -> None:
+    def _cross_check(self, kind: str, op: str | None, a: Any, extra: int = 0) -> None:
         cp = self.cupy
         if not self.check or self._size == 1 or cp.cuda.get_current_stream().is_capturing():
             return
-        mine = cp.asarray(signature(kind, op, a))
+        mine = cp.asarray(signature(kind, op, a, extra))
         sigs = cp.empty((self._size, mine.size), dtype=cp.int64)
         s = cp.cuda.get_current_stream()
         self.comm.allGather(mine.data.ptr, sigs.data.ptr, mine.size, _NCCL_TYPES["int64"], s.ptr)

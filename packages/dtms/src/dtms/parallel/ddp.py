@@ -17,6 +17,7 @@ import blutensor as bt
 from blutensor.nn import Module
 
 from dtms import world
+from dtms.parallel.verify import verify_params_across_ranks
 from dtms.process_group import ProcessGroup
 
 
@@ -62,6 +63,8 @@ class DistributedDataParallel(Module):
         if len(devs) != 1:
             raise ValueError(f"DistributedDataParallel: parameters live on several devices {sorted(devs)}")
         object.__setattr__(self, "_params", params)
+        verify_params_across_ranks(self.pg, [(n, p) for n, p in module.named_parameters() if p.requires_grad],
+                                   "DistributedDataParallel")  # before the first broadcast could hang
         self._broadcast_state(broadcast_buffers)
         # initial gradient-ready order: reverse registration order (backward visits the last layer first);
         # rebuilt once from the order actually observed in the first synchronised backward

@@ -20,6 +20,7 @@ from blutensor.nn import Module, Parameter
 
 from dtms import world
 from dtms.parallel.comm_ops import STATS
+from dtms.parallel.verify import verify_params_across_ranks
 from dtms.process_group import ProcessGroup
 
 
@@ -153,6 +154,7 @@ class FullyShardedDataParallel(Module):
         group = process_group or world.get_default_group()
         object.__setattr__(self, "group", group)
         object.__setattr__(self, "model", model)
+        verify_params_across_ranks(group, list(model.named_parameters()), "FullyShardedDataParallel")
         # identical start: rank 0's weights everywhere
         with bt.no_grad():
             for p in model.parameters():

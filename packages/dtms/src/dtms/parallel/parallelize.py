@@ -13,6 +13,7 @@ from dtms.parallel.ddp import DDP
 from dtms.parallel.fsdp import FSDP
 from dtms.parallel.mesh import Mesh, MeshError, ParallelDims
 from dtms.parallel.tensor_parallel import TensorParallel, apply_tensor_parallel
+from dtms.parallel.verify import verify_params_across_ranks
 from dtms.process_group import ProcessGroup
 
 
@@ -118,6 +119,7 @@ def parallelize(model: Module, dims: ParallelDims, *, group: ProcessGroup | None
         raise MeshError("FSDP composes with data parallelism only here (tp=cp=1)")
     dims.validate(base.size(), **checks)  # before any collective
     mesh = Mesh(dims, base, **checks)
+    verify_params_across_ranks(base, list(model.named_parameters()), "parallelize")
     with bt.no_grad():  # identical full weights before sharding
         for p in model.parameters():
             base.broadcast(p._data, src=0)
