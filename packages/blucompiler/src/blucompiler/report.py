@@ -16,6 +16,8 @@ def build_report(step) -> dict:
         "eager_steps": list(step.eager_reasons.values()),
         "trace_seconds": [round(s, 4) for s in step.trace_seconds],
     }
+    if getattr(step, "backend_note", None):
+        rep["backend_note"] = step.backend_note
     p = step.last
     if p is None:
         return rep
@@ -69,6 +71,8 @@ def format_report(rep: dict) -> str:
     lines = [f"blucompiler: {rep.get('specialisations', 0)} specialisation(s), backend {rep.get('backend')}",
              f"  kernels: {k.get('compiled_launches')} launches compiled vs {k.get('eager_primitive_ops')} eager ops "
              f"({k.get('fused_kernels')} fused, {k.get('library_calls')} library, {k.get('eager_calls')} eager)"]
+    if rep.get("backend_note"):
+        lines.append(f"  backend: {rep['backend_note']}")
     if rep.get("fallback_ops"):
         lines.append(f"  eager fallbacks: {rep['fallback_ops']}")
     for r in rep.get("retraces", []):
