@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
@@ -23,28 +24,50 @@ def _factory(spec: str) -> Callable:
         raise SystemExit(f"bluprofile: cannot load step factory {spec!r}: {e}") from None
 
 
+def _int_at_least(lo: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+
+    return parse
+
+
+def _device(text: str) -> str:
+    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+
+
 def build_parser(prog: str = "bluprofile") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--step", help="factory package.module:function returning step_fn()")
     src.add_argument("--demo", choices=["tiny", "small", "gpt2-124m"], help="built-in GPT-2-shaped model")
     p.add_argument("--config", help="passed to the --step factory")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="unprofiled warmup steps (default 1)")
+    p.add_argument("--device", type=_device, default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--steps", type=_int_at_least(1), default=3, help="profiled steps (default 3)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=1, help="unprofiled warmup steps (default 1)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--nvtx", action="store_true", help="push NVTX ranges even without Nsight attached")
     p.add_argument("--no-nvtx", action="store_true", help="no NVTX ranges even under Nsight")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--top", type=int, default=25, help="rows of the printed table")
+    p.add_argument("--top", type=_int_at_least(0), default=25, help="rows of the printed table")
     return p
 
 
 def profile_main(argv: list[str] | None = None, prog: str = "bluprofile") -> int:
     """Entry point (``blutrain profile`` passes its own argv here); returns the exit status."""
-    a = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    a = parser.parse_args(argv)
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        parser.error(f"--out {a.out!r} exists and is not a folder")
     from bluprofiler.run import profile_steps
 
     if a.demo:
@@ -57,6 +80,8 @@ def profile_main(argv: list[str] | None = None, prog: str = "bluprofile") -> int
     else:
         fac = _factory(a.step)
         step = fac(a.config) if a.config is not None else fac()
+        if not callable(step):
+            parser.error(f"--step {a.step}: the factory returned {type(step).__name__}, not a step function")
         meta = {"workload": a.step, "config": a.config}
     dev = None if a.device is None else ("cpu" if a.device == "cpu" else "cuda")
     nvtx = False if a.no_nvtx else (True if a.nvtx else None)

@@ -188,6 +188,14 @@ def compare(ours: Any, reference: Any, adapter: Adapter | None = None, rtol: flo
     A row diverges when rel L2 > ``rtol`` or L-inf > ``atol``; a shape mismatch or a non-finite
     value is a divergence. ``keys``: a regex restricting which of our keys are compared.
     """
+    for name, v in (("rtol", rtol), ("atol", atol)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+            raise PrecisionError(f"compare: {name} must be a number >= 0, got {v!r}")
+    if keys is not None:
+        try:
+            re.compile(keys)
+        except (re.error, TypeError) as e:
+            raise PrecisionError(f"compare: keys={keys!r} is not a regular expression: {e}") from None
     a = _as_dump(ours, "ours")
     b = _as_dump(reference, "reference")
     if adapter is not None:
@@ -255,8 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         parts = a.adapter.split(":")
         if parts[0] != "gpt2" or len(parts) not in (2, 3):
             p.error(f"--adapter {a.adapter!r}: expected gpt2:<reference|hf|nanogpt>[:<blumodels|demo>]")
-        adapter = gpt2_adapter(parts[1], *(parts[2:]))
-    r = compare(a.ours, a.reference, adapter=adapter, rtol=a.rtol, atol=a.atol, keys=a.keys)
+        try:
+            adapter = gpt2_adapter(parts[1], *(parts[2:]))
+        except ValueError as e:
+            p.error(f"--adapter {a.adapter!r}: {e}")
+    try:
+        r = compare(a.ours, a.reference, adapter=adapter, rtol=a.rtol, atol=a.atol, keys=a.keys)
+    except PrecisionError as e:
+        p.error(str(e))
     print(r.report(), end="")
     if a.json:
         Path(a.json).write_text(json.dumps(r.to_dict(), indent=1))

@@ -71,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     if not events.is_file():
         print(f"error: {events} does not exist: OUT_DIR must be a folder written by profile_steps")
         return 2
-    p = plot_memory(load_jsonl(events), out / "memory.png")
+    try:
+        res = load_jsonl(events)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}")
+        return 2
+    p = plot_memory(res, out / "memory.png")
     print(f"wrote {p}")
     return 0
 

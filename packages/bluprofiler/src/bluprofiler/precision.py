@@ -192,6 +192,21 @@ def load_dump(path: str | Path) -> OrderedDict:
     path = Path(path)
     if not path.exists():
         raise PrecisionError(f"load_dump: {path} does not exist")
+    if not path.is_file():
+        raise PrecisionError(f"load_dump: {path} is not a file")
+    if path.suffix not in (".safetensors", ".npz"):
+        raise PrecisionError(f"load_dump: {path} is neither .safetensors nor .npz")
+    try:
+        return _load_dump(path)
+    except PrecisionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - NumPy/zipfile/safetensors each raise their own: name the file
+        raise PrecisionError(f"load_dump: {path} ({path.stat().st_size} bytes) is not a readable "
+                             f"{path.suffix[1:]} dump (empty, truncated or another format?): "
+                             f"{type(e).__name__}: {e}") from None
+
+
+def _load_dump(path: Path) -> OrderedDict:
     if path.suffix == ".safetensors":
         safe_open = _safetensors().safe_open
 

@@ -401,6 +401,8 @@ class Profiler:
     @contextmanager
     def region(self, name: str) -> Iterator[None]:
         """Time a named range (a step, the optimizer, a data load) as its own span and memory owner."""
+        if not isinstance(name, str):
+            raise TypeError(f"bluprofiler: a region name must be a str, got {type(name).__name__} {name!r}")
         tok = self._open(name)
         try:
             yield
@@ -547,6 +549,8 @@ def active() -> Profiler | None:
 @contextmanager
 def record_function(name: str) -> Iterator[None]:
     """A named region in the running profiler (no-op when none is running), like torch's."""
+    if not isinstance(name, str):  # checked without a profiler too, so the mistake shows on the first run
+        raise TypeError(f"record_function: name must be a str, got {type(name).__name__} {name!r}")
     p = _active
     if p is None or not p._running:
         yield

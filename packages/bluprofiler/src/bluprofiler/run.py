@@ -41,10 +41,24 @@ def profile_steps(step_fn: Callable[[], Any], n_steps: int, out_dir: str | Path,
     """Run ``warmup`` unprofiled then ``n_steps`` profiled calls of ``step_fn()`` (each inside a
     ``step`` region, synchronised), write each sink and the memory PNG into ``out_dir``, and
     return the summary dict (also saved as ``summary.json`` by the "table" sink)."""
-    if n_steps < 1:
-        raise ValueError(f"profile_steps: n_steps must be >= 1, got {n_steps}")
+    if not callable(step_fn):
+        raise TypeError(f"profile_steps: step_fn must be a callable, got {type(step_fn).__name__}")
+    for name, v, lo in (("n_steps", n_steps, 1), ("warmup", warmup, 0)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"profile_steps: {name} must be an int, got {type(v).__name__} {v!r}")
+        if v < lo:
+            raise ValueError(f"profile_steps: {name} must be >= {lo}, got {v}")
+    if isinstance(sinks, str):
+        raise TypeError(f"profile_steps: sinks must be a list of sink names, got the string {sinks!r} "
+                        f"(write sinks=({sinks!r},))")
+    writers = [(name, get_sink(name)) for name in sinks]  # an unknown sink fails before the steps run
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"profile_steps: out_dir {str(out)!r} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"profile_steps: cannot create out_dir {str(out)!r}: {e.strerror or e}") from None
     for _ in range(warmup):
         step_fn()
     prof = Profiler(timing=timing, memory=memory, nvtx=nvtx, device=device)
@@ -60,8 +74,8 @@ def profile_steps(step_fn: Callable[[], Any], n_steps: int, out_dir: str | Path,
     res.meta.update({"n_steps": n_steps, "warmup": warmup, **(meta or {})})
     res.meta["losses"] = [float(x) for x in losses if isinstance(x, int | float)]
     files = {}
-    for name in sinks:
-        files[name] = str(get_sink(name).write(res, out))
+    for name, sink in writers:
+        files[name] = str(sink.write(res, out))
     if plot and res.mem_events:
         from bluprofiler.plot import PlotUnavailable, plot_memory
 

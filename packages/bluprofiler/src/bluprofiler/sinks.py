@@ -69,27 +69,46 @@ def load_jsonl(path: str | Path) -> ProfileResult:
     """Rebuild a ProfileResult from ``events.jsonl`` (e.g. to plot on a machine with matplotlib)."""
     from bluprofiler.events import MemEvent, OpEvent
 
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"load_jsonl: {path} " + ("is a folder, not an events.jsonl file" if path.is_dir()
+                                                           else "does not exist"))
     head, ops, mems = None, [], []
-    with Path(path).open() as f:
-        for line in f:
-            d = json.loads(line)
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON line ({e.msg}, column {e.colno}); a truncated "
+                                 f"or foreign file?") from None
+            if not isinstance(d, dict) or "type" not in d:
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'type' field, got {line[:80]!r}")
             t = d.pop("type")
-            if t == "session":
-                head = d
-            elif t == "op":
-                e = OpEvent(d["name"], d["phase"], d["kernel"], d["index"], d["depth"], d["tid"], d["start_ns"],
-                            d["end_ns"], tuple(tuple(s) if s is not None else None for s in d["shapes"])
-                            if "shapes" in d else None, tuple(d["out_shape"]) if "out_shape" in d else None,
-                            d.get("stream", 0), d.get("gpu_start_ms"), d.get("gpu_ms"), d.get("host_only", False))
-                ops.append(e)
-            else:
-                mems.append(MemEvent(d["ts_ns"], d["kind"], d["nbytes"], d["addr"], d["stream"], d["owner"],
-                                     d["device"]))
+            try:
+                if t == "session":
+                    head = (lineno, d)
+                elif t == "op":
+                    e = OpEvent(d["name"], d["phase"], d["kernel"], d["index"], d["depth"], d["tid"], d["start_ns"],
+                                d["end_ns"], tuple(tuple(s) if s is not None else None for s in d["shapes"])
+                                if "shapes" in d else None, tuple(d["out_shape"]) if "out_shape" in d else None,
+                                d.get("stream", 0), d.get("gpu_start_ms"), d.get("gpu_ms"), d.get("host_only", False))
+                    ops.append(e)
+                else:
+                    mems.append(MemEvent(d["ts_ns"], d["kind"], d["nbytes"], d["addr"], d["stream"], d["owner"],
+                                         d["device"]))
+            except KeyError as e:
+                raise ValueError(f"{path}:{lineno}: {t!r} event lacks the field {e.args[0]!r}") from None
     if head is None:
         raise ValueError(f"{path}: no session header line (written by an older bluprofiler?)")
-    return ProfileResult(events=ops, mem_events=mems, t0=0, t1=head["t1"], wall0_ns=head["wall0_ns"],
-                         device=head["device"], gpu_timing=head["gpu_timing"],
-                         baseline_bytes=head["baseline_bytes"], pid=head["pid"])
+    lineno, h = head
+    missing = [k for k in ("t1", "wall0_ns", "device", "gpu_timing", "baseline_bytes", "pid") if k not in h]
+    if missing:
+        raise ValueError(f"{path}:{lineno}: the session header lacks {', '.join(map(repr, missing))}")
+    return ProfileResult(events=ops, mem_events=mems, t0=0, t1=h["t1"], wall0_ns=h["wall0_ns"],
+                         device=h["device"], gpu_timing=h["gpu_timing"],
+                         baseline_bytes=h["baseline_bytes"], pid=h["pid"])
 
 
 BUILTIN_SINKS = {c.PLUGIN_NAME: c for c in (ChromeTraceSink, TableSink, JsonlSink)}
