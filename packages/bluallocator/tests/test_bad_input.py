@@ -142,3 +142,15 @@ def test_pinned_foreign_array_is_refused_without_cuda_too():
     x = h.empty((2, 3), np.float64)
     h.record_stream(x, 0)  # its own array is fine
     assert x.shape == (2, 3) and x.dtype == np.float64
+
+
+@pytest.mark.parametrize(("kw", "exc", "frag"), [
+    ({"capacity": 1.5}, TypeError, "capacity must be an int, got float 1.5"),
+    ({"capacity": 0}, ValueError, "capacity must be positive, got 0"),
+    ({"alignment": 0}, ValueError, "alignment must be a power of two, got 0"),
+    ({"alignment": 3}, ValueError, "alignment must be a power of two, got 3"),
+    ({"base": 100}, ValueError, "base must be a non-negative multiple of alignment \\(512\\), got 0x64"),
+])
+def test_fake_backend_bad_options(kw, exc, frag):
+    with pytest.raises(exc, match=frag):
+        FakeDeviceBackend(**kw)

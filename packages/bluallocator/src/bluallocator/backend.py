@@ -61,8 +61,16 @@ class FakeDeviceBackend:
 
     def __init__(self, capacity: int = 1 << 30, *, base: int = 0x7F00_0000_0000, alignment: int = 512,
                  device_id: int = 0) -> None:
+        for name, v in (("capacity", capacity), ("base", base), ("alignment", alignment), ("device_id", device_id)):
+            if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+                raise TypeError(f"FakeDeviceBackend: {name} must be an int, got {type(v).__name__} {v!r}")
         if capacity <= 0:
             raise ValueError(f"FakeDeviceBackend: capacity must be positive, got {capacity}")
+        if alignment < 1 or alignment & (alignment - 1):
+            raise ValueError(f"FakeDeviceBackend: alignment must be a power of two, got {alignment}")
+        if base < 0 or base % alignment:
+            raise ValueError(f"FakeDeviceBackend: base must be a non-negative multiple of alignment ({alignment}), "
+                             f"got {base:#x}")
         self.device_id = device_id
         self.capacity = capacity
         self.alignment = alignment
