@@ -173,3 +173,81 @@ def test_failing_rank_under_plain_mpiexec_ends_the_job(mode, tmp_path):
         assert "CollectiveError: all_reduce: shape/dtype mismatch across ranks: rank 0 passed shape (4,)" in p.stderr
     else:
         assert p.returncode == 3 or "exit code" in (p.stdout + p.stderr).lower()
+
+
+TIMING_OUT = textwrap.dedent('''
+    import time
+    import numpy as np
+    import dtms
+
+    pg = dtms.init_process_group()
+    if pg.rank() == 1:
+        time.sleep(45)                    # never reaches the all_reduce in time
+    pg.all_reduce(np.zeros(3))
+    print("unreachable")
+''')
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_collective_timeout_env_turns_a_hang_into_an_error(tmp_path):
+    from dtms.mpi import mpiexec_command, mpiexec_env
+
+    script = tmp_path / "late.py"
+    script.write_text(TIMING_OUT)
+    t0 = time.monotonic()
+    p = subprocess.run(mpiexec_command(2, [sys.executable, str(script)]),
+                       env=mpiexec_env(clean_env(BLUTRAIN_DTMS_TIMEOUT="1.5")), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and time.monotonic() - t0 < 30, p.stderr[-2000:]
+    assert ("CollectiveError: all_reduce (cross-rank argument check): not complete after 1.5s on rank 0 of a "
+            "group of 2 (BLUTRAIN_DTMS_TIMEOUT=1.5)") in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("name", "value", "fragment"), [
+    ("BLUTRAIN_DTMS_TIMEOUT", "abc", "BLUTRAIN_DTMS_TIMEOUT='abc' must be a positive number of seconds"),
+    ("BLUTRAIN_DTMS_TIMEOUT", "-1", "BLUTRAIN_DTMS_TIMEOUT='-1' must be a positive number"),
+    ("BLUTRAIN_DTMS_CHECK", "maybe", "BLUTRAIN_DTMS_CHECK='maybe' is neither 1 (on) nor 0 (off)"),
+])
+def test_bad_env_values_named(monkeypatch, name, value, fragment):
+    from dtms.process_group import checks_enabled, collective_timeout
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        collective_timeout() if name == "BLUTRAIN_DTMS_TIMEOUT" else checks_enabled(True)
+
+
+def test_env_defaults_unchanged(monkeypatch):
+    from dtms.process_group import checks_enabled, collective_timeout
+
+    monkeypatch.delenv("BLUTRAIN_DTMS_TIMEOUT", raising=False)
+    monkeypatch.delenv("BLUTRAIN_DTMS_CHECK", raising=False)
+    assert collective_timeout() is None and checks_enabled(True) and not checks_enabled(False)
+    monkeypatch.setenv("BLUTRAIN_DTMS_CHECK", "0")
+    monkeypatch.setenv("BLUTRAIN_DTMS_TIMEOUT", "30")
+    assert not checks_enabled(True) and collective_timeout() == 30.0
+
+
+def test_unknown_backend_names_its_source(monkeypatch):
+    import dtms
+
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("BLUTRAIN_DIST_BACKEND", "gloo")
+    with pytest.raises(ValueError, match=r"unknown backend 'gloo' \(from the \$BLUTRAIN_DIST_BACKEND\)"):
+        dtms.init_process_group()
+    assert not dtms.is_initialized()
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--grace-period", "-1"], "need --grace-period >= 0 and --tail-lines >= 0 (got -1.0, "),
+    (["--tail-lines", "-3"], "need --grace-period >= 0 and --tail-lines >= 0 (got 5.0, -3)"),
+    (["--master-port", "99999"], "--master-port 99999 is not a TCP port"),
+])
+def test_blurun_bad_numbers_refused_before_start(tmp_path, args, fragment):
+    from dtms_testutil import run_blurun
+
+    script = tmp_path / "ok.py"
+    script.write_text("print('started')\n")
+    p = run_blurun(*args, "--nproc-per-node", "1", str(script), cwd=tmp_path, timeout=30)
+    assert p.returncode == 2 and fragment in p.stderr and "started" not in p.stdout, p.stderr

@@ -95,8 +95,28 @@ def is_cupy(a: Any) -> bool:
 
 def checks_enabled(default: bool) -> bool:
     """Cross-rank argument checks: on with BLUTRAIN_DTMS_CHECK=1, off with 0, else ``default``."""
-    v = os.environ.get("BLUTRAIN_DTMS_CHECK")
-    return default if v is None or v == "" else v not in ("0", "false", "no", "off")
+    v = os.environ.get("BLUTRAIN_DTMS_CHECK", "").strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    if v:
+        raise ValueError(f"BLUTRAIN_DTMS_CHECK={v!r} is neither 1 (on) nor 0 (off); unset it for the default")
+    return default
+
+
+def collective_timeout() -> float | None:
+    """Seconds a CPU collective may wait for its peers ($BLUTRAIN_DTMS_TIMEOUT), or None (wait forever)."""
+    v = os.environ.get("BLUTRAIN_DTMS_TIMEOUT", "").strip()
+    if not v:
+        return None
+    try:
+        t = float(v)
+    except ValueError:
+        t = float("nan")
+    if not t > 0 or t == float("inf"):
+        raise ValueError(f"BLUTRAIN_DTMS_TIMEOUT={v!r} must be a positive number of seconds (unset: no timeout)")
+    return t
 
 
 def signature(kind: str, op: str | None, a: Any, extra: int = 0) -> np.ndarray:

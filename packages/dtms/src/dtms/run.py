@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.nproc_per_node < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
         return _fail(f"need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes "
                      f"(got {a.nproc_per_node}, {a.nnodes}, {a.node_rank})")
+    if not a.grace_period >= 0 or not a.tail_lines >= 0:  # `not >=` also refuses NaN
+        return _fail(f"need --grace-period >= 0 and --tail-lines >= 0 (got {a.grace_period}, {a.tail_lines})")
+    if not 0 <= a.master_port <= 65535:
+        return _fail(f"--master-port {a.master_port} is not a TCP port (0-65535; 0 picks a free one)")
     if not Path(a.script).is_file():
         return _fail(f"script {a.script!r} not found")
     world = a.nproc_per_node * a.nnodes

@@ -106,9 +106,10 @@ def init_process_group(backend: str | None = None, *, store: TCPStore | None = N
     if _state["pg"] is not None:
         raise RuntimeError("dtms.init_process_group() was already called; call destroy_process_group() first")
     info = detect_launch()
+    source = "backend argument" if backend else "$BLUTRAIN_DIST_BACKEND"
     backend = (backend or os.environ.get("BLUTRAIN_DIST_BACKEND") or default_backend(info)).lower()
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+        raise ValueError(f"unknown backend {backend!r} (from the {source}); choose one of {BACKENDS}")
     if store is not None:
         _state["store"] = store
     if backend == "local":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from ..process_group import (
     ProcessGroup,
     Work,
     checks_enabled,
+    collective_timeout,
     compare_signatures,
     is_cupy,
     signature,
@@ -32,9 +34,9 @@ class MPIWork(Work):
     """Nonblocking MPI requests plus an optional host-side finish (average, copy back from staging)."""
 
     def __init__(self, MPI: Any, requests: list, finish: Callable[[], None] | None = None, keep: tuple = (),
-                 what: str = "collective"):
+                 what: str = "collective", timeout: float | None = None, rank: int = 0, size: int = 1):
         self._MPI, self._reqs, self._finish, self._keep = MPI, requests, finish, keep
-        self._done, self._what = False, what
+        self._done, self._what, self._timeout, self._who = False, what, timeout, (rank, size)
         self._outputs = keep[:1]
 
     def _failed(self, e: Exception) -> CollectiveError:
@@ -53,10 +55,29 @@ class MPIWork(Work):
     def synchronize(self) -> None:
         if not self._done:
             try:
-                self._MPI.Request.Waitall(self._reqs)
+                if self._timeout is None:
+                    self._MPI.Request.Waitall(self._reqs)
+                else:
+                    self._wait_until_deadline()
             except self._MPI.Exception as e:
                 raise self._failed(e) from e
             self._complete()
+
+    def _wait_until_deadline(self) -> None:
+        """Poll (which also drives MPI progress) until done; past $BLUTRAIN_DTMS_TIMEOUT raise instead of hanging."""
+        t0 = time.monotonic()
+        pause = 0.0
+        while not self._MPI.Request.Testall(self._reqs):
+            waited = time.monotonic() - t0
+            if waited > self._timeout:
+                rank, size = self._who
+                raise CollectiveError(
+                    f"{self._what}: not complete after {waited:.1f}s on rank {rank} of a group of {size} "
+                    f"(BLUTRAIN_DTMS_TIMEOUT={self._timeout:g}); a peer rank is stuck elsewhere, dead, or "
+                    "issuing its collectives in another order"
+                )
+            time.sleep(pause)  # releases the GIL; busy for the first millisecond, then 100 us naps
+            pause = 1e-4 if waited > 1e-3 else 0.0
 
     def wait(self, stream: Any = None) -> bool:
         self.synchronize()
@@ -106,6 +127,11 @@ class MPIProcessGroup(ProcessGroup):
         size = self.comm.Get_size()
         super().__init__(self.comm.Get_rank(), size, global_ranks or tuple(range(size)))
         self.check = checks_enabled(default=True)
+        self.timeout = collective_timeout()
+
+    def _work(self, requests: list, finish: Callable[[], None] | None = None, keep: tuple = (),
+              what: str = "collective") -> MPIWork:
+        return MPIWork(self.MPI, requests, finish, keep, what, self.timeout, self._rank, self._size)
 
     def _check_device(self, what: str, *arrays: Any) -> None:
         for a in arrays:
@@ -120,7 +146,8 @@ class MPIProcessGroup(ProcessGroup):
             return
         mine = signature(kind, op, a, extra)
         sigs = np.empty((self._size, mine.size), dtype=np.int64)
-        self.comm.Allgather([mine, self.MPI.INT64_T], [sigs, self.MPI.INT64_T])
+        req = self.comm.Iallgather([mine, self.MPI.INT64_T], [sigs, self.MPI.INT64_T])
+        self._work([req], None, (), f"{kind} (cross-rank argument check)").synchronize()
         compare_signatures(kind, sigs, self._rank, a.dtype)
 
     # --- reductions: native MPI types, or float32 staging for float16/bfloat16 ---
@@ -143,7 +170,7 @@ class MPIProcessGroup(ProcessGroup):
             if staged:
                 a[...] = buf.astype(a.dtype)
 
-        return MPIWork(self.MPI, [req], finish, (a, buf), "all_reduce")
+        return self._work([req], finish, (a, buf), "all_reduce")
 
     def _reduce_scatter(self, o: np.ndarray, i: np.ndarray, op: str) -> Work:
         src, t, staged = self._reduce_prep("reduce_scatter", i)
@@ -158,34 +185,34 @@ class MPIProcessGroup(ProcessGroup):
             if dst is not o:
                 o[...] = dst.astype(o.dtype).reshape(o.shape)
 
-        return MPIWork(self.MPI, [req], finish, (o, src, dst), "reduce_scatter")
+        return self._work([req], finish, (o, src, dst), "reduce_scatter")
 
     # --- data movement: byte views, any dtype ---
     def _all_gather(self, o: np.ndarray, i: np.ndarray) -> Work:
         src = i.copy() if np.may_share_memory(o, i) else i
         req = self.comm.Iallgather([_bytes(src), self.MPI.BYTE], [_bytes(o), self.MPI.BYTE])
-        return MPIWork(self.MPI, [req], None, (o, src), "all_gather")
+        return self._work([req], None, (o, src), "all_gather")
 
     def _broadcast(self, a: np.ndarray, src: int) -> Work:
         req = self.comm.Ibcast([_bytes(a), self.MPI.BYTE], root=src)
-        return MPIWork(self.MPI, [req], None, (a,), f"broadcast from rank {src}")
+        return self._work([req], None, (a,), f"broadcast from rank {src}")
 
     def _all_to_all(self, o: np.ndarray, i: np.ndarray) -> Work:
         src = i.copy() if np.may_share_memory(o, i) else i
         req = self.comm.Ialltoall([_bytes(src), self.MPI.BYTE], [_bytes(o), self.MPI.BYTE])
-        return MPIWork(self.MPI, [req], None, (o, src), "all_to_all")
+        return self._work([req], None, (o, src), "all_to_all")
 
     def _send(self, a: np.ndarray, dst: int, tag: int) -> Work:
         req = self.comm.Isend([_bytes(a), self.MPI.BYTE], dest=dst, tag=tag)
-        return MPIWork(self.MPI, [req], None, (a,), f"send to rank {dst} (tag {tag})")
+        return self._work([req], None, (a,), f"send to rank {dst} (tag {tag})")
 
     def _recv(self, a: np.ndarray, src: int, tag: int) -> Work:
         req = self.comm.Irecv([_bytes(a), self.MPI.BYTE], source=src, tag=tag)
-        return MPIWork(self.MPI, [req], None, (a,),
-                       f"recv from rank {src} (tag {tag}) into {tuple(a.shape)} {a.dtype} ({a.nbytes} bytes)")
+        return self._work([req], None, (a,),
+                          f"recv from rank {src} (tag {tag}) into {tuple(a.shape)} {a.dtype} ({a.nbytes} bytes)")
 
     def _barrier(self) -> Work:
-        return MPIWork(self.MPI, [self.comm.Ibarrier()], what="barrier")
+        return self._work([self.comm.Ibarrier()], what="barrier")
 
     def _new_group(self, ranks: list[int], group_index: int) -> ProcessGroup | None:
         member = self._rank in ranks
