@@ -66,7 +66,6 @@ class MPIWork(Work):
     def _wait_until_deadline(self) -> None:
         """Poll (which also drives MPI progress) until done; past $BLUTRAIN_DTMS_TIMEOUT raise instead of hanging."""
         t0 = time.monotonic()
-        pause = 0.0
         while not self._MPI.Request.Testall(self._reqs):
             waited = time.monotonic() - t0
             if waited > self._timeout:
@@ -76,8 +75,8 @@ class MPIWork(Work):
                     f"(BLUTRAIN_DTMS_TIMEOUT={self._timeout:g}); a peer rank is stuck elsewhere, dead, or "
                     "issuing its collectives in another order"
                 )
-            time.sleep(pause)  # releases the GIL; busy for the first millisecond, then 100 us naps
-            pause = 1e-4 if waited > 1e-3 else 0.0
+            if waited > 1e-3:  # spin (as Waitall does) for the first millisecond, then 100 us naps
+                time.sleep(1e-4)
 
     def wait(self, stream: Any = None) -> bool:
         self.synchronize()
@@ -94,10 +93,10 @@ class MPIWork(Work):
         return self._done
 
 
-def _mpi_ops(MPI: Any, dtype: Any = None) -> dict[str, Any]:
-    if dtype is not None and np.dtype(dtype) == np.bool_:  # MPI has only logical ops on C_BOOL: PyTorch's
-        return {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}  # bool semantics
-    return {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+def _mpi_ops(MPI: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reduction ops for numbers, and for bool (MPI has only logical ops on C_BOOL: PyTorch's semantics)."""
+    return ({"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD},
+            {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND})
 
 
 def _mpi_type(MPI: Any, dtype: np.dtype) -> Any | None:
@@ -128,6 +127,7 @@ class MPIProcessGroup(ProcessGroup):
         super().__init__(self.comm.Get_rank(), size, global_ranks or tuple(range(size)))
         self.check = checks_enabled(default=True)
         self.timeout = collective_timeout()
+        self._ops = _mpi_ops(MPI)
 
     def _work(self, requests: list, finish: Callable[[], None] | None = None, keep: tuple = (),
               what: str = "collective") -> MPIWork:
@@ -146,8 +146,11 @@ class MPIProcessGroup(ProcessGroup):
             return
         mine = signature(kind, op, a, extra)
         sigs = np.empty((self._size, mine.size), dtype=np.int64)
-        req = self.comm.Iallgather([mine, self.MPI.INT64_T], [sigs, self.MPI.INT64_T])
-        self._work([req], None, (), f"{kind} (cross-rank argument check)").synchronize()
+        if self.timeout is None:
+            self.comm.Allgather([mine, self.MPI.INT64_T], [sigs, self.MPI.INT64_T])
+        else:  # a peer that never arrives must not hang us here either
+            req = self.comm.Iallgather([mine, self.MPI.INT64_T], [sigs, self.MPI.INT64_T])
+            self._work([req], None, (), f"{kind} (cross-rank argument check)").synchronize()
         compare_signatures(kind, sigs, self._rank, a.dtype)
 
     # --- reductions: native MPI types, or float32 staging for float16/bfloat16 ---
@@ -161,7 +164,7 @@ class MPIProcessGroup(ProcessGroup):
 
     def _all_reduce(self, a: np.ndarray, op: str) -> Work:
         buf, t, staged = self._reduce_prep("all_reduce", a)
-        req = self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, t], _mpi_ops(self.MPI, buf.dtype)[op])
+        req = self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, t], self._ops[buf.dtype.kind == "b"][op])
         n = self._size
 
         def finish() -> None:
@@ -176,7 +179,7 @@ class MPIProcessGroup(ProcessGroup):
         src, t, staged = self._reduce_prep("reduce_scatter", i)
         aliased = np.may_share_memory(o, i)
         dst = np.empty(o.shape, np.float32 if staged else o.dtype) if (staged or aliased) else o
-        req = self.comm.Ireduce_scatter_block([src, t], [dst, t], _mpi_ops(self.MPI, src.dtype)[op])
+        req = self.comm.Ireduce_scatter_block([src, t], [dst, t], self._ops[src.dtype.kind == "b"][op])
         n = self._size
 
         def finish() -> None:
