@@ -251,3 +251,16 @@ def test_blurun_bad_numbers_refused_before_start(tmp_path, args, fragment):
     script.write_text("print('started')\n")
     p = run_blurun(*args, "--nproc-per-node", "1", str(script), cwd=tmp_path, timeout=30)
     assert p.returncode == 2 and fragment in p.stderr and "started" not in p.stdout, p.stderr
+
+
+def test_ddp_fsdp_wrong_group_and_bucket_named():
+    from blutensor import nn
+    from dtms.parallel import DDP, FSDP
+
+    with pytest.raises(TypeError, match="DistributedDataParallel: process_group must be a dtms ProcessGroup, got int"):
+        DDP(nn.Linear(2, 2), 5)
+    with pytest.raises(TypeError, match="FullyShardedDataParallel: process_group must be a dtms ProcessGroup, got str"):
+        FSDP(nn.Linear(2, 2), "world")
+    for cap in (float("nan"), float("inf"), 0):
+        with pytest.raises(ValueError, match="bucket_cap_mb must be a positive finite number"):
+            DDP(nn.Linear(2, 2), LocalProcessGroup(), bucket_cap_mb=cap)

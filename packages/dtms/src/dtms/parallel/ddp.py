@@ -51,8 +51,12 @@ class DistributedDataParallel(Module):
         super().__init__()
         self.module = module
         object.__setattr__(self, "pg", process_group or world.get_default_group())
-        if bucket_cap_mb <= 0:
-            raise ValueError(f"DistributedDataParallel: bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        if not isinstance(self.pg, ProcessGroup):
+            raise TypeError(f"DistributedDataParallel: process_group must be a dtms ProcessGroup, got "
+                            f"{type(self.pg).__name__}")
+        if not bucket_cap_mb > 0 or bucket_cap_mb == float("inf"):
+            raise ValueError(f"DistributedDataParallel: bucket_cap_mb must be a positive finite number, "
+                             f"got {bucket_cap_mb}")
         object.__setattr__(self, "bucket_cap", int(bucket_cap_mb * 1024 * 1024))
         object.__setattr__(self, "stats", DDPStats())
         object.__setattr__(self, "require_backward_grad_sync", True)

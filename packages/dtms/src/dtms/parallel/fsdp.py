@@ -152,6 +152,9 @@ class FullyShardedDataParallel(Module):
                  unit_pattern: str = "blocks.*"):
         super().__init__()
         group = process_group or world.get_default_group()
+        if not isinstance(group, ProcessGroup):
+            raise TypeError(f"FullyShardedDataParallel: process_group must be a dtms ProcessGroup, got "
+                            f"{type(group).__name__}")
         object.__setattr__(self, "group", group)
         object.__setattr__(self, "model", model)
         verify_params_across_ranks(group, list(model.named_parameters()), "FullyShardedDataParallel")
