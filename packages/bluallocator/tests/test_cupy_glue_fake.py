@@ -137,3 +137,18 @@ def test_plugins_with_fake_cupy(fcupy):
     assert CachingAllocatorPlugin.empty_cache() == 20 * MiB
     CachingAllocatorPlugin.uninstall()
     assert a.memory_stats()["reserved_bytes"] == 0
+
+
+def test_no_usable_gpu_and_bad_device_are_named(fcupy, monkeypatch):
+    """CuPy installed but no usable GPU (cudaErrorInsufficientDriver here): a RuntimeError saying so, not the raw
+    CUDARuntimeError from deep inside; a device that is not an index is refused by name."""
+    def no_driver():
+        raise fcupy.cuda.runtime.CUDARuntimeError(35)
+
+    with pytest.raises(TypeError, match=r"device must be a CUDA device index \(int\) or None, got str 'x'"):
+        bluallocator.memory_stats("x")
+    monkeypatch.setattr(fcupy.cuda.runtime, "getDevice", no_driver)
+    for call in (bluallocator.install, bluallocator.memory_stats):
+        with pytest.raises(RuntimeError, match="bluallocator needs a usable CUDA device: CuPy is installed but"):
+            call()
+    assert not bluallocator.is_installed() and fcupy.cuda.get_allocator() == "cupy-pool"  # left as it was

@@ -9,6 +9,7 @@ allocated on; use :func:`record_stream` when another stream used it).
 from __future__ import annotations
 
 import gc
+import numbers
 import sys
 import threading
 from typing import Any
@@ -48,7 +49,16 @@ def _require_cupy() -> Any:
 def get_allocator(device: int | None = None) -> CachingAllocator:
     """The caching allocator of ``device`` (the current CuPy device if None), created on first use."""
     cupy = _require_cupy()
-    dev = cupy.cuda.runtime.getDevice() if device is None else int(device)
+    if device is not None and (isinstance(device, bool) or not isinstance(device, numbers.Integral)):
+        raise TypeError(f"bluallocator: device must be a CUDA device index (int) or None, got "
+                        f"{type(device).__name__} {device!r}")
+    if device is None:
+        try:
+            device = cupy.cuda.runtime.getDevice()
+        except cupy.cuda.runtime.CUDARuntimeError as e:  # CuPy present, no usable GPU / driver
+            raise RuntimeError(f"bluallocator needs a usable CUDA device: CuPy is installed but the CUDA runtime "
+                               f"says {e} (no GPU, or a driver older than the CUDA build of CuPy)") from None
+    dev = int(device)
     a = _allocators.get(dev)
     if a is None:
         with _lock:
@@ -99,7 +109,13 @@ def install(allocator: CachingAllocator | None = None, **kwargs: Any) -> Caching
             _state["alloc_fn"] = _make_alloc_fn(cupy)
             cupy.cuda.set_allocator(_state["alloc_fn"])
             _state["installed"] = True
-    return allocator if allocator is not None else get_allocator()
+    if allocator is not None:
+        return allocator
+    try:
+        return get_allocator()
+    except Exception:  # no usable device: leave CuPy on the allocator it had
+        uninstall()
+        raise
 
 
 def uninstall() -> None:
