@@ -190,10 +190,8 @@ class Trainer:
                     self.data_dir = ensure_data(cfg, self.out, self.log)
                 except Exception as e:  # told to the other ranks below instead of leaving them in a barrier
                     failed = e
-            if self.dist.min_int(0 if failed is not None else 1, self.device) == 0:  # the barrier, with a verdict
-                if failed is not None:
-                    raise failed
-                raise ConfigError(f"rank 0 could not prepare the data in {self.out / 'data'} (its error says why)")
+            self._agree(failed, ConfigError(f"rank 0 could not prepare the data in {self.out / 'data'} (its error "
+                                            f"says why)"))  # the barrier, with a verdict
         self.data_dir = ensure_data(cfg, self.out, self.log)  # a given data.dir: every rank checks it (no barrier)
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
@@ -286,16 +284,20 @@ class Trainer:
             check_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
         except Exception as e:  # every rank learns of it below: one rank alone must not go on into a collective
             failed = e
-        if self.dist.min_int(0 if failed is not None else 1, self.device) == 0:
-            if failed is not None:
-                raise failed
-            raise CheckpointError(path, "another rank cannot restore its checkpoint of this step (its error says why)")
+        self._agree(failed, CheckpointError(path, "another rank cannot restore its checkpoint of this step (its error "
+                                                  "says why)"))
         self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
         self.resumed_from = str(path)
         self._truncate_log(self.step)
         _hook().blutrain_on_checkpoint_loaded(path=str(path), step=self.step)
         self.log(f"[blutrain] resumed from {path} at step {self.step}")
         return True
+
+    def _agree(self, failed: BaseException | None, elsewhere: BaseException) -> None:
+        """A vote of every rank on ``failed``: when any rank failed, the failing rank raises its own error and the
+        others ``elsewhere`` (instead of going on alone into the next collective)."""
+        if self.dist.min_int(0 if failed is not None else 1, self.device) == 0:
+            raise failed if failed is not None else elsewhere
 
     def _unusable_report(self) -> str:
         """Why resume found nothing: each of this rank's checkpoint files and its verification error."""
