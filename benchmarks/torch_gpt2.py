@@ -63,9 +63,11 @@ def from_blutrain(bt_model, device="cuda") -> TorchGPT2:
     return m.to(device)
 
 
-def train_torch(model: TorchGPT2, batches, lr: float, compile: bool = False, precision: str = "fp32") -> dict:
-    """The reference training loop (AdamW as in Table 1, clip 1.0), timed per step with CUDA syncs;
-    returns per-step losses and times and PyTorch's peak memory."""
+def train_torch(model: TorchGPT2, batches, lr: float, compile: bool = False, precision: str = "fp32",
+                accum: int = 1) -> dict:
+    """The reference training loop (AdamW as in Table 1, clip 1.0; ``accum`` micro-batches per step, each loss
+    scaled by 1/accum, as nanoGPT does), timed per step with CUDA syncs; returns per-step losses (the mean over
+    the micro-steps) and times and PyTorch's peak memory."""
     import time
 
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
@@ -77,18 +79,25 @@ def train_torch(model: TorchGPT2, batches, lr: float, compile: bool = False, pre
     step_model = torch.compile(model) if compile else model
     losses, times = [], []
     torch.cuda.reset_peak_memory_stats()
-    for x, y in batches:
-        xi, yi = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+    it = iter(batches)
+    while True:
+        micro = [b for _, b in zip(range(accum), it)]
+        if len(micro) < accum:
+            break
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = step_model(xi, yi)
-        loss.backward()
+        total = torch.zeros((), device="cuda")
+        for x, y in micro:
+            xi, yi = torch.from_numpy(x).cuda(non_blocking=True), torch.from_numpy(y).cuda(non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                loss = step_model(xi, yi)
+            (loss / accum if accum > 1 else loss).backward()
+            total += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
+        losses.append(float(total.item()) / accum)
     return {"losses": losses, "step_s": times, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30, "torch": torch.__version__}

@@ -1,22 +1,26 @@
-"""Whole-step CUDA graph (graph_step.py): config refusals and the step logic's CPU twin.
+"""The one training step (step.py) and its capture (graph_step.py): config refusals and the CPU twin.
 
 The twin replaces the CUDA capture with EagerCapture (capture records the body, replay runs it), so the
-same code path runs on NumPy: static input/gradient buffers reused, lr picked from the device schedule by
-the device step index, AdamW step counts advanced, no host reads of tensors in a replay, and losses equal
-to the plain eager loop. The real capture is checked on the GPU by dev/gpu_check_graph.py.
+captured code path runs on NumPy: static input/gradient buffers reused, lr picked from the device schedule by
+the device step index, accumulation micro-steps replayed with the next micro-batch, no host reads of tensors
+during replays, and losses equal to the eager step's. The real capture runs in the cuda-marked tests
+(test_graph_step_cuda.py).
 """
 
 from __future__ import annotations
 
+import blumodels.graph_step as gsm
 import blutensor as bt
 import numpy as np
 import pytest
 from blumodels.config import ConfigError, ModelConfig, from_dict
 from blumodels.gpt2 import build_model
-from blumodels.graph_step import EagerCapture, GraphedTrainStep, check_config
+from blumodels.graph_step import CapturedStep, EagerCapture, check_config
+from blumodels.step import TrainStep, static_grads
 
 STEPS = 7
 B, T = 3, 16
+SCHED = [1e-3 * (s + 1) / STEPS if s < 3 else 5e-4 + 1e-4 * np.cos(s) for s in range(STEPS)]  # changes every step
 
 
 def _model():
@@ -24,94 +28,145 @@ def _model():
     return build_model(cfg, device="cpu", seed=3)
 
 
-def _opt(model):
-    return bt.optim.AdamW(model.param_groups(0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+def _step(model, accum=1, clip=0.0, autocast=None):
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    return TrainStep(model, opt, list(model.parameters()), device="cpu", lr_schedule=SCHED, accum=accum,
+                     grad_clip=clip, autocast=autocast)
 
 
-def _batches():
+def _batches(accum):
     rng = np.random.default_rng(0)
-    for _ in range(STEPS):
+    out = []
+    for _ in range(STEPS * accum):
         toks = rng.integers(0, 97, size=(B, T + 1))
-        yield bt.tensor(toks[:, :-1]), bt.tensor(toks[:, 1:])
+        out.append((bt.tensor(toks[:, :-1]), bt.tensor(toks[:, 1:])))
+    return out
 
 
-SCHED = [1e-3 * (s + 1) / STEPS if s < 3 else 5e-4 + 1e-4 * np.cos(s) for s in range(STEPS)]  # changes every step
-
-
-def _eager_step(model, opt, x, y, s, clip):
-    for g in opt.param_groups:
-        g["lr"] = SCHED[s]
-    opt.zero_grad()
-    _, loss = model(x, y)
-    loss.backward()
-    if clip:
-        bt.optim.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
-    return float(loss.item())
-
-
-@pytest.mark.parametrize("clip", [0.0, 0.05])
-def test_graphed_step_twin_equals_eager(clip, monkeypatch):
-    ref_m = _model()
-    ref_o = _opt(ref_m)
-    ref = [_eager_step(ref_m, ref_o, x, y, s, clip) for s, (x, y) in enumerate(_batches())]
-
+def _reference(accum, clip, autocast=None):
+    """The plain PyTorch-style loop: zero_grad, accumulate scaled losses, clip, step."""
     m = _model()
-    o = _opt(m)
-    cap = EagerCapture()
-    gs = GraphedTrainStep(m, o, SCHED, clip, (B, T), "cpu", capture=cap)
-    losses, warm = [], 2
-    reads = {"n": 0}
-    for s, (x, y) in enumerate(_batches()):
-        if s < warm:
-            losses.append(_eager_step(m, o, x, y, s, clip))
-            continue
-        if s == warm:
-            o.zero_grad()
-            gs.capture(s)
-            x_buf, g_bufs = gs.x._data, [g._data for g in gs.grads]
-            # from here on a replay must never read a tensor on the host
-            for name in ("item", "numpy", "tolist", "__float__", "__bool__", "__int__"):
-                orig = getattr(bt.Tensor, name)
-
-                def counting(self, *a, _orig=orig, **k):
-                    reads["n"] += 1
-                    return _orig(self, *a, **k)
-
-                monkeypatch.setattr(bt.Tensor, name, counting)
-        loss, gnorm = gs.step(x, y, s)
-        losses.append(float(loss))
-        assert gs.x._data is x_buf and all(g._data is b for g, b in zip(gs.grads, g_bufs))  # static buffers
-        assert float(gs.lr_dev[0]) == np.float32(SCHED[s])  # this step's lr, taken on 'device'
-        assert int(gs.step_idx[0]) == s + 1
+    opt = bt.optim.AdamW(m.param_groups(0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    it = iter(_batches(accum))
+    losses = []
+    for s in range(STEPS):
+        for g in opt.param_groups:
+            g["lr"] = SCHED[s]
+        opt.zero_grad()
+        tot = 0.0
+        for _ in range(accum):
+            x, y = next(it)
+            if autocast is None:
+                _, loss = m(x, y)
+            else:
+                with autocast():
+                    _, loss = m(x, y)
+            (loss * (1.0 / accum) if accum > 1 else loss).backward()
+            tot += float(loss.item())
         if clip:
-            assert float(gnorm) > 0
+            bt.optim.clip_grad_norm_(m.parameters(), clip)
+        opt.step()
+        losses.append(tot / accum)
+    return m, opt, losses
+
+
+@pytest.mark.parametrize("accum, clip", [(1, 0.0), (1, 0.05), (3, 0.05)])
+def test_captured_step_twin_equals_eager_loop(accum, clip, monkeypatch):
+    ref_m, ref_o, ref = _reference(accum, clip)
+    m = _model()
+    st = _step(m, accum, clip)
+    it = iter(_batches(accum))
+    losses, warm, reads = [], 2, {"n": 0}
+    cap = None
+    for s in range(STEPS):
+        if s < warm:
+            st.run(lambda: next(it), SCHED[s])
+        else:
+            if cap is None:
+                cap = CapturedStep(st, (B, T), make_capture=EagerCapture)
+                cap.capture()
+                x_buf, g_bufs = cap.x._data, [g._data for g in st.grads]
+                # from here on a replay must never read a tensor on the host
+                for name in ("item", "numpy", "tolist", "__float__", "__bool__", "__int__"):
+                    orig = getattr(bt.Tensor, name)
+
+                    def counting(self, *a, _orig=orig, **k):
+                        reads["n"] += 1
+                        return _orig(self, *a, **k)
+
+                    monkeypatch.setattr(bt.Tensor, name, counting)
+            cap.run(lambda: next(it), SCHED[s])
+            assert cap.x._data is x_buf and all(g._data is b for g, b in zip(st.grads, g_bufs))  # static buffers
+            assert float(st.lr_dev[0]) == np.float32(SCHED[s])  # this step's lr, taken on 'device'
+        assert int(st.step_idx[0]) == s + 1
+        r = st.read()
+        losses.append(r.loss)
+        assert not r.nonfinite and r.grad_norm > 0
     monkeypatch.undo()
     assert reads["n"] == 0
-    assert cap.captures == 1
+    assert cap.last.captures == 1 and (cap.micro is None) == (accum == 1)
     np.testing.assert_allclose(losses, ref, rtol=0, atol=2e-6)
     for (n, p), q in zip(m.named_parameters(), ref_m.parameters()):
         np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=0, atol=2e-6, err_msg=n)
-    assert {st["step"] for st in o.state.values()} == {STEPS}
+    assert {s["step"] for s in st.optimizer.state.values()} == {STEPS}
 
 
-def test_capture_needs_optimizer_state_and_consecutive_steps():
+def test_captured_step_twin_bf16_autocast_equals_eager_loop():
+    ac = lambda: bt.autocast("cpu")  # noqa: E731
+    ref_m, _, ref = _reference(2, 0.5, ac)
     m = _model()
-    o = _opt(m)
-    gs = GraphedTrainStep(m, o, SCHED, 0.0, (B, T), "cpu", capture=EagerCapture())
+    st = _step(m, 2, 0.5, ac)
+    it = iter(_batches(2))
+    losses = []
+    cap = None
+    for s in range(STEPS):
+        if s >= 2 and cap is None:
+            cap = CapturedStep(st, (B, T), make_capture=EagerCapture)
+            cap.capture()
+        (cap or st).run(lambda: next(it), SCHED[s])
+        losses.append(st.read().loss)
+        assert not bt.is_autocast_enabled("cpu") and bt.amp.cache_info()["entries"] == 0  # cache left empty
+    np.testing.assert_allclose(losses, ref, rtol=0, atol=2e-6)
+    for (n, p), q in zip(m.named_parameters(), ref_m.parameters()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=0, atol=2e-6, err_msg=n)
+
+
+def test_nonfinite_step_is_skipped_and_flagged():
+    """A NaN loss sets the device flag; the update is skipped (parameters and AdamW counts unchanged)."""
+    m = _model()
+    st = _step(m, 2, 1.0)
+    it = iter(_batches(2))
+    st.run(lambda: next(it), SCHED[0])
+    assert not st.read().nonfinite
+    before = {n: p.numpy().copy() for n, p in m.named_parameters()}
+    x, y = next(it)
+    w = m.lm_head.weight if hasattr(m, "lm_head") else next(iter(m.parameters()))
+    saved = w._data.copy()
+    w._data[0, 0] = np.nan
+    nxt = iter([(x, y), next(it)])
+    st.run(lambda: next(nxt), SCHED[1])
+    w._data[...] = saved
+    r = st.read()
+    assert r.nonfinite and not np.isfinite(r.loss)
+    for n, p in m.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), before[n], err_msg=n)
+    assert {s["step"] for s in st.optimizer.state.values()} == {1}
+    assert int(st.step_idx[0]) == 2  # the schedule moves on: the next step uses step 2's lr
+
+
+def test_capture_needs_optimizer_state_and_batch_shape():
+    m = _model()
+    st = _step(m)
     with pytest.raises(RuntimeError, match="no optimizer state yet"):
-        gs.capture(0)
-    x, y = next(_batches())
-    with pytest.raises(RuntimeError, match="before capture"):
-        gs.step(x, y, 0)
-    _eager_step(m, o, x, y, 0, 0.0)
-    gs.capture(1)
-    with pytest.raises(RuntimeError, match="graph is at step 1, asked for 3"):
-        gs.step(x, y, 3)
+        CapturedStep(st, (B, T), make_capture=EagerCapture).capture()
+    it = iter(_batches(1))
+    st.run(lambda: next(it), SCHED[0])
+    cap = CapturedStep(st, (B, T), make_capture=EagerCapture)
+    cap.capture()
     with pytest.raises(ValueError, match="batch shape"):
-        gs.step(bt.zeros(2, T, dtype=bt.int64), y, 1)
-    with pytest.raises(ValueError, match="past the lr schedule"):
-        gs.capture(len(SCHED))
+        cap.run(lambda: (bt.zeros(2, T, dtype=bt.int64), bt.zeros(2, T, dtype=bt.int64)), SCHED[1])
+    with pytest.raises(ValueError, match="outside the lr schedule"):
+        st.seek(len(SCHED))
 
 
 def _cfg(model=None, **train):
@@ -125,11 +180,9 @@ def _cfg(model=None, **train):
 @pytest.mark.parametrize(
     "model, train, match",
     [
-        ({}, {"device": "cpu"}, "needs a CUDA device"),
-        ({}, {"batch_tokens": 128}, "gradient accumulation"),
+        ({}, {"device": "cpu"}, "need a CUDA device"),
         ({}, {"optimizer_in_backward": True, "grad_clip": 0.0}, "optimizer_in_backward"),
-        ({"dropout": 0.1}, {}, "model.dropout = 0"),
-        ({}, {"nan_policy": "skip"}, "nan_policy"),
+        ({"dropout": 0.1}, {}, "model.dropout = 0.1"),
         ({}, {"fused_adamw": False}, "fused_adamw"),
         ({}, {"activation_checkpointing": True}, "activation_checkpointing"),
     ],
@@ -139,105 +192,63 @@ def test_config_refusals_name_the_key(model, train, match):
         _cfg(model, **train).validate()
 
 
-def test_config_world_size_refused():
-    with pytest.raises(ConfigError, match="world_size"):
-        check_config(_cfg(world_size=2, batch_tokens=128))
+@pytest.mark.parametrize("train", [{"batch_tokens": 256}, {"nan_policy": "skip"}, {"world_size": 2,
+                                                                                   "batch_tokens": 128},
+                                   {"precision": "bf16"}, {"grad_clip": 0.0}])
+def test_config_capture_accepts_accumulation_ddp_skip_bf16(train):
+    check_config(_cfg(**train))
 
 
-def test_trainer_refuses_cuda_graph_on_cpu(tmp_path):
+def test_cuda_graph_default_is_auto_and_values_checked():
+    assert from_dict({}).train.cuda_graph == "auto"
+    assert from_dict({"train": {"cuda_graph": "false"}}).train.cuda_graph is False
+    with pytest.raises(ConfigError, match="train.cuda_graph must be true, false or \"auto\""):
+        from_dict({"train": {"cuda_graph": "sometimes"}})
+
+
+def test_trainer_refuses_cuda_graph_true_on_cpu(tmp_path):
     from blumodels.trainer import Trainer
     from models_helpers import micro_config
 
-    cfg = micro_config(batch_tokens=128, cuda_graph=True, device="auto")
+    cfg = micro_config(cuda_graph=True, device="auto")
     if bt.cuda.is_available():
         pytest.skip("a GPU is present: 'auto' resolves to cuda")
     with pytest.raises(ConfigError, match="cuda_graph = true needs a CUDA device"):
         Trainer(cfg, tmp_path, quiet=True)
 
 
-def test_cuda_graph_defaults_off():
-    assert _cfg().train.cuda_graph is True and from_dict({}).train.cuda_graph is False
-
-
-def test_config_bf16_accepted():
-    _cfg(precision="bf16").validate()  # the autocast step is captured (forward + loss inside bt.autocast)
-
-
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_trainer_graph_path_twin_matches_eager_trainer(tmp_path, monkeypatch, precision):
-    """Trainer.train_step with train.cuda_graph: 2 eager warm-up steps, capture, replays (CPU twin capture).
-
-    The run is on CPU even where a GPU exists (micro_config: device 'cpu'): the graph path must then not read
-    the GPU's lazy index flag (another test may have left a recorded bad index there)."""
-    import blumodels.graph_step as gsm
+@pytest.mark.parametrize("precision, accum_tokens", [("fp32", 256), ("fp32", 128), ("bf16", 256)])
+def test_trainer_captured_path_twin_matches_eager_trainer(tmp_path, monkeypatch, precision, accum_tokens):
+    """Trainer.train_step with train.cuda_graph: 2 eager warm-up steps, capture, replays (CPU twin capture),
+    with and without accumulation (micro_config: 4x32 tokens per micro-step)."""
     from blumodels.trainer import Trainer
     from models_helpers import micro_config
 
-    def losses(graph: bool, out):
-        cfg = micro_config(batch_tokens=128, steps=6, eval_interval=0, checkpoint_interval=0, grad_clip=0.5,
-                           precision=precision)
+    def run(graph: bool, out):
+        cfg = micro_config(batch_tokens=accum_tokens, steps=6, eval_interval=0, checkpoint_interval=0,
+                           grad_clip=0.5, precision=precision)
+        if graph:
+            monkeypatch.setattr(gsm, "config_refusal", lambda cfg: None)
+            monkeypatch.setattr(gsm, "runtime_refusal", lambda device, world=1: None)
         tr = Trainer(cfg, out, quiet=True)
-        tr.cfg.train.cuda_graph = graph  # set after validation: the CPU refusal is tested above
+        tr._make_capture = EagerCapture
         tr.fit(save_final=False)
         tr.close()
+        monkeypatch.undo()
         return tr, [r["loss"] for r in tr.history]
 
-    monkeypatch.setattr(gsm, "check_runtime", lambda device: None)
-    monkeypatch.setattr(gsm, "CudaCapture", EagerCapture)
-    _, ref = losses(False, tmp_path / "eager")
-    tr, got = losses(True, tmp_path / "graph")
+    _, ref = run(False, tmp_path / "eager")
+    tr, got = run(True, tmp_path / "graph")
     assert [r.get("cuda_graph", False) for r in tr.history] == [False, False, True, True, True, True]
-    assert tr._graphed.capturer.captures == 1
-    assert (tr._graphed.autocast is not None) == (precision == "bf16")
-    # bf16: the twin's AdamW reads lr as float32 from the "device" table (eager: a float64 lr); on the 16-core GPU
-    # host the runs ended 2.8e-5 apart at step 5 (likely one flipped bf16 rounding; not traced); fp32 within 1e-5
-    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 if precision == "fp32" else 1e-4)
+    assert tr._captured.last.captures == 1
+    np.testing.assert_array_equal(got, ref)  # the same code, the same order of operations
     assert {st["step"] for st in tr.optimizer.state.values()} == {6}
 
 
-def test_graphed_step_twin_bf16_autocast_equals_eager():
-    """bf16 autocast step (forward + loss under bt.autocast('cpu')) through the graph body == eager (the CPU
-    twin's AdamW reads lr as float32 from the 'device' table: 2e-6, as the fp32 twin)."""
-    def eager(model, opt, x, y, s):
-        for g in opt.param_groups:
-            g["lr"] = SCHED[s]
-        opt.zero_grad()
-        with bt.autocast("cpu"):
-            _, loss = model(x, y)
-        loss.backward()
-        bt.optim.clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
-        return float(loss.item())
-
-    ref_m = _model()
-    ref_o = _opt(ref_m)
-    ref = [eager(ref_m, ref_o, x, y, s) for s, (x, y) in enumerate(_batches())]
-    m = _model()
-    o = _opt(m)
-    gs = GraphedTrainStep(m, o, SCHED, 0.5, (B, T), "cpu", capture=EagerCapture(),
-                          autocast=lambda: bt.autocast("cpu"))
-    losses = []
-    for s, (x, y) in enumerate(_batches()):
-        if s < 2:
-            losses.append(eager(m, o, x, y, s))
-            continue
-        if s == 2:
-            o.zero_grad()
-            gs.capture(s)
-        loss, _ = gs.step(x, y, s)
-        losses.append(float(loss))
-        assert not bt.is_autocast_enabled("cpu") and bt.amp.cache_info()["entries"] == 0  # cache left empty
-    np.testing.assert_allclose(losses, ref, rtol=0, atol=2e-6)
-    for (n, p), q in zip(m.named_parameters(), ref_m.parameters()):
-        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=0, atol=2e-6, err_msg=n)
-
-
 def test_static_grads_are_disjoint_aligned_views_of_one_buffer():
-    from blumodels.graph_step import _static_grads
-
     m = _model()
     ps = list(m.parameters())
-    grads, bufs = _static_grads(ps, "cpu")
+    grads, bufs = static_grads(ps, "cpu")
     assert len(bufs) == 1 and all(g.shape == p.shape and g.dtype is p.dtype for g, p in zip(grads, ps))
     base = bufs[0].__array_interface__["data"][0]
     spans = sorted((g._data.__array_interface__["data"][0] - base, g._data.nbytes) for g in grads)
@@ -245,5 +256,37 @@ def test_static_grads_are_disjoint_aligned_views_of_one_buffer():
     assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))  # no overlap
     for g in grads:
         g._data += 1.0
-    bufs[0].fill(0)  # the captured step's single zeroing pass reaches every gradient
+    bufs[0].fill(0)  # the step's single zeroing pass reaches every gradient
     assert all(not g._data.any() for g in grads)
+
+
+@pytest.mark.parametrize("accum_tokens", [128, 256])
+def test_trainer_compile_runs_the_step_through_the_compiler_plugin(tmp_path, accum_tokens):
+    """train.compile = true: bt.compile (blucompiler, found through its entry point) traces the step's micro-step
+    (forward, backward accumulating into the static gradients, the loss sum) and replays it compiled; the losses
+    and weights equal the eager Trainer's (the generated CPU kernels round like NumPy to ~1e-7)."""
+    pytest.importorskip("blucompiler")
+    from blumodels.trainer import Trainer
+    from models_helpers import micro_config
+
+    def run(compile_, out):
+        cfg = micro_config(batch_tokens=accum_tokens, steps=5, eval_interval=0, checkpoint_interval=0,
+                           grad_clip=0.5, compile=compile_)
+        tr = Trainer(cfg, out, quiet=True)
+        tr.fit(save_final=False)
+        tr.close()
+        return tr
+
+    ref, got = run(False, tmp_path / "eager"), run(True, tmp_path / "compiled")
+    rep = got._compiled.report()
+    n = accum_tokens // 128  # micro-steps per step: one specialisation each (sync False / True)
+    assert rep["eager_steps"] == [] and rep["specialisations"] == n
+    assert rep["calls"] == 4  # per specialisation: 1 trace, then 4 replays
+    np.testing.assert_allclose([r["loss"] for r in got.history], [r["loss"] for r in ref.history], rtol=1e-5)
+    for (n, p), q in zip(got.model.named_parameters(), ref.model.parameters()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-6, err_msg=n)
+
+
+def test_compile_refused_with_ddp():
+    with pytest.raises(ConfigError, match="train.compile = true traces one process's step"):
+        from_dict({"train": {"compile": True, "world_size": 2, "batch_tokens": 2 * 16 * 1024}})

@@ -265,3 +265,50 @@ def test_second_gpu_forward_and_backward():
     y.backward()
     assert x.grad.device == bt.device("cuda:1") and x.grad._data.device.id == 1
     np.testing.assert_allclose(host(x.grad), np.exp([1.0, 2.0]) * (1 + np.array([1.0, 2.0])), rtol=1e-6)
+
+
+def _event_order(ws, x, steps=3):
+    """(per backward) the order in which op nodes ran and each weight's gradient became ready."""
+    from blutensor.autograd.engine import add_backward_observer, remove_backward_observer
+
+    events: list = []
+
+    def observe(node, grad, run):
+        events.append(("node", node.op))
+        return run()
+
+    for i, w in enumerate(ws):
+        w.register_post_accumulate_grad_hook(lambda p, i=i: events.append(("ready", i)))
+    add_backward_observer(observe)
+    per_step = []
+    try:
+        for _ in range(steps):
+            events.clear()
+            h = x
+            for w in ws:
+                h = (h @ w).tanh()
+            h.sum().backward()
+            per_step.append(list(events))
+    finally:
+        remove_backward_observer(observe)
+    return per_step
+
+
+def test_gradient_ready_hooks_interleave_with_backward_at_every_step(device):
+    """A leaf's "gradient ready" hook fires as soon as its gradient is complete, at EVERY backward: the last
+    layer's weight is ready before the first layer's nodes run (DDP launches buckets during backward from
+    it). A leaf's accumulator is created at its first use, so ordering by creation deferred every leaf, from
+    the second backward on, past all op nodes."""
+    rng = np.random.default_rng(0)
+    ws = [bt.tensor(rng.standard_normal((8, 8)) * 0.3, dtype=bt.float32, device=device, requires_grad=True)
+          for _ in range(4)]
+    x = bt.tensor(rng.standard_normal((2, 8)), dtype=bt.float32, device=device)
+    for k, ev in enumerate(_event_order(ws, x)):
+        ready = [e[1] for e in ev if e[0] == "ready"]
+        assert ready == [3, 2, 1, 0], (k, ev)  # reverse topological order
+        nodes = [i for i, e in enumerate(ev) if e[0] == "node"]
+        first_ready = ev.index(("ready", 3))
+        assert first_ready < nodes[-1], f"backward {k}: every gradient became ready after the last node: {ev}"
+        # each weight is ready right after its matmul's backward, before the earlier layers' nodes
+        for i in range(3, 0, -1):
+            assert ev.index(("ready", i)) < max(j for j, e in enumerate(ev) if e == ("node", "matmul")), (k, ev)

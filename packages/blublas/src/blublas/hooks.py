@@ -19,6 +19,9 @@ class _ProviderBase:
     PROVIDER = ""
     #: precisions ``matmul`` accepts; '3xtf32' is fp32-accurate split-TF32 on the tensor cores (not TF32)
     PRECISIONS = ("fp32", "tf32", "bf16", "3xtf32")
+    #: capability: both providers launch on the current stream through handles they own, so a CUDA graph can
+    #: record them (the Trainer's captured step relies on it)
+    CAPTURE_SAFE = True
 
     @classmethod
     def matmul(

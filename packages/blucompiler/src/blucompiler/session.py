@@ -308,7 +308,9 @@ class Session:
                 g.outputs.append((self.tr.operand(cur), ("write", in_vid)))
                 arr[...] = cur.v
             gr = t.grad
-            if gr is not None and isinstance(gr._data, TracedArray):
+            if gr is not None and id(gr) in self.tr.lifted:
+                pass  # a lifted gradient buffer: written back in place as live memory (its own entry)
+            elif gr is not None and isinstance(gr._data, TracedArray):
                 g.outputs.append((self.tr.operand(gr._data), ("grad", t)))
                 gr._data = gr._data.v
             elif gr is None and self.tr.swapped and t.requires_grad:

@@ -116,6 +116,11 @@ class Tracer:
         self.lifted[id(t)] = len(self.swapped)
         self.swapped.append((t, arr, t.grad, ta, vid))
         t._data = ta
+        g = t.grad
+        if g is not None and not isinstance(g._data, TracedArray):
+            # an existing gradient (a training step accumulating into persistent gradient buffers) is live memory
+            # too: backward's in-place accumulation into it is traced and written back into the same array
+            self.lift(g)
         return ta
 
     def host_scalars(self, key, fn, weak: bool = False) -> list[TracedArray]:

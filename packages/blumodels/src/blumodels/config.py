@@ -112,7 +112,11 @@ class TrainConfig:
     fused_adamw: bool = True  # on CUDA: one multi-tensor AdamW launch per step (blutensor's fused path)
     activation_checkpointing: bool = False  # recompute each block in backward (keeps only block inputs)
     optimizer_in_backward: bool = False  # step each parameter and free its grad as soon as it is ready
-    cuda_graph: bool = False  # CUDA: capture the whole step in one CUDA graph after warm-up (graph_step.py)
+    # CUDA: capture the whole optimisation step into CUDA graphs after warm-up (graph_step.py): "auto" = wherever
+    # the step can be captured (a step that cannot runs eagerly and the log says why), true = required (what
+    # cannot be captured is a ConfigError naming it), false = eager
+    cuda_graph: bool | str = "auto"
+    compile: bool = False  # run the step's forward + backward through the compiler plugin (bt.compile)
     allocator: str = "blu"  # CUDA: "blu" (bluallocator, flushed after step 0) | "cupy" (CuPy's pool) | a plugin
     peak_flops: float = 0.0  # per device; 0 = default table (CUDA) or none (CPU: MFU null)
     plot: bool = True
@@ -213,10 +217,19 @@ class RunConfig:
             if t.nan_policy == "skip":
                 raise ConfigError("train.optimizer_in_backward cannot honour train.nan_policy = 'skip': "
                                   f"{why}, so a bad step cannot be dropped; use 'stop'")
-        if t.cuda_graph:
+        if t.cuda_graph not in (True, False, "auto"):
+            raise ConfigError(f"train.cuda_graph must be true, false or \"auto\", got {t.cuda_graph!r}")
+        if t.cuda_graph is True:
             from blumodels.graph_step import check_config
 
             check_config(self)
+        if t.compile and t.world_size > 1:
+            raise ConfigError("train.compile = true traces one process's step: DDP's gradient hooks (the bucket "
+                              "all-reduces) would not run when the compiled step replays; use train.world_size = 1 "
+                              "or train.compile = false")
+        if t.compile and t.optimizer_in_backward:
+            raise ConfigError("train.compile = true cannot trace train.optimizer_in_backward (its updates run in "
+                              "gradient hooks inside backward); set one of them false")
         if t.sample_interval and not t.sample_tokens:
             raise ConfigError(f"train.sample_interval={t.sample_interval} samples nothing with train.sample_tokens = 0 "
                               "(set the number of tokens to sample)")
@@ -265,6 +278,13 @@ def _did_you_mean(word: str, choices: Any, prefix: str = "") -> str:
 def _coerce(section: str, name: str, typ: Any, value: Any) -> Any:
     """Check/convert one value to the field's declared type (ints accepted for floats)."""
     where = f"{section}.{name}"
+    if typ == bool | str:  # a switch with an "auto" setting (train.cuda_graph)
+        if isinstance(value, str) and value.lower() == "auto":
+            return "auto"
+        try:
+            return _coerce(section, name, bool, value)
+        except ConfigError:
+            raise ConfigError(f"{where} must be true, false or \"auto\", got {value!r}") from None
     if typ is bool:
         if isinstance(value, bool):
             return value

@@ -83,7 +83,10 @@ class _GeluLinear(Function):
         needs = ctx.needs_input_grad
         # the gelu kernel forward used, called directly: no nested autograd pass (its leaf-gradient copy of
         # an activation-sized buffer cost ~0.15 ms per block on the H200)
-        gelu = dispatch.kernel_for("gelu", u.device.type, u.dtype.name)
+        # the CUDA kernel takes CuPy arrays only: a tracer's arrays (bt.compile) take the array-generic kernel,
+        # whose array operations it records
+        be = u.device.type if u.device.type != "cuda" or bt.backend.is_cuda_array(u._data) else "cpu"
+        gelu = dispatch.kernel_for("gelu", be, u.dtype.name)
         gctx = Ctx()
         g = gelu.forward(gctx, u._data, approximate="tanh")  # the recompute: one elementwise kernel
         lin = Ctx()

@@ -174,9 +174,9 @@ class Trainer:
         self.quiet = quiet or not self.dist.is_main
         self.progress = sys.stdout.isatty() if progress is None else progress
         self.device = self.dist.device(resolve_device(cfg.train.device))
-        if cfg.train.cuda_graph and not self.device.startswith("cuda"):
+        if cfg.train.cuda_graph is True and not self.device.startswith("cuda"):
             raise ConfigError(f"train.cuda_graph = true needs a CUDA device; train.device={cfg.train.device!r} "
-                              f"resolved to {self.device!r} (set train.cuda_graph = false on CPU)")
+                              f"resolved to {self.device!r} (set train.cuda_graph = false or \"auto\" on CPU)")
         bt.use_deterministic_algorithms(bool(cfg.train.deterministic))
         if self.device.startswith("cuda"):
             bt.set_matmul_precision(cfg.train.precision)
@@ -233,6 +233,7 @@ class Trainer:
         self.resumed_from: str | None = None
         self.flops_per_token = self.model.flops_per_token(t.seq_len)
         self.peak = metrics.peak_flops(self.device.split(":")[0], t.precision, t.peak_flops)
+        self._build_step()
         if resume:
             self.resume()
         else:
@@ -393,62 +394,113 @@ class Trainer:
         """bf16 autocast around forward + loss when train.precision is 'bf16' (fp32 masters and AdamW state)."""
         return bt.autocast(self.device.split(":")[0], dtype=bt.bfloat16, enabled=self.cfg.train.precision == "bf16")
 
-    def train_step(self) -> dict[str, Any]:
-        """One optimisation step (grad_accum micro-steps); returns its log record."""
-        cfg, t = self.cfg, self.cfg.train
-        if t.cuda_graph and not getattr(self, "_graph_eager", False):
-            from blumodels.graph_step import graph_train_step
+    def _build_step(self) -> None:
+        """The step (step.py) and how it runs: captured after warm-up when train.cuda_graph allows it, through
+        the compiler plugin when train.compile, else eagerly."""
+        from blumodels import graph_step
+        from blumodels.step import TrainStep
 
-            return graph_train_step(self)  # eager warm-up steps come back here with _graph_eager set
+        cfg, t = self.cfg, self.cfg.train
+        cuda = self.device.startswith("cuda")
+        fused = bool(cuda and t.fused_adamw and not t.optimizer_in_backward)
+        lrs = [lr_at(s, cfg) for s in range(t.steps)]  # fit() and resume never go past train.steps
+        self._step = TrainStep(self.module, self.optimizer, list(self.params.values()), device=self.device,
+                               lr_schedule=lrs, accum=cfg.grad_accum, grad_clip=t.grad_clip,
+                               autocast=self._autocast if t.precision == "bf16" else None,
+                               no_sync=lambda skip: self.dist.no_sync(self.module, skip), fused=fused,
+                               optimizer_in_backward=t.optimizer_in_backward)
+        self._step.precast_accumulate = cuda and bool(self._step.grads)
+        self._captured = None
+        self._warm_left = graph_step.WARMUP_STEPS
+        self._graph_why: str | None = None
+        if t.cuda_graph is False:
+            self._graph_why = "train.cuda_graph = false"
+        else:
+            self._graph_why = graph_step.config_refusal(cfg) or graph_step.runtime_refusal(self.device,
+                                                                                            self.dist.world)
+            if self._graph_why is not None and t.cuda_graph is True:
+                raise ConfigError(f"train.cuda_graph = true cannot capture this step: {self._graph_why}")
+            if self._graph_why is not None and cuda:
+                self.log(f"[blutrain] train.cuda_graph = 'auto': the step runs eagerly: {self._graph_why}")
+        self._compiled = None
+        if t.compile:
+            self._compiled = bt.compile(self._step.micro)  # the compiler plugin traces the step's micro-step
+
+    def _report_compile(self) -> None:
+        """Say once, after the first compiled step, when the compiler ran (part of) the step eagerly."""
+        if getattr(self, "_compile_told", False):
+            return
+        self._compile_told = True
+        rep = self._compiled.report() if hasattr(self._compiled, "report") else {}
+        eager = list(rep.get("eager_steps") or [])
+        ops = dict(rep.get("fallback_reasons") or {})
+        if eager:
+            self.log(f"[blutrain] train.compile: the compiler ran the step eagerly: {eager[0]}")
+        elif ops:
+            self.log(f"[blutrain] train.compile: {len(ops)} op(s) run eagerly inside the compiled step: "
+                     + "; ".join(f"{k}: {v}" for k, v in list(ops.items())[:3]))
+
+    @property
+    def captured(self) -> bool:
+        """Whether the steps now replay CUDA graphs (after the eager warm-up steps)."""
+        return self._captured is not None
+
+    def _runner(self):
+        """What runs this step: the captured step (capturing it first after the warm-up), or the eager one."""
+        if self._graph_why is not None:
+            return self._step
+        if self._captured is None:
+            if self._warm_left > 0:
+                self._warm_left -= 1
+                return self._step
+            from blumodels.graph_step import CapturedStep, CudaCapture
+
+            cap = CapturedStep(self._step, (self.cfg.train.micro_batch, self.cfg.train.seq_len),
+                               make_capture=getattr(self, "_make_capture", CudaCapture))
+            cap.capture()
+            self._captured = cap
+        return self._captured
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimisation step (grad_accum micro-steps) of the one step definition (step.py), eager, captured
+        or compiled; returns its log record. The host reads the step's loss, norm and verdict once, after it."""
+        cfg, t = self.cfg, self.cfg.train
         s = self.step
         accum = cfg.grad_accum
         lr = lr_at(s, cfg)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        st = self._step
+        if getattr(self, "_step_at", None) != s:  # a fresh start, a resume, or a jump: the device index follows
+            st.seek(s)
         t0 = time.perf_counter()
-        self.optimizer.zero_grad()
-        loss_sum = 0.0
-        bad = None
-        for micro in range(accum):
-            x, y = self.train_loader.next_batch()
-            with self.dist.no_sync(self.module, micro < accum - 1):  # DDP: reduce on the last micro-step
-                with self._autocast():  # train.precision 'bf16': forward + loss only; backward outside
-                    if t.precision == "bf16":
-                        bt.amp.precast(self.params.values())  # all weight casts in one launch (CUDA)
-                    _, loss = self.module(x, y)
-                lv = float(loss.item())
-                loss_sum += lv
-                if not math.isfinite(lv) and bad is None:
-                    bad = f"loss (micro-step {micro}: {lv})"
-                (loss if accum == 1 else loss * (1.0 / accum)).backward()
-        loss_val = self.dist.mean([loss_sum / accum], self.device)[0]  # over ranks: the global batch's loss
-        if self.device.startswith("cuda"):  # bad targets/indices recorded on device (the loss read synced)
+        runner = self._runner()
+        if self._compiled is not None:  # the compiled micro-step inside the eager step's phases
+            st.begin(lr)
+            for i in range(accum):
+                x, y = self.train_loader.next_batch()
+                self._compiled(x, y, i == accum - 1)
+            st.finish()
+            self._report_compile()
+        else:
+            runner.run(self.train_loader.next_batch, lr)
+        res = st.read()  # the one host read of the step (it waits for the GPU)
+        self._step_at = s + 1
+        loss_val = self.dist.mean([res.loss], self.device)[0]  # over ranks: the global batch's loss
+        if self.device.startswith("cuda"):  # bad targets/indices recorded on device (the read above synced)
             from blutensor.cuda_ops import index_check
 
             index_check.raise_pending()
-        if bad is None and not math.isfinite(loss_val):
-            bad = "loss (on another rank)"
-        params = list(self.params.values())
-        if t.optimizer_in_backward:
-            gnorm = None  # every gradient was used and freed during backward
-        elif t.grad_clip > 0:
-            gnorm = float(bt.optim.clip_grad_norm_(params, t.grad_clip).item())
-        else:
-            gnorm = math.sqrt(sum(float((p.grad.detach().to("cpu").numpy().astype(np.float64) ** 2).sum())
-                                  for p in params if p.grad is not None))
-        if bad is None and gnorm is not None and not math.isfinite(gnorm):
-            bad = self._nonfinite_grad_name()
+        bad = None
+        if res.nonfinite or not math.isfinite(loss_val):
+            bad = (f"loss ({res.loss})" if not math.isfinite(res.loss) else "loss (on another rank)"
+                   if not math.isfinite(loss_val) else self._nonfinite_grad_name())
+        gnorm = res.grad_norm
         skipped = False
         if bad is not None:
             if t.nan_policy == "stop":
-                self.optimizer.zero_grad()
-                raise NonFiniteError(f"step {s}: non-finite {bad}; stopping (train.nan_policy='stop'; "
-                                     f"use 'skip' to drop such steps)")
+                raise NonFiniteError(f"step {s}: non-finite {bad}; stopping (train.nan_policy='stop'; the update "
+                                     f"was not applied; use 'skip' to drop such steps)")
             skipped = True
             self.log(f"[blutrain] step {s}: non-finite {bad}; step skipped (nan_policy='skip')")
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad()
         dt = time.perf_counter() - t0
         tokens = accum * t.micro_batch * t.seq_len * t.world_size  # the global batch
         tps = tokens / dt if dt > 0 else 0.0
@@ -458,6 +510,8 @@ class Trainer:
             metrics.memory_bytes(self.device.split(":")[0]), "step_ms": dt * 1e3,
             "tokens": (s + 1) * tokens,
         }
+        if runner is self._captured:
+            rec["cuda_graph"] = True
         rec.update(self.memory.after_step())  # peak_allocated/reserved_bytes; flushes start-up memory once
         if skipped:
             rec["skipped"] = True

@@ -30,6 +30,8 @@ class XpGemm:
     """Built-in provider: ``cupy.matmul`` (cuBLAS through CuPy; not capture-safe)."""
 
     PLUGIN_NAME = "xp"
+    #: capability: may its calls be recorded into a CUDA graph (stream capture)? CuPy's cuBLAS refuses capture
+    CAPTURE_SAFE = False
 
     @classmethod
     def is_available(cls) -> bool:

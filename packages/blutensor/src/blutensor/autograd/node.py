@@ -81,6 +81,14 @@ class Node:
         return f"<{self.op}Backward #{self.seq}>"
 
 
+#: AccumulateGrad sequence numbers start above every op node's: the engine runs a leaf's accumulation (and its
+#: "gradient ready" hooks) as soon as its last gradient has arrived, at every backward. A leaf keeps one
+#: AccumulateGrad for its life, so ordering it by the creation of its first use would defer it, from the second
+#: backward on, past every op node created since (PyTorch gives AccumulateGrad the highest priority likewise).
+#: Among leaves ready at once, the later-created runs first: the same order on every rank (DDP buckets).
+ACC_SEQ_BASE = 1 << 62
+
+
 class AccumulateGrad:
     """Sink for a leaf tensor's gradient: runs its hooks, accumulates into ``.grad``,
     then fires its "gradient ready" (post-accumulate) hooks."""
@@ -91,7 +99,7 @@ class AccumulateGrad:
 
     def __init__(self, tensor):
         self.tensor = tensor
-        self.seq = next(_seq)
+        self.seq = ACC_SEQ_BASE + next(_seq)
         self.next = ()
 
     def __repr__(self) -> str:

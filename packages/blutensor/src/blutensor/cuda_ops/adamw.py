@@ -52,11 +52,13 @@ def prepare_group(optimizer, group):
         )
 
 
-def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, eps, wd) -> None:
+def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, eps, wd, found_inf=None) -> None:
     """AdamW update of all ``params`` (fp32 or bf16-bit CuPy arrays, in place) in one launch.
 
     grads: fp32 or bf16 bits; exp_avgs/exp_avg_sqs: fp32. ``step`` and ``lr`` may be Python numbers or
     1-element float32 device arrays (read by the kernel, so a captured CUDA graph replays new values).
+    ``found_inf``: optional 1-element float32 device flag; when it holds a non-zero value the kernel leaves
+    parameters and moments untouched (the step is skipped on the device, as PyTorch's fused Adam does).
     """
     if not params:
         return
@@ -69,6 +71,7 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
         return
     lr_v, lr_p = _scalar_arg(lr, "lr")
     st_v, st_p = _scalar_arg(step, "step")
+    fi_p = NULL if found_inf is None else _scalar_arg(found_inf, "found_inf")[1]
     launch(
         FILE,
         "blu_adamw_step",
@@ -80,6 +83,7 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
             lr_p,
             st_v,
             st_p,
+            fi_p,
             np.float64(b1),
             np.float64(b2),
             np.float64(eps),
@@ -88,13 +92,15 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
     )
 
 
-def fused_step(optimizer, group, lr_dev=None, step_dev=None) -> None:
+def fused_step(optimizer, group, lr_dev=None, step_dev=None, found_inf=None) -> None:
     """One AdamW step of ``group`` of ``optimizer`` (blutensor.optim.AdamW) through multi_tensor_adamw.
 
     All parameters of the group must share one step count (the usual case); the moments are created as
     in the eager optimizer (fp32, zero). ``lr_dev``/``step_dev``: optional 1-element float32 device arrays the
     kernel reads instead of the group's lr and the host step count (a captured CUDA graph replays new
-    values); the host step counts are still advanced, so state_dict stays right. A group lr that is
+    values); the host step counts are still advanced, so state_dict stays right. ``found_inf``: a 1-element
+    float32 device flag that skips the update on the device when non-zero (the caller, who reads the flag
+    later, takes the host step counts back). A group lr that is
     itself a device array (or a 1-element CUDA Tensor) is read on device too.
     """
     from blutensor.creation import zeros_like
@@ -136,6 +142,7 @@ def fused_step(optimizer, group, lr_dev=None, step_dev=None) -> None:
             b2,
             eps,
             wd,
+            found_inf,
         )
         for p, _ in items:
             p._version.v += 1

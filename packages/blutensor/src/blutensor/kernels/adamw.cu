@@ -28,7 +28,10 @@ blu_adamw_step(const unsigned long long* __restrict__ p_ptr, const unsigned long
                const int* __restrict__ flags, const long long* __restrict__ numel,
                const int* __restrict__ chunk_tensor, const long long* __restrict__ chunk_start, long long chunk_size,
                double lr_arg, const float* __restrict__ lr_dev, double step_arg, const float* __restrict__ step_dev,
-               double b1, double b2, double eps, double wd) {
+               const float* __restrict__ found_inf, double b1, double b2, double eps, double wd) {
+    // found_inf (optional): a device flag set when this step's loss or gradients are not finite; the update
+    // is then skipped on the device, so a captured step honours the NaN policy without a host decision
+    if (found_inf && found_inf[0] != 0.f) return;
     const int ti = chunk_tensor[blockIdx.x];
     const long long start = chunk_start[blockIdx.x];
     const long long n = numel[ti];

@@ -2,8 +2,8 @@
 
 from blutensor.optim import lr_scheduler
 from blutensor.optim.adamw import AdamW
-from blutensor.optim.clip import clip_grad_norm_
+from blutensor.optim.clip import clip_grad_norm_, get_total_norm
 from blutensor.optim.optimizer import Optimizer
 from blutensor.optim.sgd import SGD
 
-__all__ = ["SGD", "AdamW", "Optimizer", "clip_grad_norm_", "lr_scheduler"]
+__all__ = ["SGD", "AdamW", "Optimizer", "clip_grad_norm_", "get_total_norm", "lr_scheduler"]

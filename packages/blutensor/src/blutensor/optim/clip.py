@@ -110,3 +110,39 @@ def _generic(params, max_norm: float, p_: float):
             g._data[...] = _convert(_f32(g) * xp.asarray(coef, dtype=float32.np), float32, g.dtype, xp)
         g._version.v += 1
     return total
+
+
+@no_grad()
+def get_total_norm(tensors, norm_type: float = 2.0):
+    """The norm of the norms of ``tensors`` (typically gradients) as a 0-d tensor on their device, computed
+    without a host read and without touching them (PyTorch's ``get_total_norm``). CUDA fp32/bf16 with the L2
+    norm is one multi-tensor kernel (cuda_ops/norm.py), so a captured training step can log the norm."""
+    from blutensor._tensor import Tensor
+    from blutensor.ops._util import xp_of
+
+    ts = [tensors] if isinstance(tensors, Tensor) else [t for t in tensors if t is not None]
+    for i, t in enumerate(ts):
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"get_total_norm: tensors[{i}] is a {type(t).__name__}, not a Tensor")
+    if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real) or norm_type != norm_type:
+        raise ArgumentError(f"get_total_norm: norm_type must be a number, got {type(norm_type).__name__} "
+                            f"{norm_type!r:.40}")
+    if not ts:
+        from blutensor.creation import tensor
+
+        return tensor(0.0)
+    dev, p_ = ts[0].device, float(norm_type)
+    if (p_ == 2.0 and dev.type == "cuda" and all(t.device == dev and t.dtype.name in ("float32", "bfloat16")
+                                                  and t._data.flags.c_contiguous for t in ts)):
+        from blutensor.cuda_ops.norm import global_grad_norm
+
+        return Tensor._from_data(global_grad_norm([t._data for t in ts]), None, dev)
+    xp = xp_of(ts[0]._data)
+    if math.isinf(p_):
+        total = xp.stack([xp.abs(_f32(t)).max() for t in ts]).max()
+    elif p_ == 2.0:
+        sq = xp.stack([(_f32(t) * _f32(t)).sum() for t in ts])
+        total = xp.sqrt(sq.sum())
+    else:
+        total = (xp.stack([(xp.abs(_f32(t)) ** p_).sum() for t in ts]).sum()) ** (1.0 / p_)
+    return Tensor._from_data(xp.asarray(total), None, dev)

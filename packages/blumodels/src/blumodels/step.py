@@ -1,0 +1,213 @@
+"""The training step: the one definition of forward, backward, clipping, the NaN policy and the optimizer update.
+
+The Trainer runs this code in every mode: eagerly (CPU; CUDA with ``train.cuda_graph = false``), captured into
+CUDA graphs and replayed (graph_step.py wraps these phases, it does not copy them), and compiled
+(``train.compile = true``: ``bt.compile`` traces the same micro-step). The phases:
+
+* :meth:`TrainStep.begin`: zero the gradients, reset the device loss sum, read this step's learning rate from a
+  device table of the whole schedule (the device step index picks it);
+* :meth:`TrainStep.micro`: forward (bf16 autocast when asked) and backward of one micro-batch; the loss is
+  added to the device loss sum; under DDP the gradients are reduced only when ``sync`` (the last micro-step);
+* :meth:`TrainStep.finish`: the global gradient norm (clipping it when ``train.grad_clip > 0``), a device flag
+  set when the loss or the norm is not finite, and the optimizer update, which that flag skips ON THE DEVICE
+  (the fused AdamW kernel reads it), so ``nan_policy`` holds in a captured step without a host decision.
+
+Nothing in these phases reads device memory on the host: the host reads the loss, the norm and the flag once,
+after the step (:meth:`TrainStep.read`), for the log record and the NaN policy's verdict.
+
+Gradients live in static views of one flat buffer per dtype (:func:`static_grads`), zeroed by one fill per
+buffer and accumulated in place: a captured step finds the same arrays at every replay, and an eager step costs
+no gradient allocations. Optimizer-in-backward keeps no gradients (it frees each one as soon as it is used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import blutensor as bt
+import numpy as np
+
+
+def _xp(arr):
+    return np if isinstance(arr, np.ndarray | np.generic) else __import__("cupy")
+
+
+def f32(t):
+    """A 0-d Tensor's value as a float32 array on its device (bf16 bits widened), without a host read."""
+    d = t._data
+    if t.dtype.name == "bfloat16" and d.dtype == np.uint16:
+        from blutensor.backend import bf16_bits_to_f32
+
+        return bf16_bits_to_f32(d, _xp(d))
+    return d.astype(np.float32, copy=False)
+
+
+def static_grads(params, device) -> tuple[list, list]:
+    """Gradient tensors for ``params``: views into one zeroed flat buffer per dtype (each view 256-byte aligned),
+    so a step zeroes every gradient with one fill per buffer; returns (grads, flat buffers)."""
+    align = 64
+    by_dtype: dict = {}
+    for i, p in enumerate(params):
+        by_dtype.setdefault(p.dtype, []).append(i)
+    grads: list = [None] * len(params)
+    bufs = []
+    for dt, idx in by_dtype.items():
+        sizes = [int(np.prod(params[i].shape, dtype=np.int64)) for i in idx]
+        padded = [-(-n // align) * align for n in sizes]
+        buf = bt.zeros(max(1, sum(padded)), dtype=dt, device=device)._data
+        bufs.append(buf)
+        off = 0
+        for i, n, pn in zip(idx, sizes, padded):
+            grads[i] = bt.Tensor._from_data(buf[off:off + n].reshape(params[i].shape), dt, params[i].device)
+            off += pn
+    return grads, bufs
+
+
+@dataclass
+class StepResult:
+    """What the host reads after a step: the mean micro-step loss (this rank), the gradient norm (None with
+    optimizer-in-backward) and whether the step found a non-finite loss or gradient (its update was skipped)."""
+
+    loss: float
+    grad_norm: float | None
+    nonfinite: bool
+
+
+class TrainStep:
+    """One optimisation step of ``module`` (the model, or its DDP wrapper) with ``optimizer``.
+
+    ``lr_schedule``: the learning rate of every step index (copied to the device once); ``accum``: micro-steps
+    per step; ``autocast``: a factory of the context forward + loss run in (bf16), or None; ``no_sync(skip)``:
+    the context that suppresses DDP's reduction during the first ``accum - 1`` micro-steps; ``fused``: update
+    through the fused multi-tensor AdamW kernel (CUDA; lr, step count and the skip flag read on the device);
+    ``optimizer_in_backward``: the optimizer steps inside backward (no static gradients, no update here).
+    """
+
+    def __init__(self, module, optimizer, params: Sequence, *, device: str, lr_schedule: Sequence[float],
+                 accum: int = 1, grad_clip: float = 0.0, autocast: Callable[[], Any] | None = None,
+                 no_sync: Callable[[bool], Any] | None = None, fused: bool = False,
+                 optimizer_in_backward: bool = False) -> None:
+        self.module, self.optimizer = module, optimizer
+        self.params = list(params)
+        self.device, self.accum, self.grad_clip = device, int(accum), float(grad_clip)
+        self.autocast, self.fused, self.oib = autocast, bool(fused), bool(optimizer_in_backward)
+        self._no_sync = no_sync
+        self.precast_accumulate = False  # set by the captured step: bf16 cast backward adds into .grad
+        probe = bt.zeros(1, device=device)._data
+        xp = self.xp = _xp(probe)
+        self.lr_table = xp.asarray(np.asarray(list(lr_schedule), dtype=np.float32))
+        self.step_idx = xp.zeros(1, dtype=np.int64)  # the step the next begin() reads the lr of
+        self.lr_dev = xp.zeros(1, dtype=np.float32)
+        self.step_count = xp.zeros(1, dtype=np.float32)  # AdamW's count of applied updates (fused path)
+        self.loss_sum = xp.zeros((), dtype=np.float32)
+        # the loss sum as a tensor: micro() adds to it with a tensor op, so a tracer (bt.compile) records it
+        self._loss_acc = bt.Tensor._from_data(self.loss_sum, bt.float32, bt.device(device))
+        self.grad_norm = xp.zeros((), dtype=np.float32)
+        self.found_inf = xp.zeros(1, dtype=np.float32)
+        self.grads, self.grad_bufs = ([], []) if self.oib else static_grads(self.params, device)
+        self.applied = 0  # updates applied so far (the host AdamW step counts follow it on the fused path)
+
+    # ------------------------------------------------------------------ position
+    def seek(self, step: int) -> None:
+        """Put the device step index at ``step`` and the update count at the optimizer's (start or resume)."""
+        if not 0 <= step < len(self.lr_table):
+            raise ValueError(f"TrainStep: step {step} is outside the lr schedule (0..{len(self.lr_table) - 1})")
+        xp = self.xp
+        self.step_idx[...] = xp.asarray(np.array([step], dtype=np.int64))
+        counts = {int(st["step"]) for st in self.optimizer.state.values() if isinstance(st, dict) and "step" in st}
+        if len(counts) > 1:
+            raise RuntimeError(f"TrainStep: parameters have different AdamW step counts {sorted(counts)}")
+        self.applied = counts.pop() if counts else 0
+        self.step_count[...] = xp.asarray(np.array([self.applied], dtype=np.float32))
+
+    def bind_grads(self) -> None:
+        """Point every parameter's ``.grad`` at its static gradient (someone may have called zero_grad)."""
+        for p, g in zip(self.params, self.grads):
+            p.grad = g
+
+    # ------------------------------------------------------------------ the phases (no host reads)
+    def begin(self, lr: float) -> None:
+        """Zero the gradients and the loss sum; this step's lr on the host (``lr``, for host optimizers and the
+        log) and on the device (read from the schedule table at the device step index)."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        if self.grads:
+            self.bind_grads()
+            for buf in self.grad_bufs:
+                buf.fill(0)
+        self.loss_sum.fill(0)
+        self.xp.take(self.lr_table, self.step_idx, out=self.lr_dev)
+
+    def micro(self, x, y, sync: bool = True) -> None:
+        """Forward and backward of one micro-batch; the loss is added to the device loss sum."""
+        ctx = self._no_sync(not sync) if self._no_sync is not None else _null()
+        with ctx:
+            if self.autocast is None:
+                _, loss = self.module(x, y)
+            else:  # forward + loss autocast, backward outside (as PyTorch's recipe)
+                with self.autocast():
+                    # every weight cast in one launch (CUDA), cached for the forward
+                    bt.amp.precast(self.params, accumulate=self.precast_accumulate)
+                    _, loss = self.module(x, y)
+            (loss if self.accum == 1 else loss * (1.0 / self.accum)).backward()
+        with bt.no_grad():
+            self._loss_acc.add_(loss.detach().float())
+
+    def finish(self) -> None:
+        """Gradient norm (clipped when asked), the non-finite flag, the update (skipped on the device when the
+        flag is set), and the device step index advanced."""
+        xp = self.xp
+        if not self.oib:
+            if self.grad_clip > 0:
+                gn = bt.optim.clip_grad_norm_(self.params, self.grad_clip)
+            else:
+                gn = bt.optim.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            self.grad_norm[...] = f32(gn)
+        ok = xp.isfinite(self.loss_sum) & xp.isfinite(self.grad_norm)
+        self.found_inf[...] = xp.logical_not(ok).astype(np.float32)
+        if not self.oib:
+            self._update()
+        self.step_idx += 1
+
+    def _update(self) -> None:
+        if self.fused:
+            from blutensor.cuda_ops.adamw import fused_step
+
+            self.step_count += 1 - self.found_inf  # AdamW's bias corrections count applied updates only
+            for g in self.optimizer.param_groups:
+                fused_step(self.optimizer, g, lr_dev=self.lr_dev, step_dev=self.step_count, found_inf=self.found_inf)
+        elif not bool(self.found_inf[0]):  # host optimizers decide on the host (never captured)
+            self.optimizer.step()
+
+    # ------------------------------------------------------------------ the host's one read
+    def read(self) -> StepResult:
+        """The step's loss (mean over micro-steps), gradient norm and verdict; keeps the host AdamW step counts
+        equal to the device's on the fused path (a skipped update does not count)."""
+        loss = float(self.loss_sum) / self.accum
+        gn = None if self.oib else float(self.grad_norm)
+        bad = bool(self.found_inf[0])
+        if self.fused:
+            self.applied += 0 if bad else 1
+            for p in self.params:
+                st = self.optimizer.state.get(p)
+                if st is not None:
+                    st["step"] = self.applied
+        return StepResult(loss, gn, bad)
+
+    def run(self, batches: Callable[[], tuple], lr: float) -> None:
+        """The whole step eagerly: ``batches()`` gives each micro-step's (x, y)."""
+        self.begin(lr)
+        for i in range(self.accum):
+            x, y = batches()
+            self.micro(x, y, sync=i == self.accum - 1)
+        self.finish()
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,53 @@
+"""Run by test_ddp_trainer.py under mpiexec: the DDP Trainer (accumulation, small buckets) recording, for every
+synchronised backward, the position of each bucket all-reduce launch among the backward nodes that ran."""
+
+import json
+import sys
+
+import blumodels.dist as bdist
+from blumodels.trainer import Trainer
+from blutensor.autograd.engine import add_backward_observer
+from models_helpers import micro_config
+
+data, out, result = sys.argv[1], sys.argv[2], sys.argv[3]
+events: list = []
+
+
+def observe(node, grad, run):
+    events.append("node")
+    return run()
+
+
+def wrap(self, model):  # DDP with ~8 KB buckets: a 2-layer d_model 32 GPT-2 fills several
+    from dtms.parallel.ddp import DistributedDataParallel
+
+    ddp = DistributedDataParallel(model, self.pg, bucket_cap_mb=0.008)
+    launch = ddp.pg.all_reduce
+
+    def recording(buf, *a, **k):
+        events.append("launch")
+        return launch(buf, *a, **k)
+
+    object.__setattr__(ddp, "pg", type("PG", (), {"all_reduce": staticmethod(recording),
+                                                  "__getattr__": lambda s, n: getattr(launch.__self__, n)})())
+    return ddp
+
+
+bdist.Dist.wrap = wrap
+cfg = micro_config(data, micro_batch=4, world_size=2, batch_tokens=4 * 32 * 2 * 2, steps=4, eval_interval=0,
+                   checkpoint_interval=0)
+tr = Trainer(cfg, out, quiet=True)
+add_backward_observer(observe)
+steps = []
+for _ in range(cfg.train.steps):
+    events.clear()
+    tr.fit(tr.step + 1, save_final=False)
+    # the synchronised backward is the last micro-step's: its nodes follow the last micro-step's first launch
+    nodes = [i for i, e in enumerate(events) if e == "node"]
+    launches = [i for i, e in enumerate(events) if e == "launch"]
+    half = len(nodes) // 2  # two micro-steps, the same graph: the second half of the nodes is the synced backward
+    synced = nodes[half:]
+    steps.append({"launches": [sum(1 for n in synced if n < li) for li in launches], "nodes": len(synced)})
+tr.close()
+if tr.dist.is_main:
+    json.dump({"steps": steps, "history": tr.history}, open(result, "w"))
