@@ -56,34 +56,28 @@ def blutrain_step(steps: int):
     import blutensor as bt
     import cupy
     from blumodels.gpt2 import build_model
-    from blumodels.graph_step import GraphedTrainStep
+    from blumodels.graph_step import CapturedStep
+    from blumodels.step import TrainStep
     from e2e_gpt2 import batches, config
 
     bt.set_matmul_precision("fp32")
     bt.set_gemm_provider("cublas")
     model = build_model(config(12), device="cuda", seed=0)
     opt = bt.optim.AdamW(model.param_groups(0.1), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    data = list(batches(16, 1024, steps + 4))
-    graphed = None
-    for s, (x, y) in enumerate(data[:3]):
-        xi, yi = bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")
-        if s < 2:
-            _, loss = model(xi, yi)
-            loss.backward()
-            bt.optim.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-        else:
-            graphed = GraphedTrainStep(model, opt, [6e-4] * (steps + 4), 1.0, tuple(xi.shape), "cuda")
-            graphed.capture(s)
-            graphed.step(xi, yi, s)
+    data = [(bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")) for x, y in batches(16, 1024, steps + 4)]
+    st = TrainStep(model, opt, list(model.parameters()), device="cuda", lr_schedule=[6e-4] * (steps + 4),
+                   grad_clip=1.0, fused=True)  # the Trainer's step
+    for s in range(2):  # eager warm-up, then the captured step
+        st.run(lambda b=data[s]: b, 6e-4)
+    cap = CapturedStep(st, tuple(data[0][0].shape))
+    cap.capture()
+    cap.run(lambda: data[2], 6e-4)
     cupy.cuda.Device().synchronize()
     it = iter(range(3, steps + 4))
 
     def step():
-        s = next(it)
-        x, y = data[s]
-        graphed.step(bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda"), s)
+        b = data[next(it)]
+        cap.run(lambda: b, 6e-4)
 
     return step
 
