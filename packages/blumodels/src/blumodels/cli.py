@@ -75,7 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="tokenize text into train/val token shards")
     p.add_argument("--out", required=True, help="data directory to write (shards, tokenizer, meta.json)")
-    p.add_argument("--source", action="append", default=[], help="text file or folder (repeatable)")
+    p.add_argument("--source", action="append", default=[], help="text, .jsonl or .parquet file, or a folder of "
+                   "them (repeatable)")
+    p.add_argument("--text-field", default="text", help="the JSON-lines field / Parquet column holding the text")
+    p.add_argument("--format", default="blutrain", choices=("blutrain", "llmc"), dest="shard_format",
+                   help="shard format to write: BluTrain's own, or llm.c's (train_gpt2 reads them)")
+    p.add_argument("--tokens", action="append", default=[], metavar="PATH",
+                   help="instead of text: llm.c shards (used in place) or nanoGPT train.bin/val.bin (converted), "
+                   "files or folders (repeatable); GPT-2 tokens")
+    p.add_argument("--restart", action="store_true", help="start over even where an interrupted run of the same "
+                   "command could be continued")
+    p.add_argument("--bpe-train-bytes", type=_in_range(int, 1), default=256 << 20,
+                   help="text a trained BPE learns from (the start of the training split)")
     p.add_argument("--corpus", default="pydocs", choices=(*BUILTIN_CORPORA, "none"),
                    help="built-in corpus to add ('none' for only --source)")
     p.add_argument("--tokenizer", default="auto", choices=("auto", "gpt2", "bpe"))
@@ -165,12 +176,23 @@ def resolve_config(args: argparse.Namespace, fallback_preset: str | None = "tiny
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from blumodels.data.prepare import prepare
+    from blumodels.data.prepare import import_tokens, prepare
 
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if args.tokens:
+        if args.source:
+            raise ConfigError("give --tokens (token files) or --source (text), not both")
+        meta = import_tokens(args.out, args.tokens, log_fn=say)
+        print(json.dumps(meta, indent=2))
+        return 0
     corpus = None if args.corpus in ("none", "") else args.corpus
     meta = prepare(args.out, sources=args.source or None, corpus=corpus, tokenizer=args.tokenizer,
                    vocab_size=args.vocab_size, val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
-                   seed=args.seed, max_corpus_bytes=args.max_bytes or None)
+                   seed=args.seed, max_corpus_bytes=args.max_bytes or None, text_field=args.text_field,
+                   shard_format=args.shard_format, bpe_train_bytes=args.bpe_train_bytes, resume=not args.restart,
+                   log_fn=say)
     print(json.dumps(meta, indent=2))
     return 0
 

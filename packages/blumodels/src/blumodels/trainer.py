@@ -65,7 +65,7 @@ def ensure_data(cfg: RunConfig, out_dir: Path, log=print) -> Path:
         t0 = time.perf_counter()
         prepare(d, corpus=cfg.data.corpus, tokenizer=cfg.data.tokenizer, vocab_size=cfg.data.vocab_size,
                 val_fraction=cfg.data.val_fraction, shard_tokens=cfg.data.shard_tokens, seed=cfg.data.seed,
-                max_corpus_bytes=cfg.data.max_bytes or None)
+                max_corpus_bytes=cfg.data.max_bytes or None, log_fn=log)
         log(f"[blutrain] prepared {d} in {time.perf_counter() - t0:.1f}s")
     return d
 
