@@ -98,6 +98,12 @@ def test_cli_export_and_init_from(tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= files  # the run's BPE comes along
     ref = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert ref.config.vocab_size == 512 and ref.config.n_layer == 2
+    eot = json.loads((data / "meta.json").read_text())["eot_token"]
+    assert ref.config.eos_token_id == ref.config.bos_token_id == eot
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "hf" / "tokenizer.json"))
+    from blumodels.data.tokenizer import load_tokenizer
+
+    assert tok.encode("def f(x): return x") == load_tokenizer(data).encode("def f(x): return x")
 
     assert main(["train", "--out", str(tmp_path / "run2"), "--quiet", "train.steps=1", "--init-from",
                  str(tmp_path / "hf")]) == 0

@@ -337,8 +337,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          vocab_size=int(data_meta(data_dir)["vocab_size"]))
     model.eval()
     total = 0.0
+    from tqdm import tqdm
+
     with bt.no_grad():
-        for _ in range(n):
+        for _ in tqdm(range(n), desc="eval", unit="batch", file=sys.stderr, disable=not sys.stderr.isatty()):
             x, y = loader.next_batch()
             total += float(model(x, y)[1].item())
     print(json.dumps({"checkpoint": str(path), "step": step, "val_loss": total / n, "batches": n}))

@@ -183,6 +183,9 @@ def export_hf(model: Any, directory: str | os.PathLike, tokenizer_dir: str | os.
 
     mapping = _mapping_for_family(model.config.family)
     tensors, hf_cfg = mapping.to_hf(model)
+    eot = _tokenizer_eot(Path(tokenizer_dir)) if tokenizer_dir is not None else None
+    if eot is not None and "eos_token_id" in hf_cfg:  # the data's end-of-text id (a trained BPE's is not V-1)
+        hf_cfg["bos_token_id"] = hf_cfg["eos_token_id"] = eot
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{WEIGHTS_FILE}.tmp"
@@ -193,6 +196,14 @@ def export_hf(model: Any, directory: str | os.PathLike, tokenizer_dir: str | os.
     if tokenizer_dir is not None:
         _copy_tokenizer(Path(tokenizer_dir), d, hf_cfg)
     return d
+
+
+def _tokenizer_eot(src: Path) -> int | None:
+    try:
+        eot = json.loads((src / "tokenizer_meta.json").read_text()).get("eot_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return eot if isinstance(eot, int) and not isinstance(eot, bool) else None
 
 
 def _copy_tokenizer(src: Path, dst: Path, hf_cfg: dict[str, Any]) -> None:

@@ -304,13 +304,17 @@ def prepare(out_dir: str | os.PathLike, sources: list[str] | None = None, corpus
     fingerprint = _fingerprint(args, files, builtin_bytes)
     out.mkdir(parents=True, exist_ok=True)
     state = _load_state(out, fingerprint) if resume else None
+    if state is not None:
+        try:
+            tok = load_tokenizer(out)
+        except Exception:  # the saved tokenizer is gone or damaged: the saved position means nothing
+            state = None
     if state is None:
         _clean(out)
     show = sys.stderr.isatty() if progress is None else progress
     t0 = time.perf_counter()
 
     if state is not None:
-        tok = load_tokenizer(out)
         done = ", ".join(f"{len(sp['counts'])} {name}" for name, sp in state["splits"].items())
         _say(log_fn, f"[prepare] resuming {out} at document {state['docs_done']} ({done} shard(s) done)")
     else:

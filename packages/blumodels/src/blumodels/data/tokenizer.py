@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -252,7 +253,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int,
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=int(vocab_size), min_frequency=2, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=sys.stderr.isatty())  # its own bar (elapsed, ETA) on a terminal
     tok.train_from_iterator(texts, trainer=trainer)
     bpe = ByteLevelBPE(tok)
     if save_dir is not None:
