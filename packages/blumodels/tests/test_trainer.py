@@ -185,16 +185,20 @@ def test_new_run_in_old_directory_starts_clean(tmp_path):
 
 
 def test_progress_bar_only_when_asked(tmp_path, capsys):
-    tr = Trainer(micro_config(steps=2, eval_interval=0), tmp_path / "a", progress=True)
+    """tqdm bar (elapsed<remaining, rate) when asked; validation lines are printed above it, not overwritten;
+    plain lines with elapsed time and ETA otherwise."""
+    tr = Trainer(micro_config(steps=3, eval_interval=2), tmp_path / "a", progress=True)
     tr.fit()
     tr.close()
     out = capsys.readouterr().out
-    assert "\r[" in out and "2/2" in out
+    assert "\rtrain:" in out and "3/3 [" in out and "step/s" in out and "<00:00" in out
+    val_lines = [ln for ln in out.split("\n") if " val " in ln]
+    assert len(val_lines) == 2 and all(ln.split("\r")[-1].startswith("step ") for ln in val_lines)
     tr = Trainer(micro_config(steps=2, eval_interval=0), tmp_path / "b", progress=False)
     tr.fit()
     tr.close()
     out = capsys.readouterr().out
-    assert "\r" not in out and "step 2/2 loss" in out
+    assert "\r" not in out and "step 2/2 loss" in out and "elapsed" in out and "ETA" in out
 
 
 def test_deterministic_key_sets_the_switch(tmp_path):

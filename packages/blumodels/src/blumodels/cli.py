@@ -9,6 +9,9 @@ Examples::
     blutrain sample --out runs/tiny --prompt "def " --tokens 200
     blutrain eval --out runs/tiny
     blutrain prepare --out data/pydocs --tokenizer bpe --vocab-size 2048
+    blutrain prepare --out data/fw --source fineweb.parquet --text-field text --corpus none --tokenizer gpt2
+    blutrain export --hf hf/tiny --out runs/tiny                 # weights for transformers' GPT2LMHeadModel
+    blutrain train --preset gpt2-124m --init-from hf/gpt2         # start from a local Hugging Face directory
     blutrain plugins
 """
 
@@ -18,6 +21,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,7 +66,7 @@ def _add_common(p: argparse.ArgumentParser, default_out: str | None = None) -> N
     p.add_argument("--device", help="auto (default: cuda when available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--out", default=default_out, help="run directory (log.jsonl, checkpoints/, loss.png)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value",
-                   help="config overrides, e.g. train.lr=3e-4 model.n_layer=2")
+                   help="config overrides, e.g. train.lr=3e-4 model.n_layer=2 (anywhere on the command line)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="tokenize text into train/val token shards")
     p.add_argument("--out", required=True, help="data directory to write (shards, tokenizer, meta.json)")
-    p.add_argument("--source", action="append", default=[], help="text file or folder (repeatable)")
+    p.add_argument("--source", action="append", default=[], help="text, .jsonl or .parquet file, or a folder of "
+                   "them (repeatable)")
+    p.add_argument("--text-field", default="text", help="the JSON-lines field / Parquet column holding the text")
+    p.add_argument("--format", default="blutrain", choices=("blutrain", "llmc"), dest="shard_format",
+                   help="shard format to write: BluTrain's own, or llm.c's (train_gpt2 reads them)")
+    p.add_argument("--tokens", action="append", default=[], metavar="PATH",
+                   help="instead of text: llm.c shards (used in place) or nanoGPT train.bin/val.bin (converted), "
+                   "files or folders (repeatable); GPT-2 tokens")
+    p.add_argument("--restart", action="store_true", help="start over even where an interrupted run of the same "
+                   "command could be continued")
+    p.add_argument("--bpe-train-bytes", type=_in_range(int, 1), default=256 << 20,
+                   help="text a trained BPE learns from (the start of the training split)")
     p.add_argument("--corpus", default="pydocs", choices=(*BUILTIN_CORPORA, "none"),
                    help="built-in corpus to add ('none' for only --source)")
     p.add_argument("--tokenizer", default="auto", choices=("auto", "gpt2", "bpe"))
@@ -93,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--overwrite", action="store_true", help="start from step 0 even though --out holds an "
                        "earlier run's checkpoints (they are deleted); without it such a start is refused")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--init-from", metavar="DIR", help="start from the weights of a local Hugging Face model "
+                   "directory (config.json + model.safetensors; train.init_from); its shape must match the model")
+
+    p = sub.add_parser("export", help="write a run's weights as a Hugging Face directory (transformers loads it)")
+    _add_common(p)
+    p.add_argument("--hf", required=True, metavar="DIR", help="directory to write (model.safetensors, config.json "
+                   "and the run's tokenizer files)")
+    p.add_argument("--checkpoint", metavar="FILE", help="a checkpoint file (default: the newest good one of --out)")
 
     p = sub.add_parser("sample", help="generate text from a run's newest good checkpoint")
     _add_common(p)
@@ -147,16 +170,29 @@ def resolve_config(args: argparse.Namespace, fallback_preset: str | None = "tiny
         extra.append(f"train.steps={args.steps}")
     if getattr(args, "data", None):
         extra.append(f"data.dir={args.data}")
+    if getattr(args, "init_from", None):
+        extra.append(f"train.init_from={args.init_from}")
     return apply_overrides(cfg, extra) if extra else cfg
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from blumodels.data.prepare import prepare
+    from blumodels.data.prepare import import_tokens, prepare
 
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if args.tokens:
+        if args.source:
+            raise ConfigError("give --tokens (token files) or --source (text), not both")
+        meta = import_tokens(args.out, args.tokens, log_fn=say)
+        print(json.dumps(meta, indent=2))
+        return 0
     corpus = None if args.corpus in ("none", "") else args.corpus
     meta = prepare(args.out, sources=args.source or None, corpus=corpus, tokenizer=args.tokenizer,
                    vocab_size=args.vocab_size, val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
-                   seed=args.seed, max_corpus_bytes=args.max_bytes or None)
+                   seed=args.seed, max_corpus_bytes=args.max_bytes or None, text_field=args.text_field,
+                   shard_format=args.shard_format, bpe_train_bytes=args.bpe_train_bytes, resume=not args.restart,
+                   log_fn=say)
     print(json.dumps(meta, indent=2))
     return 0
 
@@ -241,6 +277,36 @@ def _load_run(args: argparse.Namespace):
     return cfg, model, data_dir, path, int(meta["step"])
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Weights of a run's newest good checkpoint (or of --checkpoint FILE) as a Hugging Face directory."""
+    from blumodels.hf import export_hf
+
+    if args.checkpoint:
+        from blumodels.checkpoint.format import load_checkpoint
+        from blumodels.gpt2 import build_model
+        from blumodels.state import restore_training_state
+
+        path = Path(args.checkpoint)
+        tensors, meta = load_checkpoint(path)
+        saved = meta.get("config")
+        if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+            raise ConfigError(f"{path} holds no run config (written outside the Trainer): export it with "
+                              "blumodels.hf.export_hf(model, DIR)")
+        cfg = from_dict(saved, origin=str(path))
+        if args.overrides:
+            cfg = apply_overrides(cfg, list(args.overrides))
+        model = build_model(cfg.model, device="cpu")
+        restore_training_state(tensors, meta, model, restore_rng=False)
+        run = Path(args.out) if args.out else path.parent.parent
+        data_dir = Path(cfg.data.dir) if cfg.data.dir else run / "data"
+        step = int(meta["step"])
+    else:
+        cfg, model, data_dir, path, step = _load_run(args)
+    d = export_hf(model, args.hf, tokenizer_dir=data_dir if data_dir.is_dir() else None)
+    print(f"[blutrain] {path} (step {step}) -> {d} (transformers: GPT2LMHeadModel.from_pretrained({str(d)!r}))")
+    return 0
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     from blumodels.data.tokenizer import load_tokenizer
     from blumodels.sampling import sample_text
@@ -271,8 +337,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          vocab_size=int(data_meta(data_dir)["vocab_size"]))
     model.eval()
     total = 0.0
+    from tqdm import tqdm
+
     with bt.no_grad():
-        for _ in range(n):
+        for _ in tqdm(range(n), desc="eval", unit="batch", file=sys.stderr, disable=not sys.stderr.isatty()):
             x, y = loader.next_batch()
             total += float(model(x, y)[1].item())
     print(json.dumps({"checkpoint": str(path), "step": step, "val_loss": total / n, "batches": n}))
@@ -305,17 +373,22 @@ def cmd_presets(args: argparse.Namespace) -> int:
     from blumodels.gpt2 import count_params
 
     print(f"{'PRESET':<12} {'LAYERS':>6} {'HEADS':>5} {'D_MODEL':>7} {'B':>3} {'T':>5} {'PARAMS':>8}")
+    rows = []
     for name in preset_names():
         c = load_preset(name)
         m = c.model
         n = count_params(type(m)(**{**m.__dict__, "vocab_size": m.vocab_size or c.data.vocab_size}))
+        rows.append((n, name, c))
+    for n, name, c in sorted(rows, key=lambda r: (r[0], r[1])):  # size order, not name order
+        m = c.model
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
         print(f"{name:<12} {m.n_layer:>6} {m.n_head:>5} {m.d_model:>7} {c.train.micro_batch:>3} "
-              f"{c.train.seq_len:>5} {n / 1e6:>7.1f}M")
+              f"{c.train.seq_len:>5} {size:>8}")
     return 0
 
 
 COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval,
-            "profile": cmd_profile, "plugins": cmd_plugins, "presets": cmd_presets}
+            "export": cmd_export, "profile": cmd_profile, "plugins": cmd_plugins, "presets": cmd_presets}
 
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -353,14 +426,32 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     from blumodels.data.loader import LoaderError
     from blumodels.data.shards import ShardError
     from blumodels.data.tokenizer import TokenizerError
+    from blumodels.hf import HFError
     from blumodels.state import StateError
 
-    return (ShardError, LoaderError, CorpusError, TokenizerError, CheckpointError, StateError,
+    return (ShardError, LoaderError, CorpusError, TokenizerError, CheckpointError, StateError, HFError,
             FileNotFoundError)
 
 
+_OVERRIDE = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_]\w*=")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; ``section.key=value`` overrides may stand anywhere (before, between, after options)."""
+    ap = build_parser()
+    args, rest = ap.parse_known_args(argv)
+    stray = [a for a in rest if not _OVERRIDE.match(a)]
+    if stray:
+        ap.error(f"unrecognized arguments: {' '.join(stray)}")
+    if rest:
+        if not hasattr(args, "overrides"):
+            ap.error(f"`blutrain {args.cmd}` takes no section.key=value overrides: {' '.join(rest)}")
+        args.overrides = list(args.overrides or []) + rest
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     limit_cpu_blas_threads(args)
     try:
         return COMMANDS[args.cmd](args)

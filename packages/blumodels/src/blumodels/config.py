@@ -120,6 +120,7 @@ class TrainConfig:
     allocator: str = "blu"  # CUDA: "blu" (bluallocator, flushed after step 0) | "cupy" (CuPy's pool) | a plugin
     peak_flops: float = 0.0  # per device; 0 = default table (CUDA) or none (CPU: MFU null)
     plot: bool = True
+    init_from: str = ""  # a local Hugging Face model directory to start from (blumodels.hf); ignored on resume
 
 
 @dataclass
@@ -137,12 +138,24 @@ class DataConfig:
 
 
 @dataclass
+class LogConfig:
+    """Where step metrics go besides log.jsonl: logger plugins on the step hook (see blumodels.loggers)."""
+
+    tensorboard: bool = False  # TensorBoard event files (tensorboardX: pip install 'blumodels[tensorboard]')
+    tensorboard_dir: str = ""  # "" = <out>/tensorboard
+    prometheus: bool = False  # serve /metrics (prometheus_client: pip install 'blumodels[prometheus]')
+    prometheus_host: str = "127.0.0.1"  # loopback unless asked otherwise
+    prometheus_port: int = 9464  # 0 = a free port chosen by the system (printed)
+
+
+@dataclass
 class RunConfig:
-    """The whole run: [model], [train], [data] tables of a TOML file."""
+    """The whole run: [model], [train], [data] (and [log]) tables of a TOML file."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     @property
     def grad_accum(self) -> int:
@@ -155,7 +168,7 @@ class RunConfig:
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first field that is out of range."""
         m, t, d = self.model, self.train, self.data
-        for sec, obj in (("model", m), ("train", t), ("data", d)):
+        for sec, obj in (("model", m), ("train", t), ("data", d), ("log", self.log)):
             for f in fields(obj):
                 v = getattr(obj, f.name)
                 if isinstance(v, float) and not math.isfinite(v):  # NaN slips past every range check below
@@ -250,12 +263,14 @@ class RunConfig:
             raise ConfigError(f"data.corpus must be a built-in corpus ({', '.join(BUILTIN_CORPORA)}), got "
                               f"{d.corpus!r}{_did_you_mean(d.corpus, BUILTIN_CORPORA)} (own text: `blutrain "
                               "prepare --source DIR --corpus none`, then data.dir)")
+        if self.log.prometheus_port > 65535:
+            raise ConfigError(f"log.prometheus_port must be a TCP port (0..65535), got {self.log.prometheus_port}")
         if d.tokenizer in ("bpe", "auto") and d.vocab_size < 257:  # 256 bytes + the end-of-text token
             raise ConfigError(f"data.vocab_size={d.vocab_size} is too small for a byte-level BPE (at least 257)")
         return self
 
 
-_SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+_SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "log": LogConfig}
 
 
 #: names other trainers (nanoGPT, llm.c, PyTorch) use for our keys: an unknown key among them gets our name as hint
@@ -407,6 +422,6 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
 def apply_overrides(cfg: RunConfig, items: list[str]) -> RunConfig:
     """A copy of ``cfg`` with ``section.key=value`` overrides applied and validated."""
     new = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), train=dataclasses.replace(cfg.train),
-                              data=dataclasses.replace(cfg.data))
+                              data=dataclasses.replace(cfg.data), log=dataclasses.replace(cfg.log))
     _apply(new, parse_overrides(items), "override")
     return new.validate()

@@ -227,3 +227,13 @@ def build_model(cfg: ModelConfig, device: str | bt.device | None = None, seed: i
     if seed is not None:
         bt.manual_seed(seed)
     return GPT2(cfg, device=device)
+
+
+def from_hf(directory: str, device: str | bt.device | None = None) -> GPT2:
+    """A GPT2 holding the weights of a local Hugging Face GPT-2 directory (config.json + model.safetensors, as
+    ``GPT2LMHeadModel.save_pretrained`` writes); nothing is downloaded. See :mod:`blumodels.hf`."""
+    from blumodels.hf import hf_model_config, load_into
+
+    model = GPT2(hf_model_config(directory), device=device)
+    load_into(model, directory)
+    return model

