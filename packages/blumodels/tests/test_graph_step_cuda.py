@@ -41,6 +41,15 @@ def test_captured_trainer_equals_eager(tmp_path, precision, batch_tokens):
     assert {st["step"] for st in graph.optimizer.state.values()} == {6}
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_captured_trainer_with_activation_recompute_equals_eager(tmp_path, precision):
+    kw = {"precision": precision, "batch_tokens": 256, "activation_checkpointing": True}
+    eager = _train(tmp_path, "eager", cuda_graph=False, **kw)
+    graph = _train(tmp_path, "graph", **kw)
+    assert graph.captured
+    np.testing.assert_allclose([r["loss"] for r in graph.history], [r["loss"] for r in eager.history], rtol=2e-6)
+
+
 def test_captured_step_skips_a_nonfinite_update_on_the_device(tmp_path):
     cfg = micro_config(device="cuda", steps=6, eval_interval=0, checkpoint_interval=0, nan_policy="skip",
                        batch_tokens=256)

@@ -50,9 +50,6 @@ def config_refusal(cfg) -> str | None:
                 "count on the host inside backward")
     if not t.fused_adamw:
         return "train.fused_adamw = false: only the fused AdamW kernel reads lr, step count and skip flag on the device"
-    if t.activation_checkpointing:
-        return ("train.activation_checkpointing = true: the recompute in backward swaps parameter gradients on the "
-                "host, which a replayed graph cannot follow")
     if getattr(t, "compile", False):
         return "train.compile = true: the compiled step is captured by the compiler's own cuda_graph option"
     return None

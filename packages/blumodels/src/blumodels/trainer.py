@@ -488,6 +488,7 @@ class Trainer:
 
             cap = CapturedStep(self._step, (self.cfg.train.micro_batch, self.cfg.train.seq_len),
                                make_capture=getattr(self, "_make_capture", CudaCapture))
+            self.memory.empty_cache()  # the graphs' pool takes the warm-up steps' activation memory back
             cap.capture()
             self._captured = cap
         return self._captured
