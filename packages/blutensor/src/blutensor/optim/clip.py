@@ -110,3 +110,21 @@ def _generic(params, max_norm: float, p_: float):
             g._data[...] = _convert(_f32(g) * xp.asarray(coef, dtype=float32.np), float32, g.dtype, xp)
         g._version.v += 1
     return total
+
+
+@no_grad()
+def clip_grad_value_(parameters, clip_value: float, foreach: bool | None = None) -> None:
+    """Clamp every gradient elementwise into [-clip_value, clip_value] in place (PyTorch's semantics)."""
+    from blutensor._tensor import Tensor
+
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise DTypeError(f"clip_grad_value_: parameters[{i}] is a {type(p).__name__}, not a Tensor")
+    if isinstance(clip_value, bool) or not isinstance(clip_value, numbers.Real) or clip_value != clip_value:
+        raise ArgumentError(f"clip_grad_value_: clip_value must be a number, got {type(clip_value).__name__} "
+                            f"{clip_value!r:.40}")
+    c = float(clip_value)
+    for p in params:
+        if p.grad is not None:
+            p.grad.clamp_(-c, c)
