@@ -47,7 +47,7 @@ class _Encoder:
             host = host.view(bfloat16.np)
         if name in self.arrays:  # a key that collides with a generated path name
             name = f"{name}#{len(self.arrays)}"
-        self.arrays[name] = np.ascontiguousarray(host)
+        self.arrays[name] = host if host.flags.c_contiguous else host.copy(order="C")  # (keeps 0-d)
         return {"tensor": name, "dtype": t.dtype.name, "device": str(t.device), "requires_grad": t.requires_grad}
 
     def value(self, v: Any, path: list, flat_key: str | None = None):

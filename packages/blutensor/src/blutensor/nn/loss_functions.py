@@ -85,6 +85,14 @@ def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0):
     return _reduce(where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta), reduction)
 
 
+def _log_clamped(x):
+    """log(x) clamped at -100 (PyTorch's BCE), without evaluating log(0)."""
+    from blutensor.functional import where
+
+    pos = x > 0
+    return where(pos, where(pos, x, 1.0).log(), -100.0).clamp(min=-100.0)
+
+
 def binary_cross_entropy(input, target, weight=None, reduction: str = "mean"):
     """-(t log x + (1 - t) log(1 - x)) with each log clamped at -100 (as PyTorch); input in [0, 1]."""
     _reduction("binary_cross_entropy", reduction)
@@ -96,7 +104,7 @@ def binary_cross_entropy(input, target, weight=None, reduction: str = "mean"):
     if input.numel() and bool(((input < 0) | (input > 1)).any()):
         raise ArgumentError("binary_cross_entropy: all elements of input should be between 0 and 1 (pass logits "
                             "to binary_cross_entropy_with_logits)")
-    loss = -(target * input.log().clamp(min=-100.0) + (1 - target) * (1 - input).log().clamp(min=-100.0))
+    loss = -(target * _log_clamped(input) + (1 - target) * _log_clamped(1 - input))
     if weight is not None:
         loss = loss * _tensor("binary_cross_entropy", "weight", weight)
     return _reduce(loss, reduction)
@@ -143,8 +151,11 @@ def _class_mask(op: str, input, target, ignore_index: int):
         raise ArgumentError(f"{op}: target holds a class index outside [0, {c}) (and not ignore_index="
                             f"{ignore_index})")
     classes = arange(c, device=input.device).view(*([c] + [1] * (input.ndim - cdim - 1)))
-    onehot = target.unsqueeze(cdim) == classes
-    return onehot, target != ignore_index, cdim, c
+    valid = target != ignore_index
+    onehot = (target.unsqueeze(cdim) == classes) & valid.unsqueeze(cdim)  # ignore_index may name a real class
+    return onehot, valid, cdim, c
+
+
 
 
 def _class_weight(op: str, weight, c: int, cdim: int, ndim: int, input):

@@ -24,14 +24,14 @@ def default_convert(data: Any) -> Any:
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(default_convert(d) for d in data))
     if isinstance(data, list | tuple):
-        return type(data)(default_convert(d) for d in data)
+        return [default_convert(d) for d in data]  # tuples become lists, as in PyTorch
     return data
 
 
 def default_collate(batch: Sequence) -> Any:
     """Stack a list of samples: Tensors -> ``stack`` (new leading batch dim), NumPy arrays -> a stacked
     Tensor, Python floats -> float64 Tensor, ints -> int64, bools -> bool, str -> the list, dicts -> a dict
-    of collated values, tuples/lists -> collated position by position (namedtuples keep their type)."""
+    of collated values, tuples/lists -> a list collated position by position (namedtuples keep their type)."""
     from blutensor._tensor import Tensor
     from blutensor.creation import tensor
     from blutensor.functional import stack
@@ -74,7 +74,6 @@ def default_collate(batch: Sequence) -> Any:
         if any(len(b) != n for b in batch):
             raise ShapeError("default_collate: each element in the batch should be of equal size, got lengths "
                              f"{sorted({len(b) for b in batch})}")
-        cols = [default_collate(list(s)) for s in zip(*batch)]
-        return tuple(cols) if isinstance(elem, tuple) else cols
+        return [default_collate(list(s)) for s in zip(*batch)]  # a list for tuples too, as PyTorch
     raise DTypeError(f"default_collate: samples must be Tensors, NumPy arrays, numbers, str, dicts or sequences "
                      f"of them; got {kind.__module__}.{kind.__qualname__} (pass a collate_fn for it)")
