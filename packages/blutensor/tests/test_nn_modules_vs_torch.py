@@ -330,3 +330,42 @@ def test_module_api_gaps():
     with pytest.raises(bt.ShapeError, match="'2.weight' has shape"):
         net.load_state_dict(bad)
     np.testing.assert_array_equal(host(net[0].weight), before)
+
+
+def _torch_backed(name: str):
+    """A forward-only stand-in for ``F.<name>`` computed by PyTorch (for a build that lacks the op)."""
+    tf = getattr(torch.nn.functional, name)
+
+    def f(x, *args, **kwargs):
+        args = [torch.tensor(host(a)) if isinstance(a, bt.Tensor) else a for a in args]
+        return bt.tensor(tf(torch.tensor(host(x)), *args, **kwargs).numpy())
+
+    return f
+
+
+ROUTED = [("Conv2d", (2, 4, 7, 6), dict(in_channels=4, out_channels=6, kernel_size=(3, 2), padding=(1, 0),
+                                         dilation=(1, 2), groups=2)),
+          ("Conv2d", (2, 4, 7, 6), dict(in_channels=4, out_channels=2, kernel_size=3, padding="same")),
+          ("Conv2d", (2, 4, 7, 6), dict(in_channels=4, out_channels=2, kernel_size=3, padding=(1, 2),
+                                         padding_mode="reflect")),
+          ("Conv1d", (2, 4, 7), dict(in_channels=4, out_channels=2, kernel_size=3, padding=2, padding_mode="circular")),
+          ("MaxPool2d", (2, 3, 7, 6), dict(kernel_size=2, ceil_mode=True)),
+          ("AvgPool1d", (2, 3, 9), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+          ("AvgPool2d", (2, 3, 7, 6), dict(kernel_size=(3, 2), stride=1, ceil_mode=True, divisor_override=2))] + [
+    (name, (3, 6), kw) for name, kw, _ in ACTIVATIONS]
+
+
+@pytest.mark.parametrize("name,shape,kw", ROUTED, ids=[f"{n}{i}" for i, (n, _, _) in enumerate(ROUTED)])
+def test_modules_pass_pytorch_arguments(name, shape, kw, monkeypatch):
+    """Each module calls its functional with PyTorch's positional/keyword layout: checked with PyTorch-backed
+    stand-ins for the functionals this build lacks (the real ones where present)."""
+    for fn in ("conv1d", "conv2d", "pad", "max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d",
+               *(a[2] for a in ACTIVATIONS)):
+        if not hasattr(F, fn):
+            monkeypatch.setattr(F, fn, _torch_backed(fn), raising=False)
+    m, tm = getattr(nn, name)(**kw), getattr(torch.nn, name)(**kw)
+    if m.state_dict():
+        m.double()
+        tm.double().load_state_dict({k: torch.tensor(host(v)) for k, v in m.state_dict().items()})
+    x = RNG.standard_normal(shape) * 3
+    np.testing.assert_allclose(host(m(bt.tensor(x))), tm(torch.tensor(x)).detach().numpy(), rtol=1e-10, atol=1e-12)
