@@ -11,22 +11,25 @@ import pytest
 from conftest import host
 
 
-def test_state_dict_round_trip_every_dtype(tmp_path):
+def test_state_dict_round_trip_every_dtype(tmp_path, device):
     sd = {"f32": bt.randn(3, 4), "f64": bt.randn(2, dtype=bt.float64), "bf16": bt.randn(5).to(bt.bfloat16),
           "f16": bt.randn(2).to(bt.float16), "i64": bt.arange(4), "i32": bt.arange(3, dtype=bt.int32),
           "u16": bt.arange(3, dtype=bt.uint16), "b": bt.tensor([True, False]), "empty": bt.zeros(0, 3),
           "scalar": bt.tensor(2.5), "view": bt.arange(12).view(3, 4).T}
+    sd = {k: v.to(device) for k, v in sd.items()}
     path = tmp_path / "m.safetensors"
     bt.save(sd, path)
     back = bt.load(path)
     assert list(back) == list(sd)
     assert set(_names(path)) == set(sd)  # an ordinary safetensors file: other readers see the names
     for k, v in sd.items():
-        assert back[k].dtype is v.dtype and back[k].shape == v.shape, k
+        assert back[k].dtype is v.dtype and back[k].shape == v.shape and back[k].device == v.device, k
         np.testing.assert_array_equal(np.asarray(back[k].numpy(), dtype=np.float64),
                                       np.asarray(v.numpy(), dtype=np.float64), err_msg=k)
 
     assert not list(tmp_path.glob("*.tmp*"))
+    on_cpu = bt.load(path, map_location="cpu")
+    assert all(v.device == bt.device("cpu") for v in on_cpu.values())
 
 
 def _names(path):
