@@ -155,3 +155,21 @@ def test_clip_grad_value_and_parameter_vectors_match_torch():
     np.testing.assert_array_equal(host(ps[0]).ravel(), np.arange(12))
     with pytest.raises(bt.ShapeError, match="vec has 3 elements, the parameters 16"):
         bt.nn.utils.vector_to_parameters(bt.zeros(3), ps)
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+def test_adam_amsgrad_on_device_matches_torch(name, device):
+    arrs = [RNG.standard_normal((3, 4)).astype(np.float32), RNG.standard_normal(4).astype(np.float32)]
+    ps = [bt.nn.Parameter(bt.tensor(a, device=device)) for a in arrs]
+    qs = [torch.nn.Parameter(torch.tensor(a)) for a in arrs]
+    o = getattr(optim, name)(ps, lr=0.01, amsgrad=True, weight_decay=0.1)
+    to = getattr(torch.optim, name)(qs, lr=0.01, amsgrad=True, weight_decay=0.1)
+    for _ in range(4):
+        for p, q in zip(ps, qs):
+            g = RNG.standard_normal(tuple(p.shape)).astype(np.float32)
+            p.grad, q.grad = bt.tensor(g, device=device), torch.tensor(g)
+        o.step()
+        to.step()
+    for p, q in zip(ps, qs):
+        assert p.device == bt.device(device)
+        np.testing.assert_allclose(host(p), q.detach().numpy(), rtol=1e-6, atol=1e-7)

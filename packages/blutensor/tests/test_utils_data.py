@@ -132,3 +132,13 @@ def test_custom_collate_and_refused_options():
         bud.default_collate([bt.zeros(2), bt.zeros(3)])
     with pytest.raises(bt.DTypeError, match="pass a collate_fn"):
         bud.default_collate([object(), object()])
+
+
+def test_tensor_dataset_batches_stay_on_their_device(device):
+    x = bt.arange(12, device=device).view(6, 2)
+    y = bt.arange(6, device=device) * 1.0
+    batches = list(bud.DataLoader(bud.TensorDataset(x, y), batch_size=4, shuffle=True, generator=bt.Generator(0)))
+    assert [b[0].shape for b in batches] == [(4, 2), (2, 2)]
+    for xb, yb in batches:
+        assert xb.device == yb.device == bt.device(device)
+        np.testing.assert_array_equal(host(xb)[:, 0] // 2, host(yb))
