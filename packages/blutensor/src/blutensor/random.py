@@ -37,9 +37,11 @@ class Generator:
     the Philox stream is the same on every device, so ``device`` is only recorded."""
 
     def __init__(self, seed=0, device=None):
-        if isinstance(seed, str) or type(seed).__name__ == "device":
-            seed, device = 0, seed
         from blutensor.device import as_device
+        from blutensor.device import device as _device
+
+        if isinstance(seed, str | _device):  # Generator("cpu") / Generator(bt.device(...)), PyTorch's form
+            seed, device = 0, seed
 
         self.device = as_device(device if device is not None else "cpu")
         self.manual_seed(seed)
