@@ -34,13 +34,14 @@ def _run(ours, theirs, ps, qs, steps: int = 6):
 @pytest.mark.parametrize("name", ["Adam", "AdamW"])
 def test_adam_variants_match_torch(name, kw):
     ps, qs = _params()
-    _run(getattr(optim, name)(ps, lr=0.01, **kw), getattr(torch.optim, name)(qs, lr=0.01, **kw), ps, qs)
+    _run(getattr(optim, name)(ps, lr=0.01, foreach=False, **kw), getattr(torch.optim, name)(qs, lr=0.01, **kw), ps, qs)
 
 
-def test_sgd_nesterov_weight_decay_match_torch():
+@pytest.mark.parametrize("kw", [dict(momentum=0.9, nesterov=True, weight_decay=0.01),
+                                dict(momentum=0.5, dampening=0.1, maximize=True, weight_decay=0.1)])
+def test_sgd_options_match_torch(kw):
     ps, qs = _params()
-    kw = dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)
-    _run(optim.SGD(ps, **kw), torch.optim.SGD(qs, **kw), ps, qs)
+    _run(optim.SGD(ps, lr=0.05, foreach=False, **kw), torch.optim.SGD(qs, lr=0.05, foreach=False, **kw), ps, qs)
 
 
 def test_add_param_group_and_state_dict_round_trip():

@@ -85,10 +85,12 @@ def adam_group_step(opt: Optimizer, g: dict, decoupled: bool) -> None:
 
 class Adam(Optimizer):
     """Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, maximize=False):
-    the weight decay is L2 (added to the gradient), unlike AdamW's decoupled decay."""
+    the weight decay is L2 (added to the gradient), unlike AdamW's decoupled decay. ``foreach`` (PyTorch's
+    kernel choice) is accepted and changes nothing."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 amsgrad: bool = False, *, maximize: bool = False):
+                 amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None):
         group = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         self._check_group(group)
         super().__init__(params, {**group, "betas": tuple(betas)})

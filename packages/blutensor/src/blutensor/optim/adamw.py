@@ -32,7 +32,7 @@ class AdamW(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
-                 fused: bool | None = None):
+                 foreach: bool | None = None, fused: bool | None = None):
         group = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         self._check_group(group)
         super().__init__(params, {**group, "betas": tuple(betas)})

@@ -43,10 +43,12 @@ def _fused_cuda(params, max_norm: float):
 
 
 @no_grad()
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: bool | None = None):
     """Scale all gradients by min(1, max_norm / (total_norm + 1e-6)); returns the total norm before
     clipping (a 0-d tensor on the gradients' device, never read on the host unless
-    ``error_if_nonfinite``). The total is the norm of the per-parameter norms, as in PyTorch."""
+    ``error_if_nonfinite``). The total is the norm of the per-parameter norms, as in PyTorch. ``foreach``
+    (PyTorch's kernel choice) is accepted; CUDA fp32/bf16 gradients always take the fused multi-tensor path."""
     from blutensor._tensor import Tensor
     from blutensor.ops._util import xp_of
 
@@ -114,7 +116,8 @@ def _generic(params, max_norm: float, p_: float):
 
 @no_grad()
 def clip_grad_value_(parameters, clip_value: float, foreach: bool | None = None) -> None:
-    """Clamp every gradient elementwise into [-clip_value, clip_value] in place (PyTorch's semantics)."""
+    """Clamp every gradient elementwise into [-clip_value, clip_value] in place (PyTorch's semantics;
+    ``foreach`` is accepted as in :func:`clip_grad_norm_`)."""
     from blutensor._tensor import Tensor
 
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
