@@ -76,6 +76,8 @@ SCHEDULERS = [
     ("LinearLR", dict(start_factor=0.25, end_factor=0.9, total_iters=4)),
     ("ConstantLR", dict(factor=0.5, total_iters=3)),
     ("PolynomialLR", dict(total_iters=6, power=2.0)),
+    ("CosineAnnealingWarmRestarts", dict(T_0=3, T_mult=2, eta_min=0.01)),
+    ("CosineAnnealingWarmRestarts", dict(T_0=4)),
     ("OneCycleLR", dict(max_lr=0.5, total_steps=12)),
     ("OneCycleLR", dict(max_lr=[0.5, 0.2], epochs=3, steps_per_epoch=4, anneal_strategy="linear", three_phase=True)),
 ]
@@ -118,6 +120,23 @@ def test_sequential_lr_warmup_then_cosine_matches_torch():
         to.step()
         s.step()
         ts.step()
+
+
+@pytest.mark.parametrize("kw", [dict(patience=1, factor=0.5, cooldown=1, min_lr=[0.0, 0.05]),
+                                dict(mode="max", threshold=0.1, threshold_mode="abs", patience=0)])
+def test_reduce_lr_on_plateau_matches_torch(kw):
+    ps, qs = _params()
+    o = optim.SGD([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.3}], lr=0.1)
+    to = torch.optim.SGD([{"params": [qs[0]]}, {"params": [qs[1]], "lr": 0.3}], lr=0.1)
+    s = optim.lr_scheduler.ReduceLROnPlateau(o, **kw)
+    ts = torch.optim.lr_scheduler.ReduceLROnPlateau(to, **kw)
+    for m in [1.0, 0.9, 0.95, 0.96, 0.97, 0.5, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56]:
+        s.step(m)
+        ts.step(m)
+        assert s.get_last_lr() == pytest.approx(ts.get_last_lr(), rel=1e-12), m
+    s2 = optim.lr_scheduler.ReduceLROnPlateau(o, **kw)
+    s2.load_state_dict(bt.load(_roundtrip(s.state_dict())))
+    assert s2.best == s.best and s2.num_bad_epochs == s.num_bad_epochs
 
 
 def test_scheduler_errors():

@@ -1,6 +1,7 @@
 """Learning-rate schedules under PyTorch's names and formulas: LambdaLR, StepLR, MultiStepLR,
-ExponentialLR, CosineAnnealingLR, LinearLR, ConstantLR, PolynomialLR, OneCycleLR, SequentialLR, and the
-GPT-2 recipe (``warmup_cosine`` / ``WarmupCosineLR``).
+ExponentialLR, CosineAnnealingLR, CosineAnnealingWarmRestarts, LinearLR, ConstantLR, PolynomialLR,
+OneCycleLR, SequentialLR, ReduceLROnPlateau (metric-driven), and the GPT-2 recipe (``warmup_cosine`` /
+``WarmupCosineLR``).
 
 Every schedule is a closed form of the step count (``last_epoch``) and each group's ``initial_lr``, so a
 scheduler restored from ``state_dict()`` continues exactly where it stopped and SequentialLR hands over at
@@ -363,6 +364,90 @@ class SequentialLR(LRScheduler):
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "_schedulers"})
         for s, sd in zip(self._schedulers, subs):
             s.load_state_dict(sd)
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """SGDR: cosine from initial_lr to eta_min over T_0 steps, restarting, each period T_mult times longer."""
+
+    def __init__(self, optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0, last_epoch: int = -1):  # noqa: N803
+        self.T_0 = _num("CosineAnnealingWarmRestarts", "T_0", T_0, 0, integer=True, low_open=True)
+        self.T_mult = _num("CosineAnnealingWarmRestarts", "T_mult", T_mult, 1, integer=True)
+        self.eta_min = _num("CosineAnnealingWarmRestarts", "eta_min", eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch: int, base_lr: float, group: int = 0) -> float:
+        t_cur, t_i = epoch, self.T_0
+        while t_cur >= t_i:
+            t_cur -= t_i
+            t_i *= self.T_mult
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
+
+
+class ReduceLROnPlateau:
+    """Multiply each group's lr by ``factor`` when ``step(metric)`` has not improved for ``patience`` calls
+    (PyTorch's rules: mode 'min'/'max', threshold 'rel'/'abs', cooldown, per-group min_lr, changes smaller
+    than eps skipped)."""
+
+    def __init__(self, optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0, min_lr=0.0,
+                 eps: float = 1e-8):
+        if not hasattr(optimizer, "param_groups"):
+            raise DTypeError(f"ReduceLROnPlateau: expected an optimizer (with param_groups), got "
+                             f"{type(optimizer).__name__}")
+        if mode not in ("min", "max"):
+            raise ArgumentError(f"ReduceLROnPlateau: mode {mode!r} is unknown (use 'min' or 'max')")
+        if threshold_mode not in ("rel", "abs"):
+            raise ArgumentError(f"ReduceLROnPlateau: threshold mode {threshold_mode!r} is unknown (use 'rel' or 'abs')")
+        _num("ReduceLROnPlateau", "factor", factor, 0, low_open=True)
+        if factor >= 1.0:
+            raise ArgumentError(f"ReduceLROnPlateau: factor should be < 1.0, got {factor}")
+        self.optimizer = optimizer
+        self.mode, self.factor, self.threshold, self.threshold_mode = mode, factor, threshold, threshold_mode
+        self.patience = _num("ReduceLROnPlateau", "patience", patience, 0, integer=True)
+        self.cooldown = _num("ReduceLROnPlateau", "cooldown", cooldown, 0, integer=True)
+        self.min_lrs = _per_group("ReduceLROnPlateau", "min_lr", min_lr, len(optimizer.param_groups))
+        self.eps = eps
+        self.best = math.inf if mode == "min" else -math.inf
+        self.num_bad_epochs = self.cooldown_counter = self.last_epoch = 0
+        self._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+    def _better(self, a: float) -> bool:
+        rel, t = self.threshold_mode == "rel", self.threshold
+        if self.mode == "min":
+            return a < (self.best * (1 - t) if rel else self.best - t)
+        return a > (self.best * (1 + t) if rel else self.best + t)
+
+    def step(self, metrics) -> None:
+        current = float(metrics)
+        if current != current:
+            raise ArgumentError("ReduceLROnPlateau.step: the metric is NaN")
+        self.last_epoch += 1
+        if self._better(current):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            for g, lo in zip(self.optimizer.param_groups, self.min_lrs):
+                old = float(g["lr"])
+                new = max(old * self.factor, lo)
+                if old - new > self.eps:
+                    g["lr"] = new
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not isinstance(state_dict, dict) or "best" not in state_dict:
+            raise ArgumentError("ReduceLROnPlateau.load_state_dict: expected the dict from state_dict()")
+        self.__dict__.update(state_dict)
 
 
 class WarmupCosineLR(LRScheduler):
