@@ -18,6 +18,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import types
 
 _PREFIX = "torch"
 
@@ -43,16 +44,20 @@ class _TorchAliasFinder(importlib.abc.MetaPathFinder):
         try:
             mod = importlib.import_module(real)
         except ModuleNotFoundError as e:
-            if e.name is not None and (e.name == real or real.startswith(e.name + ".")):
+            if e.name is None or not (e.name == real or real.startswith(e.name + ".")):
+                raise
+            parent, _, leaf = real.rpartition(".")  # a module bound as an attribute (blutensor.cuda.amp)
+            mod = getattr(sys.modules.get(parent), leaf, None)
+            if not isinstance(mod, types.ModuleType):
                 raise ModuleNotFoundError(f"No module named {fullname!r}: blutensor has no {real!r} (under the "
                                           f"torch alias of blutensor.compat)", name=fullname) from None
-            raise
         return importlib.machinery.ModuleSpec(fullname, _AliasLoader(mod), is_package=hasattr(mod, "__path__"))
 
 
 _FINDER = _TorchAliasFinder()
 _EAGER = ("nn", "nn.functional", "nn.init", "nn.utils", "optim", "optim.lr_scheduler", "utils", "utils.data",
           "autograd", "cuda", "amp")
+_ATTR_MODULES = {"cuda.amp": "amp"}  # torch.<key> is blutensor.<value>
 
 
 def is_torch_alias_installed() -> bool:
@@ -83,6 +88,8 @@ def install_torch_alias() -> None:
             sys.modules[f"{_PREFIX}.{sub}"] = importlib.import_module(f"blutensor.{sub}")
         except ModuleNotFoundError:  # a submodule this build lacks resolves (and fails clearly) on demand
             pass
+    for alias, target in _ATTR_MODULES.items():
+        sys.modules[f"{_PREFIX}.{alias}"] = importlib.import_module(f"blutensor.{target}")
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
 

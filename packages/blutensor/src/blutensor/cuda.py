@@ -56,3 +56,6 @@ __all__ = ["INSTALL_HINT", "current_device", "device_count", "get_device_capabil
 from blutensor.cuda_graph import CUDAGraph, graph, make_graphed_step  # noqa: E402  (no CuPy import here)
 
 __all__ += ["CUDAGraph", "graph", "make_graphed_step"]
+
+
+from blutensor import amp  # noqa: E402,F401  (torch.cuda.amp: autocast and GradScaler live in blutensor.amp)

@@ -211,6 +211,7 @@ def test_alias_names_what_blutensor_lacks():
             "import torch.optim.lr_scheduler as sl; from torch.utils.data import DataLoader; "
             "assert F is sys.modules['blutensor.nn.functional'] and sl.OneCycleLR and DataLoader.__module__ == "
             "'blutensor.utils.data.dataloader'\n"
+            "import torch.cuda.amp as ca; from torch.amp import GradScaler; assert ca.GradScaler is GradScaler\n"
             "try:\n    import torch.distributions\nexcept ModuleNotFoundError as e:\n    print('ERR', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
