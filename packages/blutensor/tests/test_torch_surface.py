@@ -65,3 +65,9 @@ def test_import_blutensor_as_torch_attribute_access():
     assert torch.optim.lr_scheduler.CosineAnnealingLR and torch.optim.Adam
     assert torch.utils.data.DataLoader and torch.nn.utils.clip_grad_norm_ is bt.optim.clip_grad_norm_
     assert torch.nn.init.trunc_normal_ and torch.save and torch.load
+
+
+def test_cuda_is_bf16_supported_never_raises():
+    assert isinstance(bt.cuda.is_bf16_supported(), bool)
+    if not bt.cuda.is_available():
+        assert bt.cuda.is_bf16_supported() is False
