@@ -125,12 +125,12 @@ def trunc_normal_(t, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: fl
     gen = _generator(generator)
     n = t.numel()
     out = np.empty(n, np.float64)
-    todo = np.arange(n)
-    while todo.size:
-        z = gen.normal((todo.size,), np, np.float64) * std + mean
+    pending = np.arange(n)
+    while pending.size:
+        z = gen.normal((pending.size,), np, np.float64) * std + mean
         ok = (z >= a) & (z <= b)
-        out[todo[ok]] = z[ok]
-        todo = todo[~ok]
+        out[pending[ok]] = z[ok]
+        pending = pending[~ok]
     return _write(t, out.reshape(t.shape))
 
 
