@@ -7,11 +7,13 @@ from blutensor import (  # noqa: E402,F401
     cuda,  # noqa: F401
     nn,
     optim,
+    utils,  # noqa: F401
 )
 from blutensor.__about__ import __version__
 from blutensor._tensor import Tensor
 from blutensor.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from blutensor.autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
+from blutensor.autograd.grad_mode import inference_mode, is_inference_mode_enabled
 from blutensor.compile import compile, compiler_backends  # noqa: A004 - PyTorch's name
 from blutensor.creation import (
     arange,
@@ -97,8 +99,17 @@ from blutensor.functional import (
     var,
     where,
 )
-from blutensor.gemm import get_fp32_gemm, get_matmul_precision, set_fp32_gemm, set_gemm_provider, set_matmul_precision
-from blutensor.random import Generator, get_rng_state, manual_seed, set_rng_state
+from blutensor.gemm import (
+    get_float32_matmul_precision,
+    get_fp32_gemm,
+    get_matmul_precision,
+    set_float32_matmul_precision,
+    set_fp32_gemm,
+    set_gemm_provider,
+    set_matmul_precision,
+)
+from blutensor.random import Generator, get_rng_state, initial_seed, manual_seed, randperm, set_rng_state
+from blutensor.serialization import load, save
 
 bool = bool_  # noqa: A001 - PyTorch's name for the dtype
 long = int64
@@ -124,4 +135,6 @@ __all__ = [
     "stack", "std", "sub", "sum", "tanh", "tensor", "transpose", "tril", "triu", "uint16", "unsqueeze",
     "are_deterministic_algorithms_enabled", "use_deterministic_algorithms",
     "var", "where", "zeros", "zeros_like",
+    "get_float32_matmul_precision", "inference_mode", "initial_seed", "is_inference_mode_enabled", "load",
+    "randperm", "save", "set_float32_matmul_precision", "utils",
 ]

@@ -296,3 +296,7 @@ def _hook(op: str, inputs: tuple, attrs: dict):
 
 
 __all__ = ["autocast", "cache_info", "get_autocast_dtype", "is_autocast_enabled", "precast", "restore", "state"]
+
+from blutensor.grad_scaler import GradScaler  # noqa: E402  (torch.amp.GradScaler)
+
+__all__ += ["GradScaler"]

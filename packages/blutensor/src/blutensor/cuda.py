@@ -20,6 +20,17 @@ def device_count() -> int:
         return 0
 
 
+def is_bf16_supported() -> bool:
+    """True when a CUDA GPU of compute capability 8.0 or newer is usable (blutensor's bf16 kernels use the
+    sm_80 bfloat16 instructions); False without one (never raises)."""
+    if not cuda_available():
+        return False
+    try:
+        return int(cupy_module().cuda.Device().compute_capability) >= 80
+    except Exception:
+        return False
+
+
 def synchronize(device: int | None = None) -> None:
     """Wait for all work on the current (or given) GPU to finish."""
     cp = require_cuda()
@@ -56,3 +67,6 @@ __all__ = ["INSTALL_HINT", "current_device", "device_count", "get_device_capabil
 from blutensor.cuda_graph import CUDAGraph, graph, make_graphed_step  # noqa: E402  (no CuPy import here)
 
 __all__ += ["CUDAGraph", "graph", "make_graphed_step"]
+
+
+from blutensor import amp  # noqa: E402,F401  (torch.cuda.amp: autocast and GradScaler live in blutensor.amp)

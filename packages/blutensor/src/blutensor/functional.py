@@ -567,10 +567,10 @@ def _move(arr, dt, src, dst):
     if dst.type == "cpu":
         if dt.name == "bfloat16" and host.dtype == np.uint16:
             host = host.view(dt.np)
-        return np.ascontiguousarray(host)
+        return np.require(host, requirements="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
     cp = xp_of(dst)
     if dt.name == "bfloat16":
-        host = np.ascontiguousarray(host).view(np.uint16)
+        host = np.require(host, requirements="C").view(np.uint16)
     with cp.cuda.Device(dst.index):
         return cp.asarray(host)
 

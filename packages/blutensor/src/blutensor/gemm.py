@@ -218,3 +218,20 @@ def cuda_bias_grad(g2):
     if prov is None or g2.ndim != 2 or g2.shape[0] == 0:
         return g2.sum(axis=0)
     return provider_bias_grad(prov, g2, cupy)
+
+
+_TORCH_PRECISION = {"highest": "fp32", "high": "tf32", "medium": "bf16"}
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """PyTorch's name for :func:`set_matmul_precision`: ``"highest"`` -> strict fp32, ``"high"`` -> TF32
+    matrix units, ``"medium"`` -> bf16 (CUDA GEMMs of float32 tensors; CPU matmuls are always fp32)."""
+    if precision not in _TORCH_PRECISION:
+        raise ValueError(f"set_float32_matmul_precision: precision must be 'highest', 'high' or 'medium', got "
+                         f"{precision!r}")
+    set_matmul_precision(_TORCH_PRECISION[precision])
+
+
+def get_float32_matmul_precision() -> str:
+    """``"highest"``, ``"high"`` or ``"medium"``: the current :func:`get_matmul_precision` in PyTorch's words."""
+    return {v: k for k, v in _TORCH_PRECISION.items()}[_precision]

@@ -31,10 +31,24 @@ def philox4x32(counter_lo, counter_hi, key0: int, key1: int, xp):
 
 
 class Generator:
-    """A seed and a counter offset; each draw of n numbers advances the offset by ceil(n/4)."""
+    """A seed and a counter offset; each draw of n numbers advances the offset by ceil(n/4).
 
-    def __init__(self, seed: int = 0):
+    ``Generator(seed)``, or PyTorch's ``Generator(device="cpu")`` (then seeded 0 until ``manual_seed``):
+    the Philox stream is the same on every device, so ``device`` is only recorded."""
+
+    def __init__(self, seed=0, device=None):
+        from blutensor.device import as_device
+        from blutensor.device import device as _device
+
+        if isinstance(seed, str | _device):  # Generator("cpu") / Generator(bt.device(...)), PyTorch's form
+            seed, device = 0, seed
+
+        self.device = as_device(device if device is not None else "cpu")
         self.manual_seed(seed)
+
+    def initial_seed(self) -> int:
+        """The seed of the last ``manual_seed`` (PyTorch's name)."""
+        return self.seed
 
     def manual_seed(self, seed: int) -> Generator:
         try:
@@ -111,3 +125,25 @@ def get_rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     default_generator.set_state(state)
+
+
+def initial_seed() -> int:
+    """The default generator's seed."""
+    return default_generator.seed
+
+
+def randperm(n: int, generator: Generator | None = None, dtype=None, device=None, requires_grad: bool = False):
+    """A random permutation of ``0 .. n-1`` (int64 by default): a stable argsort of 64-bit Philox keys,
+    so the same seed gives the same permutation on every device."""
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        from blutensor.errors import ArgumentError
+
+        raise ArgumentError(f"randperm: n must be a non-negative int, got {type(n).__name__} {n!r:.40}")
+    from blutensor.creation import _generator, tensor
+    from blutensor.dtypes import as_dtype, int64
+
+    gen = _generator(generator)
+    w = gen._bits(2 * int(n), np).reshape(int(n), 2)
+    perm = np.argsort((w[:, 0] << np.uint64(32)) | w[:, 1], kind="stable")
+    dt = as_dtype(dtype) if dtype is not None else int64
+    return tensor(perm.astype(dt.np), dtype=dt, device=device, requires_grad=requires_grad)

@@ -2,7 +2,14 @@
 
 from blutensor.autograd.engine import run_backward
 from blutensor.autograd.function import Function, FunctionCtx
-from blutensor.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from blutensor.autograd.grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from blutensor.autograd.node import AccumulateGrad, Ctx, Node
 
 
@@ -42,4 +49,5 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False):
 
 
 __all__ = ["AccumulateGrad", "Ctx", "Function", "FunctionCtx", "Node", "enable_grad", "grad", "is_grad_enabled",
-           "no_grad", "run_backward", "set_grad_enabled"]
+           "no_grad", "run_backward", "set_grad_enabled",
+           "inference_mode", "is_inference_mode_enabled"]

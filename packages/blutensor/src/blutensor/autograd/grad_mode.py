@@ -95,3 +95,57 @@ class enable_grad(_GradCtx):  # noqa: N801
     """Ops inside record the graph even within ``no_grad``."""
 
     mode = True
+
+
+class _InferenceState(threading.local):
+    enabled = False
+
+
+_INFERENCE = _InferenceState()
+
+
+class inference_mode:  # noqa: N801 - PyTorch's name
+    """``with inference_mode():`` / ``@inference_mode()`` / ``@inference_mode``: ops record no graph, as in
+    ``no_grad`` (blutensor has no separate inference tensors, so the two differ only in name);
+    ``inference_mode(False)`` leaves the grad mode as it is, as PyTorch's does."""
+
+    def __new__(cls, mode=True):
+        self = super().__new__(cls)
+        if callable(mode) and not isinstance(mode, bool):  # @inference_mode without parentheses
+            self.mode = True
+            return self(mode)
+        return self
+
+    def __init__(self, mode: bool = True):
+        if callable(mode) and not isinstance(mode, bool):
+            return
+        if not isinstance(mode, bool):
+            from blutensor.errors import DTypeError
+
+            raise DTypeError(f"inference_mode: mode must be a bool, got {type(mode).__name__} {mode!r:.40}")
+        self.mode = mode
+
+    def __enter__(self):
+        self.prev = STATE.enabled, _INFERENCE.enabled
+        if self.mode:
+            STATE.enabled, _INFERENCE.enabled = False, True
+        return self
+
+    def __exit__(self, *exc):
+        STATE.enabled, _INFERENCE.enabled = self.prev
+        return False
+
+    def __call__(self, fn):
+        mode = self.mode
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with inference_mode(mode):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def is_inference_mode_enabled() -> bool:
+    """True inside an active ``inference_mode()`` region."""
+    return _INFERENCE.enabled

@@ -1,4 +1,4 @@
-"""Layers: Linear, LayerNorm, Embedding, Dropout, GELU, Sequential, ModuleList, ModuleDict."""
+"""Layers: Linear, LayerNorm, Embedding, Dropout, GELU, ReLU, Sequential, ModuleList, ModuleDict."""
 
 from __future__ import annotations
 
@@ -68,26 +68,69 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
+    """A lookup table; ``padding_idx``: that row starts at zero and receives no gradient from the lookup
+    (PyTorch's semantics; the row can still be trained through other uses of a tied weight)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, device=None,
+                 dtype=None, _weight=None, _freeze: bool = False):
         super().__init__()
         _sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
-        init.normal_(self.weight)
+        if padding_idx is not None:
+            if isinstance(padding_idx, bool) or not isinstance(padding_idx, numbers.Integral) or not (
+                    -num_embeddings <= padding_idx < num_embeddings):
+                raise ArgumentError(f"Embedding: padding_idx must be within num_embeddings ({num_embeddings}), got "
+                                    f"{padding_idx!r}")
+            padding_idx = int(padding_idx) % num_embeddings
+        self.padding_idx = padding_idx
+        if _weight is not None:
+            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+                from blutensor.errors import ShapeError
+
+                raise ShapeError(f"Embedding: _weight has shape {tuple(_weight.shape)}, expected "
+                                 f"{(num_embeddings, embedding_dim)}")
+            self.weight = Parameter(_weight.detach(), requires_grad=not _freeze)
+        else:
+            self.weight = Parameter(empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
+            init.normal_(self.weight)
+            if padding_idx is not None:
+                from blutensor.autograd.grad_mode import no_grad
+
+                with no_grad():
+                    self.weight[padding_idx] = 0.0
+
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze: bool = True, padding_idx: int | None = None) -> Embedding:
+        """An Embedding holding a copy of the 2-D ``embeddings``; frozen (no grad) unless ``freeze=False``."""
+        if getattr(embeddings, "ndim", None) != 2:
+            from blutensor.errors import ShapeError
+
+            raise ShapeError(f"Embedding.from_pretrained: embeddings must be 2-D, got "
+                             f"{getattr(embeddings, 'shape', type(embeddings).__name__)}")
+        n, d = embeddings.shape
+        return cls(n, d, padding_idx=padding_idx, _weight=embeddings.clone(), _freeze=freeze)
 
     def forward(self, idx):
-        return F.embedding(idx, self.weight)
+        out = F.embedding(idx, self.weight)
+        if self.padding_idx is None or not self.weight.requires_grad:
+            return out
+        keep = (idx != self.padding_idx).unsqueeze(-1)
+        return F.where(keep, out, F.embedding(idx, self.weight.detach()))
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        pad = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
 
 class Dropout(Module):
-    def __init__(self, p: float = 0.5):
+    """Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); ``inplace`` is
+    accepted and computes the same values out of place."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
             raise ArgumentError(f"Dropout: p must be in [0, 1], got {p}")
-        self.p = p
+        self.p, self.inplace = p, inplace
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
@@ -108,26 +151,70 @@ class GELU(Module):
 
 
 class ReLU(Module):
+    """max(x, 0); ``inplace`` is accepted and computes the same values out of place."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = inplace
+
     def forward(self, x):
         return F.relu(x)
 
 
 class Sequential(Module):
+    """Modules applied in order: ``Sequential(a, b, c)`` or ``Sequential(OrderedDict(name=module, ...))``."""
+
     def __init__(self, *mods: Module):
         super().__init__()
-        for i, m in enumerate(mods):
-            self.add_module(str(i), m)
+        if len(mods) == 1 and isinstance(mods[0], dict):
+            for k, m in mods[0].items():
+                self.add_module(k, m)
+        else:
+            for i, m in enumerate(mods):
+                self.add_module(str(i), m)
 
     def forward(self, x):
         for m in self._modules.values():
             x = m(x)
         return x
 
-    def __getitem__(self, i: int) -> Module:
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            from collections import OrderedDict
+
+            return Sequential(OrderedDict(list(self._modules.items())[i]))
         return list(self._modules.values())[i]
+
+    def __setitem__(self, i: int, m: Module) -> None:
+        self.add_module(list(self._modules)[i], m)
+
+    def __delitem__(self, i) -> None:
+        keys = list(self._modules)
+        for k in keys[i] if isinstance(i, slice) else [keys[i]]:
+            del self._modules[k]
 
     def __len__(self) -> int:
         return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, m: Module) -> Sequential:
+        self.add_module(str(len(self._modules)), m)
+        return self
+
+    def extend(self, mods) -> Sequential:
+        for m in mods:
+            self.append(m)
+        return self
+
+    def insert(self, index: int, m: Module) -> Sequential:
+        mods = list(self._modules.values())
+        mods.insert(index, m)
+        self._modules.clear()
+        for i, x in enumerate(mods):
+            self.add_module(str(i), x)
+        return self
 
 
 class ModuleList(Module):
@@ -139,6 +226,31 @@ class ModuleList(Module):
     def append(self, m: Module) -> ModuleList:
         self.add_module(str(len(self._modules)), m)
         return self
+
+    def extend(self, mods) -> ModuleList:
+        for m in mods:
+            self.append(m)
+        return self
+
+    def insert(self, index: int, m: Module) -> None:
+        mods = list(self._modules.values())
+        mods.insert(index, m)
+        self._modules.clear()
+        for x in mods:
+            self.append(x)
+
+    def __iadd__(self, mods) -> ModuleList:
+        return self.extend(mods)
+
+    def __setitem__(self, i: int, m: Module) -> None:
+        self.add_module(list(self._modules)[i], m)
+
+    def __delitem__(self, i) -> None:
+        mods = list(self._modules.values())
+        del mods[i]
+        self._modules.clear()
+        for x in mods:
+            self.append(x)
 
     def __getitem__(self, i):
         vals = list(self._modules.values())
@@ -162,6 +274,25 @@ class ModuleDict(Module):
 
     def __setitem__(self, k: str, m: Module) -> None:
         self.add_module(k, m)
+
+    def __delitem__(self, k: str) -> None:
+        del self._modules[k]
+
+    def __contains__(self, k) -> bool:
+        return k in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def pop(self, k: str) -> Module:
+        return self._modules.pop(k)
+
+    def update(self, mods) -> None:
+        for k, m in (mods.items() if hasattr(mods, "items") else mods):
+            self.add_module(k, m)
 
     def keys(self):
         return self._modules.keys()

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from blutensor._tensor import Tensor
 from blutensor.autograd.grad_mode import no_grad
 from blutensor.errors import BluTensorError, DTypeError, ShapeError
 from blutensor.nn.parameter import Parameter
+
+
+class _IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict`` returns: the model's keys the state lacked, and the state's extra keys."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 
 class Module:
@@ -70,6 +78,9 @@ class Module:
         if not persistent:
             self.__dict__.setdefault("_non_persistent", set()).add(name)
 
+    def register_module(self, name: str, module: Module | None) -> None:
+        self.add_module(name, module)
+
     def add_module(self, name: str, module: Module) -> None:
         if module is not None and not isinstance(module, Module):
             raise DTypeError(f"{type(self).__name__}: submodule '{name}' must be a Module or None, got "
@@ -86,6 +97,31 @@ class Module:
         for name, m in self._modules.items():
             if m is not None:
                 yield from m.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def get_submodule(self, target: str) -> Module:
+        """The submodule at dotted path ``target`` ('' is the module itself)."""
+        mod = self
+        for i, part in enumerate(target.split(".") if target else []):
+            sub = mod._modules.get(part)
+            if sub is None:
+                raise AttributeError(f"{type(mod).__name__} has no submodule '{part}' (in '{target}', at "
+                                     f"'{'.'.join(target.split('.')[:i + 1])}')")
+            mod = sub
+        return mod
+
+    def get_parameter(self, target: str) -> Parameter:
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        if name not in mod._parameters or mod._parameters[name] is None:
+            raise AttributeError(f"{type(mod).__name__} has no parameter '{name}' (in '{target}')")
+        return mod._parameters[name]
+
+    def get_buffer(self, target: str) -> Tensor:
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        if name not in mod._buffers or mod._buffers[name] is None:
+            raise AttributeError(f"{type(mod).__name__} has no buffer '{name}' (in '{target}')")
+        return mod._buffers[name]
 
     def modules(self) -> Iterator[Module]:
         for _, m in self.named_modules():
@@ -165,6 +201,18 @@ class Module:
     def double(self) -> Module:
         return self.to("float64")
 
+    def bfloat16(self) -> Module:
+        return self.to("bfloat16")
+
+    def half(self) -> Module:
+        return self.to("float16")
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        """Set ``requires_grad`` on every parameter (e.g. to freeze a pretrained part)."""
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.parameters():
             if set_to_none:
@@ -173,21 +221,25 @@ class Module:
                 p.grad._data.fill(0)
 
     # ---- state ----
-    def state_dict(self, prefix: str = "") -> OrderedDict:
-        """Parameters and persistent buffers by dotted name (tied tensors under each name)."""
-        out = OrderedDict()
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> OrderedDict:
+        """Parameters and persistent buffers by dotted name (tied tensors under each name), detached unless
+        ``keep_vars``; added to ``destination`` when one is given."""
+        if args:  # state_dict(prefix) positionally, as earlier versions took it
+            prefix = args[0]
+        out = OrderedDict() if destination is None else destination
         for mp, m in self.named_modules(prefix, memo=None):
             np_ = m.__dict__.get("_non_persistent", set())
             for n, p in m._parameters.items():
                 if p is not None:
-                    out[f"{mp}.{n}" if mp else n] = p.detach()
+                    out[f"{mp}.{n}" if mp else n] = p if keep_vars else p.detach()
             for n, b in m._buffers.items():
                 if b is not None and n not in np_:
-                    out[f"{mp}.{n}" if mp else n] = b.detach()
+                    out[f"{mp}.{n}" if mp else n] = b if keep_vars else b.detach()
         return out
 
     def load_state_dict(self, state: dict, strict: bool = True):
-        """Copy tensors into parameters/buffers; strict: exact key set; shapes must match."""
+        """Copy tensors into parameters/buffers; strict: exact key set; shapes must match. Returns
+        ``(missing_keys, unexpected_keys)`` as a NamedTuple, as PyTorch does."""
         if not hasattr(state, "keys") or not hasattr(state, "items"):
             raise DTypeError(f"load_state_dict({type(self).__name__}): expected a dict of name -> Tensor, got "
                              f"{type(state).__name__}")
@@ -197,7 +249,8 @@ class Module:
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict({type(self).__name__}): missing keys {missing}, "
                            f"unexpected keys {unexpected}")
-        for k, v in state.items():
+        pairs = [(own[k], v) for k, v in state.items() if k in own]
+        for k, v in state.items():  # every entry checked before the first copy: a bad one changes nothing
             if k not in own:
                 continue
             dst = own[k]
@@ -208,9 +261,10 @@ class Module:
             if shape != tuple(dst.shape):
                 raise ShapeError(f"load_state_dict({type(self).__name__}): '{k}' has shape {shape} in the state "
                                  f"dict but {tuple(dst.shape)} in the model")
-            with no_grad():
+        with no_grad():
+            for dst, v in pairs:
                 dst.copy_(v if isinstance(v, Tensor) else Tensor(v, dtype=dst.dtype))
-        return missing, unexpected
+        return _IncompatibleKeys(missing, unexpected)
 
     # ---- call ----
     def forward(self, *args, **kwargs):

@@ -8,8 +8,8 @@ import numpy as np
 
 from blutensor.autograd.grad_mode import no_grad
 from blutensor.creation import zeros_like
-from blutensor.errors import ArgumentError
-from blutensor.optim.optimizer import Optimizer, check_grads, check_hyper
+from blutensor.optim.adam import adam_group_step, check_adam_group
+from blutensor.optim.optimizer import Optimizer, check_grads
 
 
 def _f32(p):
@@ -26,22 +26,20 @@ def _f32(p):
 
 
 class AdamW(Optimizer):
-    """AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)."""
+    """AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+    maximize=False, fused=None). Groups with amsgrad or maximize take the general Adam step (not the fused
+    CUDA kernel)."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, fused: bool | None = None):
-        self._check_group(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, fused: bool | None = None):
+        group = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+        self._check_group(group)
+        super().__init__(params, {**group, "betas": tuple(betas)})
         self.fused = fused
 
     def _check_group(self, group: dict) -> None:
-        for name in ("lr", "eps", "weight_decay"):
-            check_hyper("AdamW", name, group[name])
-        betas = group["betas"]
-        if isinstance(betas, str) or not hasattr(betas, "__len__") or len(betas) != 2:
-            raise ArgumentError(f"AdamW: invalid hyperparameters: betas={betas!r} must be a pair (beta1, beta2)")
-        check_hyper("AdamW", "betas[0]", betas[0], 0.0, 1.0)
-        check_hyper("AdamW", "betas[1]", betas[1], 0.0, 1.0)
+        check_adam_group("AdamW", group)
 
     @no_grad()
     def step(self, closure=None):
@@ -49,6 +47,9 @@ class AdamW(Optimizer):
         if not self.fused:
             check_grads("AdamW", self.param_groups)
         for g in self.param_groups:
+            if g.get("amsgrad") or g.get("maximize"):
+                adam_group_step(self, g, decoupled=True)
+                continue
             if self.fused and any(p.device.type == "cuda" for p in g["params"]):
                 from blutensor.cuda_ops.adamw import fused_step
 

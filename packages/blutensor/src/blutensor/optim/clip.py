@@ -43,10 +43,12 @@ def _fused_cuda(params, max_norm: float):
 
 
 @no_grad()
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: bool | None = None):
     """Scale all gradients by min(1, max_norm / (total_norm + 1e-6)); returns the total norm before
     clipping (a 0-d tensor on the gradients' device, never read on the host unless
-    ``error_if_nonfinite``). The total is the norm of the per-parameter norms, as in PyTorch."""
+    ``error_if_nonfinite``). The total is the norm of the per-parameter norms, as in PyTorch. ``foreach``
+    (PyTorch's kernel choice) is accepted; CUDA fp32/bf16 gradients always take the fused multi-tensor path."""
     from blutensor._tensor import Tensor
     from blutensor.ops._util import xp_of
 
@@ -146,3 +148,21 @@ def get_total_norm(tensors, norm_type: float = 2.0):
     else:
         total = (xp.stack([(xp.abs(_f32(t)) ** p_).sum() for t in ts]).sum()) ** (1.0 / p_)
     return Tensor._from_data(xp.asarray(total), None, dev)
+
+
+def clip_grad_value_(parameters, clip_value: float, foreach: bool | None = None) -> None:
+    """Clamp every gradient elementwise into [-clip_value, clip_value] in place (PyTorch's semantics;
+    ``foreach`` is accepted as in :func:`clip_grad_norm_`)."""
+    from blutensor._tensor import Tensor
+
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise DTypeError(f"clip_grad_value_: parameters[{i}] is a {type(p).__name__}, not a Tensor")
+    if isinstance(clip_value, bool) or not isinstance(clip_value, numbers.Real) or clip_value != clip_value:
+        raise ArgumentError(f"clip_grad_value_: clip_value must be a number, got {type(clip_value).__name__} "
+                            f"{clip_value!r:.40}")
+    c = float(clip_value)
+    for p in params:
+        if p.grad is not None:
+            p.grad.clamp_(-c, c)

@@ -73,21 +73,30 @@ class Optimizer:
         groups = params if isinstance(params[0], dict) else [{"params": params}]
         self.param_groups: list[dict] = []
         self.state: dict = {}
-        seen = set()
         for gi, g in enumerate(groups):
-            if not isinstance(g, dict) or "params" not in g:
-                raise ArgumentError(f"{name}: param group {gi} must be a dict with a 'params' key, got "
-                                    f"{type(g).__name__}" + (f" with keys {sorted(g)}" if isinstance(g, dict) else ""))
-            where = f"param group {gi} 'params'" if groups is params else "params"
-            g = {**self.defaults, **g, "params": _param_list(name, g["params"], where)}
-            for p in g["params"]:
-                if id(p) in seen:
-                    raise BluTensorError(f"{type(self).__name__}: a parameter appears in more than one group")
-                if not p.requires_grad:
-                    raise BluTensorError(f"{type(self).__name__}: parameter {p._desc()} does not require grad")
-                seen.add(id(p))
-            self._check_group(g)
-            self.param_groups.append(g)
+            self._add_group(g, gi, groups is params)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Append a group (a dict with 'params' and any hyperparameters; the rest from the defaults), e.g.
+        to unfreeze layers while training."""
+        self._add_group(param_group, len(self.param_groups), True)
+
+    def _add_group(self, g, gi: int, explicit: bool) -> None:
+        name = type(self).__name__
+        if not isinstance(g, dict) or "params" not in g:
+            raise ArgumentError(f"{name}: param group {gi} must be a dict with a 'params' key, got "
+                                f"{type(g).__name__}" + (f" with keys {sorted(g)}" if isinstance(g, dict) else ""))
+        where = f"param group {gi} 'params'" if explicit else "params"
+        g = {**self.defaults, **g, "params": _param_list(name, g["params"], where)}
+        seen = {id(p) for h in self.param_groups for p in h["params"]}
+        for p in g["params"]:
+            if id(p) in seen:
+                raise BluTensorError(f"{name}: a parameter appears in more than one group")
+            if not p.requires_grad:
+                raise BluTensorError(f"{name}: parameter {p._desc()} does not require grad")
+            seen.add(id(p))
+        self._check_group(g)
+        self.param_groups.append(g)
 
     def _check_group(self, group: dict) -> None:
         """Subclasses raise ArgumentError for a bad hyperparameter of a group (defaults merged in)."""
