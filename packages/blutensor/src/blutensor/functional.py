@@ -633,8 +633,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         weight = weight.to(input.dtype)
     if target.dtype.is_floating_point:
         if tuple(target.shape) != tuple(input.shape):
-            raise ShapeError(f"cross_entropy: class-probability target {tuple(target.shape)} must have the logits' "
-                             f"shape {tuple(input.shape)}")
+            raise ShapeError(f"cross_entropy: a floating-point target holds class probabilities and must have the "
+                             f"logits' shape {tuple(input.shape)}, got {target._desc()}; class indices must be an "
+                             f"integer Tensor (.long())")
         return _ce_probs(input, target.to(input.dtype), weight, reduction, float(label_smoothing), C)
     want = tuple(input.shape[:1]) + tuple(input.shape[2:]) if input.ndim >= 2 else ()
     if tuple(target.shape) != want:

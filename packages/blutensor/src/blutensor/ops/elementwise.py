@@ -72,7 +72,8 @@ def div_backward(ctx, g):
 
 def _int_kind(x) -> bool:
     """Integer or bool array, or a Python int / bool."""
-    return getattr(x, "dtype", np.dtype(type(x)) if isinstance(x, int) else np.float64).kind in "iub"
+    dt = getattr(x, "dtype", None)
+    return dt.kind in "iub" if dt is not None else isinstance(x, int)
 
 
 def pow_forward(ctx, a, b):
@@ -149,7 +150,7 @@ def minimum_backward(ctx, g):
 
 def _int_zero_division(op, a, b):
     """Integer division by zero has no value: refuse it by name (NumPy would give 0 with a warning)."""
-    if getattr(b, "dtype", np.float64).kind in "iub" and getattr(a, "dtype", np.float64).kind in "iub":
+    if _int_kind(a) and _int_kind(b):
         if (b == 0) if not hasattr(b, "shape") else bool((b == 0).any()):
             from blutensor.errors import ArgumentError
 

@@ -68,7 +68,7 @@ def take_along_dim_forward(ctx, a, index, dim=None):
     if dim is None:
         flat = a.reshape(-1)
         _check_index("take_along_dim", index, flat.size, "the flattened input")
-        ctx.saved = (a.shape, index, None)
+        ctx.saved = (a.shape, index, None, None)
         return flat[index.reshape(-1)].reshape(index.shape)
     d = _dim("take_along_dim", a, dim)
     _check_index("take_along_dim", index, a.shape[d] if a.ndim else 1)

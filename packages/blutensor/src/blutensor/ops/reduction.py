@@ -186,6 +186,8 @@ def prod_backward(ctx, g):
     perm = rest + ax
     t = a.transpose(perm)
     lead = t.shape[:len(rest)]
+    if a.size == 0:
+        return (xp.zeros(a.shape, dtype=g.dtype),)
     flat = t.reshape(lead + (-1,))
     one = xp.ones(lead + (1,), dtype=a.dtype)
     left = xp.cumprod(xp.concatenate([one, flat[..., :-1]], axis=-1), axis=-1)
