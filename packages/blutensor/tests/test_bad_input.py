@@ -115,9 +115,10 @@ def test_cat_stack_arguments():
         bt.cat(a)  # was a silent cat of its rows
     with pytest.raises(bt.DTypeError, match="cat: element 1 is a list, not a Tensor"):
         bt.cat([a, [1, 2, 3]])
-    with pytest.raises(bt.DTypeError, match=r"stack: expected tensors of one dtype, got tensor 0 .*float32.* "
-                                            r"tensor 1 .*int64"):
-        bt.stack([a, bt.zeros(2, 3, dtype=bt.int64)])  # was a silent float64 result
+    s = bt.stack([a, bt.ones(2, 3, dtype=bt.int64)])  # promoted like PyTorch (was a silent float64 result)
+    assert s.dtype is bt.float32 and s.shape == (2, 2, 3) and s[1].tolist() == [[1.0] * 3] * 2
+    c = bt.cat([bt.ones(1, dtype=bt.float64, requires_grad=True), bt.tensor([2], dtype=bt.int32)])
+    assert c.dtype is bt.float64 and c.tolist() == [1.0, 2.0]
     with pytest.raises(bt.ShapeError, match="cat: zero-dimensional tensors cannot be concatenated"):
         bt.cat([bt.tensor(1.0), bt.tensor(2.0)])
     with pytest.raises(bt.ShapeError, match="stack: dim 4 out of range for a tensor with 3 dims"):

@@ -503,7 +503,7 @@ def chunk(a, chunks, dim=0):
 
 
 def _tensor_list(op: str, tensors) -> list:
-    """The tensors of cat/stack as a list: a non-empty sequence of tensors of one dtype."""
+    """The tensors of cat/stack as a list: a non-empty sequence of tensors, cast to their promoted dtype."""
     from blutensor._tensor import Tensor
 
     if isinstance(tensors, Tensor):
@@ -513,12 +513,18 @@ def _tensor_list(op: str, tensors) -> list:
     if not tensors:
         raise ShapeError(f"{op}: expected a non-empty list of tensors")
     t0 = tensors[0]
+    mixed = False
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise DTypeError(f"{op}: element {i} is a {type(t).__name__}, not a Tensor")
-        if t.dtype is not t0.dtype:
-            raise DTypeError(f"{op}: expected tensors of one dtype, got tensor 0 {t0._desc()} and tensor {i} "
-                             f"{t._desc()} (convert with .to(dtype))")
+        mixed = mixed or t.dtype is not t0.dtype
+    if mixed:  # PyTorch promotes the inputs of cat/stack to their common dtype (differentiably)
+        from blutensor.dtypes import promote_types
+
+        want = t0.dtype
+        for t in tensors[1:]:
+            want = promote_types(want, t.dtype)
+        tensors = [cast(t, want) for t in tensors]
     return tensors
 
 

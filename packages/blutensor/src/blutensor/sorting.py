@@ -100,6 +100,7 @@ def multinomial(input, num_samples: int, replacement: bool = False, *, generator
     from blutensor._tensor import Tensor
     from blutensor.creation import _generator, _on
     from blutensor.dtypes import int64
+    from blutensor.ops._util import xp_of
 
     _tensor("multinomial", input)
     if not input.dtype.is_floating_point:
@@ -109,7 +110,7 @@ def multinomial(input, num_samples: int, replacement: bool = False, *, generator
     n = _int("multinomial", "num_samples", num_samples)
     w = input.detach().float() if input.dtype.name in ("bfloat16", "float16") else input.detach()
     arr = w._data.reshape(-1, w.shape[-1]).astype(np.float64)
-    xp = np if type(arr) is np.ndarray else __import__("cupy")
+    xp = xp_of(arr)
     C = arr.shape[1]
     if n <= 0:
         raise ArgumentError(f"multinomial: num_samples must be positive, got {n}")

@@ -107,6 +107,8 @@ def repeat_interleave_forward(ctx, a, repeats, dim=None, output_size=None):
         r = r.reshape(-1)
         if r.size == 1:
             r = int(r[0])
+        elif xp is not np:  # CuPy's repeat takes an int or a host list of counts
+            r = r.get().tolist()
     elif r < 0:
         raise ArgumentError(f"repeat_interleave: repeats must be >= 0, got {r}")
     pos = xp.repeat(xp.arange(n), r)

@@ -27,7 +27,7 @@ def argsort_forward(ctx, a, dim=-1, descending=False, stable=False):
         if key.dtype.kind == "f":
             key = xp.where(xp.isnan(key), -xp.inf, -key)  # NaN first, then +inf, ...
         elif key.dtype.kind == "u":
-            key = key.max(initial=0) - key if key.size else key
+            key = key.max() - key if key.size else key
         else:
             key = -key.astype(np.int64)  # int64's minimum has no negation: widen small ints, keep int64's range
     return xp.argsort(key, axis=d, kind="stable").astype(np.int64)
