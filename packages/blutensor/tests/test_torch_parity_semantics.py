@@ -246,6 +246,11 @@ def test_fancy_indexing_with_ints_selects_first_like_torch(device):
               [a], device, what="int + array index")
     mask = np.array([True, False, True])
     check(lambda x: x[1, mask], lambda x: x[1, torch.tensor(mask)], [a], device, what="int + bool mask")
+    tb, tt = bt.tensor(a, device=device), torch.tensor(a)
+    val = np.arange(3 * 2, dtype=np.float64).reshape(3, 2)
+    tb[0, :, 1, idx[:1].tolist() + [4]] = bt.tensor(val, device=device)
+    tt[0, :, 1, idx[:1].tolist() + [4]] = torch.tensor(val)
+    np.testing.assert_array_equal(tb.cpu().numpy(), tt.numpy())
 
 
 def test_randint_overloads(device):
@@ -281,6 +286,10 @@ def test_bad_arguments_of_new_ops_are_named(device):
     x = bt.zeros(3, 4, device=device)
     with pytest.raises(bt.ShapeError, match="gather: index 4 is out of range for dim of size 4"):
         bt.gather(x, 1, bt.tensor([[4]], device=device))
+    with pytest.raises(bt.ShapeError, match=r"gather: index -1 is out of range .* must be in \[0, 4\)"):
+        bt.gather(x, 1, bt.tensor([[-1]], device=device))
+    with pytest.raises(bt.ArgumentError, match="floor_divide: integer division by zero"):
+        bt.tensor([1, 2], device=device) // 0
     with pytest.raises(bt.DTypeError, match="gather: index must be an integer Tensor"):
         bt.gather(x, 1, bt.zeros(3, 1, device=device))
     with pytest.raises(bt.ArgumentError, match=r"topk: k \(5\) must be in \[0, 4\]"):

@@ -449,7 +449,11 @@ class Tensor:
         else:
             v = _storage_scalar(value, self.dtype, self.device)
         try:
-            self._data[_device_index(index, self.device)] = v
+            split = _split_ints(index)
+            if split is not None:  # ints select first, as in __getitem__: write through the basic view
+                self._data[split[0]][_device_index(split[1], self.device)] = v
+            else:
+                self._data[_device_index(index, self.device)] = v
         except (IndexError, ValueError, TypeError) as e:
             vdesc = value._desc() if isinstance(value, Tensor) else repr(value)
             raise ShapeError(f"setitem: cannot assign {vdesc} to the selection {index!r} of {self._desc()}: "

@@ -163,10 +163,10 @@ def _zero_grads(ctx, g, a, b):
             xp.zeros(shape_of(b), dtype=g.dtype) if ctx.needs[1] else None)
 
 
-def div_rounded_forward(ctx, a, b, rounding_mode="trunc"):
+def div_rounded_forward(ctx, a, b, rounding_mode="trunc", op=None):
     """Division rounded toward zero ("trunc") or down ("floor"); integers stay integers (PyTorch's div)."""
     xp = xp_of(a if hasattr(a, "shape") else b)
-    _int_zero_division(f"div(rounding_mode={rounding_mode!r})", a, b)
+    _int_zero_division(op or f"div(rounding_mode={rounding_mode!r})", a, b)
     ctx.saved = (a, b)
     with np.errstate(divide="ignore", invalid="ignore"):
         if getattr(xp.result_type(a, b), "kind", "f") in "iub":
@@ -184,7 +184,7 @@ def div_rounded_backward(ctx, g):
 
 
 def floor_divide_forward(ctx, a, b):
-    return div_rounded_forward(ctx, a, b, rounding_mode="floor")
+    return div_rounded_forward(ctx, a, b, rounding_mode="floor", op="floor_divide")
 
 
 floor_divide_backward = div_rounded_backward

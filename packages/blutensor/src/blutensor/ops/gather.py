@@ -16,9 +16,10 @@ from blutensor.ops._util import norm_dim, scatter_add, xp_of
 def _check_index(op, index, n, what="dim"):
     if index.size:
         lo, hi = int(index.min()), int(index.max())
-        if lo < -n or hi >= n:
-            bad = lo if lo < -n else hi
-            raise ShapeError(f"{op}: index {bad} is out of range for {what} of size {n}")
+        if lo < 0 or hi >= n:  # PyTorch's index ops take no negative indices
+            bad = lo if lo < 0 else hi
+            raise ShapeError(f"{op}: index {bad} is out of range for {what} of size {n} (indices must be in "
+                             f"[0, {n}))")
 
 
 def _dim(op, a, dim):
