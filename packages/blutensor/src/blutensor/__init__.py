@@ -74,7 +74,6 @@ from blutensor.functional import (  # noqa: E402  (ops beyond GPT-2's path, PyTo
     cummin,
     cumprod,
     cumsum,
-    diagonal,
     div,
     divide,
     einsum,
@@ -124,7 +123,6 @@ from blutensor.functional import (  # noqa: E402  (ops beyond GPT-2's path, PyTo
     std,
     sub,
     sum,
-    t,
     take_along_dim,
     tanh,
     topk,
@@ -139,6 +137,7 @@ from blutensor.functional import (  # noqa: E402  (ops beyond GPT-2's path, PyTo
 )
 from blutensor.gemm import get_fp32_gemm, get_matmul_precision, set_fp32_gemm, set_gemm_provider, set_matmul_precision
 from blutensor.random import Generator, get_rng_state, manual_seed, set_rng_state
+from blutensor.reshaping import diagonal, t  # noqa: E402
 
 bool = bool_  # noqa: A001 - PyTorch's name for the dtype
 long = int64

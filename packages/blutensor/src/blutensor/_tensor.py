@@ -780,8 +780,10 @@ def _inplace_method(op_name, fn_name):
 
 
 def _bind_methods() -> None:
+    from blutensor import reshaping
+
     for name in _METHOD_NAMES:
-        setattr(Tensor, name, getattr(F, name))
+        setattr(Tensor, name, getattr(F, name, None) or getattr(reshaping, name))
     for name in ("zeros", "ones", "empty"):
         setattr(Tensor, f"new_{name}", _new_like(name))
     Tensor.new_full = _new_full

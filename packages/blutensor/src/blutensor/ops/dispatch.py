@@ -224,7 +224,7 @@ def _lookup(op, inputs, dev, first):
 #: ops whose operands of different dtypes are promoted (PyTorch's ``torch.result_type``) instead of refused;
 #: the rest of the SAME_DTYPE ops (matmul, linear, layer_norm, ...) refuse mixed dtypes as PyTorch does
 PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
-             "where", "remainder", "floor_divide", "atan2", "setitem"}
+             "where", "remainder", "floor_divide", "fmod", "div_rounded", "isclose", "setitem"}
 
 
 def _mismatch(op, kcls, inputs, dev):
