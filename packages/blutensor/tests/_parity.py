@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 #: PyTorch itself computes a few float64 backward constants in float (hardsigmoid, celu): 1e-7 relative
-TOL = {"float64": (1e-7, 1e-9), "float32": (2e-5, 1e-4)}
+TOL = {"float64": (1e-7, 1e-9), "float32": (2e-5, 1e-4), "bfloat16": (3e-2, 3e-2)}
 
 
 def _leaf_bt(a, dtype, device, grad, nc):
@@ -42,8 +42,8 @@ def close(got, want, dtype="float64", what=""):
     assert isinstance(got, bt.Tensor), f"{what}: expected a Tensor, got {type(got).__name__}"
     assert str(want.dtype) == f"torch.{got.dtype.name}", f"{what}: dtype {got.dtype.name} != {want.dtype}"
     assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    g = got.detach().cpu().numpy()
-    w = want.detach().numpy()
+    g = got.detach().cpu().float().numpy() if got.dtype.name == "bfloat16" else got.detach().cpu().numpy()
+    w = want.detach().float().numpy() if want.dtype == torch.bfloat16 else want.detach().numpy()
     if g.dtype.kind in "iub":
         np.testing.assert_array_equal(g, w, err_msg=what)
     else:
@@ -67,8 +67,8 @@ def check(fb, ft, arrays, device="cpu", dtype="float64", grad=True, nc=False, wh
     if not (grad and t0.requires_grad):
         return
     w = np.random.default_rng(7).standard_normal(tuple(t0.shape))
-    (t0 * torch.tensor(w, dtype=t0.dtype)).sum().backward()
-    (b0 * bt.tensor(w, dtype=b0.dtype, device=device)).sum().backward()
+    (t0 * torch.tensor(w).to(t0.dtype)).sum().backward()
+    (b0 * bt.tensor(w, device=device).to(b0.dtype)).sum().backward()
     for i, ((lb, _), (lt, _)) in enumerate(zip(bl, tl)):
         if lt.requires_grad:
             if lt.grad is None:

@@ -173,6 +173,17 @@ def test_op_vs_torch_non_contiguous(name, fb, ft, arrays, device):
     check(fb, ft, arrays, device, "float64", grad=name not in NO_TORCH_GRAD, nc=True, what=name)
 
 
+BF16 = ["sort", "topk", "cumsum", "cummax", "gather", "scatter_add", "index_select", "pad_reflect", "conv2d",
+        "max_pool2d", "avg_pool2d", "einsum_bmm", "repeat", "flip", "roll", "diagonal", "silu", "mish", "softplus",
+        "hardswish", "elu", "leaky_relu", "glu", "logsumexp"]
+
+
+@pytest.mark.parametrize("name, fb, ft, arrays", [c for c in CASES if c[0] in BF16], ids=BF16)
+def test_op_vs_torch_bfloat16(name, fb, ft, arrays, device):
+    """bfloat16 inputs: a bfloat16 result and bfloat16 gradients within bfloat16 rounding of PyTorch's."""
+    check(fb, ft, arrays, device, "bfloat16", what=name)
+
+
 ZERO_SIZE = [
     ("cumsum", lambda x: x.cumsum(1)), ("cumprod", lambda x: x.cumprod(0)), ("prod", lambda x: x.prod(1)),
     ("logsumexp", lambda x: x.logsumexp(1)), ("flip", lambda x: x.flip(0)), ("repeat", lambda x: x.repeat(2, 2)),
