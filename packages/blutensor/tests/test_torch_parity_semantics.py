@@ -82,6 +82,18 @@ def test_mixed_dtype_binary_ops_promote_like_torch(name, fn, d1, d2, device):
         close(fn(mk(a, d1, bt), s), fn(mk(a, d1, torch), s), "float32", f"{name} {d1} scalar {s!r}")
 
 
+@pytest.mark.parametrize("dt", ["bool", "int32", "int64", "float32", "float64"])
+@pytest.mark.parametrize("scalar", [True, 2, 1.5])
+def test_where_with_a_python_scalar_promotes_like_torch(dt, scalar, device):
+    c = np.array([True, False])
+    for swap in (False, True):
+        x = _operand("dim", dt, bt)
+        tx = _operand("dim", dt, torch)
+        got = bt.where(bt.tensor(c, device=device), *((scalar, x.to(device)) if swap else (x.to(device), scalar)))
+        want = torch.where(torch.tensor(c), *((scalar, tx) if swap else (tx, scalar)))
+        close(got, want, "float32", f"where {dt} {scalar!r}")
+
+
 def test_mixed_dtype_gradients_keep_each_input_dtype(device):
     a = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
     b = bt.tensor([3.0, 4.0], dtype=bt.float64, device=device, requires_grad=True)

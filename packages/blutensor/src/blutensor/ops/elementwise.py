@@ -422,13 +422,25 @@ def logical_not_forward(ctx, a):
     return ~a.astype(bool)
 
 
+def _weak_scalar(s, dt, xp):
+    kind = dt.kind
+    if isinstance(s, bool) or (isinstance(s, int) and kind != "b") or kind == "f":
+        return xp.asarray(s, dtype=dt)
+    if isinstance(s, int):
+        return xp.asarray(s, dtype=np.int64)
+    from blutensor.dtypes import get_default_dtype
+
+    return xp.asarray(s, dtype=get_default_dtype().np)
+
+
 def where_forward(ctx, cond, a, b):
     xp = xp_of(cond)
-    # a Python scalar branch takes the other branch's dtype (PyTorch's promotion for scalars)
+    # a Python scalar branch is a weak operand (PyTorch's promotion): the other branch's dtype unless its category
+    # is higher (a float scalar with an integer tensor gives the default float dtype)
     if not hasattr(a, "dtype") and hasattr(b, "dtype"):
-        a = xp.asarray(a, dtype=b.dtype)
+        a = _weak_scalar(a, b.dtype, xp)
     elif not hasattr(b, "dtype") and hasattr(a, "dtype"):
-        b = xp.asarray(b, dtype=a.dtype)
+        b = _weak_scalar(b, a.dtype, xp)
     ctx.saved = (cond, shape_of(a), shape_of(b))
     return _promote(xp.where(cond, a, b), a, b)
 
