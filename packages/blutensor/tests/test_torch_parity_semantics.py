@@ -94,6 +94,12 @@ def test_where_with_a_python_scalar_promotes_like_torch(dt, scalar, device):
         close(got, want, "float32", f"where {dt} {scalar!r}")
 
 
+def test_clamp_of_integers_with_float_bounds_is_float_like_torch(device):
+    for kw in ({"min": 1.5}, {"max": 2.5}, {"min": 0, "max": 2}, {"min": -1}):
+        close(bt.tensor([1, 2, 3], device=device).clamp(**kw), torch.tensor([1, 2, 3]).clamp(**kw), "float32",
+              f"clamp {kw}")
+
+
 def test_mixed_dtype_gradients_keep_each_input_dtype(device):
     a = bt.tensor([1.0, 2.0], device=device, requires_grad=True)
     b = bt.tensor([3.0, 4.0], dtype=bt.float64, device=device, requires_grad=True)

@@ -354,7 +354,13 @@ def clamp_forward(ctx, a, min=None, max=None):  # noqa: A002 - PyTorch's names
         out = xp.maximum(out, min)
     if max is not None:
         out = xp.minimum(out, max)
-    return out.astype(a.dtype, copy=False)
+    want = a.dtype
+    if want.kind in "iub" and any(isinstance(v, float) or getattr(getattr(v, "dtype", None), "kind", "") == "f"
+                                  for v in (min, max)):  # a float bound makes an integer input float (PyTorch)
+        from blutensor.dtypes import get_default_dtype
+
+        want = get_default_dtype().np
+    return out.astype(want, copy=False)
 
 
 def clamp_backward(ctx, g):
