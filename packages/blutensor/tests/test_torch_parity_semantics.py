@@ -300,7 +300,8 @@ def test_missing_ops_say_they_are_missing():
         bt.einsum("ii->i", bt.zeros(2, 2, requires_grad=True)).sum().backward()
 
 
-def test_bad_arguments_of_new_ops_are_named(device):
+def test_bad_arguments_of_new_ops_are_named(device, monkeypatch):
+    monkeypatch.setenv("BLUTRAIN_VALIDATE_INDICES", "sync")  # CUDA: raise at the call (CPU always does)
     x = bt.zeros(3, 4, device=device)
     with pytest.raises(bt.ShapeError, match="gather: index 4 is out of range for dim of size 4"):
         bt.gather(x, 1, bt.tensor([[4]], device=device))
@@ -326,3 +327,19 @@ def test_bad_arguments_of_new_ops_are_named(device):
         bt.tensor([1, 2], device=device) % 0
     with pytest.raises(bt.ShapeError, match="einsum: subscripts 'ij' do not fit"):
         bt.einsum("ij->i", bt.zeros(2, device=device))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not bt.cuda.is_available(), reason="needs CuPy and a CUDA GPU")
+def test_gather_index_check_is_lazy_on_cuda(monkeypatch):
+    """Default 'lazy' mode on CUDA: no host sync at the call; the bad index is raised by raise_pending."""
+    from blutensor.cuda_ops import index_check
+
+    monkeypatch.setenv("BLUTRAIN_VALIDATE_INDICES", "lazy")
+    index_check.raise_pending()  # nothing left over from earlier tests
+    x = bt.zeros(3, 4, device="cuda")
+    bt.gather(x, 1, bt.tensor([[1], [9], [0]], device="cuda"))
+    with pytest.raises(bt.ShapeError, match="index 9"):
+        index_check.raise_pending()
+    bt.gather(x, 1, bt.tensor([[1], [3], [0]], device="cuda"))
+    index_check.raise_pending()  # a good index leaves no flag

@@ -14,6 +14,20 @@ from blutensor.ops._util import norm_dim, scatter_add, xp_of
 
 
 def _check_index(op, index, n, what="dim"):
+    """Refuse indices outside [0, n). On CUDA, ``BLUTRAIN_VALIDATE_INDICES`` decides as for embedding and
+    cross_entropy: 'lazy' flags a bad index on the device (raised at ``index_check.raise_pending``; the gather
+    itself wraps around, as CuPy's indexing does), 'sync' checks here (one host sync), '0' skips the check."""
+    if index.size and type(index) is not np.ndarray:
+        from blutensor import cuda_ops
+        from blutensor.cuda_ops import index_check
+
+        m = index_check.mode()
+        if m == "off":
+            return
+        if m == "lazy" and cuda_ops.cupy_installed():
+            idx = xp_of(index).ascontiguousarray(index.reshape(-1), dtype=np.int64)
+            index_check.check_async(idx, 0, n, f"{op} ({what} of size {n})")
+            return
     if index.size:
         lo, hi = int(index.min()), int(index.max())
         if lo < 0 or hi >= n:  # PyTorch's index ops take no negative indices
