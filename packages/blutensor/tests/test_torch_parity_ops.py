@@ -300,3 +300,25 @@ def test_multinomial_distribution_and_errors(device):
         bt.multinomial(bt.tensor([1.0, -1.0], device=device), 1)
     with pytest.raises(bt.ArgumentError, match="positive sum"):
         bt.multinomial(bt.tensor([0.0, 0.0], device=device), 1)
+
+
+@pytest.mark.parametrize("name, args", [("relu_", ()), ("exp_", ()), ("sigmoid_", ()), ("pow_", (2,)),
+                                        ("remainder_", (0.7,)), ("floor_divide_", (0.3,)), ("neg_", ())])
+def test_inplace_math_methods_vs_torch(name, args, device):
+    a = R.standard_normal((2, 3))
+    tb, tt = bt.tensor(a, device=device), torch.tensor(a)
+    assert getattr(tb, name)(*args) is tb
+    getattr(tt, name)(*args)
+    np.testing.assert_allclose(tb.cpu().numpy(), tt.numpy(), rtol=1e-12)
+    # through the graph: a non-leaf written in place keeps the gradient PyTorch gives
+    lb = bt.tensor(a, device=device, requires_grad=True)
+    lt = torch.tensor(a, requires_grad=True)
+    yb, yt = lb * 1.5, lt * 1.5
+    getattr(yb, name)(*args)
+    getattr(yt, name)(*args)
+    if name != "floor_divide_":  # PyTorch has no floor_divide derivative
+        yb.sum().backward()
+        yt.sum().backward()
+        np.testing.assert_allclose(lb.grad.cpu().numpy(), lt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    with pytest.raises(bt.AutogradError, match=f"leaf tensor that requires grad .* in-place op '{name}'"):
+        getattr(bt.ones(2, device=device, requires_grad=True), name)(*args)
