@@ -26,10 +26,10 @@ def test_matmul_shape_mismatch(device):
 
 
 def test_dtype_mismatch_names_dtypes(device):
+    """Elementwise ops promote mixed dtypes (PyTorch's result_type); matmul refuses them by name."""
     a = bt.zeros(2, device=device)
     b = bt.zeros(2, dtype=bt.float64, device=device)
-    with pytest.raises(bt.DTypeError, match=r"add: expected tensors of one dtype.*float32.*float64"):
-        a + b
+    assert (a + b).dtype is bt.float64
     with pytest.raises(bt.DTypeError, match=r"matmul.*float32.*float64"):
         a @ b
 
@@ -95,9 +95,9 @@ def test_index_range_errors(dtype, device, monkeypatch):
 
 
 def test_nn_op_errors(device):
-    with pytest.raises(bt.ShapeError, match=r"cross_entropy: logits \(3, 5\).*target \(4,\)"):
+    with pytest.raises(bt.ShapeError, match=r"cross_entropy: logits \(3, 5\).*target.*got \(4,\)"):
         F.cross_entropy(bt.zeros(3, 5, device=device), bt.tensor([0, 1, 1, 2], device=device))
-    with pytest.raises(TypeError, match="class indices"):
+    with pytest.raises(bt.ShapeError, match="class probabilities.*class indices must be an integer Tensor"):
         F.cross_entropy(bt.zeros(3, 5, device=device), bt.zeros(3, device=device))
     with pytest.raises(bt.ShapeError, match=r"layer_norm: input shape \(2, 3\) does not end with"):
         F.layer_norm(bt.zeros(2, 3, device=device), (4,))

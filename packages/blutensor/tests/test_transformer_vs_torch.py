@@ -48,7 +48,7 @@ class TinyLM(nn.Module):
         for b in self.blocks:
             x = b(x)
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits, targets)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
 class TBlock(torch.nn.Module):

@@ -72,7 +72,12 @@ class Tensor:
         return self._data.shape
 
     def size(self, dim: int | None = None):
-        return self._data.shape if dim is None else self._data.shape[dim]
+        """The shape as a :class:`Size` (a tuple), or the size of ``dim``."""
+        if dim is None:
+            return Size(self._data.shape)
+        if not -max(self.ndim, 1) <= dim < max(self.ndim, 1) or self.ndim == 0:
+            raise ShapeError(f"size: dim {dim} out of range for {self._desc()}")
+        return self._data.shape[dim]
 
     @property
     def ndim(self) -> int:
@@ -444,7 +449,11 @@ class Tensor:
         else:
             v = _storage_scalar(value, self.dtype, self.device)
         try:
-            self._data[_device_index(index, self.device)] = v
+            split = _split_ints(index)
+            if split is not None:  # ints select first, as in __getitem__: write through the basic view
+                self._data[split[0]][_device_index(split[1], self.device)] = v
+            else:
+                self._data[_device_index(index, self.device)] = v
         except (IndexError, ValueError, TypeError) as e:
             vdesc = value._desc() if isinstance(value, Tensor) else repr(value)
             raise ShapeError(f"setitem: cannot assign {vdesc} to the selection {index!r} of {self._desc()}: "
@@ -452,10 +461,14 @@ class Tensor:
         self._version.v += 1
 
     def __getitem__(self, index) -> Tensor:
-        """Basic indexing (ints, slices, None, ...) is a view; advanced indexing copies."""
+        """Basic indexing (ints, slices, None, ...) is a view; advanced indexing copies. Integers mixed with
+        index arrays select first (PyTorch's order), so ``x[0, :, [1, 2]]`` is ``x[0][:, [1, 2]]``."""
         index = _index(index)
         if _is_basic(index):
             return apply("getitem", self, index=index)
+        split = _split_ints(index)
+        if split is not None:
+            return apply("getitem", self, index=split[0])[split[1]]
         return apply("index", self, index=_device_index(index, self.device))
 
     # ---- arithmetic ----
@@ -481,13 +494,25 @@ class Tensor:
         return apply("div", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __rtruediv__(self, o):
-        return apply("mul", apply("pow", self, -1.0), _scalar(o))
+        return apply("div", _scalar(o), self)
+
+    def __floordiv__(self, o):
+        return apply("floor_divide", self, o if isinstance(o, Tensor) else _scalar(o))
+
+    def __rfloordiv__(self, o):
+        return apply("floor_divide", _scalar(o), self)
+
+    def __mod__(self, o):
+        return apply("remainder", self, o if isinstance(o, Tensor) else _scalar(o))
+
+    def __rmod__(self, o):
+        return apply("remainder", _scalar(o), self)
 
     def __pow__(self, o):
         return apply("pow", self, o if isinstance(o, Tensor) else _scalar(o))
 
     def __rpow__(self, o):
-        return F.exp(self * float(np.log(o)))
+        return apply("pow", _scalar(o), self)
 
     def __neg__(self):
         return apply("neg", self)
@@ -605,6 +630,32 @@ def _index(index):
     return index
 
 
+def _split_ints(index):
+    """For a tuple mixing integer scalars with index arrays: (the basic part with the ints, the rest without
+    them); None otherwise. NumPy would move the advanced dims to the front when a slice separates the int from
+    the array; PyTorch applies the ints as selections first."""
+    if not isinstance(index, tuple):
+        return None
+    ints = [isinstance(i, int | np.integer) and not isinstance(i, bool) for i in index]
+    if not True in ints or all(ints):  # noqa: E713
+        return None
+    basic, rest = [], []
+    for i, is_int in zip(index, ints):
+        if is_int:
+            basic.append(i)
+        elif i is None or type(i) is slice:
+            basic.append(i)
+            rest.append(slice(None))
+        elif i is Ellipsis:
+            basic.append(i)
+            rest.append(i)
+        else:
+            nd = getattr(i, "ndim", 1) if getattr(getattr(i, "dtype", None), "kind", "") == "b" else 1
+            basic.extend([slice(None)] * nd)
+            rest.append(i)
+    return tuple(basic), tuple(rest)
+
+
 def _is_basic(index) -> bool:
     """True for indices made only of ints, slices, None and Ellipsis (the result is a view)."""
     if type(index) is int or type(index) is slice:
@@ -640,13 +691,107 @@ _METHOD_NAMES = (
     "sum mean max min amax amin argmax argmin var std exp log tanh sqrt rsqrt sin cos abs sigmoid relu "
     "clamp pow reshape transpose permute expand expand_as contiguous squeeze unsqueeze flatten split "
     "chunk masked_fill matmul softmax log_softmax clone where maximum minimum tril triu gelu norm "
-    "add sub mul div neg view_as all any square eq ne lt le gt ge bmm"
+    "add sub mul div neg view_as all any square eq ne lt le gt ge bmm "
+    "prod logsumexp isclose allclose floor_divide remainder fmod true_divide divide flip roll diagonal repeat "
+    "repeat_interleave unbind movedim t sort argsort topk cumsum cumprod cummax cummin logcumsumexp gather "
+    "scatter scatter_add index_select index_add take_along_dim"
 ).split()
 
 
+class Size(tuple):
+    """A tensor's shape (PyTorch's torch.Size): a tuple of ints with ``numel()``."""
+
+    __slots__ = ()
+
+    def numel(self) -> int:
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+    def __repr__(self) -> str:
+        return f"blutensor.Size({list(self)})"
+
+
+def _new_like(name):
+    from blutensor import creation
+
+    fn = getattr(creation, name)
+
+    def method(self, *size, dtype=None, device=None, requires_grad: bool = False):
+        return fn(*size, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+
+    method.__name__ = f"new_{name}"
+    method.__doc__ = f"A new {name} tensor of ``size`` with this tensor's dtype and device (unless given)."
+    return method
+
+
+def _new_full(self, size, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A new tensor of ``size`` filled with ``fill_value``, with this tensor's dtype and device."""
+    from blutensor.creation import full
+
+    return full(size, fill_value, dtype=dtype or self.dtype, device=device or self.device,
+                requires_grad=requires_grad)
+
+
+def _new_tensor(self, data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A new tensor from ``data`` with this tensor's dtype and device (unless given)."""
+    return tensor(data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+
+
+def _inplace_method(op_name, fn_name):
+    fn = getattr(F, fn_name)
+
+    def method(self, *args, **kwargs):
+        graph = STATE.enabled and (self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad
+                                                                for o in args))
+        if graph:
+            if self.requires_grad and self.grad_fn is None:
+                raise AutogradError(f"a leaf tensor that requires grad ({self._desc()}) is used in an in-place "
+                                    f"op '{op_name}'; wrap it in no_grad() or clone() it first")
+            if self._base is not None:
+                raise AutogradError(f"in-place op '{op_name}' that needs a gradient on a view ({self._desc()}) is "
+                                    f"not supported; clone() the view, or write into the base tensor directly")
+            alias = Tensor._from_data(self._data.copy(), self.dtype, self.device)
+            alias.grad_fn, alias.requires_grad = self.grad_fn, self.requires_grad
+            res = fn(alias, *args, **kwargs)
+        else:
+            prev, STATE.enabled = STATE.enabled, False
+            try:
+                res = fn(self, *args, **kwargs)
+            finally:
+                STATE.enabled = prev
+        if res.dtype is not self.dtype:
+            from blutensor.dtypes import _category
+
+            if _category(res.dtype) > _category(self.dtype):
+                raise DTypeError(f"{op_name}: result type {res.dtype.name} cannot be cast to the in-place "
+                                 f"output {self._desc()}")
+            res = res.to(self.dtype)
+        self._write(res._data)
+        if graph:
+            self.grad_fn, self.requires_grad = res.grad_fn, res.requires_grad
+        self._version.v += 1
+        return self
+
+    method.__name__ = op_name
+    method.__doc__ = f"In-place ``{fn_name}``: the result is written into this tensor."
+    return method
+
+
 def _bind_methods() -> None:
+    from blutensor import reshaping
+
     for name in _METHOD_NAMES:
-        setattr(Tensor, name, getattr(F, name))
+        setattr(Tensor, name, getattr(F, name, None) or getattr(reshaping, name))
+    for name in ("zeros", "ones", "empty"):
+        setattr(Tensor, f"new_{name}", _new_like(name))
+    Tensor.new_full = _new_full
+    Tensor.new_tensor = _new_tensor
+    for name in ("scatter", "scatter_add", "index_add", "floor_divide", "remainder", "pow", "clamp_min",
+                 "clamp_max", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "neg", "abs"):
+        if hasattr(F, name):
+            setattr(Tensor, f"{name}_", _inplace_method(f"{name}_", name))
 
 
 from blutensor.creation import tensor  # noqa: E402  (creation imports Tensor lazily)

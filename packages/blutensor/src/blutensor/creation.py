@@ -247,7 +247,11 @@ def rand(*size, dtype=None, device=None, requires_grad: bool = False, generator=
     return _wrap(_uniform_array(_shape(size, "rand"), dt, dev, generator), dt, dev, requires_grad)
 
 
-def randint(low: int, high: int | None = None, size=(), dtype=None, device=None, generator=None):
+def randint(low: int, high=None, size=(), dtype=None, device=None, generator=None):
+    """Uniform integers in [low, high): ``randint(high, size)`` or ``randint(low, high, size)`` (PyTorch's two
+    overloads; a tuple/list second argument is the size)."""
+    if isinstance(high, list | tuple):
+        low, high, size = 0, low, high
     if high is None:
         low, high = 0, low
     if low >= high:
@@ -293,3 +297,55 @@ def randn_like(t, dtype=None, device=None):
 
 def rand_like(t, dtype=None, device=None):
     return _like(rand, t, dtype, device)
+
+
+def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad: bool = False):
+    """The n x m identity matrix (m defaults to n)."""
+    m = n if m is None else m
+    for name, v in (("n", n), ("m", m)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ArgumentError(f"eye: {name} must be a non-negative int, got {v!r}")
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    return tensor(np.eye(n, m, dtype=dt.np), dtype=dt, device=device, requires_grad=requires_grad)
+
+
+def _tri_indices(op, fn, row, col, offset, dtype, device):
+    for name, v in (("row", row), ("col", col), ("offset", offset)):
+        if isinstance(v, bool) or not isinstance(v, int) or (name != "offset" and v < 0):
+            raise ArgumentError(f"{op}: {name} must be {'an' if name == 'offset' else 'a non-negative'} int, "
+                                f"got {v!r}")
+    r, c = fn(row, offset, col)
+    return tensor(np.stack([r, c]).astype(np.int64).reshape(2, -1), dtype=dtype or int64, device=device)
+
+
+def tril_indices(row: int, col: int, offset: int = 0, dtype=None, device=None):
+    """(2, N) row/column indices of the lower triangle (diagonal ``offset``), row-major as PyTorch orders them."""
+    return _tri_indices("tril_indices", np.tril_indices, row, col, offset, dtype, device)
+
+
+def triu_indices(row: int, col: int, offset: int = 0, dtype=None, device=None):
+    """(2, N) row/column indices of the upper triangle (diagonal ``offset``)."""
+    return _tri_indices("triu_indices", np.triu_indices, row, col, offset, dtype, device)
+
+
+def meshgrid(*tensors, indexing: str = "ij"):
+    """Coordinate grids from 1-D tensors (``indexing="ij"``: matrix, ``"xy"``: Cartesian); each grid is an
+    expanded view of its input, differentiable."""
+    if len(tensors) == 1 and isinstance(tensors[0], list | tuple):
+        tensors = tuple(tensors[0])
+    if indexing not in ("ij", "xy"):
+        raise ArgumentError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    for i, t in enumerate(tensors):
+        if not hasattr(t, "_data") or t.ndim > 1:
+            got = t._desc() if hasattr(t, "_desc") else type(t).__name__
+            raise ShapeError(f"meshgrid: tensor {i} must be 0-d or 1-d, got {got}")
+    ts = [t.reshape(-1) for t in tensors]
+    swap = indexing == "xy" and len(ts) >= 2
+    if swap:
+        ts[0], ts[1] = ts[1], ts[0]
+    shape = tuple(t.shape[0] for t in ts)
+    n = len(ts)
+    out = [t.reshape((1,) * i + (-1,) + (1,) * (n - i - 1)).expand(shape) for i, t in enumerate(ts)]
+    if swap:
+        out[0], out[1] = out[1], out[0]
+    return tuple(out)

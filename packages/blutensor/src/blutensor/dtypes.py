@@ -91,3 +91,70 @@ def from_numpy_dtype(npd) -> dtype:
     if npd.kind == "b":
         return bool_
     raise DTypeError(f"unsupported NumPy dtype {npd}; known: {', '.join(x.name for x in ALL)}")
+
+
+# ---- type promotion (PyTorch's torch.promote_types / torch.result_type) ----
+
+#: category of a dtype: bool < integer < floating point; a higher category wins over size
+def _category(d: dtype) -> int:
+    return 2 if d.is_floating_point else (0 if d is bool_ else 1)
+
+
+_RANK = {bool_: 0, uint16: 1, int32: 2, int64: 3, float16: 4, bfloat16: 4, float32: 5, float64: 6}
+
+
+def promote_types(a, b) -> dtype:
+    """The smallest dtype both ``a`` and ``b`` convert to without losing their category (PyTorch's table:
+    bool < uint16 < int32 < int64 < float16, bfloat16 < float32 < float64; float16 with bfloat16 is float32)."""
+    a, b = as_dtype(a), as_dtype(b)
+    if a is b:
+        return a
+    if {a, b} == {float16, bfloat16}:
+        return float32
+    return a if _RANK[a] > _RANK[b] else b
+
+
+def _scalar_dtype(x) -> dtype:
+    """The dtype a Python number takes as a weak operand: bool, int64 or the default float dtype."""
+    if isinstance(x, bool | np.bool_):
+        return bool_
+    if isinstance(x, int | np.integer):
+        return int64
+    if isinstance(x, float | np.floating):
+        return _default
+    raise DTypeError(f"result_type: expected Tensors or real numbers, got {type(x).__name__} {x!r:.40}")
+
+
+def _combine(higher, lower):
+    """PyTorch's combine_categories: a lower tier only counts when its category is higher."""
+    if higher is None:
+        return lower
+    if lower is None or higher.is_floating_point:
+        return higher
+    if higher is bool_ or lower.is_floating_point:
+        return promote_types(higher, lower)
+    return higher
+
+
+def result_type(*operands) -> dtype:
+    """PyTorch's ``torch.result_type`` over Tensors and Python numbers.
+
+    Three tiers, each promoted within itself with :func:`promote_types`: tensors with dims, 0-d tensors and
+    Python numbers (weak: bool, int64, or the default float dtype). A lower tier changes the result only when
+    its category (bool < integer < float) is higher: ``int32 tensor + 5`` is int32, ``int32 tensor + 5.5``
+    float32, ``float32 tensor + float64 0-d tensor`` float32, ``int64 tensor + float64 0-d tensor`` float64."""
+    dim = zero = wrapped = None
+    for x in operands:
+        dt = getattr(x, "dtype", None)
+        if isinstance(dt, dtype) and hasattr(x, "ndim"):
+            if x.ndim:
+                dim = dt if dim is None else promote_types(dim, dt)
+            else:
+                zero = dt if zero is None else promote_types(zero, dt)
+        else:
+            s = _scalar_dtype(x)
+            wrapped = s if wrapped is None else promote_types(wrapped, s)
+    out = _combine(dim, _combine(zero, wrapped))
+    if out is None:
+        raise DTypeError("result_type: expected at least one operand")
+    return out

@@ -35,8 +35,41 @@ def mul(a, b):
     return apply("mul", a, _s(b))
 
 
-def div(a, b):
-    return apply("div", a, _s(b))
+def div(a, b, *, rounding_mode=None):
+    """True division, or rounded toward zero (``rounding_mode="trunc"``) or down (``"floor"``); the rounded
+    forms keep integer dtypes and have a zero gradient, as in PyTorch."""
+    if rounding_mode is None:
+        return apply("div", a, _s(b))
+    if rounding_mode not in ("trunc", "floor"):
+        raise ArgumentError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+    return apply("div_rounded", a, _s(b), rounding_mode=rounding_mode)
+
+
+true_divide = divide = div
+
+
+def floor_divide(a, b):
+    """a / b rounded down (PyTorch's floor_divide and ``//``)."""
+    return apply("floor_divide", a, _s(b))
+
+
+def remainder(a, b):
+    """Python's modulo (sign of the divisor): PyTorch's remainder and ``%``."""
+    return apply("remainder", a, _s(b))
+
+
+def fmod(a, b):
+    """C's fmod (sign of the dividend)."""
+    return apply("fmod", a, _s(b))
+
+
+def isclose(a, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False):
+    """|a - b| <= atol + rtol * |b| elementwise (bool Tensor); inf equals inf of the same sign."""
+    return apply("isclose", a, _s(b), rtol=rtol, atol=atol, equal_nan=equal_nan)
+
+
+def allclose(a, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    return bool(isclose(a, b, rtol, atol, equal_nan).all())
 
 
 def neg(a):
@@ -194,14 +227,24 @@ def amin(a, dim=None, keepdim=False):
     return apply("amin", a, dim=dim, keepdim=keepdim)
 
 
+def _is_tensor(x) -> bool:
+    return hasattr(x, "_data") and hasattr(x, "grad_fn")
+
+
 def max(a, dim=None, keepdim=False):  # noqa: A001
-    """Global max, or (values, indices) along ``dim`` like PyTorch."""
+    """Global max, (values, indices) along ``dim``, or ``maximum(a, other)`` when ``dim`` is a Tensor (PyTorch's
+    three overloads)."""
+    if _is_tensor(dim):
+        return maximum(a, dim)
     if dim is None:
         return apply("amax", a)
     return MaxMin(apply("max_dim", a, dim=dim, keepdim=keepdim), apply("argmax", a, dim=dim, keepdim=keepdim))
 
 
 def min(a, dim=None, keepdim=False):  # noqa: A001
+    """Global min, (values, indices) along ``dim``, or ``minimum(a, other)`` when ``dim`` is a Tensor."""
+    if _is_tensor(dim):
+        return minimum(a, dim)
     if dim is None:
         return apply("amin", a)
     return MaxMin(apply("min_dim", a, dim=dim, keepdim=keepdim), apply("argmin", a, dim=dim, keepdim=keepdim))
@@ -236,12 +279,29 @@ def norm(a, p=2, dim=None, keepdim=False):
     return sqrt(sum(a * a, dim=dim, keepdim=keepdim))
 
 
-def all(a):  # noqa: A001
-    return bool(a._data.all())
+def all(a, dim=None, keepdim=False):  # noqa: A001
+    """Whether every element (along ``dim``) is nonzero: a bool Tensor, as in PyTorch (``bool(t.all())``)."""
+    return apply("all", a, dim=dim, keepdim=keepdim)
 
 
-def any(a):  # noqa: A001
-    return bool(a._data.any())
+def any(a, dim=None, keepdim=False):  # noqa: A001
+    """Whether some element (along ``dim``) is nonzero: a bool Tensor."""
+    return apply("any", a, dim=dim, keepdim=keepdim)
+
+
+def prod(a, dim=None, keepdim=False, dtype=None):
+    """Product of the elements (along ``dim``); integer and bool inputs give int64, as in PyTorch."""
+    if dtype is not None:
+        from blutensor.dtypes import as_dtype
+
+        a = cast(a, as_dtype(dtype))
+    return apply("prod", a, dim=dim, keepdim=keepdim)
+
+
+def logsumexp(a, dim, keepdim=False):
+    """log(sum(exp(a))) along ``dim`` without overflow."""
+    _floating(a, "logsumexp")
+    return apply("logsumexp", a, dim=dim, keepdim=keepdim)
 
 
 # ---- shape ----
@@ -347,7 +407,7 @@ def chunk(a, chunks, dim=0):
 
 
 def _tensor_list(op: str, tensors) -> list:
-    """The tensors of cat/stack as a list: a non-empty sequence of tensors of one dtype."""
+    """The tensors of cat/stack as a list: a non-empty sequence of tensors, cast to their promoted dtype."""
     from blutensor._tensor import Tensor
 
     if isinstance(tensors, Tensor):
@@ -357,12 +417,18 @@ def _tensor_list(op: str, tensors) -> list:
     if not tensors:
         raise ShapeError(f"{op}: expected a non-empty list of tensors")
     t0 = tensors[0]
+    mixed = False
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise DTypeError(f"{op}: element {i} is a {type(t).__name__}, not a Tensor")
-        if t.dtype is not t0.dtype:
-            raise DTypeError(f"{op}: expected tensors of one dtype, got tensor 0 {t0._desc()} and tensor {i} "
-                             f"{t._desc()} (convert with .to(dtype))")
+        mixed = mixed or t.dtype is not t0.dtype
+    if mixed:  # PyTorch promotes the inputs of cat/stack to their common dtype (differentiably)
+        from blutensor.dtypes import promote_types
+
+        want = t0.dtype
+        for t in tensors[1:]:
+            want = promote_types(want, t.dtype)
+        tensors = [cast(t, want) for t in tensors]
     return tensors
 
 
@@ -445,22 +511,96 @@ def gelu(x, approximate="none"):
     return apply("gelu", x, approximate=approximate)
 
 
-def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-    """Mean (or sum/none) of -log softmax(logits)[target]; logits (..., C), target (...)."""
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
+                  reduction="mean", label_smoothing=0.0):
+    """PyTorch's cross_entropy: logits ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)`` (classes in dim 1) and
+    either class indices ``()``, ``(N,)``, ``(N, d1, ...)`` (``ignore_index`` skipped) or class probabilities
+    of the logits' shape; optional per-class ``weight``; ``label_smoothing`` mixes in the uniform
+    distribution. Index targets without weight run the fused kernel, on logits with the class dim moved last."""
     from blutensor._tensor import Tensor
 
-    if not isinstance(logits, Tensor) or not logits.dtype.is_floating_point:
-        got = logits._desc() if isinstance(logits, Tensor) else type(logits).__name__
+    if not isinstance(input, Tensor) or not input.dtype.is_floating_point:
+        got = input._desc() if isinstance(input, Tensor) else type(input).__name__
         raise DTypeError(f"cross_entropy: logits must be a floating-point Tensor, got {got}")
-    if not isinstance(target, Tensor) or target.dtype.is_floating_point or target.dtype.name == "bool":
+    if not isinstance(target, Tensor) or target.dtype.name == "bool":
         got = target._desc() if isinstance(target, Tensor) else type(target).__name__
-        raise DTypeError(f"cross_entropy: target must hold class indices (int), got {got}")
+        raise DTypeError(f"cross_entropy: target must hold class indices (int) or class probabilities (float), "
+                         f"got {got}")
+    if size_average is not None or reduce is not None:  # PyTorch's deprecated pair, translated as it does
+        reduction = "none" if reduce is False else ("sum" if size_average is False else "mean")
     if reduction not in ("mean", "sum", "none"):
         raise ArgumentError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
+            or not 0.0 <= label_smoothing <= 1.0:
         raise ArgumentError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    return apply("cross_entropy", logits, target, ignore_index=ignore_index, reduction=reduction,
-                 label_smoothing=label_smoothing)
+    if input.ndim == 0:
+        raise ShapeError("cross_entropy: logits must have a class dim, got a 0-d tensor")
+    C = input.shape[1] if input.ndim >= 2 else input.shape[0]
+    if weight is not None:
+        if not isinstance(weight, Tensor) or tuple(weight.shape) != (C,):
+            got = weight._desc() if isinstance(weight, Tensor) else type(weight).__name__
+            raise ShapeError(f"cross_entropy: weight must be a Tensor of shape ({C},) (one per class), got {got}")
+        weight = weight.to(input.dtype)
+    if target.dtype.is_floating_point:
+        if tuple(target.shape) != tuple(input.shape):
+            raise ShapeError(f"cross_entropy: a floating-point target holds class probabilities and must have the "
+                             f"logits' shape {tuple(input.shape)}, got {target._desc()}; class indices must be an "
+                             f"integer Tensor (.long())")
+        return _ce_probs(input, target.to(input.dtype), weight, reduction, float(label_smoothing), C)
+    want = tuple(input.shape[:1]) + tuple(input.shape[2:]) if input.ndim >= 2 else ()
+    if tuple(target.shape) != want:
+        raise ShapeError(f"cross_entropy: logits {tuple(input.shape)} (N, C, d...) need a target of shape "
+                         f"{want} (N, d...), got {tuple(target.shape)}")
+    logits = input
+    if input.ndim > 2:  # (N, C, d...) -> (N, d..., C): the kernels read the class dim last
+        logits = contiguous(movedim(input, 1, -1))
+    if weight is None:
+        return apply("cross_entropy", logits, target, ignore_index=ignore_index, reduction=reduction,
+                     label_smoothing=label_smoothing)
+    return _ce_weighted(logits, target, weight, ignore_index, reduction, float(label_smoothing), C)
+
+
+def _ce_weighted(logits, target, weight, ignore_index, reduction, ls, C):
+    """Index targets with class weights, class dim last: PyTorch's nll_loss normalisation (the mean divides
+    by the summed weights of the counted targets)."""
+
+    valid = ne(target, ignore_index)
+    safe = where(valid, target, 0).long()
+    if safe.numel() and (bool(lt(safe, 0).any()) or bool(ge(safe, C).any())):
+        bad = safe._data[(safe._data < 0) | (safe._data >= C)].reshape(-1)[0]
+        raise ShapeError(f"cross_entropy: target index {int(bad)} out of range for {C} classes")
+    logp = log_softmax(logits, dim=-1)
+    wt = where(valid, weight[safe], 0.0)
+    nll = -gather(logp, -1, unsqueeze(safe, -1)).squeeze(-1) * wt
+    smooth = None
+    if ls:
+        smooth = where(valid, -sum(logp * weight, dim=-1), 0.0)
+    if reduction == "none":
+        return nll if smooth is None else (1 - ls) * nll + smooth * (ls / C)
+    tot = sum(nll)
+    stot = sum(smooth) if smooth is not None else None
+    if reduction == "mean":
+        den = sum(wt)
+        tot = tot / den
+        stot = stot / den if stot is not None else None
+    return tot if stot is None else (1 - ls) * tot + stot * (ls / C)
+
+
+def _ce_probs(input, target, weight, reduction, ls, C):
+    """Class-probability targets: -sum_c w_c t_c log_softmax(x)_c per element (classes in dim 1)."""
+    if ls:
+        target = target * (1 - ls) + ls / C
+    cd = 1 if input.ndim >= 2 else 0
+    logp = log_softmax(input, dim=cd)
+    prod_ = logp * target
+    if weight is not None:
+        prod_ = prod_ * weight.reshape((C,) + (1,) * (input.ndim - 2) if input.ndim >= 2 else (C,))
+    loss = -sum(prod_, dim=cd)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return sum(loss)
+    return sum(loss) / builtins_max(loss.numel(), 1) if loss.numel() else sum(loss) / 0.0
 
 
 def embedding(idx, weight):
@@ -590,6 +730,52 @@ def to_device(t, dev):
 
 
 import builtins as _b  # noqa: E402
+
+from blutensor.activations import (  # noqa: E402,F401  (elementwise activations under their PyTorch names)
+    celu,
+    elu,
+    glu,
+    hardsigmoid,
+    hardswish,
+    hardtanh,
+    leaky_relu,
+    logsigmoid,
+    mish,
+    relu6,
+    selu,
+    silu,
+    softplus,
+    softsign,
+    tanhshrink,
+)
+from blutensor.indexing import (  # noqa: E402,F401
+    gather,
+    index_add,
+    index_select,
+    scatter,
+    scatter_add,
+    take_along_dim,
+)
+from blutensor.reshaping import (  # noqa: E402,F401  (diagonal and t: from blutensor.reshaping)
+    einsum,
+    flip,
+    movedim,
+    repeat,
+    repeat_interleave,
+    roll,
+    unbind,
+)
+from blutensor.sorting import (  # noqa: E402,F401
+    argsort,
+    cummax,
+    cummin,
+    cumprod,
+    cumsum,
+    logcumsumexp,
+    multinomial,
+    sort,
+    topk,
+)
 
 builtins_max = _b.max
 builtins_sum = _b.sum

@@ -28,7 +28,7 @@ class Tiny(nn.Module):
         h = self.emb(idx)
         h = h + self.proj(F.gelu(self.fc(self.ln(h)), approximate="tanh"))
         logits = F.linear(h, self.emb.weight)  # tied: one parameter used twice
-        return F.cross_entropy(logits, tgt)
+        return F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))  # PyTorch layout: classes in dim 1
 
 
 def batch(step, n):

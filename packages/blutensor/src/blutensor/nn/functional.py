@@ -1,18 +1,42 @@
 """``blutensor.nn.functional``: the NN ops under PyTorch's names."""
 
+from blutensor.convolution import (  # noqa: F401
+    avg_pool1d,
+    avg_pool2d,
+    conv1d,
+    conv2d,
+    max_pool1d,
+    max_pool2d,
+    pad,
+)
 from blutensor.functional import (  # noqa: F401
+    celu,
     cross_entropy,
     dropout,
+    elu,
     embedding,
     gelu,
+    glu,
+    hardsigmoid,
+    hardswish,
+    hardtanh,
     layer_norm,
+    leaky_relu,
     linear,
     log_softmax,
+    logsigmoid,
+    mish,
     relu,
+    relu6,
     scaled_dot_product_attention,
+    selu,
     sigmoid,
+    silu,
     softmax,
+    softplus,
+    softsign,
     tanh,
+    tanhshrink,
 )
 from blutensor.nn.loss_functions import (  # noqa: E402,F401
     binary_cross_entropy,

@@ -221,8 +221,15 @@ def _lookup(op, inputs, dev, first):
     return kcls
 
 
+#: ops whose operands of different dtypes are promoted (PyTorch's ``torch.result_type``) instead of refused;
+#: the rest of the SAME_DTYPE ops (matmul, linear, layer_norm, ...) refuse mixed dtypes as PyTorch does
+PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+             "where", "remainder", "floor_divide", "fmod", "div_rounded", "isclose", "setitem"}
+
+
 def _mismatch(op, kcls, inputs, dev):
-    """Raise the device or dtype error for mixed inputs (dtype only where the kernel requires one)."""
+    """Raise the device or dtype error for mixed inputs (dtype only where the kernel requires one); for a
+    promoting op, return the inputs cast to their common dtype instead (None: nothing to change)."""
     tensors = [t for t in inputs if isinstance(t, _Tensor)]
     for t in tensors:
         if t.device != dev:
@@ -231,9 +238,24 @@ def _mismatch(op, kcls, inputs, dev):
     same = kcls.SAME_DTYPE
     if same:
         dts = {inputs[i].dtype for i in same if i < len(inputs) and isinstance(inputs[i], _Tensor)}
+        if len(dts) > 1 and op in PROMOTING:
+            return _promoted(op, same, inputs)
         if len(dts) > 1:
             raise DTypeError(f"{op}: expected tensors of one dtype, got "
                              + ", ".join(describe(x) for x in tensors) + " (convert with .to(dtype))")
+
+
+def _promoted(op, same, inputs):
+    """``inputs`` with the tensors at positions ``same`` cast (differentiably) to their result type."""
+    from blutensor.dtypes import result_type
+    from blutensor.functional import cast
+
+    ts = [inputs[i] for i in same if i < len(inputs) and isinstance(inputs[i], _Tensor)]
+    if op == "setitem":  # in-place: the destination keeps its dtype
+        want = inputs[0].dtype
+    else:
+        want = result_type(*ts)
+    return tuple(cast(x, want) if i in same and isinstance(x, _Tensor) else x for i, x in enumerate(inputs))
 
 
 def _apply(op: str, inputs, attrs):
@@ -268,7 +290,9 @@ def _apply(op: str, inputs, attrs):
     else:
         kcls = hit[0]
     if mixed:
-        _mismatch(op, kcls, inputs, dev)
+        promoted = _mismatch(op, kcls, inputs, dev)
+        if promoted is not None:
+            return _apply(op, promoted, attrs)
     if kcls.DTYPE_ARG:
         darg = inputs[kcls.DTYPE_ARG] if kcls.DTYPE_ARG < len(inputs) else None
         if isinstance(darg, T):

@@ -70,50 +70,170 @@ def div_backward(ctx, g):
     return ga, gb
 
 
+def _int_kind(x) -> bool:
+    """Integer or bool array, or a Python int / bool."""
+    dt = getattr(x, "dtype", None)
+    return dt.kind in "iub" if dt is not None else isinstance(x, int)
+
+
 def pow_forward(ctx, a, b):
-    out = _promote(a ** b, a, b)
+    xp = xp_of(a if hasattr(a, "shape") else b)
+    if _int_kind(a) and _int_kind(b) and (bool((b < 0).any()) if hasattr(b, "shape") else b < 0):
+        from blutensor.errors import ArgumentError
+
+        raise ArgumentError("pow: integers to negative integer powers are not allowed (convert the base with "
+                            ".float())")
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = _promote(a ** b, a, b)
+    if not hasattr(out, "shape"):
+        out = xp.asarray(out)
     ctx.saved = (a, b, out)
     return out
 
 
 def pow_backward(ctx, g):
+    """PyTorch's rule: d/da = b a^(b-1), 0 where b == 0; d/db = a^b log(a), 0 where a == 0 and b >= 0."""
     a, b, out = ctx.saved
+    xp = xp_of(g)
     ga = gb = None
-    if ctx.needs[0]:
-        if isinstance(b, int | float):
-            ga = g * (b * a ** (b - 1)) if b != 0 else g * 0
-        else:
-            ga = unbroadcast(g * b * a ** (b - 1), shape_of(a))
-    if ctx.needs[1]:
-        xp = xp_of(out)
-        gb = unbroadcast(g * out * xp.log(a), shape_of(b))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if ctx.needs[0]:
+            if isinstance(b, int | float):
+                ga = g * (b * a ** (b - 1)) if b != 0 else g * 0
+            else:
+                ga = xp.where(b == 0, g.dtype.type(0), g * b * a ** (b - 1))
+                ga = unbroadcast(ga.astype(g.dtype, copy=False), shape_of(a))
+        if ctx.needs[1]:
+            la = xp.log(a) if hasattr(a, "shape") else g.dtype.type(math.log(a) if a > 0 else
+                                                                      (-math.inf if a == 0 else math.nan))
+            gb = xp.where((a == 0) & (b >= 0), g.dtype.type(0), g * out * la)
+            gb = unbroadcast(gb.astype(g.dtype, copy=False), shape_of(b))
     return ga, gb
+
+
+def _tie_split(a, b, g, greater):
+    """Gradients of maximum/minimum: all to the winner, half to each operand on a tie (PyTorch's rule)."""
+    xp = xp_of(g)
+    win = (a > b) if greater else (a < b)
+    tie = a == b
+    half = g.dtype.type(0.5)
+    one, zero = g.dtype.type(1), g.dtype.type(0)
+    wa = xp.where(win, one, xp.where(tie, half, zero))
+    return wa, one - wa
 
 
 def maximum_forward(ctx, a, b):
     xp = xp_of(a if hasattr(a, "shape") else b)
     ctx.saved = (a, b)
-    return xp.maximum(a, b)
+    return _promote(xp.maximum(a, b), a, b)
 
 
 def maximum_backward(ctx, g):
     a, b = ctx.saved
-    m = a >= b  # ties go to the first operand
-    return (unbroadcast(g * m, shape_of(a)) if ctx.needs[0] else None,
-            unbroadcast(g * ~m, shape_of(b)) if ctx.needs[1] else None)
+    wa, wb = _tie_split(a, b, g, True)
+    return (unbroadcast(g * wa, shape_of(a)) if ctx.needs[0] else None,
+            unbroadcast(g * wb, shape_of(b)) if ctx.needs[1] else None)
 
 
 def minimum_forward(ctx, a, b):
     xp = xp_of(a if hasattr(a, "shape") else b)
     ctx.saved = (a, b)
-    return xp.minimum(a, b)
+    return _promote(xp.minimum(a, b), a, b)
 
 
 def minimum_backward(ctx, g):
     a, b = ctx.saved
-    m = a <= b
-    return (unbroadcast(g * m, shape_of(a)) if ctx.needs[0] else None,
-            unbroadcast(g * ~m, shape_of(b)) if ctx.needs[1] else None)
+    wa, wb = _tie_split(a, b, g, False)
+    return (unbroadcast(g * wa, shape_of(a)) if ctx.needs[0] else None,
+            unbroadcast(g * wb, shape_of(b)) if ctx.needs[1] else None)
+
+
+def _int_zero_division(op, a, b):
+    """Integer division by zero has no value: refuse it by name (NumPy would give 0 with a warning)."""
+    if _int_kind(a) and _int_kind(b):
+        if (b == 0) if not hasattr(b, "shape") else bool((b == 0).any()):
+            from blutensor.errors import ArgumentError
+
+            raise ArgumentError(f"{op}: integer division by zero")
+
+
+def _zero_grads(ctx, g, a, b):
+    xp = xp_of(g)
+    return (xp.zeros(shape_of(a), dtype=g.dtype) if ctx.needs[0] else None,
+            xp.zeros(shape_of(b), dtype=g.dtype) if ctx.needs[1] else None)
+
+
+def div_rounded_forward(ctx, a, b, rounding_mode="trunc", op=None):
+    """Division rounded toward zero ("trunc") or down ("floor"); integers stay integers (PyTorch's div)."""
+    xp = xp_of(a if hasattr(a, "shape") else b)
+    _int_zero_division(op or f"div(rounding_mode={rounding_mode!r})", a, b)
+    ctx.saved = (a, b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if getattr(xp.result_type(a, b), "kind", "f") in "iub":
+            q = xp.floor_divide(a, b)
+            if rounding_mode == "trunc":
+                q = q + ((q < 0) & (q * b != a))
+            return q
+        q = a / b
+        return _promote(xp.trunc(q) if rounding_mode == "trunc" else xp.floor(q), a, b)
+
+
+def div_rounded_backward(ctx, g):
+    a, b = ctx.saved
+    return _zero_grads(ctx, g, a, b)
+
+
+def floor_divide_forward(ctx, a, b):
+    return div_rounded_forward(ctx, a, b, rounding_mode="floor", op="floor_divide")
+
+
+floor_divide_backward = div_rounded_backward
+
+
+def remainder_forward(ctx, a, b):
+    """Python's modulo: the result has the divisor's sign (PyTorch's remainder / ``%``)."""
+    xp = xp_of(a if hasattr(a, "shape") else b)
+    _int_zero_division("remainder", a, b)
+    ctx.saved = (a, b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _promote(xp.remainder(a, b), a, b)
+
+
+def remainder_backward(ctx, g):
+    a, b = ctx.saved
+    xp = xp_of(g)
+    ga = unbroadcast(g, shape_of(a)) if ctx.needs[0] else None
+    gb = None
+    if ctx.needs[1]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gb = unbroadcast((-g * xp.floor(a / b)).astype(g.dtype, copy=False), shape_of(b))
+    return ga, gb
+
+
+def fmod_forward(ctx, a, b):
+    """C's fmod: the result has the dividend's sign (PyTorch's fmod)."""
+    xp = xp_of(a if hasattr(a, "shape") else b)
+    _int_zero_division("fmod", a, b)
+    ctx.saved = (a, b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _promote(xp.fmod(a, b), a, b)
+
+
+def fmod_backward(ctx, g):
+    a, b = ctx.saved
+    xp = xp_of(g)
+    ga = unbroadcast(g, shape_of(a)) if ctx.needs[0] else None
+    gb = None
+    if ctx.needs[1]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gb = unbroadcast((-g * xp.trunc(a / b)).astype(g.dtype, copy=False), shape_of(b))
+    return ga, gb
+
+
+def isclose_forward(ctx, a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
+    xp = xp_of(a if hasattr(a, "shape") else b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return xp.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan)
 
 
 # ---- unary math ----
@@ -234,7 +354,13 @@ def clamp_forward(ctx, a, min=None, max=None):  # noqa: A002 - PyTorch's names
         out = xp.maximum(out, min)
     if max is not None:
         out = xp.minimum(out, max)
-    return out.astype(a.dtype, copy=False)
+    want = a.dtype
+    if want.kind in "iub" and any(isinstance(v, float) or getattr(getattr(v, "dtype", None), "kind", "") == "f"
+                                  for v in (min, max)):  # a float bound makes an integer input float (PyTorch)
+        from blutensor.dtypes import get_default_dtype
+
+        want = get_default_dtype().np
+    return out.astype(want, copy=False)
 
 
 def clamp_backward(ctx, g):
@@ -302,13 +428,25 @@ def logical_not_forward(ctx, a):
     return ~a.astype(bool)
 
 
+def _weak_scalar(s, dt, xp):
+    kind = dt.kind
+    if isinstance(s, bool) or (isinstance(s, int) and kind != "b") or kind == "f":
+        return xp.asarray(s, dtype=dt)
+    if isinstance(s, int):
+        return xp.asarray(s, dtype=np.int64)
+    from blutensor.dtypes import get_default_dtype
+
+    return xp.asarray(s, dtype=get_default_dtype().np)
+
+
 def where_forward(ctx, cond, a, b):
     xp = xp_of(cond)
-    # a Python scalar branch takes the other branch's dtype (PyTorch's promotion for scalars)
+    # a Python scalar branch is a weak operand (PyTorch's promotion): the other branch's dtype unless its category
+    # is higher (a float scalar with an integer tensor gives the default float dtype)
     if not hasattr(a, "dtype") and hasattr(b, "dtype"):
-        a = xp.asarray(a, dtype=b.dtype)
+        a = _weak_scalar(a, b.dtype, xp)
     elif not hasattr(b, "dtype") and hasattr(a, "dtype"):
-        b = xp.asarray(b, dtype=a.dtype)
+        b = _weak_scalar(b, a.dtype, xp)
     ctx.saved = (cond, shape_of(a), shape_of(b))
     return _promote(xp.where(cond, a, b), a, b)
 

@@ -11,6 +11,11 @@ from blutensor.ops._util import norm_dim, scatter_add, xp_of
 
 def softmax_forward(ctx, a, dim=-1):
     xp = xp_of(a)
+    if a.ndim == 0:  # a 0-d tensor is its own (one-element) dim: softmax 1, log_softmax 0
+        norm_dim(dim, 0, "softmax")
+        out = xp.ones((), dtype=a.dtype)
+        ctx.saved = (out, None)
+        return out
     d = dim if -a.ndim <= dim < max(a.ndim, 1) else norm_dim(dim, a.ndim, "softmax")
     e = a - a.max(axis=d, keepdims=True)
     xp.exp(e, out=e)
@@ -21,11 +26,18 @@ def softmax_forward(ctx, a, dim=-1):
 
 def softmax_backward(ctx, g):
     out, d = ctx.saved
+    if d is None:
+        return (g * 0,)
     return (out * (g - (g * out).sum(axis=d, keepdims=True)),)
 
 
 def log_softmax_forward(ctx, a, dim=-1):
     xp = xp_of(a)
+    if a.ndim == 0:
+        norm_dim(dim, 0, "log_softmax")
+        out = xp.zeros((), dtype=a.dtype)
+        ctx.saved = (out, None)
+        return out
     d = norm_dim(dim, a.ndim, "log_softmax")
     s = a - a.max(axis=d, keepdims=True)
     out = s - xp.log(xp.exp(s).sum(axis=d, keepdims=True))
@@ -35,6 +47,8 @@ def log_softmax_forward(ctx, a, dim=-1):
 
 def log_softmax_backward(ctx, g):
     out, d = ctx.saved
+    if d is None:
+        return (g * 0,)
     xp = xp_of(g)
     return (g - xp.exp(out) * g.sum(axis=d, keepdims=True),)
 

@@ -122,6 +122,12 @@ def squeeze_forward(ctx, a, dim=None):
     ctx.saved = a.shape
     if dim is None:
         return a.squeeze()
+    if a.ndim == 0:  # dim 0 / -1 of a 0-d tensor: nothing to squeeze, as in PyTorch
+        norm_dim(dim, 0, "squeeze") if not isinstance(dim, tuple | list) else None
+        return a
+    if isinstance(dim, tuple | list):
+        ds = tuple(d for d in norm_dim(tuple(dim), a.ndim, "squeeze") if a.shape[d] == 1)
+        return a.squeeze(ds) if ds else a
     d = norm_dim(dim, a.ndim, "squeeze")
     return a.squeeze(d) if a.shape[d] == 1 else a
 

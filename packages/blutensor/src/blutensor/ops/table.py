@@ -6,10 +6,15 @@ blutensor registers through its own ``blutrain_register_kernels`` hook, exactly 
 
 from __future__ import annotations
 
+from blutensor.ops import activation as ac
+from blutensor.ops import conv as cv
 from blutensor.ops import elementwise as ew
+from blutensor.ops import gather as ga
 from blutensor.ops import linalg as la
 from blutensor.ops import nn_ops as nn
+from blutensor.ops import rearrange as ra
 from blutensor.ops import reduction as rd
+from blutensor.ops import scan as sc
 from blutensor.ops import shape as sh
 
 
@@ -125,6 +130,53 @@ op("cross_entropy", nn.cross_entropy_forward, nn.cross_entropy_backward, saves=(
 op("embedding",     nn.embedding_forward,   nn.embedding_backward, dtype_arg=1)
 op("dropout",       nn.dropout_forward,     nn.dropout_backward)
 op("sdpa",          nn.sdpa_forward,        nn.sdpa_backward,      same_dtype=(0, 1, 2), saves=(0, 1, 2))
+# rounding division, modulo, closeness
+op("div_rounded",   ew.div_rounded_forward, ew.div_rounded_backward, same_dtype=BIN)
+op("floor_divide",  ew.floor_divide_forward, ew.floor_divide_backward, same_dtype=BIN)
+op("remainder",     ew.remainder_forward,   ew.remainder_backward, same_dtype=BIN)
+op("fmod",          ew.fmod_forward,        ew.fmod_backward,      same_dtype=BIN)
+op("isclose",       ew.isclose_forward,     same_dtype=BIN)
+# activations
+op("silu",          ac.silu_forward,        ac.silu_backward,      saves=(0,), dtypes=FLOAT)
+op("softplus",      ac.softplus_forward,    ac.softplus_backward,  saves=(0,), dtypes=FLOAT)
+op("hardtanh",      ac.hardtanh_forward,    ac.hardtanh_backward,  saves=(0,), dtypes=FLOAT)
+op("elu",           ac.elu_forward,         ac.elu_backward,       saves=(0,), dtypes=FLOAT)
+op("leaky_relu",    ac.leaky_relu_forward,  ac.leaky_relu_backward, saves=(0,), dtypes=FLOAT)
+op("hardsigmoid",   ac.hardsigmoid_forward, ac.hardsigmoid_backward, saves=(0,), dtypes=FLOAT)
+op("hardswish",     ac.hardswish_forward,   ac.hardswish_backward, saves=(0,), dtypes=FLOAT)
+op("mish",          ac.mish_forward,        ac.mish_backward,      saves=(0,), dtypes=FLOAT)
+op("logsigmoid",    ac.logsigmoid_forward,  ac.logsigmoid_backward, saves=(0,), dtypes=FLOAT)
+# reductions and scans
+op("prod",          rd.prod_forward,        rd.prod_backward,      saves=(0,))
+op("logsumexp",     rd.logsumexp_forward,   rd.logsumexp_backward, saves=(0,), dtypes=FLOAT)
+op("all",           rd.all_forward)
+op("any",           rd.any_forward)
+op("cumsum",        sc.cumsum_forward,      sc.cumsum_backward)
+op("cumprod",       sc.cumprod_forward,     sc.cumprod_backward,   saves=(0,))
+op("logcumsumexp",  sc.logcumsumexp_forward, sc.logcumsumexp_backward, saves=(0,), dtypes=FLOAT)
+op("cumext_indices", sc.cumext_indices_forward)
+op("argsort",       sc.argsort_forward)
+op("topk_indices",  sc.topk_indices_forward)
+# index ops along a dim
+op("gather",        ga.gather_forward,      ga.gather_backward)
+op("take_along_dim", ga.take_along_dim_forward, ga.take_along_dim_backward)
+op("scatter",       ga.scatter_forward,     ga.scatter_backward,   same_dtype=(0, 2))
+op("scatter_add",   ga.scatter_add_forward, ga.scatter_add_backward, same_dtype=(0, 2))
+op("index_select",  ga.index_select_forward, ga.index_select_backward)
+op("index_add",     ga.index_add_forward,   ga.index_add_backward, same_dtype=(0, 2))
+# rearrangements
+op("flip",          ra.flip_forward,        ra.flip_backward,      bf16_native=True)
+op("roll",          ra.roll_forward,        ra.roll_backward,      bf16_native=True)
+op("diagonal",      ra.diagonal_forward,    ra.diagonal_backward,  bf16_native=True)
+op("repeat",        ra.repeat_forward,      ra.repeat_backward)
+op("repeat_interleave", ra.repeat_interleave_forward, ra.repeat_interleave_backward)
+op("pad",           ra.pad_forward,         ra.pad_backward)
+# convolution, pooling, einsum
+op("conv2d",        cv.conv2d_forward,      cv.conv2d_backward,    same_dtype=BIN, saves=BIN)
+op("max_pool2d",    cv.max_pool2d_values_forward, cv.max_pool2d_backward)
+op("max_pool2d_indices", cv.max_pool2d_indices_forward)
+op("avg_pool2d",    cv.avg_pool2d_forward,  cv.avg_pool2d_backward)
+op("einsum",        cv.einsum_forward,      cv.einsum_backward)
 
 
 def builtin_kernels() -> list[type]:

@@ -1,0 +1,1 @@
+"""cupy.lib of the NumPy-backed stand-in."""
