@@ -202,6 +202,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
     try:
         summary = tr.fit(args.stop_at)
+        if summary.get("preempted"):
+            from blumodels.lifecycle import EXIT_PREEMPTED
+
+            print(f"[blutrain] preempted (SIGTERM) at step {summary['steps']}: checkpoint saved in "
+                  f"{Path(out) / 'checkpoints'}; continue with --resume", file=sys.stderr)
+            return EXIT_PREEMPTED
         if not tr.quiet:
             fv, lv = summary["first_val_loss"], summary["last_val_loss"]
             vals = f", val loss {fv:.3f} -> {lv:.3f}" if fv is not None and lv is not None else ""
