@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -255,3 +256,55 @@ def test_sigterm_saves_the_step_and_ends_preempted(tmp_path, recorder):
     b = Trainer(micro_config(steps=8, checkpoint_interval=0), tmp_path, resume=True, quiet=True)
     assert b.step == 4
     b.close()
+
+
+# ------------------------------------------------------------------ the orchestrator classifies the Trainer's faults
+ORCH_WORKER = HERE / "orch_trainer.py"
+
+
+def _orchestrate(tmp_path, mode, **popen):
+    cmd = [sys.executable, "-m", "dtms.orchestrate", "--run-dir", str(tmp_path / "orch"), "--nproc-per-node", "1",
+           "--max-restarts", "3", "--heartbeat-interval", "0.2", "--grace-period", "20", "--quiet",
+           str(ORCH_WORKER), str(micro_data()), str(tmp_path / "run"), mode]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM", "PMIX_RANK"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    return subprocess.Popen(cmd, env=env, cwd=str(HERE), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **popen)
+
+
+def _summary(tmp_path):
+    return json.loads((tmp_path / "orch" / "summary.json").read_text())
+
+
+def test_orchestrated_nan_stop_is_fatal_at_once(tmp_path):
+    p = _orchestrate(tmp_path, "nan")
+    out, _ = p.communicate(timeout=120)
+    s = _summary(tmp_path)
+    assert p.returncode == 70, out[-2000:]
+    assert s["restarts"] == 0 and [i.split()[0] for i in s["incidents"]] == ["NAN_INF"]
+
+
+def test_orchestrated_memory_error_is_oom_and_restarts(tmp_path):
+    p = _orchestrate(tmp_path, "oom")
+    out, _ = p.communicate(timeout=120)
+    s = _summary(tmp_path)
+    assert p.returncode == 0, out[-2000:]
+    assert [i.split()[0] for i in s["incidents"]] == ["OOM"] and s["restarts"] == 1
+    log = [json.loads(x)["step"] for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert log == list(range(6))  # resumed at step 2, nothing lost, nothing twice
+
+
+def test_orchestrated_sigterm_saves_and_says_which_step(tmp_path):
+    p = _orchestrate(tmp_path, "slow")
+    log = tmp_path / "run" / "log.jsonl"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not log.is_file() or len(log.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    s = _summary(tmp_path)
+    assert p.returncode == 75, out[-2000:]
+    saved = max(m.step_of(q) for m in [CheckpointManager(tmp_path / "run" / "checkpoints", world_size=1)]
+                for q in m.list())
+    assert f"every rank saved the checkpoint of step {saved} as it left" in s["reason"]
+    assert CheckpointManager(tmp_path / "run" / "checkpoints", world_size=1).committed_steps()[-1] == saved
