@@ -215,8 +215,10 @@ class Trainer:
             from blumodels.data.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.data_dir)
+        from blumodels.limits import check_fits
         from blumodels.memory import DeviceMemory
 
+        check_fits(cfg, self.device)  # a model that cannot fit is refused by its sizes before it is built
         self.memory = DeviceMemory(self.device, cfg.train.allocator)  # before the model: it allocates through it
         self.model = build_model(cfg.model, device=self.device, seed=cfg.train.seed)
         self.model.lean_logits = True  # CUDA: the loss writes the logits' gradient over them (one buffer less)
@@ -323,6 +325,10 @@ class Trainer:
                     prev = self._run_lock.previous
                     print(f"[blutrain] took over the lock of {self.out} from pid {prev.get('pid')} on "
                           f"{prev.get('host')} (no longer running)", flush=True)
+        if self.dist.world == 1:
+            if failed is not None:
+                raise failed
+            return
         self._agree(failed, ConfigError(f"rank 0 could not take the lock of the run directory {self.out} (its "
                                         "error says why)"))
 
@@ -345,13 +351,15 @@ class Trainer:
         good = self.ckpt.good_steps()
         has = bool(self.ckpt.candidates())
         cap: int | None = None
-        while True:
+        for _ in range(len(good) + 1):  # each round drops at least one step of ``good``: a bounded loop
             mine = max((s for s in good if cap is None or s <= cap), default=None)
             step = mine if mine is not None else (-2 if has else -1)
             agreed = self.dist.min_int(step, self.device)
-            if agreed < 0 or self.dist.min_int(1 if agreed in good else 0, self.device) == 1:
-                return None, step, agreed
+            if agreed < 0 or self.dist.world == 1 or \
+                    self.dist.min_int(1 if agreed in good else 0, self.device) == 1:
+                break
             cap = agreed - 1
+        return None, step, agreed
 
     def _agree(self, failed: BaseException | None, elsewhere: BaseException) -> None:
         """A vote of every rank on ``failed``: when any rank failed, the failing rank raises its own error and the

@@ -378,20 +378,11 @@ class CheckpointManager:
         return int(m.group(1))
 
     def candidates(self) -> list[int]:
-        """Steps a resume may take, oldest first: the committed ones whose receipt matches this rank's file (in a
-        directory from before commit records: every step this rank has a file of)."""
+        """Steps a resume may try, oldest first: the committed ones this rank has a file of (in a directory from
+        before commit records: every step this rank has a file of). good_steps() says which verify."""
         if self.legacy():
             return [self.step_of(p) for p in self.list()]
-        out = []
-        for step in self.committed_steps():
-            rec = self.commit_record(step)["files"].get(str(self.rank), {})
-            try:
-                size = self.path_for(step).stat().st_size
-            except OSError:
-                continue
-            if rec.get("file") == self.path_for(step).name and rec.get("bytes") == size:
-                out.append(step)
-        return out
+        return [step for step in self.committed_steps() if self.path_for(step).is_file()]
 
     def _load_checked(self, path: Path) -> tuple[dict[str, np.ndarray], dict]:
         tensors, meta = load_checkpoint(path)
@@ -405,11 +396,26 @@ class CheckpointManager:
         """Steps of this rank's committed checkpoints that verify (oldest first); ranks agree on a common one."""
         self.wait()
         out = []
+        legacy = self.legacy()
         for step in self.candidates():
             p = self.path_for(step)
-            if self._is_good(p):
+            if (legacy or self._matches_receipt(step)) and self._is_good(p):
                 out.append(step)
         return out
+
+    def _matches_receipt(self, step: int) -> bool:
+        """This rank's file of a committed ``step`` is the one its commit record names (same name and size)."""
+        rec = self.commit_record(step)
+        mine = rec["files"].get(str(self.rank), {}) if rec is not None else {}
+        try:
+            size = self.path_for(step).stat().st_size
+        except OSError:
+            return False
+        if mine.get("file") == self.path_for(step).name and mine.get("bytes") == size:
+            return True
+        log.warning("checkpoint %s is not the file its commit record names (%s bytes, recorded %s)",
+                    self.path_for(step), size, mine.get("bytes"))
+        return False
 
     def load(self, step: int) -> tuple[Path, dict[str, np.ndarray], dict]:
         """(path, tensors, meta) of the checkpoint of ``step``; CheckpointError if missing or bad."""
@@ -425,8 +431,11 @@ class CheckpointManager:
         """
         self.wait()
         steps = [s for s in self.candidates() if max_step is None or s <= max_step]
+        legacy = self.legacy()
         for step in reversed(steps):
             p = self.path_for(step)
+            if not legacy and not self._matches_receipt(step):
+                continue
             try:
                 tensors, meta = self._load_checked(p)
             except (CheckpointError, OSError) as e:
