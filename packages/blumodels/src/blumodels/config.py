@@ -285,6 +285,12 @@ def _short(v: Any) -> str:
     return t if len(t) <= 24 else f"{t[:8]}...({len(t)} digits)"
 
 
+def _shown(v: Any) -> str:
+    """repr() of a value for an error message, cut to 60 characters (a 5,000-character value is not echoed)."""
+    r = repr(v)
+    return r if len(r) <= 60 else f"{r[:40]}...({len(r)} characters)"
+
+
 def _did_you_mean(word: str, choices: Any, prefix: str = "") -> str:
     """'; did you mean 'X'?' for the closest choice or known alias (``prefix`` put before it), or ''."""
     names = [str(c) for c in choices]
@@ -303,10 +309,10 @@ def _coerce(section: str, name: str, typ: Any, value: Any) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{where} must be a boolean, got {value!r}")
+        raise ConfigError(f"{where} must be a boolean, got {_shown(value)}")
     if typ is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
+            raise ConfigError(f"{where} must be an integer, got {_shown(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -320,20 +326,23 @@ def _coerce(section: str, name: str, typ: Any, value: Any) -> Any:
                 return int(float(value)) if float(value).is_integer() else int(value)
             except (ValueError, OverflowError):
                 pass
-        raise ConfigError(f"{where} must be an integer, got {str(value)[:40]!r}")
+        raise ConfigError(f"{where} must be an integer, got {_shown(value)}")
     if typ is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer with hundreds of digits
+                raise ConfigError(f"{where} must be a number a float can hold, got {_short(value)}") from None
         if isinstance(value, str):
             try:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{where} must be a number, got {value!r}")
+        raise ConfigError(f"{where} must be a number, got {_shown(value)}")
     if typ is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{where} must be a string, got {value!r}")
+        raise ConfigError(f"{where} must be a string, got {_shown(value)}")
     return value
 
 

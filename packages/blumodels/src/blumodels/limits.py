@@ -20,9 +20,13 @@ def host_memory_bytes() -> int | None:
 def estimate_bytes(cfg: RunConfig) -> int:
     """A lower estimate of a training step's memory: fp32 weights, gradients and two AdamW moments (16 bytes per
     parameter) plus one micro-batch's activations (about 34 floats per token, layer and channel) and logits."""
+    import dataclasses
+
     from blumodels.gpt2 import count_params
 
     m, t = cfg.model, cfg.train
+    if not m.vocab_size:  # taken from the data later: the data config's vocabulary until then
+        m = dataclasses.replace(m, vocab_size=cfg.data.vocab_size)
     params = count_params(m)
     tokens = t.micro_batch * t.seq_len
     acts = tokens * (m.n_layer * m.d_model * 34 + 2 * m.padded_vocab_size) * 4

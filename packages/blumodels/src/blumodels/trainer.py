@@ -189,6 +189,9 @@ class Trainer:
         self.progress = sys.stdout.isatty() if progress is None else progress
         self.device = self.dist.device(resolve_device(cfg.train.device))
         self._own_run_dir()  # before anything in --out is read or changed
+        from blumodels.limits import check_fits
+
+        check_fits(cfg, self.device)  # before preparing data for a model that cannot fit (again once vocab is known)
         if cfg.train.cuda_graph and not self.device.startswith("cuda"):
             raise ConfigError(f"train.cuda_graph = true needs a CUDA device; train.device={cfg.train.device!r} "
                               f"resolved to {self.device!r} (set train.cuda_graph = false on CPU)")
