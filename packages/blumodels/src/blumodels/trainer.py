@@ -218,6 +218,9 @@ class Trainer:
             from blumodels.data.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.data_dir)
+        from blumodels.data.shards import verify_shards
+
+        verify_shards(self.data_dir, self.meta, self._tokenizer)  # checksums and the tokenizer, before any step
         from blumodels.limits import check_fits
         from blumodels.memory import DeviceMemory
 

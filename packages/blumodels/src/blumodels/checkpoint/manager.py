@@ -117,6 +117,11 @@ class CheckpointManager:
 
     def commit_record(self, step: int) -> dict | None:
         """The commit record of ``step`` when it is valid for this run (its world size, one entry per rank)."""
+        if self.world_size is None:  # this rank alone: its own verified receipt commits the step
+            r = self._read_json(self.receipt_for(step))
+            if r is None or r.get("step") != int(step) or r.get("rank") != self.rank:
+                return None
+            return {"format": COMMIT_FORMAT, "step": int(step), "world_size": None, "files": {str(self.rank): r}}
         d = self._read_json(self.commit_for(step))
         if d is None or d.get("format") != COMMIT_FORMAT or d.get("step") != int(step):
             return None
@@ -131,7 +136,8 @@ class CheckpointManager:
 
     def committed_steps(self) -> list[int]:
         """Steps with a valid commit record, oldest first (every rank's file was written and verified)."""
-        return sorted(s for s in self._scan(self.COMMIT_RE) if self.commit_record(s) is not None)
+        found = self._scan(self.COMMIT_RE if self.world_size is not None else self.RECEIPT_RE)
+        return sorted(s for s in found if self.commit_record(s) is not None)
 
     def legacy(self) -> bool:
         """True for a directory written before commit records existed: no receipt and no record in it."""
@@ -151,6 +157,8 @@ class CheckpointManager:
                 h.update(chunk)
         self._write_json(self.receipt_for(step), {"step": int(step), "rank": self.rank, "file": path.name,
                                                   "bytes": path.stat().st_size, "sha256": h.hexdigest()})
+        if self.world_size is None:
+            return  # this rank alone: the receipt is the commit (no shared record another rank could overwrite)
         receipts = {}
         for r in self.ranks:
             d = self._read_json(self.receipt_for(step, r))

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .corpus import CorpusError, builtin_corpus, read_texts
-from .shards import FORMAT_VERSION, list_shards, shard_name, token_dtype, write_shard
+from .shards import FORMAT_VERSION, list_shards, shard_name, token_dtype, tokenizer_fingerprint, write_shard
 from .tokenizer import TiktokenGPT2, Tokenizer, gpt2_tiktoken_available, train_bpe
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ def _encode_stream(tok: Tokenizer, docs: list[str], dtype: np.dtype, chunk: int 
             yield arr
 
 
-def _write_split(out_dir: Path, split: str, arrays, shard_tokens: int, dtype: np.dtype) -> list[int]:
+def _write_split(out_dir: Path, split: str, arrays, shard_tokens: int, dtype: np.dtype,
+                 fingerprint: bytes | None = None) -> list[int]:
     """Pack the token arrays into shards of ``shard_tokens``; returns the token count of each shard."""
     buf = np.empty(shard_tokens, dtype=dtype)
     fill, counts = 0, []
@@ -73,11 +74,11 @@ def _write_split(out_dir: Path, split: str, arrays, shard_tokens: int, dtype: np
             fill += take
             arr = arr[take:]
             if fill == shard_tokens:
-                write_shard(out_dir / shard_name(split, len(counts)), buf)
+                write_shard(out_dir / shard_name(split, len(counts)), buf, fingerprint)
                 counts.append(fill)
                 fill = 0
     if fill or not counts:
-        write_shard(out_dir / shard_name(split, len(counts)), buf[:fill])
+        write_shard(out_dir / shard_name(split, len(counts)), buf[:fill], fingerprint)
         counts.append(fill)
     return counts
 
@@ -114,8 +115,9 @@ def prepare(out_dir: str | os.PathLike, sources: list[str] | None = None, corpus
     val_docs = [d for d, v in zip(docs, is_val) if v]
     tok = _make_tokenizer(tokenizer, train_docs, vocab_size, out)
     dtype = token_dtype(tok.vocab_size)
-    train_counts = _write_split(out, "train", _encode_stream(tok, train_docs, dtype), shard_tokens, dtype)
-    val_counts = _write_split(out, "val", _encode_stream(tok, val_docs, dtype), shard_tokens, dtype)
+    fp = tokenizer_fingerprint(tok)  # in every shard header and meta.json: checked at the start of a run
+    train_counts = _write_split(out, "train", _encode_stream(tok, train_docs, dtype), shard_tokens, dtype, fp)
+    val_counts = _write_split(out, "val", _encode_stream(tok, val_docs, dtype), shard_tokens, dtype, fp)
     meta = {
         "format_version": FORMAT_VERSION, "tokenizer": tok.name, "vocab_size": int(tok.vocab_size),
         "eot_token": int(tok.eot_token), "token_dtype": dtype.name,
@@ -124,6 +126,7 @@ def prepare(out_dir: str | os.PathLike, sources: list[str] | None = None, corpus
         "train_documents": len(train_docs), "val_documents": len(val_docs),
         "sources": [str(s) for s in (sources or [])], "corpus": corpus, "max_corpus_bytes": max_corpus_bytes,
         "val_fraction": val_fraction, "shard_tokens": int(shard_tokens), "seed": int(seed),
+        "tokenizer_fingerprint": fp.hex(),
     }
     tmp = out / f".{META_FILE}.tmp"
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
