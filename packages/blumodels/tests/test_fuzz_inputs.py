@@ -170,3 +170,47 @@ def test_random_checkpoint_mutations_are_named_errors(tmp_path):
             continue
         assert bytes(b) == raw or meta["step"] == 3  # only a no-op mutation (or a padding byte) loads
     assert time.monotonic() - t0 < 20
+
+
+# ------------------------------------------------------------------ data directories
+def test_fuzzed_data_directories_give_named_errors(tmp_path):
+    import shutil
+
+    from blumodels.cli import _input_errors
+    from blumodels.data.shards import list_shards
+    from blumodels.trainer import Trainer
+    from models_helpers import micro_config, micro_data
+
+    named = (ConfigError, *_input_errors())
+    rng = random.Random(11)
+    src = micro_data()
+    t0 = time.monotonic()
+    for i in range(40):
+        d = tmp_path / f"d{i}"
+        shutil.copytree(src, d)
+        how = rng.randrange(5)
+        shards = list_shards(d, "train") + list_shards(d, "val")
+        if how == 0:  # meta.json damaged or of another shape
+            meta = json.loads((d / "meta.json").read_text())
+            key = rng.choice(list(meta))
+            meta[key] = rng.choice(NASTY[:-3])
+            (d / "meta.json").write_text(json.dumps(meta, default=str))
+        elif how == 1:  # a shard's bytes flipped
+            p = rng.choice(shards)
+            b = bytearray(p.read_bytes())
+            for _ in range(rng.randint(1, 3)):
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+            p.write_bytes(bytes(b))
+        elif how == 2:  # a shard truncated
+            p = rng.choice(shards)
+            p.write_bytes(p.read_bytes()[:rng.randrange(p.stat().st_size)])
+        elif how == 3:  # the tokenizer damaged
+            (d / "tokenizer.json").write_bytes(bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))))
+        else:  # a shard removed
+            rng.choice(shards).unlink()
+        try:
+            Trainer(micro_config(d, steps=2, sample_tokens=4 if how == 3 else 0), tmp_path / f"r{i}",
+                    quiet=True).close()
+        except named as e:
+            assert "Traceback" not in str(e) and len(str(e)) < 2000
+    assert time.monotonic() - t0 < 30
