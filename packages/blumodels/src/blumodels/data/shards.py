@@ -15,7 +15,9 @@ Layout (little-endian)::
 Shards are written atomically (temporary name, fsync, rename) and validated on open: magic, version,
 dtype and the exact file size; every error names the file and the byte offset at fault. Shards written before
 the checksum and fingerprint existed have zero flags and load as before; :func:`verify_shard` checks both where
-recorded (the Trainer does, for every shard, at start).
+recorded (the Trainer does, for every shard, at start). Shards up to 1 GiB are read into memory when opened
+(and their checksum checked), so a shard truncated or rewritten under a running job is a ShardError naming it,
+never a SIGBUS.
 """
 
 from __future__ import annotations
@@ -159,19 +161,47 @@ def verify_shard(path: str | os.PathLike, fingerprint: bytes | None = None) -> N
         raise ShardError(path, 44, f"made by another tokenizer (fingerprint {recorded.hex()} at offset 44, the data's "
                                    f"tokenizer has {fingerprint.hex()}): re-run `blutrain prepare`")
     if checksum is not None:
-        tokens = open_shard(path)
-        got = token_checksum(memoryview(np.asarray(tokens).view(np.uint8)) if tokens.size else memoryview(b""))
+        dtype, count = read_header(path)
+        if count * dtype.itemsize <= IN_MEMORY_MAX_BYTES:
+            open_shard(path, in_memory=True)  # reads and checks the checksum
+            return
+        tokens = open_shard(path, in_memory=False)
+        got = token_checksum(memoryview(np.asarray(tokens).view(np.uint8)))
         if got != checksum:
             raise ShardError(path, HEADER_BYTES, f"checksum mismatch: the tokens after offset {HEADER_BYTES} hash to "
                                                  f"{got.hex()}, the header at offset 28 records {checksum.hex()}")
 
 
-def open_shard(path: str | os.PathLike) -> np.memmap:
-    """Validated read-only memory map of the tokens of the shard at ``path`` (1-D uint16/uint32)."""
+IN_MEMORY_MAX_BYTES = 1 << 30  # shards up to this size are read into memory when opened, larger ones mapped
+
+
+def open_shard(path: str | os.PathLike, in_memory: bool | None = None) -> np.memmap:
+    """Validated, read-only tokens of the shard at ``path`` (1-D uint16/uint32, a ``np.memmap``).
+
+    Shards up to IN_MEMORY_MAX_BYTES (or any, with ``in_memory=True``) are read into memory and checked against
+    their recorded checksum: a shard truncated or rewritten under a running job is then a ShardError naming it when
+    it is opened, never a SIGBUS in the middle of a step. Larger ones are memory-mapped (``in_memory=False``)."""
     dtype, count = read_header(path)
     if count == 0:
         return np.zeros(0, dtype=dtype).view(np.memmap)
-    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
+    nbytes = count * dtype.itemsize
+    if not (nbytes <= IN_MEMORY_MAX_BYTES if in_memory is None else in_memory):
+        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
+    arr = np.empty(count, dtype=dtype)
+    with open(path, "rb") as f:
+        f.seek(24)
+        flags, checksum, _ = _EXTRA.unpack(f.read(_EXTRA.size))
+        f.seek(HEADER_BYTES)
+        got = f.readinto(memoryview(arr).cast("B"))
+    if got != nbytes:
+        raise ShardError(path, HEADER_BYTES + got, f"changed while being read: {got} of the {nbytes} token bytes "
+                                                   f"after offset {HEADER_BYTES} were there (truncated under the run?)")
+    if flags & HAS_CHECKSUM and token_checksum(arr) != checksum:
+        raise ShardError(path, HEADER_BYTES, f"checksum mismatch: the tokens after offset {HEADER_BYTES} do not hash "
+                                             f"to the {checksum.hex()} its header records at offset 28 (changed "
+                                             "under the run, or damaged)")
+    arr.flags.writeable = False
+    return arr.view(np.memmap)
 
 
 def check_token_range(path: str | os.PathLike, vocab_size: int, chunk: int = 1 << 24) -> None:
