@@ -116,6 +116,22 @@ def test_legacy_directory_without_commit_records_resumes(tmp_path):
     assert ms[1].latest_good()[2]["step"] == 4
 
 
+@pytest.mark.parametrize("step", [-1, 7, "4", True])
+def test_metadata_step_must_be_the_file_names(tmp_path, step):
+    """A negative (or otherwise wrong) step inside a verified file is not 'no checkpoint': the file is refused by
+    name and the older committed step is used."""
+    m = CheckpointManager(tmp_path, keep=5, world_size=1)
+    m.save(2, _state(2), {})
+    m.save(4, _state(4), {})
+    from blumodels.checkpoint.format import save_checkpoint
+
+    save_checkpoint(m.path_for(4), _state(4), {"step": step, "rank": 0})  # same size: still the receipt's
+    with pytest.raises(mgr_mod.CheckpointError, match=r"step_00000004\.rank0\.safetensors: metadata step"):
+        m.load(4)
+    fresh = CheckpointManager(tmp_path, keep=5, world_size=1)
+    assert fresh.good_steps() == [2] and fresh.latest_good()[2]["step"] == 2
+
+
 # ------------------------------------------------------------------ two real ranks (mpiexec), bit-exact after resume
 dtms = pytest.importorskip("dtms")
 from dtms.mpi import find_mpiexec, mpiexec_command, mpiexec_env  # noqa: E402
