@@ -63,6 +63,23 @@ def sass(src: str, arch: str, work: Path, cuobjdump: str) -> dict[str, list[str]
     return funcs
 
 
+def extract_rev(rev: str, tmp: Path) -> None:
+    """The kernel directories at ``rev`` under ``tmp/old``: git archive piped into tar, no shell, and ``rev``
+    checked to name a commit first (so an argument such as ``; rm -rf ~`` or ``--output=x`` is only a bad rev)."""
+    ok = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", "--end-of-options",
+                         f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if ok.returncode != 0:
+        raise SystemExit(f"sass_diff: {rev!r} is not a commit of {ROOT}")
+    commit = ok.stdout.strip()
+    (tmp / "old").mkdir()
+    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", commit, "--", *KERNEL_DIRS],
+                               stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(tmp / "old")], stdin=archive.stdout, check=True)
+    archive.stdout.close()
+    if archive.wait() != 0:
+        raise SystemExit(f"sass_diff: git archive of {commit} failed")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("rev", help="git revision to compare the working tree against")
@@ -76,8 +93,7 @@ def main() -> int:
     differ = 0
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
-        subprocess.run(f"git -C {ROOT} archive {a.rev} {' '.join(KERNEL_DIRS)} | tar -x -C {tmp} --one-top-level=old",
-                       shell=True, check=True)
+        extract_rev(a.rev, Path(tmp))
         for kdir in KERNEL_DIRS:
             for new_cu in sorted((ROOT / kdir).glob("*.cu")):
                 old_cu = old / kdir / new_cu.name

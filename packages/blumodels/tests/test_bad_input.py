@@ -196,12 +196,15 @@ def test_failed_data_preparation_is_told_to_every_rank(tmp_path, monkeypatch):
     import blumodels.trainer as trainer_mod
     from blumodels.dist import Dist
 
-    votes = []
+    votes, rank0 = [], []
 
-    class TwoRanks(Dist):  # the collective as rank ``rank`` of 2 would see it: rank 0's vote decides
+    class TwoRanks(Dist):  # the collectives as rank ``rank`` of 2 would see them, against rank 0's votes
         def min_int(self, value, device="cpu"):
             votes.append(value)
-            return value if self.rank == 0 else 0
+            if self.rank == 0:
+                rank0.append(value)
+                return value
+            return min(value, rank0[len(votes) - len(rank0) - 1])
 
     def broken_prepare(*a, **k):
         raise OSError("disk full")
@@ -213,7 +216,8 @@ def test_failed_data_preparation_is_told_to_every_rank(tmp_path, monkeypatch):
         monkeypatch.setattr(trainer_mod.Dist, "from_config", classmethod(lambda c, w, r=rank: TwoRanks(r, 2)))
         with pytest.raises(err, match=msg):
             Trainer(cfg, tmp_path / f"rank{rank}", quiet=True)
-    assert votes == [0, 1]  # rank 0 voted "failed" and still took part in the collective
+    # rank 0 took the run lock (1), voted "failed" (0) and still took part; rank 1 learnt it from that vote
+    assert votes == [1, 0, 1, 1]
 
 
 # ---------------------------------------------------------------------------------------------- run directory

@@ -42,7 +42,7 @@ def test_log_records_and_artifacts(reference):
     assert recs[0]["mfu"] is None  # CPU: no peak FLOP/s known
     assert recs[0]["lr"] == pytest.approx(3e-3 / 2)  # warmup step 1 of 2
     assert "val_loss" in recs[0] and "val_loss" in recs[4] and "val_loss" in recs[7]
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == \
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.safetensors")) == \
         ["step_00000004.rank0.safetensors", "step_00000008.rank0.safetensors"]
     s = json.loads((out / "summary.json").read_text())
     assert s["steps"] == 8 and s["last_val_loss"] < s["first_val_loss"]

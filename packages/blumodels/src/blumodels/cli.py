@@ -144,12 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_config(args: argparse.Namespace, fallback_preset: str | None = "tiny") -> RunConfig:
     """Config from --config / --preset / the run directory's config.json, then overrides and flags."""
-    if args.config and args.preset:
+    if args.config is not None and args.preset is not None:
         raise ConfigError("give --config or --preset, not both")
     run_cfg = Path(args.out) / "config.json" if getattr(args, "out", None) else None
-    if args.config:
+    if args.config is not None:  # --config "" / --preset "" are errors, not the default preset
         cfg = load_config(args.config)
-    elif args.preset:
+    elif args.preset is not None:
         cfg = load_preset(args.preset)
     elif run_cfg is not None and run_cfg.is_file():
         try:
@@ -238,6 +238,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
     try:
         summary = tr.fit(args.stop_at)
+        if summary.get("preempted"):
+            from blumodels.lifecycle import EXIT_PREEMPTED
+
+            print(f"[blutrain] preempted (SIGTERM) at step {summary['steps']}: checkpoint saved in "
+                  f"{Path(out) / 'checkpoints'}; continue with --resume", file=sys.stderr)
+            return EXIT_PREEMPTED
         if not tr.quiet:
             fv, lv = summary["first_val_loss"], summary["last_val_loss"]
             vals = f", val loss {fv:.3f} -> {lv:.3f}" if fv is not None and lv is not None else ""
@@ -464,6 +470,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("blutrain: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # disk full, read-only, name too long, ...: one line naming the file
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"blutrain: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except RecursionError:  # a structure nested beyond reason in some input file
+        print("blutrain: error: an input file nests too deeply to read", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,23 @@ TOKENIZERS = ("auto", "gpt2", "bpe")  # data.tokenizer (blumodels.data.prepare.T
 BUILTIN_CORPORA = ("pydocs",)  # data.corpus (blumodels.data.corpus.BUILTIN_CORPORA; not imported: no NumPy here)
 PRECISIONS = ("fp32", "tf32", "bf16")  # train.precision
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
+MAX_PATH_CHARS = 4096  # PATH_MAX: a longer data.dir cannot be opened
+MAX_TOML_BYTES = 16 << 20  # a config file larger than this is not a config
+
+#: inclusive upper bound of every numeric key (lower bounds are checked below): a value past it is refused by name
+#: instead of running out of memory (block_size, vocab, d_model) or never finishing (n_layer = 1e30, eval_steps)
+UPPER_BOUNDS: dict[str, dict[str, float]] = {
+    "model": {"n_layer": 4096, "n_head": 4096, "d_model": 1 << 17, "block_size": 1 << 21, "vocab_size": 1 << 24,
+              "vocab_multiple": 1 << 16, "init_std": 1e3, "ln_eps": 1.0},
+    "train": {"steps": 10**9, "batch_tokens": 1 << 40, "micro_batch": 1 << 20, "seq_len": 1 << 21, "lr": 1e3,
+              "min_lr": 1e3, "warmup_steps": 10**9, "eps": 1.0, "weight_decay": 1e3, "grad_clip": 1e12,
+              "seed": (1 << 63) - 1, "eval_interval": 10**9, "eval_steps": 100_000, "log_interval": 10**9,
+              "checkpoint_interval": 10**9, "keep_checkpoints": 10_000, "sample_interval": 10**9,
+              "sample_tokens": 100_000, "top_k": 1 << 24, "temperature": 1e6, "world_size": 1 << 20,
+              "peak_flops": 1e21},
+    "data": {"vocab_size": 1 << 24, "shard_tokens": 1 << 40, "seed": (1 << 63) - 1, "max_bytes": 1 << 50},
+}
+MAX_STRING_CHARS = {"sample_prompt": 100_000, "dir": MAX_PATH_CHARS}
 
 
 @dataclass
@@ -63,6 +80,10 @@ class ModelConfig:
                 raise ConfigError(f"model.{name} must be a positive integer, got {v!r}")
         if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 0:
             raise ConfigError(f"model.vocab_size must be a non-negative integer, got {self.vocab_size!r}")
+        for name, hi in UPPER_BOUNDS["model"].items():
+            v = getattr(self, name)
+            if isinstance(v, int | float) and not isinstance(v, bool) and v > hi:
+                raise ConfigError(f"model.{name}={_short(v)} is past its bound of {_short(hi)}")
         if self.d_model % self.n_head:
             raise ConfigError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
         if not 0.0 <= self.dropout < 1.0:
@@ -175,6 +196,12 @@ class RunConfig:
                     raise ConfigError(f"{sec}.{f.name} must be a finite number, got {v}")
                 if isinstance(v, int | float) and not isinstance(v, bool) and v < 0:
                     raise ConfigError(f"{sec}.{f.name} must not be negative, got {v}")
+                hi = UPPER_BOUNDS[sec].get(f.name)
+                if hi is not None and isinstance(v, int | float) and not isinstance(v, bool) and v > hi:
+                    raise ConfigError(f"{sec}.{f.name}={_short(v)} is past its bound of {_short(hi)}")
+                if isinstance(v, str) and len(v) > MAX_STRING_CHARS.get(f.name, 256):
+                    raise ConfigError(f"{sec}.{f.name} is {len(v)} characters long, more than the "
+                                      f"{MAX_STRING_CHARS.get(f.name, 256)} it may have")
         m.check()
         for name in ("steps", "batch_tokens", "micro_batch", "seq_len", "world_size"):
             if getattr(t, name) <= 0:
@@ -280,6 +307,18 @@ _ALIASES = {"learning_rate": "lr", "max_lr": "lr", "batch_size": "micro_batch", 
             "gradient_accumulation_steps": "batch_tokens", "dtype": "precision", "eval_iters": "eval_steps"}
 
 
+def _short(v: Any) -> str:
+    """A number as text, cut short when it has hundreds of digits."""
+    t = str(v)
+    return t if len(t) <= 24 else f"{t[:8]}...({len(t)} digits)"
+
+
+def _shown(v: Any) -> str:
+    """repr() of a value for an error message, cut to 60 characters (a 5,000-character value is not echoed)."""
+    r = repr(v)
+    return r if len(r) <= 60 else f"{r[:40]}...({len(r)} characters)"
+
+
 def _did_you_mean(word: str, choices: Any, prefix: str = "") -> str:
     """'; did you mean 'X'?' for the closest choice or known alias (``prefix`` put before it), or ''."""
     names = [str(c) for c in choices]
@@ -305,33 +344,40 @@ def _coerce(section: str, name: str, typ: Any, value: Any) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{where} must be a boolean, got {value!r}")
+        raise ConfigError(f"{where} must be a boolean, got {_shown(value)}")
     if typ is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
+            raise ConfigError(f"{where} must be an integer, got {_shown(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, str):
             try:
-                return int(float(value)) if float(value).is_integer() else int(value)
+                return int(value.strip().replace("_", ""))  # exact: "18446744073709551617" stays itself
             except ValueError:
                 pass
-        raise ConfigError(f"{where} must be an integer, got {value!r}")
+            try:
+                return int(float(value)) if float(value).is_integer() else int(value)
+            except (ValueError, OverflowError):
+                pass
+        raise ConfigError(f"{where} must be an integer, got {_shown(value)}")
     if typ is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer with hundreds of digits
+                raise ConfigError(f"{where} must be a number a float can hold, got {_short(value)}") from None
         if isinstance(value, str):
             try:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{where} must be a number, got {value!r}")
+        raise ConfigError(f"{where} must be a number, got {_shown(value)}")
     if typ is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{where} must be a string, got {value!r}")
+        raise ConfigError(f"{where} must be a string, got {_shown(value)}")
     return value
 
 
@@ -375,9 +421,18 @@ def model_config(data: dict[str, Any], origin: str = "model config") -> ModelCon
 def load_config(path: str | Path) -> RunConfig:
     """Load and validate a TOML file; errors name the file and the field."""
     p = Path(path)
+    if not str(path):
+        raise ConfigError("--config: the config file name is empty")
+    if len(str(path)) > MAX_PATH_CHARS:
+        raise ConfigError(f"config file name is {len(str(path))} characters long, more than {MAX_PATH_CHARS}")
     try:
         with open(p, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read(MAX_TOML_BYTES + 1)
+        if len(raw) > MAX_TOML_BYTES:
+            raise ConfigError(f"config file {p} is larger than {MAX_TOML_BYTES >> 20} MiB: not a config")
+        data = tomllib.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ConfigError(f"config file {p}: tables or arrays nested too deeply") from None
     except FileNotFoundError:
         raise ConfigError(f"config file {p} does not exist") from None
     except tomllib.TOMLDecodeError as e:
@@ -397,6 +452,8 @@ def preset_names() -> list[str]:
 
 
 def preset_path(name: str) -> Path:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or ".." in name:
+        raise ConfigError(f"unknown preset {str(name)[:80]!r}; presets: {', '.join(preset_names())}")
     p = resources.files("blumodels") / "presets" / f"{name}.toml"
     if not p.is_file():
         raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")

@@ -31,6 +31,8 @@ from blumodels.state import check_training_state, restore_training_state, traini
 class NonFiniteError(RuntimeError):
     """A loss or gradient became NaN/Inf; the message names the step and the tensor."""
 
+    fatal = True  # raised only under train.nan_policy = "stop": an orchestrator must not retry it
+
 
 def resolve_device(name: str) -> str:
     """'auto' -> 'cuda' when bt.cuda.is_available() else 'cpu'; 'cuda' without a GPU is an error."""
@@ -177,6 +179,18 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, quiet: bool = False,
                  progress: bool | None = None, overwrite: bool = False):
+        self._run_lock = None
+        try:
+            self._init(cfg, out_dir, resume, quiet, progress, overwrite)
+        except BaseException as e:  # the directory is free again, and an orchestrator learns why
+            from blumodels.lifecycle import report_end
+
+            report_end("failed", 0, e)
+            self.close_lock()
+            raise
+
+    def _init(self, cfg: RunConfig, out_dir: str | Path, resume: bool, quiet: bool, progress: bool | None,
+              overwrite: bool) -> None:
         if resume and overwrite:
             raise ConfigError("Trainer: resume=True and overwrite=True contradict each other (continue the earlier "
                               "run, or delete it and start over)")
@@ -193,6 +207,10 @@ class Trainer:
         self.quiet = quiet or not self.dist.is_main
         self.progress = sys.stdout.isatty() if progress is None else progress
         self.device = self.dist.device(resolve_device(cfg.train.device))
+        self._own_run_dir()  # before anything in --out is read or changed
+        from blumodels.limits import check_fits
+
+        check_fits(cfg, self.device)  # before preparing data for a model that cannot fit (again once vocab is known)
         if cfg.train.cuda_graph is True and not self.device.startswith("cuda"):
             raise ConfigError(f"train.cuda_graph = true needs a CUDA device; train.device={cfg.train.device!r} "
                               f"resolved to {self.device!r} (set train.cuda_graph = false or \"auto\" on CPU)")
@@ -223,8 +241,13 @@ class Trainer:
             from blumodels.data.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.data_dir)
+        from blumodels.data.shards import verify_shards
+
+        verify_shards(self.data_dir, self.meta, self._tokenizer)  # checksums and the tokenizer, before any step
+        from blumodels.limits import check_fits
         from blumodels.memory import DeviceMemory
 
+        check_fits(cfg, self.device)  # a model that cannot fit is refused by its sizes before it is built
         self.memory = DeviceMemory(self.device, cfg.train.allocator)  # before the model: it allocates through it
         self.model = build_model(cfg.model, device=self.device, seed=cfg.train.seed)
         self.model.lean_logits = True  # CUDA: the loss writes the logits' gradient over them (one buffer less)
@@ -250,7 +273,7 @@ class Trainer:
         from blumodels.checkpoint.manager import CheckpointManager
 
         self.ckpt = CheckpointManager(self.out / "checkpoints", rank=r, keep=t.keep_checkpoints,
-                                      async_save=t.async_checkpoint)
+                                      async_save=t.async_checkpoint, world_size=w, on_saved=self._on_saved)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.resumed_from: str | None = None
@@ -287,9 +310,7 @@ class Trainer:
         Checkpoint files none of which verifies, or a checkpoint of another model shape, are errors (the
         run's files are left as they are) rather than a silent start from step 0.
         """
-        found = self.ckpt.latest_good()
-        step = int(found[2]["step"]) if found is not None else (-2 if self.ckpt.list() else -1)
-        agreed = self.dist.min_int(step, self.device)  # every rank resumes from the same step
+        found, step, agreed = self._agree_resume_step()  # every rank resumes from the same committed step
         if agreed == -2:  # some rank (maybe this one) has checkpoint files but none that verifies
             raise CheckpointError(self.out / "checkpoints", self._unusable_report())
         if agreed == -1 and (newest := -self.dist.min_int(-step, self.device)) >= 0:
@@ -299,15 +320,14 @@ class Trainer:
                                   f"start over with --overwrite")
         if agreed < 0:
             self.log(f"[blutrain] no checkpoint in {self.out / 'checkpoints'} (on every rank): starting from step 0")
+            self.ckpt.discard_after(-1)  # uncommitted parts of a save that never completed
             self._truncate_log(0)
             return False
         path = self.ckpt.path_for(agreed)
         failed: BaseException | None = None
         try:
-            if agreed != step:  # an older step that every rank has: this rank loads that one
-                from blumodels.checkpoint.format import load_checkpoint
-
-                found = (path, *load_checkpoint(path))
+            if found is None or agreed != step:  # the agreed committed step (maybe older than this rank's newest)
+                found = self.ckpt.load(agreed)
             path, tensors, meta = found
             check_resume_config(path, meta, self.cfg)
             if int(meta["step"]) > self.cfg.train.steps:
@@ -319,11 +339,65 @@ class Trainer:
         self._agree(failed, CheckpointError(path, "another rank cannot restore its checkpoint of this step (its error "
                                                   "says why)"))
         self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
+        self.ckpt.discard_after(self.step)  # later, uncommitted or abandoned steps are redone from here
+        self._saved_step = self.step  # committed already: never rewritten (that would uncommit it for a while)
         self.resumed_from = str(path)
         self._truncate_log(self.step)
         _hook().blutrain_on_checkpoint_loaded(path=str(path), step=self.step)
         self.log(f"[blutrain] resumed from {path} at step {self.step}")
         return True
+
+    def _own_run_dir(self) -> None:
+        """Rank 0 takes the run directory's lock (blumodels.runlock) for the run's life; every rank learns if it
+        could not, so a second job on the same --out is refused everywhere, before it touches anything."""
+        failed: BaseException | None = None
+        if self.dist.is_main:
+            from blumodels.runlock import RunLock
+
+            try:
+                self._run_lock = RunLock(self.out).acquire()
+            except Exception as e:
+                failed = e
+            else:
+                if self._run_lock.previous and not self.quiet:
+                    prev = self._run_lock.previous
+                    print(f"[blutrain] took over the lock of {self.out} from pid {prev.get('pid')} on "
+                          f"{prev.get('host')} (no longer running)", flush=True)
+        if self.dist.world == 1:
+            if failed is not None:
+                raise failed
+            return
+        self._agree(failed, ConfigError(f"rank 0 could not take the lock of the run directory {self.out} (its "
+                                        "error says why)"))
+
+    def close_lock(self) -> None:
+        """Release the run directory's lock (close() does; so does the process's end, however it ends)."""
+        lock, self._run_lock = getattr(self, "_run_lock", None), None
+        if lock is not None:
+            lock.release()
+
+    def _on_saved(self, path: str, step: int) -> None:
+        """This rank's part of the checkpoint of ``step`` is durable and verified (sync, or on the writer thread)."""
+        self._saved_step = step
+        _hook().blutrain_on_checkpoint_saved(path=path, step=step)
+
+    def _agree_resume_step(self) -> tuple[Any, int, int]:
+        """(None, this rank's proposal, agreed step): the newest committed step whose file verifies on every rank.
+
+        The proposal is -2 when this rank has committed checkpoints none of which verifies, -1 when it has none.
+        Each round proposes the newest good step at most the last disagreement, so it ends."""
+        good = self.ckpt.good_steps()
+        has = bool(self.ckpt.candidates())
+        cap: int | None = None
+        for _ in range(len(good) + 1):  # each round drops at least one step of ``good``: a bounded loop
+            mine = max((s for s in good if cap is None or s <= cap), default=None)
+            step = mine if mine is not None else (-2 if has else -1)
+            agreed = self.dist.min_int(step, self.device)
+            if agreed < 0 or self.dist.world == 1 or \
+                    self.dist.min_int(1 if agreed in good else 0, self.device) == 1:
+                break
+            cap = agreed - 1
+        return None, step, agreed
 
     def _agree(self, failed: BaseException | None, elsewhere: BaseException) -> None:
         """A vote of every rank on ``failed``: when any rank failed, the failing rank raises its own error and the
@@ -359,6 +433,7 @@ class Trainer:
                      f"{len(old)} checkpoint(s) (use --resume to continue it instead)")
         for p in old:
             p.unlink()
+        self.ckpt.remove_all()  # receipts and commit records of the earlier run
         if self.dist.is_main:
             self.log_path.write_text("")
 
@@ -378,11 +453,11 @@ class Trainer:
         self.log_path.write_text("".join(ln + "\n" for ln in keep))
 
     def save_checkpoint(self) -> None:
+        if getattr(self, "_saved_step", None) == self.step:
+            return  # this step is committed already
         tensors, meta = training_state(self.model, self.optimizer, self.step, self.train_loader,
                                        self.cfg.to_dict(), {"data_meta": self.meta})
-        path = self.ckpt.save(self.step, tensors, meta)
-        if not self.cfg.train.async_checkpoint:  # durable now; async saves are durable after wait()
-            _hook().blutrain_on_checkpoint_saved(path=str(path), step=self.step)
+        self.ckpt.save(self.step, tensors, meta)  # _on_saved reports it once durable and verified
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, steps: int | None = None) -> float:
@@ -550,7 +625,25 @@ class Trainer:
         return rec
 
     def fit(self, steps: int | None = None, save_final: bool = True) -> dict[str, Any]:
-        """Train until ``steps`` (default train.steps) steps are done, checkpoint, return a summary."""
+        """Train until ``steps`` (default train.steps) steps are done, checkpoint, return a summary.
+
+        SIGTERM (preemption) ends the run at the next step end on every rank, with a checkpoint of that step and
+        ``summary["preempted"] = True``. The end, and any error, is reported through ``blutrain_on_train_end``."""
+        from blumodels.lifecycle import Preemption, report_end
+
+        with Preemption() as pre:
+            try:
+                summary = self._fit(steps, save_final, pre)
+            except BaseException as e:
+                report_end("failed", self.step, e)
+                raise
+        if summary["preempted"]:
+            report_end("preempted", self.step)
+        elif self.step >= self.cfg.train.steps:
+            report_end("ok", self.step)
+        return summary
+
+    def _fit(self, steps: int | None, save_final: bool, pre: Any) -> dict[str, Any]:
         t = self.cfg.train
         total = steps if steps is not None else t.steps
         if isinstance(total, bool) or not isinstance(total, numbers.Integral) or not 0 < total <= t.steps:
@@ -559,6 +652,7 @@ class Trainer:
         hook = _hook()
         t_start = time.perf_counter()
         first_val = last_val = None
+        preempted = False
         logf = open(self.log_path, "a") if self.dist.is_main else open(os.devnull, "w")
         try:
             while self.step < total:
@@ -585,12 +679,16 @@ class Trainer:
                     self.log(f"[blutrain] sample at step {self.step}:\n{text}")
                 if t.checkpoint_interval and self.step % t.checkpoint_interval == 0 and self.step < total:
                     self.save_checkpoint()
+                if pre.agreed(self.dist, self.device):  # SIGTERM on any rank: every rank saves this step, leaves
+                    preempted = True
+                    self.log(f"[blutrain] SIGTERM: saving a checkpoint at step {self.step} and stopping")
+                    break
         finally:
             logf.close()
             if getattr(self, "_bar", None) is not None:
                 self._bar.close()
                 self._bar = None
-        if self.history and save_final:
+        if self.history and (save_final or preempted):
             self.save_checkpoint()
         self.ckpt.wait()
         elapsed = time.perf_counter() - t_start
@@ -607,7 +705,7 @@ class Trainer:
         summary = {"steps": self.step, "elapsed_s": elapsed, "first_val_loss": first_val,
                    "last_val_loss": last_val, "final_loss": self.history[-1]["loss"] if self.history else None,
                    "device": self.device, "log": str(self.log_path), "plot": png,
-                   "resumed_from": self.resumed_from}
+                   "resumed_from": self.resumed_from, "preempted": preempted}
         if self.dist.is_main:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
@@ -636,10 +734,13 @@ class Trainer:
             print(f"{text} | {_eta(self, rec['step'], total)}", flush=True)
 
     def close(self) -> None:
-        self.ckpt.close()
-        from blumodels.loggers import stop_loggers
+        try:
+            self.ckpt.close()
+            from blumodels.loggers import stop_loggers
 
-        stop_loggers(getattr(self, "loggers", []))
-        if getattr(self, "_bar", None) is not None:
-            self._bar.close()
-            self._bar = None
+            stop_loggers(getattr(self, "loggers", []))
+            if getattr(self, "_bar", None) is not None:
+                self._bar.close()
+                self._bar = None
+        finally:
+            self.close_lock()

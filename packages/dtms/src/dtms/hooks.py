@@ -105,3 +105,22 @@ def blutrain_on_checkpoint_saved(path: str, step: int) -> None:
     agent = current_agent()
     if agent is not None:
         agent.checkpoint_committed(step)
+
+
+@hookimpl
+def blutrain_on_train_end(status: str, step: int, error: BaseException | None) -> None:
+    """Under ``dtms.orchestrate``: a failed run reports its classified fault (a NaN under nan_policy 'stop', bad
+    data or config is fatal; MemoryError is OOM), a finished or preempted one its clean end ('ok'/'preempted')."""
+    from dtms.orchestrator.faults import exception_incident
+    from dtms.orchestrator.worker import current_agent
+
+    agent = current_agent()
+    if agent is None:
+        return
+    if error is not None:
+        if isinstance(error, SystemExit | KeyboardInterrupt):
+            return
+        agent.fault(exception_incident(error, agent.rank, agent.attempt, step))
+        agent.stop_heartbeat()
+    else:
+        agent.finish(status, step)

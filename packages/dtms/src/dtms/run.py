@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .mpi import MPI_HINT, find_mpiexec, mpiexec_command, mpiexec_env
 from .store import SECRET_ENV, TCPStore
-from .supervisor import EXIT_KEY, RankProcess, describe_exit, shell_code, stop_all
+from .supervisor import EXIT_KEY, LAUNCHER_ENV, RankProcess, _pdeathsig, describe_exit, shell_code, stop_all
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -160,7 +160,7 @@ def _run_direct(a: argparse.Namespace, base: dict, gpus: list[str], log_dir: Pat
             env["CUDA_VISIBLE_DEVICES"] = gpus[local]
             env["BLUTRAIN_GPU_PINNED"] = "1"
         argv = [sys.executable, "-u", "-m", "dtms.runscript", a.script, *a.args]
-        ranks.append(RankProcess(rank, argv, env, log_dir, a.tail_lines))
+        ranks.append(RankProcess(rank, argv, _bound_to_launcher(env), log_dir, a.tail_lines))
     failed: RankProcess | None = None
     while failed is None and stop.signum is None:
         codes = [r.poll() for r in ranks]
@@ -188,7 +188,8 @@ def _run_mpi(a: argparse.Namespace, base: dict, log_dir: Path, store: TCPStore |
     inner = [sys.executable, "-u", "-m", "dtms.supervisor", str(log_dir), str(a.grace_period), "--",
              sys.executable, "-u", "-m", "dtms.runscript", a.script, *a.args]
     cmd = mpiexec_command(a.nproc_per_node, inner)
-    proc = subprocess.Popen(cmd, env=mpiexec_env(base), stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=_bound_to_launcher(mpiexec_env(base)), stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=_pdeathsig(signal.SIGTERM))
     prefix = EXIT_KEY.format(run_id=run_id, rank="")
     first_failure_at: float | None = None
     killed = False
@@ -226,6 +227,16 @@ def _run_mpi(a: argparse.Namespace, base: dict, log_dir: Path, store: TCPStore |
     if missing and store is not None:
         print(f"blurun: warning: {missing} rank(s) did not report their exit", file=sys.stderr)
     return 0
+
+
+# ---------------------------------------------------------------- process lifetime: the gang dies with blurun
+def _bound_to_launcher(env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus this launcher's pid and start time: each rank's supervisor (and a directly started rank's
+    parent-death signal) ends the rank when this process is gone, SIGKILL included. mpiexec itself runs in its
+    own session, so it also gets a parent-death signal (SIGTERM, which it forwards to the ranks)."""
+    from .supervisor import process_start_time
+
+    return {**env, LAUNCHER_ENV: f"{os.getpid()}:{process_start_time(os.getpid())}"}
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

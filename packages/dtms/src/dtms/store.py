@@ -6,6 +6,13 @@ The MAC covers a per-connection session (server nonce + client nonce, exchanged 
 connection opens), the direction and a message counter, so a frame cannot be replayed on another
 connection, reflected back, or replayed/reordered on the same one. Frames above ``max_message_bytes``
 are refused before their body is read. The server binds to 127.0.0.1 unless given another address.
+
+Hostile local peers (anyone who can connect, without the secret) cannot disable it: a connection is
+*unauthenticated* until its first frame's MAC checks (the client sends a small ``ping`` at once); at most
+``max_unauthenticated`` such connections are held (a new one evicts the oldest), each must authenticate within
+``handshake_timeout`` seconds, and a frame announced before that may be at most ``PREAUTH_MAX_FRAME`` bytes, so
+they cost bounded memory and descriptors. Every frame, once started, must arrive whole within the frame timeout
+(a deadline for the frame, not per read), and the accept loop outlasts transient errors (EMFILE, ECONNABORTED).
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
 _MAGIC = b"BLUSTOR1"
 _NONCE = 16
 _MAC = 32
+PREAUTH_MAX_FRAME = 4096  # bytes a connection may announce before it has authenticated
+DEFAULT_MAX_UNAUTHENTICATED = 64
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 # unauthenticated one-line refusals the server may send before closing a connection
 _REFUSE_AUTH = b"!REFUSED:auth"
 _REFUSE_SIZE = b"!REFUSED:size"
@@ -49,9 +59,15 @@ def _secret_bytes(secret: str | bytes | None) -> bytes:
     return secret.encode() if isinstance(secret, str) else bytes(secret)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes; with ``deadline`` (time.monotonic()) all of them by then, however slowly they trickle in."""
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{n - len(buf)} of {n} bytes still missing at the deadline")
+            sock.settimeout(left)
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             raise ConnectionError("connection closed")
@@ -114,10 +130,17 @@ def _as_bytes(value: bytes | bytearray | memoryview | str | int) -> bytes:
 class _Server:
     """Threaded server holding the key-value map; one thread per connection."""
 
-    def __init__(self, host: str, port: int, secret: bytes, max_message: int, frame_timeout: float):
+    def __init__(self, host: str, port: int, secret: bytes, max_message: int, frame_timeout: float,
+                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                 max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED):
         self.secret = secret
         self.max_message = max_message
         self.frame_timeout = frame_timeout
+        self.handshake_timeout = float(handshake_timeout)
+        self.max_unauthenticated = max(1, int(max_unauthenticated))
+        self.pending: dict[socket.socket, float] = {}  # unauthenticated connections -> accept time
+        self.pending_lock = threading.Lock()
+        self.accept_errors = 0  # transient accept() failures survived (EMFILE, ...)
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -139,31 +162,77 @@ class _Server:
             try:
                 conn, _ = self.sock.accept()
             except OSError:
-                return
+                if self.closed:
+                    return
+                self.accept_errors += 1  # out of descriptors, aborted handshake, ...: never the end of the store
+                self._evict_oldest()  # frees a descriptor when unauthenticated peers hold them
+                time.sleep(0.05)
+                continue
+            with self.pending_lock:
+                if len(self.pending) >= self.max_unauthenticated:
+                    self._evict_oldest(locked=True)
+                self.pending[conn] = time.monotonic()
             self.conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="dtms-store-conn", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="dtms-store-conn", daemon=True).start()
+            except RuntimeError:  # no thread to spare: drop this connection, keep serving the others
+                self._drop_conn(conn)
+
+    def _evict_oldest(self, locked: bool = False) -> None:
+        """Close the longest-waiting unauthenticated connection (its thread then ends)."""
+        if not locked:
+            with self.pending_lock:
+                return self._evict_oldest(locked=True)
+        if self.pending:
+            oldest = min(self.pending, key=self.pending.__getitem__)
+            del self.pending[oldest]
+            try:
+                oldest.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _drop_conn(self, conn: socket.socket) -> None:
+        with self.pending_lock:
+            self.pending.pop(conn, None)
+        self.conns.discard(conn)
+        try:
+            conn.close()
+        except OSError:
+            pass
 
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             server_nonce = secrets.token_bytes(_NONCE)
+            auth_by = time.monotonic() + self.handshake_timeout  # hello and a first authenticated frame by then
+            conn.settimeout(self.handshake_timeout)
             conn.sendall(_MAGIC + server_nonce)
-            conn.settimeout(self.frame_timeout)
-            hello = _recv_exact(conn, len(_MAGIC) + _NONCE)
+            hello = _recv_exact(conn, len(_MAGIC) + _NONCE, auth_by)
             if hello[: len(_MAGIC)] != _MAGIC:
                 return
             sess = _Session(self.secret, server_nonce, hello[len(_MAGIC) :], is_server=True)
+            authed = False
             while not self.closed:
-                conn.settimeout(None)  # idle between requests is fine
-                (n,) = struct.unpack(">I", _recv_exact(conn, 4))
-                conn.settimeout(self.frame_timeout)  # a started frame must arrive promptly
-                if n > self.max_message + _MAC or n < _MAC:
-                    conn.sendall(_REFUSE_SIZE + f":{n - _MAC}:{self.max_message}".encode())
+                if authed:
+                    conn.settimeout(None)  # idle between requests is fine once authenticated
+                    head = _recv_exact(conn, 4)
+                    deadline = time.monotonic() + self.frame_timeout  # the whole frame, not each read
+                else:
+                    head = _recv_exact(conn, 4, auth_by)
+                    deadline = auth_by
+                (n,) = struct.unpack(">I", head)
+                limit = self.max_message + _MAC if authed else min(self.max_message + _MAC, PREAUTH_MAX_FRAME)
+                if n > limit or n < _MAC:
+                    conn.sendall(_REFUSE_SIZE + f":{n - _MAC}:{limit - _MAC}".encode())
                     return
-                raw = _recv_exact(conn, n)
+                raw = _recv_exact(conn, n, deadline)
                 if not sess.check(raw[:_MAC], raw[_MAC:]):
                     conn.sendall(_REFUSE_AUTH)
                     return
+                if not authed:
+                    authed = True
+                    with self.pending_lock:
+                        self.pending.pop(conn, None)
                 header, value = _decode(raw[_MAC:])
                 rh, rv = self._handle(header, value)
                 body = _encode(rh, rv)
@@ -171,11 +240,7 @@ class _Server:
         except (ConnectionError, OSError, ValueError, StoreError, struct.error):
             return
         finally:
-            self.conns.discard(conn)
-            try:
-                conn.close()
-            except OSError:
-                pass
+            self._drop_conn(conn)
 
     def _handle(self, h: dict, value: bytes) -> tuple[dict, bytes]:
         try:
@@ -185,6 +250,8 @@ class _Server:
 
     def _apply(self, h: dict, value: bytes) -> tuple[dict, bytes]:
         op, key = h.get("op"), h.get("key")
+        if op == "ping":  # the client's first frame: authenticates the connection, costs nothing
+            return {"ok": True}, b""
         if op in ("set", "get", "add", "compare_set", "delete") and (not isinstance(key, str) or not key):
             return {"ok": False, "error": f"{op}: key must be a non-empty string, got {key!r}"}, b""
         with self.cond:
@@ -265,6 +332,8 @@ class TCPStore:
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE,
         bind_host: str | None = None,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
     ):
         self.host = host
         self.timeout = float(timeout)
@@ -273,7 +342,8 @@ class TCPStore:
         self._server: _Server | None = None
         if is_server:
             self._server = _Server(
-                bind_host or host, port, self._secret, self.max_message_bytes, frame_timeout=self.timeout
+                bind_host or host, port, self._secret, self.max_message_bytes, frame_timeout=self.timeout,
+                handshake_timeout=handshake_timeout, max_unauthenticated=max_unauthenticated,
             )
             port = self._server.port
         if not port:
@@ -315,6 +385,7 @@ class TCPStore:
         sock.sendall(_MAGIC + client_nonce)
         self._sock = sock
         self._sess = _Session(self._secret, hello[len(_MAGIC) :], client_nonce, is_server=False)
+        self._exchange({"op": "ping"}, _encode({"op": "ping"}), None)  # authenticates the connection at once
 
     def _request(self, header: dict, value: bytes = b"", wait: float | None = None) -> tuple[dict, bytes]:
         body = _encode(header, value)
@@ -326,36 +397,40 @@ class TCPStore:
         with self._lock:
             if self._sock is None:
                 self._connect()
-            sock, sess = self._sock, self._sess
-            try:
-                sock.settimeout(self.timeout + (wait or 0.0) + 5.0)
-                sock.sendall(sess.seal(body))
-                head = _recv_exact(sock, 4)
-                if head == _REFUSE_AUTH[:4]:
-                    rest = sock.recv(256)
-                    self._drop()
-                    if (head + rest).startswith(_REFUSE_AUTH):
-                        raise StoreError(
-                            f"store at {self.address} refused the message: bad authentication "
-                            f"(wrong {SECRET_ENV}?)"
-                        )
-                    if (head + rest).startswith(_REFUSE_SIZE):
-                        raise StoreError(f"store at {self.address} refused the message: too large")
-                    raise StoreError(f"store at {self.address} sent a malformed reply")
-                (n,) = struct.unpack(">I", head)
-                if n > self.max_message_bytes + _MAC or n < _MAC:
-                    self._drop()
-                    raise StoreError(f"store reply of {n} bytes exceeds limit {self.max_message_bytes}")
-                raw = _recv_exact(sock, n)
-            except TimeoutError as e:
+            return self._exchange(header, body, wait)
+
+    def _exchange(self, header: dict, body: bytes, wait: float | None) -> tuple[dict, bytes]:
+        """One request and its reply on the open connection (the caller holds the lock)."""
+        sock, sess = self._sock, self._sess
+        try:
+            sock.settimeout(self.timeout + (wait or 0.0) + 5.0)
+            sock.sendall(sess.seal(body))
+            head = _recv_exact(sock, 4)
+            if head == _REFUSE_AUTH[:4]:
+                rest = sock.recv(256)
                 self._drop()
-                raise StoreTimeout(f"store at {self.address} did not answer {header.get('op')}") from e
-            except (ConnectionError, OSError) as e:
+                if (head + rest).startswith(_REFUSE_AUTH):
+                    raise StoreError(
+                        f"store at {self.address} refused the message: bad authentication "
+                        f"(wrong {SECRET_ENV}?)"
+                    )
+                if (head + rest).startswith(_REFUSE_SIZE):
+                    raise StoreError(f"store at {self.address} refused the message: too large")
+                raise StoreError(f"store at {self.address} sent a malformed reply")
+            (n,) = struct.unpack(">I", head)
+            if n > self.max_message_bytes + _MAC or n < _MAC:
                 self._drop()
-                raise StoreError(f"store at {self.address} connection lost: {e}") from e
-            if not sess.check(raw[:_MAC], raw[_MAC:]):
-                self._drop()
-                raise StoreError(f"reply from store at {self.address} failed authentication")
+                raise StoreError(f"store reply of {n} bytes exceeds limit {self.max_message_bytes}")
+            raw = _recv_exact(sock, n)
+        except TimeoutError as e:
+            self._drop()
+            raise StoreTimeout(f"store at {self.address} did not answer {header.get('op')}") from e
+        except (ConnectionError, OSError) as e:
+            self._drop()
+            raise StoreError(f"store at {self.address} connection lost: {e}") from e
+        if not sess.check(raw[:_MAC], raw[_MAC:]):
+            self._drop()
+            raise StoreError(f"reply from store at {self.address} failed authentication")
         return _decode(raw[_MAC:])
 
     def _drop(self) -> None:

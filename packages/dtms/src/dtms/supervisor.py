@@ -21,6 +21,48 @@ from typing import IO, Any
 
 _term_lock = threading.Lock()
 EXIT_KEY = "blurun/{run_id}/exit/{rank}"
+LAUNCHER_ENV = "BLUTRAIN_LAUNCHER"  # "pid:start time" of the blurun whose gang this rank belongs to
+WATCH_INTERVAL = 0.5  # seconds between checks that the launcher still lives
+
+
+def process_start_time(pid: int) -> str:
+    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), '' where unknown: with the pid it names
+    one process, never a later one that reuses the pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def launcher_alive(spec: str) -> bool:
+    """True while the process named by a ``pid:start time`` spec (see LAUNCHER_ENV) runs."""
+    pid_s, _, start = spec.partition(":")
+    try:
+        pid = int(pid_s)
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return not start or process_start_time(pid) in ("", start)
+
+
+def watch_launcher(on_gone: Any, spec: str | None = None, interval: float = WATCH_INTERVAL) -> threading.Thread | None:
+    """A daemon thread calling ``on_gone()`` once the launcher (``spec``, default $BLUTRAIN_LAUNCHER) is gone;
+    None when no launcher is named. The watchdog of every node: a SIGKILLed blurun cannot signal its gang."""
+    spec = os.environ.get(LAUNCHER_ENV) if spec is None else spec
+    if not spec:
+        return None
+
+    def loop() -> None:
+        while launcher_alive(spec):
+            time.sleep(interval)
+        on_gone()
+
+    t = threading.Thread(target=loop, name="dtms-launcher-watchdog", daemon=True)
+    t.start()
+    return t
 
 
 def _pdeathsig(sig: int) -> Any:
@@ -168,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, on_signal)
+    watch_launcher(lambda: on_signal(signal.SIGTERM, None))  # blurun gone (even by SIGKILL): the rank goes too
     while (rc := proc.wait(0.2)) is None:
         pass
     proc.join_output()

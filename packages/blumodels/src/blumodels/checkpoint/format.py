@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -30,6 +31,8 @@ from blumodels.fsio import atomic_write
 FORMAT_NAME = "blutrain-checkpoint"
 FORMAT_VERSION = 1
 MAX_HEADER_BYTES = 100 << 20
+MAX_HEADER_DEPTH = 4  # {header: {tensor: {"shape": [..]}}}: anything deeper is not a safetensors header
+MAX_TENSOR_ELEMENTS = 1 << 50  # no real shape comes near it; a larger product is an overflow attack
 _CHUNK = 64 << 20
 
 _ST_DTYPES: dict[str, np.dtype] = {
@@ -49,6 +52,15 @@ class CheckpointError(ValueError):
         self.path = str(path)
         self.reason = reason
         super().__init__(f"checkpoint {self.path}: {reason}")
+
+
+class CheckpointSaveError(CheckpointError, OSError):
+    """Writing a checkpoint failed (disk full, read-only, file too big, ...): names the path, the OS error and
+    what was kept. Nothing of the failed save is left behind; earlier committed checkpoints are untouched."""
+
+    def __init__(self, path: str | os.PathLike, reason: str, errno_: int | None = None) -> None:
+        CheckpointError.__init__(self, path, reason)
+        self.errno = errno_
 
 
 def st_dtype_name(dtype: Any) -> str:
@@ -138,6 +150,12 @@ def _read_header(path: Path, f, size: int) -> tuple[int, dict, dict]:
     except (ValueError, AssertionError, UnicodeDecodeError):
         raise CheckpointError(path, "not a safetensors file: header at offset 8 is not a JSON object") \
             from None
+    except RecursionError:  # a header nested thousands deep: refused, never a crash
+        raise CheckpointError(path, f"not a safetensors file: header at offset 8 nests deeper than "
+                                    f"{MAX_HEADER_DEPTH} levels") from None
+    if _depth(header) > MAX_HEADER_DEPTH:
+        raise CheckpointError(path, f"not a safetensors file: header at offset 8 nests deeper than "
+                                    f"{MAX_HEADER_DEPTH} levels")
     md = header.pop("__metadata__", None) or {}
     if not isinstance(md, dict) or not all(isinstance(v, str) for v in md.values()):
         raise CheckpointError(path, "not a safetensors file: __metadata__ at offset 8 is not a map of strings")
@@ -147,6 +165,64 @@ def _read_header(path: Path, f, size: int) -> tuple[int, dict, dict]:
         raise CheckpointError(path, f"unsupported format_version {md['format_version']} (this reader "
                                     f"knows {FORMAT_VERSION})")
     return 8 + n, header, md
+
+
+def _depth(obj: Any, limit: int = MAX_HEADER_DEPTH + 1) -> int:
+    """Nesting depth of a parsed JSON value, counted up to ``limit`` (iterative: a deep value costs no recursion)."""
+    depth, level = 0, [obj]
+    while depth < limit:
+        containers = [v for v in level if isinstance(v, dict | list)]
+        if not containers:
+            break
+        depth += 1
+        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_index(path: str | os.PathLike, index: dict, payload: int) -> list[tuple[str, np.dtype, tuple, int]]:
+    """Validate a tensor index as strictly as the ``safetensors`` reader: every entry holds exactly dtype, shape
+    and data_offsets; a known dtype; a shape of non-negative integers whose byte size fits; offsets that tile
+    ``[0, payload)`` with no gap and no overlap. Returns (name, dtype, shape, start offset) per tensor."""
+    out, spans = [], []
+    for name, spec in index.items():
+        if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "data_offsets"}:
+            raise CheckpointError(path, f"bad index entry for tensor {name!r}: {str(spec)[:200]} (needs exactly "
+                                        "dtype, shape, data_offsets)")
+        dt = _ST_DTYPES.get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+        if dt is None:
+            raise CheckpointError(path, f"tensor {name!r}: unknown dtype {str(spec['dtype'])[:40]!r}")
+        shape, offs = spec["shape"], spec["data_offsets"]
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape) or len(shape) > 64:
+            raise CheckpointError(path, f"tensor {name!r}: shape {str(shape)[:100]} is not a list of at most 64 "
+                                        "non-negative integers")
+        count = 1
+        for d in shape:  # Python ints: no int64 wrap-around
+            count *= d
+        if count > MAX_TENSOR_ELEMENTS:
+            raise CheckpointError(path, f"tensor {name!r}: shape {shape} has {count} elements, more than any "
+                                        f"file can hold (overflow)")
+        if not isinstance(offs, list) or len(offs) != 2 or not all(_is_int(o) for o in offs):
+            raise CheckpointError(path, f"tensor {name!r}: data_offsets {str(offs)[:100]} is not [begin, end]")
+        a, b = offs
+        if not 0 <= a <= b <= payload or b - a != count * dt.itemsize:
+            raise CheckpointError(path, f"tensor {name!r}: data_offsets {[a, b]} do not fit its shape/dtype")
+        spans.append((a, b, name))
+        out.append((name, dt, tuple(shape), a))
+    end = 0
+    for a, b, name in sorted(spans):
+        if a != end:
+            what = "overlaps the previous tensor" if a < end else f"leaves a gap of {a - end} bytes before it"
+            raise CheckpointError(path, f"tensor {name!r}: data_offsets {[a, b]} {what} (offsets must be "
+                                        "contiguous)")
+        end = b
+    if end != payload:
+        raise CheckpointError(path, f"tensors cover {end} of {payload} payload bytes (offsets must be contiguous "
+                                    "up to the end)")
+    return out
 
 
 def read_checkpoint_meta(path: str | os.PathLike) -> dict:
@@ -160,7 +236,7 @@ def read_checkpoint_meta(path: str | os.PathLike) -> dict:
         _, _, md = _read_header(path, f, os.fstat(f.fileno()).st_size)
     try:
         meta = json.loads(md["meta"])
-    except (KeyError, ValueError):  # unverified: the header may be damaged
+    except (KeyError, ValueError, RecursionError):  # unverified: the header may be damaged
         raise CheckpointError(path, "metadata lacks a JSON 'meta' entry") from None
     if not isinstance(meta, dict):
         raise CheckpointError(path, f"metadata 'meta' is a JSON {type(meta).__name__}, not an object")
@@ -195,6 +271,7 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
         if have > payload:
             raise CheckpointError(path, f"{have - payload} trailing bytes after the payload at offset "
                                         f"{start + payload}")
+        entries = check_index(path, index, payload)  # before reading (or allocating) the payload
         buf = bytearray(payload)
         mv = memoryview(buf)
         h = hashlib.sha256()
@@ -209,15 +286,12 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
     if _meta_digest(meta_json, index) != md.get("meta_sha256"):
         raise CheckpointError(path, "checksum mismatch: metadata/tensor index differ from meta_sha256")
     tensors = {}
-    for name, spec in index.items():
-        try:
-            dt = _ST_DTYPES[spec["dtype"]]
-            a, b = (int(v) for v in spec["data_offsets"])
-            shape = tuple(int(s) for s in spec["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(path, f"bad index entry for tensor {name!r}: {spec!r}") from None
-        count = int(np.prod(shape, dtype=np.int64))
-        if not 0 <= a <= b <= payload or b - a != count * dt.itemsize:
-            raise CheckpointError(path, f"tensor {name!r}: data_offsets {[a, b]} do not fit its shape/dtype")
-        tensors[name] = np.frombuffer(buf, dtype=dt, count=count, offset=a).reshape(shape)
-    return tensors, json.loads(meta_json)
+    for name, dt, shape, a in entries:
+        tensors[name] = np.frombuffer(buf, dtype=dt, count=math.prod(shape), offset=a).reshape(shape)
+    try:
+        meta = json.loads(meta_json)
+    except (ValueError, RecursionError):  # verified by meta_sha256, so only a hostile writer gets here
+        raise CheckpointError(path, "metadata 'meta' is not readable JSON") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(path, f"metadata 'meta' is a JSON {type(meta).__name__}, not an object")
+    return tensors, meta

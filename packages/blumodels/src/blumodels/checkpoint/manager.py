@@ -1,14 +1,24 @@
-"""CheckpointManager: per-rank step files, sync or async saves, pruning, newest-good-first loading.
+"""CheckpointManager: per-rank step files, cross-rank commits, sync or async saves, pruning, newest-committed-first
+loading.
 
 Files are ``step_{step:08d}.rank{rank}.safetensors`` (see :mod:`.format`); temporary files start with a
-dot and never match, so a save killed half-way is never taken as a checkpoint. Async saves snapshot the
-tensors into reused host buffers at once (pinned, through bluallocator, for CUDA arrays: the device to
-host copies are queued on the current stream, so later in-place updates cannot leak in), then one
-background thread writes the file; at most one save is in flight, a second waits for the first.
+dot and never match, so a save killed half-way is never taken as a checkpoint. A step is *committed* once every
+rank's file is written, fsynced and verified (re-read, SHA-256 checked): each rank then writes its receipt
+``step_N.rankR.ok`` (the file's size and digest), and the rank that completes the set writes the commit record
+``step_N.commit`` last, atomically (as PyTorch DCP writes its metadata last). Pruning removes only steps older
+than the newest ``keep`` committed ones, so a save killed at any point on any rank leaves the previous committed
+step on every rank; resume takes the newest committed step. The ranks share the checkpoint directory. A directory
+written before commit records existed (no receipt, no record) is read as before: every file that verifies.
+
+Async saves snapshot the tensors into reused host buffers at once (pinned, through bluallocator, for CUDA
+arrays: the device to host copies are queued on the current stream, so later in-place updates cannot leak in),
+then one background thread writes the file; at most one save is in flight, a second waits for the first.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
 import re
@@ -19,7 +29,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .format import CheckpointError, load_checkpoint, save_checkpoint
+from blumodels.fsio import atomic_write
+
+from .format import CheckpointError, CheckpointSaveError, load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +57,30 @@ def to_host(x: Any) -> np.ndarray:
     return a.view(ml_dtypes.bfloat16) if bf16 else a
 
 
+COMMIT_FORMAT = "blutrain-checkpoint-commit"
+
+
 class CheckpointManager:
-    """Saves and finds the checkpoints of one rank in ``directory``, keeping the newest ``keep`` good ones."""
+    """Saves and finds the checkpoints of one rank in ``directory`` (shared by the ``world_size`` ranks of a run),
+    keeping the newest ``keep`` committed ones. ``world_size=None`` treats this rank alone (a tool reading one
+    rank's checkpoints; a step then counts once this rank's part is committed). ``on_saved(path, step)`` runs once
+    this rank's file of a save is durable and verified (on the writer thread for async saves)."""
 
     NAME_RE = re.compile(r"^step_(\d{8,})\.rank(\d+)\.safetensors$")
+    RECEIPT_RE = re.compile(r"^step_(\d{8,})\.rank(\d+)\.ok$")
+    COMMIT_RE = re.compile(r"^step_(\d{8,})\.commit$")
 
     def __init__(self, directory: str | os.PathLike, rank: int = 0, keep: int | None = 3,
-                 async_save: bool = False) -> None:
+                 async_save: bool = False, world_size: int | None = None, on_saved: Any = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.rank, self.keep, self.async_save = int(rank), keep, bool(async_save)
+        self.world_size = None if world_size is None else int(world_size)
+        if self.world_size is not None and not 0 <= self.rank < self.world_size:
+            raise ValueError(f"CheckpointManager: rank {self.rank} is not in 0..world_size-1={self.world_size - 1}")
+        #: ranks whose receipts commit a step (world_size None: this rank alone, e.g. a reader of one rank's files)
+        self.ranks = list(range(self.world_size)) if self.world_size is not None else [self.rank]
+        self.on_saved = on_saved
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._buffers: dict[str, np.ndarray] = {}
@@ -65,6 +91,82 @@ class CheckpointManager:
     # ---------------------------------------------------------------- names
     def path_for(self, step: int) -> Path:
         return self.directory / f"step_{int(step):08d}.rank{self.rank}.safetensors"
+
+    def receipt_for(self, step: int, rank: int | None = None) -> Path:
+        return self.directory / f"step_{int(step):08d}.rank{self.rank if rank is None else rank}.ok"
+
+    def commit_for(self, step: int) -> Path:
+        return self.directory / f"step_{int(step):08d}.commit"
+
+    def _scan(self, regex: re.Pattern) -> dict[int, list[Path]]:
+        found: dict[int, list[Path]] = {}
+        for p in self.directory.iterdir():
+            m = regex.match(p.name)
+            if m:
+                found.setdefault(int(m.group(1)), []).append(p)
+        return found
+
+    def _read_json(self, path: Path) -> dict | None:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(1 << 20)
+            d = json.loads(raw)
+        except (OSError, ValueError, RecursionError):
+            return None
+        return d if isinstance(d, dict) else None
+
+    def commit_record(self, step: int) -> dict | None:
+        """The commit record of ``step`` when it is valid for this run (its world size, one entry per rank)."""
+        if self.world_size is None:  # this rank alone: its own verified receipt commits the step
+            r = self._read_json(self.receipt_for(step))
+            if r is None or r.get("step") != int(step) or r.get("rank") != self.rank:
+                return None
+            return {"format": COMMIT_FORMAT, "step": int(step), "world_size": None, "files": {str(self.rank): r}}
+        d = self._read_json(self.commit_for(step))
+        if d is None or d.get("format") != COMMIT_FORMAT or d.get("step") != int(step):
+            return None
+        files = d.get("files")
+        if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+            return None
+        if self.world_size is None:
+            return d if str(self.rank) in files else None
+        if d.get("world_size") != self.world_size or set(files) != {str(r) for r in self.ranks}:
+            return None
+        return d
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a valid commit record, oldest first (every rank's file was written and verified)."""
+        found = self._scan(self.COMMIT_RE if self.world_size is not None else self.RECEIPT_RE)
+        return sorted(s for s in found if self.commit_record(s) is not None)
+
+    def legacy(self) -> bool:
+        """True for a directory written before commit records existed: no receipt and no record in it."""
+        return not self._scan(self.RECEIPT_RE) and not self._scan(self.COMMIT_RE)
+
+    def _write_json(self, path: Path, obj: dict) -> None:
+        with atomic_write(path) as f:
+            f.write((json.dumps(obj, sort_keys=True) + "\n").encode())
+
+    def _commit(self, step: int, path: Path) -> None:
+        """This rank's receipt for ``step``; the commit record when every rank's receipt is there."""
+        import hashlib
+
+        h = hashlib.sha256()
+        with open(path, "rb") as f:  # the bytes on disk, read back: what a resume will read
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+        self._write_json(self.receipt_for(step), {"step": int(step), "rank": self.rank, "file": path.name,
+                                                  "bytes": path.stat().st_size, "sha256": h.hexdigest()})
+        if self.world_size is None:
+            return  # this rank alone: the receipt is the commit (no shared record another rank could overwrite)
+        receipts = {}
+        for r in self.ranks:
+            d = self._read_json(self.receipt_for(step, r))
+            if d is None or d.get("step") != int(step):
+                return  # another rank has not finished this step yet: it writes the record
+            receipts[str(r)] = d
+        self._write_json(self.commit_for(step), {"format": COMMIT_FORMAT, "step": int(step),
+                                                 "world_size": len(self.ranks), "files": receipts})
 
     def list(self) -> list[Path]:
         """This rank's checkpoint files, oldest step first (temporary files excluded)."""
@@ -148,9 +250,28 @@ class CheckpointManager:
     def _write(self, path: Path, tensors: dict[str, np.ndarray], meta: dict, event: Any) -> None:
         if event is not None:
             event.synchronize()
-        save_checkpoint(path, tensors, meta)
+        step = int(meta["step"])
+        for stale in (self.receipt_for(step), self.commit_for(step)):  # of a lost attempt at this step
+            stale.unlink(missing_ok=True)
+        try:
+            save_checkpoint(path, tensors, meta)
+            load_checkpoint(path)  # verified as a resume will read it, before it may count
+            self._commit(step, path)
+        except OSError as e:
+            for p in (path, self.receipt_for(step)):
+                p.unlink(missing_ok=True)
+            committed = self.committed_steps()
+            kept = (f"the committed checkpoint of step {committed[-1]} is kept" if committed else
+                    "no earlier committed checkpoint exists")
+            why = e.strerror or str(e)
+            if e.errno == errno.EFBIG:
+                why += " (the file size limit, ulimit -f, is below the checkpoint's size)"
+            raise CheckpointSaveError(path, f"could not save step {step}: {why}; nothing of this save was "
+                                            f"kept, {kept}", e.errno) from None
         st = path.stat()
         self._good.add((path.name, st.st_size, st.st_mtime_ns))
+        if self.on_saved is not None:
+            self.on_saved(str(path), step)
         self.prune()
 
     def _write_bg(self, path: Path, tensors: dict[str, np.ndarray], meta: dict, event: Any) -> None:
@@ -197,7 +318,7 @@ class CheckpointManager:
         if key in self._good:
             return True
         try:
-            load_checkpoint(path)
+            self._load_checked(path)
         except (CheckpointError, OSError) as e:
             log.warning("checkpoint %s is not usable (%s)", path, e)
             return False
@@ -205,21 +326,57 @@ class CheckpointManager:
         return True
 
     def prune(self) -> list[Path]:
-        """Delete checkpoints older than the newest ``keep`` good ones; returns the deleted paths."""
+        """Delete this rank's checkpoints (and receipts, and commit records) of steps older than the newest
+        ``keep`` committed steps whose file here verifies; uncommitted newer steps stay (another rank may still be
+        writing them). Returns the deleted checkpoint paths."""
         if not self.keep or self.keep < 1:
             return []
-        good, removed = 0, []
-        for p in reversed(self.list()):
-            if good >= self.keep:
+        kept: list[int] = []
+        for step in reversed(self.committed_steps()):
+            if len(kept) >= self.keep:
+                break
+            if self._is_good(self.path_for(step)):
+                kept.append(step)
+        if len(kept) < self.keep:
+            return []  # fewer committed steps than ``keep``: nothing may go yet
+        floor, removed = min(kept), []
+        for p in self.list():
+            step = self.step_of(p)
+            if step < floor:
                 try:
                     p.unlink()
                     removed.append(p)
                 except OSError:
                     pass
                 self._good = {k for k in self._good if k[0] != p.name}
-            elif self._is_good(p):
-                good += 1
+        for regex in (self.RECEIPT_RE, self.COMMIT_RE):
+            for step, paths in self._scan(regex).items():
+                for p in paths:
+                    m = regex.match(p.name)
+                    mine = regex is self.COMMIT_RE or int(m.group(2)) == self.rank
+                    if step < floor and mine and (regex is self.RECEIPT_RE or self.rank == self.ranks[0]):
+                        p.unlink(missing_ok=True)
         return removed
+
+    def discard_after(self, step: int) -> None:
+        """Delete this rank's files and receipts of steps after ``step`` (a resume at ``step`` redoes them: an
+        older attempt's receipt must never complete a new commit)."""
+        for p in self.list():
+            if self.step_of(p) > step:
+                p.unlink(missing_ok=True)
+        for s, paths in self._scan(self.RECEIPT_RE).items():
+            for p in paths:
+                if s > step and int(self.RECEIPT_RE.match(p.name).group(2)) == self.rank:
+                    p.unlink(missing_ok=True)
+        if self.rank == self.ranks[0]:
+            for s, paths in self._scan(self.COMMIT_RE).items():
+                if s > step:
+                    for p in paths:
+                        p.unlink(missing_ok=True)
+
+    def remove_all(self) -> None:
+        """Delete this rank's checkpoints and receipts, and (rank 0) every commit record: a new run starts over."""
+        self.discard_after(-1)
 
     def step_of(self, path: str | os.PathLike) -> int:
         """The step number in a checkpoint file name."""
@@ -228,28 +385,67 @@ class CheckpointManager:
             raise ValueError(f"{path} is not a checkpoint file name (step_NNNNNNNN.rankR.safetensors)")
         return int(m.group(1))
 
+    def candidates(self) -> list[int]:
+        """Steps a resume may try, oldest first: the committed ones this rank has a file of (in a directory from
+        before commit records: every step this rank has a file of). good_steps() says which verify."""
+        if self.legacy():
+            return [self.step_of(p) for p in self.list()]
+        return [step for step in self.committed_steps() if self.path_for(step).is_file()]
+
+    def _load_checked(self, path: Path) -> tuple[dict[str, np.ndarray], dict]:
+        tensors, meta = load_checkpoint(path)
+        step = meta.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or step != self.step_of(path):
+            raise CheckpointError(path, f"metadata step {str(step)[:40]!r} is not the non-negative step "
+                                        f"{self.step_of(path)} of its file name")
+        return tensors, meta
+
     def good_steps(self) -> list[int]:
-        """Steps of this rank's checkpoints that verify (oldest first); ranks can agree on a common one."""
+        """Steps of this rank's committed checkpoints that verify (oldest first); ranks agree on a common one."""
         self.wait()
-        return [self.step_of(p) for p in self.list() if self._is_good(p)]
+        out = []
+        legacy = self.legacy()
+        for step in self.candidates():
+            p = self.path_for(step)
+            if (legacy or self._matches_receipt(step)) and self._is_good(p):
+                out.append(step)
+        return out
+
+    def _matches_receipt(self, step: int) -> bool:
+        """This rank's file of a committed ``step`` is the one its commit record names (same name and size)."""
+        rec = self.commit_record(step)
+        mine = rec["files"].get(str(self.rank), {}) if rec is not None else {}
+        try:
+            size = self.path_for(step).stat().st_size
+        except OSError:
+            return False
+        if mine.get("file") == self.path_for(step).name and mine.get("bytes") == size:
+            return True
+        log.warning("checkpoint %s is not the file its commit record names (%s bytes, recorded %s)",
+                    self.path_for(step), size, mine.get("bytes"))
+        return False
 
     def load(self, step: int) -> tuple[Path, dict[str, np.ndarray], dict]:
         """(path, tensors, meta) of the checkpoint of ``step``; CheckpointError if missing or bad."""
         self.wait()
         path = self.path_for(step)
-        tensors, meta = load_checkpoint(path)
+        tensors, meta = self._load_checked(path)
         return path, tensors, meta
 
     def latest_good(self, max_step: int | None = None) -> tuple[Path, dict[str, np.ndarray], dict] | None:
-        """(path, tensors, meta) of the newest checkpoint that verifies, trying older ones on failure.
+        """(path, tensors, meta) of the newest committed checkpoint that verifies, trying older ones on failure.
 
         ``max_step`` ignores newer checkpoints (e.g. the newest step every rank has). None if none is good.
         """
         self.wait()
-        paths = [p for p in self.list() if max_step is None or self.step_of(p) <= max_step]
-        for p in reversed(paths):
+        steps = [s for s in self.candidates() if max_step is None or s <= max_step]
+        legacy = self.legacy()
+        for step in reversed(steps):
+            p = self.path_for(step)
+            if not legacy and not self._matches_receipt(step):
+                continue
             try:
-                tensors, meta = load_checkpoint(p)
+                tensors, meta = self._load_checked(p)
             except (CheckpointError, OSError) as e:
                 log.warning("checkpoint %s failed verification (%s); falling back to an older one", p, e)
                 continue

@@ -121,12 +121,14 @@ def write_llmc(path: str | os.PathLike, tokens: np.ndarray) -> None:
         f.write(np.ascontiguousarray(arr, dtype=dt).view(np.uint8).data)
 
 
-def write_tokens(path: str | os.PathLike, tokens: np.ndarray, fmt: str = "blutrain") -> None:
-    """Write one shard in ``fmt`` ('blutrain' or 'llmc')."""
+def write_tokens(path: str | os.PathLike, tokens: np.ndarray, fmt: str = "blutrain",
+                 fingerprint: bytes | None = None) -> None:
+    """Write one shard in ``fmt`` ('blutrain', with its checksum and the tokenizer ``fingerprint``; or 'llmc',
+    whose header has no room for them)."""
     if fmt == "llmc":
         write_llmc(path, tokens)
     elif fmt == "blutrain":
-        shards.write_shard(path, tokens)
+        shards.write_shard(path, tokens, fingerprint)
     else:
         raise ValueError(f"shard format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 

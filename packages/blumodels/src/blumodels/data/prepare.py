@@ -35,7 +35,7 @@ import numpy as np
 
 from .corpus import CorpusError, builtin_corpus
 from .formats import FORMATS, detect_format, open_raw_uint16, read_header, write_tokens
-from .shards import FORMAT_VERSION, list_shards, shard_name, token_dtype, write_shard
+from .shards import FORMAT_VERSION, list_shards, shard_name, token_dtype, tokenizer_fingerprint, write_shard
 from .sources import Unit, check_sources, iter_units, source_files
 from .tokenizer import (
     GPT2_EXTRA_HINT,
@@ -104,9 +104,11 @@ class _SplitWriter:
     """Packs one split's token arrays into shards of ``shard_tokens`` (the last one shorter)."""
 
     def __init__(self, out: Path, split: str, shard_tokens: int, dtype: np.dtype, fmt: str,
-                 counts: list[int] | None = None, pending: np.ndarray | None = None, docs: int = 0,
+                 fingerprint: bytes | None = None, counts: list[int] | None = None,
+                 pending: np.ndarray | None = None, docs: int = 0,
                  last_doc: int = -1) -> None:
         self.out, self.split, self.n, self.dtype, self.fmt = out, split, shard_tokens, dtype, fmt
+        self.fingerprint = fingerprint  # the tokenizer's, recorded in BluTrain shard headers
         self.buf = np.empty(shard_tokens, dtype=dtype)
         self.counts = list(counts or [])
         self.fill = 0
@@ -130,7 +132,8 @@ class _SplitWriter:
                 self.last_doc = -1
 
     def _write(self, count: int) -> None:
-        write_tokens(self.out / shard_name(self.split, len(self.counts)), self.buf[:count], self.fmt)
+        write_tokens(self.out / shard_name(self.split, len(self.counts)), self.buf[:count], self.fmt,
+                     self.fingerprint)
         self.counts.append(count)
         self.fill = 0
         self.flushed = True
@@ -332,8 +335,9 @@ def prepare(out_dir: str | os.PathLike, sources: list[str] | None = None, corpus
 
         tok = _make_tokenizer(tokenizer, train_texts, vocab_size, out, log_fn)
     dtype = token_dtype(tok.vocab_size)
+    fp = tokenizer_fingerprint(tok)  # in every shard header and meta.json: checked at the start of a run
     st = state or {"units_done": 0, "docs_done": 0, "bytes_done": 0, "splits": {}}
-    writers = {s: _SplitWriter(out, s, shard_tokens, dtype, shard_format,
+    writers = {s: _SplitWriter(out, s, shard_tokens, dtype, shard_format, fp,
                                **{k: v for k, v in st["splits"].get(s, {}).items()
                                   if k in ("counts", "pending", "docs", "last_doc")})
                for s in ("train", "val")}
@@ -394,7 +398,7 @@ def prepare(out_dir: str | os.PathLike, sources: list[str] | None = None, corpus
         "sources": [str(s) for s in (sources or [])], "corpus": corpus, "max_corpus_bytes": max_corpus_bytes,
         "text_field": text_field, "val_fraction": val_fraction, "shard_tokens": int(shard_tokens),
         "seed": int(seed), "input_bytes": int(total_bytes), "elapsed_s": round(elapsed, 3),
-        "resumed": state is not None,
+        "resumed": state is not None, "tokenizer_fingerprint": fp.hex(),
     }
     _atomic_json(out / META_FILE, meta)
     for split in ("train", "val"):

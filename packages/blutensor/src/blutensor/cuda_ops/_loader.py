@@ -3,7 +3,10 @@ device's own architecture (``-arch=sm_XY``); CuPy is imported lazily, on the fir
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +58,69 @@ def compile_options(cc: str) -> tuple[str, ...]:
     return ("-std=c++17", f"-arch=sm_{cc}")
 
 
+def kernel_cache_dir() -> Path:
+    """The directory CuPy loads compiled kernels from: $CUPY_CACHE_DIR, else ~/.cupy/kernel_cache."""
+    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+
+
+def kernel_cache_problem(directory: str | os.PathLike | None = None) -> str | None:
+    """Why compiled kernels must not be loaded from the cache ``directory`` (None when it is safe): a cubin there is
+    run as it is, so the directory and every file in it must belong to this user and be writable by nobody else
+    (as ssh requires of ~/.ssh). A directory that does not exist yet is safe: CuPy creates it for this user."""
+    d = Path(directory) if directory is not None else kernel_cache_dir()
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{d} cannot be inspected ({e.strerror or e})"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{d} is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{d} is not a directory"
+    if uid is not None and st.st_uid != uid:
+        return f"{d} belongs to uid {st.st_uid}, not this user ({uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    try:
+        entries = list(os.scandir(d))
+    except OSError as e:
+        return f"{d} cannot be listed ({e.strerror or e})"
+    for e in entries:
+        try:
+            est = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISLNK(est.st_mode) or (uid is not None and est.st_uid != uid) or \
+                est.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{e.path} is a link, another user's file or writable by others"
+    return None
+
+
+_cache_checked: dict[str, bool] = {}
+
+
+def guard_kernel_cache() -> bool:
+    """Check the kernel cache once per directory before the first compile: when it is unsafe (see
+    kernel_cache_problem), warn and make CuPy compile in memory (CUPY_CACHE_IN_MEMORY=1), so nothing is loaded
+    from it. Returns True when the on-disk cache is used."""
+    d = str(kernel_cache_dir())
+    if d not in _cache_checked:
+        why = kernel_cache_problem(d)
+        if why is not None:
+            warnings.warn(f"blutensor: not loading compiled CUDA kernels from the shared cache: {why}; compiling "
+                          "in memory instead (give this user a private CUPY_CACHE_DIR to keep the cache)",
+                          RuntimeWarning, stacklevel=3)
+            os.environ["CUPY_CACHE_IN_MEMORY"] = "1"
+        _cache_checked[d] = why is None
+    return _cache_checked[d]
+
+
 def module(file: str):
     """The RawModule of ``kernels/<file>`` on the current device (compiled once, then cached)."""
     cp = cupy()
+    guard_kernel_cache()  # a cubin planted in a shared cache directory is never loaded
     dev = cp.cuda.runtime.getDevice()
     key = (file, dev)
     mod = _modules.get(key)

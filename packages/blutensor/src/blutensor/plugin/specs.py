@@ -71,6 +71,11 @@ class BlutrainSpecs:
     def blutrain_on_checkpoint_loaded(self, path: str, step: int) -> None:
         """Called after a checkpoint was verified and loaded."""
 
+    @hookspec
+    def blutrain_on_train_end(self, status: str, step: int, error: BaseException | None) -> None:
+        """Called by trainers when a run ends: status "ok", "preempted" (SIGTERM, checkpoint saved) or "failed"
+        (``error`` is the exception, for an orchestrator to classify)."""
+
 
 #: plugin kind -> the registration hook that provides it
 KIND_HOOKS: dict[str, str] = {

@@ -32,6 +32,8 @@ class FaultClass(enum.StrEnum):
     OOM = "OOM"  # host MemoryError or a device allocation failure
     PREEMPTED = "PREEMPTED"  # SIGTERM: save and leave for a requeue
     LAUNCH_FAILED = "LAUNCH_FAILED"  # the gang never started (no heartbeat within the startup timeout)
+    DATA = "DATA"  # a token shard, tokenizer or corpus is bad or changed under the run: fatal, a restart reads it again
+    CONFIG = "CONFIG"  # the run's configuration or run directory is refused (ConfigError): fatal
     UNKNOWN = "UNKNOWN"  # the gang ended nonzero without anything more specific
 
 
@@ -39,6 +41,9 @@ class FaultClass(enum.StrEnum):
 RESTARTABLE = {FaultClass.RANK_DEAD, FaultClass.RANK_HUNG, FaultClass.EXCEPTION, FaultClass.COLLECTIVE_TIMEOUT,
                FaultClass.CHECKPOINT_CORRUPT, FaultClass.OOM, FaultClass.LAUNCH_FAILED, FaultClass.UNKNOWN,
                FaultClass.NAN_INF}
+# classes that restarting cannot cure: the incident is fatal unless the exception says otherwise (``fatal``)
+FATAL = {FaultClass.DATA, FaultClass.CONFIG}
+DATA_ERRORS = ("ShardError", "LoaderError", "TokenizerError", "CorpusError")
 
 
 class NonFiniteError(FloatingPointError):
@@ -97,6 +102,10 @@ def classify_exception(exc: BaseException) -> FaultClass:
             return FaultClass.NAN_INF
         if isinstance(e, CheckpointLoadError) or name in ("CheckpointError", "StateError"):
             return FaultClass.CHECKPOINT_CORRUPT
+        if name in DATA_ERRORS:
+            return FaultClass.DATA
+        if name in ("ConfigError", "RunLockError"):
+            return FaultClass.CONFIG
         if isinstance(e, TimeoutError) or ("timed out" in str(e).lower() and "collective" in str(e).lower()):
             return FaultClass.COLLECTIVE_TIMEOUT
         e = e.__cause__ or e.__context__
@@ -106,8 +115,12 @@ def classify_exception(exc: BaseException) -> FaultClass:
 def exception_incident(exc: BaseException, rank: int | None, attempt: int | None, step: int | None) -> Incident:
     """An Incident describing ``exc`` (class, message, last traceback lines)."""
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    return Incident(classify_exception(exc), f"{type(exc).__name__}: {exc}", rank, attempt, step, "worker",
-                    details={"traceback": "".join(tb)[-4000:], "type": type(exc).__name__})
+    fault = classify_exception(exc)
+    fatal = getattr(exc, "fatal", None)
+    details: dict[str, Any] = {"traceback": "".join(tb)[-4000:], "type": type(exc).__name__}
+    if fatal is not None or fault in FATAL:
+        details["fatal"] = bool(fatal) if fatal is not None else True
+    return Incident(fault, f"{type(exc).__name__}: {exc}", rank, attempt, step, "worker", details=details)
 
 
 def is_finite(x: float) -> bool:

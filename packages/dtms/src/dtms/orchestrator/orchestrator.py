@@ -201,9 +201,8 @@ class Orchestrator:
                                     f"{att.reached if att.reached is not None else s.last_good_step}")
             if outcome == "preempted":
                 s.status, s.exit_code = st.PREEMPTED, EXIT_REQUEUE
-                return self._finish(st.PREEMPTED, EXIT_REQUEUE,
-                                    f"preempted; checkpoint of step {s.last_good_step} committed, requeue to "
-                                    "continue")
+                return self._finish(st.PREEMPTED, EXIT_REQUEUE, _preempt_reason(att, cfg.nproc_per_node,
+                                                                                s.last_good_step))
             assert inc is not None
             if inc.details.get("fatal"):
                 return self._finish(st.FAILED, EXIT_FATAL, f"fatal {inc.fault.value}: {inc.message}")
@@ -458,6 +457,18 @@ class Orchestrator:
         self.event("attempt_teardown", launcher_exit=proc.returncode, launcher_pid=proc.pid,
                    rank_pids={str(r): p for r, p in att.pids.items()})
         return describe_exit(proc.returncode) if proc.returncode is not None else "unknown"
+
+
+def _preempt_reason(att: _Attempt, nproc: int, last_good: int | None) -> str:
+    """What a preemption kept: the step every rank saved as it left, or that no rank could save one."""
+    saved = [att.ckpt.get(r) for r in range(nproc)]
+    left = [att.done.get(r, {}).get("step") for r in range(nproc)]
+    if all(x is not None for x in saved) and saved == left and \
+            all(att.done.get(r, {}).get("status") == "preempted" for r in range(nproc)):
+        return f"preempted; every rank saved the checkpoint of step {min(saved)} as it left, requeue to continue"
+    where = "no checkpoint was committed in this attempt" if last_good is None else \
+        f"a requeue resumes from the last committed step {last_good}"
+    return f"preempted, but not every rank saved a checkpoint as it left ({where})"
 
 
 def _min(d: dict) -> Any:
