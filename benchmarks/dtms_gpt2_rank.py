@@ -61,6 +61,7 @@ def run_blutrain(a) -> dict:
     par, m, backend = None, model, "none"
     if a.strategy != "single":
         import dtms
+        from blumodels.gpt2_parallelize import gpt2_plan
         from dtms.parallel import ParallelDims, parallelize
 
         pg = dtms.init_process_group()
@@ -69,7 +70,7 @@ def run_blutrain(a) -> dict:
         dims = {"ddp": ParallelDims(dp=W), "fsdp": ParallelDims(dp=W), "tp": ParallelDims(tp=W),
                 "cp": ParallelDims(cp=W)}[a.strategy]
         par = parallelize(model, dims, fsdp=a.strategy == "fsdp", async_tp_chunks=a.tp_chunks,
-                          cp_rotator=a.rotator, bucket_cap_mb=a.bucket_mb, seq_len=a.seq)
+                          cp_rotator=a.rotator, bucket_cap_mb=a.bucket_mb, seq_len=a.seq, plan=gpt2_plan(model))
         m = par.model
     opt = bt.optim.AdamW(m.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                          fused=True if cuda else None)

@@ -11,6 +11,7 @@ positions of the local tokens; :func:`shard_sequence` lays out a batch at the da
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import blutensor as bt
@@ -276,6 +277,15 @@ class ContextParallel:
             finally:
                 self._busy = False
         return run()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Attention and embeddings run as on one process inside (e.g. sampling from a full copy of the model)."""
+        busy, self._busy = self._busy, True
+        try:
+            yield
+        finally:
+            self._busy = busy
 
     def close(self) -> None:
         dispatch.remove_observer(self)

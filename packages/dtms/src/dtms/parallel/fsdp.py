@@ -48,6 +48,16 @@ class FlatShard:
         self._prefetch = None
         self.release()
 
+    def local_segments(self):
+        """(lo, hi, param) ranges of this rank's shard that hold each parameter's elements."""
+        r = self.group.rank()
+        a, b = r * self.shard_size, (r + 1) * self.shard_size
+        off = 0
+        for p, n in zip(self.params, self.numels):
+            lo, hi = max(off, a), min(off + n, b)
+            yield max(lo - a, 0), max(hi - a, 0), p
+            off += n
+
     def gather_async(self) -> None:
         if self._prefetch is None:
             full = self.xp.empty(self.padded, dtype=self.shard._data.dtype)
@@ -91,6 +101,41 @@ class FlatShard:
             self.shard.grad._data += out
 
 
+class Flats:
+    """The flat shards of one unit (one per parameter kind, e.g. decayed / not decayed), used together."""
+
+    def __init__(self, params: list, group: ProcessGroup, key=None):
+        kinds: dict = {}
+        for p in params:
+            kinds.setdefault(key(p) if key is not None else None, []).append(p)
+        self.keys = list(kinds)
+        self.parts = [FlatShard(ps, group) for ps in kinds.values()]
+        for k, f in zip(self.keys, self.parts):
+            f.shard.fsdp_key = k  # which parameter kind this shard holds (FSDP.param_groups)
+        self.params = [p for f in self.parts for p in f.params]
+        self.group = group
+
+    def gather_async(self) -> None:
+        for f in self.parts:
+            f.gather_async()
+
+    def gather(self) -> None:
+        for f in self.parts:
+            f.gather()
+
+    def release(self) -> None:
+        for f in self.parts:
+            f.release()
+
+    def reduce_grads(self) -> None:
+        for f in self.parts:
+            f.reduce_grads()
+
+    @property
+    def shards(self) -> list:
+        return [f.shard for f in self.parts]
+
+
 class _UnitFn(Function):
     @staticmethod
     def forward(ctx, x: Tensor, shard: Tensor, unit: FSDPUnit):
@@ -125,15 +170,20 @@ class _UnitFn(Function):
 
 
 class FSDPUnit(Module):
-    """A wrapped submodule whose parameters exist only as a 1/W flat shard between uses."""
+    """A wrapped submodule whose parameters exist only as 1/W flat shards between uses."""
 
-    def __init__(self, module: Module, group: ProcessGroup):
+    def __init__(self, module: Module, group: ProcessGroup, key=None):
         super().__init__()
         object.__setattr__(self, "module", module)  # not registered: its full params are transient
-        object.__setattr__(self, "flat", FlatShard(list(module.parameters()), group))
+        object.__setattr__(self, "flat", Flats(list(module.parameters()), group, key))
         object.__setattr__(self, "next", None)
         object.__setattr__(self, "prev", None)
-        self.flat_shard = self.flat.shard
+        for i, sh in enumerate(self.flat.shards):
+            self.register_parameter("flat_shard" if i == 0 else f"flat_shard{i}", sh)
+
+    @property
+    def flat_shard(self) -> Parameter:
+        return self.flat.shards[0]
 
     def forward(self, x):
         if not bt.is_grad_enabled():
@@ -146,10 +196,17 @@ class FSDPUnit(Module):
 
 
 class FullyShardedDataParallel(Module):
-    """Shard ``model`` (units: submodules matching ``unit_pattern``) over ``process_group``."""
+    """Shard ``model`` (units: submodules matching ``unit_pattern``) over ``process_group``.
+
+    ``param_key``: a function of a parameter; parameters of different keys go to different flat shards of
+    a unit (e.g. ``lambda p: p.ndim >= 2`` keeps weight-decayed and undecayed parameters apart, so AdamW
+    param groups stay exact: :meth:`param_groups`). ``tp_sharded``: ids of parameters that tensor
+    parallelism split over ``tp_group`` (their squares are summed over it in :meth:`clip_grad_norm_`).
+    """
 
     def __init__(self, model: Module, process_group: ProcessGroup | None = None,
-                 unit_pattern: str = "blocks.*"):
+                 unit_pattern: str = "blocks.*", param_key=None, tp_group: ProcessGroup | None = None,
+                 tp_sharded: set[int] | None = None):
         super().__init__()
         group = process_group or world.get_default_group()
         if not isinstance(group, ProcessGroup):
@@ -157,7 +214,11 @@ class FullyShardedDataParallel(Module):
                             f"{type(group).__name__}")
         object.__setattr__(self, "group", group)
         object.__setattr__(self, "model", model)
+        object.__setattr__(self, "tp_group", tp_group)
+        object.__setattr__(self, "tp_sharded", set(tp_sharded or ()))
         verify_params_across_ranks(group, list(model.named_parameters()), "FullyShardedDataParallel")
+        names = {id(p): n for n, p in model.named_parameters()}
+        object.__setattr__(self, "param_names", names)
         # identical start: rank 0's weights everywhere
         with bt.no_grad():
             for p in model.parameters():
@@ -166,23 +227,36 @@ class FullyShardedDataParallel(Module):
         for name, mod in list(model.named_modules()):
             if name and fnmatch.fnmatchcase(name, unit_pattern) and name.count(".") == unit_pattern.count("."):
                 parent, leaf = _parent(model, name)
-                u = FSDPUnit(mod, group)
+                u = FSDPUnit(mod, group, param_key)
                 setattr(parent, leaf, u)
                 units.append(u)
         for a, b in zip(units, units[1:]):
             object.__setattr__(a, "next", b)
             object.__setattr__(b, "prev", a)
         object.__setattr__(self, "units", units)
-        unit_ids = {id(u.flat_shard) for u in units}
+        unit_ids = {id(s) for u in units for s in u.flat.shards}
         root = [p for p in model.parameters() if id(p) not in unit_ids]
-        object.__setattr__(self, "root", FlatShard(root, group) if root else None)
+        object.__setattr__(self, "root", Flats(root, group, param_key) if root else None)
         for i, u in enumerate(units):
-            self.register_parameter(f"unit{i}_shard", u.flat_shard)
+            for j, sh in enumerate(u.flat.shards):
+                self.register_parameter(f"unit{i}_shard" + (f"{j}" if j else ""), sh)
         if self.root is not None:
-            self.register_parameter("root_shard", self.root.shard)
+            for j, sh in enumerate(self.root.shards):
+                self.register_parameter("root_shard" + (f"{j}" if j else ""), sh)
             object.__setattr__(self, "_pending", 0)
             for p in root:
                 p.register_post_accumulate_grad_hook(self._root_grad_ready)
+
+    def flats(self) -> list[FlatShard]:
+        """Every flat shard (root first, then the units in order)."""
+        groups = ([self.root] if self.root else []) + [u.flat for u in self.units]
+        return [f for g in groups for f in g.parts]
+
+    def param_groups(self, weight_decay: float, decay_key=True) -> list[dict]:
+        """AdamW groups over the shards: ``weight_decay`` on those whose ``param_key`` is ``decay_key``."""
+        shards = [f.shard for f in self.flats()]
+        return [{"params": [s for s in shards if s.fsdp_key == decay_key], "weight_decay": weight_decay},
+                {"params": [s for s in shards if s.fsdp_key != decay_key], "weight_decay": 0.0}]
 
     def _root_grad_ready(self, p) -> None:
         object.__setattr__(self, "_pending", self._pending - 1)
@@ -202,17 +276,32 @@ class FullyShardedDataParallel(Module):
         return out
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip by the global norm over all shards (an all-reduce of the squared local norms)."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        xp = bt.backend.xp_of(grads[0].device)
-        sq = xp.asarray([float((g._data.astype(xp.float64) ** 2).sum()) for g in grads]).sum()
-        buf = xp.asarray([sq], dtype=xp.float64)
+        """Clip by the global norm of the unsharded model: squares of the local shards summed over the group
+        (and, for tensor-parallel parameters, over the TP group as well); returns that norm."""
+        xp = None
+        part = [0.0, 0.0]  # [tp-sharded, replicated across tp]
+        for f in self.flats():
+            if f.shard.grad is None:
+                continue
+            g = f.shard.grad._data
+            xp = bt.backend.array_module(g)
+            for lo, hi, p in f.local_segments():
+                if hi > lo:
+                    part[0 if id(p) in self.tp_sharded else 1] += float((g[lo:hi].astype(xp.float64) ** 2).sum())
+        if xp is None:
+            return 0.0
+        buf = xp.asarray(part, dtype=xp.float64)
         self.group.all_reduce(buf, op="sum")
-        norm = float(buf[0]) ** 0.5
+        if self.tp_group is not None and self.tp_group.size() > 1:
+            sh = buf[:1].copy()
+            self.tp_group.all_reduce(sh, op="sum")
+            buf[0] = sh[0]
+        norm = float(buf.sum()) ** 0.5
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
-            for g in grads:
-                g._data *= g._data.dtype.type(coef)
+            for f in self.flats():
+                if f.shard.grad is not None:
+                    f.shard.grad._data *= f.shard.grad._data.dtype.type(coef)
         return norm
 
     def state_bytes(self) -> int:
@@ -222,12 +311,38 @@ class FullyShardedDataParallel(Module):
     def full_parameters(self) -> dict:
         """Gathered full parameters by name (checkpoints, tests); a collective on every rank."""
         out = {}
-        names = {id(p): n for n, p in _named_leaf_params(self.model)}
-        for flat in ([self.root] if self.root else []) + [u.flat for u in self.units]:
-            flat.gather()
-            for p in flat.params:
-                out[names.get(id(p), str(id(p)))] = p._data.copy()
-            flat.release()
+        for f in self.flats():
+            f.gather()
+            for p in f.params:
+                out[self.param_names[id(p)]] = p._data.copy()
+            f.release()
+        return out
+
+    def gather_shard_state(self, arrays: dict[int, object]) -> dict[str, object]:
+        """Full per-parameter arrays (by name) from per-shard flat arrays keyed by ``id(shard)`` (e.g. an
+        AdamW moment); a collective on every rank."""
+        out = {}
+        for f in self.flats():
+            a = arrays[id(f.shard)]
+            full = f.xp.empty(f.padded, dtype=a.dtype)
+            f.group.all_gather(full, f.xp.ascontiguousarray(a))
+            off = 0
+            for p, n, s in zip(f.params, f.numels, f.shapes):
+                out[self.param_names[id(p)]] = full[off:off + n].reshape(s).copy()
+                off += n
+        return out
+
+    def shard_full_state(self, full: dict[str, object]) -> dict[int, object]:
+        """This rank's flat shard of every unit from full per-parameter arrays by name (no communication)."""
+        out = {}
+        for f in self.flats():
+            flat = f.xp.zeros(f.padded, dtype=f.shard._data.dtype)
+            off = 0
+            for p, n in zip(f.params, f.numels):
+                flat[off:off + n] = f.xp.asarray(full[self.param_names[id(p)]]).reshape(-1)
+                off += n
+            r = f.group.rank()
+            out[id(f.shard)] = flat[r * f.shard_size:(r + 1) * f.shard_size].copy()
         return out
 
 

@@ -39,6 +39,7 @@ class ColumnParallelLinear(Module):
     def __init__(self, linear: Module, group: ProcessGroup, chunks: int = 1):
         super().__init__()
         object.__setattr__(self, "group", group)
+        object.__setattr__(self, "chunks", chunks)
         r, n = group.rank(), group.size()
         w = linear.weight._data
         if (w.shape[0] // chunks) % n:
@@ -206,17 +207,6 @@ class VocabParallel:
         return run()
 
 
-#: GPT-2's tensor-parallel plan: module-name pattern -> (style, options)
-GPT2_PLAN = {
-    "blocks.*.attn.c_attn": ("colwise", {"chunks": 3}),
-    "blocks.*.attn.c_proj": ("rowwise", {}),
-    "blocks.*.mlp.c_fc": ("colwise", {}),
-    "blocks.*.mlp.c_proj": ("rowwise", {}),
-    "blocks.*.attn": ("heads", {}),
-    "wte": ("vocab", {}),
-}
-
-
 class TensorParallel:
     """Handle returned by :func:`apply_tensor_parallel`; ``close()`` removes the dispatch observer."""
 
@@ -229,10 +219,13 @@ class TensorParallel:
             self.observer = None
 
 
-def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict | None = None,
+def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict,
                           async_chunks: int = 1) -> TensorParallel:
-    """Shard ``model`` in place over ``group`` following ``plan`` (default: GPT-2's)."""
-    plan = GPT2_PLAN if plan is None else plan
+    """Shard ``model`` in place over ``group`` following ``plan`` (pattern -> (style, options), the
+    ``tp`` field of a :class:`~dtms.parallel.plan.ParallelPlan`; the model's package provides it)."""
+    if not isinstance(plan, dict) or not plan:
+        raise ValueError("apply_tensor_parallel: plan must be a non-empty dict of module pattern -> (style, "
+                         "options) (e.g. blumodels.gpt2_parallelize.gpt2_plan(model).tp)")
     n, r = group.size(), group.rank()
     observer = None
     for name, mod in list(model.named_modules()):
