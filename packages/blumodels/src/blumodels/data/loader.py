@@ -279,6 +279,9 @@ class TokenLoader:
                 raise LoaderError(f"TokenLoader.load_state_dict: saved {key}={state[key]} but this loader has "
                                  f"{key}={mine} ({self.data_dir}, split {self.split!r})")
         sb, sw = int(state.get("batch_size", self.B)), int(state.get("world_size", self.world_size))
+        if sb * sw != self.B * self.world_size and sw == self.world_size:
+            raise LoaderError(f"TokenLoader.load_state_dict: saved batch_size={sb} but this loader has batch_size="
+                             f"{self.B} ({self.data_dir}, split {self.split!r})")
         if sb * sw != self.B * self.world_size:  # another split of the same global rows resumes (resharding)
             raise LoaderError(f"TokenLoader.load_state_dict: saved batch_size*world_size={sb}*{sw} but this loader "
                              f"has {self.B}*{self.world_size} (the global batch differs; {self.data_dir}, split "
