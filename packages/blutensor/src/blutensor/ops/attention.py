@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from blutensor.backend import array_module, is_cuda_array
 from blutensor.errors import ShapeError
 from blutensor.ops.linalg import gemm
