@@ -50,3 +50,45 @@ def test_ring_attention_exchange_in_flight_while_the_block_computes(tmp_path, ra
 def test_ring_attention_memory_is_linear_in_t_local(tmp_path):
     peaks = {int(k): v for k, v in run(tmp_path, "cp_memory")["peaks"].items()}
     assert peaks[4096] < 2.0 * peaks[2048], peaks
+
+
+def test_fsdp_prefetch_gathers_the_next_unit_while_this_one_computes(tmp_path):
+    ev = run(tmp_path, "fsdp")["events"]
+    steps = []
+    for e in ev:
+        if e[1] == "step_begin":
+            steps.append([])
+        elif steps:
+            steps[-1].append(e)
+    assert len(steps) == 2
+    for st in steps:
+        for phase, order in (("fwd", range(4)), ("bwd", range(3, -1, -1))):
+            order = list(order)
+            for a, b in zip(order, order[1:]):  # unit b's gather is posted before unit a computes, waited after
+                begin = [t for t, n, i in st if n == "fsdp_compute_begin" and i == {"unit": f"unit{a}", "phase": phase}]
+                end = [t for t, n, i in st if n == "fsdp_compute_end" and i == {"unit": f"unit{a}", "phase": phase}]
+                posts = [t for t, n, i in st if n == "fsdp_gather_post" and i["unit"] == f"unit{b}"
+                         and t < begin[0]]
+                waits = [t for t, n, i in st if n == "fsdp_gather_wait" and i["unit"] == f"unit{b}" and t > end[0]]
+                assert posts and waits, (phase, a, b)
+
+
+def test_fsdp_keeps_no_full_root_copy_through_the_step(tmp_path):
+    """Resident bytes (tracemalloc: every NumPy buffer) inside the blocks' attention, above those between steps:
+    gathered units and activations only. The negative control holds the root parameters (embeddings, ln_f) for
+    the whole step, as FSDP used to: one root's worth more, and the same bounds catch it."""
+    r = run(tmp_path, "fsdp_memory")
+    for case, ok in (("sharded", True), ("kept", False)):
+        m = r[case]
+        fwd, bwd = (m["fwd"] - m["between"]) / m["root"], (m["bwd"] - m["between"]) / m["root"]
+        assert (fwd < 0.75 and bwd < 1.6) == ok, (case, fwd, bwd)
+
+
+def test_ddp_buckets_reduce_during_backward_every_step(tmp_path):
+    r = run(tmp_path, "ddp")
+    assert r["buckets"] >= 8
+    for ev in r["steps"]:  # steps 0, 1, 2: the overlap survives the first step
+        last_ready = max(t for t, n, _ in ev if n == "ddp_grad_ready")
+        posts = [t for t, n, _ in ev if n == "ddp_bucket_post"]
+        assert len(posts) == r["buckets"]
+        assert sum(t < last_ready for t in posts) >= r["buckets"] // 2  # launched while backward still runs

@@ -59,6 +59,7 @@ def single(tmp_path_factory, data) -> list[dict]:
     (2, ["parallel.tp=2", "parallel.tp_async=2"], 8),
     (2, ["parallel.cp=2"], 8),
     (4, ["parallel.tp=2"], 4),  # dp=2 x tp=2
+    (4, ["parallel.fsdp=2", "parallel.tp=2"], 4),
     (4, ["parallel.fsdp=2", "parallel.cp=2", "parallel.cp_rotator=alltoall"], 4),
 ])
 def test_layout_equals_single_process(tmp_path, data, single, ranks, layout, micro):

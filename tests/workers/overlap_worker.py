@@ -1,7 +1,7 @@
 """Run by tests/test_parallel_overlap.py under mpiexec: one strategy with dtms' comm TIMELINE recording; writes
 the events (and the strategy's own checks) of rank 0 to a JSON file.
 
-argv: mode out.json; mode: cp | cp_memory | fsdp | tp | ddp
+argv: mode out.json; mode: cp | cp_memory | fsdp | fsdp_memory | tp | ddp
 """
 
 import json
@@ -50,6 +50,88 @@ def ring(T, E=16, H=2, check=True):
     return err
 
 
+def gpt2(vocab=61, n_layer=4, T=16, d=32):
+    from blumodels.config import ModelConfig
+    from blumodels.gpt2 import build_model
+
+    m = build_model(ModelConfig(n_layer=n_layer, n_head=4, d_model=d, block_size=T, vocab_size=vocab,
+                                vocab_multiple=64), seed=1)
+    return m.to(bt.float64)
+
+
+def batch(step, B, T, vocab):
+    rng = np.random.default_rng(step)
+    x = rng.integers(0, vocab, (B, T + 1))
+    return bt.tensor(x[:, :-1]), bt.tensor(x[:, 1:])
+
+
+def fsdp_steps(steps, vocab=61, keep_root=False, probe=None, d=32):
+    """FSDP on the world (GPT-2 plan), ``steps`` AdamW steps; ``probe(phase)`` runs inside every attention."""
+    from blumodels.gpt2_parallelize import gpt2_plan
+    from blutensor.ops import dispatch
+    from dtms.parallel import ParallelDims, parallelize
+
+    model = gpt2(vocab, d=d)
+    par = parallelize(model, ParallelDims(dp=dtms.get_world_size()), fsdp=True, plan=gpt2_plan(model))
+    opt = bt.optim.AdamW(par.model.parameters(), lr=1e-3)
+    phase = {"now": "fwd"}
+    held = []
+
+    def observer(op, inputs, attrs, run):
+        if op == "sdpa" and probe is not None:
+            probe(phase["now"])
+        return run()
+
+    dispatch.add_observer(observer)
+    between = []
+    try:
+        for s in range(steps):
+            if keep_root:  # negative control: root parameters gathered for the whole step (as a full copy kept)
+                held[:] = [np.array(a) for n, a in par.model.full_parameters().items() if not n.startswith("blocks")]
+            phase["now"] = "fwd"
+            TIMELINE.mark("step_begin", step=s)
+            x, y = batch(s, 2, 16, vocab)
+            _, loss = par.model(x, y)
+            phase["now"] = "bwd"
+            loss.backward()
+            held.clear()
+            opt.step()
+            opt.zero_grad()
+            between.append(tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0)
+    finally:
+        dispatch.remove_observer(observer)
+        par.close()
+    root_bytes = sum(p.numel() * 8 for n, p in model.named_parameters() if not n.startswith("blocks"))
+    return between, root_bytes
+
+
+def fsdp_memory(keep_root):
+    mid = {"fwd": [], "bwd": []}
+    tracemalloc.start()
+    between, root = fsdp_steps(3, vocab=4096, keep_root=keep_root, d=64,
+                               probe=lambda ph: mid[ph].append(tracemalloc.get_traced_memory()[0]))
+    tracemalloc.stop()
+    n = len(mid["fwd"]) // 3  # attention calls per step and phase
+    return {"between": between[1], "fwd": max(mid["fwd"][2 * n:]), "bwd": max(mid["bwd"][2 * n:]), "root": root}
+
+
+def ddp_steps(steps):
+    from dtms.parallel import DDP
+
+    model = gpt2(n_layer=4)
+    m = DDP(model, bucket_cap_mb=0.02)  # several buckets
+    ev_steps = []
+    for s in range(steps):
+        x, y = batch(s + 10 * dtms.get_rank(), 2, 16, 61)
+        _, loss = m(x, y)
+        with TIMELINE.recording() as ev:
+            TIMELINE.mark("backward_begin")
+            loss.backward()
+            TIMELINE.mark("backward_end")
+        ev_steps.append(events_json(ev))
+    return ev_steps, len(m.buckets)
+
+
 def main():
     mode, out = sys.argv[1], sys.argv[2]
     dtms.init_process_group("mpi")
@@ -68,6 +150,15 @@ def main():
             peaks[T_local] = tracemalloc.get_traced_memory()[1] - base
             tracemalloc.stop()
         res["peaks"] = peaks
+    elif mode == "fsdp":
+        with TIMELINE.recording() as ev:
+            fsdp_steps(2)
+        res["events"] = events_json(ev)
+    elif mode == "fsdp_memory":
+        res["sharded"] = fsdp_memory(False)
+        res["kept"] = fsdp_memory(True)
+    elif mode == "ddp":
+        res["steps"], res["buckets"] = ddp_steps(3)
     if dtms.get_rank() == 0:
         json.dump(res, open(out, "w"))
     dtms.destroy_process_group()

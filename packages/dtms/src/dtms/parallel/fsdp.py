@@ -5,7 +5,10 @@ Its forward all-gathers the full parameters just before use, runs without record
 frees them; its backward all-gathers again, recomputes the unit's forward with the graph, back-
 propagates, reduce-scatters (averages) the flat gradient into the shard and frees everything. The
 next unit's gather is issued asynchronously (prefetch) while the current one computes. Parameters
-outside the units (embeddings, final LayerNorm) form a root shard gathered for the whole step.
+outside the units (embeddings, final LayerNorm, a tied LM head) are sharded too, one flat shard per top-level
+module: a dispatch observer sees each op that uses one of them, gathers that module's shard for the op
+only, and in backward gathers it again, recomputes the op with the graph and reduce-scatters its gradients
+at once, so no full root parameter or gradient lives through the step.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import blutensor as bt
 from blutensor import Tensor
 from blutensor.autograd import Function
 from blutensor.nn import Module, Parameter
+from blutensor.ops import dispatch
 
 from dtms import world
-from dtms.parallel.comm_ops import STATS
+from dtms.parallel.comm_ops import STATS, TIMELINE
 from dtms.parallel.verify import verify_params_across_ranks
 from dtms.process_group import ProcessGroup
 
@@ -78,10 +82,11 @@ class FlatShard:
         return full
 
     def release(self) -> None:
-        """Drop the full parameters (only the shard stays)."""
-        empty = self.xp.empty(0, dtype=self.shard._data.dtype)
-        for p in self.params:
-            p._data = empty
+        """Drop the full parameters (only the shard stays). Each keeps its shape as a read-only view of one
+        element (no storage of its size), so shape checks before an op still see the parameter's shape."""
+        one = self.xp.zeros(1, dtype=self.shard._data.dtype)
+        for p, s in zip(self.params, self.shapes):
+            p._data = self.xp.broadcast_to(one, s)
             p.grad = None
 
     def reduce_grads(self) -> None:
@@ -114,14 +119,19 @@ class Flats:
             f.shard.fsdp_key = k  # which parameter kind this shard holds (FSDP.param_groups)
         self.params = [p for f in self.parts for p in f.params]
         self.group = group
+        self.label = ""  # "unit<i>" or "root_<module>" (TIMELINE events)
 
     def gather_async(self) -> None:
+        if any(f._prefetch is None for f in self.parts):
+            TIMELINE.mark("fsdp_gather_post", unit=self.label)
         for f in self.parts:
             f.gather_async()
 
     def gather(self) -> None:
+        self.gather_async()
         for f in self.parts:
             f.gather()
+        TIMELINE.mark("fsdp_gather_wait", unit=self.label)
 
     def release(self) -> None:
         for f in self.parts:
@@ -144,7 +154,9 @@ class _UnitFn(Function):
         if unit.next is not None:
             unit.next.flat.gather_async()  # prefetch: overlaps this unit's compute
         try:
+            TIMELINE.mark("fsdp_compute_begin", unit=unit.flat.label, phase="fwd")
             y = unit.module(ctx.x)
+            TIMELINE.mark("fsdp_compute_end", unit=unit.flat.label, phase="fwd")
         finally:
             unit.flat.release()
         return y
@@ -158,15 +170,51 @@ class _UnitFn(Function):
         now = bt.get_rng_state()
         bt.set_rng_state(ctx.rng)  # dropout masks replay exactly
         try:
+            TIMELINE.mark("fsdp_compute_begin", unit=unit.flat.label, phase="bwd")
             with bt.enable_grad():
                 xi = ctx.x.detach().requires_grad_(True)
                 y = unit.module(xi)
                 y.backward(g)
+            TIMELINE.mark("fsdp_compute_end", unit=unit.flat.label, phase="bwd")
             unit.flat.reduce_grads()
         finally:
             bt.set_rng_state(now)
             unit.flat.release()
         return xi.grad, None, None
+
+
+class _RootOpFn(Function):
+    """One op on a root parameter: forward with the module's shard gathered (no graph kept); backward gathers
+    again, recomputes the op with the graph, back-propagates, reduce-scatters the gradients into the shard."""
+
+    @staticmethod
+    def forward(ctx, shard, fsdp, flat, op, attrs, slots, inputs, run, *args):
+        ctx.fsdp, ctx.flat, ctx.op, ctx.attrs, ctx.slots = fsdp, flat, op, attrs, slots
+        ctx.inputs = tuple(x.detach() if isinstance(x, Tensor) and not sl else x for x, sl in zip(inputs, slots))
+        ctx.params = tuple(x if sl else None for x, sl in zip(inputs, slots))
+        return fsdp._gathered(flat, run)
+
+    @staticmethod
+    def backward(ctx, g):
+        from blutensor.ops.dispatch import apply
+
+        n_fixed = 8
+        needs = ctx.needs[n_fixed:]
+        grads = [None] * len(ctx.inputs)
+
+        def recompute():
+            with bt.enable_grad():
+                xs = [x.detach().requires_grad_(True) if nd else x for x, nd in zip(ctx.inputs, needs)]
+                full = [p if p is not None else x for p, x in zip(ctx.params, xs)]
+                y = apply(ctx.op, *full, **ctx.attrs)
+                y.backward(g)
+            for i, (x, nd) in enumerate(zip(xs, needs)):
+                if nd:
+                    grads[i] = x.grad
+            ctx.flat.reduce_grads()  # this use's gradients, at once (a tied weight gets one per use)
+
+        ctx.fsdp._gathered(ctx.flat, recompute)
+        return (None,) * n_fixed + tuple(grads)
 
 
 class FSDPUnit(Module):
@@ -235,22 +283,60 @@ class FullyShardedDataParallel(Module):
             object.__setattr__(b, "prev", a)
         object.__setattr__(self, "units", units)
         unit_ids = {id(s) for u in units for s in u.flat.shards}
-        root = [p for p in model.parameters() if id(p) not in unit_ids]
-        object.__setattr__(self, "root", Flats(root, group, param_key) if root else None)
+        by_module: dict[str, list] = {}
+        for name, p in model.named_parameters():  # tied parameters appear once, under their first module
+            if id(p) not in unit_ids:
+                by_module.setdefault(name.split(".")[0], []).append(p)
+        roots = [Flats(ps, group, param_key) for ps in by_module.values()]
+        for name, f in zip(by_module, roots):
+            f.label = f"root_{name}"
+        for i, u in enumerate(units):
+            u.flat.label = f"unit{i}"
+        object.__setattr__(self, "roots", roots)
+        object.__setattr__(self, "_root_of", {id(p): f for f in roots for p in f.params})
         for i, u in enumerate(units):
             for j, sh in enumerate(u.flat.shards):
                 self.register_parameter(f"unit{i}_shard" + (f"{j}" if j else ""), sh)
-        if self.root is not None:
-            for j, sh in enumerate(self.root.shards):
-                self.register_parameter("root_shard" + (f"{j}" if j else ""), sh)
-            object.__setattr__(self, "_pending", 0)
-            for p in root:
-                p.register_post_accumulate_grad_hook(self._root_grad_ready)
+        for name, f in zip(by_module, roots):
+            for j, sh in enumerate(f.shards):
+                self.register_parameter(f"root_{name}_shard" + (f"{j}" if j else ""), sh)
+        object.__setattr__(self, "_busy", False)
+        if roots:
+            # first in the chain: TP/CP observers that read a root weight directly then see it gathered
+            dispatch.observers.insert(0, self._root_op)
 
     def flats(self) -> list[FlatShard]:
-        """Every flat shard (root first, then the units in order)."""
-        groups = ([self.root] if self.root else []) + [u.flat for u in self.units]
+        """Every flat shard (root modules first, then the units in order)."""
+        groups = list(self.roots) + [u.flat for u in self.units]
         return [f for g in groups for f in g.parts]
+
+    def _root_op(self, op, inputs, attrs, run):
+        """Dispatch observer: an op reading a root parameter runs with that module's shard gathered."""
+        if self._busy:
+            return run()
+        flat = next((self._root_of[id(x)] for x in inputs if isinstance(x, Tensor) and id(x) in self._root_of),
+                    None)
+        if flat is None:
+            return run()
+        if not bt.is_grad_enabled():
+            return self._gathered(flat, run)
+        slots = tuple(isinstance(x, Tensor) and id(x) in self._root_of for x in inputs)
+        args = tuple(None if sl else x for x, sl in zip(inputs, slots))
+        return _RootOpFn.apply(flat.shards[0], self, flat, op, attrs, slots, inputs, run, *args)
+
+    def _gathered(self, flat, fn):
+        flat.gather()
+        object.__setattr__(self, "_busy", True)
+        try:
+            return fn()
+        finally:
+            object.__setattr__(self, "_busy", False)
+            flat.release()
+
+    def close(self) -> None:
+        """Remove the root-parameter observer (the model is no longer used through this wrapper)."""
+        if self._root_op in dispatch.observers:
+            dispatch.observers.remove(self._root_op)
 
     def param_groups(self, weight_decay: float, decay_key=True) -> list[dict]:
         """AdamW groups over the shards: ``weight_decay`` on those whose ``param_key`` is ``decay_key``."""
@@ -258,22 +344,10 @@ class FullyShardedDataParallel(Module):
         return [{"params": [s for s in shards if s.fsdp_key == decay_key], "weight_decay": weight_decay},
                 {"params": [s for s in shards if s.fsdp_key != decay_key], "weight_decay": 0.0}]
 
-    def _root_grad_ready(self, p) -> None:
-        object.__setattr__(self, "_pending", self._pending - 1)
-        if self._pending == 0:
-            self.root.reduce_grads()
-            self.root.release()
-
     def forward(self, *args, **kwargs):
-        if self.root is not None:
-            self.root.gather()
-            object.__setattr__(self, "_pending", len(self.root.params))
         if self.units:
             self.units[0].flat.gather_async()
-        out = self.model(*args, **kwargs)
-        if self.root is not None and not bt.is_grad_enabled():
-            self.root.release()
-        return out
+        return self.model(*args, **kwargs)
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip by the global norm of the unsharded model: squares of the local shards summed over the group

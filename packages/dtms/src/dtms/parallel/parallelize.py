@@ -213,9 +213,12 @@ class Parallelized:
                 optimizer.state[p] = st
 
     def close(self) -> None:
+        """Remove the dispatch observers TP, CP and FSDP installed (the model is unusable afterwards)."""
         for h in (self.tp, self.cp):
             if h is not None:
                 h.close()
+        if self.fsdp:
+            self.model.close()
 
 
 def _sharded_param_ids(model: Module, tp: TensorParallel | None) -> set[int]:
