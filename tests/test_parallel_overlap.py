@@ -92,3 +92,30 @@ def test_ddp_buckets_reduce_during_backward_every_step(tmp_path):
         posts = [t for t, n, _ in ev if n == "ddp_bucket_post"]
         assert len(posts) == r["buckets"]
         assert sum(t < last_ready for t in posts) >= r["buckets"] // 2  # launched while backward still runs
+
+
+def _runs(ev, kinds):
+    """The event sequence cut into one run per linear: a run ends at its tp_comm_wait."""
+    runs, cur = [], []
+    for t, n, i in ev:
+        if n.startswith("tp_") and i.get("kind") in kinds:
+            cur.append((t, n, i))
+            if n == "tp_comm_wait":
+                runs.append(cur)
+                cur = []
+    return runs
+
+
+def test_async_tp_all_reduces_run_behind_the_gemms(tmp_path):
+    ev = run(tmp_path, "tp")["events"]
+    fwd, bwd = _runs(ev, ("fwd",)), _runs(ev, ("dgrad", "wgrad"))
+    assert len(fwd) == 2 * 2 and len(bwd) == 2 * 2  # row- / column-parallel linears of 2 layers
+
+    def at(run_, name, **info):
+        return next(t for t, n, i in run_ if n == name and all(i.get(k) == v for k, v in info.items()))
+
+    for r in fwd:  # chunk 0's all-reduce is in flight while chunk 1..3 multiply
+        assert at(r, "tp_comm_post", chunk=0) < at(r, "tp_gemm_begin", chunk=3) < at(r, "tp_comm_wait")
+    for r in bwd:  # the input gradient's all-reduces are posted before the weight-gradient GEMM
+        assert at(r, "tp_comm_post", chunk=0) < at(r, "tp_gemm_begin", kind="dgrad", chunk=3)
+        assert at(r, "tp_comm_post", chunk=3) < at(r, "tp_gemm_begin", kind="wgrad") < at(r, "tp_comm_wait")

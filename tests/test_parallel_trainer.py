@@ -91,6 +91,7 @@ def test_sharded_resume_same_and_other_layout(tmp_path, data, single):
     (["train.world_size=2", "parallel.fsdp=2", "train.activation_checkpointing=true"], "activation_checkpointing"),
     (["train.world_size=2", "parallel.cp=2", "model.dropout=0.1"], "needs model.dropout = 0"),
     (["parallel.tensor=2"], "unknown key parallel.tensor"),
+    (["train.world_size=2", "parallel.tp=2", "train.precision=bf16"], "not supported"),
 ])
 def test_bad_layouts_are_named(over, msg):
     cfg = load_preset("tiny")

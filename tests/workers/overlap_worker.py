@@ -132,6 +132,20 @@ def ddp_steps(steps):
     return ev_steps, len(m.buckets)
 
 
+def tp_step(chunks=4):
+    from blumodels.gpt2_parallelize import gpt2_plan
+    from dtms.parallel import ParallelDims, parallelize
+
+    model = gpt2(n_layer=2)
+    par = parallelize(model, ParallelDims(tp=dtms.get_world_size()), plan=gpt2_plan(model), async_tp_chunks=chunks)
+    x, y = batch(0, 2, 16, 61)
+    with TIMELINE.recording() as ev:
+        _, loss = par.model(x, y)
+        loss.backward()
+    par.close()
+    return events_json(ev)
+
+
 def main():
     mode, out = sys.argv[1], sys.argv[2]
     dtms.init_process_group("mpi")
@@ -157,6 +171,8 @@ def main():
     elif mode == "fsdp_memory":
         res["sharded"] = fsdp_memory(False)
         res["kept"] = fsdp_memory(True)
+    elif mode == "tp":
+        res["events"] = tp_step()
     elif mode == "ddp":
         res["steps"], res["buckets"] = ddp_steps(3)
     if dtms.get_rank() == 0:
