@@ -140,7 +140,8 @@ def launch(run: dict, a, work: Path) -> dict:
     args = ["--framework", run["framework"], "--strategy", run["strategy"], "--name", name, "--out-dir", str(work),
             "--rotator", run.get("rotator", "p2p"), "--tp-chunks", str(run.get("tp_chunks", 1)),
             "--bucket-mb", str(run.get("bucket_mb", 25.0)), "--batch", str(run["batch"]), "--seq", str(run["seq"]),
-            "--steps", str(run["steps"]), "--layout", run.get("layout", ""), "--layers", str(a.layers), "--d-model", str(a.d_model),
+            "--steps", str(run["steps"]), "--layout", run.get("layout", ""), "--layers", str(a.layers),
+            "--d-model", str(a.d_model),
             "--heads", str(a.heads), "--vocab", str(a.vocab), "--allocator", a.allocator, "--device", a.device]
     env = child_env(a.device)
     gpus = visible_gpus() if a.device != "cpu" else []
