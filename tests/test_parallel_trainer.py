@@ -53,14 +53,26 @@ def single(tmp_path_factory, data) -> list[dict]:
     return train(tmp_path_factory.mktemp("single") / "run", data, 1, "train.micro_batch=8")
 
 
+@pytest.fixture(scope="module")
+def fsdp2(tmp_path_factory, data) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("fsdp2") / "run"
+    return out, train(out, data, 2, "train.micro_batch=4", "parallel.fsdp=2", sample=8)
+
+
+@needs_mpi
+def test_fsdp_equals_single_process(fsdp2, single):
+    out, log = fsdp2
+    same(log, single, 2e-6)
+    assert [p.name for p in sorted((out / "checkpoints").iterdir())] == [
+        "step_00000003.rank0.safetensors", "step_00000006.rank0.safetensors"]  # one full state per step
+
+
 @needs_mpi
 @pytest.mark.parametrize("ranks,layout,micro", [
-    (2, ["parallel.fsdp=2"], 4),
     (2, ["parallel.tp=2", "parallel.tp_async=2"], 8),
     (2, ["parallel.cp=2"], 8),
     (4, ["parallel.tp=2"], 4),  # dp=2 x tp=2
     (4, ["parallel.fsdp=2", "parallel.tp=2"], 4),
-    (4, ["parallel.fsdp=2", "parallel.cp=2", "parallel.cp_rotator=alltoall"], 4),
 ])
 def test_layout_equals_single_process(tmp_path, data, single, ranks, layout, micro):
     log = train(tmp_path / "run", data, ranks, f"train.micro_batch={micro}", *layout, sample=8)
@@ -70,9 +82,25 @@ def test_layout_equals_single_process(tmp_path, data, single, ranks, layout, mic
 
 
 @needs_mpi
-def test_sharded_resume_same_and_other_layout(tmp_path, data, single):
+def test_under_blurun_equals_single_process(tmp_path, data, single):
+    """The same command under blurun (CPU ranks under its mpiexec, one BLAS thread each, logs under --out)."""
+    out = tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--quiet", "--device", "cpu", "--out", str(out), f"data.dir={data}",
+            "train.sample_tokens=0", *SHAPE, "train.world_size=2", "train.micro_batch=8", "parallel.tp=2"]
+    blutrain = Path(sys.executable).parent / "blutrain"
+    env = {k: v for k, v in mpiexec_env().items() if not k.startswith(("OMPI_COMM", "PMI", "PMIX"))}
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    p = subprocess.run([sys.executable, "-m", "dtms.run", "--nproc-per-node", "2", str(blutrain), *args],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    same([json.loads(ln) for ln in (out / "log.jsonl").read_text().splitlines()], single, 2e-6)
+    assert len(list((out / "blurun-logs").glob("*/rank1.err"))) == 1
+
+
+@needs_mpi
+def test_sharded_resume_same_and_other_layout(tmp_path, data, single, fsdp2):
     fsdp = ["train.micro_batch=4", "parallel.fsdp=2"]
-    ref = train(tmp_path / "ref", data, 2, *fsdp)
+    ref = fsdp2[1]
     train(tmp_path / "a", data, 2, *fsdp, extra=["--stop-at", "3"])
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     resumed = train(tmp_path / "a", data, 2, *fsdp, extra=["--resume"])
