@@ -122,6 +122,15 @@ class Dist:
 
         return float(bt.optim.clip_grad_norm_(params, max_norm).item())
 
+    def grad_norm(self, params: list) -> float:
+        """The global L2 norm of the gradients without clipping (of the unsharded model when sharded)."""
+        if self.par is not None:
+            return self.par.clip_grad_norm_(float("inf"))
+        import math
+
+        return math.sqrt(sum(float((p.grad.detach().to("cpu").numpy().astype(np.float64) ** 2).sum())
+                             for p in params if p.grad is not None))
+
     def no_sync(self, module: Any, skip: bool):
         """DDP's no_sync() for accumulation micro-steps (``skip`` True), else a null context (FSDP accumulates
         the reduce-scattered gradients into its shards on every micro-step)."""

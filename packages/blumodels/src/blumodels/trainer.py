@@ -507,8 +507,7 @@ class Trainer:
         elif t.grad_clip > 0:
             gnorm = self.dist.clip_grad_norm_(params, t.grad_clip)  # of the unsharded model under [parallel]
         else:
-            gnorm = math.sqrt(sum(float((p.grad.detach().to("cpu").numpy().astype(np.float64) ** 2).sum())
-                                  for p in params if p.grad is not None))
+            gnorm = self.dist.grad_norm(params)
         if bad is None and gnorm is not None and not math.isfinite(gnorm):
             bad = self._nonfinite_grad_name()
         skipped = False
