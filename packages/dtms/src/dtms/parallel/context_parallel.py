@@ -118,6 +118,7 @@ class P2PRotator(Rotator):
             works.append(g.isend(a, dst, tag=tag0 + i))
             works.append(g.irecv(b, src, tag=tag0 + i))
             STATS.add("cp_p2p")
+        g.start_p2p()  # NCCL: launched now on the communication stream, not at the first wait
         return nxt, works
 
     def forward_pass(self, arrays, compute) -> None:
