@@ -618,3 +618,5 @@ class Trainer:
 
     def close(self) -> None:
         self.ckpt.close()
+        if self.sharded:  # the mesh's dispatch observers (TP, CP, FSDP root shards) leave the process
+            self.dist.par.close()
