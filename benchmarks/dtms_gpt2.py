@@ -74,12 +74,27 @@ def plan(part: str, a, steps: int) -> list[dict]:
             add("torch_ddp", "torch", "ddp", W)
             add("torch_fsdp2", "torch", "fsdp", W)
             add("torch_cp", "torch", "cp", W)
+    elif part == "layouts":  # every strategy and combination through the [parallel] config (the Trainer's path)
+        add("bt_single", "blutrain", "single", 1, ref=None)
+        for lay in layouts(W):
+            add("bt_" + lay.replace("=", "").replace(",", "_"), "blutrain", "layout", W, layout=lay, ref="bt_single")
+        if not a.no_torch:
+            add("torch_tp", "torch", "tp", W, ref="bt_single")
     elif part == "sweep":
         for mb in a.buckets.split(","):
             add(f"bt_ddp_bucket{mb}", "blutrain", "ddp", W, bucket_mb=float(mb))
     else:
         raise SystemExit(f"unknown part {part!r}")
     return runs
+
+
+def layouts(W: int) -> list[str]:
+    """[parallel] layouts of W ranks: each strategy alone, then the 2 x (W/2) combinations."""
+    out = [f"fsdp={W}", f"tp={W}", f"tp={W},tp_async=4"] + [f"cp={W},cp_rotator={r}" for r in ROTATORS]
+    if W >= 4 and W % 2 == 0:
+        h = W // 2
+        out += ["tp=2", f"fsdp={h},tp=2", "cp=2", f"fsdp={h},cp=2", f"tp=2,cp={h}"]  # dp x tp, fsdp x tp, ...
+    return out
 
 
 def free_port() -> int:
@@ -125,7 +140,8 @@ def launch(run: dict, a, work: Path) -> dict:
     args = ["--framework", run["framework"], "--strategy", run["strategy"], "--name", name, "--out-dir", str(work),
             "--rotator", run.get("rotator", "p2p"), "--tp-chunks", str(run.get("tp_chunks", 1)),
             "--bucket-mb", str(run.get("bucket_mb", 25.0)), "--batch", str(run["batch"]), "--seq", str(run["seq"]),
-            "--steps", str(run["steps"]), "--layers", str(a.layers), "--d-model", str(a.d_model),
+            "--steps", str(run["steps"]), "--layout", run.get("layout", ""), "--layers", str(a.layers),
+            "--d-model", str(a.d_model),
             "--heads", str(a.heads), "--vocab", str(a.vocab), "--allocator", a.allocator, "--device", a.device]
     env = child_env(a.device)
     gpus = visible_gpus() if a.device != "cpu" else []
@@ -222,7 +238,8 @@ def machine(a) -> dict:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--part", default="all", help="equivalence | bench | sweep | recovery | all (comma list)")
+    p.add_argument("--part", default="all",
+                   help="equivalence | layouts | bench | sweep | recovery | all (comma list)")
     p.add_argument("--nproc", type=int, default=2, help="ranks (one GPU each)")
     p.add_argument("--batch", type=int, default=16, help="global batch (sequences per step)")
     p.add_argument("--seq", type=int, default=1024)
@@ -252,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    parts = ["equivalence", "bench", "sweep", "recovery"] if a.part == "all" else a.part.split(",")
+    parts = ["equivalence", "layouts", "bench", "sweep", "recovery"] if a.part == "all" else a.part.split(",")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = out.parent / (out.stem + "_work")

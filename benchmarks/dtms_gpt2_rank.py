@@ -59,8 +59,27 @@ def run_blutrain(a) -> dict:
         bt.set_matmul_precision("fp32")
     model = build_model(model_config(a), device=dev, seed=0)
     par, m, backend = None, model, "none"
-    if a.strategy != "single":
+    if a.strategy == "layout":  # the Trainer's path: a [parallel] table applied through the registered plugin
         import dtms
+        from blumodels.config import apply_overrides, load_preset
+        from blumodels.dist import Dist
+
+        pg = dtms.init_process_group()
+        backend, W = pg.backend, pg.size()
+        over = [f"parallel.{kv}" for kv in a.layout.split(",") if kv]
+        sizes = dict(kv.split("=") for kv in a.layout.split(",") if kv)
+        dp_total = W // (int(sizes.get("tp", 1)) * int(sizes.get("cp", 1)))
+        cfg = apply_overrides(load_preset("tiny"), [
+            f"model.n_layer={a.layers}", f"model.n_head={a.heads}", f"model.d_model={a.d_model}",
+            f"model.block_size={max(1024, a.seq)}", f"model.vocab_size={a.vocab}", "model.dropout=0",
+            f"train.seq_len={a.seq}", f"train.micro_batch={a.batch // dp_total}", f"train.world_size={W}",
+            f"train.batch_tokens={a.batch * a.seq}", *over])
+        dist = Dist(dtms.get_rank(), W, pg, dtms.get_local_rank())
+        m = dist.wrap(model, cfg)
+        par = dist.par
+    elif a.strategy != "single":
+        import dtms
+        from blumodels.gpt2_parallelize import gpt2_plan
         from dtms.parallel import ParallelDims, parallelize
 
         pg = dtms.init_process_group()
@@ -69,10 +88,11 @@ def run_blutrain(a) -> dict:
         dims = {"ddp": ParallelDims(dp=W), "fsdp": ParallelDims(dp=W), "tp": ParallelDims(tp=W),
                 "cp": ParallelDims(cp=W)}[a.strategy]
         par = parallelize(model, dims, fsdp=a.strategy == "fsdp", async_tp_chunks=a.tp_chunks,
-                          cp_rotator=a.rotator, bucket_cap_mb=a.bucket_mb, seq_len=a.seq)
+                          cp_rotator=a.rotator, bucket_cap_mb=a.bucket_mb, seq_len=a.seq, plan=gpt2_plan(model))
         m = par.model
-    opt = bt.optim.AdamW(m.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                         fused=True if cuda else None)
+    params = par.model.parameters() if par is not None and par.fsdp else (
+        model.parameters() if par is not None else m.parameters())
+    opt = bt.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True if cuda else None)
 
     def sync():
         if cuda:
@@ -164,6 +184,22 @@ def run_torch(a) -> dict:
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model, device_ids=[0] if cuda else None, bucket_cap_mb=a.bucket_mb)
+    elif a.strategy == "tp":  # Megatron's split through torch.distributed.tensor.parallel (DTensor)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh(dev.type, (W,))
+        d = a.d_model
+        order = torch.arange(3 * d).view(3, W, d // W).transpose(0, 1).reshape(-1).to(dev)
+        with torch.no_grad():
+            for blk in gpt.blocks:
+                # fused QKV rows reordered so that an even row split gives each rank q, k and v of its own heads
+                blk.c_attn.weight.copy_(blk.c_attn.weight[order])
+                blk.c_attn.bias.copy_(blk.c_attn.bias[order])
+                blk.h = a.heads // W
+        for blk in gpt.blocks:
+            parallelize_module(blk, mesh, {"c_attn": ColwiseParallel(), "attn_proj": RowwiseParallel(),
+                                           "c_fc": ColwiseParallel(), "mlp_proj": RowwiseParallel()})
     elif a.strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -206,7 +242,17 @@ def run_torch(a) -> dict:
         if W > 1:
             dist.all_reduce(lt)  # SUM (gloo has no AVG)
             lt /= W
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        if a.strategy == "tp":  # DTensor and plain gradients together: the global norm by hand
+            from torch.distributed.tensor import DTensor
+
+            gs = [p.grad for p in model.parameters() if p.grad is not None]
+            full = [g.full_tensor() if isinstance(g, DTensor) else g for g in gs]
+            norm = torch.sqrt(sum((f.double() ** 2).sum() for f in full))
+            coef = (CLIP / (norm + 1e-6)).clamp(max=1.0)
+            for g in gs:
+                g.mul_(coef.to(g.dtype).item())
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)
         lv = float(lt.item())
@@ -230,7 +276,8 @@ def run_torch(a) -> dict:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--framework", choices=("blutrain", "torch"), required=True)
-    p.add_argument("--strategy", choices=("single", "ddp", "fsdp", "tp", "cp"), required=True)
+    p.add_argument("--strategy", choices=("single", "ddp", "fsdp", "tp", "cp", "layout"), required=True)
+    p.add_argument("--layout", default="", help="strategy 'layout': [parallel] keys, e.g. fsdp=2,tp=2")
     p.add_argument("--name", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--rotator", default="p2p")

@@ -110,6 +110,11 @@ def derive(runs: dict, W: int, tol: float) -> tuple[dict, dict]:
         d["equivalence"] = e
         d["equivalence_table"] = per_gpu_table(eq)
         v["equivalence_all_within_tol"] = bool(e) and all(x["ok"] for x in e.values())
+    lay = runs.get("layouts") or {}
+    if lay:
+        e = equivalence(lay, tol)
+        d["layouts"] = e
+        v["layouts_all_within_tol"] = bool(e) and all(x["ok"] for x in e.values())
     bench = runs.get("bench") or {}
     if bench:
         tab = per_gpu_table(bench)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 class Block(nn.Module):
     def __init__(self, d, h, eps):
         super().__init__()
-        self.h = h
+        self.h = h  # heads computed here (tensor parallelism lowers it to h / tp)
+        self.hd = d // h
         self.ln_1 = nn.LayerNorm(d, eps=eps)
         self.c_attn = nn.Linear(d, 3 * d)
         self.attn_proj = nn.Linear(d, d)
@@ -24,8 +25,8 @@ class Block(nn.Module):
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).view(B, T, 3, self.h, C // self.h).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        q, k, v = self.c_attn(self.ln_1(x)).view(B, T, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, self.h * self.hd)
         x = x + self.attn_proj(y)
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 

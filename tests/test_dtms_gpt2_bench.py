@@ -63,6 +63,18 @@ def test_every_strategy_matches_single_process(dry_run):
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.slow  # the shared dry run
+def test_every_layout_from_the_config_matches_single_process(dry_run):
+    lay = dry_run["derived"]["layouts"]
+    assert set(lay) == {"bt_fsdp2", "bt_tp2", "bt_tp2_tp_async4", "bt_cp2_cp_rotatorp2p", "bt_cp2_cp_rotatorallgather",
+                        "bt_cp2_cp_rotatoralltoall", "torch_tp"}
+    for name, e in lay.items():
+        assert e["ok"] and e["steps"] == 3 and e["max_abs_loss_diff"] <= 1e-5, (name, e)
+    assert dry_run["verdicts"]["layouts_all_within_tol"] is True
+
+
+@needs_mpi
+@pytest.mark.mpi
 @pytest.mark.slow  # the shared dry run: ~60-85 s on 2 cores
 def test_bench_sweep_and_torch(dry_run):
     bench, d = dry_run["runs"]["bench"], dry_run["derived"]

@@ -54,6 +54,8 @@ def test_tensor_parallel(tmp_path, chunks):
     if chunks > 1:  # async TP issues its row-parallel all-reduces per token chunk
         # 2 layers x 2 row-parallel linears x 10 steps x 4 chunks
         assert r["stats"]["tp_async_chunk"] == 2 * 2 * 10 * chunks
+        # and the column-parallel backward its input-gradient all-reduces (QKV and MLP-up of 2 layers)
+        assert r["stats"]["tp_async_bwd_chunk"] == 2 * 2 * 10 * chunks
 
 
 def test_tensor_parallel_fp32(tmp_path):

@@ -12,6 +12,7 @@ import dtms
 import numpy as np
 from blumodels.config import ModelConfig
 from blumodels.gpt2 import build_model
+from blumodels.gpt2_parallelize import gpt2_plan
 from dtms.parallel import ParallelDims, parallelize
 from dtms.parallel.comm_ops import STATS
 from dtms.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _shard_rows
@@ -64,7 +65,7 @@ def main():
     model = to_dtype(build_model(ModelConfig(**CFG), seed=1 + rank), dtype)  # parallelize must broadcast
     names = {id(p): n for n, p in model.named_parameters()}
     par = parallelize(model, ParallelDims(dp=dp, cp=cp, tp=tp), fsdp=(strategy == "fsdp"),
-                      async_tp_chunks=chunks, cp_rotator=rotator, seq_len=T)
+                      async_tp_chunks=chunks, cp_rotator=rotator, seq_len=T, plan=gpt2_plan(model))
     m = par.model
     opt = bt.optim.AdamW(m.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     losses, grad_err, norms = [], 0.0, []
@@ -100,9 +101,7 @@ def compare_grads(strategy, par, model, names, ref):
     """Max |grad - reference| over this rank's view of every gradient."""
     err = 0.0
     if strategy == "fsdp":
-        units = par.model.units
-        flats = ([par.model.root] if par.model.root else []) + [u.flat for u in units]
-        for flat in flats:
+        for flat in par.model.flats():
             full = np.zeros(flat.padded)
             off = 0
             for p, n in zip(flat.params, flat.numels):

@@ -18,7 +18,7 @@ def observe(node, grad, run):
     return run()
 
 
-def wrap(self, model):  # DDP with ~8 KB buckets: a 2-layer d_model 32 GPT-2 fills several
+def wrap(self, model, cfg=None):  # DDP with ~8 KB buckets: a 2-layer d_model 32 GPT-2 fills several
     from dtms.parallel.ddp import DistributedDataParallel
 
     ddp = DistributedDataParallel(model, self.pg, bucket_cap_mb=0.008)

@@ -129,6 +129,8 @@ def test_cpu_runs_use_one_blas_thread_unless_told(monkeypatch):
     assert not limit_cpu_blas_threads(args)
     monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     assert not limit_cpu_blas_threads(argparse.Namespace(cmd="plugins"))
+    assert limit_cpu_blas_threads(argparse.Namespace(cmd="profile", device="cpu"))  # profiles what train runs
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     assert not limit_cpu_blas_threads(argparse.Namespace(cmd="train", device="cuda"))
     import blutensor as bt
 

@@ -16,7 +16,7 @@ import pytest
 from blumodels.config import ConfigError, ModelConfig, from_dict
 from blumodels.gpt2 import build_model
 from blumodels.graph_step import CapturedStep, EagerCapture, check_config
-from blumodels.step import TrainStep, static_grads
+from blumodels.step import TrainStep, flat_grads
 
 STEPS = 7
 B, T = 3, 16
@@ -249,7 +249,7 @@ def test_trainer_captured_path_twin_matches_eager_trainer(tmp_path, monkeypatch,
 def test_static_grads_are_disjoint_aligned_views_of_one_buffer():
     m = _model()
     ps = list(m.parameters())
-    grads, bufs = static_grads(ps, "cpu")
+    grads, bufs = flat_grads(ps, "cpu")
     assert len(bufs) == 1 and all(g.shape == p.shape and g.dtype is p.dtype for g, p in zip(grads, ps))
     base = bufs[0].__array_interface__["data"][0]
     spans = sorted((g._data.__array_interface__["data"][0] - base, g._data.nbytes) for g in grads)

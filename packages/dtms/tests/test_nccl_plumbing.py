@@ -88,6 +88,11 @@ def test_nccl_backend_collectives_on_fake_nccl(fake_cupy, world):
             assert not pg._p2p_queue and w1.work is w2.work
             w2.wait()
             np.testing.assert_array_equal(cp.asnumpy(buf), every[(r - 1) % world][:4])
+            w3 = pg.isend(cp.asarray(every[r][:4]), (r + 1) % world)
+            w4 = pg.irecv(buf, (r - 1) % world)
+            pg.start_p2p()  # a ring launches its exchange before computing, without waiting
+            assert not pg._p2p_queue and w3.work is w4.work and w3.work is not None
+            w4.wait()
         x = cp.asarray(every[r])
         work = pg.all_reduce(x, op="sum", async_op=True)
         assert work.event.recorded_on is pg.stream  # completion recorded on the communication stream

@@ -414,7 +414,7 @@ def limit_cpu_blas_threads(args: argparse.Namespace) -> bool:
     The GEMMs of small models gain little from more threads, and OpenBLAS's spinning threads collapse
     on a shared machine (tiny demo on 2 busy cores: 2 min 6 s with one thread, 6 min 24 s with two).
     """
-    if args.cmd not in ("train", "sample", "eval") or "numpy" in sys.modules:
+    if args.cmd not in ("train", "sample", "eval", "profile") or "numpy" in sys.modules:
         return False
     if any(v in os.environ for v in BLAS_THREAD_VARS):
         return False

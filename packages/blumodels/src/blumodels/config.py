@@ -40,6 +40,8 @@ UPPER_BOUNDS: dict[str, dict[str, float]] = {
               "sample_tokens": 100_000, "top_k": 1 << 24, "temperature": 1e6, "world_size": 1 << 20,
               "peak_flops": 1e21},
     "data": {"vocab_size": 1 << 24, "shard_tokens": 1 << 40, "seed": (1 << 63) - 1, "max_bytes": 1 << 50},
+    "log": {"prometheus_port": 65535},
+    "parallel": {"dp": 1 << 20, "fsdp": 1 << 20, "tp": 1 << 20, "cp": 1 << 20, "tp_async": 1 << 10},
 }
 MAX_STRING_CHARS = {"sample_prompt": 100_000, "dir": MAX_PATH_CHARS}
 
@@ -158,6 +160,33 @@ class DataConfig:
     max_bytes: int = 0  # cap on the built-in corpus (0 = all of it); for quick runs and tests
 
 
+CP_ROTATORS = ("p2p", "allgather", "alltoall")  # parallel.cp_rotator (dtms.parallel.ROTATORS)
+
+
+@dataclass
+class ParallelConfig:
+    """How the ``train.world_size`` ranks split the work (dtms strategies, applied by the Trainer in
+    torchtitan's order: TP, then CP, then FSDP or DDP). Sizes multiply to the world size."""
+
+    dp: int = 0  # data-parallel replicas (DDP); 0 = what the other sizes leave of train.world_size
+    fsdp: int = 1  # ranks that shard parameters, gradients and AdamW state (ZeRO-3) instead of replicating
+    tp: int = 1  # tensor parallel (Megatron: heads, MLP and vocabulary split)
+    cp: int = 1  # context parallel (ring attention over the load-balanced sequence shards)
+    cp_rotator: str = "p2p"  # how K/V blocks travel: "p2p" ring (next block in flight), "allgather", "alltoall"
+    tp_async: int = 0  # > 1: row-parallel GEMMs in this many token chunks, each all-reduce behind the next GEMM
+
+    def sizes(self, world_size: int) -> dict[str, int]:
+        """{"dp", "fsdp", "tp", "cp"} with ``dp = 0`` resolved (no check; see RunConfig.validate)."""
+        rest = self.fsdp * self.tp * self.cp
+        dp = self.dp or max(world_size // max(rest, 1), 1)
+        return {"dp": dp, "fsdp": self.fsdp, "tp": self.tp, "cp": self.cp}
+
+    @property
+    def sharded(self) -> bool:
+        """True when parameters or activations are split (FSDP, TP or CP), not only replicated."""
+        return self.fsdp > 1 or self.tp > 1 or self.cp > 1
+
+
 @dataclass
 class LogConfig:
     """Where step metrics go besides log.jsonl: logger plugins on the step hook (see blumodels.loggers)."""
@@ -171,32 +200,80 @@ class LogConfig:
 
 @dataclass
 class RunConfig:
-    """The whole run: [model], [train], [data] (and [log]) tables of a TOML file."""
+    """The whole run: [model], [train], [data], [parallel] (and [log]) tables of a TOML file."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that see different rows of a batch (dp x fsdp): train.world_size / (tp x cp)."""
+        p = self.parallel
+        return max(self.train.world_size // max(p.tp * p.cp, 1), 1)
 
     @property
     def grad_accum(self) -> int:
         t = self.train
-        return t.batch_tokens // (t.micro_batch * t.seq_len * t.world_size)
+        return t.batch_tokens // (t.micro_batch * t.seq_len * self.data_parallel_size)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def _check_parallel(self) -> None:
+        """The [parallel] table against train.world_size and the model's shape (before any work)."""
+        p, t, m = self.parallel, self.train, self.model
+        for name in ("fsdp", "tp", "cp"):
+            if getattr(p, name) < 1:
+                raise ConfigError(f"parallel.{name} must be a positive integer, got {getattr(p, name)}")
+        if p.cp_rotator not in CP_ROTATORS:
+            raise ConfigError(f"parallel.cp_rotator must be one of {', '.join(CP_ROTATORS)}, got {p.cp_rotator!r}"
+                              f"{_did_you_mean(p.cp_rotator, CP_ROTATORS)}")
+        if p.dp > 1 and p.fsdp > 1:
+            raise ConfigError(f"parallel.dp={p.dp} with parallel.fsdp={p.fsdp}: replicated shards (hybrid sharding) "
+                              f"are not supported; use parallel.fsdp={p.dp * p.fsdp} (dp=1) or fsdp=1")
+        sz = p.sizes(t.world_size)
+        prod = sz["dp"] * sz["fsdp"] * sz["tp"] * sz["cp"]
+        if prod != t.world_size:
+            raise ConfigError(f"parallel sizes dp={sz['dp']}{' (from parallel.dp=0)' if not p.dp else ''} x "
+                              f"fsdp={p.fsdp} x tp={p.tp} x cp={p.cp} = {prod} != train.world_size="
+                              f"{t.world_size}")
+        if m.n_head % p.tp:
+            raise ConfigError(f"parallel.tp={p.tp} does not divide model.n_head={m.n_head}")
+        if (4 * m.d_model) % p.tp:
+            raise ConfigError(f"parallel.tp={p.tp} does not divide the MLP width 4*model.d_model={4 * m.d_model}")
+        if m.vocab_size and m.padded_vocab_size % p.tp:
+            raise ConfigError(f"parallel.tp={p.tp} does not divide the padded vocabulary {m.padded_vocab_size} "
+                              f"(model.vocab_size rounded up to model.vocab_multiple={m.vocab_multiple})")
+        if t.seq_len % (2 * p.cp):
+            raise ConfigError(f"parallel.cp={p.cp}: train.seq_len={t.seq_len} is not divisible by 2*cp={2 * p.cp} "
+                              f"(each rank holds two load-balanced chunks of the causal sequence)")
+        if p.sharded:
+            what = ", ".join(f"parallel.{k}={getattr(p, k)}" for k in ("fsdp", "tp", "cp") if getattr(p, k) > 1)
+            if t.precision == "bf16":
+                raise ConfigError(f"{what} with train.precision='bf16' is not supported: FSDP's root shards, TP's "
+                                  "vocabulary split and CP's ring attention act on the parameters and attention "
+                                  "calls, which autocast replaces by bf16 copies; use 'fp32' or 'tf32'")
+            if p.cp > 1 and m.dropout > 0:
+                raise ConfigError(f"parallel.cp={p.cp} needs model.dropout = 0 (ring attention runs without "
+                                  f"attention dropout), got {m.dropout}")
+            if t.activation_checkpointing:
+                raise ConfigError(f"train.activation_checkpointing cannot be combined with {what} (FSDP already "
+                                  "recomputes each block in backward; TP/CP split the blocks it would wrap)")
+
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first field that is out of range."""
         m, t, d = self.model, self.train, self.data
-        for sec, obj in (("model", m), ("train", t), ("data", d), ("log", self.log)):
+        for sec, obj in (("model", m), ("train", t), ("data", d), ("log", self.log), ("parallel", self.parallel)):
             for f in fields(obj):
                 v = getattr(obj, f.name)
                 if isinstance(v, float) and not math.isfinite(v):  # NaN slips past every range check below
                     raise ConfigError(f"{sec}.{f.name} must be a finite number, got {v}")
                 if isinstance(v, int | float) and not isinstance(v, bool) and v < 0:
                     raise ConfigError(f"{sec}.{f.name} must not be negative, got {v}")
-                hi = UPPER_BOUNDS[sec].get(f.name)
+                hi = UPPER_BOUNDS.get(sec, {}).get(f.name)
                 if hi is not None and isinstance(v, int | float) and not isinstance(v, bool) and v > hi:
                     raise ConfigError(f"{sec}.{f.name}={_short(v)} is past its bound of {_short(hi)}")
                 if isinstance(v, str) and len(v) > MAX_STRING_CHARS.get(f.name, 256):
@@ -208,7 +285,12 @@ class RunConfig:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
         if t.seq_len > m.block_size:
             raise ConfigError(f"train.seq_len={t.seq_len} exceeds model.block_size={m.block_size}")
-        per = t.micro_batch * t.seq_len * t.world_size
+        self._check_parallel()
+        per = t.micro_batch * t.seq_len * self.data_parallel_size
+        if t.batch_tokens % per and self.parallel.sharded:
+            raise ConfigError(f"train.batch_tokens={t.batch_tokens} is not divisible by micro_batch*seq_len*"
+                              f"(world_size/(tp*cp)) = {t.micro_batch}*{t.seq_len}*{self.data_parallel_size} = "
+                              f"{per}")
         if t.batch_tokens % per:
             raise ConfigError(f"train.batch_tokens={t.batch_tokens} is not divisible by micro_batch*seq_len*"
                               f"world_size = {t.micro_batch}*{t.seq_len}*{t.world_size} = {per}")
@@ -297,7 +379,8 @@ class RunConfig:
         return self
 
 
-_SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "log": LogConfig}
+_SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "log": LogConfig,
+             "parallel": ParallelConfig}
 
 
 #: names other trainers (nanoGPT, llm.c, PyTorch) use for our keys: an unknown key among them gets our name as hint
@@ -479,6 +562,7 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
 def apply_overrides(cfg: RunConfig, items: list[str]) -> RunConfig:
     """A copy of ``cfg`` with ``section.key=value`` overrides applied and validated."""
     new = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), train=dataclasses.replace(cfg.train),
-                              data=dataclasses.replace(cfg.data), log=dataclasses.replace(cfg.log))
+                              data=dataclasses.replace(cfg.data), log=dataclasses.replace(cfg.log),
+                              parallel=dataclasses.replace(cfg.parallel))
     _apply(new, parse_overrides(items), "override")
     return new.validate()

@@ -50,6 +50,9 @@ def config_refusal(cfg) -> str | None:
                 "count on the host inside backward")
     if not t.fused_adamw:
         return "train.fused_adamw = false: only the fused AdamW kernel reads lr, step count and skip flag on the device"
+    if cfg.parallel.sharded:
+        return ("a [parallel] fsdp/tp/cp layout: its collectives and the mesh's gradient norm are issued on the "
+                "host around each op")
     if getattr(t, "compile", False):
         return "train.compile = true: the compiled step is captured by the compiler's own cuda_graph option"
     return None

@@ -135,3 +135,84 @@ def restore_training_state(tensors: dict[str, np.ndarray], meta: dict[str, Any],
     if loader is not None and meta.get("loader") is not None:
         loader.load_state_dict(meta["loader"])
     return step
+
+
+def sharded_training_state(par: Any, optimizer: bt.optim.Optimizer | None, step: int, loader: Any = None,
+                           config: dict | None = None,
+                           extra: dict | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """:func:`training_state` of a sharded run (``dtms.parallel.Parallelized``: FSDP / TP / CP), in the
+    single-process format: full parameters and moments by their unsharded names, gathered over the mesh.
+    A collective on every rank; ``loader`` is the first data-parallel rank's (its position is the step's)."""
+    params, moments, steps = par.full_state(optimizer)
+    tensors = {f"model.{n}": _host_array(a) for n, a in params.items()}
+    for k in _MOMENTS:
+        for n, a in moments.get(k, {}).items():
+            tensors[f"optim.{k}.{n}"] = _host_array(a)
+    meta: dict[str, Any] = {
+        "state_format": STATE_FORMAT,
+        "step": int(step),
+        "optim_steps": {n: int(v) for n, v in steps.items()},
+        "rng": bt.get_rng_state(),
+        "loader": loader.state_dict() if loader is not None else None,
+        "config": config or {},
+    }
+    if extra:
+        meta.update(extra)
+    return tensors, meta
+
+
+def _host_array(a: Any) -> np.ndarray:
+    get = getattr(a, "get", None)  # CuPy
+    return np.array(get() if callable(get) and not isinstance(a, np.ndarray) else a, copy=True)
+
+
+def check_sharded_state(tensors: dict[str, np.ndarray], meta: dict[str, Any], par: Any,
+                        optimizer: bt.optim.Optimizer | None = None, loader: Any = None) -> int:
+    """What :func:`restore_sharded_state` checks, changing nothing; StateError names the tensor at fault."""
+    if not isinstance(meta, dict) or meta.get("state_format") != STATE_FORMAT:
+        fmt = meta.get("state_format") if isinstance(meta, dict) else meta
+        raise StateError(f"checkpoint state format {fmt!r} is not {STATE_FORMAT}")
+    try:
+        step = int(meta["step"])
+    except (KeyError, TypeError, ValueError):
+        raise StateError(f"checkpoint meta has no integer 'step' (got {meta.get('step')!r})") from None
+    params = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    try:
+        par.check_full_state(params)
+    except ValueError as e:
+        raise StateError(str(e)) from None
+    steps = meta.get("optim_steps", {})
+    if optimizer is not None:
+        if not isinstance(steps, dict):
+            raise StateError(f"checkpoint meta 'optim_steps' must be a dict, got {type(steps).__name__}")
+        for n in steps:
+            if n not in params:
+                raise StateError(f"checkpoint optimizer state names unknown parameter {n!r}")
+            for k in _MOMENTS:
+                key = f"optim.{k}.{n}"
+                if key not in tensors:
+                    raise StateError(f"checkpoint lacks optimizer tensor {key}")
+                if tensors[key].shape != params[n].shape:
+                    raise StateError(f"checkpoint tensor {key} has shape {tensors[key].shape}, its parameter has "
+                                     f"{params[n].shape}")
+    if loader is not None and meta.get("loader") is not None:
+        loader.check_state_dict(meta["loader"])
+    return step
+
+
+def restore_sharded_state(tensors: dict[str, np.ndarray], meta: dict[str, Any], par: Any,
+                          optimizer: bt.optim.Optimizer | None = None, loader: Any = None,
+                          restore_rng: bool = True) -> int:
+    """Reshard a full (single-process format) state into this rank's shards: any layout resumes from any
+    other (e.g. fsdp=2 -> 1, tp=2 -> fsdp=2) and from a single-process checkpoint. No communication."""
+    step = check_sharded_state(tensors, meta, par, optimizer, loader)
+    params = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    steps = meta.get("optim_steps", {}) if optimizer is not None else {}
+    moments = {k: {n: tensors[f"optim.{k}.{n}"] for n in steps} for k in _MOMENTS}
+    with bt.no_grad():
+        par.load_full_state(optimizer, params, moments, steps)
+    if restore_rng and meta.get("rng") is not None:
+        bt.set_rng_state(meta["rng"])
+    if loader is not None and meta.get("loader") is not None:
+        loader.load_state_dict(meta["loader"])
+    return step

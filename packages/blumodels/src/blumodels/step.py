@@ -15,7 +15,7 @@ CUDA graphs and replayed (graph_step.py wraps these phases, it does not copy the
 Nothing in these phases reads device memory on the host: the host reads the loss, the norm and the flag once,
 after the step (:meth:`TrainStep.read`), for the log record and the NaN policy's verdict.
 
-Gradients live in static views of one flat buffer per dtype (:func:`static_grads`), zeroed by one fill per
+Gradients live in static views of one flat buffer per dtype (:func:`flat_grads`), zeroed by one fill per
 buffer and accumulated in place: a captured step finds the same arrays at every replay, and an eager step costs
 no gradient allocations. Optimizer-in-backward keeps no gradients (it frees each one as soon as it is used).
 """
@@ -44,7 +44,7 @@ def f32(t):
     return d.astype(np.float32, copy=False)
 
 
-def static_grads(params, device) -> tuple[list, list]:
+def flat_grads(params, device) -> tuple[list, list]:
     """Gradient tensors for ``params``: views into one zeroed flat buffer per dtype (each view 256-byte aligned),
     so a step zeroes every gradient with one fill per buffer; returns (grads, flat buffers)."""
     align = 64
@@ -83,12 +83,16 @@ class TrainStep:
     the context that suppresses DDP's reduction during the first ``accum - 1`` micro-steps; ``fused``: update
     through the fused multi-tensor AdamW kernel (CUDA; lr, step count and the skip flag read on the device);
     ``optimizer_in_backward``: the optimizer steps inside backward (no static gradients, no update here).
+    ``norm(params, max_norm)``: the global gradient norm (clipping to ``max_norm``; inf = no clipping) where the
+    gradients are sharded (a [parallel] mesh); ``static_grads=False``: gradients as the wrapped module leaves
+    them, dropped by ``optimizer.zero_grad()`` at the start of each step.
     """
 
     def __init__(self, module, optimizer, params: Sequence, *, device: str, lr_schedule: Sequence[float],
                  accum: int = 1, grad_clip: float = 0.0, autocast: Callable[[], Any] | None = None,
                  no_sync: Callable[[bool], Any] | None = None, fused: bool = False,
-                 optimizer_in_backward: bool = False) -> None:
+                 optimizer_in_backward: bool = False, norm: Callable[[list, float], Any] | None = None,
+                 static_grads: bool = True) -> None:
         self.module, self.optimizer = module, optimizer
         self.params = list(params)
         self.device, self.accum, self.grad_clip = device, int(accum), float(grad_clip)
@@ -106,7 +110,9 @@ class TrainStep:
         self._loss_acc = bt.Tensor._from_data(self.loss_sum, bt.float32, bt.device(device))
         self.grad_norm = xp.zeros((), dtype=np.float32)
         self.found_inf = xp.zeros(1, dtype=np.float32)
-        self.grads, self.grad_bufs = ([], []) if self.oib else static_grads(self.params, device)
+        self._norm = norm
+        use_flat = static_grads and not self.oib
+        self.grads, self.grad_bufs = flat_grads(self.params, device) if use_flat else ([], [])
         self.applied = 0  # updates applied so far (the host AdamW step counts follow it on the fused path)
 
     # ------------------------------------------------------------------ position
@@ -137,6 +143,8 @@ class TrainStep:
             self.bind_grads()
             for buf in self.grad_bufs:
                 buf.fill(0)
+        elif not self.oib:
+            self.optimizer.zero_grad()
         self.loss_sum.fill(0)
         self.xp.take(self.lr_table, self.step_idx, out=self.lr_dev)
 
@@ -159,7 +167,10 @@ class TrainStep:
         """Gradient norm (clipped when asked), the non-finite flag, the update (skipped on the device when the
         flag is set), and the device step index advanced."""
         xp = self.xp
-        if not self.oib:
+        if not self.oib and self._norm is not None:  # host collectives of a mesh: never captured
+            gn = self._norm(self.params, self.grad_clip if self.grad_clip > 0 else float("inf"))
+            self.grad_norm[...] = self.xp.asarray(np.float32(gn))
+        elif not self.oib:
             if self.grad_clip > 0:
                 gn = bt.optim.clip_grad_norm_(self.params, self.grad_clip)
             else:

@@ -7,6 +7,7 @@ parameters, as nanoGPT and llm.c do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
@@ -25,7 +26,14 @@ from blumodels.checkpoint.format import CheckpointError
 from blumodels.config import ConfigError, RunConfig
 from blumodels.dist import Dist
 from blumodels.gpt2 import GPT2, build_model
-from blumodels.state import check_training_state, restore_training_state, training_state
+from blumodels.state import (
+    check_sharded_state,
+    check_training_state,
+    restore_sharded_state,
+    restore_training_state,
+    sharded_training_state,
+    training_state,
+)
 
 
 class NonFiniteError(RuntimeError):
@@ -131,10 +139,31 @@ def check_resume_config(path: str | Path, meta: dict[str, Any], cfg: RunConfig,
     for sec, keys in ((k, v) for k, v in RESUME_KEYS.items() if k in sections):
         old, now = saved.get(sec), getattr(cfg, sec)
         if isinstance(old, dict):
+            if sec == "train" and _resharded(saved, cfg):  # another layout of the same global batch: resharded
+                keys = tuple(k for k in keys if k not in ("micro_batch", "world_size"))
+                rows = _global_rows(saved), cfg.train.micro_batch * cfg.data_parallel_size
+                if rows[0] != rows[1]:
+                    diff.append(f"micro_batch*data-parallel ranks={rows[0]} in the checkpoint, {rows[1]} now")
             diff += [f"{sec}.{k}={old[k]!r} in the checkpoint, {getattr(now, k)!r} now" for k in keys
                      if k in old and old[k] != getattr(now, k)]
     if diff:
         raise ConfigError(f"cannot resume from {path}: it was written with another config ({'; '.join(diff)})")
+
+
+def _sharded_dict(par: Any) -> bool:
+    return isinstance(par, dict) and any(int(par.get(k, 1)) > 1 for k in ("fsdp", "tp", "cp"))
+
+
+def _resharded(saved: dict, cfg: RunConfig) -> bool:
+    """True when the checkpoint or this run keeps a full (single-process format) state of a sharded layout."""
+    return _sharded_dict(saved.get("parallel")) or cfg.parallel.sharded
+
+
+def _global_rows(saved: dict) -> int:
+    """Batch rows per micro-step over all data-parallel ranks in a saved config."""
+    t, p = saved.get("train", {}), saved.get("parallel") or {}
+    return int(t.get("micro_batch", 0)) * max(int(t.get("world_size", 1)) //
+                                                max(int(p.get("tp", 1)) * int(p.get("cp", 1)), 1), 1)
 
 
 def _check_writable_dir(d: Path, what: str) -> None:
@@ -255,29 +284,35 @@ class Trainer:
             from blutensor.utils import checkpoint_modules
 
             checkpoint_modules(self.model, "blocks.*")
-        self.module = self.dist.wrap(self.model)  # DDP when world_size > 1 (averages gradients)
-        self.optimizer = make_optimizer(self.model, cfg, self.device)
+        flops_per_token = self.model.flops_per_token(cfg.train.seq_len)  # of the whole model, before sharding
+        self.module = self.dist.wrap(self.model, cfg)  # [parallel] mesh (FSDP/TP/CP), DDP when world_size > 1
+        self.sharded = self.dist.par is not None
+        self.optimizer = make_optimizer(self.dist.param_source(self.model), cfg, self.device)
         if cfg.train.optimizer_in_backward:
             from blutensor.utils import OptimizerInBackward
 
             self.optimizer = OptimizerInBackward(self.optimizer)  # config refused accum/clip/DDP/skip
-        self.params = dict(self.model.named_parameters())
+        self.params = self.dist.local_parameters(self.model, self.module)
         from blumodels.data.loader import TokenLoader
 
-        t, r, w = cfg.train, self.dist.rank, self.dist.world
+        t, r, w = cfg.train, self.dist.data_rank, self.dist.data_world  # rows: dp x fsdp; TP/CP ranks share them
+        cps = self.dist.seq_shard  # CP: this rank's load-balanced sequence chunks, cut by the loader
         dv = int(self.meta["vocab_size"])  # every token id is checked against it now, not at the step that meets it
         self.train_loader = TokenLoader(self.data_dir, "train", t.micro_batch, t.seq_len, rank=r, world_size=w,
-                                        device=self.device, vocab_size=dv)
+                                        device=self.device, vocab_size=dv, seq_shard=cps)
         self.val_loader = TokenLoader(self.data_dir, "val", t.micro_batch, t.seq_len, rank=r, world_size=w,
-                                      device=self.device, vocab_size=dv)
+                                      device=self.device, vocab_size=dv, seq_shard=cps)
         from blumodels.checkpoint.manager import CheckpointManager
 
-        self.ckpt = CheckpointManager(self.out / "checkpoints", rank=r, keep=t.keep_checkpoints,
-                                      async_save=t.async_checkpoint, world_size=w, on_saved=self._on_saved)
+        # a sharded run keeps one full checkpoint (single-process format, written by rank 0, read by all), so its
+        # commit is rank 0's alone
+        self.ckpt = CheckpointManager(self.out / "checkpoints", rank=0 if self.sharded else self.dist.rank,
+                                      keep=t.keep_checkpoints, async_save=t.async_checkpoint,
+                                      world_size=1 if self.sharded else self.dist.world, on_saved=self._on_saved)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.resumed_from: str | None = None
-        self.flops_per_token = self.model.flops_per_token(t.seq_len)
+        self.flops_per_token = flops_per_token
         self.peak = metrics.peak_flops(self.device.split(":")[0], t.precision, t.peak_flops)
         self._build_step()
         if resume:
@@ -333,12 +368,18 @@ class Trainer:
             if int(meta["step"]) > self.cfg.train.steps:
                 raise ConfigError(f"cannot resume from {path}: it is at step {meta['step']}, past train.steps="
                                   f"{self.cfg.train.steps} (the end of the LR schedule); raise train.steps (--steps)")
-            check_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
+            if self.sharded:
+                check_sharded_state(tensors, meta, self.dist.par, self.optimizer, self.train_loader)
+            else:
+                check_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
         except Exception as e:  # every rank learns of it below: one rank alone must not go on into a collective
             failed = e
         self._agree(failed, CheckpointError(path, "another rank cannot restore its checkpoint of this step (its error "
                                                   "says why)"))
-        self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
+        if self.sharded:  # resharded from the full state: any layout resumes any other
+            self.step = restore_sharded_state(tensors, meta, self.dist.par, self.optimizer, self.train_loader)
+        else:
+            self.step = restore_training_state(tensors, meta, self.model, self.optimizer, self.train_loader)
         self.ckpt.discard_after(self.step)  # later, uncommitted or abandoned steps are redone from here
         self._saved_step = self.step  # committed already: never rewritten (that would uncommit it for a while)
         self.resumed_from = str(path)
@@ -455,8 +496,15 @@ class Trainer:
     def save_checkpoint(self) -> None:
         if getattr(self, "_saved_step", None) == self.step:
             return  # this step is committed already
-        tensors, meta = training_state(self.model, self.optimizer, self.step, self.train_loader,
-                                       self.cfg.to_dict(), {"data_meta": self.meta})
+        if self.sharded:  # every rank gathers; rank 0 writes the full state
+            tensors, meta = sharded_training_state(self.dist.par, self.optimizer, self.step, self.train_loader,
+                                                   self.cfg.to_dict(), {"data_meta": self.meta})
+            self._full_params = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+            if not self.dist.is_main:
+                return
+        else:
+            tensors, meta = training_state(self.model, self.optimizer, self.step, self.train_loader,
+                                           self.cfg.to_dict(), {"data_meta": self.meta})
         self.ckpt.save(self.step, tensors, meta)  # _on_saved reports it once durable and verified
 
     # ------------------------------------------------------------------ evaluation
@@ -465,12 +513,13 @@ class Trainer:
         n = steps or self.cfg.train.eval_steps
         self.val_loader.reset()
         self.model.eval()
+        net = self.module if self.sharded else self.model  # FSDP gathers its shards in its forward
         total = 0.0
         with bt.no_grad():
             for _ in range(n):
                 x, y = self.val_loader.next_batch()
                 with self._autocast():
-                    _, loss = self.model(x, y)
+                    _, loss = net(x, y)
                 total += float(loss.item())
         if self.device.startswith("cuda"):  # a bad validation target recorded on device: raise it now
             from blutensor.cuda_ops import index_check
@@ -485,9 +534,35 @@ class Trainer:
 
         t = self.cfg.train
         tok = self._tokenizer = self._tokenizer or load_tokenizer(self.data_dir)
+        if self.sharded:  # one process samples from a full copy (the last gathered state) outside the mesh
+            return self._sample_full(tok, prompt, tokens, seed)
         return sample_text(self.model, tok, t.sample_prompt if prompt is None else prompt,
                            tokens or t.sample_tokens or 100, top_k=t.top_k, temperature=t.temperature,
                            seed=t.seed if seed is None else seed)
+
+    def gather_for_sample(self) -> None:
+        """Sharded runs: gather the full parameters (a collective on every rank) for :meth:`sample`."""
+        params, _, _ = self.dist.par.full_state(None)
+        from blumodels.state import _host_array
+
+        self._full_params = {n: _host_array(a) for n, a in params.items()}
+
+    def _sample_full(self, tok: Any, prompt: str | None, tokens: int | None, seed: int | None) -> str:
+        from blumodels.sampling import sample_text
+
+        full = getattr(self, "_full_params", None)
+        if full is None:
+            raise RuntimeError("Trainer.sample() of a sharded run needs gather_for_sample() on every rank first "
+                               "(fit() and save_checkpoint() do it)")
+        t = self.cfg.train
+        m = build_model(self.cfg.model, device=self.device, seed=t.seed)
+        with bt.no_grad():
+            for n, p in m.named_parameters():
+                p.copy_(bt.tensor(full[n], dtype=p.dtype, device=p.device))
+        cp = self.dist.par.cp
+        with cp.paused() if cp is not None else contextlib.nullcontext():  # this copy is not sequence-sharded
+            return sample_text(m, tok, t.sample_prompt if prompt is None else prompt, tokens or t.sample_tokens or 100,
+                               top_k=t.top_k, temperature=t.temperature, seed=t.seed if seed is None else seed)
 
     # ------------------------------------------------------------------ training
     def _nonfinite_grad_name(self) -> str:
@@ -514,7 +589,11 @@ class Trainer:
                                lr_schedule=lrs, accum=cfg.grad_accum, grad_clip=t.grad_clip,
                                autocast=self._autocast if t.precision == "bf16" else None,
                                no_sync=lambda skip: self.dist.no_sync(self.module, skip), fused=fused,
-                               optimizer_in_backward=t.optimizer_in_backward)
+                               optimizer_in_backward=t.optimizer_in_backward,
+                               # a [parallel] layout: the norm (and clipping) of the unsharded model, gradients
+                               # as the mesh leaves them
+                               norm=self.dist.clip_grad_norm_ if self.sharded else None,
+                               static_grads=not self.sharded)
         self._step.precast_accumulate = cuda and bool(self._step.grads)
         self._captured = None
         self._warm_left = graph_step.WARMUP_STEPS
@@ -609,7 +688,7 @@ class Trainer:
             skipped = True
             self.log(f"[blutrain] step {s}: non-finite {bad}; step skipped (nan_policy='skip')")
         dt = time.perf_counter() - t0
-        tokens = accum * t.micro_batch * t.seq_len * t.world_size  # the global batch
+        tokens = accum * t.micro_batch * t.seq_len * cfg.data_parallel_size  # the global batch
         tps = tokens / dt if dt > 0 else 0.0
         rec: dict[str, Any] = {
             "step": s, "loss": loss_val, "lr": lr, "grad_norm": gnorm, "tokens_per_s": tps,
@@ -673,6 +752,9 @@ class Trainer:
                     logf.flush()
                 hook.blutrain_on_step_end(step=s, metrics=rec)
                 self._report(rec, total)
+                if (t.sample_interval and t.sample_tokens and self.step % t.sample_interval == 0
+                        and self.sharded):
+                    self.gather_for_sample()  # every rank takes part; rank 0 samples below
                 if (t.sample_interval and t.sample_tokens and self.step % t.sample_interval == 0
                         and self.dist.is_main):
                     text = self.sample(seed=t.seed + self.step)
@@ -742,5 +824,7 @@ class Trainer:
             if getattr(self, "_bar", None) is not None:
                 self._bar.close()
                 self._bar = None
+            if self.sharded:  # the mesh's dispatch observers (TP, CP, FSDP root shards) leave the process
+                self.dist.par.close()
         finally:
             self.close_lock()

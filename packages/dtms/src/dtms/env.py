@@ -52,16 +52,70 @@ _MPI_LOCAL_SIZE = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WO
 
 
 def under_mpi(env: Mapping[str, str] | None = None) -> bool:
-    """True when an MPI launcher (mpirun/mpiexec, Hydra, PMIx) started this process."""
+    """True when an MPI launcher (mpirun/mpiexec, Hydra, PMIx, ``srun --mpi=pmix|pmi2``) started this process.
+    ``srun --mpi=pmix`` sets PMIX_RANK but no size variable: Slurm's SLURM_NTASKS gives the size."""
     env = os.environ if env is None else env
-    return _first(env, _MPI_RANK) is not None and _first(env, _MPI_SIZE) is not None
+    return _first(env, _MPI_RANK) is not None and (_first(env, _MPI_SIZE) is not None or "SLURM_NTASKS" in env)
+
+
+def _slurm_tasks_on_node(env: Mapping[str, str]) -> int | None:
+    """Tasks of this job step on this node: SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE ("2(x3),1", one
+    entry per node, indexed by SLURM_NODEID), else SLURM_NTASKS_PER_NODE; None when Slurm says nothing."""
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        spec = env.get(name)
+        if not spec:
+            continue
+        counts: list[int] = []
+        for part in spec.split(","):
+            n, _, rep = part.partition("(x")
+            try:
+                counts += [int(n)] * (int(rep.rstrip(")")) if rep else 1)
+            except ValueError:
+                raise LaunchError(f"{name}={spec!r} is not a Slurm task count list (e.g. '2(x3),1')") from None
+        node = _int(env, "SLURM_NODEID", "srun") if "SLURM_NODEID" in env else 0
+        if not 0 <= node < len(counts):
+            raise LaunchError(f"SLURM_NODEID={node} but {name}={spec!r} lists {len(counts)} node(s)")
+        return counts[node]
+    v = env.get("SLURM_NTASKS_PER_NODE", "")
+    return int(v) if v.isdigit() else None
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``"gpu[07-09,12],cpu1"`` -> ``"gpu07"``."""
+    text, depth = nodelist.strip(), 0
+    for i, c in enumerate(text):
+        depth += (c == "[") - (c == "]")
+        if c == "," and depth == 0:
+            text = text[:i]
+            break
+    if "[" not in text:
+        return text
+    pre, _, rest = text.partition("[")
+    inner, _, post = rest.partition("]")
+    return pre + inner.split(",")[0].split("-")[0] + post
+
+
+def _slurm_store(env: Mapping[str, str]) -> tuple[str | None, int | None]:
+    """The store address from the allocation (no MASTER_ADDR given): the step's first node, port MASTER_PORT or
+    15000 + (SLURM_JOB_ID + SLURM_STEP_ID) mod 20000 (the same on every rank of the step)."""
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodes:
+        return None, None
+    if env.get("MASTER_PORT"):
+        return first_host(nodes), _int(env, "MASTER_PORT", "MASTER_PORT")
+    job = _int(env, "SLURM_JOB_ID", "srun") if env.get("SLURM_JOB_ID") else 0
+    step = _int(env, "SLURM_STEP_ID", "srun") if (env.get("SLURM_STEP_ID") or "").isdigit() else 0
+    return first_host(nodes), 15000 + (job + step) % 20000
 
 
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Read rank, world size and rendezvous address from the environment, checking they agree.
 
     Order: RANK/WORLD_SIZE (blurun sets these plus BLUTRAIN_RUN_ID; torchrun-style too), then MPI
-    (OMPI_COMM_WORLD_*, PMI_*), then Slurm (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), else one process.
+    (OMPI_COMM_WORLD_*, PMI_*, PMIX_RANK; under ``srun --mpi=pmix|pmi2`` what MPI does not give comes from
+    SLURM_NTASKS / SLURM_LOCALID / SLURM_[STEP_]TASKS_PER_NODE), then Slurm alone (SLURM_PROCID/SLURM_NTASKS/
+    SLURM_LOCALID; the store address from the allocation's first node when MASTER_ADDR is unset), else one
+    process.
     """
     env = os.environ if env is None else env
     mpi = under_mpi(env)
@@ -88,21 +142,31 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
                     f"but the MPI launcher says rank {mr} of {ms}"
                 )
     elif mpi:
+        slurm = "SLURM_PROCID" in env or "SLURM_NTASKS" in env  # srun --mpi=pmix|pmi2
+        src = "srun" if slurm else "mpirun"
         rn, sn = _first(env, _MPI_RANK), _first(env, _MPI_SIZE)
-        rank, world = _int(env, rn, "mpirun"), _int(env, sn, "mpirun")
+        rank = _int(env, rn, src)
+        world = _int(env, sn, src) if sn else _int(env, "SLURM_NTASKS", "srun")
         lrn, lsn = _first(env, _MPI_LOCAL_RANK), _first(env, _MPI_LOCAL_SIZE)
-        local = _int(env, lrn, "mpirun") if lrn else rank
-        lws = _int(env, lsn, "mpirun") if lsn else world
-        info = LaunchInfo("mpirun", rank, world, local, lws, addr, port, run_id, True)
+        # what the MPI layer does not give, Slurm does (pmi2 sets neither a local rank nor a local size)
+        if lrn:
+            local = _int(env, lrn, src)
+        else:
+            local = _int(env, "SLURM_LOCALID", "srun") if slurm and "SLURM_LOCALID" in env else rank
+        node_tasks = _slurm_tasks_on_node(env) if slurm else None
+        lws = _int(env, lsn, src) if lsn else (node_tasks if node_tasks is not None else world)
+        if slurm and not addr and env.get("BLUTRAIN_STORE_SECRET"):
+            addr, port = _slurm_store(env)
+        info = LaunchInfo(src, rank, world, local, lws, addr, port, run_id, True)
     elif "SLURM_PROCID" in env:
         if "SLURM_NTASKS" not in env:
             raise LaunchError("SLURM_PROCID is set but SLURM_NTASKS is missing (srun environment)")
         rank, world = _int(env, "SLURM_PROCID", "srun"), _int(env, "SLURM_NTASKS", "srun")
         local = _int(env, "SLURM_LOCALID", "srun") if "SLURM_LOCALID" in env else 0
-        if "SLURM_NTASKS_PER_NODE" in env and env["SLURM_NTASKS_PER_NODE"].isdigit():
-            lws = int(env["SLURM_NTASKS_PER_NODE"])
-        else:
-            lws = max(local + 1, 1)
+        node_tasks = _slurm_tasks_on_node(env)
+        lws = node_tasks if node_tasks is not None else max(local + 1, 1)
+        if not addr:
+            addr, port = _slurm_store(env)
         info = LaunchInfo("srun", rank, world, local, lws, addr, port, run_id, False)
     else:
         info = LaunchInfo("single", 0, 1, 0, 1, addr, port, run_id, False)

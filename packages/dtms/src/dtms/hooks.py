@@ -42,15 +42,15 @@ class FSDPStrategy(_Strategy):
 
 
 class TensorParallelStrategy(_Strategy):
-    """Megatron-style tensor parallelism (GPT-2 plan by default), optionally async-chunked."""
+    """Megatron-style tensor parallelism following ``plan`` (module pattern -> style), optionally async-chunked."""
 
     PLUGIN_NAME = "tp"
 
     @staticmethod
-    def apply(model, group, **options):
+    def apply(model, group, plan, **options):
         from dtms.parallel import apply_tensor_parallel
 
-        apply_tensor_parallel(model, group, **options)
+        apply_tensor_parallel(model, group, getattr(plan, "tp", plan), **options)
         return model
 
 
@@ -60,16 +60,16 @@ class ContextParallelStrategy(_Strategy):
     PLUGIN_NAME = "cp"
 
     @staticmethod
-    def apply(model, group, rotator: str = "p2p", **options):
+    def apply(model, group, rotator: str = "p2p", position_weight=None, **options):
         from dtms.parallel import apply_context_parallel
 
-        pos = getattr(getattr(model, "wpe", None), "weight", None)
-        apply_context_parallel(group, rotator, pos)
+        apply_context_parallel(group, rotator, position_weight)
         return model
 
 
 class MeshStrategy(_Strategy):
-    """dp x cp x tp (optionally FSDP) from a ``ParallelDims``: ``dtms.parallel.parallelize``."""
+    """dp x cp x tp (FSDP or DDP over dp x cp) from a ``ParallelDims`` and the model's ``ParallelPlan``, in
+    torchtitan's order (TP, CP, then FSDP/DDP): ``dtms.parallel.parallelize``. What the Trainer applies."""
 
     PLUGIN_NAME = "mesh"
 

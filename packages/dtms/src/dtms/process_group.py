@@ -330,6 +330,12 @@ class ProcessGroup(ABC):
         """Nonblocking ``recv``."""
         return self.recv(tensor, src, tag, async_op=True)
 
+    def start_p2p(self) -> None:
+        """Launch the isend/irecv posted so far now (NCCL coalesces them into one group, launched otherwise only
+        at the first wait or the next collective): what a ring needs to have its exchange in flight while it
+        computes. A no-op where point-to-point operations start when posted (MPI)."""
+        self._flush_p2p()
+
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank of the group has reached the barrier."""
         self._flush_p2p()

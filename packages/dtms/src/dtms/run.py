@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--master-addr", default="127.0.0.1", help="store address (node rank 0 hosts it)")
     p.add_argument("--master-port", type=int, default=0, help="store port; 0 picks a free one (one node)")
-    p.add_argument("--log-dir", default=None, help="per-rank logs (default ./blurun-logs/<run_id>)")
+    p.add_argument("--log-dir", default=None, help="per-rank logs (default <the script's --out>/blurun-logs/<run_id> "
+                   "when its arguments name an --out, else ./blurun-logs/<run_id>)")
     p.add_argument("--launcher", choices=("auto", "direct", "mpi"), default="auto",
                    help="auto: direct with GPUs, mpiexec for several CPU ranks")
     p.add_argument("--grace-period", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
@@ -54,6 +55,29 @@ def visible_gpus() -> list[str]:
     if cvd is not None:
         return [d for d in cvd.split(",") if d.strip() not in ("", "-1")]
     return [str(i) for i in range(len(glob("/dev/nvidia[0-9]*")))]
+
+
+#: thread-count variables of the CPU BLAS/OpenMP runtimes, read once when NumPy loads
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def blas_thread_env(environ: dict, cpu: bool) -> dict:
+    """One BLAS/OpenMP thread per CPU rank unless the user set a count (as torchrun does): N ranks each
+    spinning a thread per core oversubscribe the machine (2 tiny ranks on 2 cores: several times slower).
+    Set in the rank's environment, before its interpreter and NumPy start."""
+    if not cpu or any(v in environ for v in BLAS_THREAD_VARS):
+        return {}
+    return {v: "1" for v in BLAS_THREAD_VARS}
+
+
+def out_dir_of(args: list[str]) -> str | None:
+    """The ``--out DIR`` / ``--out=DIR`` a script was given (blutrain's run directory), else None."""
+    for i, a in enumerate(args):
+        if a == "--out" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--out="):
+            return a[len("--out="):]
+    return None
 
 
 def _fail(msg: str) -> int:
@@ -106,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"{world} CPU ranks need MPI but no mpiexec was found: {MPI_HINT}")
 
     run_id = a.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    log_dir = Path(a.log_dir) if a.log_dir else Path("blurun-logs") / run_id
+    run_out = out_dir_of(a.args)
+    log_dir = Path(a.log_dir) if a.log_dir else Path(run_out or ".") / "blurun-logs" / run_id
     secret = os.environ.get(SECRET_ENV)
     if a.nnodes > 1 and not secret:
         return _fail(f"several nodes need the same {SECRET_ENV} on every node: export "
@@ -128,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "MASTER_PORT": str(port), "BLUTRAIN_STORE_HOSTED": "1", "PYTHONUNBUFFERED": "1",
         "GROUP_RANK": str(a.node_rank), "NNODES": str(a.nnodes),
     })
+    base.update(blas_thread_env(os.environ, cpu=launcher == "mpi" or not gpus))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "BLUTRAIN_GPU_PINNED"):
         base.pop(k, None)
     stop = _Stop()

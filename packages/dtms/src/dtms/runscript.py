@@ -106,6 +106,13 @@ def main() -> None:
             hard_exit(code)
         raise
     except BaseException as e:
+        from .env import LaunchError
+
+        if isinstance(e, LaunchError):  # the launch itself is wrong (e.g. a CPU world without MPI): one line
+            print(f"dtms: launch error: {e}", file=sys.stderr)
+            if _in_group():
+                hard_exit(1)
+            raise SystemExit(1) from None
         tb = e.__traceback__  # hide this runner's and runpy's frames: show the script's own
         while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__,) or
                                   "runpy" in tb.tb_frame.f_code.co_filename):

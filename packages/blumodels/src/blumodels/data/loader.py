@@ -80,9 +80,11 @@ class TokenLoader:
 
     def __init__(self, data_dir: str | os.PathLike, split: str, batch_size: int, seq_len: int,
                  rank: int = 0, world_size: int = 1, device: Any = "cpu", pinned: bool | None = None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, seq_shard: tuple[int, int] | None = None) -> None:
         """``vocab_size``: when given, every shard is scanned once here and a token id >= it is a ShardError
-        naming the file and byte offset (instead of an index error at the step that reaches it)."""
+        naming the file and byte offset (instead of an index error at the step that reaches it).
+        ``seq_shard = (i, n)``: context parallelism; every batch is cut to the ``T/n`` positions of rank ``i``
+        in the load-balanced causal layout (chunks ``i`` and ``2n-1-i`` of ``2n``), x and y alike."""
         from blutensor.device import as_device
 
         if batch_size < 1 or seq_len < 1:
@@ -92,6 +94,15 @@ class TokenLoader:
             raise LoaderError(f"TokenLoader: rank {rank} out of range for world_size {world_size}")
         self.data_dir, self.split = Path(data_dir), split
         self.B, self.T, self.rank, self.world_size = int(batch_size), int(seq_len), int(rank), int(world_size)
+        self._cols = None
+        if seq_shard is not None:
+            ci, cn = (int(v) for v in seq_shard)
+            if cn < 1 or not 0 <= ci < cn or self.T % (2 * cn):
+                raise LoaderError(f"TokenLoader: seq_shard {seq_shard} does not fit seq_len {self.T} (needs 0 <= i "
+                                  f"< n and seq_len divisible by 2n)")
+            c = self.T // (2 * cn)
+            self._cols = np.concatenate([np.arange(ci * c, (ci + 1) * c),
+                                         np.arange((2 * cn - 1 - ci) * c, (2 * cn - ci) * c)])
         self.BT = self.B * self.T
         self.device = as_device(device)
         self.shards = list_shards(self.data_dir, split)
@@ -187,6 +198,8 @@ class TokenLoader:
         _, w = self._take()
         x = w[:-1].astype(np.int64).reshape(self.B, self.T)
         y = w[1:].astype(np.int64).reshape(self.B, self.T)
+        if self._cols is not None:
+            x, y = np.ascontiguousarray(x[:, self._cols]), np.ascontiguousarray(y[:, self._cols])
         if self._cuda:
             import cupy as cp
 
@@ -199,7 +212,7 @@ class TokenLoader:
         import cupy as cp
 
         with cp.cuda.Device(self.device.index or 0):
-            shape = (self.B, self.T)
+            shape = (self.B, self.T if self._cols is None else len(self._cols))
             self._Px = [_pinned_empty(shape, np.int64) for _ in range(2)]
             self._Py = [_pinned_empty(shape, np.int64) for _ in range(2)]
             self._X = [cp.empty(shape, dtype=cp.int64) for _ in range(2)]
@@ -214,8 +227,11 @@ class TokenLoader:
         if self._h2d_used[i]:  # the last copy out of Px[i]/Py[i] must end before the host rewrites them
             self._h2d_done[i].synchronize()
         self._issued[i], w = self._take()
-        np.copyto(self._Px[i], w[:-1].reshape(self.B, self.T))
-        np.copyto(self._Py[i], w[1:].reshape(self.B, self.T))
+        x, y = w[:-1].reshape(self.B, self.T), w[1:].reshape(self.B, self.T)
+        if self._cols is not None:
+            x, y = x[:, self._cols], y[:, self._cols]
+        np.copyto(self._Px[i], x)
+        np.copyto(self._Py[i], y)
         self._X[i].set(self._Px[i], stream=self._copy_stream)
         self._Y[i].set(self._Py[i], stream=self._copy_stream)
         self._h2d_done[i].record(self._copy_stream)
@@ -259,16 +275,23 @@ class TokenLoader:
         """ValueError naming the field when ``state`` does not fit this loader; else its (shard, pos) here."""
         if not isinstance(state, dict):
             raise LoaderError(f"TokenLoader.load_state_dict: state must be a dict, got {type(state).__name__}")
-        for key, mine in (("world_size", self.world_size), ("batch_size", self.B), ("seq_len", self.T),
-                          ("num_shards", len(self.shards))):
+        for key, mine in (("seq_len", self.T), ("num_shards", len(self.shards))):
             if key in state and int(state[key]) != mine:
                 raise LoaderError(f"TokenLoader.load_state_dict: saved {key}={state[key]} but this loader has "
                                  f"{key}={mine} ({self.data_dir}, split {self.split!r})")
+        sb, sw = int(state.get("batch_size", self.B)), int(state.get("world_size", self.world_size))
+        if sb * sw != self.B * self.world_size and sw == self.world_size:
+            raise LoaderError(f"TokenLoader.load_state_dict: saved batch_size={sb} but this loader has batch_size="
+                             f"{self.B} ({self.data_dir}, split {self.split!r})")
+        if sb * sw != self.B * self.world_size:  # another split of the same global rows resumes (resharding)
+            raise LoaderError(f"TokenLoader.load_state_dict: saved batch_size*world_size={sb}*{sw} but this loader "
+                             f"has {self.B}*{self.world_size} (the global batch differs; {self.data_dir}, split "
+                             f"{self.split!r})")
         try:
             shard, pos = int(state["shard"]), int(state["pos"])
         except (KeyError, TypeError, ValueError):
             raise LoaderError(f"TokenLoader.load_state_dict: state lacks integer 'shard'/'pos': {state!r}") from None
-        pos += self.BT * (self.rank - int(state.get("rank", self.rank)))  # same step base on another rank
+        pos += self.BT * self.rank - sb * self.T * int(state.get("rank", self.rank))  # same step base here
         if not 0 <= shard < len(self.shards) or not 0 <= pos <= self.shard_sizes[shard]:
             raise LoaderError(f"TokenLoader.load_state_dict: shard {shard} pos {pos} out of range for "
                              f"{len(self.shards)} '{self.split}' shards in {self.data_dir}")

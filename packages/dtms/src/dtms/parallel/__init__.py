@@ -5,13 +5,14 @@ from dtms.parallel.ddp import DDP, DDPStats, DistributedDataParallel
 from dtms.parallel.fsdp import FSDP, FullyShardedDataParallel
 from dtms.parallel.mesh import Mesh, MeshError, ParallelDims
 from dtms.parallel.parallelize import Parallelized, parallelize
+from dtms.parallel.plan import ParallelPlan
 from dtms.parallel.tensor_parallel import (
-    GPT2_PLAN,
     ColumnParallelLinear,
     RowParallelLinear,
     apply_tensor_parallel,
 )
 
-__all__ = ["DDP", "FSDP", "GPT2_PLAN", "ROTATORS", "ColumnParallelLinear", "DDPStats", "DistributedDataParallel",
-           "FullyShardedDataParallel", "Mesh", "MeshError", "ParallelDims", "Parallelized", "RowParallelLinear",
+__all__ = ["DDP", "FSDP", "ROTATORS", "ColumnParallelLinear", "DDPStats", "DistributedDataParallel",
+           "FullyShardedDataParallel", "Mesh", "MeshError", "ParallelDims", "ParallelPlan", "Parallelized",
+           "RowParallelLinear",
            "apply_context_parallel", "apply_tensor_parallel", "local_positions", "parallelize", "shard_sequence"]

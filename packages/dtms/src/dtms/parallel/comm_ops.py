@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 from blutensor import Tensor
 from blutensor.autograd import Function
 
@@ -27,6 +30,37 @@ class CommStats:
 
 
 STATS = CommStats()
+
+
+class Timeline:
+    """When collectives are posted / waited for and when the compute they should hide behind runs.
+
+    Off by default (one attribute test per event); ``with TIMELINE.recording(): ...`` collects
+    ``(time, event, info)`` tuples in ``events``, e.g. ``("cp_post", {"step": 1})``. Used to check and to
+    profile overlap: a collective posted only after the compute it should overlap ends is not overlapped.
+    Events: ``cp_post``/``cp_wait``/``cp_compute_begin``/``cp_compute_end`` (ring attention, ``phase``
+    fwd/bwd), ``fsdp_gather_post``/``fsdp_gather_wait``/``fsdp_compute_begin``/``fsdp_compute_end`` (units),
+    ``tp_comm_post``/``tp_comm_wait``/``tp_gemm_begin``/``tp_gemm_end`` (async TP chunks).
+    """
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.events: list[tuple[float, str, dict]] = []
+
+    def mark(self, event: str, **info) -> None:
+        if self.enabled:
+            self.events.append((time.perf_counter(), event, info))
+
+    @contextlib.contextmanager
+    def recording(self):
+        self.events, self.enabled = [], True
+        try:
+            yield self.events
+        finally:
+            self.enabled = False
+
+
+TIMELINE = Timeline()
 
 
 class CopyToGroup(Function):

@@ -1,8 +1,10 @@
 """Context parallelism: the sequence sharded over the CP group with the load-balanced causal layout
 (2W chunks; rank r holds chunks r and 2W-1-r), ring attention whose forward uses one rotator (K/V)
-and whose backward uses two (K/V again, and their gradients back to their owners), per-block outputs
-merged with the numerically stable log-sum-exp (sigmoid) update, and three interchangeable rotator
-backends: all-to-all, all-gather and peer-to-peer.
+and whose backward uses two (K/V again, and their gradients back to their owners), each visible chunk pair
+computed by blutensor's attention block (flash kernels on CUDA, O(T_local) memory on CPU) that returns its
+log-sum-exp, per-block outputs merged with the numerically stable log-sum-exp (sigmoid) update, and three
+interchangeable rotator backends: all-to-all, all-gather and peer-to-peer (a ring whose next exchange is in
+flight while the current block computes, forward and backward).
 
 Applied from outside the model: :func:`apply_context_parallel` installs a dispatch observer that
 turns causal ``sdpa`` calls into ring attention and gives the positional embedding the global
@@ -11,6 +13,7 @@ positions of the local tokens; :func:`shard_sequence` lays out a batch at the da
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import blutensor as bt
@@ -18,9 +21,9 @@ import numpy as np
 from blutensor import Tensor
 from blutensor.autograd import Function
 from blutensor.ops import dispatch
-from blutensor.ops.linalg import gemm
+from blutensor.ops.attention import attention_block_backward, attention_block_forward
 
-from dtms.parallel.comm_ops import STATS
+from dtms.parallel.comm_ops import STATS, TIMELINE
 from dtms.process_group import ProcessGroup
 
 
@@ -66,9 +69,27 @@ class Rotator:
         """``contribs[j]``: this rank's gradient contributions for rank j's block -> summed own block."""
         raise NotImplementedError
 
+    def forward_pass(self, arrays, compute) -> None:
+        """``compute(j, *block_j)`` for every rank j's block."""
+        for s, (j, blk) in enumerate(self.blocks(arrays)):
+            TIMELINE.mark("cp_compute_begin", step=s, phase="fwd")
+            compute(j, *blk)
+            TIMELINE.mark("cp_compute_end", step=s, phase="fwd")
+
+    def backward_pass(self, arrays, compute):
+        """``compute(j, *block_j)`` returns this rank's gradient parts for block j; returns the own block's sum."""
+        W = self.group.size()
+        contribs = [None] * W
+        for s, (j, blk) in enumerate(self.blocks(arrays)):
+            TIMELINE.mark("cp_compute_begin", step=s, phase="bwd")
+            contribs[j] = compute(j, *blk)
+            TIMELINE.mark("cp_compute_end", step=s, phase="bwd")
+        return self.reduce_to_owners(contribs)
+
 
 class P2PRotator(Rotator):
-    """Ring: at each step send the block held to rank+1 and receive from rank-1."""
+    """Ring: at each step send the block held to rank+1 and receive from rank-1; the next block's exchange is
+    posted before the current block computes (``forward_pass``/``backward_pass``), so it is in flight meanwhile."""
 
     name = "p2p"
 
@@ -81,13 +102,68 @@ class P2PRotator(Rotator):
                 break
             nxt = [bt.backend.array_module(a).empty_like(a) for a in cur]
             works = []
-            for a, b in zip(cur, nxt):
-                works.append(g.isend(a, (r + 1) % W))
-                works.append(g.irecv(b, (r - 1) % W))
+            for i, (a, b) in enumerate(zip(cur, nxt)):
+                works.append(g.isend(a, (r + 1) % W, tag=i))
+                works.append(g.irecv(b, (r - 1) % W, tag=i))
                 STATS.add("cp_p2p")
             for w in works:
                 w.wait()
             cur = nxt
+
+    def _post(self, arrays, dst: int, src: int, tag0: int):
+        g = self.group
+        nxt = [bt.backend.array_module(a).empty_like(a) for a in arrays]
+        works = []
+        for i, (a, b) in enumerate(zip(arrays, nxt)):
+            works.append(g.isend(a, dst, tag=tag0 + i))
+            works.append(g.irecv(b, src, tag=tag0 + i))
+            STATS.add("cp_p2p")
+        g.start_p2p()  # NCCL: launched now on the communication stream, not at the first wait
+        return nxt, works
+
+    def forward_pass(self, arrays, compute) -> None:
+        W, r = self.group.size(), self.group.rank()
+        cur = [bt.backend.array_module(a).ascontiguousarray(a) for a in arrays]
+        for s in range(W):
+            nxt, works = None, []
+            if s < W - 1:  # the next block travels while this one computes
+                nxt, works = self._post(cur, (r + 1) % W, (r - 1) % W, 0)
+                TIMELINE.mark("cp_post", step=s + 1, phase="fwd")
+            TIMELINE.mark("cp_compute_begin", step=s, phase="fwd")
+            compute((r - s) % W, *cur)
+            TIMELINE.mark("cp_compute_end", step=s, phase="fwd")
+            for w in works:
+                w.wait()
+            if nxt is not None:
+                TIMELINE.mark("cp_wait", step=s + 1, phase="fwd")
+                cur = nxt
+
+    def backward_pass(self, arrays, compute):
+        """K/V go around the ring once more; each block's gradient accumulator follows it one step behind
+        (posted after this rank's contribution, waited for after the next block computed) and reaches its
+        owner after W hops. Returns this rank's own block gradients."""
+        W, r = self.group.size(), self.group.rank()
+        cur = [bt.backend.array_module(a).ascontiguousarray(a) for a in arrays]
+        acc_in, acc_works = None, []
+        for s in range(W):
+            nxt, works = None, []
+            if s < W - 1:
+                nxt, works = self._post(cur, (r + 1) % W, (r - 1) % W, 0)
+                TIMELINE.mark("cp_post", step=s + 1, phase="bwd")
+            TIMELINE.mark("cp_compute_begin", step=s, phase="bwd")
+            contrib = compute((r - s) % W, *cur)
+            TIMELINE.mark("cp_compute_end", step=s, phase="bwd")
+            for w in acc_works:  # the accumulator of this block from rank-1 (sent after its step s-1)
+                w.wait()
+            acc = contrib if acc_in is None else [a + c for a, c in zip(acc_in, contrib)]
+            acc_in, acc_works = self._post(acc, (r + 1) % W, (r - 1) % W, 8)
+            for w in works:
+                w.wait()
+            if nxt is not None:
+                cur = nxt
+        for w in acc_works:
+            w.wait()
+        return acc_in
 
     def reduce_to_owners(self, contribs):
         # pass an accumulator around the ring: after W-1 hops it holds every rank's part for its owner
@@ -176,72 +252,81 @@ ROTATORS = {"p2p": P2PRotator, "allgather": AllGatherRotator, "alltoall": AllToA
 # ---- ring attention ----
 
 
-def _block(q, k, v, qpos, kpos, scale):
-    """Causal attention of q against one K/V block: (output, log-sum-exp) with -inf for empty rows."""
-    xp = bt.backend.array_module(q)
-    s = gemm(q, k.swapaxes(-1, -2)) * scale
-    vis = qpos[:, None] >= kpos[None, :]
-    s = xp.where(vis, s, -xp.inf)
-    m = s.max(axis=-1, keepdims=True)
-    m_safe = xp.where(xp.isfinite(m), m, 0.0)
-    e = xp.exp(s - m_safe)
-    den = e.sum(axis=-1, keepdims=True)
-    out = gemm(e / xp.where(den > 0, den, 1.0), v)
-    lse = xp.where(den > 0, xp.log(xp.where(den > 0, den, 1.0)) + m_safe, -xp.inf)
-    return out, lse
+def visible_pairs(r: int, j: int, world: int) -> list[tuple[int, int, bool]]:
+    """(query chunk, key chunk, causal) of rank r's two chunks against rank j's two that any query sees: an
+    earlier chunk fully, the same chunk causally, a later one not at all."""
+    out = []
+    for a, qc in enumerate(chunk_ids(r, world)):
+        for b, kc in enumerate(chunk_ids(j, world)):
+            if qc >= kc:
+                out.append((a, b, qc == kc))
+    return out
 
 
 def _merge(out, lse, bout, blse):
-    """Stable merge (the paper's sigmoid update): out += sigmoid(blse - lse) * (bout - out)."""
+    """Stable merge (the paper's sigmoid update) of a block's (output, lse) into the running (output, lse) of the
+    same rows: out += sigmoid(blse - lse) * (bout - out); lse = lse + softplus(blse - lse). In place."""
     xp = bt.backend.array_module(out)
+    blse = blse.astype(lse.dtype, copy=False)
     both = xp.isfinite(blse)
     first = ~xp.isfinite(lse) & both
     d = xp.where(both & ~first, blse - lse, 0.0)
     w = xp.where(first, 1.0, xp.where(both, 1.0 / (1.0 + xp.exp(-d)), 0.0))
-    new_out = out + w * (bout - out)
-    new_lse = xp.where(first, blse, xp.where(both, lse + xp.logaddexp(0.0, d), lse))
-    return new_out, new_lse
+    out += (w[..., None] * (bout - out)).astype(out.dtype, copy=False)
+    lse[...] = xp.where(first, blse, xp.where(both, lse + xp.logaddexp(0.0, d), lse))
 
 
 class RingAttention(Function):
+    """Causal attention over the CP group: every rank's K/V block visits every rank (the rotator); per visible
+    chunk pair one :func:`blutensor.ops.attention.attention_block_forward` (the flash kernels on CUDA,
+    O(T_local) memory on CPU) whose (output, LSE) merge into the rows' running result. Backward: the same
+    blocks again, :func:`attention_block_backward` from the merged output and LSE, and the K/V gradients
+    sent home to their owners."""
+
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, cp):
         qa, ka, va = q._data, k._data, v._data
         scale = 1.0 / math.sqrt(qa.shape[-1])
         xp = bt.backend.array_module(qa)
         r, W = cp.group.rank(), cp.group.size()
-        T = qa.shape[-2] * W
-        qpos = xp.asarray(local_positions(T, r, W))
-        out = xp.zeros_like(qa)
-        lse = xp.full(qa.shape[:-1] + (1,), -xp.inf, dtype=qa.dtype)
-        for j, (kb, vb) in cp.rotator.blocks([ka, va]):
-            kpos = xp.asarray(local_positions(T, j, W))
-            bout, blse = _block(qa, kb, vb, qpos, kpos, scale)
-            out, lse = _merge(out, lse, bout, blse)
-        ctx.saved = (qa, ka, va, out, lse, qpos, T, scale, cp)
-        return Tensor._from_data(out.astype(qa.dtype, copy=False), q.dtype, q.device)
+        c = qa.shape[-2] // 2
+        out = xp.zeros(qa.shape[:-1] + (va.shape[-1],), dtype=qa.dtype)
+        lse = xp.full(qa.shape[:-1], -xp.inf, dtype=xp.float64 if qa.dtype == xp.float64 else xp.float32)
+
+        def compute(j, kb, vb):
+            for a, b, causal in visible_pairs(r, j, W):
+                rows = slice(a * c, (a + 1) * c)
+                cols = slice(b * c, (b + 1) * c)
+                bo, bl = attention_block_forward(qa[..., rows, :], kb[..., cols, :], vb[..., cols, :], causal, scale)
+                _merge(out[..., rows, :], lse[..., rows], bo, bl)
+
+        cp.rotator.forward_pass([ka, va], compute)
+        ctx.saved = (qa, ka, va, out, lse, scale, cp)
+        return Tensor._from_data(out, q.dtype, q.device)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        qa, ka, va, out, lse, qpos, T, scale, cp = ctx.saved
+        qa, ka, va, out, lse, scale, cp = ctx.saved
         xp = bt.backend.array_module(qa)
-        W = cp.group.size()
-        do = g._data
-        D = (do * out).sum(axis=-1, keepdims=True)
+        r, W = cp.group.rank(), cp.group.size()
+        c = qa.shape[-2] // 2
+        do = xp.ascontiguousarray(g._data).astype(out.dtype, copy=False)
         dq = xp.zeros_like(qa)
-        contribs = [None] * W
-        for j, (kb, vb) in cp.rotator.blocks([ka, va]):  # first rotator: K/V again
-            kpos = xp.asarray(local_positions(T, j, W))
-            s = gemm(qa, kb.swapaxes(-1, -2)) * scale
-            vis = qpos[:, None] >= kpos[None, :]
-            p = xp.where(vis, xp.exp(s - xp.where(xp.isfinite(lse), lse, 0.0)), 0.0)
-            dv = gemm(p.swapaxes(-1, -2), do)
-            dp = gemm(do, vb.swapaxes(-1, -2))
-            ds = p * (dp - D) * scale
-            dq += gemm(ds, kb)
-            dk = gemm(ds.swapaxes(-1, -2), qa)
-            contribs[j] = [dk, dv]
-        dk, dv = cp.rotator.reduce_to_owners(contribs)  # second rotator: gradients home
+
+        def compute(j, kb, vb):
+            dk, dv = xp.zeros_like(kb), xp.zeros_like(vb)
+            for a, b, causal in visible_pairs(r, j, W):
+                rows = slice(a * c, (a + 1) * c)
+                cols = slice(b * c, (b + 1) * c)
+                gq, gk, gv = attention_block_backward(qa[..., rows, :], kb[..., cols, :], vb[..., cols, :],
+                                                      out[..., rows, :], lse[..., rows], do[..., rows, :],
+                                                      causal, scale)
+                dq[..., rows, :] += gq
+                dk[..., cols, :] += gk
+                dv[..., cols, :] += gv
+            return [dk, dv]
+
+        dk, dv = cp.rotator.backward_pass([ka, va], compute)
         mk = lambda a, like: Tensor._from_data(a.astype(like.dtype, copy=False), None, g.device)  # noqa: E731
         return mk(dq, qa), mk(dk, ka), mk(dv, va), None
 
@@ -263,6 +348,9 @@ class ContextParallel:
         if op == "sdpa":
             if not attrs.get("is_causal") or inputs[3] is not None or attrs.get("dropout_p", 0.0) > 0:
                 raise NotImplementedError("context parallel supports causal attention without mask or dropout")
+            if inputs[0].dtype.name not in ("float32", "float64"):
+                raise NotImplementedError(f"context parallel ring attention runs float32/float64, got "
+                                          f"{inputs[0].dtype.name} (use train.precision fp32 or tf32 with cp > 1)")
             return RingAttention.apply(inputs[0], inputs[1], inputs[2], self)
         if op == "embedding" and self.position_weight is not None and inputs[1] is self.position_weight:
             idx = inputs[0]
@@ -276,6 +364,15 @@ class ContextParallel:
             finally:
                 self._busy = False
         return run()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Attention and embeddings run as on one process inside (e.g. sampling from a full copy of the model)."""
+        busy, self._busy = self._busy, True
+        try:
+            yield
+        finally:
+            self._busy = busy
 
     def close(self) -> None:
         dispatch.remove_observer(self)

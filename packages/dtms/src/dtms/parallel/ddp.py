@@ -17,6 +17,7 @@ import blutensor as bt
 from blutensor.nn import Module
 
 from dtms import world
+from dtms.parallel.comm_ops import TIMELINE
 from dtms.parallel.verify import verify_params_across_ranks
 from dtms.process_group import ProcessGroup
 
@@ -150,11 +151,13 @@ class DistributedDataParallel(Module):
         if b.launched:
             return  # a parameter reached twice in one backward: already reduced
         b.buffer[off:off + p.numel()] = p.grad._data.reshape(-1)
+        TIMELINE.mark("ddp_grad_ready", bucket=bi)
         b.pending -= 1
         self._observed.append(p)
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
             nb = self.buckets[self._next]
             nb.work = self.pg.all_reduce(nb.buffer, op="avg", async_op=True)
+            TIMELINE.mark("ddp_bucket_post", bucket=nb.index)
             nb.launched = True
             self.stats.allreduces += 1
             self.stats.launch_order.append(nb.index)
@@ -166,6 +169,7 @@ class DistributedDataParallel(Module):
     def _finalize(self) -> None:
         for b in self.buckets:
             b.work.wait()
+            TIMELINE.mark("ddp_bucket_wait", bucket=b.index)
             for p, off in zip(b.params, b.offsets):
                 p.grad._data[...] = b.buffer[off:off + p.numel()].reshape(p.shape)
         if not self._rebuilt:

@@ -5,7 +5,10 @@ Its forward all-gathers the full parameters just before use, runs without record
 frees them; its backward all-gathers again, recomputes the unit's forward with the graph, back-
 propagates, reduce-scatters (averages) the flat gradient into the shard and frees everything. The
 next unit's gather is issued asynchronously (prefetch) while the current one computes. Parameters
-outside the units (embeddings, final LayerNorm) form a root shard gathered for the whole step.
+outside the units (embeddings, final LayerNorm, a tied LM head) are sharded too, one flat shard per top-level
+module: a dispatch observer sees each op that uses one of them, gathers that module's shard for the op
+only, and in backward gathers it again, recomputes the op with the graph and reduce-scatters its gradients
+at once, so no full root parameter or gradient lives through the step.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import blutensor as bt
 from blutensor import Tensor
 from blutensor.autograd import Function
 from blutensor.nn import Module, Parameter
+from blutensor.ops import dispatch
 
 from dtms import world
-from dtms.parallel.comm_ops import STATS
+from dtms.parallel.comm_ops import STATS, TIMELINE
 from dtms.parallel.verify import verify_params_across_ranks
 from dtms.process_group import ProcessGroup
 
@@ -48,6 +52,16 @@ class FlatShard:
         self._prefetch = None
         self.release()
 
+    def local_segments(self):
+        """(lo, hi, param) ranges of this rank's shard that hold each parameter's elements."""
+        r = self.group.rank()
+        a, b = r * self.shard_size, (r + 1) * self.shard_size
+        off = 0
+        for p, n in zip(self.params, self.numels):
+            lo, hi = max(off, a), min(off + n, b)
+            yield max(lo - a, 0), max(hi - a, 0), p
+            off += n
+
     def gather_async(self) -> None:
         if self._prefetch is None:
             full = self.xp.empty(self.padded, dtype=self.shard._data.dtype)
@@ -68,10 +82,11 @@ class FlatShard:
         return full
 
     def release(self) -> None:
-        """Drop the full parameters (only the shard stays)."""
-        empty = self.xp.empty(0, dtype=self.shard._data.dtype)
-        for p in self.params:
-            p._data = empty
+        """Drop the full parameters (only the shard stays). Each keeps its shape as a read-only view of one
+        element (no storage of its size), so shape checks before an op still see the parameter's shape."""
+        one = self.xp.zeros(1, dtype=self.shard._data.dtype)
+        for p, s in zip(self.params, self.shapes):
+            p._data = self.xp.broadcast_to(one, s)
             p.grad = None
 
     def reduce_grads(self) -> None:
@@ -91,6 +106,46 @@ class FlatShard:
             self.shard.grad._data += out
 
 
+class Flats:
+    """The flat shards of one unit (one per parameter kind, e.g. decayed / not decayed), used together."""
+
+    def __init__(self, params: list, group: ProcessGroup, key=None):
+        kinds: dict = {}
+        for p in params:
+            kinds.setdefault(key(p) if key is not None else None, []).append(p)
+        self.keys = list(kinds)
+        self.parts = [FlatShard(ps, group) for ps in kinds.values()]
+        for k, f in zip(self.keys, self.parts):
+            f.shard.fsdp_key = k  # which parameter kind this shard holds (FSDP.param_groups)
+        self.params = [p for f in self.parts for p in f.params]
+        self.group = group
+        self.label = ""  # "unit<i>" or "root_<module>" (TIMELINE events)
+
+    def gather_async(self) -> None:
+        if any(f._prefetch is None for f in self.parts):
+            TIMELINE.mark("fsdp_gather_post", unit=self.label)
+        for f in self.parts:
+            f.gather_async()
+
+    def gather(self) -> None:
+        self.gather_async()
+        for f in self.parts:
+            f.gather()
+        TIMELINE.mark("fsdp_gather_wait", unit=self.label)
+
+    def release(self) -> None:
+        for f in self.parts:
+            f.release()
+
+    def reduce_grads(self) -> None:
+        for f in self.parts:
+            f.reduce_grads()
+
+    @property
+    def shards(self) -> list:
+        return [f.shard for f in self.parts]
+
+
 class _UnitFn(Function):
     @staticmethod
     def forward(ctx, x: Tensor, shard: Tensor, unit: FSDPUnit):
@@ -99,7 +154,9 @@ class _UnitFn(Function):
         if unit.next is not None:
             unit.next.flat.gather_async()  # prefetch: overlaps this unit's compute
         try:
+            TIMELINE.mark("fsdp_compute_begin", unit=unit.flat.label, phase="fwd")
             y = unit.module(ctx.x)
+            TIMELINE.mark("fsdp_compute_end", unit=unit.flat.label, phase="fwd")
         finally:
             unit.flat.release()
         return y
@@ -113,10 +170,12 @@ class _UnitFn(Function):
         now = bt.get_rng_state()
         bt.set_rng_state(ctx.rng)  # dropout masks replay exactly
         try:
+            TIMELINE.mark("fsdp_compute_begin", unit=unit.flat.label, phase="bwd")
             with bt.enable_grad():
                 xi = ctx.x.detach().requires_grad_(True)
                 y = unit.module(xi)
                 y.backward(g)
+            TIMELINE.mark("fsdp_compute_end", unit=unit.flat.label, phase="bwd")
             unit.flat.reduce_grads()
         finally:
             bt.set_rng_state(now)
@@ -124,16 +183,55 @@ class _UnitFn(Function):
         return xi.grad, None, None
 
 
-class FSDPUnit(Module):
-    """A wrapped submodule whose parameters exist only as a 1/W flat shard between uses."""
+class _RootOpFn(Function):
+    """One op on a root parameter: forward with the module's shard gathered (no graph kept); backward gathers
+    again, recomputes the op with the graph, back-propagates, reduce-scatters the gradients into the shard."""
 
-    def __init__(self, module: Module, group: ProcessGroup):
+    @staticmethod
+    def forward(ctx, shard, fsdp, flat, op, attrs, slots, inputs, run, *args):
+        ctx.fsdp, ctx.flat, ctx.op, ctx.attrs, ctx.slots = fsdp, flat, op, attrs, slots
+        ctx.inputs = tuple(x.detach() if isinstance(x, Tensor) and not sl else x for x, sl in zip(inputs, slots))
+        ctx.params = tuple(x if sl else None for x, sl in zip(inputs, slots))
+        return fsdp._gathered(flat, run)
+
+    @staticmethod
+    def backward(ctx, g):
+        from blutensor.ops.dispatch import apply
+
+        n_fixed = 8
+        needs = ctx.needs[n_fixed:]
+        grads = [None] * len(ctx.inputs)
+
+        def recompute():
+            with bt.enable_grad():
+                xs = [x.detach().requires_grad_(True) if nd else x for x, nd in zip(ctx.inputs, needs)]
+                full = [p if p is not None else x for p, x in zip(ctx.params, xs)]
+                y = apply(ctx.op, *full, **ctx.attrs)
+                y.backward(g)
+            for i, (x, nd) in enumerate(zip(xs, needs)):
+                if nd:
+                    grads[i] = x.grad
+            ctx.flat.reduce_grads()  # this use's gradients, at once (a tied weight gets one per use)
+
+        ctx.fsdp._gathered(ctx.flat, recompute)
+        return (None,) * n_fixed + tuple(grads)
+
+
+class FSDPUnit(Module):
+    """A wrapped submodule whose parameters exist only as 1/W flat shards between uses."""
+
+    def __init__(self, module: Module, group: ProcessGroup, key=None):
         super().__init__()
         object.__setattr__(self, "module", module)  # not registered: its full params are transient
-        object.__setattr__(self, "flat", FlatShard(list(module.parameters()), group))
+        object.__setattr__(self, "flat", Flats(list(module.parameters()), group, key))
         object.__setattr__(self, "next", None)
         object.__setattr__(self, "prev", None)
-        self.flat_shard = self.flat.shard
+        for i, sh in enumerate(self.flat.shards):
+            self.register_parameter("flat_shard" if i == 0 else f"flat_shard{i}", sh)
+
+    @property
+    def flat_shard(self) -> Parameter:
+        return self.flat.shards[0]
 
     def forward(self, x):
         if not bt.is_grad_enabled():
@@ -146,10 +244,17 @@ class FSDPUnit(Module):
 
 
 class FullyShardedDataParallel(Module):
-    """Shard ``model`` (units: submodules matching ``unit_pattern``) over ``process_group``."""
+    """Shard ``model`` (units: submodules matching ``unit_pattern``) over ``process_group``.
+
+    ``param_key``: a function of a parameter; parameters of different keys go to different flat shards of
+    a unit (e.g. ``lambda p: p.ndim >= 2`` keeps weight-decayed and undecayed parameters apart, so AdamW
+    param groups stay exact: :meth:`param_groups`). ``tp_sharded``: ids of parameters that tensor
+    parallelism split over ``tp_group`` (their squares are summed over it in :meth:`clip_grad_norm_`).
+    """
 
     def __init__(self, model: Module, process_group: ProcessGroup | None = None,
-                 unit_pattern: str = "blocks.*"):
+                 unit_pattern: str = "blocks.*", param_key=None, tp_group: ProcessGroup | None = None,
+                 tp_sharded: set[int] | None = None):
         super().__init__()
         group = process_group or world.get_default_group()
         if not isinstance(group, ProcessGroup):
@@ -157,7 +262,11 @@ class FullyShardedDataParallel(Module):
                             f"{type(group).__name__}")
         object.__setattr__(self, "group", group)
         object.__setattr__(self, "model", model)
+        object.__setattr__(self, "tp_group", tp_group)
+        object.__setattr__(self, "tp_sharded", set(tp_sharded or ()))
         verify_params_across_ranks(group, list(model.named_parameters()), "FullyShardedDataParallel")
+        names = {id(p): n for n, p in model.named_parameters()}
+        object.__setattr__(self, "param_names", names)
         # identical start: rank 0's weights everywhere
         with bt.no_grad():
             for p in model.parameters():
@@ -166,53 +275,107 @@ class FullyShardedDataParallel(Module):
         for name, mod in list(model.named_modules()):
             if name and fnmatch.fnmatchcase(name, unit_pattern) and name.count(".") == unit_pattern.count("."):
                 parent, leaf = _parent(model, name)
-                u = FSDPUnit(mod, group)
+                u = FSDPUnit(mod, group, param_key)
                 setattr(parent, leaf, u)
                 units.append(u)
         for a, b in zip(units, units[1:]):
             object.__setattr__(a, "next", b)
             object.__setattr__(b, "prev", a)
         object.__setattr__(self, "units", units)
-        unit_ids = {id(u.flat_shard) for u in units}
-        root = [p for p in model.parameters() if id(p) not in unit_ids]
-        object.__setattr__(self, "root", FlatShard(root, group) if root else None)
+        unit_ids = {id(s) for u in units for s in u.flat.shards}
+        by_module: dict[str, list] = {}
+        for name, p in model.named_parameters():  # tied parameters appear once, under their first module
+            if id(p) not in unit_ids:
+                by_module.setdefault(name.split(".")[0], []).append(p)
+        roots = [Flats(ps, group, param_key) for ps in by_module.values()]
+        for name, f in zip(by_module, roots):
+            f.label = f"root_{name}"
         for i, u in enumerate(units):
-            self.register_parameter(f"unit{i}_shard", u.flat_shard)
-        if self.root is not None:
-            self.register_parameter("root_shard", self.root.shard)
-            object.__setattr__(self, "_pending", 0)
-            for p in root:
-                p.register_post_accumulate_grad_hook(self._root_grad_ready)
+            u.flat.label = f"unit{i}"
+        object.__setattr__(self, "roots", roots)
+        object.__setattr__(self, "_root_of", {id(p): f for f in roots for p in f.params})
+        for i, u in enumerate(units):
+            for j, sh in enumerate(u.flat.shards):
+                self.register_parameter(f"unit{i}_shard" + (f"{j}" if j else ""), sh)
+        for name, f in zip(by_module, roots):
+            for j, sh in enumerate(f.shards):
+                self.register_parameter(f"root_{name}_shard" + (f"{j}" if j else ""), sh)
+        object.__setattr__(self, "_busy", False)
+        if roots:
+            # first in the chain: TP/CP observers that read a root weight directly then see it gathered
+            dispatch.observers.insert(0, self._root_op)
 
-    def _root_grad_ready(self, p) -> None:
-        object.__setattr__(self, "_pending", self._pending - 1)
-        if self._pending == 0:
-            self.root.reduce_grads()
-            self.root.release()
+    def flats(self) -> list[FlatShard]:
+        """Every flat shard (root modules first, then the units in order)."""
+        groups = list(self.roots) + [u.flat for u in self.units]
+        return [f for g in groups for f in g.parts]
+
+    def _root_op(self, op, inputs, attrs, run):
+        """Dispatch observer: an op reading a root parameter runs with that module's shard gathered."""
+        if self._busy:
+            return run()
+        flat = next((self._root_of[id(x)] for x in inputs if isinstance(x, Tensor) and id(x) in self._root_of),
+                    None)
+        if flat is None:
+            return run()
+        if not bt.is_grad_enabled():
+            return self._gathered(flat, run)
+        slots = tuple(isinstance(x, Tensor) and id(x) in self._root_of for x in inputs)
+        args = tuple(None if sl else x for x, sl in zip(inputs, slots))
+        return _RootOpFn.apply(flat.shards[0], self, flat, op, attrs, slots, inputs, run, *args)
+
+    def _gathered(self, flat, fn):
+        flat.gather()
+        object.__setattr__(self, "_busy", True)
+        try:
+            return fn()
+        finally:
+            object.__setattr__(self, "_busy", False)
+            flat.release()
+
+    def close(self) -> None:
+        """Remove the root-parameter observer (the model is no longer used through this wrapper)."""
+        if self._root_op in dispatch.observers:
+            dispatch.observers.remove(self._root_op)
+
+    def param_groups(self, weight_decay: float, decay_key=True) -> list[dict]:
+        """AdamW groups over the shards: ``weight_decay`` on those whose ``param_key`` is ``decay_key``."""
+        shards = [f.shard for f in self.flats()]
+        return [{"params": [s for s in shards if s.fsdp_key == decay_key], "weight_decay": weight_decay},
+                {"params": [s for s in shards if s.fsdp_key != decay_key], "weight_decay": 0.0}]
 
     def forward(self, *args, **kwargs):
-        if self.root is not None:
-            self.root.gather()
-            object.__setattr__(self, "_pending", len(self.root.params))
         if self.units:
             self.units[0].flat.gather_async()
-        out = self.model(*args, **kwargs)
-        if self.root is not None and not bt.is_grad_enabled():
-            self.root.release()
-        return out
+        return self.model(*args, **kwargs)
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip by the global norm over all shards (an all-reduce of the squared local norms)."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        xp = bt.backend.xp_of(grads[0].device)
-        sq = xp.asarray([float((g._data.astype(xp.float64) ** 2).sum()) for g in grads]).sum()
-        buf = xp.asarray([sq], dtype=xp.float64)
+        """Clip by the global norm of the unsharded model: squares of the local shards summed over the group
+        (and, for tensor-parallel parameters, over the TP group as well); returns that norm."""
+        xp = None
+        part = [0.0, 0.0]  # [tp-sharded, replicated across tp]
+        for f in self.flats():
+            if f.shard.grad is None:
+                continue
+            g = f.shard.grad._data
+            xp = bt.backend.array_module(g)
+            for lo, hi, p in f.local_segments():
+                if hi > lo:
+                    part[0 if id(p) in self.tp_sharded else 1] += float((g[lo:hi].astype(xp.float64) ** 2).sum())
+        if xp is None:
+            return 0.0
+        buf = xp.asarray(part, dtype=xp.float64)
         self.group.all_reduce(buf, op="sum")
-        norm = float(buf[0]) ** 0.5
+        if self.tp_group is not None and self.tp_group.size() > 1:
+            sh = buf[:1].copy()
+            self.tp_group.all_reduce(sh, op="sum")
+            buf[0] = sh[0]
+        norm = float(buf.sum()) ** 0.5
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
-            for g in grads:
-                g._data *= g._data.dtype.type(coef)
+            for f in self.flats():
+                if f.shard.grad is not None:
+                    f.shard.grad._data *= f.shard.grad._data.dtype.type(coef)
         return norm
 
     def state_bytes(self) -> int:
@@ -222,12 +385,38 @@ class FullyShardedDataParallel(Module):
     def full_parameters(self) -> dict:
         """Gathered full parameters by name (checkpoints, tests); a collective on every rank."""
         out = {}
-        names = {id(p): n for n, p in _named_leaf_params(self.model)}
-        for flat in ([self.root] if self.root else []) + [u.flat for u in self.units]:
-            flat.gather()
-            for p in flat.params:
-                out[names.get(id(p), str(id(p)))] = p._data.copy()
-            flat.release()
+        for f in self.flats():
+            f.gather()
+            for p in f.params:
+                out[self.param_names[id(p)]] = p._data.copy()
+            f.release()
+        return out
+
+    def gather_shard_state(self, arrays: dict[int, object]) -> dict[str, object]:
+        """Full per-parameter arrays (by name) from per-shard flat arrays keyed by ``id(shard)`` (e.g. an
+        AdamW moment); a collective on every rank."""
+        out = {}
+        for f in self.flats():
+            a = arrays[id(f.shard)]
+            full = f.xp.empty(f.padded, dtype=a.dtype)
+            f.group.all_gather(full, f.xp.ascontiguousarray(a))
+            off = 0
+            for p, n, s in zip(f.params, f.numels, f.shapes):
+                out[self.param_names[id(p)]] = full[off:off + n].reshape(s).copy()
+                off += n
+        return out
+
+    def shard_full_state(self, full: dict[str, object]) -> dict[int, object]:
+        """This rank's flat shard of every unit from full per-parameter arrays by name (no communication)."""
+        out = {}
+        for f in self.flats():
+            flat = f.xp.zeros(f.padded, dtype=f.shard._data.dtype)
+            off = 0
+            for p, n in zip(f.params, f.numels):
+                flat[off:off + n] = f.xp.asarray(full[self.param_names[id(p)]]).reshape(-1)
+                off += n
+            r = f.group.rank()
+            out[id(f.shard)] = flat[r * f.shard_size:(r + 1) * f.shard_size].copy()
         return out
 
 

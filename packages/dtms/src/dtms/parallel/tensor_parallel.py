@@ -1,5 +1,7 @@
-"""Megatron-style tensor parallelism: column- and row-parallel linears (fused-QKV aware), async
-chunked row-parallel all-reduce, vocabulary-parallel embedding and cross-entropy, split heads.
+"""Megatron-style tensor parallelism: column- and row-parallel linears (fused-QKV aware), async TP
+(the row-parallel forward's all-reduce and the column-parallel backward's input-gradient all-reduce in token
+chunks, each behind the next chunk's GEMM and the weight-gradient GEMM), vocabulary-parallel embedding and
+cross-entropy, split heads.
 
 Applied from outside the model: :func:`apply_tensor_parallel` swaps linears for their parallel
 versions and intercepts the tied-vocabulary ops (embedding, LM head, cross-entropy) at blutensor's
@@ -18,7 +20,7 @@ from blutensor.nn import Module, Parameter
 from blutensor.ops import dispatch
 from blutensor.ops.linalg import gemm
 
-from dtms.parallel.comm_ops import STATS, CopyToGroup, ReduceFromGroup
+from dtms.parallel.comm_ops import STATS, TIMELINE, CopyToGroup, ReduceFromGroup
 from dtms.process_group import ProcessGroup
 
 
@@ -33,12 +35,61 @@ def _param(arr, like: Tensor) -> Parameter:
     return Parameter(t)
 
 
-class ColumnParallelLinear(Module):
-    """Output features split across the group; input replicated (gradient all-reduced)."""
+def _bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    b = np.linspace(0, n, chunks + 1).astype(int)
+    return [(int(lo), int(hi)) for lo, hi in zip(b[:-1], b[1:]) if hi > lo]
 
-    def __init__(self, linear: Module, group: ProcessGroup, chunks: int = 1):
+
+class _ColumnParallelAsync(Function):
+    """y = x @ w_local^T + b_local (x replicated). Backward, in token chunks: chunk i's input gradient (dgrad
+    GEMM) has its all-reduce posted at once (the communication stream on NCCL) while chunk i+1's dgrad and then
+    the weight-gradient GEMM compute; the all-reduces are waited for last."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, b, group: ProcessGroup, chunks: int):
+        ctx.save_for_backward(x, w)
+        ctx.group, ctx.chunks, ctx.has_bias = group, chunks, b is not None
+        x2 = x._data.reshape(-1, x.shape[-1])
+        y = gemm(x2, w._data.T)
+        if b is not None:
+            y = y + b._data
+        return Tensor._from_data(y.reshape(*x.shape[:-1], w.shape[0]), x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, w = ctx.saved_tensors
+        xp = bt.backend.xp_of(g.device)
+        g2 = g._data.reshape(-1, g.shape[-1])
+        x2 = x._data.reshape(-1, x.shape[-1])
+        gx = xp.empty((g2.shape[0], w.shape[1]), dtype=g2.dtype)
+        works = []
+        for i, (lo, hi) in enumerate(_bounds(g2.shape[0], ctx.chunks)):
+            TIMELINE.mark("tp_gemm_begin", kind="dgrad", chunk=i)
+            gx[lo:hi] = gemm(g2[lo:hi], w._data)
+            TIMELINE.mark("tp_gemm_end", kind="dgrad", chunk=i)
+            works.append(ctx.group.all_reduce(gx[lo:hi], op="sum", async_op=True))
+            TIMELINE.mark("tp_comm_post", kind="dgrad", chunk=i)
+            STATS.add("tp_async_bwd_chunk")
+        TIMELINE.mark("tp_gemm_begin", kind="wgrad")
+        gw = gemm(g2.T, x2)
+        gb = g2.sum(axis=0) if ctx.has_bias else None
+        TIMELINE.mark("tp_gemm_end", kind="wgrad")
+        for wk in works:
+            wk.wait()
+        TIMELINE.mark("tp_comm_wait", kind="dgrad")
+        mk = lambda a, like: Tensor._from_data(a, like.dtype, like.device)  # noqa: E731
+        return (mk(gx.reshape(x.shape), x), mk(gw, w), mk(gb, g) if gb is not None else None, None, None)
+
+
+class ColumnParallelLinear(Module):
+    """Output features split across the group; input replicated (gradient all-reduced). ``async_chunks > 1``
+    overlaps that all-reduce, chunk by chunk, with the backward's dgrad and wgrad GEMMs."""
+
+    def __init__(self, linear: Module, group: ProcessGroup, chunks: int = 1, async_chunks: int = 1):
         super().__init__()
         object.__setattr__(self, "group", group)
+        object.__setattr__(self, "chunks", chunks)
+        object.__setattr__(self, "async_chunks", async_chunks)
         r, n = group.rank(), group.size()
         w = linear.weight._data
         if (w.shape[0] // chunks) % n:
@@ -49,6 +100,8 @@ class ColumnParallelLinear(Module):
             if getattr(linear, "bias", None) is not None else None
 
     def forward(self, x):
+        if self.async_chunks > 1:
+            return _ColumnParallelAsync.apply(x, self.weight, self.bias, self.group, self.async_chunks)
         x = CopyToGroup.apply(x, self.group)
         return bt.nn.functional.linear(x, self.weight, self.bias)
 
@@ -63,17 +116,17 @@ class _RowParallelAsync(Function):
         x2 = x._data.reshape(-1, x.shape[-1])
         xp = bt.backend.xp_of(x.device)
         out = xp.empty((x2.shape[0], w.shape[0]), dtype=x2.dtype)
-        bounds = np.linspace(0, x2.shape[0], chunks + 1).astype(int)
         works = []
-        for i in range(chunks):
-            lo, hi = bounds[i], bounds[i + 1]
-            if hi == lo:
-                continue
+        for i, (lo, hi) in enumerate(_bounds(x2.shape[0], chunks)):
+            TIMELINE.mark("tp_gemm_begin", kind="fwd", chunk=i)
             out[lo:hi] = gemm(x2[lo:hi], w._data.T)
+            TIMELINE.mark("tp_gemm_end", kind="fwd", chunk=i)
             works.append(group.all_reduce(out[lo:hi], op="sum", async_op=True))
+            TIMELINE.mark("tp_comm_post", kind="fwd", chunk=i)
             STATS.add("tp_async_chunk")
         for wk in works:
             wk.wait()
+        TIMELINE.mark("tp_comm_wait", kind="fwd")
         return Tensor._from_data(out.reshape(*x.shape[:-1], w.shape[0]), x.dtype, x.device)
 
     @staticmethod
@@ -206,17 +259,6 @@ class VocabParallel:
         return run()
 
 
-#: GPT-2's tensor-parallel plan: module-name pattern -> (style, options)
-GPT2_PLAN = {
-    "blocks.*.attn.c_attn": ("colwise", {"chunks": 3}),
-    "blocks.*.attn.c_proj": ("rowwise", {}),
-    "blocks.*.mlp.c_fc": ("colwise", {}),
-    "blocks.*.mlp.c_proj": ("rowwise", {}),
-    "blocks.*.attn": ("heads", {}),
-    "wte": ("vocab", {}),
-}
-
-
 class TensorParallel:
     """Handle returned by :func:`apply_tensor_parallel`; ``close()`` removes the dispatch observer."""
 
@@ -229,10 +271,13 @@ class TensorParallel:
             self.observer = None
 
 
-def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict | None = None,
+def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict,
                           async_chunks: int = 1) -> TensorParallel:
-    """Shard ``model`` in place over ``group`` following ``plan`` (default: GPT-2's)."""
-    plan = GPT2_PLAN if plan is None else plan
+    """Shard ``model`` in place over ``group`` following ``plan`` (pattern -> (style, options), the
+    ``tp`` field of a :class:`~dtms.parallel.plan.ParallelPlan`; the model's package provides it)."""
+    if not isinstance(plan, dict) or not plan:
+        raise ValueError("apply_tensor_parallel: plan must be a non-empty dict of module pattern -> (style, "
+                         "options) (e.g. blumodels.gpt2_parallelize.gpt2_plan(model).tp)")
     n, r = group.size(), group.rank()
     observer = None
     for name, mod in list(model.named_modules()):
@@ -248,7 +293,8 @@ def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict | None 
                 continue
             parent, leaf = _parent(model, name)
             if style == "colwise":
-                setattr(parent, leaf, ColumnParallelLinear(mod, group, opts.get("chunks", 1)))
+                setattr(parent, leaf, ColumnParallelLinear(mod, group, opts.get("chunks", 1),
+                                                           opts.get("async_chunks", async_chunks)))
             elif style == "rowwise":
                 setattr(parent, leaf, RowParallelLinear(mod, group, opts.get("async_chunks", async_chunks)))
             elif style == "vocab":

@@ -1,0 +1,42 @@
+"""``ParallelPlan``: what a model tells the parallel strategies about itself.
+
+dtms knows no model: the tensor-parallel plan (module-name pattern -> style), the FSDP unit pattern,
+the positional embedding that context parallelism re-indexes, and the shapes the mesh is checked
+against come from the model's package (blumodels keeps GPT-2's in ``blumodels.gpt2_parallelize``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: tensor-parallel styles a plan may name
+TP_STYLES = ("colwise", "rowwise", "heads", "vocab")
+
+
+@dataclass
+class ParallelPlan:
+    """How to shard one model.
+
+    ``tp``: module-name pattern (fnmatch) -> (style, options); styles: ``colwise`` (output features split;
+    ``chunks`` for a fused weight of stacked parts, e.g. QKV), ``rowwise`` (input features split, outputs
+    all-reduced), ``heads`` (an attention module's ``n_head`` divided by tp), ``vocab`` (an embedding tied
+    to the LM head, split on the vocabulary). ``fsdp_units``: submodules that become FSDP units.
+    ``position_weight``: the positional embedding's weight (context parallelism gives it the global
+    positions of the local tokens). ``shape_checks``: sizes the mesh must divide (``n_head``,
+    ``d_model``, ``vocab_size``), checked before any communication.
+    """
+
+    tp: dict[str, tuple[str, dict]] = field(default_factory=dict)
+    fsdp_units: str = "blocks.*"
+    position_weight: Any = None
+    shape_checks: dict[str, int] = field(default_factory=dict)
+
+    def check(self) -> ParallelPlan:
+        for pat, entry in self.tp.items():
+            if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
+                raise ValueError(f"parallel plan: tp[{pat!r}] must be (style, options), got {entry!r}")
+            if entry[0] not in TP_STYLES:
+                raise ValueError(f"parallel plan: unknown tensor-parallel style {entry[0]!r} for {pat!r} "
+                                 f"(styles: {', '.join(TP_STYLES)})")
+        return self
