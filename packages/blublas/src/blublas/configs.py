@@ -215,7 +215,7 @@ ARCHS: dict[int, ArchInfo] = {
     ),
 }
 
-#: TMA kernels on the H200 (dev/gpu_check_wgmma.py run 3, least squares over the GPT-2 shapes, +-15%): seconds
+#: TMA kernels on the H200 (measured with dev/gpu_check_wgmma.py, least squares over the GPT-2 shapes, +-15%): seconds
 #: per k tile and fixed seconds per output tile (epilogue, pipeline refill) of one CTA
 TMA_TILE_COST = {
     "128x256x64_ws_s4": (0.640e-6, 6.7e-6),
