@@ -192,7 +192,7 @@ def _block(q, k, v, qpos, kpos, scale):
 
 
 def _merge(out, lse, bout, blse):
-    """Stable merge (the paper's sigmoid update): out += sigmoid(blse - lse) * (bout - out)."""
+    """Stable merge (the log-sum-exp merge written as a sigmoid): out += sigmoid(blse - lse) * (bout - out)."""
     xp = bt.backend.array_module(out)
     both = xp.isfinite(blse)
     first = ~xp.isfinite(lse) & both
