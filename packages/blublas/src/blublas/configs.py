@@ -123,7 +123,8 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _simt(128, 64, 8, 4),
             _simt(64, 64, 8, 4),
             # stages == 2: register-staged double buffer, 16-byte global loads, warp tile 32 x 64 (on sm_90 the
-            # fastest on GPT-2's fp32 GEMMs, well ahead of the cp.async configs above: benchmarks/results/blublas_simt_h200.json)
+            # fastest on GPT-2's fp32 GEMMs, well ahead of the cp.async configs above:
+            # benchmarks/results/blublas_simt_h200.json)
             _simt(128, 128, 8, 2),
         )
     },
