@@ -1,7 +1,7 @@
 """GPT-2 124M under dtms's DDP, FSDP, TP (sync/async) and CP (three rotators) on several GPUs, checked against
 the single-device run and measured beside PyTorch (DDP, FSDP2, context parallel): one JSON per call.
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/dtms_gpt2.py --part equivalence \\
+    python3 benchmarks/dtms_gpt2.py --part equivalence \\
         --nproc 2 --out benchmarks/results/dtms_gpt2_equivalence_h200.json
 
 Parts: ``equivalence`` (every BluTrain strategy, fp32, per-step losses vs the single-device run at the same
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     work = out.parent / (out.stem + "_work")
     work.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/dtms_gpt2.py "
+    doc = {"command": "python3 benchmarks/dtms_gpt2.py "
                       + " ".join(sys.argv[1:] if argv is None else argv),
            "machine": machine(a),
            "config": {"model": "gpt2" if a.layers == 12 and a.d_model == 768 else "gpt2-small-test",

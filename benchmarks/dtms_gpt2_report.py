@@ -2,7 +2,7 @@
 
 ``derive(runs, W, tol)`` -> (derived, verdicts): per-strategy max |loss - single-device loss|, tokens/s and
 peak memory per GPU, DDP scaling efficiency (tokens/s on W GPUs / (W x single-GPU tokens/s at the per-GPU
-batch)), BluTrain / PyTorch ratios, async / sync TP, the bucket sweep, and the issue's targets.
+batch)), BluTrain / PyTorch ratios, async / sync TP, the bucket sweep, and the targets.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def per_gpu_table(part: dict) -> dict:
 
 
 def derive(runs: dict, W: int, tol: float) -> tuple[dict, dict]:
-    """(derived numbers, verdicts against the issue's targets); a verdict is None when its runs are missing."""
+    """(derived numbers, verdicts against the targets); a verdict is None when its runs are missing."""
     d: dict = {}
     v: dict = {}
     eq = runs.get("equivalence") or {}

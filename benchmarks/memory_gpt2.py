@@ -1,6 +1,6 @@
 """Memory-lean training on one GPU: BluTrain and PyTorch side by side, in one run.
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/memory_gpt2.py \
+    python3 benchmarks/memory_gpt2.py \
         --out benchmarks/results/memory_gpt2_h200.json [--only a,b,c,e]
 
 (a) GPT-2 124M, B=16, T=1024, fp32: peak allocated/reserved of BluTrain (plain AdamW + clipping as PyTorch;
@@ -67,7 +67,7 @@ RUNS = [  # (case, name, framework, flags)
     ("e", "blutrain_oib", "blutrain", ["--oib"]),
     ("e", "blutrain_lean", "blutrain", LEAN),
 ]
-# (case, ours, reference, metric, bound, "<=" / ">="): the issue's targets
+# (case, ours, reference, metric, bound, "<=" / ">="): the targets
 TARGETS = [
     ("a", "blutrain", "torch_eager", "peak_reserved_gib", 0.75, "<="),
     ("a", "blutrain", "torch_compile", "peak_reserved_gib", 1.0, "<="),
@@ -330,7 +330,7 @@ def main() -> None:
             gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         except Exception:  # noqa: BLE001
             gpu = "unknown"
-    doc = {"command": "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/memory_gpt2.py "
+    doc = {"command": "python3 benchmarks/memory_gpt2.py "
                       + " ".join(sys.argv[1:]),
            "gpu": gpu, "precision": "fp32", "cases": {k: sizes_of[k] for k in only}, "layers_c": a.layers_c,
            "results": results, "ratios": ratios, "targets": targets, "wall_s": round(time.time() - t_all, 1)}

@@ -66,9 +66,9 @@ def from_blutrain(bt_model, device="cuda") -> TorchGPT2:
 
 def train_torch(model: TorchGPT2, batches, lr: float, compile: bool = False, precision: str = "fp32",
                 accum: int = 1) -> dict:
-    """The reference training loop (AdamW as in Table 1, clip 1.0; ``accum`` micro-batches per step, each loss
-    scaled by 1/accum, as nanoGPT does), timed per step with CUDA syncs; returns per-step losses (the mean over
-    the micro-steps) and times and PyTorch's peak memory."""
+    """The reference training loop (BluTrain's default AdamW recipe, clip 1.0; ``accum`` micro-batches per step,
+    each loss scaled by 1/accum, as nanoGPT does), timed per step with CUDA syncs; returns per-step losses (the
+    mean over the micro-steps) and times and PyTorch's peak memory."""
     import time
 
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"

@@ -1,6 +1,6 @@
-"""Lead's GPU smoke test: blutensor core on CUDA vs CPU, a GPT-2 step on CUDA, capture basics.
+"""GPU smoke test: blutensor core on CUDA vs CPU, a GPT-2 step on CUDA, capture basics.
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 dev/gpu_smoke.py $OUT
+    python3 dev/gpu_smoke.py OUTDIR
 """
 
 import json

@@ -40,7 +40,7 @@ def test_gemm_summary_ratios_geomeans_and_verdicts():
     t[("fp32", "s0", "cublas")] = (1.0, 1.0)  # fp32 without its BluBLAS row: skipped, not counted
     res = sg.summarize(_bench(t), "abc")
     bf, tf = res["precisions"]["bf16"], res["precisions"]["tf32"]
-    assert res["snapshot"] == "abc" and "fp32" not in res["precisions"]
+    assert res["commit"] == "abc" and "fp32" not in res["precisions"]
     assert math.isclose(bf["geomean_ratio"], round(math.exp((14 * math.log(0.9) + math.log(0.55)) / 15), 3))
     assert bf["min_ratio"] == 0.55 and bf["min_shape"] == "s0" and not bf["meets_target"]  # min < 0.6
     assert bf["geomean_ratio_eager"] == 2.0

@@ -95,7 +95,7 @@ def test_bench_sweep_and_torch(dry_run):
                                         "tp_async_over_sync>=1.05"}
     assert set(d["ddp_bucket_sweep_tokens_per_s_per_gpu"]) == {"5", "100"}
     assert all(v > 0 for v in d["ddp_bucket_sweep_tokens_per_s_per_gpu"].values())
-    assert dry_run["command"].startswith("PYTHONPATH=") and "--part all" in dry_run["command"]
+    assert dry_run["command"].startswith("python3 benchmarks/dtms_gpt2.py ") and "--part all" in dry_run["command"]
 
 
 @needs_mpi

@@ -1,5 +1,5 @@
 """Each package stands alone: its own pyproject, version file, README, CHANGELOG, tests; the allowed
-import graph (DESIGN.md section 2) holds; CUDA dependencies are extras only."""
+import graph (docs/design.md, section 2) holds; CUDA dependencies are extras only."""
 
 from __future__ import annotations
 

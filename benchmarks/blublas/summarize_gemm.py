@@ -1,8 +1,8 @@
 """Summarize a bench_gemm.py pytest-benchmark JSON into the BluBLAS results file: per precision, BluBLAS over
 cuBLASLt per shape (kernel time inside CUDA graphs, and eager per-call time), geometric means and minima
-against the issue's targets (fp32 and tf32 >= 0.90, bf16 >= 0.85, no shape below 0.6).
+against the targets (fp32 and tf32 >= 0.90, bf16 >= 0.85, no shape below 0.6).
 
-    python3 benchmarks/blublas/summarize_gemm.py BENCH.json OUT.json [snapshot]
+    python3 benchmarks/blublas/summarize_gemm.py BENCH.json OUT.json [commit]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def summarize(bench: dict, snapshot: str = "") -> dict:
+def summarize(bench: dict, commit: str = "") -> dict:
     """The results document of one pytest-benchmark run of bench_gemm.py."""
     rows: dict = {}
     gpu = ""
@@ -42,7 +42,7 @@ def summarize(bench: dict, snapshot: str = "") -> dict:
     out: dict = {"what": "BluBLAS vs cuBLASLt (same process, same GPU) on GPT-2 124M's GEMMs at B*T=16384; "
                  "ratio = cuBLASLt time / BluBLAS time, from kernel time inside CUDA graphs (ratio) and from "
                  "eager per-call time including each provider's Python planning (ratio_eager)",
-                 "command": COMMAND, "snapshot": snapshot, "gpu": gpu, "precisions": {}}
+                 "command": COMMAND, "commit": commit, "gpu": gpu, "precisions": {}}
     for prec in TARGETS:
         rs = [r for (p, _), r in sorted(rows.items())
               if p == prec and "ours_kernel_ms" in r and "cublaslt_kernel_ms" in r]

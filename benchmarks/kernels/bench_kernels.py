@@ -1,10 +1,10 @@
-"""pytest-benchmark suite: blutensor's CUDA kernels beside their PyTorch counterparts on the paper's
-Appendix B shapes (attention B x NH x HD at T = 512/1024/2048, GELU 16x1024x3072, LayerNorm 16384x768,
+"""pytest-benchmark suite: blutensor's CUDA kernels beside their PyTorch counterparts on GPT-2 124M's
+training shapes (attention B x NH x HD at T = 512/1024/2048, GELU 16x1024x3072, LayerNorm 16384x768,
 cross-entropy 16384x50304, AdamW and the gradient norm over GPT-2 124M's parameters).
 
-Run on a GPU machine from the repo root (PYTHONPATH=packages/blutensor/src):
+Run on a GPU machine from the repo root, with the packages installed:
     pytest benchmarks/kernels/bench_kernels.py --benchmark-json=benchmarks/results/kernels.json
-Each benchmark's ``extra_info`` holds the impl (blutrain|torch), shape, dtype, the median device time from
+Each benchmark's ``extra_info`` holds the impl (blutrain|torch), shape, dtype, the median kernel time from
 CUDA events (``device_ms``) and, for memory-bound kernels, GB/s and the fraction of the device-copy
 bandwidth measured in the same process (``frac_copy_bw``; the target is >= 0.8); for attention TFLOP/s.
 Without CuPy or a GPU every benchmark is skipped.

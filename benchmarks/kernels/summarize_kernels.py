@@ -1,8 +1,8 @@
 """Summarize a bench_kernels.py pytest-benchmark JSON: per (kernel, shape, dtype, pass, causal) BluTrain's and
-PyTorch's device time, the speedup, and for memory-bound kernels the fraction of the device-copy bandwidth
-(issue 5's aim: >= 0.8).
+PyTorch's kernel time, the speedup, and for memory-bound kernels the fraction of the device-copy bandwidth
+(the aim: >= 0.8 of the copy bandwidth).
 
-    python3 benchmarks/kernels/summarize_kernels.py BENCH.json OUT.json [snapshot]
+    python3 benchmarks/kernels/summarize_kernels.py BENCH.json OUT.json [commit]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ COMMAND = ("pytest benchmarks/kernels/bench_kernels.py --benchmark-json=BENCH.js
            "python3 benchmarks/kernels/summarize_kernels.py BENCH.json OUT.json")
 
 
-def summarize(bench: dict, snapshot: str = "") -> dict:
+def summarize(bench: dict, commit: str = "") -> dict:
     """The results document of one pytest-benchmark run of bench_kernels.py."""
     rows: dict = {}
     for b in bench.get("benchmarks", []):
@@ -38,11 +38,11 @@ def summarize(bench: dict, snapshot: str = "") -> dict:
         out.append(r)
     bw = [r for r in out if "frac_copy_bw" in r]
     return {
-        "what": "blutensor CUDA kernels beside PyTorch on the paper's Appendix-B shapes (median device ms of "
+        "what": "blutensor CUDA kernels beside PyTorch on GPT-2 124M's training shapes (median device ms of "
         "back-to-back calls between CUDA events); memory-bound kernels as a fraction of the measured device-copy "
         f"bandwidth (aim >= {AIM})",
         "command": COMMAND,
-        "snapshot": snapshot,
+        "commit": commit,
         "memory_bound_meeting_aim": f"{sum(r['meets_bw_aim'] for r in bw)} of {len(bw)}",
         "rows": out,
     }

@@ -1,12 +1,12 @@
 """GPU checks and benchmarks of bluallocator. Run from the repo root on the GPU machine:
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/bluallocator/dev/gpu_check.py $OUT
+    python3 packages/bluallocator/dev/gpu_check.py OUTDIR
 
-1. the package's tests (CPU ones and the ``cuda`` twins) under pytest, junit XML into $OUT;
+1. the package's tests (CPU ones and the ``cuda`` twins) under pytest, junit XML into OUTDIR;
 2. allocation throughput: our CachingAllocator vs CuPy's default pool, raw and through cupy.empty;
 3. a transformer-like allocation trace replayed with real CuPy arrays: peak memory reserved in the
    steady state (steps >= 1) by our allocator (with and without the step-0 profile + flush) vs CuPy's pool.
-Prints a compact summary and writes $OUT/bluallocator_gpu_check.json. Runs in well under 3 minutes.
+Prints a compact summary and writes OUTDIR/bluallocator_gpu_check.json. Runs in well under 3 minutes.
 """
 
 from __future__ import annotations

@@ -3,12 +3,12 @@ the GPT-2 124M GEMM benchmark (B*T=16384) against cuBLASLt (our ctypes provider)
 providers inside CUDA graph capture, and the sm_90a wgmma kernels.
 
 Run from the repo root on the GPU machine:
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check.py $OUT
+    python3 packages/blublas/dev/gpu_check.py OUTDIR
 Order: compile (parallel) -> mma.sync/SIMT correctness -> benchmark -> capture -> wgmma. Every wgmma check
 group (variant x layout) runs in its own child process (a faulting kernel poisons only that process's CUDA
 context); validated groups are then benchmarked in a child too and merged into the benchmark rows.
-Writes $OUT/blublas_gpu_check.json (everything), $OUT/blublas_gemm_h200.json (the benchmark in the format of
-benchmarks/results/) and the autotune cache under $OUT/blublas_cache/. Budget: < 4 minutes on an H200.
+Writes OUTDIR/blublas_gpu_check.json (everything), OUTDIR/blublas_gemm_h200.json (the benchmark in the format of
+benchmarks/results/) and the autotune cache under OUTDIR/blublas_cache/. Runs in < 4 minutes on an H200.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ RESULT: dict = {"checks": {}, "failures": [], "bench": [], "timings": {}}
 CHILD = sys.argv[2] if len(sys.argv) > 2 else ""  # "--wgmma-group" / "--wgmma-bench" in a child process
 INPROC = os.environ.get("BLUBLAS_CHECK_INPROC", "0") == "1"  # run the wgmma groups in this process (tests)
 TORCH = os.environ.get("BLUBLAS_CHECK_TORCH", "1") != "0"  # torch.matmul baseline column (tests turn it off)
-COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check.py $OUT"
+COMMAND = "python3 packages/blublas/dev/gpu_check.py OUTDIR"
 
 
 def log(msg: str) -> None:
@@ -385,7 +385,7 @@ def run_children(mode: str, groups: list[tuple[str, str, str]]) -> dict[tuple[st
                 os.environ["BLUBLAS_WGMMA"] = "0"
             rc = 0
         else:
-            try:  # a hung kernel must not eat the whole budget
+            try:  # a hung kernel must not eat the whole time limit
                 proc = subprocess.run(
                     [sys.executable, str(HERE), str(OUT), mode, variant, layout, prec],
                     capture_output=True,
@@ -603,7 +603,7 @@ def bench(cp) -> None:
     for prec in PRECS:
         for name, lay, m, n, k in GPT2_SHAPES:
             if time.time() - T0 > 190:
-                log("time budget reached: skipping the remaining benchmark shapes")
+                log("time limit reached: skipping the remaining benchmark shapes")
                 RESULT["bench_truncated"] = True
                 break
             row = {"precision": prec, "name": name, "layout": lay, "M": m, "N": n, "K": k}

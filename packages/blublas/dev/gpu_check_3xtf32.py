@@ -1,9 +1,9 @@
 """GPU check of the '3xtf32' precision (fp32-accurate split-TF32 GEMMs): accuracy and speed on GPT-2's
 GEMMs, epilogues/odd shapes/capture, and GPT-2 124M training strict vs 3xtf32 (B=16, T=1024, 10 steps).
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_3xtf32.py $OUT
+    python3 packages/blublas/dev/gpu_check_3xtf32.py OUTDIR
 
-Writes $OUT/blublas_3xtf32_h200.json and prints a compact summary. Errors: componentwise relative error
+Writes OUTDIR/blublas_3xtf32_h200.json and prints a compact summary. Errors: componentwise relative error
 |C - C64| / (|op(a)| @ |op(b)|) against a float64 product computed with CuPy on a subset of output rows.
 Env: GPU3X_TRAIN=0 skips training, GPU3X_TORCH_TRAIN=0 the torch fp32 eager loss reference; the cases on our
 mma.sync TF32 kernels (provider blublas) run when under 60 s have passed, or with GPU3X_BLUBLAS=1.
@@ -28,7 +28,7 @@ OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu3x_out")
 OUT.mkdir(parents=True, exist_ok=True)
 T0 = time.time()
 RES: dict = {"gemm": [], "checks": [], "failures": [], "train": {}, "timings": {}}
-COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_3xtf32.py $OUT"
+COMMAND = "python3 packages/blublas/dev/gpu_check_3xtf32.py OUTDIR"
 SUB_ROWS = 128  # output rows compared against float64
 METHODS = (  # name, blublas precision, BLUBLAS_3XTF32 mode
     ("strict", "fp32", None),

@@ -4,10 +4,10 @@ every layout, epilogues, split-K, batched, misaligned views), then the GPT-2 124
 ratio per shape, geomean and min per config and for the best candidate, so one run tells which configs win.
 
 Run from the repo root on the GPU machine (< 2.5 minutes on an H200; ~80 s of it is the NVRTC compile):
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_simt.py $OUT
+    python3 packages/blublas/dev/gpu_check_simt.py OUTDIR
 BLUBLAS_CHECK_QUICK=1: fewer correctness shapes; BLUBLAS_SIMT_BENCH=default: the benchmark times only the
 library's default (heuristic) choice per shape, not every candidate.
-Writes $OUT/blublas_simt_check.json after every step and every benchmark shape.
+Writes OUTDIR/blublas_simt_check.json after every step and every benchmark shape.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ BUDGET_S = float(os.environ.get("BLUBLAS_SIMT_BUDGET_S", "140"))  # benchmark st
 QUICK = os.environ.get("BLUBLAS_CHECK_QUICK", "0") == "1"
 BENCH_ALL = os.environ.get("BLUBLAS_SIMT_BENCH", "all") != "default"
 RESULT: dict = {"env": {}, "checks": {}, "failures": [], "bench": [], "summary": {}, "timings": {}}
-COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_simt.py $OUT"
+COMMAND = "python3 packages/blublas/dev/gpu_check_simt.py OUTDIR"
 BASELINES = ("128x128x8_s4", "128x128x16_s3")  # the previous winners (cp.async pipeline)
 
 from blublas.testing import gpt2_gemm_shapes  # noqa: E402 - after the sys.path insert

@@ -1,9 +1,9 @@
 """GPU check of the sm_90a TMA + warp-specialized wgmma kernels (kernels/gemm_wgmma*.cu), H200.
 
 Run from the repo root on the GPU machine:
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_wgmma.py $OUT
+    python3 packages/blublas/dev/gpu_check_wgmma.py OUTDIR
 Sections, each in its own child process (a faulting kernel poisons only that process's CUDA context), the
-JSON ($OUT/blublas_wgmma_check.json) rewritten after each one:
+JSON (OUTDIR/blublas_wgmma_check.json) rewritten after each one:
   1. compile: NVRTC of the two Hopper files (+ registers/spills from the cubin when cuobjdump exists);
   2. smoke: one TMA box through the tensor map (as a __grid_constant__ parameter and from global memory),
      mbarrier completion, the raw 128B-swizzled bytes vs the NumPy model, bf16 and fp32 boxes, edges;
@@ -12,7 +12,7 @@ JSON ($OUT/blublas_wgmma_check.json) rewritten after each one:
   4. bench per precision: GPT-2 124M GEMMs at B*T=16384, every TMA config (split 1 and the heuristic split)
      and for layouts without a validated TMA kernel the mma.sync configs, vs cuBLASLt in the same process;
      TFLOP/s, ratio, geomean and min (targets: bf16 >= 0.85, tf32 >= 0.90, min >= 0.6).
-Budget: < 3 minutes.
+Runs in < 3 minutes.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ os.environ["BLUBLAS_WGMMA_CHECK_T0"] = str(T0)
 RESULT: dict = {"sections": {}, "failures": []}
 # BLUBLAS_WGMMA_CHECK_FULL=1: also time the mma.sync kernels on TF32 NN/TN (compiling them costs ~80 s there)
 FULL = os.environ.get("BLUBLAS_WGMMA_CHECK_FULL", "0") == "1"
-COMMAND = "PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blublas/dev/gpu_check_wgmma.py $OUT"
+COMMAND = "python3 packages/blublas/dev/gpu_check_wgmma.py OUTDIR"
 TARGETS = {"bf16": 0.85, "tf32": 0.90}
 GROUPS = [("bf16", "nn"), ("bf16", "nt"), ("bf16", "tn"), ("tf32", "nt"), ("tf32", "nn"), ("tf32", "tn")]
 from blublas.testing import gpt2_gemm_shapes  # noqa: E402 - after the sys.path insert
@@ -85,7 +85,7 @@ def sec_smoke(part: dict) -> None:
         box = spec.box[:2]
         nbytes = box[1] * 128
         # the last box: mostly out of bounds (zero fill). The inner start must be 16-byte aligned (a start
-        # at bf16 column 193 raised cudaErrorIllegalInstruction in H200 run 1; the GEMM's are multiples of 64)
+        # at bf16 column 193 raised cudaErrorIllegalInstruction on the H200; the GEMM's are multiples of 64)
         c_last = (cols - 7) // (16 // host.itemsize) * (16 // host.itemsize)
         for c0, c1 in ((0, 0), (box[0], 32), (c_last, rows - 5)):
             want = model(host, c0, c1, box)
@@ -477,7 +477,7 @@ def main() -> None:
     write()
     for prec in ("bf16", "tf32"):
         if time.time() - T0 > 160:
-            RESULT["failures"].append({"section": f"bench_{prec}", "error": "skipped: time budget"})
+            RESULT["failures"].append({"section": f"bench_{prec}", "error": "skipped: time limit"})
             continue
         run_child(f"bench_{prec}", [prec, ",".join(validated[prec])], max(30, 175 - (time.time() - T0)))
         summarize()

@@ -1,4 +1,4 @@
-"""Launch chosen GPT-2 GEMMs once each, for Nsight Compute (dev/gpu_batch17.sh): our bf16/tf32 TMA kernels per
+"""Launch chosen GPT-2 GEMMs once each, for Nsight Compute: our bf16/tf32 TMA kernels per
 config, or torch.matmul (cuBLAS) on the same shapes. Each kernel launches exactly once after compilation.
 
     ncu -k regex:blu_gemm_wgmma python3 packages/blublas/dev/ncu_wgmma.py ours bf16 fwd_fc,dx_fc_proj 128x128x64_pp_s6

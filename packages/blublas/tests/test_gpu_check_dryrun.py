@@ -65,7 +65,7 @@ def test_gpu_check_runs_end_to_end_on_fake_cupy(monkeypatch, tmp_path):
     }
     assert res["wgmma_auto_self_test"] and all(ok for ok, _why in res["wgmma_auto_self_test"].values())
     bench = json.loads((out / "blublas_gemm_h200.json").read_text())
-    assert bench["command"].endswith("gpu_check.py $OUT")
+    assert bench["command"].endswith("gpu_check.py OUTDIR")
     assert {r["precision"] for r in bench["shapes"] if "ratio" in r} == {"fp32", "tf32", "bf16"}
     for r in bench["shapes"]:
         assert {"ours_ms", "ours_tflops", "ours_kernel", "cublaslt_ms", "cublaslt_tflops", "ratio"} <= set(r), r

@@ -1,5 +1,5 @@
 """dev/gpu_check_wgmma.py's correctness and benchmark sections run end to end on fake CuPy (whose TMA kernels
-read through the fake-encoded tensor maps), so the lead's H200 run cannot die of a Python error."""
+read through the fake-encoded tensor maps), so a run on an H200 cannot die of a Python error."""
 
 from __future__ import annotations
 

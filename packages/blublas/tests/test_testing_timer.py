@@ -43,9 +43,10 @@ def test_time_ms_mean_and_repetitions():
     assert len(calls) == 1 + 5
 
 
-def test_gpt2_gemm_shapes_are_the_issue_table():
-    """The 15 GEMMs of issue 6 at B*T = 16384: forward 16384 x 768 times 768 x {2304, 768, 3072}, 3072 x 768,
-    768 x 50304, and the matching dX and dW GEMMs (FLOPs of dX and dW equal the forward's)."""
+def test_gpt2_gemm_shapes_are_the_training_step_table():
+    """The 15 GEMMs of a GPT-2 124M training step at B*T = 16384: forward 16384 x 768 times
+    768 x {2304, 768, 3072}, 3072 x 768, 768 x 50304, and the matching dX and dW GEMMs (FLOPs of dX and dW
+    equal the forward's)."""
     from blublas.testing import gpt2_gemm_shapes
 
     shapes = gpt2_gemm_shapes()

@@ -1,10 +1,10 @@
 """blucompiler GPU check: compiled == eager on CUDA, and compiled vs eager speed for GPT-2 124M.
 
 Run from the repo root on the GPU machine:
-    PYTHONPATH=$(ls -d packages/*/src | tr '\\n' ':') python3 packages/blucompiler/dev/gpu_check.py $OUT
-Writes $OUT/blucompiler_gpu.json (and benchmarks/results/blucompiler_h200.json when writable).
+    python3 packages/blucompiler/dev/gpu_check.py OUTDIR
+Writes OUTDIR/blucompiler_gpu.json (and benchmarks/results/blucompiler_h200.json when writable).
 Sections fail independently: an error is recorded in the JSON and the next section runs.
-Budget: about 2-3 minutes (two traces + NVRTC compiles of GPT-2 124M, ~10 timed steps per size).
+Runs in about 2-3 minutes (two traces + NVRTC compiles of GPT-2 124M, ~10 timed steps per size).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _b4():
 @section("gpt2_124m_B16_T1024")
 def _b16():
     if time.time() - T0 > 110:
-        return {"skipped": "time budget (over 110 s used before this section)"}
+        return {"skipped": "time limit (over 110 s used before this section)"}
     r = bench(_cfg124(), 16, 1024, 4)
     r["target_speedup"] = 1.0
     r["meets_target"] = r["speedup"] >= 1.0 and r["launches_compiled"] < r["launches_eager"]
@@ -210,7 +210,7 @@ def _b16():
 @section("gpt2_124m_B4_T1024_cuda_graph")
 def _b4g():
     if time.time() - T0 > 130:
-        return {"skipped": "time budget (over 130 s used before this section)"}
+        return {"skipped": "time limit (over 130 s used before this section)"}
     return bench(_cfg124(), 4, 1024, 6, cuda_graph=True)
 
 

@@ -1,6 +1,6 @@
-"""GPU checks of blumodels' model, Trainer and resume (run by the lead on the H200; < 3 minutes).
+"""GPU checks of blumodels' model, Trainer and resume (on a CUDA machine; < 3 minutes).
 
-    python3 packages/blumodels/dev/gpu_check.py OUT_DIR     (PYTHONPATH with packages/*/src)
+    python3 packages/blumodels/dev/gpu_check.py OUT_DIR
 
 1. GPT-2 forward/backward on CUDA equals the CPU (NumPy) result on the same weights (fp32 strict);
    blutensor's fused AdamW (the Trainer's default on CUDA) follows the eager AdamW.

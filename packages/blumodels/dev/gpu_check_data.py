@@ -1,7 +1,7 @@
 """GPU checks of the blumodels data pipeline and checkpoints; writes JSON to argv[1].
 
 Run from the repo root:
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blumodels/dev/gpu_check_data.py $OUT
+    python3 packages/blumodels/dev/gpu_check_data.py OUTDIR
 Checks: pinned double-buffered TokenLoader == synchronous path == NumPy reference (W=1, W=2 rank 1),
 resume from state_dict mid-stream, returned tensors on CUDA/int64; throughput of both paths with and
 without simulated compute (overlap); async checkpoint of CUDA tensors (fp32 + bf16) snapshots into

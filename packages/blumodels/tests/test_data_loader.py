@@ -1,4 +1,4 @@
-"""TokenLoader: Algorithm 2's rank-strided cursor against a NumPy reference, resume, pinned == sync."""
+"""TokenLoader: the rank-strided cursor against a NumPy reference, resume, pinned == sync."""
 
 import blutensor as bt
 import numpy as np
@@ -30,8 +30,8 @@ def reference(data, B, T, r, W, n_batches):
     return out[:n_batches]
 
 
-def paper_reference_w1(data, B, T, n_batches):
-    """Algorithm 2 lines 18-28 literally, for W = 1 (where they are rank independent)."""
+def cursor_reference_w1(data, B, T, n_batches):
+    """The cursor rules written out literally, for W = 1 (where they are rank independent)."""
     BT, cur, pos, out = B * T, 0, 0, []
 
     def advance():
@@ -76,12 +76,12 @@ def test_batch_types(shards):
 
 
 @pytest.mark.parametrize("B,T", [(2, 16), (3, 7), (1, 100)])
-def test_w1_matches_reference_and_paper(shards, B, T):
+def test_w1_matches_reference_and_cursor_rules(shards, B, T):
     d, data = shards
     n = 3 * sum((len(t) - 1) // (B * T) for t in data)  # three passes: shard advance and wrap-around
     got = _take(TokenLoader(d, "train", B, T), n)
     _assert_same(got, reference(data, B, T, 0, 1, n))
-    _assert_same(got, paper_reference_w1(data, B, T, n))
+    _assert_same(got, cursor_reference_w1(data, B, T, n))
 
 
 @pytest.mark.parametrize("W", [2, 3])
@@ -170,7 +170,7 @@ def _cuda_ok():
 @pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
 @pytest.mark.parametrize("W,r", [(1, 0), (2, 1)])
 def test_pinned_equals_sync_on_cuda(shards, W, r):
-    """CPU twin: test_w1_matches_reference_and_paper / test_state_dict_resume on the sync path."""
+    """CPU twin: test_w1_matches_reference_and_cursor_rules / test_state_dict_resume on the sync path."""
     d, data = shards
     B, T, n = 2, 16, 120
     fast = TokenLoader(d, "train", B, T, rank=r, world_size=W, device="cuda")
@@ -190,7 +190,7 @@ def test_pinned_equals_sync_on_cuda(shards, W, r):
     _assert_same(_take(resumed, n - 41), got_fast[41:])
 
 
-# ------------------------------------------------------------ Algorithm 2 on an emulated CUDA (CPU twin)
+# ------------------------------------------------------------ the pinned path on an emulated CUDA (CPU twin)
 class _FakeStream:
     """Copies queued on a stream run only when an event recorded after them is waited on/synchronized."""
 

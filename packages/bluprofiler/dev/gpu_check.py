@@ -1,16 +1,16 @@
-"""GPU checks and the GPT-2 124M profile for bluprofiler (run by the lead on the H200).
+"""GPU checks and the GPT-2 124M profile for bluprofiler (on a CUDA machine).
 
-    python3 packages/bluprofiler/dev/gpu_check.py $OUT      # PYTHONPATH=packages/*/src, < 3 min
+    python3 packages/bluprofiler/dev/gpu_check.py OUTDIR      # < 3 min
 
 1. the cuda-marked tests of packages/bluprofiler/tests (pytest -m cuda, in a subprocess);
 2. GPT-2 124M-shaped model (blumodels.gpt2 if usable, else bluprofiler.demo.GPT: 12 layers,
-   d=768, T=1024, B=4, fp32, AdamW), one profiled training step -> $OUT/gpt2_124m/{trace.json,
+   d=768, T=1024, B=4, fp32, AdamW), one profiled training step -> OUTDIR/gpt2_124m/{trace.json,
    summary.txt, summary.json, events.jsonl, memory.png (if matplotlib), overhead.json};
 3. overhead: step time never-profiled vs off-after-a-session vs on (timing+memory+NVTX) and on
    (timing only), interleaved blocks;
 4. CUDA-event timing sanity: the profiler's GPU time of a 4096^3 matmul against raw CuPy events.
 
-Everything lands in $OUT/gpu_check.json; a compact summary is printed.
+Everything lands in OUTDIR/gpu_check.json; a compact summary is printed.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def timing_sanity(cp, bt) -> dict:
 
 
 def blumodels_step(bt, dry: bool):
-    """GPT-2 124M from blumodels.gpt2 (B=4, T=1024, AdamW as the paper) or None if unavailable."""
+    """GPT-2 124M from blumodels.gpt2 (B=4, T=1024, AdamW with the shipped recipe) or None if unavailable."""
     from blumodels.config import ModelConfig
     from blumodels.gpt2 import build_model
     from bluprofiler import record_function

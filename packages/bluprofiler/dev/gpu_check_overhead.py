@@ -1,6 +1,6 @@
-"""Profiler overhead on GPT-2 124M, B=16, T=1024, on the GPU (issue #8: off costs nothing, on <= 5%).
+"""Profiler overhead on GPT-2 124M, B=16, T=1024, on the GPU (the aim: off costs nothing, on <= 5%).
 
-    python3 packages/bluprofiler/dev/gpu_check_overhead.py $OUT     # PYTHONPATH=packages/*/src, < 150 s
+    python3 packages/bluprofiler/dev/gpu_check_overhead.py OUTDIR     # < 150 s
 
 The standard benchmark step (benchmarks/e2e_gpt2.py: blumodels.gpt2 with ``config(12)``, its
 ``batches``, cuBLAS GEMMs, fused AdamW, grad clipping at 1.0) runs in one subprocess per precision
@@ -25,8 +25,8 @@ The profiled modes and off run in interleaved blocks (a discarded warm-up round 
 ratios are of the medians of per-step times. Then in-process micro costs on the GPU machine (us
 per call): perf_counter_ns, cupy Event.record, raw runtime.eventRecord, get_current_stream, NVTX
 push+pop, and the host cost of one op span (bt.add of 4-element CUDA tensors) per mode.
-Writes $OUT/overhead_b16.json and, from the fp32 process, one profiled step
-(bluprofiler.profile_steps) into $OUT/trace_b16/.
+Writes OUTDIR/overhead_b16.json and, from the fp32 process, one profiled step
+(bluprofiler.profile_steps) into OUTDIR/trace_b16/.
 BLUPROFILER_GPU_CHECK_DRY=1 runs the same code on CPU with a 2-layer toy model (for CI machines).
 """
 

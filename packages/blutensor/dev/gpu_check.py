@@ -1,6 +1,6 @@
-"""GPU checks of blutensor's core (issue 3). Run from the repo root on the GPU machine:
+"""GPU checks of blutensor's core. Run from the repo root on the GPU machine:
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blutensor/dev/gpu_check.py $OUT
+    python3 packages/blutensor/dev/gpu_check.py OUTDIR
 
 1. the 2-layer transformer LM on CUDA vs the same model in PyTorch (CPU reference), 20 AdamW steps:
    per-step losses and their largest relative difference (must be < 1e-5); on a miss, again with
@@ -9,7 +9,7 @@
 3. ``pytest -m cuda packages/blutensor/tests -x -q`` (every device-parametrised test on 'cuda': forward vs
    NumPy float64, gradients vs finite differences and PyTorch CPU, the dropout mask CPU == CUDA, ...);
    when it fails, a second pass over the core test files without ``-x`` lists every failure.
-Prints a compact summary and writes $OUT/blutensor_gpu_check.json. Budget: under 3 minutes.
+Prints a compact summary and writes OUTDIR/blutensor_gpu_check.json. Runs in under 3 minutes.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ ends (a timeout keeps what finished):
 Env: BLU_ATTN_SKIP=speed,long,torch,... (comma list of sections to skip; 'torch': no PyTorch timings),
 BLU_ATTN_VARIANTS=tf32,tf32x3 (only these variants; tf32x3's x_f32 ratio needs f32 in the list),
 BLU_ATTN_REPS (default 5). Quick run (~1 min): BLU_ATTN_VARIANTS=tf32,tf32x3 BLU_ATTN_SKIP=torch,determinism.
-Budget: < 2.5 minutes on an H200.
+Runs in < 2.5 minutes on an H200.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 3. a bluprofiler per-op table of one BluTrain bf16 step; GPU ms of the added pieces (casts, bias-grad GEMV vs
    widen+sum, one bf16 GEMM).
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 packages/blutensor/dev/gpu_check_bf16.py OUT
+    python3 packages/blutensor/dev/gpu_check_bf16.py OUT
 JSON: OUT/bf16_check.json; profile: OUT/profile_bf16/.
 """
 

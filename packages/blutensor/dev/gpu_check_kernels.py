@@ -1,10 +1,10 @@
-"""GPU correctness checks and Appendix-B benchmarks of blutensor's CUDA kernels (issue 5).
+"""GPU correctness checks and GPT-2 training-shape benchmarks of blutensor's CUDA kernels.
 
 Run from the repo root on the GPU machine:  python3 packages/blutensor/dev/gpu_check_kernels.py OUT_DIR
 Prints one PASS/FAIL line per kernel/variant (max error relative to the largest reference value, against
 the tolerance in kernel_reference.TOL), then the benchmark table (ms vs PyTorch, GB/s as a fraction of
 the measured device-copy bandwidth) and writes OUT_DIR/kernels_check.json. Each check and each benchmark
-runs under try/except: one failing kernel does not stop the others. Budget: well under 4 minutes.
+runs under try/except: one failing kernel does not stop the others. Runs in well under 4 minutes.
 Options (env): BLU_CHECK_ONLY=1 skips benchmarks; BLU_BENCH_ONLY=1 skips checks.
 """
 
@@ -480,7 +480,7 @@ def check_plugins():
 # ------------------------------------------------------------------ benchmarks
 def _timed(fn, event, elapsed, iters, warmup) -> float:
     """Median ms per call: events around batches of back-to-back calls (batch sized to ~2 ms of work), so
-    the host's launch gaps between calls do not count as device time for short kernels."""
+    the host's launch gaps between calls do not count as kernel time for short kernels."""
     for _ in range(warmup):
         fn()
     a, b = event(), event()
@@ -746,7 +746,7 @@ def run_attention_benchmarks(variant, deadline):
     for T, B, H, D in ATTN_CONFIGS:
         for causal in (False, True):
             if time.time() > deadline:
-                print(f"time budget reached: skipping the remaining {variant} attention benchmarks", flush=True)
+                print(f"time limit reached: skipping the remaining {variant} attention benchmarks", flush=True)
                 return
             bench_attention(variant, T, B, H, D, causal)
 
@@ -792,8 +792,8 @@ def main() -> int:
     for name in groups:
         left = deadline - time.time()
         if left < 5:
-            RESULTS["errors"].append(dict(where=name, error=f"{name}: skipped, time budget spent", tb=""))
-            print(f"SKIP {name}: time budget spent", flush=True)
+            RESULTS["errors"].append(dict(where=name, error=f"{name}: skipped, time limit reached", tb=""))
+            print(f"SKIP {name}: time limit reached", flush=True)
             continue
         env = dict(os.environ, BLU_DEADLINE=str(deadline - 3))
         cmd = [sys.executable, str(Path(__file__).resolve()), str(out_dir), "--group", name]

@@ -1,4 +1,4 @@
-"""GPU check of the memory-bound kernels (issue 5): layer_norm, gelu, cross_entropy, grad_norm.
+"""GPU check of the memory-bound kernels: layer_norm, gelu, cross_entropy, grad_norm.
 
 Run from the repo root on the GPU machine:  python3 packages/blutensor/dev/gpu_check_memkern.py OUT_DIR
 Correctness against float64 (the gpu_check_kernels checks plus odd sizes that hit every launch path: register-
@@ -13,7 +13,7 @@ once, fp32 mean/rstd, targets; not the small per-block partials), divided by the
 reported as a fraction of the device-copy bandwidth measured in the same run (2 GiB copy, "frac_copy_bw") and of
 a copy moving the same number of bytes ("frac_same_size_copy": launch and tail costs of a pass that short).
 Each kernel family runs in its own process (a faulting kernel cannot take the others down); OUT_DIR/memkern.json is
-rewritten after every family. Budget: < 90 s.
+rewritten after every family. Runs in < 90 s.
 """
 
 from __future__ import annotations
@@ -725,8 +725,8 @@ def main() -> int:
     for name in fams:
         left = T0 + BUDGET_S - time.time()
         if left < 5:
-            RES["errors"].append(dict(where=name, error=f"{name}: skipped, time budget spent", tb=""))
-            print(f"SKIP {name}: time budget spent", flush=True)
+            RES["errors"].append(dict(where=name, error=f"{name}: skipped, time limit reached", tb=""))
+            print(f"SKIP {name}: time limit reached", flush=True)
             continue
         env = dict(os.environ, BLU_COPY_BW=str(RES["copy_bw_GBps"]))
         cmd = [sys.executable, str(Path(__file__).resolve()), str(out_dir), "--family", name]

@@ -1,4 +1,4 @@
-"""blutensor's CUDA kernels (issue 5): layer_norm, gelu, fused cross-entropy, embedding, multi-tensor AdamW,
+"""blutensor's CUDA kernels: layer_norm, gelu, fused cross-entropy, embedding, multi-tensor AdamW,
 grad norm, flash attention (f32 SIMT, tf32 and bf16 mma).
 
 GPU tests (marked ``cuda``) run the checks of dev/gpu_check_kernels.py against NumPy float64 references

@@ -1,4 +1,4 @@
-"""DDP on W MPI ranks with per-rank batch b equals one process with batch W*b (Algorithm 1)."""
+"""DDP on W MPI ranks with per-rank batch b equals one process with batch W*b (data-parallel equivalence)."""
 
 from __future__ import annotations
 

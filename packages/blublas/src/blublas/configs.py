@@ -122,8 +122,9 @@ ALL_CONFIGS: dict[str, dict[str, TileConfig]] = {
             _simt(128, 128, 16, 3),
             _simt(128, 64, 8, 4),
             _simt(64, 64, 8, 4),
-            # stages == 2: register-staged double buffer, 16-byte global loads, warp tile 32 x 64 (H200:
-            # 0.905x cuBLASLt geomean on GPT-2's fp32 GEMMs, where the cp.async configs above reach 0.70x)
+            # stages == 2: register-staged double buffer, 16-byte global loads, warp tile 32 x 64 (on sm_90 the
+            # fastest on GPT-2's fp32 GEMMs, well ahead of the cp.async configs above:
+            # benchmarks/results/blublas_simt_h200.json)
             _simt(128, 128, 8, 2),
         )
     },
@@ -206,8 +207,8 @@ ARCHS: dict[int, ArchInfo] = {
                 "64x64x32_w2x2_s4",
                 "128x256x32_w2x4_s3",
             ),
-            # H200 (dev/gpu_check_simt.py): the register-staged 128x128x8_s2 won every GPT-2 fp32 shape, by
-            # 0.17-0.3x of cuBLASLt over the cp.async configs and the 128x256 / 256x128 tiles
+            # sm_90 (dev/gpu_check_simt.py): the register-staged 128x128x8_s2 won every GPT-2 fp32 shape over the
+            # cp.async configs and the 128x256 / 256x128 tiles (benchmarks/results/blublas_simt_h200.json)
             "simt": ("128x128x8_s2",),
             "wgmma": ("128x256x64_ws_s4", "128x128x64_pp_s6", "128x128x64_ws_s6"),
             "wgmma_tf32": ("128x256x32_ws_s4", "128x128x32_pp_s6", "128x128x32_ws_s6"),
@@ -215,7 +216,7 @@ ARCHS: dict[int, ArchInfo] = {
     ),
 }
 
-#: TMA kernels on the H200 (dev/gpu_check_wgmma.py run 3, least squares over the GPT-2 shapes, +-15%): seconds
+#: TMA kernels on the H200 (measured with dev/gpu_check_wgmma.py, least squares over the GPT-2 shapes, +-15%): seconds
 #: per k tile and fixed seconds per output tile (epilogue, pipeline refill) of one CTA
 TMA_TILE_COST = {
     "128x256x64_ws_s4": (0.640e-6, 6.7e-6),
@@ -228,7 +229,7 @@ TMA_TILE_COST = {
 
 SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 #: per-variant split lists: SIMT tiles fill 132 SMs x 2 CTAs best with 7 or 11 splits on GPT-2's dW shapes
-#: (H200: dW 768x768x16384 0.80x -> 0.86x cuBLASLt with 7 instead of 6 or 8, 3072x768x16384 0.81x -> 0.90x with 11)
+#: (on sm_90, 7 splits beat 6 or 8 on dW 768x768x16384, and 11 is the best on 3072x768x16384)
 SPLIT_CHOICES_OF_VARIANT = {"simt": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16)}
 MAX_WORKSPACE_BYTES = 128 << 20  # split-K partial products larger than this are not considered
 
@@ -350,8 +351,8 @@ def candidates(
     """All (config, splits) pairs worth trying on this shape and layout (what the autotuner measures).
 
     Split-K only where the output tiles fill fewer than two waves of the GPU: with more, splitting adds the
-    partial products' traffic and a reduction for no gain in occupancy (on the H200 the autotuner's single-call
-    timings picked 2 splits for some 768-tile fp32 GEMMs that then ran 7-8% slower back to back)."""
+    partial products' traffic and a reduction for no gain in occupancy (single-call autotuner timings picked
+    2 splits for some 768-tile fp32 GEMMs that then ran slower back to back)."""
     out = []
     sms = arch_info(cc).sms_default
     for cfg in configs_for(variant, cc):

@@ -8,7 +8,7 @@ lo*lo term is below fp32 precision) runs as TF32 GEMMs of the chosen provider (c
   beta = 1 (views into the same buffers), 2/3 of the temporary memory;
 * ``concat``: ONE GEMM over 3K, ``[A_hi | A_lo | A_hi] @ [B_hi ; B_hi ; B_lo]`` (~5% faster, but the tensor
   cores sum each k-group's products aligned to the largest exponent, so the small terms lose bits next to the
-  big ones: on the H200 its error was ~10x strict SGEMM's, ``two``'s ~2.3x).
+  big ones: its error is several times ``two``'s; measured: see benchmarks/results/blublas_3xtf32_h200.json).
 
 ``BLUBLAS_3XTF32=concat|two`` chooses. alpha, beta*out, bias, GELU and the pre-activation are applied to the
 final result exactly as for ``fp32``. The split operands are temporaries from the current CuPy allocator on

@@ -99,7 +99,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """Optimisation recipe (defaults = the paper's Table 1) and run bookkeeping."""
+    """Optimisation recipe (defaults: the GPT-2 recipe of docs/design.md, section 10) and run bookkeeping."""
 
     steps: int = 19073
     batch_tokens: int = 524288  # global batch in tokens; = micro_batch * seq_len * world * grad_accum

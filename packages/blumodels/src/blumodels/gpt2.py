@@ -82,7 +82,7 @@ class _GeluLinear(Function):
         u, w, b = ctx.saved_tensors
         needs = ctx.needs_input_grad
         # the gelu kernel forward used, called directly: no nested autograd pass (its leaf-gradient copy of
-        # an activation-sized buffer cost ~0.15 ms per block on the H200)
+        # an activation-sized buffer costs time in every block)
         # the CUDA kernel takes CuPy arrays only: a tracer's arrays (bt.compile) take the array-generic kernel,
         # whose array operations it records
         be = u.device.type if u.device.type != "cuda" or bt.backend.is_cuda_array(u._data) else "cpu"

@@ -1,4 +1,4 @@
-"""Assemble and restore the full training state (what a checkpoint holds; DESIGN.md section 6).
+"""Assemble and restore the full training state (what a checkpoint holds; docs/design.md, section 6).
 
 Tensors (name -> NumPy array): ``model.<param>`` for every parameter (tied ones once) and
 ``optim.exp_avg.<param>`` / ``optim.exp_avg_sq.<param>`` for AdamW's moments. Meta (JSON-able):

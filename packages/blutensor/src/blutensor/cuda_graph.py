@@ -5,7 +5,7 @@
         out = step(static_x)        # nothing runs now: kernels are recorded
     static_x.copy_(new_x); g.replay()   # out now holds the result for new_x
 
-Rules (DESIGN.md section 5): no host sync inside the capture (no .item()/.numpy()/bool() of device data);
+Rules (docs/design.md, section 5): no host sync inside the capture (no .item()/.numpy()/bool() of device data);
 GEMMs through a capture-safe provider (blublas 'cublas' = cuBLASLt through ctypes on the capture stream,
 or BluBLAS's own kernels; CuPy's cuBLAS refuses capture); every array the graph reads or writes keeps its
 address while the graph lives (static inputs are copied into, never replaced); values that change per

@@ -11,7 +11,8 @@ accumulated in fp32; its error is of the order of SGEMM's (NOT TF32's, ~1000x la
 SGEMM's speed. Providers that declare it in ``PRECISIONS`` (blublas, cublas) run it; others run strict.
 GEMMs whose reduction is longer than :func:`max_3xtf32_k` (``BLUTRAIN_3XTF32_MAX_K``, default 4096) run strict
 even then: the tensor cores truncate their fp32 sums, and over the 16K tokens of a weight gradient that bias
-made 3xtf32 10-60x SGEMM's error on the H200 (2-3x at K <= 3072), enough to double the loss drift in training.
+made 3xtf32's error many times SGEMM's (a small multiple at K <= 3072), enough to double the loss drift in
+training (measured: see benchmarks/results/e2e_gpt2_fp32_h200_run1.json and e2e_gpt2_fp32_h200_run2.json).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def get_matmul_precision() -> str:
 
 def set_fp32_gemm(mode: str | None) -> None:
     """How 'fp32' GEMMs run: 'strict' (FP32 FFMA) or '3xtf32' (split-TF32 on the tensor cores, not TF32:
-    on the H200 2-3x SGEMM's error, ~2x its speed; near-fp32, see blublas' README). None: back to
+    a small multiple of SGEMM's error at about twice its speed; near-fp32, see blublas' README). None: back to
     BLUTRAIN_FP32_GEMM (default 'strict')."""
     global _fp32_gemm
     if mode is not None and mode not in FP32_GEMMS:

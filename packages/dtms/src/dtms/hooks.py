@@ -18,7 +18,7 @@ class _Strategy:
 
 
 class DDPStrategy(_Strategy):
-    """Data parallel after Algorithm 1 (bucketed, overlapped, no sync during accumulation)."""
+    """Data parallel (bucketed, overlapped, no sync during accumulation)."""
 
     PLUGIN_NAME = "ddp"
 

@@ -1,4 +1,4 @@
-"""TokenLoader: the paper's Algorithm 2 (double-buffered batch production over memory-mapped shards).
+"""TokenLoader: double-buffered batch production over memory-mapped shards (docs/design.md, section 6).
 
 Cursor semantics (identical on every path): shards ``{split}_NNNNN.bin`` are visited in sorted order;
 rank ``r`` of ``W`` starts at ``pos = B*T*r`` and after each batch moves ``B*T*W`` tokens, so the ranks
@@ -6,8 +6,8 @@ read disjoint interleaved windows ``tokens[pos : pos+B*T+1]`` (x = window[:-1], 
 next global step (the windows of all W ranks) no longer fits, every rank moves to the next shard
 (wrapping to the first) at ``pos = B*T*r``. Shards too small for one global step are skipped.
 
-Algorithm 2 tests line 25 on the rank's own ``pos``; we test it on the rank-0-aligned base of the step,
-which is the same for W = 1 and makes all ranks change shard on the same step for W > 1.
+The "does the next step fit" test is made on the rank-0-aligned base of the step, not on the rank's own
+``pos``: the same for W = 1, and all ranks change shard on the same step for W > 1.
 
 On CUDA the batch goes mmap -> pinned host buffer -> device through two channels (pinned ``Px/Py``,
 device ``X/Y``) filled by ``cudaMemcpyAsync`` on a copy stream; event ``h2d_done[i]`` orders the compute
@@ -142,7 +142,7 @@ class TokenLoader:
                 log.warning("TokenLoader: pinned buffers unavailable (%s); using the synchronous path", e)
         self.reset()
 
-    # ---------------------------------------------------------------- cursor (Algorithm 2, lines 18-28)
+    # ---------------------------------------------------------------- cursor (rank-strided, shard by shard)
     def reset(self) -> None:
         """Back to the first shard, ``pos = B*T*rank`` (and forget prefetched batches)."""
         self._cur = -1

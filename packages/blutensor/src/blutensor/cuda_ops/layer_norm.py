@@ -25,7 +25,7 @@ _WPB = 8
 USE_REG_ROWS = True
 #: backward of register-resident rows with dweight/dbias summed in shared memory (``*_s<NV>_*``: ~80 instead of
 #: ~128 registers at C = 768, so 3 blocks a SM instead of 2) rather than in registers (``*_r<NV>_*``); bitwise
-#: the same results. H200, 16384x768: bf16 0.038 vs 0.041 ms, fp32 0.052 vs 0.054 ms (gpu_check_memkern run 2)
+#: the same results, and faster (measured: see benchmarks/results/blutensor_memkern_h200.json)
 BWD_SMEM_ACC = True
 
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from blutensor.errors import ShapeError
 
-#: elements per chunk: 16 Ki elements = 64 KiB of fp32 per tensor stream; GPT-2 124M -> ~7.6k chunks, ~29
-#: waves of blocks on an H200, so the last partial wave costs ~3% (65536 gave ~7 waves and a ~10% tail)
+#: elements per chunk: 16 Ki elements = 64 KiB of fp32 per tensor stream; GPT-2 124M -> ~7.6k chunks, tens of
+#: waves of blocks on a large GPU, so the last partial wave costs little (65536 gives a few waves and a long tail)
 CHUNK = 16384
 
 

@@ -4,16 +4,15 @@ Variants: 'f32' (kernels/sdpa.cu, SIMT fp32, HD 32/64/128); 'tf32', 'tf32x3' and
 mma.sync on the matrix units, HD 64/128). 'tf32x3' is fp32 on the matrix units: each fp32 operand split as
 big + small (both TF32), small*big + big*small + big*big accumulated in fp32 (3xTF32, CUTLASS's
 OpMultiplyAddFastF32) -- what PyTorch's fp32 SDPA (the mem-efficient kernel) runs on sm_80+; its error is of
-the order of the SIMT fp32 kernel's, not TF32's (H200, head dim 64: 0.7-2.2x the SIMT kernel's error up to
-1000 keys, tf32 ~300x it; the long sums are staged so that the matrix units' truncating accumulation does not
-grow with the keys).
+the order of the SIMT fp32 kernel's, not TF32's (measured: see benchmarks/results/attention_h200.json; the long
+sums are staged so that the matrix units' truncating accumulation does not grow with the keys).
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16'; fp32 tensors use 'tf32' when blutensor's matmul
 precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared memory fits, as PyTorch's
-own fp32 SDPA does; ``BLUTRAIN_SDPA_FP32=simt`` selects the SIMT kernel 'f32' there (the default until session 5).
-Why tf32x3 is the default: in the H200 end-to-end runs (GPT-2 124M, 50 steps from PyTorch's weights and batches)
-its loss stayed as close to PyTorch fp32 eager (max 4.8e-4 and 4.9e-4 in two runs, 1.4e-6 before the loss spike
-of step 14) as PyTorch fp32 on cuBLASLt instead of cuBLAS stays to itself (5.5e-4 and 6.2e-4; 2.9e-6 before the
-spike), at 1.25x the speed of PyTorch's fp32 attention (the SIMT kernel: 0.70x). Calls the kernels do not
+own fp32 SDPA does; ``BLUTRAIN_SDPA_FP32=simt`` selects the SIMT kernel 'f32' there (the earlier default).
+Why tf32x3 is the default: in the end-to-end runs (GPT-2 124M, 50 steps from PyTorch's weights and batches) its
+loss stays as close to PyTorch fp32 eager as PyTorch fp32 on cuBLASLt instead of cuBLAS stays to itself, and it
+is faster than PyTorch's fp32 attention where the SIMT kernel is slower (measured: see
+benchmarks/results/e2e_gpt2_fp32_h200.json and e2e_gpt2_fp32_h200_run2.json). Calls the kernels do not
 cover (an explicit mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
 Backward (:func:`fused_backward`): 'tf32x3' runs one fused kernel (dK, dV, and dQ added with fp32 atomics: 5
 products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' has one too, opt-in, FUSED_AUTO);
@@ -104,9 +103,9 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
 
 #: variants with a fused backward kernel (fp32 storage: dQ accumulated with fp32 atomics); SLD: its dS row stride
 FUSED_BWD = ("tf32", "tf32x3")
-#: where 'auto' takes it: tf32x3 (H200, GPT-2 layer fwd+bwd 2.89 vs 3.37 ms, T=16384 72.5 vs 85.1 ms); not tf32,
-#: whose HD-64 split kernels run two blocks a multiprocessor and the fused one (+18 KB shared) only one (1.74 vs
-#: 1.60 ms) -- BLUTRAIN_SDPA_BWD=fused still selects it
+#: where 'auto' takes it: tf32x3 (faster than split on a GPT-2 layer and at T=16384: benchmarks/results/
+#: attention_h200.json); not tf32, whose HD-64 split kernels run two blocks a multiprocessor and the fused one
+#: (+18 KB shared) only one, so split is faster -- BLUTRAIN_SDPA_BWD=fused still selects it
 FUSED_AUTO = ("tf32x3",)
 SLD = BR + 8
 #: values of BLUTRAIN_SDPA_BWD ('' = 'auto': fused for FUSED_AUTO, unless deterministic algorithms are required)

@@ -484,8 +484,8 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
 
 // Entries of one variant and head dim. FW / BW: warps of a forward / backward block (4 or 8; sdpa.py's MMA_WARPS
 // mirrors them); FMIN / BMIN: blocks a multiprocessor the kernels are built for (2 with 8 warps: at most 128
-// registers; 1: as many registers as they take). H200, GPT-2 layer fwd+bwd: 8 warps for all (tf32 1.92 -> 1.61
-// ms; bf16 0.87 with 8 and with 4 warps in separate runs, 0.92-0.95 in others: noise).
+// registers; 1: as many registers as they take). GPT-2 layer fwd+bwd on sm_90: 8 warps for all (faster for tf32;
+// bf16 4 and 8 warps within run-to-run noise).
 #define MMA_ENTRIES(NAME, X, T, HD, FW, FMIN, BW, BMIN)                                                                \
 extern "C" __global__ void __launch_bounds__(FW * 32, FMIN)                                                            \
 blu_sdpa_forward_##NAME##_hd##HD(const T* q, const T* k, const T* v, T* o, float* lse, int L, int S,                   \

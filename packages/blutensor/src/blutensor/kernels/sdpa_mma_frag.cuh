@@ -177,8 +177,8 @@ struct TF32X3 : TF32 {
         mma1(c, a, b);      // big * big
     }
     // Staged (the long sums over keys / queries: acc_pv): the matrix units' fp32 accumulation truncates, and
-    // summed straight into the running accumulator over 1000 keys that bias reached 1e-5 (5-10x the SIMT
-    // kernel's error; H200). The three products go to a zeroed temporary, added with one rounded FADD.
+    // summed straight into the running accumulator over 1000 keys that bias grew to several times the SIMT
+    // kernel's error. The three products go to a zeroed temporary, added with one rounded FADD.
     static __device__ __forceinline__ void mma_acc(float* c, const u32* a, const u32* b) {
         float t[4] = {0.f, 0.f, 0.f, 0.f};
         mma1(t, a + 4, b);  // small * big

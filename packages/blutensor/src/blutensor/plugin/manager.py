@@ -19,7 +19,7 @@ from blutensor.plugin.specs import KIND_HOOKS, PROJECT, BlutrainSpecs
 #: documented "best available" defaults per kind
 DEFAULTS: dict[str, tuple[str, ...]] = {
     # cuBLAS (capture-safe, through blublas's provider) first: measured faster end to end than our own GEMM
-    # kernels on the H200 (benchmarks/results/e2e_gpt2_h200.json: 45.2K vs 36.2K tokens/s, GPT-2 124M fp32)
+    # kernels (GPT-2 124M fp32: benchmarks/results/e2e_gpt2_h200.json)
     "gemm": ("cublas", "blublas", "xp"),
     "allocator": ("caching", "cupy-default"),
     "compiler": ("blucompiler",),

@@ -264,8 +264,8 @@ def visible_pairs(r: int, j: int, world: int) -> list[tuple[int, int, bool]]:
 
 
 def _merge(out, lse, bout, blse):
-    """Stable merge (the paper's sigmoid update) of a block's (output, lse) into the running (output, lse) of the
-    same rows: out += sigmoid(blse - lse) * (bout - out); lse = lse + softplus(blse - lse). In place."""
+    """Stable merge (the log-sum-exp merge written as a sigmoid) of a block's (output, lse) into the running (output,
+    lse) of the same rows: out += sigmoid(blse - lse) * (bout - out); lse = lse + softplus(blse - lse). In place."""
     xp = bt.backend.array_module(out)
     blse = blse.astype(lse.dtype, copy=False)
     both = xp.isfinite(blse)

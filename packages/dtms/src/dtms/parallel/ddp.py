@@ -1,4 +1,4 @@
-"""Distributed data parallel after the paper's Algorithm 1.
+"""Distributed data parallel (docs/design.md, section 7).
 
 Identical start weights (broadcast from rank 0); parameters grouped into buckets (25 MB by
 default) in gradient-ready order; each parameter's "gradient ready" hook copies its gradient into
@@ -142,7 +142,7 @@ class DistributedDataParallel(Module):
         object.__setattr__(self, "_next", 0)
         self._observed.clear()
 
-    # ---- the hook (Algorithm 1, HOOK) ----
+    # ---- the gradient-ready hook ----
     def _grad_ready(self, p) -> None:
         if not self.require_backward_grad_sync:
             return
@@ -165,7 +165,7 @@ class DistributedDataParallel(Module):
         if self._next == len(self.buckets):
             self._finalize()
 
-    # ---- Algorithm 1, FINALIZE ----
+    # ---- finalize: wait for the buckets, scatter the averages back ----
     def _finalize(self) -> None:
         for b in self.buckets:
             b.work.wait()
