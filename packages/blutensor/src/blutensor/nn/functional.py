@@ -9,8 +9,12 @@ from blutensor.functional import (  # noqa: F401
     linear,
     log_softmax,
     relu,
+    rms_norm,
+    rope,
     scaled_dot_product_attention,
     sigmoid,
+    silu,
     softmax,
+    swiglu,
     tanh,
 )

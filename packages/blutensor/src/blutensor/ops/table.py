@@ -6,6 +6,7 @@ blutensor registers through its own ``blutrain_register_kernels`` hook, exactly 
 
 from __future__ import annotations
 
+from blutensor.ops import decoder_ops as dec
 from blutensor.ops import elementwise as ew
 from blutensor.ops import linalg as la
 from blutensor.ops import nn_ops as nn
@@ -125,6 +126,10 @@ op("cross_entropy", nn.cross_entropy_forward, nn.cross_entropy_backward, saves=(
 op("embedding",     nn.embedding_forward,   nn.embedding_backward, dtype_arg=1)
 op("dropout",       nn.dropout_forward,     nn.dropout_backward)
 op("sdpa",          nn.sdpa_forward,        nn.sdpa_backward,      same_dtype=(0, 1, 2), saves=(0, 1, 2))
+op("rms_norm",      dec.rms_norm_forward,   dec.rms_norm_backward, same_dtype=(0, 1), saves=(1,), dtypes=FLOAT)
+op("rope",          dec.rope_forward,       dec.rope_backward,     same_dtype=(1, 2), dtypes=FLOAT)
+op("silu",          dec.silu_forward,       dec.silu_backward,     saves=(0,), dtypes=FLOAT)
+op("swiglu",        dec.swiglu_forward,     dec.swiglu_backward,   same_dtype=(0, 1), saves=(0, 1), dtypes=FLOAT)
 
 
 def builtin_kernels() -> list[type]:
