@@ -211,7 +211,7 @@ class Trainer:
         if cfg.train.activation_checkpointing:
             from blutensor.utils import checkpoint_modules
 
-            checkpoint_modules(self.model, "blocks.*")
+            checkpoint_modules(self.model, getattr(self.model, "block_pattern", "blocks.*"))  # the repeated blocks
         self.module = self.dist.wrap(self.model)  # DDP when world_size > 1 (averages gradients)
         self.optimizer = make_optimizer(self.model, cfg, self.device)
         if cfg.train.optimizer_in_backward:

@@ -152,6 +152,7 @@ class Llama(nn.Module):
     ``blumodels.generate.KVCache``) makes the call process ``idx`` as the positions after the cached ones.
     """
 
+    block_pattern = "layers.*"  # the repeated blocks (what train.activation_checkpointing recomputes)
     lean_logits = False  # CUDA training: the loss writes the logits' gradient over them (set by the Trainer)
 
     def __init__(self, cfg: ModelConfig, device=None):
