@@ -13,9 +13,23 @@ LLAMA = ModelConfig(family="llama", n_layer=2, n_head=4, n_kv_heads=2, d_model=3
                     bias=False, ffn_dim_multiple=16, tie_embeddings=False, rope_theta=500.0)
 
 
+def _cuda_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
+                                              pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a GPU")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cfg", [GPT2, LLAMA], ids=["gpt2", "llama"])
-def test_cached_equals_uncached(cfg):
-    m = build_model(cfg, seed=3)
+def test_cached_equals_uncached(cfg, device):
+    m = build_model(cfg, seed=3, device=device)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
     kw = dict(temperature=0.9, top_k=20, top_p=0.9, seed=5, vocab_size=70)
     cached = generate_batch(m, prompts, 16, **kw)  # 8 + 16 > block_size 12: the window slides too
@@ -24,19 +38,24 @@ def test_cached_equals_uncached(cfg):
     assert all(r[:len(p)] == p for r, p in zip(cached, prompts))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cfg", [GPT2, LLAMA], ids=["gpt2", "llama"])
-def test_cache_logits_match_full_forward(cfg):
-    m = build_model(cfg, seed=1)
+def test_cache_logits_match_full_forward(cfg, device):
+    m = build_model(cfg, seed=1, device=device)
     m.eval()
     ids = np.random.default_rng(0).integers(0, 70, (2, 9))
     fwd = cached_forward(m)
     cache = KVCache(cfg.n_layer, cfg.block_size)
+
+    def run(f, a):
+        return f(bt.tensor(a, dtype=bt.int64, device=device)).to("cpu").numpy()[:, 0]
+
     with bt.no_grad():
-        got = [fwd(bt.tensor(ids[:, :4], dtype=bt.int64), cache).numpy()[:, 0]]  # prefill
-        got.append(fwd(bt.tensor(ids[:, 4:6], dtype=bt.int64), cache).numpy()[:, 0])  # a chunk after the cache
+        got = [run(lambda x: fwd(x, cache), ids[:, :4])]  # prefill
+        got.append(run(lambda x: fwd(x, cache), ids[:, 4:6]))  # a chunk after the cached positions
         for t in range(6, 9):  # one token per step
-            got.append(fwd(bt.tensor(ids[:, t:t + 1], dtype=bt.int64), cache).numpy()[:, 0])
-        want = [m(bt.tensor(ids[:, :t], dtype=bt.int64))[0].numpy()[:, 0] for t in (4, 6, 7, 8, 9)]
+            got.append(run(lambda x: fwd(x, cache), ids[:, t:t + 1]))
+        want = [run(lambda x: m(x)[0], ids[:, :t]) for t in (4, 6, 7, 8, 9)]
     assert cache.pos == 9
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
