@@ -101,3 +101,26 @@ def test_profile_and_sample_cli(tmp_path, capsys):
 def test_bad_llama_keys(model, msg):
     with pytest.raises(ConfigError, match=msg):
         _cfg(model)
+
+
+def test_captured_step_twin_equals_eager(tmp_path, monkeypatch):
+    """train.cuda_graph with a llama: 2 eager warm-up steps, one capture, replays (the CPU twin of the capture,
+    as in test_graph_step) give the eager Trainer's losses."""
+    import blumodels.graph_step as gsm
+    from blumodels.graph_step import EagerCapture
+
+    def losses(graph, out):
+        tr = Trainer(_cfg(steps=5, eval_interval=0, checkpoint_interval=0, batch_tokens=128, grad_clip=0.5), out,
+                     quiet=True)
+        tr.cfg.train.cuda_graph = graph  # set after validation: the CPU refusal is graph_step's own test
+        tr.fit(save_final=False)
+        tr.close()
+        return tr, [r["loss"] for r in tr.history]
+
+    monkeypatch.setattr(gsm, "check_runtime", lambda device: None)
+    monkeypatch.setattr(gsm, "CudaCapture", EagerCapture)
+    _, ref = losses(False, tmp_path / "eager")
+    tr, got = losses(True, tmp_path / "graph")
+    assert [r.get("cuda_graph", False) for r in tr.history] == [False, False, True, True, True]
+    assert tr._graphed.capturer.captures == 1
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
