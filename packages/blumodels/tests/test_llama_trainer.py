@@ -124,3 +124,17 @@ def test_captured_step_twin_equals_eager(tmp_path, monkeypatch):
     assert [r.get("cuda_graph", False) for r in tr.history] == [False, False, True, True, True]
     assert tr._graphed.capturer.captures == 1
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+
+
+def test_family_is_a_registered_plugin_with_its_presets(capsys):
+    from blumodels.cli import plugin_rows
+    from blutensor.plugin.manager import get_host
+
+    assert ("model", "llama", "blumodels", "0.1.0") in plugin_rows()
+    fam = get_host().registry("model").get("llama")
+    assert fam.presets() == ["llama-125m", "llama-1b", "llama-tiny", "llama3-8b"]
+    m = fam.build({**LLAMA, "vocab_size": 512})
+    assert fam.count_params(m.config) == sum(p.numel() for p in m.parameters())
+    assert main(["presets"]) == 0
+    text = capsys.readouterr().out
+    assert "llama3-8b" in text and "8030.3M" in text and "llama-1b" in text and "1235.8M" in text

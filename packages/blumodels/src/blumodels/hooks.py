@@ -1,4 +1,4 @@
-"""blumodels' plugin registrations: the GPT-2 model family (kind "model")."""
+"""blumodels' plugin registrations: the GPT-2 and llama model families (kind "model")."""
 
 from __future__ import annotations
 
@@ -63,4 +63,6 @@ class GPT2Family:
 
 @hookimpl
 def blutrain_register_model_families():
-    return [GPT2Family]
+    from blumodels.llama.family import LlamaFamily
+
+    return [GPT2Family, LlamaFamily]

@@ -1,13 +1,10 @@
-"""The llama model family's plugin registration (kind "model"), loaded through its own entry point
-(``blumodels-llama`` in blumodels' pyproject) exactly as a third-party family would be."""
+"""The llama model family's plugin class (kind "model"): registered by blumodels' ``blutrain`` entry point
+(``blumodels.hooks``) through the same hook a third-party family implements; nothing in the Trainer or the CLI
+names it."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import pluggy
-
-hookimpl = pluggy.HookimplMarker("blutrain")
 
 
 class LlamaFamily:
@@ -46,8 +43,3 @@ class LlamaFamily:
             raise ConfigError(f"LlamaFamily.build: expected a ModelConfig, RunConfig or dict of model keys, got "
                               f"{type(config).__name__}")
         return build_model(cfg, device=device, seed=seed)
-
-
-@hookimpl
-def blutrain_register_model_families():
-    return [LlamaFamily]
