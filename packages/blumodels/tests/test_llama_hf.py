@@ -14,14 +14,16 @@ transformers = pytest.importorskip("transformers")
 
 CASES = {
     "gqa-untied": dict(tie_embeddings=False),
+    "mha-bias": dict(tie_embeddings=True, n_kv_heads=4, bias=True),
     "tied-llama3-rope": dict(tie_embeddings=True, rope_scaling="llama3", rope_factor=8.0, rope_original_max_len=16,
                              rope_theta=500000.0),
 }
 
 
 def _cfg(**kw):
-    return ModelConfig(family="llama", n_layer=2, n_head=4, n_kv_heads=2, d_model=32, block_size=64, vocab_size=96,
-                       bias=False, ffn_hidden=48, ln_eps=1e-5, **kw)
+    kw = {"n_kv_heads": 2, "bias": False, **kw}
+    return ModelConfig(family="llama", n_layer=2, n_head=4, d_model=32, block_size=64, vocab_size=96, ffn_hidden=48,
+                       ln_eps=1e-5, **kw)
 
 
 def _ids():
