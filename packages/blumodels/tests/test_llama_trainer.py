@@ -138,3 +138,25 @@ def test_family_is_a_registered_plugin_with_its_presets(capsys):
     assert main(["presets"]) == 0
     text = capsys.readouterr().out
     assert "llama3-8b" in text and "8030.3M" in text and "llama-1b" in text and "1235.8M" in text
+
+
+def _cuda_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "fp32_graph", "bf16_graph"])
+def test_cuda_trainer_matches_cpu(tmp_path, mode):
+    """The llama Trainer on the GPU (eager and captured, fp32 and bf16) follows the CPU run of the same config
+    (the CPU twin: test_trains_and_names_parameters / test_bf16_autocast_tracks_fp32 above)."""
+    prec, graph = mode.split("_")[0], mode.endswith("graph")
+    kw = dict(steps=4, eval_interval=0, checkpoint_interval=0, batch_tokens=128, precision=prec, deterministic=True)
+    cpu, _ = _run(tmp_path / "cpu", _cfg(**kw))
+    gpu, _ = _run(tmp_path / "gpu", _cfg(**kw, device="cuda", cuda_graph=graph))
+    np.testing.assert_allclose(gpu, cpu, rtol=0, atol=2e-4 if prec == "fp32" else 3e-2)
