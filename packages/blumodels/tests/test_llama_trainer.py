@@ -160,3 +160,17 @@ def test_cuda_trainer_matches_cpu(tmp_path, mode):
     cpu, _ = _run(tmp_path / "cpu", _cfg(**kw))
     gpu, _ = _run(tmp_path / "gpu", _cfg(**kw, device="cuda", cuda_graph=graph))
     np.testing.assert_allclose(gpu, cpu, rtol=0, atol=2e-4 if prec == "fp32" else 3e-2)
+
+
+def test_families_present_without_entry_points():
+    """BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD=1 loads no entry point: blumodels still builds its own families."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from blumodels.config import model_config; from blumodels.families import build_model; "
+            "print(type(build_model(model_config({'family': 'llama', 'n_layer': 1, 'n_head': 2, 'd_model': 16, "
+            "'vocab_size': 64, 'block_size': 8, 'bias': False})).__name__)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert p.returncode == 0 and p.stdout.strip() == "Llama", p.stderr[-2000:]

@@ -20,11 +20,22 @@ class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or out of range; names the field."""
 
 
-def model_families() -> tuple[str, ...]:
-    """Names of the installed model-family plugins (kind "model"): what ``model.family`` may name."""
+def model_registry() -> Any:
+    """The plugin host's registry of model families, blumodels' own (gpt2, llama) registered in it even when
+    entry points are not loaded (``BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD=1``); blocking ``blumodels`` still drops them."""
     from blutensor.plugin.manager import get_host
 
-    return tuple(get_host().registry("model").names())
+    host = get_host()
+    if "gpt2" not in host.registry("model"):
+        from blumodels import hooks
+
+        host.register(hooks, name="blumodels")
+    return host.registry("model")
+
+
+def model_families() -> tuple[str, ...]:
+    """Names of the installed model-family plugins (kind "model"): what ``model.family`` may name."""
+    return tuple(model_registry().names())
 
 
 def __getattr__(name: str) -> Any:
@@ -96,9 +107,7 @@ class ModelConfig:
             raise ConfigError(f"model.ln_eps must be positive, got {self.ln_eps}")
         if not (math.isfinite(self.init_std) and self.init_std >= 0):
             raise ConfigError(f"model.init_std must be a finite non-negative number, got {self.init_std}")
-        from blutensor.plugin.manager import get_host
-
-        check = getattr(get_host().registry("model").get(self.family), "check_config", None)
+        check = getattr(model_registry().get(self.family), "check_config", None)
         if check is not None:  # the family's own keys (llama: n_kv_heads, rope_*, ffn_*)
             check(self)
         return self

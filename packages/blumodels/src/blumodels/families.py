@@ -10,9 +10,9 @@ from blumodels.config import ConfigError, ModelConfig
 
 def family(name: str) -> type:
     """The registered model-family class named ``name``; ConfigError listing the installed ones otherwise."""
-    from blutensor.plugin.manager import get_host
+    from blumodels.config import model_registry
 
-    reg = get_host().registry("model")
+    reg = model_registry()
     if name not in reg:
         raise ConfigError(f"model.family={name!r} is not an installed model family ({', '.join(reg.names())})")
     return reg.get(name)
