@@ -170,7 +170,7 @@ def test_families_present_without_entry_points():
 
     code = ("from blumodels.config import model_config; from blumodels.families import build_model; "
             "print(type(build_model(model_config({'family': 'llama', 'n_layer': 1, 'n_head': 2, 'd_model': 16, "
-            "'vocab_size': 64, 'block_size': 8, 'bias': False})).__name__)")
+            "'vocab_size': 64, 'block_size': 8, 'bias': False}))).__name__)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert p.returncode == 0 and p.stdout.strip() == "Llama", p.stderr[-2000:]
