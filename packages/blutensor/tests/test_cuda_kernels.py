@@ -87,7 +87,8 @@ def test_kernel_classes_follow_the_plugin_contract():
     from blutensor.ops.table import OPS, Kernel
 
     classes = _kernel_classes()
-    assert {c.OP for c in classes} == {"layer_norm", "gelu", "cross_entropy", "embedding", "sdpa"}
+    assert {c.OP for c in classes} == {"layer_norm", "gelu", "cross_entropy", "embedding", "sdpa", "rms_norm", "rope",
+                                       "swiglu"}
     for c in classes:
         assert issubclass(c, Kernel)
         assert c.PLUGIN_NAME == f"blutensor.cuda.{c.OP}"
@@ -164,6 +165,10 @@ EXPECTED_ENTRIES = {
         for d in (64, 128)
     ],
     "cast.cu": ["blu_cast_f32_to_bf16", "blu_cast_bf16_to_f32"],
+    "rms_norm.cu": [f"blu_rms_norm_{k}_{s}" for k in ("forward", "backward", "backward_dw", "backward_reduce")
+                    for s in ("f32", "bf16")],
+    "rope.cu": [f"blu_rope_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
+    "swiglu.cu": [f"blu_swiglu_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
 }
 
 

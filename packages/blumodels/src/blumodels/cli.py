@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default=None)
     p.add_argument("--tokens", type=_positive(int), default=200)
     p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (train.top_p)")
     p.add_argument("--temperature", type=_positive(float), default=None)
     p.add_argument("--seed", type=int, default=0)
 
@@ -260,7 +261,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _load_run(args: argparse.Namespace):
     """(cfg, model, data_dir, checkpoint path) of a finished or running run directory."""
     from blumodels.checkpoint.manager import CheckpointManager
-    from blumodels.gpt2 import build_model
+    from blumodels.families import build_model
     from blumodels.state import restore_training_state
     from blumodels.trainer import check_resume_config, data_meta, fit_vocab, resolve_device
 
@@ -323,7 +324,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     text = sample_text(model, tok, t.sample_prompt if args.prompt is None else args.prompt, args.tokens,
                        top_k=args.top_k if args.top_k is not None else t.top_k,
                        temperature=args.temperature if args.temperature is not None else t.temperature,
-                       seed=args.seed)
+                       seed=args.seed, top_p=args.top_p if args.top_p is not None else t.top_p)
     print(f"[blutrain] {path} (step {step}):", file=sys.stderr)
     print(text)
     return 0
@@ -376,9 +377,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from blumodels.config import preset_names
-    from blumodels.gpt2 import count_params
+    from blumodels.families import count_params
 
-    print(f"{'PRESET':<12} {'LAYERS':>6} {'HEADS':>5} {'D_MODEL':>7} {'B':>3} {'T':>5} {'PARAMS':>8}")
+    print(f"{'PRESET':<12} {'FAMILY':<6} {'LAYERS':>6} {'HEADS':>5} {'D_MODEL':>7} {'B':>3} {'T':>5} {'PARAMS':>8}")
     rows = []
     for name in preset_names():
         c = load_preset(name)
@@ -388,7 +389,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     for n, name, c in sorted(rows, key=lambda r: (r[0], r[1])):  # size order, not name order
         m = c.model
         size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-        print(f"{name:<12} {m.n_layer:>6} {m.n_head:>5} {m.d_model:>7} {c.train.micro_batch:>3} "
+        print(f"{name:<12} {m.family:<6} {m.n_layer:>6} {m.n_head:>5} {m.d_model:>7} {c.train.micro_batch:>3} "
               f"{c.train.seq_len:>5} {size:>8}")
     return 0
 

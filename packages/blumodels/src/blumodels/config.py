@@ -20,7 +20,30 @@ class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or out of range; names the field."""
 
 
-MODEL_FAMILIES = ("gpt2",)  # what the Trainer builds (blumodels.gpt2.build_model)
+def model_registry() -> Any:
+    """The plugin host's registry of model families, blumodels' own (gpt2, llama) registered in it even when
+    entry points are not loaded (``BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD=1``); blocking ``blumodels`` still drops them."""
+    from blutensor.plugin.manager import get_host
+
+    host = get_host()
+    if "gpt2" not in host.registry("model"):
+        from blumodels import hooks
+
+        host.register(hooks, name="blumodels")
+    return host.registry("model")
+
+
+def model_families() -> tuple[str, ...]:
+    """Names of the installed model-family plugins (kind "model"): what ``model.family`` may name."""
+    return tuple(model_registry().names())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MODEL_FAMILIES":  # what the Trainer builds, read from the plugin registry when asked
+        return model_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 TOKENIZERS = ("auto", "gpt2", "bpe")  # data.tokenizer (blumodels.data.prepare.TOKENIZER_CHOICES)
 BUILTIN_CORPORA = ("pydocs",)  # data.corpus (blumodels.data.corpus.BUILTIN_CORPORA; not imported: no NumPy here)
 PRECISIONS = ("fp32", "tf32", "bf16")  # train.precision
@@ -60,7 +83,19 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True
     init_std: float = 0.02
-    ln_eps: float = 1e-5
+    ln_eps: float = 1e-5  # the norm's epsilon: LayerNorm (gpt2), RMSNorm (llama)
+    # read by the llama family only (its check refuses them for gpt2 when changed from these defaults)
+    n_kv_heads: int = 0  # key/value heads of grouped-query attention; 0 = n_head (multi-head attention)
+    rope_theta: float = 10000.0  # RoPE base
+    rope_scaling: str = "none"  # "none" | "llama3" (Llama 3.1's frequency-dependent scaling of long wavelengths)
+    rope_factor: float = 8.0  # llama3 scaling: factor for the long wavelengths
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192  # the context length the scaled frequencies were trained at
+    ffn_hidden: int = 0  # SwiGLU hidden size; 0 = 8/3 * d_model * ffn_dim_multiplier rounded up to ffn_dim_multiple
+    ffn_dim_multiple: int = 256
+    ffn_dim_multiplier: float = 1.0
+    tie_embeddings: bool = True  # lm_head shares the token embedding (gpt2 always does)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -73,9 +108,10 @@ class ModelConfig:
 
     def check(self) -> ModelConfig:
         """Raise ConfigError naming the first model.* field out of range (shared by RunConfig and GPT2)."""
-        if self.family not in MODEL_FAMILIES:
+        families = model_families()
+        if self.family not in families:
             raise ConfigError(f"model.family={self.family!r} is not a family blumodels trains "
-                              f"({', '.join(MODEL_FAMILIES)}){_did_you_mean(self.family, MODEL_FAMILIES)}")
+                              f"({', '.join(families)}){_did_you_mean(self.family, families)}")
         for name in ("n_layer", "n_head", "d_model", "block_size", "vocab_multiple"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -94,6 +130,9 @@ class ModelConfig:
             raise ConfigError(f"model.ln_eps must be positive, got {self.ln_eps}")
         if not (math.isfinite(self.init_std) and self.init_std >= 0):
             raise ConfigError(f"model.init_std must be a finite non-negative number, got {self.init_std}")
+        check = getattr(model_registry().get(self.family), "check_config", None)
+        if check is not None:  # the family's own keys (llama: n_kv_heads, rope_*, ffn_*)
+            check(self)
         return self
 
 
@@ -124,6 +163,7 @@ class TrainConfig:
     sample_tokens: int = 0
     sample_prompt: str = "\n"
     top_k: int = 40
+    top_p: float = 1.0  # nucleus sampling: keep the most likely tokens holding this probability mass (1 = all)
     temperature: float = 1.0
     nan_policy: str = "stop"  # "stop" | "skip"
     precision: str = "fp32"  # "fp32" | "tf32" (CUDA matmuls) | "bf16" (bt.autocast: bf16 compute, fp32 masters)
@@ -231,6 +271,10 @@ class RunConfig:
         if p.cp_rotator not in CP_ROTATORS:
             raise ConfigError(f"parallel.cp_rotator must be one of {', '.join(CP_ROTATORS)}, got {p.cp_rotator!r}"
                               f"{_did_you_mean(p.cp_rotator, CP_ROTATORS)}")
+        if p.sharded and m.family != "gpt2":
+            raise ConfigError(f"parallel.fsdp/tp/cp layouts are applied to model.family = 'gpt2' only (its plan is "
+                              f"blumodels.gpt2_parallelize); model.family = {m.family!r} trains data-parallel "
+                              f"(parallel.dp) or through its plan's own functions")
         if p.dp > 1 and p.fsdp > 1:
             raise ConfigError(f"parallel.dp={p.dp} with parallel.fsdp={p.fsdp}: replicated shards (hybrid sharding) "
                               f"are not supported; use parallel.fsdp={p.dp * p.fsdp} (dp=1) or fsdp=1")
@@ -302,6 +346,8 @@ class RunConfig:
             raise ConfigError(f"train.eps must be positive, got {t.eps}")
         if t.temperature <= 0:
             raise ConfigError(f"train.temperature must be positive, got {t.temperature}")
+        if not 0.0 < t.top_p <= 1.0:
+            raise ConfigError(f"train.top_p must be in (0, 1], got {t.top_p}")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(t, name) < 1.0:
                 raise ConfigError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
@@ -528,10 +574,15 @@ def load_config(path: str | Path) -> RunConfig:
     return from_dict(data, origin=str(p))
 
 
-def preset_names() -> list[str]:
-    """Names of the presets shipped with blumodels (presets/*.toml)."""
+def preset_names(family: str | None = None) -> list[str]:
+    """Names of the presets shipped with blumodels (presets/*.toml); ``family``: only those whose
+    ``model.family`` is it."""
     root = resources.files("blumodels") / "presets"
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+    names = sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+    if family is None:
+        return names
+    return [n for n in names if tomllib.loads((root / f"{n}.toml").read_text()).get("model", {}).get(
+        "family", "gpt2") == family]
 
 
 def preset_path(name: str) -> Path:

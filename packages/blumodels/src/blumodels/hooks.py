@@ -1,4 +1,4 @@
-"""blumodels' plugin registrations: the GPT-2 model family (kind "model")."""
+"""blumodels' plugin registrations: the GPT-2 and llama model families (kind "model")."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ from typing import Any
 import pluggy
 
 hookimpl = pluggy.HookimplMarker("blutrain")
+
+
+#: ModelConfig keys only the llama family reads
+LLAMA_KEYS = ("n_kv_heads", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+              "rope_high_freq_factor", "rope_original_max_len", "ffn_hidden", "ffn_dim_multiple", "ffn_dim_multiplier")
 
 
 class GPT2Family:
@@ -18,7 +23,28 @@ class GPT2Family:
     def presets() -> list[str]:
         from blumodels.config import preset_names
 
-        return preset_names()
+        return preset_names(family="gpt2")
+
+    @staticmethod
+    def check_config(cfg: Any) -> None:
+        """GPT-2 reads none of the llama keys: one changed from its default is refused by name, not ignored."""
+        from dataclasses import fields
+
+        from blumodels.config import ConfigError, ModelConfig
+
+        if not cfg.tie_embeddings:
+            raise ConfigError("model.tie_embeddings = false: GPT-2 always ties lm_head to the token embedding")
+        base = ModelConfig()
+        for f in fields(ModelConfig):
+            if f.name in LLAMA_KEYS and getattr(cfg, f.name) != getattr(base, f.name):
+                raise ConfigError(f"model.{f.name} is read by the llama family only (model.family = 'gpt2'); "
+                                  f"remove it or set model.family = 'llama'")
+
+    @staticmethod
+    def count_params(cfg: Any) -> int:
+        from blumodels.gpt2 import count_params
+
+        return count_params(cfg)
 
     @staticmethod
     def build(config: Any, device: Any = None, seed: int | None = None) -> Any:
@@ -37,4 +63,6 @@ class GPT2Family:
 
 @hookimpl
 def blutrain_register_model_families():
-    return [GPT2Family]
+    from blumodels.llama.family import LlamaFamily
+
+    return [GPT2Family, LlamaFamily]

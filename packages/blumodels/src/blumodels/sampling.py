@@ -1,4 +1,5 @@
-"""Top-k sampling from a GPT-2, with its own Philox generator so training's RNG stream is untouched."""
+"""Text sampling from a trained model (any family) with its own Philox generator so training's RNG stream is
+untouched; the token loop with its key/value cache is ``blumodels.generate``."""
 
 from __future__ import annotations
 
@@ -6,57 +7,28 @@ import blutensor as bt
 import numpy as np
 
 
-def _to_numpy(t: bt.Tensor) -> np.ndarray:
-    return t.detach().to("cpu").numpy()
-
-
 def generate(model, idx: list[int] | np.ndarray, max_new_tokens: int, top_k: int | None = 40,
              temperature: float = 1.0, seed: int = 0, vocab_size: int | None = None,
-             device: str | bt.device | None = None, stop_token: int | None = None) -> list[int]:
-    """Append ``max_new_tokens`` tokens to the prompt ``idx`` by top-k sampling; returns all tokens.
+             device: str | bt.device | None = None, stop_token: int | None = None, top_p: float | None = None,
+             use_cache: bool = True) -> list[int]:
+    """Append ``max_new_tokens`` tokens to the prompt ``idx`` (top-k, then top-p, sampling); returns all tokens.
 
-    Padded vocabulary rows (>= ``vocab_size``) are never sampled. The context is cropped to the
-    model's block size. Sampling draws from ``bt.Generator(seed)``: reproducible, and it leaves the
-    default generator (dropout, init) as it was.
+    Runs with the key/value cache of ``blumodels.generate`` (``use_cache=False``: the whole context every step).
+    Padded vocabulary rows (>= ``vocab_size``) are never sampled. The context is cropped to the model's block
+    size. Sampling draws from ``bt.Generator(seed)``: reproducible, and it leaves the default generator
+    (dropout, init) as it was. Batched prompts: ``blumodels.generate.generate_batch``.
     """
-    if temperature <= 0:
-        raise ValueError(f"generate: temperature must be positive, got {temperature}")
-    cfg = model.config
-    V = vocab_size or cfg.vocab_size
-    tokens = [int(t) for t in np.asarray(idx).reshape(-1)]
-    if not tokens:
-        raise ValueError("generate: the prompt must hold at least one token")
-    if device is None:
-        device = next(iter(model.parameters())).device
-    gen = bt.Generator(seed)
-    was_training = model.training
-    model.eval()
-    try:
-        with bt.no_grad():
-            for _ in range(max_new_tokens):
-                ctx = tokens[-cfg.block_size:]
-                x = bt.tensor(np.asarray([ctx], dtype=np.int64), dtype=bt.int64, device=device)
-                logits, _ = model(x)
-                z = _to_numpy(logits)[0, -1, :V].astype(np.float64) / temperature
-                if top_k is not None and 0 < top_k < V:
-                    kth = np.partition(z, -top_k)[-top_k]
-                    z = np.where(z < kth, -np.inf, z)
-                p = np.exp(z - z.max())
-                p /= p.sum()
-                u = float(gen.uniform((1,), np, np.float64)[0])
-                nxt = int(min(np.searchsorted(np.cumsum(p), u, side="right"), V - 1))
-                tokens.append(nxt)
-                if stop_token is not None and nxt == stop_token:
-                    break
-    finally:
-        model.train(was_training)
-    return tokens
+    from blumodels.generate import generate_batch
+
+    return generate_batch(model, [idx], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          seed=seed, vocab_size=vocab_size, stop_token=stop_token, use_cache=use_cache,
+                          device=device)[0]
 
 
 def sample_text(model, tokenizer, prompt: str = "\n", max_new_tokens: int = 200, top_k: int | None = 40,
-                temperature: float = 1.0, seed: int = 0) -> str:
+                temperature: float = 1.0, seed: int = 0, top_p: float | None = None) -> str:
     """Encode ``prompt``, sample, and decode the continuation (prompt included)."""
     ids = tokenizer.encode(prompt) or [tokenizer.eot_token]
     out = generate(model, ids, max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
-                   vocab_size=tokenizer.vocab_size)
+                   vocab_size=tokenizer.vocab_size, top_p=top_p)
     return tokenizer.decode(out)

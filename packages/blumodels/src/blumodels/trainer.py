@@ -25,7 +25,8 @@ from blumodels import metrics
 from blumodels.checkpoint.format import CheckpointError
 from blumodels.config import ConfigError, RunConfig
 from blumodels.dist import Dist
-from blumodels.gpt2 import GPT2, build_model
+from blumodels.families import build_model
+from blumodels.gpt2 import GPT2
 from blumodels.state import (
     check_sharded_state,
     check_training_state,
@@ -124,7 +125,9 @@ def lr_at(step: int, cfg: RunConfig) -> float:
 #: keys a checkpoint must agree on to be resumed: the model's shape (dropout may change; init_std no longer
 #: matters) and the batch shape the saved data position counts in
 RESUME_KEYS = {"model": ("family", "n_layer", "n_head", "d_model", "block_size", "vocab_size", "vocab_multiple",
-                         "bias", "ln_eps"),
+                         "bias", "ln_eps", "n_kv_heads", "rope_theta", "rope_scaling", "rope_factor",
+                         "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len", "ffn_hidden",
+                         "ffn_dim_multiple", "ffn_dim_multiplier", "tie_embeddings"),
                "train": ("micro_batch", "seq_len", "world_size")}
 
 
@@ -283,7 +286,7 @@ class Trainer:
         if cfg.train.activation_checkpointing:
             from blutensor.utils import checkpoint_modules
 
-            checkpoint_modules(self.model, "blocks.*")
+            checkpoint_modules(self.model, getattr(self.model, "block_pattern", "blocks.*"))  # the repeated blocks
         flops_per_token = self.model.flops_per_token(cfg.train.seq_len)  # of the whole model, before sharding
         self.module = self.dist.wrap(self.model, cfg)  # [parallel] mesh (FSDP/TP/CP), DDP when world_size > 1
         self.sharded = self.dist.par is not None
@@ -538,7 +541,7 @@ class Trainer:
             return self._sample_full(tok, prompt, tokens, seed)
         return sample_text(self.model, tok, t.sample_prompt if prompt is None else prompt,
                            tokens or t.sample_tokens or 100, top_k=t.top_k, temperature=t.temperature,
-                           seed=t.seed if seed is None else seed)
+                           seed=t.seed if seed is None else seed, top_p=t.top_p)
 
     def gather_for_sample(self) -> None:
         """Sharded runs: gather the full parameters (a collective on every rank) for :meth:`sample`."""
@@ -779,7 +782,8 @@ class Trainer:
             from blumodels.plot import plot_losses
 
             m = self.cfg.model
-            title = f"GPT-2 {m.n_layer}L d{m.d_model} on {self.meta.get('corpus', 'data')}"
+            name = "GPT-2" if m.family == "gpt2" else m.family.capitalize()
+            title = f"{name} {m.n_layer}L d{m.d_model} on {self.meta.get('corpus', 'data')}"
             try:
                 png = str(plot_losses(self.log_path, self.out / "loss.png", title=title))
             except ImportError:

@@ -7,7 +7,8 @@ Inside the context, ops on tensors of that device type follow a per-op policy ap
   tensors that require grad) are cast once per region and cached (PyTorch's weight cast cache); the cast is
   the differentiable ``cast`` op, so gradients flow back into the float32 masters' ``.grad`` as float32,
   and backward reuses the saved bf16 copies (nothing is re-cast).
-- follow: ``layer_norm``, ``gelu``, ``softmax``, ``log_softmax``, ``dropout`` run in the dtype of their input:
+- follow: ``layer_norm``, ``gelu``, ``softmax``, ``log_softmax``, ``dropout``, ``rms_norm``, ``silu``, ``swiglu``
+  run in the dtype of their input:
   a bfloat16 activation casts float32 weights down (cached); a float32 one runs in float32.
 - promote: elementwise binary ops with one bfloat16 and one float32 tensor compute in float32 (PyTorch's type
   promotion). With GPT-2 this keeps the residual stream float32 exactly like torch.autocast: bf16 linear
@@ -26,7 +27,8 @@ from blutensor.errors import DTypeError
 from blutensor.ops import dispatch
 
 LOWER = frozenset(("linear", "matmul", "bmm", "sdpa"))
-FOLLOW = frozenset(("layer_norm", "gelu", "softmax", "log_softmax", "dropout"))
+FOLLOW = frozenset(("layer_norm", "gelu", "softmax", "log_softmax", "dropout", "rms_norm", "silu",
+                    "swiglu"))
 PROMOTE = frozenset(("add", "sub", "mul", "div", "maximum", "minimum", "pow", "where"))
 DEVICE_TYPES = ("cuda", "cpu")
 

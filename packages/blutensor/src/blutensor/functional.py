@@ -504,6 +504,35 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return apply("layer_norm", x, weight, bias, normalized_shape=tuple(normalized_shape), eps=eps)
 
 
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """x / sqrt(mean(x^2) + eps) * weight over the trailing ``normalized_shape`` dims (PyTorch's
+    ``F.rms_norm``; ``eps=None`` is the dtype's machine epsilon, as there)."""
+    _floating(x, "rms_norm")
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if eps is None:
+        import numpy as np
+
+        eps = float(np.finfo(np.float32 if x.dtype.name == "bfloat16" else x.dtype.np).eps)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ArgumentError(f"rms_norm: eps must be a non-negative number, got {eps!r}")
+    return apply("rms_norm", x, weight, normalized_shape=tuple(normalized_shape), eps=float(eps))
+
+
+def rope(x, cos, sin):
+    """Rotary position embedding of ``x`` (..., T, H, D) with angle tables cos/sin (T, D/2), in the
+    rotate-half layout of Hugging Face's Llama: the pair (i, i + D/2) of each head is rotated by angle[t, i].
+    The tables stay float32 whatever the dtype of ``x``; no gradient flows into them."""
+    _floating(x, "rope")
+    return apply("rope", x, cos, sin)
+
+
+def swiglu(gate, up):
+    """silu(gate) * up in one op (Llama's gated MLP): saves the two inputs, not the intermediate product."""
+    _floating(gate, "swiglu")
+    return apply("swiglu", gate, up)
+
+
 def gelu(x, approximate="none"):
     if approximate != "none" and approximate != "tanh":
         raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -637,14 +666,46 @@ def dropout(x, p=0.5, training=True):
     return apply("dropout", x, p=p, seed=seed, offset=off)
 
 
-def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    """softmax(q k^T / sqrt(E) [+ mask]) v with an optional causal mask, over (..., L, E)."""
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """softmax(q k^T / sqrt(E) [+ mask]) v with an optional causal mask, over (..., L, E).
+
+    ``enable_gqa=True`` (grouped-query attention, PyTorch's flag): k and v may have fewer heads (dim -3) than q,
+    a divisor of q's; each K/V head serves ``Hq // Hkv`` consecutive query heads. The heads are repeated here
+    (a differentiable expand + reshape whose backward sums the group), so every attention kernel sees equal heads.
+    """
+    if enable_gqa:
+        k, v = _repeat_kv_heads(q, k, v)
     _check_sdpa(q, k, v, attn_mask, dropout_p, is_causal)
     seed = off = 0
     if dropout_p > 0:
         seed, off = _draw_offset(q.shape[-2] * k.shape[-2] * math.prod(q.shape[:-2]))
     return apply("sdpa", q, k, v, attn_mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p,
                  seed=seed, offset=off)
+
+
+def _repeat_kv_heads(q, k, v):
+    """k, v (..., Hkv, S, E) -> (..., Hq, S, E), K/V head j serving query heads j*G .. j*G + G - 1."""
+    from blutensor._tensor import Tensor
+
+    op = "scaled_dot_product_attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.ndim < 3:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ShapeError(f"{op}: enable_gqa=True needs (..., heads, seq, head_dim) tensors; {name} is {got}")
+    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+    if hk != hv or hq % hk:
+        raise ShapeError(f"{op}: enable_gqa=True needs k and v with one number of heads dividing q's; got q "
+                         f"{hq}, k {hk}, v {hv} heads (dim -3)")
+    if hk == hq:
+        return k, v
+    g = hq // hk
+
+    def rep(t):
+        *lead, h, s, e = t.shape
+        return t.unsqueeze(-3).expand(*lead, h, g, s, e).reshape(*lead, h * g, s, e)
+
+    return rep(k), rep(v)
 
 
 def _check_sdpa(q, k, v, mask, dropout_p, is_causal) -> None:

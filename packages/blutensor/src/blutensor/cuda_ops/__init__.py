@@ -2,8 +2,8 @@
 
 Sources live in ``blutensor/kernels/*.cu``; nothing here imports CuPy until a kernel is launched.
 Kernel classes (registered through blutensor's ``blutrain_register_kernels`` when CuPy is installed):
-layer_norm, gelu, cross_entropy (fused classifier), embedding, sdpa (flash attention), cast (fp32 <-> bf16) and
-bf16 linear/matmul/bmm (GEMM provider at bf16 precision).
+layer_norm, gelu, cross_entropy (fused classifier), embedding, rms_norm, rope, swiglu, sdpa (flash attention),
+cast (fp32 <-> bf16) and bf16 linear/matmul/bmm (GEMM provider at bf16 precision).
 Free functions: ``adamw.multi_tensor_adamw``, ``norm.global_grad_norm``, ``norm.clip_grads_``.
 """
 
@@ -15,11 +15,12 @@ import importlib.util
 def kernel_classes() -> list[type]:
     """The CUDA op kernel classes (importing them does not import CuPy)."""
     from blutensor.cuda_ops.cross_entropy import CrossEntropyCuda
+    from blutensor.cuda_ops.decoder import RmsNormCuda, RopeCuda, SwigluCuda
     from blutensor.cuda_ops.embedding import EmbeddingCuda
     from blutensor.cuda_ops.gelu import GeluCuda
     from blutensor.cuda_ops.layer_norm import LayerNormCuda
 
-    classes = [LayerNormCuda, GeluCuda, CrossEntropyCuda, EmbeddingCuda]
+    classes = [LayerNormCuda, GeluCuda, CrossEntropyCuda, EmbeddingCuda, RmsNormCuda, RopeCuda, SwigluCuda]
     try:
         from blutensor.cuda_ops.sdpa import SdpaCuda
 

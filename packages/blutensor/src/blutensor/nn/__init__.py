@@ -35,6 +35,7 @@ from blutensor.nn.layers import (
     ModuleDict,
     ModuleList,
     ReLU,
+    RMSNorm,
     Sequential,
 )
 from blutensor.nn.loss import (
@@ -55,6 +56,6 @@ __all__ = ["CELU", "ELU", "GELU", "GLU", "SELU", "AvgPool1d", "AvgPool2d", "BCEL
            "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Hardsigmoid", "Hardswish", "Hardtanh",
            "HuberLoss", "Identity", "KLDivLoss", "L1Loss", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid",
            "LogSoftmax", "MSELoss", "MaxPool1d", "MaxPool2d", "Mish", "Module", "ModuleDict", "ModuleList",
-           "NLLLoss", "Parameter", "ParameterDict", "ParameterList", "ReLU", "ReLU6", "SiLU", "Sequential",
+           "NLLLoss", "Parameter", "ParameterDict", "ParameterList", "RMSNorm", "ReLU", "ReLU6", "SiLU", "Sequential",
            "Sigmoid", "SmoothL1Loss", "Softmax", "Softmin", "Softplus", "Softsign", "Tanh", "Tanhshrink",
            "Unflatten", "functional", "init", "utils"]

@@ -28,6 +28,8 @@ from blutensor.functional import (  # noqa: F401
     mish,
     relu,
     relu6,
+    rms_norm,
+    rope,
     scaled_dot_product_attention,
     selu,
     sigmoid,
@@ -35,6 +37,7 @@ from blutensor.functional import (  # noqa: F401
     softmax,
     softplus,
     softsign,
+    swiglu,
     tanh,
     tanhshrink,
 )

@@ -1,4 +1,4 @@
-"""Layers: Linear, LayerNorm, Embedding, Dropout, GELU, ReLU, Sequential, ModuleList, ModuleDict."""
+"""Layers: Linear, LayerNorm, RMSNorm, Embedding, Dropout, GELU, ReLU, Sequential, ModuleList, ModuleDict."""
 
 from __future__ import annotations
 
@@ -62,6 +62,27 @@ class LayerNorm(Module):
 
     def forward(self, x):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class RMSNorm(Module):
+    """Root-mean-square norm over the trailing ``normalized_shape`` dims (PyTorch's ``nn.RMSNorm``; weight ones)."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, device=None,
+                 dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        _sizes("RMSNorm", **{f"normalized_shape[{i}]": n for i, n in enumerate(self.normalized_shape)})
+        self.eps = eps
+        self.weight = Parameter(ones(*self.normalized_shape, device=device, dtype=dtype)) if elementwise_affine \
+            else None
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from blutensor.ops import activation as ac
 from blutensor.ops import conv as cv
+from blutensor.ops import decoder_ops as dec
 from blutensor.ops import elementwise as ew
 from blutensor.ops import gather as ga
 from blutensor.ops import linalg as la
@@ -177,6 +178,9 @@ op("max_pool2d",    cv.max_pool2d_values_forward, cv.max_pool2d_backward)
 op("max_pool2d_indices", cv.max_pool2d_indices_forward)
 op("avg_pool2d",    cv.avg_pool2d_forward,  cv.avg_pool2d_backward)
 op("einsum",        cv.einsum_forward,      cv.einsum_backward)
+op("rms_norm",      dec.rms_norm_forward,   dec.rms_norm_backward, same_dtype=(0, 1), saves=(1,), dtypes=FLOAT)
+op("rope",          dec.rope_forward,       dec.rope_backward,     same_dtype=(1, 2), dtypes=FLOAT)
+op("swiglu",        dec.swiglu_forward,     dec.swiglu_backward,   same_dtype=(0, 1), saves=(0, 1), dtypes=FLOAT)
 
 
 def builtin_kernels() -> list[type]:

@@ -1,0 +1,341 @@
+"""Llama ~1B (the llama-1b preset) training step: BluTrain and the same model in PyTorch (Hugging Face's
+LlamaForCausalLM, eager and torch.compile) side by side, bf16 autocast with fp32 master weights; plus generation
+(1,024 new tokens with the key/value cache vs ``transformers``' ``generate()``) and a loss curve from shared
+initial weights.
+
+    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) \\
+        python3 benchmarks/e2e_llama.py --out benchmarks/results/e2e_llama_h200.json
+    python3 benchmarks/e2e_llama.py --small --out /tmp/e2e_llama_small.json      # CPU, a tiny model, seconds
+
+Every variant runs in its own subprocess (torch.compile caches, device memory) from the same initial weights
+(BluTrain's llama built with seed 0, exported with ``blumodels.llama.hf.to_hf`` into the PyTorch model) and the
+same batches (bytes of the Python standard library's source as tokens). Reported per variant: tokens/s (median of
+the timed steps), step ms, peak memory, per-step losses; ratios BluTrain / PyTorch come from this one run. The
+curve run (``--curve-steps``, default 500 on the GPU) compares the mean loss of the last 100 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+LR = 3e-4
+
+
+def corpus_tokens(n: int) -> np.ndarray:
+    """n tokens: the bytes of the stdlib's .py files (deterministic order), as int64."""
+    out, total = [], 0
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        b = np.frombuffer(p.read_bytes(), dtype=np.uint8)
+        out.append(b)
+        total += b.size
+        if total >= n:
+            break
+    toks = np.concatenate(out)
+    return np.resize(toks, n).astype(np.int64)
+
+
+def batches(B: int, T: int, steps: int):
+    toks = corpus_tokens(B * (T + 1) * steps + 1)
+    for s in range(steps):
+        chunk = toks[s * B * (T + 1):(s + 1) * B * (T + 1)].reshape(B, T + 1)
+        yield chunk[:, :-1], chunk[:, 1:]
+
+
+def model_config(a):
+    from blumodels.config import ModelConfig, load_preset
+
+    if a.small:
+        return ModelConfig(family="llama", n_layer=2, n_head=4, n_kv_heads=2, d_model=64, block_size=64,
+                           vocab_size=256, bias=False, ffn_hidden=160, tie_embeddings=True, rope_theta=10000.0)
+    return load_preset("llama-1b").model
+
+
+def blutrain_model(a, device):
+    from blumodels.llama.model import build_model
+
+    return build_model(model_config(a), device=device, seed=0)
+
+
+def torch_model(a, device):
+    import torch
+    import transformers
+    from blumodels.llama.hf import to_hf
+
+    state, config = to_hf(blutrain_model(a, "cpu"))
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
+    hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)  # tied: lm_head is shared
+    return hf.to(device)
+
+
+def run_blutrain(a) -> dict:
+    import blutensor as bt
+
+    device = a.device
+    cuda = device.startswith("cuda")
+    alloc = None
+    if cuda:
+        import bluallocator
+
+        alloc = bluallocator.install()
+    model = blutrain_model(a, device)
+    model.lean_logits = True
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=cuda or None)
+    sync = (lambda: __import__("cupy").cuda.Device().synchronize()) if cuda else (lambda: None)
+    losses, times = [], []
+    for x, y in batches(a.batch, a.seq, a.steps):
+        xi, yi = bt.tensor(x, device=device), bt.tensor(y, device=device)
+        sync()
+        t0 = time.perf_counter()
+        with bt.autocast(device.split(":")[0], dtype=bt.bfloat16):
+            bt.amp.precast(model.parameters())
+            _, loss = model(xi, yi)
+        loss.backward()
+        bt.optim.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()))
+    mem = {}
+    if alloc is not None:
+        st = alloc.memory_stats()
+        mem = {"peak_allocated_gib": st["peak_allocated_bytes"] / 2**30,
+               "peak_reserved_gib": st["peak_reserved_bytes"] / 2**30}
+    return {"losses": losses, "step_s": times, **mem}
+
+
+def run_torch(a) -> dict:
+    import torch
+
+    device = a.device
+    cuda = device.startswith("cuda")
+    model = torch_model(a, device)
+    model.train()
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    other = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+    V = model.config.vocab_size
+
+    def step(x, y):
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+            logits = model(x).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, V), y.view(-1))
+        loss.backward()
+        return loss
+
+    fn = torch.compile(step) if a.compile else step
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    losses, times = [], []
+    for x, y in batches(a.batch, a.seq, a.steps):
+        xt, yt = torch.tensor(x, device=device), torch.tensor(y, device=device)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = fn(xt, yt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()))
+    mem = {}
+    if cuda:
+        mem = {"peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+               "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+    return {"losses": losses, "step_s": times, **mem}
+
+
+def run_generate(a) -> dict:
+    """Greedy generation of --gen-tokens tokens for --gen-batch prompts: BluTrain (cached; and uncached over a
+    shorter run, whose tokens must equal the cached ones) and transformers' generate() on the same weights."""
+    import torch
+    from blumodels.generate import generate_batch
+
+    device = a.device
+    cuda = device.startswith("cuda")
+    prompts = [corpus_tokens(a.gen_prompt + i)[i:].tolist() for i in range(a.gen_batch)]
+    cfg = model_config(a)
+    new = min(a.gen_tokens, cfg.block_size - a.gen_prompt)
+    model = blutrain_model(a, device)
+    sync = (lambda: __import__("cupy").cuda.Device().synchronize()) if cuda else (lambda: None)
+    generate_batch(model, prompts, 4, top_k=1)  # warm-up (kernel compilation)
+    sync()
+    t0 = time.perf_counter()
+    ours = generate_batch(model, prompts, new, top_k=1)
+    sync()
+    t_ours = time.perf_counter() - t0
+    short = min(new, a.gen_check_tokens)
+    equal = generate_batch(model, prompts, short, top_k=1, use_cache=False) == [r[:len(p) + short] for r, p in
+                                                                              zip(ours, prompts)]
+    del model
+    hf = torch_model(a, device).eval()
+    ids = torch.tensor(prompts, device=device)
+    with torch.no_grad():
+        hf.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        theirs = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        if cuda:
+            torch.cuda.synchronize()
+        t_hf = time.perf_counter() - t0
+    agree = [int(np.argmin(np.r_[np.asarray(r) == t.cpu().numpy(), False])) - len(p)
+             for r, t, p in zip(ours, theirs, prompts)]
+    n = a.gen_batch * new
+    return {"new_tokens": new, "batch": a.gen_batch, "prompt_len": a.gen_prompt,
+            "blutrain_tokens_per_s": n / t_ours, "hf_generate_tokens_per_s": n / t_hf,
+            "ratio_vs_hf": t_hf / t_ours, "cached_equals_uncached": bool(equal), "uncached_checked_tokens": short,
+            "greedy_tokens_equal_to_hf_per_row": agree}
+
+
+def summarize(r: dict, a) -> dict:
+    if "step_s" in r:
+        t = sorted(r["step_s"][a.warmup:]) or sorted(r["step_s"])
+        med = t[len(t) // 2]
+        r["median_step_ms"] = med * 1e3
+        r["tokens_per_s"] = a.batch * a.seq / med
+    return r
+
+
+def child(a) -> None:
+    try:
+        fn = {"blutrain": run_blutrain, "torch": run_torch, "generate": run_generate}[a.framework]
+        r = summarize(fn(a), a)
+    except Exception as e:  # noqa: BLE001 - the driver records the failure
+        import traceback
+
+        r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    print("RESULT " + json.dumps(r), flush=True)
+
+
+#: (name, framework, extra child flags)
+RUNS = [("blutrain_bf16", "blutrain", []), ("torch_eager_bf16", "torch", []),
+        ("torch_compile_bf16", "torch", ["--compile"]), ("generate", "generate", [])]
+
+
+def _child_args(a, framework: str, extra: list[str], steps: int) -> list[str]:
+    args = [sys.executable, __file__, "--child", "--framework", framework, "--device", a.device, "--batch",
+            str(a.batch), "--seq", str(a.seq), "--steps", str(steps), "--warmup", str(a.warmup),
+            "--gen-tokens", str(a.gen_tokens), "--gen-batch", str(a.gen_batch), "--gen-prompt", str(a.gen_prompt),
+            "--gen-check-tokens", str(a.gen_check_tokens)] + extra
+    return args + (["--small"] if a.small else [])
+
+
+def _run_child(args: list[str], timeout: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))}
+    try:
+        p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": f"exit {p.returncode}", "stderr": p.stderr[-3000:]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--framework", default="blutrain", help=argparse.SUPPRESS)
+    p.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--small", action="store_true", help="a 2-layer d_model 64 llama on the CPU (checks the script)")
+    p.add_argument("--device", default=None, help="default: cuda, or cpu with --small")
+    p.add_argument("--batch", type=int, default=None, help="micro-batch (default 4; --small 2)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default 2048; --small 32)")
+    p.add_argument("--steps", type=int, default=None, help="timed run steps (default 12; --small 4)")
+    p.add_argument("--warmup", type=int, default=None, help="steps left out of the median (default 3; --small 1)")
+    p.add_argument("--curve-steps", type=int, default=None,
+                   help="loss-curve run of BluTrain and PyTorch eager (default 500; --small 0 = none)")
+    p.add_argument("--gen-tokens", type=int, default=1024, help="new tokens of the generation run")
+    p.add_argument("--gen-batch", type=int, default=1)
+    p.add_argument("--gen-prompt", type=int, default=32, help="prompt length of each generated row")
+    p.add_argument("--gen-check-tokens", type=int, default=128,
+                   help="tokens of the uncached generation that must equal the cached one")
+    p.add_argument("--only", default="", help="comma-separated run names (blutrain_bf16, torch_eager_bf16, "
+                   "torch_compile_bf16, generate, curve)")
+    p.add_argument("--timeout", type=int, default=3600, help="seconds per child run")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "e2e_llama.json"))
+    a = p.parse_args()
+    small = a.small
+    a.device = a.device or ("cpu" if small else "cuda")
+    a.batch = a.batch or (2 if small else 4)
+    a.seq = a.seq or (32 if small else 2048)
+    a.steps = a.steps or (4 if small else 12)
+    a.warmup = a.warmup if a.warmup is not None else (1 if small else 3)
+    a.curve_steps = a.curve_steps if a.curve_steps is not None else (0 if small else 500)
+    for name in ("batch", "seq", "steps", "gen_tokens", "gen_batch", "gen_prompt"):
+        if getattr(a, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if a.warmup < 0 or a.curve_steps < 0:
+        p.error("--warmup and --curve-steps must not be negative")
+    if a.child:
+        return child(a)
+    only = {s for s in a.only.split(",") if s}
+    known = {r[0] for r in RUNS} | {"curve"}
+    if only - known:
+        p.error(f"--only: unknown run(s) {', '.join(sorted(only - known))}; known: {', '.join(sorted(known))}")
+    cfg = model_config(a)
+    from blumodels.llama.model import count_params
+
+    res: dict = {"what": "llama training step (bf16 autocast, fp32 masters, AdamW, clip 1.0) and generation",
+                 "command": " ".join(sys.argv), "device": a.device, "platform": platform.platform(),
+                 "python": platform.python_version(), "small": small,
+                 "model": {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_kv_heads", "d_model", "vocab_size",
+                                                        "ffn_hidden", "rope_scaling", "tie_embeddings")},
+                 "params": count_params(cfg), "batch": a.batch, "seq": a.seq, "steps": a.steps, "runs": {}}
+    try:
+        import torch
+
+        res["torch"] = torch.__version__
+        if a.device.startswith("cuda") and torch.cuda.is_available():
+            res["gpu"] = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    for name, fw, extra in RUNS:
+        if only and name not in only:
+            continue
+        if small and "--compile" in extra:
+            res["runs"][name] = {"skipped": "torch.compile is not run with --small (minutes of CPU compilation)"}
+            continue
+        res["runs"][name] = _run_child(_child_args(a, fw, extra, a.steps), a.timeout)
+        print(f"{name}: {json.dumps({k: v for k, v in res['runs'][name].items() if k != 'losses'})[:300]}",
+              flush=True)
+    runs = res["runs"]
+    ours = runs.get("blutrain_bf16", {})
+    for ref in ("torch_eager_bf16", "torch_compile_bf16"):
+        if "tokens_per_s" in ours and "tokens_per_s" in runs.get(ref, {}):
+            res[f"speedup_vs_{ref}"] = ours["tokens_per_s"] / runs[ref]["tokens_per_s"]
+    if "losses" in ours and "losses" in runs.get("torch_eager_bf16", {}):
+        res["max_loss_diff_vs_torch_eager"] = float(np.max(np.abs(np.subtract(ours["losses"],
+                                                                             runs["torch_eager_bf16"]["losses"]))))
+    if a.curve_steps and (not only or "curve" in only):
+        curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps), a.timeout) for fw in ("blutrain", "torch")}
+        ok = all("losses" in c for c in curve.values())
+        tail = min(100, a.curve_steps)
+        res["curve"] = {"steps": a.curve_steps, "blutrain_losses": curve["blutrain"].get("losses"),
+                        "torch_eager_losses": curve["torch"].get("losses"),
+                        "errors": {k: v["error"] for k, v in curve.items() if "error" in v}}
+        if ok:
+            d = abs(np.mean(curve["blutrain"]["losses"][-tail:]) - np.mean(curve["torch"]["losses"][-tail:]))
+            res["curve"].update({f"mean_last_{tail}_diff": float(d), "within_3e-3": bool(d <= 3e-3)})
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

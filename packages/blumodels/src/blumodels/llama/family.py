@@ -1,0 +1,45 @@
+"""The llama model family's plugin class (kind "model"): registered by blumodels' ``blutrain`` entry point
+(``blumodels.hooks``) through the same hook a third-party family implements; nothing in the Trainer or the CLI
+names it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LlamaFamily:
+    """Llama-style decoders: presets llama-tiny, llama-125m, llama-1b, llama3-8b and a builder."""
+
+    PLUGIN_NAME = "llama"
+
+    @staticmethod
+    def presets() -> list[str]:
+        from blumodels.config import preset_names
+
+        return preset_names(family="llama")
+
+    @staticmethod
+    def check_config(cfg: Any) -> None:
+        from blumodels.llama.model import check_config
+
+        check_config(cfg)
+
+    @staticmethod
+    def count_params(cfg: Any) -> int:
+        from blumodels.llama.model import count_params
+
+        return count_params(cfg)
+
+    @staticmethod
+    def build(config: Any, device: Any = None, seed: int | None = None) -> Any:
+        """A Llama from a ModelConfig (or a RunConfig, whose .model is used, or a dict of model.* keys)."""
+        from blumodels.config import ConfigError, ModelConfig, model_config
+        from blumodels.llama.model import build_model
+
+        cfg = getattr(config, "model", config)
+        if isinstance(cfg, dict):
+            cfg = model_config({"family": "llama", **cfg}, origin="LlamaFamily.build")
+        if not isinstance(cfg, ModelConfig):
+            raise ConfigError(f"LlamaFamily.build: expected a ModelConfig, RunConfig or dict of model keys, got "
+                              f"{type(config).__name__}")
+        return build_model(cfg, device=device, seed=seed)

@@ -1,0 +1,82 @@
+"""Hugging Face interop of the llama family: logits within 1e-4 of transformers' LlamaForCausalLM on small random
+configs (GQA, tied/untied, Llama 3 RoPE scaling), in both directions, and through a saved model directory."""
+
+import blutensor as bt
+import numpy as np
+import pytest
+from blumodels.config import ConfigError, ModelConfig
+from blumodels.hf_registry import load_hf, read_safetensors, save_hf
+from blumodels.llama.hf import from_hf, hf_config, to_hf
+from blumodels.llama.model import build_model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CASES = {
+    "gqa-untied": dict(tie_embeddings=False),
+    "mha-bias": dict(tie_embeddings=True, n_kv_heads=4, bias=True),
+    "tied-llama3-rope": dict(tie_embeddings=True, rope_scaling="llama3", rope_factor=8.0, rope_original_max_len=16,
+                             rope_theta=500000.0),
+}
+
+
+def _cfg(**kw):
+    kw = {"n_kv_heads": 2, "bias": False, **kw}
+    return ModelConfig(family="llama", n_layer=2, n_head=4, d_model=32, block_size=64, vocab_size=96, ffn_hidden=48,
+                       ln_eps=1e-5, **kw)
+
+
+def _ids():
+    return np.random.default_rng(0).integers(0, 96, (2, 40))
+
+
+def _ours(m, ids):
+    logits, _ = m(bt.tensor(ids, dtype=bt.int64), bt.tensor(ids, dtype=bt.int64))
+    return logits.numpy()[..., :96]
+
+
+def _theirs(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor(ids)).logits.numpy()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_export_matches_transformers(case):
+    m = build_model(_cfg(**CASES[case]), seed=1)
+    state, config = to_hf(m)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+    missing, unexpected = hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
+    assert not unexpected and all(k == "lm_head.weight" for k in missing)  # tied: HF ties it itself
+    np.testing.assert_allclose(_ours(m, _ids()), _theirs(hf, _ids()), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_matches_transformers(case):
+    torch.manual_seed(0)
+    config = hf_config(_cfg(**CASES[case]))
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+    m = from_hf(hf.state_dict(), hf.config.to_dict())
+    assert m.config.rope_scaling == CASES[case].get("rope_scaling", "none")
+    np.testing.assert_allclose(_ours(m, _ids()), _theirs(hf, _ids()), atol=1e-4, rtol=0)
+
+
+def test_model_directory_roundtrip_and_bf16_weights(tmp_path):
+    m = build_model(_cfg(tie_embeddings=False), seed=2)
+    save_hf(m, tmp_path / "a")
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "a").eval()  # transformers reads our files
+    np.testing.assert_allclose(_ours(m, _ids()), _theirs(hf, _ids()), atol=1e-4, rtol=0)
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "b")  # and we read theirs, bfloat16 included
+    back = load_hf(tmp_path / "b")
+    w = read_safetensors(next((tmp_path / "b").glob("*.safetensors")))["model.norm.weight"]
+    assert w.dtype == np.float32
+    np.testing.assert_allclose(back.norm.weight.numpy(), hf.model.norm.weight.detach().float().numpy())
+
+
+def test_bad_configs_are_named():
+    with pytest.raises(ConfigError, match="expected a LlamaForCausalLM config"):
+        from_hf({}, {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    config = hf_config(_cfg())
+    with pytest.raises(ConfigError, match="lacks .* weight"):
+        from_hf({}, config)
+    with pytest.raises(ConfigError, match="rope type 'yarn'"):
+        from_hf({}, {**config, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0}})

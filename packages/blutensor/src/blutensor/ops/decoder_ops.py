@@ -1,0 +1,96 @@
+"""Ops of Llama-style decoder blocks: RMSNorm, rotary position embedding (RoPE), SiLU and SwiGLU.
+
+These are the array-level references (NumPy on CPU, CuPy on CUDA when no fused kernel serves the call); the
+fused CUDA kernels in ``blutensor.cuda_ops`` are checked against them. Math is done in the input's dtype
+(float32/float64; bfloat16 inputs are widened to float32 by dispatch around these functions).
+"""
+
+from __future__ import annotations
+
+from blutensor.errors import ShapeError
+from blutensor.ops._util import xp_of
+
+
+def rms_norm_forward(ctx, x, w=None, normalized_shape=(), eps=1e-6):
+    """y = x / sqrt(mean(x^2 over normalized_shape) + eps) * w; saves x, the row rstd and w."""
+    n = len(normalized_shape)
+    if n == 0 or tuple(x.shape[x.ndim - n:]) != tuple(normalized_shape):
+        raise ShapeError(f"rms_norm: input shape {tuple(x.shape)} does not end with normalized_shape "
+                         f"{tuple(normalized_shape)}")
+    if w is not None and tuple(w.shape) != tuple(normalized_shape):
+        raise ShapeError(f"rms_norm: weight shape {tuple(w.shape)} != normalized_shape {tuple(normalized_shape)}")
+    xp = xp_of(x)
+    axes = tuple(range(x.ndim - n, x.ndim))
+    rstd = 1.0 / xp.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
+    xhat = x * rstd
+    ctx.saved = (xhat, rstd, w, axes)
+    out = xhat * w if w is not None else xhat
+    return out.astype(x.dtype, copy=False)
+
+
+def rms_norm_backward(ctx, g):
+    """dx = rstd * (g*w - xhat * mean(g*w*xhat)); dw = sum over rows of g * xhat."""
+    xhat, rstd, w, axes = ctx.saved
+    batch_axes = tuple(range(g.ndim - len(axes)))
+    gw = (g * xhat).sum(axis=batch_axes).astype(g.dtype, copy=False) if len(ctx.needs) > 1 and ctx.needs[1] \
+        else None
+    gx = None
+    if ctx.needs[0]:
+        gxh = g * w if w is not None else g
+        gx = (rstd * (gxh - xhat * (gxh * xhat).mean(axis=axes, keepdims=True))).astype(g.dtype, copy=False)
+    return gx, gw
+
+
+def _check_rope(x, cos, sin):
+    if x.ndim < 3:
+        raise ShapeError(f"rope: x must be (..., T, H, D) (sequence, heads, head_dim), got shape {tuple(x.shape)}")
+    T, D = x.shape[-3], x.shape[-1]
+    if D % 2:
+        raise ShapeError(f"rope: head_dim {D} must be even (pairs (i, i + D/2) are rotated)")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) != (T, D // 2):
+            raise ShapeError(f"rope: {name} must be (T, D/2) = {(T, D // 2)} for x {tuple(x.shape)}, got "
+                             f"{tuple(t.shape)}")
+
+
+def rotate(x, cos, sin):
+    """The rotate-half RoPE of ``x`` (..., T, H, D) by angles with cos/sin (T, D/2) (Hugging Face's layout):
+    out[:D/2] = x1 cos - x2 sin, out[D/2:] = x2 cos + x1 sin, where x1, x2 are the two halves of the head."""
+    xp = xp_of(x)
+    h = x.shape[-1] // 2
+    c = cos[:, None, :].astype(x.dtype, copy=False)
+    s = sin[:, None, :].astype(x.dtype, copy=False)
+    x1, x2 = x[..., :h], x[..., h:]
+    return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def rope_forward(ctx, x, cos, sin):
+    _check_rope(x, cos, sin)
+    ctx.saved = (cos, sin)
+    return rotate(x, cos, sin)
+
+
+def rope_backward(ctx, g):
+    """The rotation is orthogonal: the gradient is ``g`` rotated back (by -angle)."""
+    cos, sin = ctx.saved
+    return rotate(g, cos, -sin), None, None
+
+
+def swiglu_forward(ctx, gate, up):
+    """silu(gate) * up, the gated MLP activation of Llama (saves gate and up, not the product)."""
+    if tuple(gate.shape) != tuple(up.shape):
+        raise ShapeError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
+    xp = xp_of(gate)
+    s = 0.5 * (xp.tanh(0.5 * gate) + 1)
+    ctx.saved = (gate, up)
+    return (gate * s * up).astype(gate.dtype, copy=False)
+
+
+def swiglu_backward(ctx, g):
+    gate, up = ctx.saved
+    xp = xp_of(gate)
+    s = 0.5 * (xp.tanh(0.5 * gate) + 1)
+    silu = gate * s
+    gg = (g * up * s * (1 + gate * (1 - s))).astype(g.dtype, copy=False) if ctx.needs[0] else None
+    gu = (g * silu).astype(g.dtype, copy=False) if ctx.needs[1] else None
+    return gg, gu
