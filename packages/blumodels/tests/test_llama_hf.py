@@ -5,7 +5,7 @@ import blutensor as bt
 import numpy as np
 import pytest
 from blumodels.config import ConfigError, ModelConfig
-from blumodels.hf_registry import load_hf, read_safetensors, save_hf
+from blumodels.hf import _read_safetensors, export_hf, load_into
 from blumodels.llama.hf import from_hf, hf_config, to_hf
 from blumodels.llama.model import build_model
 
@@ -62,12 +62,13 @@ def test_import_matches_transformers(case):
 
 def test_model_directory_roundtrip_and_bf16_weights(tmp_path):
     m = build_model(_cfg(tie_embeddings=False), seed=2)
-    save_hf(m, tmp_path / "a")
+    export_hf(m, tmp_path / "a")
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "a").eval()  # transformers reads our files
     np.testing.assert_allclose(_ours(m, _ids()), _theirs(hf, _ids()), atol=1e-4, rtol=0)
     hf.to(torch.bfloat16).save_pretrained(tmp_path / "b")  # and we read theirs, bfloat16 included
-    back = load_hf(tmp_path / "b")
-    w = read_safetensors(next((tmp_path / "b").glob("*.safetensors")))["model.norm.weight"]
+    back = build_model(_cfg(tie_embeddings=False), seed=5)
+    load_into(back, tmp_path / "b")
+    w = _read_safetensors(next((tmp_path / "b").glob("*.safetensors")))["model.norm.weight"]
     assert w.dtype == np.float32
     np.testing.assert_allclose(back.norm.weight.numpy(), hf.model.norm.weight.detach().float().numpy())
 

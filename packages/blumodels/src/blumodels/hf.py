@@ -361,3 +361,25 @@ def _gpt2_from_hf(c: dict[str, Any], tensors: dict[str, np.ndarray]) -> tuple[Mo
 
 
 register_hf("gpt2", _gpt2_to_hf, _gpt2_from_hf, _gpt2_config_from_hf, model_types=("gpt2",))
+
+
+def _llama_from_hf(c: dict[str, Any], tensors: dict[str, np.ndarray]) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    from blumodels.llama.hf import from_hf
+
+    model = from_hf(tensors, c)
+    return model.config, {n: p.numpy() for n, p in model.named_parameters()}
+
+
+def _llama_to_hf(model: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    from blumodels.llama.hf import to_hf
+
+    return to_hf(model)
+
+
+def _llama_config_from_hf(c: dict[str, Any]) -> ModelConfig:
+    from blumodels.llama.hf import model_config
+
+    return model_config(c)
+
+
+register_hf("llama", _llama_to_hf, _llama_from_hf, _llama_config_from_hf, model_types=("llama",))
