@@ -99,6 +99,7 @@ from blutensor.functional import (
 )
 from blutensor.gemm import get_fp32_gemm, get_matmul_precision, set_fp32_gemm, set_gemm_provider, set_matmul_precision
 from blutensor.random import Generator, get_rng_state, manual_seed, set_rng_state
+from blutensor.threads import get_num_threads, set_num_threads
 
 bool = bool_  # noqa: A001 - PyTorch's name for the dtype
 long = int64
@@ -124,4 +125,5 @@ __all__ = [
     "stack", "std", "sub", "sum", "tanh", "tensor", "transpose", "tril", "triu", "uint16", "unsqueeze",
     "are_deterministic_algorithms_enabled", "use_deterministic_algorithms",
     "var", "where", "zeros", "zeros_like",
+    "get_num_threads", "set_num_threads",
 ]

@@ -1,0 +1,56 @@
+"""Threaded host GEMM: ``a @ b`` split into row blocks, one per thread, each a single-threaded BLAS call.
+
+The BLAS library itself runs single-threaded (``blutensor.threads`` limits it to 1): its own worker threads
+busy-wait after every call and would take the cores from the compiled kernels that run between GEMMs (on two
+cores a two-thread LayerNorm then ran slower than a one-thread one). Here the blocks run on a pool of
+``get_num_threads() - 1`` Python threads plus the caller (NumPy releases the GIL inside BLAS), and idle
+workers sleep. Each output row is computed by one BLAS call whatever the split, so results equal
+``np.matmul``'s for the same shapes; the split depends only on the thread count.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+#: below this many multiply-adds a GEMM runs in one call (the hand-off costs ~10-20 us)
+MIN_MACS = 1 << 19
+_ROW_ALIGN = 16
+_pool: list = []  # [(threads, executor)]
+_lock = threading.Lock()
+_SPLIT = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _executor(n: int) -> ThreadPoolExecutor:
+    if _pool and _pool[0][0] == n:
+        return _pool[0][1]
+    with _lock:
+        if _pool:
+            _pool[0][1].shutdown(wait=False)
+        ex = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="blutensor-gemm")
+        _pool[:] = [(n, ex)]
+    return ex
+
+
+def matmul(a, b, threads: int):
+    """``np.matmul(a, b)`` for 2-D operands, row blocks on ``threads`` threads (others: one call)."""
+    if threads <= 1 or a.ndim != 2 or b.ndim != 2 or a.dtype not in _SPLIT or b.dtype != a.dtype:
+        return np.matmul(a, b)
+    M, K = a.shape
+    N = b.shape[1]
+    if M * K * N < MIN_MACS or M < 2 * _ROW_ALIGN or K != b.shape[0]:
+        return np.matmul(a, b)
+    parts = min(threads, M // _ROW_ALIGN)
+    step = -(-M // parts)
+    step = -(-step // _ROW_ALIGN) * _ROW_ALIGN
+    out = np.empty((M, N), a.dtype)
+    bounds = [(r, min(r + step, M)) for r in range(0, M, step)]
+    ex = _executor(threads)
+    futs = [ex.submit(np.matmul, a[r0:r1], b, out=out[r0:r1]) for r0, r1 in bounds[1:]]
+    r0, r1 = bounds[0]
+    np.matmul(a[r0:r1], b, out=out[r0:r1])
+    for f in futs:
+        f.result()
+    return out
