@@ -4,6 +4,7 @@
 """
 
 from blutensor import (  # noqa: E402,F401
+    cpu_ops,  # compiled CPU kernels: status() says whether they are in use (nothing is built at import)
     cuda,  # noqa: F401
     nn,
     optim,
