@@ -253,8 +253,12 @@ def test_threaded_host_gemm_matches_numpy():
         got = matmul(a, b, n)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(got, matmul(a, b, n))
-    gt = matmul(f32(64, 600).T, f32(64, 300), 2)  # a transposed view (the weight gradient's layout)
-    assert gt.shape == (600, 300)
+    x, y = f32(64, 600), f32(64, 300)
+    np.testing.assert_array_equal(matmul(x.T, y, 2), x.T @ y)  # a transposed view (the weight gradient's layout)
+    p, q, w = f32(6, 3, 70, 40), f32(6, 3, 40, 50), f32(40, 50)
+    for a, b in ((p, q), (p, w), (p, q.swapaxes(-1, -2).copy().swapaxes(-1, -2))):
+        np.testing.assert_allclose(matmul(a, b, 2), np.matmul(a.astype(np.float64), b.astype(np.float64)),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:

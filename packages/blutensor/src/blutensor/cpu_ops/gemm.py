@@ -34,9 +34,30 @@ def _executor(n: int) -> ThreadPoolExecutor:
     return ex
 
 
+def _batched(a, b, threads: int):
+    """Batched ``a @ b`` split along the leading batch dim (``b`` 2-D or with the same leading dim)."""
+    Bn = a.shape[0]
+    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = np.empty((*lead, a.shape[-2], b.shape[-1]), a.dtype)
+    step = -(-Bn // min(threads, Bn))
+    ex = _executor(threads)
+    futs = [ex.submit(np.matmul, a[i:i + step], b if b.ndim == 2 else b[i:i + step], out=out[i:i + step])
+            for i in range(step, Bn, step)]
+    np.matmul(a[:step], b if b.ndim == 2 else b[:step], out=out[:step])
+    for f in futs:
+        f.result()
+    return out
+
+
 def matmul(a, b, threads: int):
-    """``np.matmul(a, b)`` for 2-D operands, row blocks on ``threads`` threads (others: one call)."""
-    if threads <= 1 or a.ndim != 2 or b.ndim != 2 or a.dtype not in _SPLIT or b.dtype != a.dtype:
+    """``np.matmul(a, b)``: 2-D operands in row blocks, batched ones in batch blocks, on ``threads`` threads
+    (small or other products: one call)."""
+    if threads <= 1 or a.ndim < 2 or b.ndim < 2 or a.dtype not in _SPLIT or b.dtype != a.dtype:
+        return np.matmul(a, b)
+    if a.ndim >= 3 or b.ndim >= 3:
+        if (a.ndim >= 3 and a.shape[0] >= 2 and a.shape[-1] == b.shape[-2] and a.size * b.shape[-1] >= MIN_MACS
+                and (b.ndim == 2 or (b.ndim == a.ndim and b.shape[0] == a.shape[0]))):
+            return _batched(a, b, threads)
         return np.matmul(a, b)
     M, K = a.shape
     N = b.shape[1]
