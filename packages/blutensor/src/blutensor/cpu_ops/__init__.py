@@ -14,6 +14,8 @@ selects the reference as for any kernel plugin. Thread count: :func:`blutensor.s
 
 from __future__ import annotations
 
+import contextlib
+
 
 def kernel_classes() -> list[type]:
     """The CPU op kernel classes (importing them builds nothing: the library is built at the first call)."""
@@ -34,3 +36,19 @@ def status() -> dict:
     from blutensor.cpu_ops._build import status as st
 
     return st()
+
+
+@contextlib.contextmanager
+def reference_kernels():
+    """Run the NumPy reference kernels (and unsplit single-thread host GEMMs) inside the block, whatever is
+    installed: for comparing against the reference bit for bit (blucompiler's interpreter, a new kernel)."""
+    from blutensor.cpu_ops import _build
+    from blutensor.ops import linalg
+
+    _build._reference_depth[0] += 1
+    threads, linalg._threads[0] = linalg._threads[0], 1
+    try:
+        yield
+    finally:
+        _build._reference_depth[0] -= 1
+        linalg._threads[0] = threads

@@ -134,8 +134,14 @@ def _load():
     return lib, None
 
 
+#: > 0 inside cpu_ops.reference_kernels(): lib() answers None (the NumPy references run)
+_reference_depth = [0]
+
+
 def lib():
     """The loaded kernel library (built on first call), or None when the NumPy references must run."""
+    if _reference_depth[0]:
+        return None
     if "lib" in _state:
         return _state["lib"]
     with _lock:

@@ -1,8 +1,9 @@
 """CPU op kernel classes over kernels.c: gelu, layer_norm, cross_entropy, embedding, sdpa (float32).
 
 Each class subclasses the built-in op's kernel (same dispatch flags), serves backend 'cpu' at PRIORITY 10 and
-runs the NumPy reference (``blutensor.ops.nn_ops``) for calls the compiled kernel does not cover and when the
-library is unavailable; ``ctx.ref`` records which of the two ran so backward matches forward.
+runs the NumPy reference (the built-in op's kernel, ``blutensor.ops.nn_ops``; looked up at each call, so a tracer
+that substitutes it, blucompiler's, is followed) for calls the compiled kernel does not cover and when the library
+is unavailable; ``ctx.ref`` records which of the two ran so backward matches forward.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import math
 import numpy as np
 
 from blutensor.cpu_ops._build import lib as _lib
-from blutensor.ops import nn_ops
 from blutensor.ops.table import OPS
 
 _F32 = np.dtype(np.float32)
@@ -27,6 +27,11 @@ def _ref(ctx) -> bool:
     return getattr(ctx, "ref", False)
 
 
+def _host(*arrays) -> bool:
+    """All given arrays are NumPy arrays (a tracer's array-likes, blucompiler's, take the reference path)."""
+    return all(a is None or type(a) is np.ndarray for a in arrays)
+
+
 class GeluCpu(OPS["gelu"]):
     """tanh-GELU: y and dx in one pass each, gelu' recomputed from x (the erf form runs the reference)."""
 
@@ -38,9 +43,9 @@ class GeluCpu(OPS["gelu"]):
     @staticmethod
     def forward(ctx, x, approximate="none"):
         lib = _lib()
-        if lib is None or approximate != "tanh" or x.dtype != _F32:
+        if lib is None or approximate != "tanh" or not _host(x) or x.dtype != _F32:
             ctx.ref = True
-            return nn_ops.gelu_forward(ctx, x, approximate=approximate)
+            return OPS["gelu"].forward(ctx, x, approximate=approximate)
         x = _c(x)
         y = np.empty_like(x)
         lib.blu_gelu_tanh_forward(x.ctypes.data, y.ctypes.data, x.size)
@@ -50,7 +55,7 @@ class GeluCpu(OPS["gelu"]):
     @staticmethod
     def backward(ctx, g):
         if _ref(ctx):
-            return nn_ops.gelu_backward(ctx, g)
+            return OPS["gelu"].backward(ctx, g)
         (x,) = ctx.saved
         g = _c(g.astype(_F32, copy=False))
         dx = np.empty_like(x)
@@ -75,10 +80,11 @@ class LayerNormCpu(OPS["layer_norm"]):
         lib = _lib()
         ns = tuple(normalized_shape)
         C = x.shape[-1] if x.ndim else 0
-        if (lib is None or len(ns) != 1 or ns[0] != C or x.dtype != _F32 or x.size == 0 or not _vec(w, C)
+        if (lib is None or not _host(x, w, b) or len(ns) != 1 or ns[0] != C or x.dtype != _F32 or x.size == 0
+                or not _vec(w, C)
                 or not _vec(b, C)):
             ctx.ref = True
-            return nn_ops.layer_norm_forward(ctx, x, w, b, normalized_shape=normalized_shape, eps=eps)
+            return OPS["layer_norm"].forward(ctx, x, w, b, normalized_shape=normalized_shape, eps=eps)
         x = _c(x)
         w = None if w is None else _c(w)
         b = None if b is None else _c(b)
@@ -95,7 +101,7 @@ class LayerNormCpu(OPS["layer_norm"]):
     @staticmethod
     def backward(ctx, g):
         if _ref(ctx):
-            return nn_ops.layer_norm_backward(ctx, g)
+            return OPS["layer_norm"].backward(ctx, g)
         x, w, has_b, mean, rstd = ctx.saved
         needs = ctx.needs
         C = x.shape[-1]
@@ -124,7 +130,8 @@ class CrossEntropyCpu(OPS["cross_entropy"]):
     @staticmethod
     def forward(ctx, logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
         lib = _lib()
-        ok = (lib is not None and logits.dtype == _F32 and logits.ndim >= 1 and logits.size > 0
+        ok = (lib is not None and _host(logits, target) and logits.dtype == _F32 and logits.ndim >= 1
+              and logits.size > 0
               and getattr(target, "shape", None) == logits.shape[:-1] and reduction in ("mean", "sum", "none")
               and getattr(target, "dtype", _F32).kind in "iu" and isinstance(ignore_index, int))
         if ok:
@@ -134,7 +141,7 @@ class CrossEntropyCpu(OPS["cross_entropy"]):
             ok = not bool((((t < 0) | (t >= C)) & valid).any())
         if not ok:  # the reference serves the rest and names bad shapes, reductions and targets
             ctx.ref = True
-            return nn_ops.cross_entropy_forward(ctx, logits, target, ignore_index=ignore_index, reduction=reduction,
+            return OPS["cross_entropy"].forward(ctx, logits, target, ignore_index=ignore_index, reduction=reduction,
                                                 label_smoothing=label_smoothing)
         z = _c(logits.reshape(-1, C))
         N = z.shape[0]
@@ -155,7 +162,7 @@ class CrossEntropyCpu(OPS["cross_entropy"]):
     @staticmethod
     def backward(ctx, g):
         if _ref(ctx):
-            return nn_ops.cross_entropy_backward(ctx, g)
+            return OPS["cross_entropy"].backward(ctx, g)
         z, t, lse, count, reduction, shape, ignore_index, ls = ctx.saved
         N, C = z.shape
         if reduction == "none":
@@ -180,14 +187,15 @@ class EmbeddingCpu(OPS["embedding"]):
 
     @staticmethod
     def forward(ctx, idx, weight):
-        out = nn_ops.embedding_forward(ctx, idx, weight)  # range check and gather
-        ctx.ref = _lib() is None or weight.dtype != _F32 or weight.ndim != 2 or idx.dtype.kind not in "iu"
+        out = OPS["embedding"].forward(ctx, idx, weight)  # range check and gather
+        ctx.ref = (_lib() is None or not _host(idx, weight) or weight.dtype != _F32 or weight.ndim != 2
+                   or idx.dtype.kind not in "iu")
         return out
 
     @staticmethod
     def backward(ctx, g):
         if _ref(ctx):
-            return nn_ops.embedding_backward(ctx, g)
+            return OPS["embedding"].backward(ctx, g)
         idx, wshape = ctx.saved
         V, D = wshape
         i = _c(idx.reshape(-1).astype(np.int64, copy=False))
@@ -209,12 +217,13 @@ class SdpaCpu(OPS["sdpa"]):
     @staticmethod
     def forward(ctx, q, k, v, mask=None, scale=None, is_causal=False, dropout_p=0.0, seed=0, offset=0):
         lib = _lib()
-        ok = (lib is not None and mask is None and not dropout_p and q.ndim >= 2 and q.ndim == k.ndim == v.ndim
+        ok = (lib is not None and mask is None and not dropout_p and _host(q, k, v) and q.ndim >= 2
+              and q.ndim == k.ndim == v.ndim
               and q.dtype == k.dtype == v.dtype == _F32 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
               and q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2] and q.size and k.size and v.size)
         if not ok:
             ctx.ref = True
-            return nn_ops.sdpa_forward(ctx, q, k, v, mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p,
+            return OPS["sdpa"].forward(ctx, q, k, v, mask, scale=scale, is_causal=is_causal, dropout_p=dropout_p,
                                        seed=seed, offset=offset)
         q, k, v = _c(q), _c(k), _c(v)
         L, E = q.shape[-2:]
@@ -231,7 +240,7 @@ class SdpaCpu(OPS["sdpa"]):
     @staticmethod
     def backward(ctx, g):
         if _ref(ctx):
-            return nn_ops.sdpa_backward(ctx, g)
+            return OPS["sdpa"].backward(ctx, g)
         q, k, v, o, lse, sc, causal = ctx.saved
         L, E = q.shape[-2:]
         S, Ev = v.shape[-2:]
