@@ -262,7 +262,7 @@ def test_threaded_host_gemm_matches_numpy():
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **env})
 
 
@@ -298,3 +298,21 @@ def test_the_library_is_built_once_into_the_cache(tmp_path):
     assert first.stdout.split() == ["True", "True"], first.stderr
     assert second.stdout.split() == ["True", "False"], second.stderr  # loaded from the cache, not rebuilt
     assert len(list(tmp_path.glob("blu_cpu_*.so"))) == 1
+
+
+FORK = """
+import os, numpy as np, blutensor as bt, blutensor.nn.functional as F
+bt.set_num_threads(2)
+x = bt.tensor(np.random.default_rng(0).standard_normal((1024, 512)).astype(np.float32))
+want = F.gelu(x, approximate="tanh").numpy(), (x @ x.T).numpy()
+pid = os.fork()
+if pid == 0:
+    ok = np.array_equal(F.gelu(x, approximate="tanh").numpy(), want[0]) and np.array_equal((x @ x.T).numpy(), want[1])
+    os._exit(0 if ok else 3)
+print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_forked_child_runs_the_kernels_without_hanging():
+    r = _run(FORK)  # GNU OpenMP cannot restart its pool after fork: the child's kernels run on one thread
+    assert r.returncode == 0 and "child 0" in r.stdout, (r.stdout, r.stderr)

@@ -74,4 +74,4 @@ def _apply(n: int) -> None:
 
     lib = _build._state.get("lib")
     if lib is not None:
-        lib.blu_set_num_threads(n)
+        lib.blu_set_num_threads(_build.omp_threads(n))

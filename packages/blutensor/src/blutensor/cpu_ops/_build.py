@@ -157,8 +157,24 @@ def lib():
                               f"kernels run instead (slower, same results within float32 rounding)",
                               RuntimeWarning, stacklevel=3)
             else:
-                lib_.blu_set_num_threads(threads.get_num_threads())
+                lib_.blu_set_num_threads(omp_threads(threads.get_num_threads()))
     return _state["lib"]
+
+
+def omp_threads(n: int) -> int:
+    """OpenMP threads for a setting of ``n``: 1 in a process forked after the library loaded (GNU OpenMP cannot
+    restart its thread pool in a forked child: its first parallel region would hang)."""
+    return 1 if _state.get("forked") else n
+
+
+def _after_fork_in_child() -> None:
+    lib_ = _state.get("lib")
+    if lib_ is not None:
+        _state["forked"] = True
+        lib_.blu_set_num_threads(1)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def status() -> dict:

@@ -10,6 +10,7 @@ workers sleep. Each output row is computed by one BLAS call whatever the split, 
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,19 +19,21 @@ import numpy as np
 #: below this many multiply-adds a GEMM runs in one call (the hand-off costs ~10-20 us)
 MIN_MACS = 1 << 19
 _ROW_ALIGN = 16
-_pool: list = []  # [(threads, executor)]
+_pool: list = []  # [(threads, pid, executor)]
 _lock = threading.Lock()
 _SPLIT = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _executor(n: int) -> ThreadPoolExecutor:
-    if _pool and _pool[0][0] == n:
-        return _pool[0][1]
+    """The worker pool for ``n`` threads, made again after a fork (a forked child has none of the threads)."""
+    pid = os.getpid()
+    if _pool and _pool[0][:2] == (n, pid):
+        return _pool[0][2]
     with _lock:
-        if _pool:
-            _pool[0][1].shutdown(wait=False)
+        if _pool and _pool[0][1] == pid:
+            _pool[0][2].shutdown(wait=False)
         ex = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="blutensor-gemm")
-        _pool[:] = [(n, ex)]
+        _pool[:] = [(n, pid, ex)]
     return ex
 
 
