@@ -195,9 +195,18 @@ def test_trainer_graph_path_twin_matches_eager_trainer(tmp_path, monkeypatch, pr
     assert {st["step"] for st in tr.optimizer.state.values()} == {6}
 
 
+@pytest.fixture
+def _reference_cpu_kernels():
+    with bt.cpu_ops.reference_kernels():
+        yield
+
+
+@pytest.mark.usefixtures("_reference_cpu_kernels")
 def test_graphed_step_twin_bf16_autocast_equals_eager():
     """bf16 autocast step (forward + loss under bt.autocast('cpu')) through the graph body == eager (the CPU
-    twin's AdamW reads lr as float32 from the 'device' table: 2e-6, as the fp32 twin)."""
+    twin's AdamW reads lr as float32 from the 'device' table: 2e-6, as the fp32 twin). On blutensor's NumPy
+    reference kernels: the k part of c_attn.bias has no true gradient, AdamW turns its rounding noise into
+    lr-sized steps, and the float32-lr differences change that noise more on the compiled CPU kernels."""
     def eager(model, opt, x, y, s):
         for g in opt.param_groups:
             g["lr"] = SCHED[s]
@@ -228,10 +237,8 @@ def test_graphed_step_twin_bf16_autocast_equals_eager():
         losses.append(float(loss))
         assert not bt.is_autocast_enabled("cpu") and bt.amp.cache_info()["entries"] == 0  # cache left empty
     np.testing.assert_allclose(losses, ref, rtol=0, atol=2e-6)
-    # weights: 4e-6; the float32-lr AdamW differences (~1e-7) now and then flip a bf16 rounding of the compiled CPU
-    # kernels' activations, which moves a few weights by up to 2.8e-6 after 14 steps (2e-6 on the NumPy references)
     for (n, p), q in zip(m.named_parameters(), ref_m.parameters()):
-        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=0, atol=4e-6, err_msg=n)
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=0, atol=2e-6, err_msg=n)
 
 
 def test_static_grads_are_disjoint_aligned_views_of_one_buffer():
