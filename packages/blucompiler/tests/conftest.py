@@ -23,3 +23,13 @@ def pytest_collection_modifyitems(config, items):
     for it in items:
         if "cuda" in it.keywords:
             it.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _reference_cpu_kernels():
+    """Eager steps run blutensor's NumPy reference kernels, the semantics the compiler lowers: the tests compare
+    compiled and eager results bit for bit."""
+    import blutensor as bt
+
+    with bt.cpu_ops.reference_kernels():
+        yield

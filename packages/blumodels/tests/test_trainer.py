@@ -217,3 +217,23 @@ def test_deterministic_key_sets_the_switch(tmp_path):
             from_dict({"train": {"deterministic": "sometimes"}})
     finally:
         bt.use_deterministic_algorithms(False)
+
+
+def test_threads_key_sets_the_cpu_threads(tmp_path):
+    """train.threads reaches bt.set_num_threads; 0 keeps blutensor's default; a negative count is refused by name."""
+    import blutensor as bt
+    from blumodels.config import ConfigError, from_dict
+
+    before = bt.get_num_threads()
+    try:
+        tr = Trainer(micro_config(steps=1, threads=1), tmp_path / "a", quiet=True)
+        assert bt.get_num_threads() == 1
+        tr.close()
+        bt.set_num_threads(3)  # as a launcher would: train.threads = 0 keeps it
+        tr = Trainer(micro_config(steps=1), tmp_path / "b", quiet=True)
+        assert bt.get_num_threads() == 3
+        tr.close()
+        with pytest.raises(ConfigError, match=r"train\.threads"):
+            from_dict({"train": {"threads": -2}}).validate()
+    finally:
+        bt.set_num_threads(before)

@@ -111,7 +111,7 @@ def test_kernel_classes_win_dispatch_on_cuda_only():
     for op in ("layer_norm", "gelu", "cross_entropy", "embedding", "sdpa"):
         for dt in ("float32", "bfloat16"):
             assert resolve(op, "cuda", dt).PLUGIN_NAME == f"blutensor.cuda.{op}"
-        assert resolve(op, "cpu", "float32").PLUGIN_NAME == f"blutensor.{op}"
+        assert resolve(op, "cpu", "float32").PLUGIN_NAME == f"blutensor.cpu.{op}"  # compiled CPU kernel (test_cpu_ops)
         assert resolve(op, "cuda", "float64").PLUGIN_NAME == f"blutensor.{op}"
 
 

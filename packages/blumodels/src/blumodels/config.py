@@ -171,6 +171,7 @@ class TrainConfig:
     deterministic: bool = False  # bitwise-repeatable kernels only (bt.use_deterministic_algorithms), e.g. for
     # bit-exact resume in tf32; off: faster paths whose last bits vary (the fused attention backward's atomic dQ)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    threads: int = 0  # CPU threads for GEMMs and kernels (bt.set_num_threads); 0 = usable cores / ranks per node
     world_size: int = 1
     fused_adamw: bool = True  # on CUDA: one multi-tensor AdamW launch per step (blutensor's fused path)
     activation_checkpointing: bool = False  # recompute each block in backward (keeps only block inputs)

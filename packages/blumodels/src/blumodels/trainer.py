@@ -247,6 +247,9 @@ class Trainer:
             raise ConfigError(f"train.cuda_graph = true needs a CUDA device; train.device={cfg.train.device!r} "
                               f"resolved to {self.device!r} (set train.cuda_graph = false or \"auto\" on CPU)")
         bt.use_deterministic_algorithms(bool(cfg.train.deterministic))
+        # CPU threads (GEMM row blocks and the compiled kernels): train.threads, else blutensor's default (an
+        # earlier bt.set_num_threads call by a launcher, or the usable cores divided by the ranks on this node)
+        bt.set_num_threads(cfg.train.threads or bt.get_num_threads())
         if self.device.startswith("cuda"):
             bt.set_matmul_precision(cfg.train.precision)
             from blutensor.gemm import set_fp32_gemm

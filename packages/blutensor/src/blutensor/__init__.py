@@ -4,6 +4,7 @@
 """
 
 from blutensor import (  # noqa: E402,F401
+    cpu_ops,  # compiled CPU kernels: status() says whether they are in use (nothing is built at import)
     cuda,  # noqa: F401
     nn,
     optim,
@@ -149,6 +150,7 @@ from blutensor.gemm import (
 from blutensor.random import Generator, get_rng_state, initial_seed, manual_seed, randperm, set_rng_state
 from blutensor.reshaping import diagonal, t  # noqa: E402
 from blutensor.serialization import load, save
+from blutensor.threads import get_num_threads, set_num_threads
 
 bool = bool_  # noqa: A001 - PyTorch's name for the dtype
 long = int64
@@ -181,4 +183,5 @@ __all__ = [
     "logcumsumexp", "logsumexp", "meshgrid", "movedim", "multinomial", "prod", "promote_types", "remainder",
     "repeat_interleave", "result_type", "roll", "scatter", "scatter_add", "sort", "t", "take_along_dim", "topk",
     "tril_indices", "triu_indices", "true_divide", "unbind",
+    "get_num_threads", "set_num_threads",
 ]

@@ -36,12 +36,13 @@ def blutrain_register_backends():
 
 @hookimpl
 def blutrain_register_kernels():
+    from blutensor.cpu_ops import kernel_classes as cpu_kernel_classes
     from blutensor.cuda_ops import bf16_kernel_classes, kernel_classes
     from blutensor.ops.table import builtin_kernels
 
     # the CUDA classes import no CuPy and serve only backend 'cuda': registered everywhere, so the
     # kernel set (and `blutrain plugins`) is the same on a CPU-only install
-    return builtin_kernels() + kernel_classes() + bf16_kernel_classes()
+    return builtin_kernels() + cpu_kernel_classes() + kernel_classes() + bf16_kernel_classes()
 
 
 @hookimpl

@@ -10,11 +10,21 @@ from blutensor.ops._util import unbroadcast
 
 def gemm(a, b):
     """a @ b on NumPy, or through the selected GEMM provider on CUDA."""
-    if type(a) is np.ndarray:
-        return np.matmul(a, b)
+    if type(a) is np.ndarray:  # host: row blocks on the CPU threads (blutensor.threads)
+        return _host_matmul(a, b, _threads[0]) if _threads[0] > 1 else np.matmul(a, b)
     from blutensor.gemm import cuda_matmul
 
     return cuda_matmul(a, b)
+
+
+def _host_matmul(a, b, n):
+    from blutensor.cpu_ops.gemm import matmul
+
+    return matmul(a, b, n)
+
+
+#: the host GEMM thread count, kept current by blutensor.threads (read on every host GEMM)
+_threads = [1]
 
 
 def matmul_forward(ctx, a, b):

@@ -42,6 +42,23 @@ def _fused_cuda(params, max_norm: float):
     return clip_grads_([g._data for g in grads], float(max_norm))
 
 
+def _fused_cpu(params, max_norm: float):
+    """The norm (0-d fp32 array) after clipping through the compiled CPU kernels (cpu_ops/optim.py), or None
+    when the gradients are not all contiguous fp32 host arrays (or the kernels are unavailable)."""
+    if any(p.grad.device.type != "cpu" or p.grad.dtype.name != "float32" for p in params):
+        return None
+    from blutensor.cpu_ops.optim import clip_grads_
+
+    r = clip_grads_([p.grad._data for p in params], max_norm)
+    if r is None:
+        return None
+    total, scaled = r
+    if scaled:
+        for p in params:
+            p.grad._version.v += 1
+    return total
+
+
 @no_grad()
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                     foreach: bool | None = None):
@@ -73,7 +90,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         for p in params:
             p.grad._version.v += 1
     else:
-        total = _generic(params, float(max_norm), p_)
+        total = _fused_cpu(params, float(max_norm)) if p_ == 2.0 else None
+        if total is None:
+            total = _generic(params, float(max_norm), p_)
     if error_if_nonfinite:
         tnorm = float(total)  # the one host read, only when asked for
         if not math.isfinite(tnorm):

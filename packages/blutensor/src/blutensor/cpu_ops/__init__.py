@@ -1,0 +1,54 @@
+"""Compiled CPU kernels of the training step (``kernels.c``), the CPU counterpart of ``cuda_ops``.
+
+Fused and threaded the way the CUDA kernels are, float32 throughout: tanh-GELU forward/backward (also the
+recompute of GPT-2's GELU + c_proj), LayerNorm forward/backward (dweight/dbias from fixed row blocks), softmax
+cross-entropy whose backward writes the logits gradient in one pass, flash-style attention (one score row at a
+time, log-sum-exp saved, no L x S buffer), embedding backward, AdamW and the gradient norm over all parameters.
+
+The C source is compiled at first use with the system C compiler and cached (``_build``). The NumPy kernels in
+``blutensor.ops`` stay the reference: every kernel here is tested against them, calls these kernels do not cover
+(other dtypes, masks, dropout, the erf GELU) run them, and they run everywhere when the library cannot be built
+(``BLUTRAIN_CPU_KERNELS=0`` forces that; a warning says so once). Per op, ``BLUTRAIN_KERNELS=gelu=blutensor.gelu``
+selects the reference as for any kernel plugin. Thread count: :func:`blutensor.set_num_threads`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+def kernel_classes() -> list[type]:
+    """The CPU op kernel classes (importing them builds nothing: the library is built at the first call)."""
+    from blutensor.cpu_ops.nn import CrossEntropyCpu, EmbeddingCpu, GeluCpu, LayerNormCpu, SdpaCpu
+
+    return [GeluCpu, LayerNormCpu, CrossEntropyCpu, EmbeddingCpu, SdpaCpu]
+
+
+def available() -> bool:
+    """True when the compiled kernels are in use (building them on the first call if needed)."""
+    from blutensor.cpu_ops._build import lib
+
+    return lib() is not None
+
+
+def status() -> dict:
+    """``available``, ``reason`` (why not), ``path`` of the cached library, ``build_s`` (None: loaded from cache)."""
+    from blutensor.cpu_ops._build import status as st
+
+    return st()
+
+
+@contextlib.contextmanager
+def reference_kernels():
+    """Run the NumPy reference kernels (and unsplit single-thread host GEMMs) inside the block, whatever is
+    installed: for comparing against the reference bit for bit (blucompiler's interpreter, a new kernel)."""
+    from blutensor.cpu_ops import _build
+    from blutensor.ops import linalg
+
+    _build._reference_depth[0] += 1
+    threads, linalg._threads[0] = linalg._threads[0], 1
+    try:
+        yield
+    finally:
+        _build._reference_depth[0] -= 1
+        linalg._threads[0] = threads

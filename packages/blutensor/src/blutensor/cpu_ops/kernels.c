@@ -1,0 +1,520 @@
+/* blutensor CPU kernels of the training step: float32, vectorised by the compiler, threaded with OpenMP.
+ *
+ * Built by cpu_ops/_build.py at first use (cc -O3 -march=native -fopenmp -ffp-contract=off) and cached.
+ * Every kernel has a NumPy reference in blutensor.ops (nn_ops, optim) and a test against it.
+ *
+ * Determinism: elementwise and per-row work is independent of the thread count; reductions across rows
+ * (LayerNorm weight/bias gradients, gradient norms) sum fixed-size blocks, then the blocks in index order,
+ * so results do not depend on how many threads ran (nor on scheduling).
+ *
+ * Vectorisation without -ffast-math: sums use explicit lanes (acc[LANES]) combined in a fixed order, and exp
+ * is a polynomial (blu_exp) the compiler vectorises; NaN propagates through it.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#define LANES 16
+
+void blu_set_num_threads(int n) { omp_set_num_threads(n > 0 ? n : 1); }
+int blu_get_num_threads(void) { return omp_get_max_threads(); }
+
+/* exp(x) for float32: Cephes range reduction + degree-6 polynomial, ~1 ulp; NaN in, NaN out. */
+static inline float blu_exp(float x) {
+    float xc = x > 88.3762626647949f ? 88.3762626647949f : x;
+    xc = xc < -87.33654475f ? -87.33654475f : xc;
+    float fx = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rint by 1.5 * 2^23 (vectorises) */
+    float r = xc - fx * 0.693359375f;
+    r = r + fx * 2.12194440e-4f;
+    float z = r * r;
+    float y = 1.9875691500E-4f;
+    y = y * r + 1.3981999507E-3f;
+    y = y * r + 8.3334519073E-3f;
+    y = y * r + 4.1665795894E-2f;
+    y = y * r + 1.6666665459E-1f;
+    y = y * r + 5.0000001201E-1f;
+    y = y * z + r + 1.0f;
+    int32_t n = (int32_t)fx + 127;
+    union { int32_t i; float f; } u;
+    u.i = n << 23;
+    return y * u.f;
+}
+
+static inline float blu_tanh(float u) { return 1.0f - 2.0f / (blu_exp(2.0f * u) + 1.0f); }
+
+static inline float lane_sum(const float *acc) {
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
+
+static inline float row_sum(const float *x, long n) {
+    float acc[LANES] = {0};
+    long j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += x[j + l];
+    float s = lane_sum(acc);
+    for (; j < n; j++) s += x[j];
+    return s;
+}
+
+static inline float row_dot(const float *a, const float *b, long n) {
+    float acc[LANES] = {0};
+    long j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[j + l] * b[j + l];
+    float s = lane_sum(acc);
+    for (; j < n; j++) s += a[j] * b[j];
+    return s;
+}
+
+static inline float row_max(const float *x, long n, int *nan) {
+    float acc[LANES];
+    int bad = 0;
+    for (int l = 0; l < LANES; l++) acc[l] = -INFINITY;
+    long j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float v = x[j + l];
+            bad |= v != v;
+            acc[l] = v > acc[l] ? v : acc[l];
+        }
+    float m = -INFINITY;
+    for (int l = 0; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+    for (; j < n; j++) {
+        bad |= x[j] != x[j];
+        m = x[j] > m ? x[j] : m;
+    }
+    *nan = bad;
+    return m;
+}
+
+/* ---------------------------------------------------------------- GELU (tanh approximation) */
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K 0.044715f
+#define CHUNK 4096
+
+void blu_gelu_tanh_forward(const float *x, float *y, long n) {
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < n; c += CHUNK) {
+        long e = c + CHUNK < n ? c + CHUNK : n;
+        for (long i = c; i < e; i++) {
+            float v = x[i];
+            float t = blu_tanh(GELU_C * (v + GELU_K * v * v * v));
+            y[i] = 0.5f * v * (1.0f + t);
+        }
+    }
+}
+
+void blu_gelu_tanh_backward(const float *g, const float *x, float *dx, long n) {
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < n; c += CHUNK) {
+        long e = c + CHUNK < n ? c + CHUNK : n;
+        for (long i = c; i < e; i++) {
+            float v = x[i];
+            float t = blu_tanh(GELU_C * (v + GELU_K * v * v * v));
+            float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_K * v * v);
+            dx[i] = g[i] * d;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- LayerNorm over the last dim */
+void blu_layer_norm_forward(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+                            long N, long C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *xr = x + r * C;
+        float *yr = y + r * C;
+        float mu = row_sum(xr, C) / (float)C;
+        float acc[LANES] = {0};
+        long j = 0;
+        for (; j + LANES <= C; j += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float d = xr[j + l] - mu;
+                acc[l] += d * d;
+            }
+        float var = lane_sum(acc);
+        for (; j < C; j++) var += (xr[j] - mu) * (xr[j] - mu);
+        float rs = 1.0f / sqrtf(var / (float)C + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        if (w && b)
+            for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs * w[j] + b[j];
+        else if (w)
+            for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs * w[j];
+        else if (b)
+            for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs + b[j];
+        else
+            for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs;
+    }
+}
+
+#define LN_BLOCK 32 /* rows per partial sum of dweight/dbias */
+
+/* gx (may be NULL), and per-block partials part[nblk][2][C] of dweight (g * xhat) and dbias (g), then
+ * dw/db (may be NULL) summed over the blocks in order. */
+void blu_layer_norm_backward(const float *g, const float *x, const float *w, const float *mean, const float *rstd,
+                             float *gx, float *part, float *dw, float *db, long N, long C) {
+    long nblk = (N + LN_BLOCK - 1) / LN_BLOCK;
+    int want_p = dw != NULL || db != NULL;
+#pragma omp parallel
+    {
+        float *buf = (float *)malloc(sizeof(float) * (size_t)(2 * C));
+#pragma omp for schedule(static)
+        for (long k = 0; k < nblk; k++) {
+            float *pw = part + k * 2 * C, *pb = pw + C;
+            if (want_p)
+                for (long j = 0; j < 2 * C; j++) pw[j] = 0.0f;
+            long r1 = (k + 1) * LN_BLOCK < N ? (k + 1) * LN_BLOCK : N;
+            for (long r = k * LN_BLOCK; r < r1; r++) {
+                const float *gr = g + r * C, *xr = x + r * C;
+                float mu = mean[r], rs = rstd[r];
+                float *xh = buf, *gh = buf + C;
+                for (long j = 0; j < C; j++) {
+                    xh[j] = (xr[j] - mu) * rs;
+                    gh[j] = w ? gr[j] * w[j] : gr[j];
+                }
+                if (want_p)
+                    for (long j = 0; j < C; j++) {
+                        pw[j] += gr[j] * xh[j];
+                        pb[j] += gr[j];
+                    }
+                if (gx) {
+                    float a = row_sum(gh, C) / (float)C;
+                    float bb = row_dot(gh, xh, C) / (float)C;
+                    float *o = gx + r * C;
+                    for (long j = 0; j < C; j++) o[j] = rs * (gh[j] - a - xh[j] * bb);
+                }
+            }
+        }
+        free(buf);
+    }
+    if (!want_p) return;
+#pragma omp parallel for schedule(static)
+    for (long j = 0; j < C; j++) {
+        float sw = 0.0f, sb = 0.0f;
+        for (long k = 0; k < nblk; k++) {
+            sw += part[k * 2 * C + j];
+            sb += part[k * 2 * C + C + j];
+        }
+        if (dw) dw[j] = sw;
+        if (db) db[j] = sb;
+    }
+}
+
+/* ---------------------------------------------------------------- softmax cross-entropy (class dim last) */
+/* loss[r] (0 for ignored rows) and lse[r]; label smoothing ls mixes in lse - mean(z). */
+void blu_cross_entropy_forward(const float *z, const int64_t *t, float *loss, float *lse, long N, long C,
+                               int64_t ignore_index, float ls) {
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *zr = z + r * C;
+        int nan;
+        float m = row_max(zr, C, &nan);
+        float acc[LANES] = {0};
+        long j = 0;
+        for (; j + LANES <= C; j += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += blu_exp(zr[j + l] - m);
+        float s = lane_sum(acc);
+        for (; j < C; j++) s += blu_exp(zr[j] - m);
+        float lr = nan ? NAN : m + logf(s);
+        lse[r] = lr;
+        if (t[r] == ignore_index) {
+            loss[r] = 0.0f;
+            continue;
+        }
+        float l = lr - zr[t[r]];
+        if (ls != 0.0f) l = (1.0f - ls) * l + ls * (lr - row_sum(zr, C) / (float)C);
+        loss[r] = l;
+    }
+}
+
+/* dz = (softmax(z) - ls/C - (1-ls) onehot(t)) * scale[r * sstride], 0 for ignored rows: one pass. */
+void blu_cross_entropy_backward(const float *z, const int64_t *t, const float *lse, const float *scale, long sstride,
+                                float *dz, long N, long C, int64_t ignore_index, float ls) {
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *zr = z + r * C;
+        float *o = dz + r * C;
+        if (t[r] == ignore_index) {
+            memset(o, 0, sizeof(float) * (size_t)C);
+            continue;
+        }
+        float sc = scale[r * sstride], lr = lse[r], off = ls / (float)C;
+        for (long j = 0; j < C; j++) o[j] = (blu_exp(zr[j] - lr) - off) * sc;
+        o[t[r]] = (blu_exp(zr[t[r]] - lr) - off - (1.0f - ls)) * sc;
+    }
+}
+
+/* ---------------------------------------------------------------- embedding backward */
+/* gw (V, D) = 0, then gw[idx[n]] += g[n] in token order; threads own column slices (race-free, ordered). */
+void blu_embedding_backward(const int64_t *idx, const float *g, float *gw, long Ntok, long V, long D) {
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        long step = ((D + nt - 1) / nt + 15) / 16 * 16;
+        long c0 = id * step, c1 = c0 + step < D ? c0 + step : D;
+        if (c0 < c1) {
+            for (long v = 0; v < V; v++) memset(gw + v * D + c0, 0, sizeof(float) * (size_t)(c1 - c0));
+            for (long n = 0; n < Ntok; n++) {
+                float *dst = gw + idx[n] * D;
+                const float *src = g + n * D;
+                for (long c = c0; c < c1; c++) dst[c] += src[c];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- flash-style attention */
+/* q (BH, L, E), k (BH, S, E), v (BH, S, Ev) contiguous; o (BH, L, Ev), lse (BH, L) = log sum exp of the
+ * scaled scores. One (batch, head) per task, RB query rows at a time: their scores live in an RB x S buffer
+ * (no L x S matrix); the small products are register-blocked (each loaded vector of K^T / V feeds RB
+ * multiply-adds). causal: key j <= query i. */
+#define RB 8
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+static inline v16 ld16(const float *p) { return *(const v16u *)p; }
+static inline void st16(float *p, v16 x) { *(v16u *)p = x; }
+/* the attention products may use fused multiply-add (the rest of the file rounds every operation) */
+#define CONTRACT __attribute__((optimize("fp-contract=fast")))
+
+/* C[r][c] = sum_k A[r][k] * B[k][c] for r < R, c < N (C overwritten). */
+CONTRACT static void mm_rows(const float *A, long lda, long R, const float *B, long ldb, long K, long N, float *C,
+                             long ldc) {
+    long c = 0;
+    if (R == RB) {
+        for (; c + LANES <= N; c += LANES) {
+            v16 acc[RB];
+            for (int r = 0; r < RB; r++) acc[r] = (v16){0};
+            for (long k = 0; k < K; k++) {
+                v16 b = ld16(B + k * ldb + c);
+                for (int r = 0; r < RB; r++) acc[r] += A[r * lda + k] * b;
+            }
+            for (int r = 0; r < RB; r++) st16(C + r * ldc + c, acc[r]);
+        }
+    }
+    for (long r = 0; r < R; r++) {
+        long c2 = c;
+        for (; c2 + LANES <= N; c2 += LANES) {
+            v16 acc = {0};
+            for (long k = 0; k < K; k++) acc += A[r * lda + k] * ld16(B + k * ldb + c2);
+            st16(C + r * ldc + c2, acc);
+        }
+        for (; c2 < N; c2++) {
+            float s = 0.0f;
+            for (long k = 0; k < K; k++) s += A[r * lda + k] * B[k * ldb + c2];
+            C[r * ldc + c2] = s;
+        }
+    }
+}
+
+/* C[j][c] += sum_r A[r][j] * B[r][c] for j < N, c < D, r < R (the transposed-A update of dK, dV). */
+CONTRACT static void mm_tn_acc(const float *A, long lda, long R, const float *B, long ldb, long N, long D, float *C,
+                               long ldc) {
+    long j = 0;
+    for (; j + 4 <= N; j += 4) {
+        long c = 0;
+        for (; c + LANES <= D; c += LANES) {
+            v16 acc[4];
+            for (int jj = 0; jj < 4; jj++) acc[jj] = ld16(C + (j + jj) * ldc + c);
+            for (long r = 0; r < R; r++) {
+                v16 b = ld16(B + r * ldb + c);
+                for (int jj = 0; jj < 4; jj++) acc[jj] += A[r * lda + j + jj] * b;
+            }
+            for (int jj = 0; jj < 4; jj++) st16(C + (j + jj) * ldc + c, acc[jj]);
+        }
+        for (; c < D; c++)
+            for (int jj = 0; jj < 4; jj++) {
+                float s = C[(j + jj) * ldc + c];
+                for (long r = 0; r < R; r++) s += A[r * lda + j + jj] * B[r * ldb + c];
+                C[(j + jj) * ldc + c] = s;
+            }
+    }
+    for (; j < N; j++)
+        for (long c = 0; c < D; c++) {
+            float s = C[j * ldc + c];
+            for (long r = 0; r < R; r++) s += A[r * lda + j] * B[r * ldb + c];
+            C[j * ldc + c] = s;
+        }
+}
+
+static void transpose(const float *a, float *aT, long R, long Cc) {
+    for (long r = 0; r < R; r++)
+        for (long c = 0; c < Cc; c++) aT[c * R + r] = a[r * Cc + c];
+}
+
+/* keys row i of a block may see: i + 1 (causal) or all S */
+static inline long keys_of(long i, long S, int causal) { return causal ? (i + 1 < S ? i + 1 : S) : S; }
+/* keys a block computes: its last row's, rounded up to whole vectors where the keys exist (extra ones zeroed) */
+static inline long block_keys(long i, long S, int causal) {
+    long n = keys_of(i, S, causal), n16 = (n + LANES - 1) / LANES * LANES;
+    return n16 < S ? n16 : S;
+}
+
+void blu_sdpa_forward(const float *q, const float *k, const float *v, float *o, float *lse, long BH, long L, long S,
+                      long E, long Ev, float scale, int causal) {
+#pragma omp parallel
+    {
+        float *kT = (float *)malloc(sizeof(float) * (size_t)(E * S));
+        float *s = (float *)malloc(sizeof(float) * (size_t)(RB * S));
+#pragma omp for schedule(static)
+        for (long bh = 0; bh < BH; bh++) {
+            const float *qb = q + bh * L * E, *kb = k + bh * S * E, *vb = v + bh * S * Ev;
+            transpose(kb, kT, S, E);
+            for (long i0 = 0; i0 < L; i0 += RB) {
+                long R = L - i0 < RB ? L - i0 : RB;
+                long n = block_keys(i0 + R - 1, S, causal);
+                mm_rows(qb + i0 * E, E, R, kT, S, E, n, s, S);
+                for (long r = 0; r < R; r++) {
+                    float *sr = s + r * S;
+                    long nr = keys_of(i0 + r, S, causal);
+                    for (long j = 0; j < nr; j++) sr[j] *= scale;
+                    int nan;
+                    float m = row_max(sr, nr, &nan);
+                    float acc[LANES] = {0};
+                    long j = 0;
+                    for (; j + LANES <= nr; j += LANES)
+                        for (int l = 0; l < LANES; l++) {
+                            float p = blu_exp(sr[j + l] - m);
+                            sr[j + l] = p;
+                            acc[l] += p;
+                        }
+                    float sum = lane_sum(acc);
+                    for (; j < nr; j++) {
+                        sr[j] = blu_exp(sr[j] - m);
+                        sum += sr[j];
+                    }
+                    float inv = 1.0f / sum;
+                    for (j = 0; j < nr; j++) sr[j] *= inv;
+                    for (; j < n; j++) sr[j] = 0.0f;
+                    lse[bh * L + i0 + r] = nan ? NAN : m + logf(sum);
+                }
+                mm_rows(s, S, R, vb, Ev, n, Ev, o + (bh * L + i0) * Ev, Ev);
+            }
+        }
+        free(kT);
+        free(s);
+    }
+}
+
+/* dq, dk, dv from do, o and lse (probabilities recomputed block by block; dk/dv of a head summed over query
+ * blocks in order by the one task that owns the head). */
+void blu_sdpa_backward(const float *q, const float *k, const float *v, const float *o, const float *go,
+                       const float *lse, float *dq, float *dk, float *dv, long BH, long L, long S, long E, long Ev,
+                       float scale, int causal) {
+#pragma omp parallel
+    {
+        float *kT = (float *)malloc(sizeof(float) * (size_t)(E * S));
+        float *vT = (float *)malloc(sizeof(float) * (size_t)(Ev * S));
+        float *p = (float *)malloc(sizeof(float) * (size_t)(RB * S));
+        float *ds = (float *)malloc(sizeof(float) * (size_t)(RB * S));
+#pragma omp for schedule(static)
+        for (long bh = 0; bh < BH; bh++) {
+            const float *qb = q + bh * L * E, *kb = k + bh * S * E, *vb = v + bh * S * Ev;
+            float *dkb = dk + bh * S * E, *dvb = dv + bh * S * Ev;
+            transpose(kb, kT, S, E);
+            transpose(vb, vT, S, Ev);
+            memset(dkb, 0, sizeof(float) * (size_t)(S * E));
+            memset(dvb, 0, sizeof(float) * (size_t)(S * Ev));
+            for (long i0 = 0; i0 < L; i0 += RB) {
+                long R = L - i0 < RB ? L - i0 : RB;
+                long n = block_keys(i0 + R - 1, S, causal);
+                const float *qi = qb + i0 * E, *gi = go + (bh * L + i0) * Ev;
+                mm_rows(qi, E, R, kT, S, E, n, p, S);
+                mm_rows(gi, Ev, R, vT, S, Ev, n, ds, S); /* dp = do . v^T */
+                for (long r = 0; r < R; r++) {
+                    float *pr = p + r * S, *dr = ds + r * S;
+                    long nr = keys_of(i0 + r, S, causal);
+                    float Di = row_dot(gi + r * Ev, o + (bh * L + i0 + r) * Ev, Ev);
+                    float li = lse[bh * L + i0 + r];
+                    long j = 0;
+                    for (; j < nr; j++) {
+                        float pj = blu_exp(pr[j] * scale - li);
+                        pr[j] = pj;
+                        dr[j] = pj * (dr[j] - Di) * scale;
+                    }
+                    for (; j < n; j++) pr[j] = dr[j] = 0.0f;
+                }
+                mm_rows(ds, S, R, kb, E, n, E, dq + (bh * L + i0) * E, E);
+                mm_tn_acc(ds, S, R, qi, E, n, E, dkb, E);
+                mm_tn_acc(p, S, R, gi, Ev, n, Ev, dvb, Ev);
+            }
+        }
+        free(kT);
+        free(vT);
+        free(p);
+        free(ds);
+    }
+}
+
+/* ---------------------------------------------------------------- AdamW (PyTorch's order of operations) */
+/* The same float32 operations, in the same order, as blutensor.optim.adamw.adamw_update (bit-identical with
+ * -ffp-contract=off); the coefficients come from the caller already rounded to float32. */
+void blu_adamw(float *x, const float *g, float *m, float *v, long n, float decay, float one_m_b1, float b2,
+               float one_m_b2, float bc2_sqrt, float eps, float neg_step) {
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < n; c += CHUNK) {
+        long e = c + CHUNK < n ? c + CHUNK : n;
+        for (long i = c; i < e; i++) {
+            float gi = g[i];
+            float xi = x[i] * decay;
+            float mi = m[i] + one_m_b1 * (gi - m[i]);
+            float vi = v[i] * b2;
+            vi = vi + one_m_b2 * gi * gi;
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            x[i] = xi + (neg_step * mi) / denom;
+            m[i] = mi;
+            v[i] = vi;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- gradient norm over many tensors */
+#define NORM_BLOCK 16384
+
+/* out[t] = sum of squares of tensor t (float64), over fixed blocks summed in order. ptrs/lens: T tensors;
+ * part: one double per block (nblk = sum of ceil(len / NORM_BLOCK)). */
+void blu_sum_squares(const int64_t *ptrs, const int64_t *lens, long T, double *part, double *out) {
+    long nblk = 0;
+    for (long t = 0; t < T; t++) nblk += (lens[t] + NORM_BLOCK - 1) / NORM_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (long b = 0; b < nblk; b++) {
+        long t = 0, first = 0;
+        for (;; t++) { /* the tensor of block b */
+            long nb = (lens[t] + NORM_BLOCK - 1) / NORM_BLOCK;
+            if (b < first + nb) break;
+            first += nb;
+        }
+        const float *x = (const float *)(intptr_t)ptrs[t];
+        long i0 = (b - first) * NORM_BLOCK, i1 = i0 + NORM_BLOCK < lens[t] ? i0 + NORM_BLOCK : lens[t];
+        double acc[8] = {0};
+        long i = i0;
+        for (; i + 8 <= i1; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)x[i + l] * (double)x[i + l];
+        double s = 0.0;
+        for (int l = 0; l < 8; l++) s += acc[l];
+        for (; i < i1; i++) s += (double)x[i] * (double)x[i];
+        part[b] = s;
+    }
+    long b = 0;
+    for (long t = 0; t < T; t++) {
+        long nb = (lens[t] + NORM_BLOCK - 1) / NORM_BLOCK;
+        double s = 0.0;
+        for (long j = 0; j < nb; j++) s += part[b + j];
+        b += nb;
+        out[t] = s;
+    }
+}
+
+/* x *= c for every tensor (the clip of clip_grad_norm_). */
+void blu_scale_(const int64_t *ptrs, const int64_t *lens, long T, float c) {
+    for (long t = 0; t < T; t++) {
+        float *x = (float *)(intptr_t)ptrs[t];
+        long n = lens[t];
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < n; i++) x[i] *= c;
+    }
+}
