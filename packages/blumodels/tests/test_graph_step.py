@@ -182,7 +182,6 @@ def _cfg(model=None, **train):
     [
         ({}, {"device": "cpu"}, "need a CUDA device"),
         ({}, {"optimizer_in_backward": True, "grad_clip": 0.0}, "optimizer_in_backward"),
-        ({"dropout": 0.1}, {}, "model.dropout = 0.1"),
         ({}, {"fused_adamw": False}, "fused_adamw"),
     ],
 )
@@ -216,10 +215,11 @@ def test_trainer_refuses_cuda_graph_true_on_cpu(tmp_path):
         Trainer(cfg, tmp_path, quiet=True)
 
 
-@pytest.mark.parametrize("precision, accum_tokens, recompute", [("fp32", 256, False), ("fp32", 128, False),
-                                                                ("bf16", 256, False), ("fp32", 256, True)])
+@pytest.mark.parametrize("precision, accum_tokens, recompute, dropout", [
+    ("fp32", 256, False, 0.0), ("fp32", 128, False, 0.0), ("bf16", 256, False, 0.0), ("fp32", 256, True, 0.0),
+    ("fp32", 256, False, 0.1), ("fp32", 256, True, 0.1)])
 def test_trainer_captured_path_twin_matches_eager_trainer(tmp_path, monkeypatch, precision, accum_tokens,
-                                                          recompute):
+                                                          recompute, dropout):
     """Trainer.train_step with train.cuda_graph: 2 eager warm-up steps, capture, replays (CPU twin capture),
     with and without accumulation (micro_config: 4x32 tokens per micro-step)."""
     from blumodels.trainer import Trainer
@@ -228,11 +228,13 @@ def test_trainer_captured_path_twin_matches_eager_trainer(tmp_path, monkeypatch,
     def run(graph: bool, out):
         cfg = micro_config(batch_tokens=accum_tokens, steps=6, eval_interval=0, checkpoint_interval=0,
                            grad_clip=0.5, precision=precision, activation_checkpointing=recompute)
+        cfg.model.dropout = dropout
         if graph:
             monkeypatch.setattr(gsm, "config_refusal", lambda cfg: None)
             monkeypatch.setattr(gsm, "runtime_refusal", lambda device, world=1: None)
         tr = Trainer(cfg, out, quiet=True)
         tr._make_capture = EagerCapture
+        tr._step.device_rng = dropout > 0  # the device counter's code path, on NumPy (CUDA turns it on itself)
         tr.fit(save_final=False)
         tr.close()
         monkeypatch.undo()
@@ -285,7 +287,7 @@ def test_trainer_compile_runs_the_step_through_the_compiler_plugin(tmp_path, acc
     assert rep["calls"] == 4  # per specialisation: 1 trace, then 4 replays
     np.testing.assert_allclose([r["loss"] for r in got.history], [r["loss"] for r in ref.history], rtol=1e-5)
     for (n, p), q in zip(got.model.named_parameters(), ref.model.parameters()):
-        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-5, err_msg=n)  # parameters ~1e-2
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-4, err_msg=n)  # params ~1e-2
 
 
 def test_compile_refused_with_ddp():

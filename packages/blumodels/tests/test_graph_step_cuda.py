@@ -17,8 +17,9 @@ from models_helpers import micro_config
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not bt.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def _train(tmp_path, name, steps=6, **kw):
+def _train(tmp_path, name, steps=6, dropout=0.0, **kw):
     cfg = micro_config(device="cuda", steps=steps, eval_interval=0, checkpoint_interval=0, **kw)
+    cfg.model.dropout = dropout
     tr = Trainer(cfg, tmp_path / name, quiet=True)
     tr.fit(save_final=False)
     tr.close()
@@ -26,10 +27,11 @@ def _train(tmp_path, name, steps=6, **kw):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
-@pytest.mark.parametrize("batch_tokens", [128, 384])  # 1 and 3 micro-steps
-def test_captured_trainer_equals_eager(tmp_path, precision, batch_tokens):
-    eager = _train(tmp_path, "eager", cuda_graph=False, precision=precision, batch_tokens=batch_tokens)
-    graph = _train(tmp_path, "graph", precision=precision, batch_tokens=batch_tokens)  # "auto"
+@pytest.mark.parametrize("batch_tokens, dropout", [(128, 0.0), (384, 0.0), (384, 0.1)])  # 1 and 3 micro-steps
+def test_captured_trainer_equals_eager(tmp_path, precision, batch_tokens, dropout):
+    eager = _train(tmp_path, "eager", cuda_graph=False, precision=precision, batch_tokens=batch_tokens,
+                   dropout=dropout)
+    graph = _train(tmp_path, "graph", precision=precision, batch_tokens=batch_tokens, dropout=dropout)  # "auto"
     assert graph.captured and not eager.captured
     assert [r.get("cuda_graph", False) for r in graph.history] == [False, False, True, True, True, True]
     a, b = [r["loss"] for r in eager.history], [r["loss"] for r in graph.history]
@@ -41,11 +43,11 @@ def test_captured_trainer_equals_eager(tmp_path, precision, batch_tokens):
     assert {st["step"] for st in graph.optimizer.state.values()} == {6}
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_captured_trainer_with_activation_recompute_equals_eager(tmp_path, precision):
+@pytest.mark.parametrize("precision, dropout", [("fp32", 0.0), ("bf16", 0.0), ("fp32", 0.1)])
+def test_captured_trainer_with_activation_recompute_equals_eager(tmp_path, precision, dropout):
     kw = {"precision": precision, "batch_tokens": 256, "activation_checkpointing": True}
-    eager = _train(tmp_path, "eager", cuda_graph=False, **kw)
-    graph = _train(tmp_path, "graph", **kw)
+    eager = _train(tmp_path, "eager", cuda_graph=False, dropout=dropout, **kw)
+    graph = _train(tmp_path, "graph", dropout=dropout, **kw)
     assert graph.captured
     np.testing.assert_allclose([r["loss"] for r in graph.history], [r["loss"] for r in eager.history], rtol=2e-6)
 

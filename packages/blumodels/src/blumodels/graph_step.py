@@ -15,6 +15,9 @@ The two graphs share one private memory pool (their activations are never alive 
 run eagerly before the replays. Learning rate, AdamW step count, the skip flag and the step index live in
 device memory, so replays need no host decision; the host reads the loss, norm and flag once per step.
 
+Dropout draws at the default generator's device counter (``TrainStep(device_rng=True)``), so every replay
+draws new masks, equal to the eager step's; the host counter moves by the graph's draws after each replay.
+
 What cannot be captured is refused by name (``train.cuda_graph = true``) or, with ``"auto"``, named in one log
 line while the step runs eagerly: see :func:`capture_refusal`.
 
@@ -39,12 +42,9 @@ WARMUP_STEPS = 2
 
 def config_refusal(cfg) -> str | None:
     """Why the configured step cannot be captured (the config alone decides), or None."""
-    t, m = cfg.train, cfg.model
+    t = cfg.train
     if t.device == "cpu":
         return "train.device = 'cpu' (CUDA graphs need a CUDA device)"
-    if m.dropout > 0:
-        return (f"model.dropout = {m.dropout}: the dropout masks are drawn at host-side RNG offsets that a "
-                f"replayed graph would freeze (one mask for every step); set model.dropout = 0")
     if t.optimizer_in_backward:
         return ("train.optimizer_in_backward = true: its per-parameter updates read the learning rate and step "
                 "count on the host inside backward")
@@ -144,6 +144,7 @@ class CapturedStep:
         self.micro = make_capture() if step.accum > 1 else None
         self.last = make_capture()
         self._keep: list = []
+        self._rng_blocks = {"micro": 0, "last": 0}  # counter blocks each graph's dropout draws (on the device)
 
     def _prepare(self) -> None:
         """Everything that copies host data to the device happens now, not in the capture: the multi-tensor
@@ -175,16 +176,26 @@ class CapturedStep:
         """Record the micro-step and last-micro-step + update graphs (nothing runs on a real GPU)."""
         self._prepare()
         st = self.step
+        gen = bt.random.default_generator
+        real = not isinstance(self.last, EagerCapture)
+
+        def record(name, cap, body, **kw) -> None:
+            before = gen.offset
+            cap.capture(body, **kw)
+            if real:  # the draws were recorded, not made: the host counter moves with each replay instead
+                self._rng_blocks[name] = gen.offset - before
+                gen.offset = before
+
         if self.micro is not None:
-            self.micro.capture(lambda: st.micro(self.x, self.y, sync=False))
+            record("micro", self.micro, lambda: st.micro(self.x, self.y, sync=False))
         applied = st.applied
 
         def last() -> None:
             st.micro(self.x, self.y, sync=True)
             st.finish()
 
-        self.last.capture(last, pool=self.micro.pool if self.micro is not None else None)
-        if not isinstance(self.last, EagerCapture):  # a real capture ran fused_step's host bookkeeping, no step
+        record("last", self.last, last, pool=self.micro.pool if self.micro is not None else None)
+        if real:  # a real capture ran fused_step's host bookkeeping, no step
             st.applied = applied
             for p in st.params:
                 if p in st.optimizer.state:
@@ -200,6 +211,9 @@ class CapturedStep:
                 if tuple(s.shape) != tuple(dst.shape):
                     raise ValueError(f"CapturedStep: batch shape {tuple(s.shape)} != captured {tuple(dst.shape)}")
                 dst._data[...] = s
-            (self.last if i == st.accum - 1 else self.micro).replay()
+            name = "last" if i == st.accum - 1 else "micro"
+            getattr(self, name).replay()
+            if self._rng_blocks[name]:
+                bt.random.default_generator.advance_host(self._rng_blocks[name])
         for p in st.params:
             p._version.v += 1  # the graph wrote them in place

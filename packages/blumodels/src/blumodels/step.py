@@ -85,14 +85,16 @@ class TrainStep:
     ``optimizer_in_backward``: the optimizer steps inside backward (no static gradients, no update here).
     ``norm(params, max_norm)``: the global gradient norm (clipping to ``max_norm``; inf = no clipping) where the
     gradients are sharded (a [parallel] mesh); ``static_grads=False``: gradients as the wrapped module leaves
-    them, dropped by ``optimizer.zero_grad()`` at the start of each step.
+    them, dropped by ``optimizer.zero_grad()`` at the start of each step. ``device_rng``: dropout draws read and
+    advance the default generator's counter in device memory (the masks a captured step replays change every
+    step; they equal the host counter's masks).
     """
 
     def __init__(self, module, optimizer, params: Sequence, *, device: str, lr_schedule: Sequence[float],
                  accum: int = 1, grad_clip: float = 0.0, autocast: Callable[[], Any] | None = None,
                  no_sync: Callable[[bool], Any] | None = None, fused: bool = False,
                  optimizer_in_backward: bool = False, norm: Callable[[list, float], Any] | None = None,
-                 static_grads: bool = True) -> None:
+                 static_grads: bool = True, device_rng: bool = False) -> None:
         self.module, self.optimizer = module, optimizer
         self.params = list(params)
         self.device, self.accum, self.grad_clip = device, int(accum), float(grad_clip)
@@ -111,6 +113,7 @@ class TrainStep:
         self.grad_norm = xp.zeros((), dtype=np.float32)
         self.found_inf = xp.zeros(1, dtype=np.float32)
         self._norm = norm
+        self.device_rng = bool(device_rng)
         use_flat = static_grads and not self.oib
         self.grads, self.grad_bufs = flat_grads(self.params, device) if use_flat else ([], [])
         self.applied = 0  # updates applied so far (the host AdamW step counts follow it on the fused path)
@@ -127,6 +130,16 @@ class TrainStep:
             raise RuntimeError(f"TrainStep: parameters have different AdamW step counts {sorted(counts)}")
         self.applied = counts.pop() if counts else 0
         self.step_count[...] = xp.asarray(np.array([self.applied], dtype=np.float32))
+        gen = bt.random.default_generator
+        if self.device_rng:  # the device counter starts at the host one (a fresh start or a restored checkpoint)
+            gen.use_device_offset(xp)
+        else:
+            gen.use_host_offset()
+
+    def release(self) -> None:
+        """Leave the default generator drawing at its host counter again (the run is over)."""
+        if self.device_rng:
+            bt.random.default_generator.use_host_offset()
 
     def bind_grads(self) -> None:
         """Point every parameter's ``.grad`` at its static gradient (someone may have called zero_grad)."""

@@ -599,7 +599,8 @@ class Trainer:
                                # a [parallel] layout: the norm (and clipping) of the unsharded model, gradients
                                # as the mesh leaves them
                                norm=self.dist.clip_grad_norm_ if self.sharded else None,
-                               static_grads=not self.sharded)
+                               static_grads=not self.sharded,
+                               device_rng=cuda and cfg.model.dropout > 0)
         self._step.precast_accumulate = cuda and bool(self._step.grads)
         self._captured = None
         self._warm_left = graph_step.WARMUP_STEPS
@@ -824,6 +825,7 @@ class Trainer:
 
     def close(self) -> None:
         try:
+            self._step.release()
             self.ckpt.close()
             from blumodels.loggers import stop_loggers
 

@@ -644,11 +644,11 @@ def embedding(idx, weight):
     return apply("embedding", idx, weight)
 
 
-def _draw_offset(numel: int) -> tuple[int, int]:
+def _draw_offset(numel: int):
+    """(seed, start offset) of a draw of ``numel`` numbers from the default generator (the start is a device
+    array while the generator draws at a device counter: a captured step's dropout)."""
     gen = _random.default_generator
-    seed, off = gen.seed, gen.offset
-    gen.offset += (numel + 3) // 4
-    return seed, off
+    return gen.seed, gen.draw((numel + 3) // 4)
 
 
 def dropout(x, p=0.5, training=True):

@@ -34,7 +34,14 @@ class Generator:
     """A seed and a counter offset; each draw of n numbers advances the offset by ceil(n/4).
 
     ``Generator(seed)``, or PyTorch's ``Generator(device="cpu")`` (then seeded 0 until ``manual_seed``):
-    the Philox stream is the same on every device, so ``device`` is only recorded."""
+    the Philox stream is the same on every device, so ``device`` is only recorded.
+
+    ``device_offset`` (None, or a 1-element uint64 array on the draws' device): the offset the draws read and
+    advance IN DEVICE MEMORY, beside the host counter. A CUDA graph that records draws then replays new numbers
+    every time (the host offset of a recorded launch would be frozen); the caller keeps the two in step
+    (:meth:`advance_host` after a replay)."""
+
+    device_offset = None
 
     def __init__(self, seed=0, device=None):
         from blutensor.device import as_device
@@ -72,12 +79,38 @@ class Generator:
                              f"got {type(state).__name__} {state!r:.60}")
         self.seed, self.offset = int(state["seed"]), int(state["offset"])
 
+    def use_device_offset(self, xp) -> None:
+        """Draw at a device counter from now on (starting at the host offset); ``xp`` = its array module."""
+        self.device_offset = xp.asarray(np.array([self.offset], dtype=np.uint64))
+
+    def use_host_offset(self) -> None:
+        self.device_offset = None
+
+    def advance_host(self, blocks: int) -> None:
+        """Move the host counter by ``blocks`` (the draws a replayed graph made on the device)."""
+        self.offset += int(blocks)
+
+    def draw(self, n_blocks: int):
+        """Reserve ``n_blocks`` counter blocks: returns their start (an int, or a 1-element device array when a
+        device offset is in use, which this call advances on the device) and advances the host counter."""
+        start = self.offset
+        self.offset += n_blocks
+        dev = self.device_offset
+        if dev is None:
+            return start
+        snap = dev.copy()  # this draw's start, read in stream order
+        dev += np.uint64(n_blocks)
+        return snap
+
     def _bits(self, n: int, xp):
         """n uint32 random words (as uint64 arrays) and advance the counter."""
         blocks = (n + 3) // 4
         start = self.offset
-        self.offset += blocks
-        ctr = xp.arange(start, start + blocks, dtype=xp.uint64)
+        self.offset = start + blocks
+        if isinstance(start, int | np.integer):
+            ctr = xp.arange(start, start + blocks, dtype=xp.uint64)
+        else:  # a device counter (a 1-element array): the same counters, computed on the device
+            ctr = xp.arange(blocks, dtype=xp.uint64) + start.astype(xp.uint64)
         r = philox4x32(ctr & xp.uint64(_MASK), ctr >> xp.uint64(32), self.seed & _MASK, self.seed >> 32, xp)
         return xp.stack(r, axis=1).reshape(-1)[:n]
 

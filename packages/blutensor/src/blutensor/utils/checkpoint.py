@@ -11,13 +11,15 @@ from blutensor import amp
 from blutensor._tensor import Tensor
 from blutensor.autograd import Function
 from blutensor.autograd.grad_mode import enable_grad, is_grad_enabled
-from blutensor.random import get_rng_state, set_rng_state
+from blutensor.random import default_generator, get_rng_state, set_rng_state
 
 
 class _Checkpoint(Function):
     @staticmethod
     def forward(ctx, fn, n_params: int, *args):
         ctx.fn, ctx.rng, ctx.amp = fn, get_rng_state(), amp.state()
+        dev = default_generator.device_offset  # a captured step's device counter: the recompute replays it too
+        ctx.dev = None if dev is None else dev.copy()
         ctx.inputs = [a.detach() if isinstance(a, Tensor) else a for a in args[n_params:]]
         ctx.params = args[:n_params]
         return fn(*ctx.inputs)
@@ -26,6 +28,11 @@ class _Checkpoint(Function):
     def backward(ctx, g):
         now = get_rng_state()
         set_rng_state(ctx.rng)
+        dev = default_generator.device_offset
+        now_dev = None
+        if dev is not None and ctx.dev is not None:
+            now_dev = dev.copy()
+            dev[...] = ctx.dev
         try:
             with enable_grad(), amp.restore(ctx.amp):  # recompute in the forward's precision (autocast)
                 xs = [x.detach().requires_grad_(x.requires_grad or x.dtype.is_floating_point)
@@ -40,6 +47,8 @@ class _Checkpoint(Function):
                     p.grad = b  # the outer engine accumulates the returned gradients (and fires hooks)
         finally:
             set_rng_state(now)
+            if now_dev is not None:
+                dev[...] = now_dev
         return (None, None, *pgrads, *[x.grad if isinstance(x, Tensor) else None for x in xs])
 
 
