@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from blumodels.config import ConfigError, apply_overrides, load_preset
 from dtms.mpi import find_mpiexec, mpiexec_command, mpiexec_env
@@ -107,7 +108,9 @@ def test_sharded_resume_same_and_other_layout(tmp_path, data, single, fsdp2):
     assert [(r["step"], r["loss"], r["grad_norm"]) for r in resumed] == [
         (r["step"], r["loss"], r["grad_norm"]) for r in ref]  # bit-exact
     other = train(tmp_path / "b", data, 1, "train.micro_batch=8", extra=["--resume"])  # resharded to 1 process
-    assert [r["loss"] for r in other] == [r["loss"] for r in single]  # the single run, bit-exact
+    # the single run's losses (to float32 rounding: the CPU kernels' row blocks differ between 4 and 8 rows)
+    assert [r["step"] for r in other] == [r["step"] for r in single]
+    np.testing.assert_allclose([r["loss"] for r in other], [r["loss"] for r in single], rtol=2e-6)
 
 
 @pytest.mark.parametrize("over,msg", [

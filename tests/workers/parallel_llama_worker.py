@@ -62,7 +62,7 @@ def main():
         norms.append(par.clip_grad_norm_(CLIP))
         opt.step()
         opt.zero_grad()
-    heads = [(a.n_head, a.n_kv_heads) for a in (blk.self_attn for blk in model.layers)]
+    heads = [(a.n_head, a.n_kv_heads) for a in (getattr(blk, "module", blk).self_attn for blk in model.layers)]
     if rank == 0:
         json.dump({"losses": losses, "ref_losses": ref_losses, "norms": norms, "ref_norms": ref_norms,
                    "heads": heads}, open(out, "w"))

@@ -31,6 +31,16 @@ def tp_plan(model) -> dict[str, tuple[str, dict]]:
     return plan
 
 
+def llama_plan(model) -> Any:
+    """The ``dtms.parallel.ParallelPlan`` of a built Llama (heads are divided by :func:`parallelize_llama`, which
+    also cuts the key/value heads of grouped attention)."""
+    from dtms.parallel import ParallelPlan
+
+    c = model.config
+    return ParallelPlan(tp=tp_plan(model), fsdp_units="layers.*",
+                        shape_checks={"n_head": c.n_head, "d_model": c.d_model, "vocab_size": c.padded_vocab_size})
+
+
 def parallelize_llama(model, dims, **kwargs: Any):
     """``dtms.parallel.parallelize`` with the llama plan; the heads of every attention are cut for TP.
 
@@ -49,7 +59,8 @@ def parallelize_llama(model, dims, **kwargs: Any):
     if dims.tp > 1 and (cfg.n_head % dims.tp or kv % dims.tp or ffn_hidden(cfg) % dims.tp):
         raise MeshError(f"llama: tp={dims.tp} must divide model.n_head={cfg.n_head}, the key/value heads ({kv}) and "
                         f"the SwiGLU width ({ffn_hidden(cfg)})")
-    par = parallelize(model, dims, tp_plan=tp_plan(model), **kwargs)
+    plan = llama_plan(model)
+    par = parallelize(model, dims, plan=plan, **kwargs)
     if dims.tp > 1:
         for m in model.modules():
             if isinstance(m, Attention):

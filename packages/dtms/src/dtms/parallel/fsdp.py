@@ -148,14 +148,16 @@ class Flats:
 
 class _UnitFn(Function):
     @staticmethod
-    def forward(ctx, x: Tensor, shard: Tensor, unit: FSDPUnit):
+    def forward(ctx, x: Tensor, shard: Tensor, unit: FSDPUnit, rest: tuple = ()):
+        # rest: the unit's other inputs (e.g. rotary tables), passed through as they are; no gradient reaches them
         ctx.unit, ctx.x, ctx.rng = unit, x.detach(), bt.get_rng_state()
+        ctx.rest = tuple(r.detach() if isinstance(r, Tensor) else r for r in rest)
         unit.flat.gather()
         if unit.next is not None:
             unit.next.flat.gather_async()  # prefetch: overlaps this unit's compute
         try:
             TIMELINE.mark("fsdp_compute_begin", unit=unit.flat.label, phase="fwd")
-            y = unit.module(ctx.x)
+            y = unit.module(ctx.x, *ctx.rest)
             TIMELINE.mark("fsdp_compute_end", unit=unit.flat.label, phase="fwd")
         finally:
             unit.flat.release()
@@ -173,14 +175,14 @@ class _UnitFn(Function):
             TIMELINE.mark("fsdp_compute_begin", unit=unit.flat.label, phase="bwd")
             with bt.enable_grad():
                 xi = ctx.x.detach().requires_grad_(True)
-                y = unit.module(xi)
+                y = unit.module(xi, *ctx.rest)
                 y.backward(g)
             TIMELINE.mark("fsdp_compute_end", unit=unit.flat.label, phase="bwd")
             unit.flat.reduce_grads()
         finally:
             bt.set_rng_state(now)
             unit.flat.release()
-        return xi.grad, None, None
+        return xi.grad, None, None, None
 
 
 class _RootOpFn(Function):
@@ -233,14 +235,14 @@ class FSDPUnit(Module):
     def flat_shard(self) -> Parameter:
         return self.flat.shards[0]
 
-    def forward(self, x):
+    def forward(self, x, *rest):
         if not bt.is_grad_enabled():
             self.flat.gather()
             try:
-                return self.module(x)
+                return self.module(x, *rest)
             finally:
                 self.flat.release()
-        return _UnitFn.apply(x, self.flat_shard, self)
+        return _UnitFn.apply(x, self.flat_shard, self, rest)
 
 
 class FullyShardedDataParallel(Module):
