@@ -8,8 +8,11 @@ Tensor is accepted too and its ``_data`` is used. Ranks passed to a group's meth
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -185,6 +188,99 @@ def compare_signatures(kind: str, sigs: np.ndarray, my_rank: int, my_dtype: Any)
 _NO_DATA = np.empty(0, dtype=np.uint8)  # the "array" a barrier's signature describes
 
 
+@dataclass(slots=True)
+class CollectiveRecord:
+    """One collective (or point-to-point op) as seen by collective observers.
+
+    ``nbytes`` is the size NCCL's bus-bandwidth formulas take: the buffer of ``all_reduce``/``broadcast``/
+    ``send``/``recv``, the whole input of ``reduce_scatter``/``all_to_all``, the whole output of
+    ``all_gather`` (0 for ``barrier``). Host times are ``time.perf_counter_ns`` values: ``start_ns``
+    before the backend is called, ``issued_ns`` when the call returned (the op may still be in flight),
+    ``end_ns`` when the caller saw it complete (its ``wait``/``synchronize``, or a ``is_completed`` that
+    returned True). On NCCL ``stream`` is the communication stream's pointer and ``device_events`` the
+    pair of timing CUDA events recorded on it around the operation; CPU backends leave them 0 / None.
+    """
+
+    op: str
+    backend: str
+    group: tuple[int, ...]
+    rank: int
+    nbytes: int
+    dtype: str
+    reduce_op: str | None
+    async_op: bool
+    start_ns: int
+    issued_ns: int = 0
+    end_ns: int | None = None
+    stream: int = 0
+    device_events: tuple | None = None
+
+    @property
+    def group_size(self) -> int:
+        return len(self.group)
+
+
+#: observers called as ``fn("start", record)`` before a collective is issued and ``fn("end", record)``
+#: once its completion is seen; empty means nothing of this is on the collective path
+_COLLECTIVE_OBSERVERS: list[Callable[[str, CollectiveRecord], None]] = []
+
+
+def add_collective_observer(fn: Callable[[str, CollectiveRecord], None]) -> None:
+    """Call ``fn(phase, record)`` around every collective and point-to-point op of every group.
+
+    ``phase`` is ``"start"`` (before the backend runs it; ``end_ns`` is None) or ``"end"`` (the same
+    :class:`CollectiveRecord`, with ``end_ns`` set, when the caller waits on it or finds it complete).
+    An op whose ``Work`` is never waited on reports no ``"end"``. Profilers use this (bluprofiler puts
+    the records into its trace and table); an observer must not issue collectives itself.
+    """
+    if not callable(fn):
+        raise TypeError(f"add_collective_observer: fn must be callable, got {type(fn).__name__}")
+    if fn not in _COLLECTIVE_OBSERVERS:
+        _COLLECTIVE_OBSERVERS.append(fn)
+
+
+def remove_collective_observer(fn: Callable[[str, CollectiveRecord], None]) -> None:
+    """Stop calling ``fn`` (no error when it was not added)."""
+    if fn in _COLLECTIVE_OBSERVERS:
+        _COLLECTIVE_OBSERVERS.remove(fn)
+
+
+def _notify(phase: str, rec: CollectiveRecord) -> None:
+    for fn in tuple(_COLLECTIVE_OBSERVERS):
+        fn(phase, rec)
+
+
+class ObservedWork(Work):
+    """A backend's ``Work`` that reports its completion to the collective observers once."""
+
+    def __init__(self, work: Work, rec: CollectiveRecord):
+        self._work, self._rec, self._outputs = work, rec, getattr(work, "_outputs", ())
+
+    def _ended(self) -> None:
+        if self._rec is not None:
+            rec, self._rec = self._rec, None
+            rec.end_ns = time.perf_counter_ns()
+            _notify("end", rec)
+
+    def wait(self, stream: Any = None) -> bool:
+        r = self._work.wait(stream)
+        self._ended()
+        return r
+
+    def synchronize(self) -> None:
+        self._work.synchronize()
+        self._ended()
+
+    def is_completed(self) -> bool:
+        done = self._work.is_completed()
+        if done:
+            self._ended()
+        return done
+
+    def result(self) -> list[Any]:
+        return self._work.result()
+
+
 class ProcessGroup(ABC):
     """A set of processes that run collectives together; one interface over NCCL, MPI and local."""
 
@@ -250,6 +346,8 @@ class ProcessGroup(ABC):
         self._flush_p2p()
         op = self._op("all_reduce", op, a)
         self._cross_check("all_reduce", op, a)
+        if _COLLECTIVE_OBSERVERS:
+            return self._observed("all_reduce", a.nbytes, a.dtype, op, async_op, lambda: self._all_reduce(a, op))
         return self._ret(self._all_reduce(a, op), async_op)
 
     def reduce_scatter(self, output: Any, input: Any, op: str = "sum", async_op: bool = False) -> Work | None:
@@ -265,6 +363,9 @@ class ProcessGroup(ABC):
             )
         op = self._op("reduce_scatter", op, i)
         self._cross_check("reduce_scatter", op, i)
+        if _COLLECTIVE_OBSERVERS:
+            return self._observed("reduce_scatter", i.nbytes, i.dtype, op, async_op,
+                                  lambda: self._reduce_scatter(o, i, op))
         return self._ret(self._reduce_scatter(o, i, op), async_op)
 
     def all_gather(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
@@ -279,6 +380,8 @@ class ProcessGroup(ABC):
                 f"{self._size} x input size {i.size} = {i.size * self._size}"
             )
         self._cross_check("all_gather", None, i)
+        if _COLLECTIVE_OBSERVERS:
+            return self._observed("all_gather", o.nbytes, o.dtype, None, async_op, lambda: self._all_gather(o, i))
         return self._ret(self._all_gather(o, i), async_op)
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
@@ -288,6 +391,8 @@ class ProcessGroup(ABC):
         self._flush_p2p()
         src = self._peer("broadcast", src, "src")
         self._cross_check("broadcast", None, a)
+        if _COLLECTIVE_OBSERVERS:
+            return self._observed("broadcast", a.nbytes, a.dtype, None, async_op, lambda: self._broadcast(a, src))
         return self._ret(self._broadcast(a, src), async_op)
 
     def all_to_all(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
@@ -302,6 +407,8 @@ class ProcessGroup(ABC):
                 f"of elements, divisible by the group size {self._size}"
             )
         self._cross_check("all_to_all", None, i)
+        if _COLLECTIVE_OBSERVERS:
+            return self._observed("all_to_all", i.nbytes, i.dtype, None, async_op, lambda: self._all_to_all(o, i))
         return self._ret(self._all_to_all(o, i), async_op)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
@@ -311,7 +418,10 @@ class ProcessGroup(ABC):
         dst = self._peer("send", dst, "dst")
         if dst == self._rank:
             raise CollectiveError(f"send: dst={dst} is this rank; send to another rank")
-        return self._ret(self._send(a, dst, self._tag("send", tag)), async_op)
+        tag = self._tag("send", tag)
+        if _COLLECTIVE_OBSERVERS:
+            return self._observed("send", a.nbytes, a.dtype, None, async_op, lambda: self._send(a, dst, tag))
+        return self._ret(self._send(a, dst, tag), async_op)
 
     def recv(self, tensor: Any, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
         """Receive into ``tensor`` from group rank ``src``."""
@@ -320,7 +430,10 @@ class ProcessGroup(ABC):
         src = self._peer("recv", src, "src")
         if src == self._rank:
             raise CollectiveError(f"recv: src={src} is this rank; receive from another rank")
-        return self._ret(self._recv(a, src, self._tag("recv", tag)), async_op)
+        tag = self._tag("recv", tag)
+        if _COLLECTIVE_OBSERVERS:
+            return self._observed("recv", a.nbytes, a.dtype, None, async_op, lambda: self._recv(a, src, tag))
+        return self._ret(self._recv(a, src, tag), async_op)
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Nonblocking ``send``."""
@@ -340,6 +453,8 @@ class ProcessGroup(ABC):
         """Wait until every rank of the group has reached the barrier."""
         self._flush_p2p()
         self._cross_check("barrier", None, _NO_DATA)
+        if _COLLECTIVE_OBSERVERS:
+            return self._observed("barrier", 0, _NO_DATA.dtype, None, async_op, self._barrier, sync=True)
         w = self._barrier()
         if async_op:
             return w
@@ -364,6 +479,26 @@ class ProcessGroup(ABC):
 
     def destroy(self) -> None:  # noqa: B027 (optional hook)
         """Release backend resources held by this group."""
+
+    def _observed(self, kind: str, nbytes: int, dtype: Any, op: str | None, async_op: bool,
+                  issue: Callable[[], Work], sync: bool = False) -> Work | None:
+        """Run ``issue()`` between the observers' "start" and "end" (the latter when it completes)."""
+        rec = CollectiveRecord(kind, self.backend, self.global_ranks, self._rank, int(nbytes), str(dtype), op,
+                               bool(async_op), time.perf_counter_ns())
+        _notify("start", rec)
+        work = issue()
+        rec.issued_ns = time.perf_counter_ns()
+        timing = getattr(work, "timing", None)  # NCCL: (start event, end event, stream pointer)
+        if timing is not None:
+            rec.device_events, rec.stream = (timing[0], timing[1]), int(timing[2])
+        w = ObservedWork(work, rec)
+        if async_op:
+            return w
+        if sync:
+            w.synchronize()
+        else:
+            w.wait()
+        return None
 
     @staticmethod
     def _ret(work: Work, async_op: bool) -> Work | None:
