@@ -195,10 +195,12 @@ class CollectiveRecord:
     ``nbytes`` is the size NCCL's bus-bandwidth formulas take: the buffer of ``all_reduce``/``broadcast``/
     ``send``/``recv``, the whole input of ``reduce_scatter``/``all_to_all``, the whole output of
     ``all_gather`` (0 for ``barrier``). Host times are ``time.perf_counter_ns`` values: ``start_ns``
-    before the backend is called, ``issued_ns`` when the call returned (the op may still be in flight),
-    ``end_ns`` when the caller saw it complete (its ``wait``/``synchronize``, or a ``is_completed`` that
-    returned True). On NCCL ``stream`` is the communication stream's pointer and ``device_events`` the
-    pair of timing CUDA events recorded on it around the operation; CPU backends leave them 0 / None.
+    when the call began (before the cross-rank argument check, which waits for the peers),
+    ``issued_ns`` when the call returned (the op may still be in flight), ``wait_ns`` when the caller
+    began waiting for it, ``end_ns`` when the caller saw it complete (its ``wait``/``synchronize``, or
+    an ``is_completed`` that returned True). On NCCL ``stream`` is the communication stream's pointer
+    and ``device_events`` the pair of timing CUDA events recorded on it around the operation; CPU
+    backends leave them 0 / None.
     """
 
     op: str
@@ -211,6 +213,7 @@ class CollectiveRecord:
     async_op: bool
     start_ns: int
     issued_ns: int = 0
+    wait_ns: int | None = None
     end_ns: int | None = None
     stream: int = 0
     device_events: tuple | None = None
@@ -218,6 +221,14 @@ class CollectiveRecord:
     @property
     def group_size(self) -> int:
         return len(self.group)
+
+    def blocked_ns(self) -> int:
+        """Host time the caller spent blocked in this op: the call itself plus its wait (not the compute
+        between issuing an async op and waiting on it); 0 until it ended."""
+        if self.end_ns is None:
+            return 0
+        w = self.issued_ns if self.wait_ns is None else max(self.wait_ns, self.issued_ns)
+        return max(self.issued_ns - self.start_ns, 0) + max(self.end_ns - w, 0)
 
 
 #: observers called as ``fn("start", record)`` before a collective is issued and ``fn("end", record)``
@@ -262,12 +273,18 @@ class ObservedWork(Work):
             rec.end_ns = time.perf_counter_ns()
             _notify("end", rec)
 
+    def _waiting(self) -> None:
+        if self._rec is not None and self._rec.wait_ns is None:
+            self._rec.wait_ns = time.perf_counter_ns()
+
     def wait(self, stream: Any = None) -> bool:
+        self._waiting()
         r = self._work.wait(stream)
         self._ended()
         return r
 
     def synchronize(self) -> None:
+        self._waiting()
         self._work.synchronize()
         self._ended()
 
@@ -345,9 +362,10 @@ class ProcessGroup(ABC):
         self._check_device("all_reduce", a)
         self._flush_p2p()
         op = self._op("all_reduce", op, a)
+        rec = self._begin("all_reduce", a.nbytes, a.dtype, op, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("all_reduce", op, a)
-        if _COLLECTIVE_OBSERVERS:
-            return self._observed("all_reduce", a.nbytes, a.dtype, op, async_op, lambda: self._all_reduce(a, op))
+        if rec is not None:
+            return self._observed(rec, lambda: self._all_reduce(a, op), async_op)
         return self._ret(self._all_reduce(a, op), async_op)
 
     def reduce_scatter(self, output: Any, input: Any, op: str = "sum", async_op: bool = False) -> Work | None:
@@ -362,10 +380,10 @@ class ProcessGroup(ABC):
                 f"{self._size} x output size {o.size} = {o.size * self._size}"
             )
         op = self._op("reduce_scatter", op, i)
+        rec = self._begin("reduce_scatter", i.nbytes, i.dtype, op, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("reduce_scatter", op, i)
-        if _COLLECTIVE_OBSERVERS:
-            return self._observed("reduce_scatter", i.nbytes, i.dtype, op, async_op,
-                                  lambda: self._reduce_scatter(o, i, op))
+        if rec is not None:
+            return self._observed(rec, lambda: self._reduce_scatter(o, i, op), async_op)
         return self._ret(self._reduce_scatter(o, i, op), async_op)
 
     def all_gather(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
@@ -379,9 +397,10 @@ class ProcessGroup(ABC):
                 f"all_gather: output has {o.size} elements {tuple(o.shape)}, expected group size "
                 f"{self._size} x input size {i.size} = {i.size * self._size}"
             )
+        rec = self._begin("all_gather", o.nbytes, o.dtype, None, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("all_gather", None, i)
-        if _COLLECTIVE_OBSERVERS:
-            return self._observed("all_gather", o.nbytes, o.dtype, None, async_op, lambda: self._all_gather(o, i))
+        if rec is not None:
+            return self._observed(rec, lambda: self._all_gather(o, i), async_op)
         return self._ret(self._all_gather(o, i), async_op)
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
@@ -390,9 +409,10 @@ class ProcessGroup(ABC):
         self._check_device("broadcast", a)
         self._flush_p2p()
         src = self._peer("broadcast", src, "src")
+        rec = self._begin("broadcast", a.nbytes, a.dtype, None, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("broadcast", None, a)
-        if _COLLECTIVE_OBSERVERS:
-            return self._observed("broadcast", a.nbytes, a.dtype, None, async_op, lambda: self._broadcast(a, src))
+        if rec is not None:
+            return self._observed(rec, lambda: self._broadcast(a, src), async_op)
         return self._ret(self._broadcast(a, src), async_op)
 
     def all_to_all(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
@@ -406,9 +426,10 @@ class ProcessGroup(ABC):
                 f"all_to_all: input {tuple(i.shape)} and output {tuple(o.shape)} must have the same number "
                 f"of elements, divisible by the group size {self._size}"
             )
+        rec = self._begin("all_to_all", i.nbytes, i.dtype, None, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("all_to_all", None, i)
-        if _COLLECTIVE_OBSERVERS:
-            return self._observed("all_to_all", i.nbytes, i.dtype, None, async_op, lambda: self._all_to_all(o, i))
+        if rec is not None:
+            return self._observed(rec, lambda: self._all_to_all(o, i), async_op)
         return self._ret(self._all_to_all(o, i), async_op)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
@@ -420,7 +441,8 @@ class ProcessGroup(ABC):
             raise CollectiveError(f"send: dst={dst} is this rank; send to another rank")
         tag = self._tag("send", tag)
         if _COLLECTIVE_OBSERVERS:
-            return self._observed("send", a.nbytes, a.dtype, None, async_op, lambda: self._send(a, dst, tag))
+            rec = self._begin("send", a.nbytes, a.dtype, None, async_op)
+            return self._observed(rec, lambda: self._send(a, dst, tag), async_op)
         return self._ret(self._send(a, dst, tag), async_op)
 
     def recv(self, tensor: Any, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
@@ -432,7 +454,8 @@ class ProcessGroup(ABC):
             raise CollectiveError(f"recv: src={src} is this rank; receive from another rank")
         tag = self._tag("recv", tag)
         if _COLLECTIVE_OBSERVERS:
-            return self._observed("recv", a.nbytes, a.dtype, None, async_op, lambda: self._recv(a, src, tag))
+            rec = self._begin("recv", a.nbytes, a.dtype, None, async_op)
+            return self._observed(rec, lambda: self._recv(a, src, tag), async_op)
         return self._ret(self._recv(a, src, tag), async_op)
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
@@ -452,9 +475,10 @@ class ProcessGroup(ABC):
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank of the group has reached the barrier."""
         self._flush_p2p()
+        rec = self._begin("barrier", 0, _NO_DATA.dtype, None, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("barrier", None, _NO_DATA)
-        if _COLLECTIVE_OBSERVERS:
-            return self._observed("barrier", 0, _NO_DATA.dtype, None, async_op, self._barrier, sync=True)
+        if rec is not None:
+            return self._observed(rec, self._barrier, async_op, sync=True)
         w = self._barrier()
         if async_op:
             return w
@@ -480,12 +504,16 @@ class ProcessGroup(ABC):
     def destroy(self) -> None:  # noqa: B027 (optional hook)
         """Release backend resources held by this group."""
 
-    def _observed(self, kind: str, nbytes: int, dtype: Any, op: str | None, async_op: bool,
-                  issue: Callable[[], Work], sync: bool = False) -> Work | None:
-        """Run ``issue()`` between the observers' "start" and "end" (the latter when it completes)."""
+    def _begin(self, kind: str, nbytes: int, dtype: Any, op: str | None, async_op: bool) -> CollectiveRecord:
+        """The observers' "start" of a collective: before its cross-rank check, which may block on peers."""
         rec = CollectiveRecord(kind, self.backend, self.global_ranks, self._rank, int(nbytes), str(dtype), op,
                                bool(async_op), time.perf_counter_ns())
         _notify("start", rec)
+        return rec
+
+    def _observed(self, rec: CollectiveRecord, issue: Callable[[], Work], async_op: bool,
+                  sync: bool = False) -> Work | None:
+        """Run ``issue()``; the observers' "end" comes when the returned work is seen complete."""
         work = issue()
         rec.issued_ns = time.perf_counter_ns()
         timing = getattr(work, "timing", None)  # NCCL: (start event, end event, stream pointer)
