@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a rank busy this fraction above the gang's median per step ...")
     p.add_argument("--straggler-steps", type=int, default=5,
                    help="... for this many consecutive steps is reported as a STRAGGLER incident (0: off)")
+    p.add_argument("--placement", choices=("auto", "off"), default="auto",
+                   help="blurun's GPU placement for every attempt (auto: NVML health check and NUMA pinning)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=a.heartbeat_interval, heartbeat_timeout=a.heartbeat_timeout,
         progress_timeout=a.progress_timeout, startup_timeout=a.startup_timeout, grace_period=a.grace_period,
         metrics_host=a.metrics_host, metrics_port=a.metrics_port, run_id=a.run_id, quiet=a.quiet,
-        straggler_margin=a.straggler_margin, straggler_steps=a.straggler_steps)
+        straggler_margin=a.straggler_margin, straggler_steps=a.straggler_steps, placement=a.placement)
     return Orchestrator(cfg).run()
 
 

@@ -58,6 +58,7 @@ class OrchestratorConfig:
     quiet: bool = False
     straggler_margin: float = 0.25  # a rank busy this fraction above the gang's median ...
     straggler_steps: int = 5  # ... for this many consecutive gang steps is a STRAGGLER (0: no detection)
+    placement: str = "auto"  # blurun --placement: health/NUMA-aware GPU placement each attempt, or "off"
 
 
 @dataclass
@@ -239,6 +240,7 @@ class Orchestrator:
                     "PYTHONUNBUFFERED": "1"})
         cmd = [sys.executable, "-u", "-m", "dtms.run", "--nproc-per-node", str(cfg.nproc_per_node),
                "--launcher", cfg.launcher, "--grace-period", str(cfg.grace_period), "--log-dir", str(log_dir),
+               "--placement", cfg.placement,
                "--run-id", f"{s.run_id}-a{attempt}", cfg.script, *cfg.args]
         out = open(log_dir / "launcher.log", "wb")
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
