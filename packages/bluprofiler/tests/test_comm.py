@@ -146,3 +146,48 @@ def test_two_rank_fsdp_profile_has_gathers_and_reduce_scatters(tmp_path):
     assert rows["reduce_scatter"]["bytes"] >= 2 * N_PARAM_BYTES
     for r in rows.values():
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 0.5)  # (n-1)/n for n = 2
+
+
+@pytest.fixture
+def world1(device, monkeypatch):
+    """A world-size-1 dtms group: local on CPU, NCCL on the GPU (the cuda twin)."""
+    import dtms
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    pg = dtms.init_process_group("local" if device == "cpu" else "nccl")
+    yield device, pg
+    dtms.destroy_process_group()
+
+
+def test_collective_in_a_session_is_timed_on_its_clock(world1):
+    import bluprofiler as bp
+    import blutensor as bt
+
+    device, pg = world1
+    ref = np.arange(1 << 16, dtype=np.float32)
+    if device == "cuda":
+        import cupy
+
+        buf = cupy.asarray(ref)
+    else:
+        buf = ref.copy()
+    x = bt.tensor(np.ones((64, 64), np.float32), device=device)
+    with bp.profile(memory=False) as prof:
+        w = pg.all_reduce(buf, async_op=True)
+        y = (x @ x).sum()
+        w.wait()
+        float(y.item())
+    res = prof.result
+    (c,) = res.comms
+    assert (c.op, c.nbytes, c.group, c.backend) == ("all_reduce", ref.nbytes, (0,), pg.backend)
+    assert res.t0 <= c.start_ns <= c.issued_ns <= c.end_ns <= res.t1
+    if device == "cuda":  # CUDA events on the communication stream, on the GPU lane's clock
+        assert c.gpu_ms is not None and c.gpu_ms >= 0 and c.gpu_start_ms is not None and c.gpu_start_ms >= 0
+        assert c.stream == pg.stream.ptr
+    else:
+        assert c.gpu_ms is None and c.stream == 0
+    np.testing.assert_array_equal(np.asarray(buf.get() if device == "cuda" else buf), ref)  # world 1: unchanged
+    assert c.bandwidth() == (pytest.approx(ref.nbytes / c.seconds), 0.0)  # 2(n-1)/n = 0 for n = 1
+    tr = [e for e in bp.chrome_trace(res)["traceEvents"] if e.get("cat") == "collective"]
+    assert len(tr) == 1 and tr[0]["args"]["clock"] == ("gpu" if device == "cuda" else "host")
