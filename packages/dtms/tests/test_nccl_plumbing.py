@@ -122,3 +122,37 @@ def test_nccl_cross_rank_check_on_fake_nccl(fake_cupy):
         return True
 
     run_ranks(2, fn)
+
+
+def test_nccl_collective_observer_gets_timing_events_on_the_comm_stream(fake_cupy):
+    import dtms
+
+    cp = fake_cupy
+    seen = []
+    lock = threading.Lock()
+
+    def obs(phase, rec):
+        with lock:
+            seen.append((phase, rec))
+
+    def fn(r, pg):
+        x = cp.asarray(np.full(6, r + 1.0, np.float32))
+        w = pg.all_reduce(x, async_op=True)
+        w.wait()
+        np.testing.assert_allclose(cp.asnumpy(x), np.full(6, 3.0))
+        return pg.stream
+
+    dtms.add_collective_observer(obs)
+    try:
+        streams = run_ranks(2, fn)
+    finally:
+        dtms.remove_collective_observer(obs)
+    ends = [rec for ph, rec in seen if ph == "end" and rec.op == "all_reduce"]
+    assert len(ends) == 2 and {rec.rank for rec in ends} == {0, 1}
+    for rec in ends:
+        s = streams[rec.rank]
+        assert rec.backend == "nccl" and rec.nbytes == 24 and rec.stream == s.ptr
+        t0, t1 = rec.device_events
+        assert t0.recorded_on is s and t1.recorded_on is s  # both on the communication stream
+        assert rec.start_ns <= rec.issued_ns <= rec.wait_ns <= rec.end_ns
+    assert not dtms.process_group._COLLECTIVE_OBSERVERS

@@ -216,11 +216,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     tr = Trainer(cfg, out, quiet=True)
     try:
         prof_dir = out / "profile"
+        if tr.dist.world > 1:  # one folder per rank: each has its own trace, op table and collectives
+            prof_dir = prof_dir / f"rank{tr.dist.rank}"
         summary = profile_steps(tr.train_step, steps, prof_dir, warmup=args.warmup, memory=not args.no_memory,
                                 meta={"workload": f"blutrain {args.preset or args.config or 'tiny'}"})
         table = prof_dir / "summary.txt"
-        if table.is_file():
+        if table.is_file() and tr.dist.is_main:
             print(table.read_text())
+        if not tr.dist.is_main:
+            return 0 if summary is not None else 1
         print(f"[blutrain] profile of {steps} step(s) written to {prof_dir} "
               f"(trace.json for Perfetto/chrome://tracing, memory.png, summary.txt)")
         return 0 if summary is not None else 1

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from bluprofiler import memory as _mem
+from bluprofiler.comm import CommEvent, compute_overlap, resolve_gpu_times
 from bluprofiler.events import OpEvent
 from bluprofiler.memory import MemoryTracker
 from bluprofiler.result import ProfileResult
@@ -98,6 +99,9 @@ class Profiler:
         self._running = False
         self._result: ProfileResult | None = None
         self._observing = self._observing_bwd = False
+        self._comm_api: Any = None  # dtms, while this session observes its collectives
+        self._comms: list[CommEvent] = []
+        self._comm_open = 0
 
     # ---- lifecycle ----
     def start(self) -> Profiler:
@@ -174,6 +178,11 @@ class Profiler:
         if self.backward:
             engine.add_backward_observer(self._observe_backward)
             self._observing_bwd = True
+        self._comms, self._comm_open = [], 0
+        dtms = sys.modules.get("dtms")  # never imported here: a run with process groups has it already
+        if dtms is not None and hasattr(dtms, "add_collective_observer"):
+            dtms.add_collective_observer(self._observe_collective)
+            self._comm_api = dtms
         self._running = True
 
     def _detach(self) -> None:
@@ -187,6 +196,9 @@ class Profiler:
         if self._observing_bwd:
             engine.remove_backward_observer(self._observe_backward)
             self._observing_bwd = False
+        if self._comm_api is not None:
+            self._comm_api.remove_collective_observer(self._observe_collective)
+            self._comm_api = None
         if self.mem is not None:
             self.mem.stop()
         _mem.OWNER = "other"
@@ -202,6 +214,10 @@ class Profiler:
             self._raw = []
             if self.gpu is not None:
                 self.gpu.resolve(self.events)
+            comms = sorted(self._comms, key=lambda c: c.start_ns)
+            self._comms = []
+            resolve_gpu_times(comms, self.gpu)
+            compute_overlap(comms, [e for e in self.events if e.phase != "region"])
         finally:
             _release()
         mem_events = self.mem.build_events() if self.mem is not None else []
@@ -212,6 +228,9 @@ class Profiler:
         self._result.meta["memory_source"] = self.memory_source
         self._result.meta["cuda_events_recorded"] = self._n
         self._result.meta["nvtx"] = self.nvtx_active
+        self._result.comms = comms
+        if self._comm_open:
+            self._result.meta["collectives_unfinished"] = self._comm_open
         return self._result
 
     def __enter__(self) -> Profiler:
@@ -226,6 +245,16 @@ class Profiler:
         if self._result is None:
             raise ProfilerError("Profiler.result: the session has not stopped yet (leave the with-block first)")
         return self._result
+
+    def _observe_collective(self, phase: str, rec: Any) -> None:
+        """dtms collective observer: a CommEvent per collective completed while the session runs."""
+        if phase == "start":
+            self._comm_open += 1
+            return
+        self._comm_open -= 1
+        self._comms.append(CommEvent(rec.op, rec.backend, tuple(rec.group), rec.rank, rec.nbytes, rec.dtype,
+                                     rec.reduce_op, rec.async_op, rec.start_ns, rec.issued_ns, rec.end_ns,
+                                     rec.stream, _tid(), _events=rec.device_events))
 
     # ---- the hot path: set the owner, record two raw pool events, append one tuple ----
     # _observe and _observe_backward inline the span open/close (no helper calls per span); region

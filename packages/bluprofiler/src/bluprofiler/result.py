@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bluprofiler import memory as _memory
+from bluprofiler.comm import CommEvent, comm_summary
 from bluprofiler.events import MemEvent, OpEvent
 
 
@@ -22,6 +23,8 @@ class ProfileResult:
     baseline_bytes: int = 0
     pid: int = 0
     meta: dict = field(default_factory=dict)
+    #: collectives of dtms process groups completed during the session (bluprofiler.comm)
+    comms: list[CommEvent] = field(default_factory=list)
 
     @property
     def wall_ms(self) -> float:
@@ -107,6 +110,10 @@ class ProfileResult:
         out.sort(key=lambda r: -r[key])
         return out[:top] if top else out
 
+    def comm_summary(self) -> list[dict]:
+        """One row per (collective, group): calls, bytes, time, algbw/busbw (GB/s), overlap fraction."""
+        return comm_summary(self.comms)
+
     def timeline(self) -> tuple[list[int], list[int], list[int]]:
         """(ns since start, allocated bytes, reserved bytes) after each memory event."""
         ts, a, r = _memory.timeline(self.mem_events)
@@ -134,4 +141,5 @@ class ProfileResult:
         """JSON-ready summary: device, wall/step time, rows, peak memory."""
         return {"device": self.device, "gpu_timing": self.gpu_timing, "wall_ms": self.wall_ms,
                 "step_ms": self.step_ms(), "n_ops": len(self.ops()), "n_mem_events": len(self.mem_events),
-                "rows": self.summary(), "memory": self.peak_memory(), **self.meta}
+                "rows": self.summary(), "memory": self.peak_memory(), "collectives": self.comm_summary(),
+                **self.meta}

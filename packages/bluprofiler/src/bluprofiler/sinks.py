@@ -39,7 +39,7 @@ class TableSink:
 
 
 class JsonlSink:
-    """``events.jsonl``: one JSON object per op span and per memory event (times in ns since start)."""
+    """``events.jsonl``: one JSON object per op span, memory event and collective (times in ns since start)."""
 
     PLUGIN_NAME = "jsonl"
 
@@ -50,6 +50,7 @@ class JsonlSink:
         p = out / "events.jsonl"
         items = [(e.start_ns, e.as_dict(result.t0)) for e in result.events]
         items += [(m.ts_ns, m.as_dict(result.t0)) for m in result.mem_events]
+        items += [(c.start_ns, c.as_dict(result.t0)) for c in result.comms]
         items.sort(key=lambda it: it[0])
         with p.open("w") as f:
             f.write(json.dumps(session_header(result)) + "\n")
@@ -73,7 +74,9 @@ def load_jsonl(path: str | Path) -> ProfileResult:
     if not path.is_file():
         raise FileNotFoundError(f"load_jsonl: {path} " + ("is a folder, not an events.jsonl file" if path.is_dir()
                                                            else "does not exist"))
-    head, ops, mems = None, [], []
+    from bluprofiler.comm import CommEvent
+
+    head, ops, mems, comms = None, [], [], []
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -95,6 +98,11 @@ def load_jsonl(path: str | Path) -> ProfileResult:
                                 if "shapes" in d else None, tuple(d["out_shape"]) if "out_shape" in d else None,
                                 d.get("stream", 0), d.get("gpu_start_ms"), d.get("gpu_ms"), d.get("host_only", False))
                     ops.append(e)
+                elif t == "comm":
+                    comms.append(CommEvent(d["op"], d["backend"], tuple(d["group"]), d["rank"], d["bytes"], d["dtype"],
+                                           d["reduce_op"], d["async_op"], d["start_ns"], d["issued_ns"], d["end_ns"],
+                                           d.get("stream", 0), d.get("tid", 0), d.get("gpu_start_ms"),
+                                           d.get("gpu_ms"), d.get("overlap", 0.0), d.get("overlapped", {})))
                 else:
                     mems.append(MemEvent(d["ts_ns"], d["kind"], d["nbytes"], d["addr"], d["stream"], d["owner"],
                                          d["device"]))
@@ -108,7 +116,7 @@ def load_jsonl(path: str | Path) -> ProfileResult:
         raise ValueError(f"{path}:{lineno}: the session header lacks {', '.join(map(repr, missing))}")
     return ProfileResult(events=ops, mem_events=mems, t0=0, t1=h["t1"], wall0_ns=h["wall0_ns"],
                          device=h["device"], gpu_timing=h["gpu_timing"],
-                         baseline_bytes=h["baseline_bytes"], pid=h["pid"])
+                         baseline_bytes=h["baseline_bytes"], pid=h["pid"], comms=comms)
 
 
 BUILTIN_SINKS = {c.PLUGIN_NAME: c for c in (ChromeTraceSink, TableSink, JsonlSink)}

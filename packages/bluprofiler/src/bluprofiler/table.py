@@ -53,4 +53,38 @@ def format_table(res: ProfileResult, top: int = 25, sort_by: str = "total") -> s
             lines.append(f"  (source: {res.meta['memory_source']})")
         for owner, n in list(p["by_owner"].items())[:15]:
             lines.append(f"  {owner:<40} {_mib(n):>16}")
+    if res.comms:
+        lines.append("")
+        lines += format_comm_table(res)
     return head + "\n".join(lines) + "\n"
+
+
+def _bytes(n: float) -> str:
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= f:
+            return f"{n / f:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_comm_table(res: ProfileResult) -> list[str]:
+    """The collectives section: per (op, group) calls, bytes, time, algbw/busbw and overlap with compute."""
+    rows = res.comm_summary()
+    gpu = any(r["gpu_timed"] for r in rows)
+    total = sum(r["total_ms"] for r in rows)
+    clock = "GPU (CUDA events on the communication stream)" if gpu else "host: call to completed wait"
+    out = [f"collectives: {len(res.comms)} on {', '.join(sorted({r['backend'] for r in rows}))}, "
+           f"{total:.3f} ms in total ({clock}); bus bandwidth by NCCL's formulas; "
+           "overlap = share of the time covered by op spans"]
+    cols = ["collective", "group", "calls", "bytes", "total ms", "mean us", "algbw GB/s", "busbw GB/s", "overlap %"]
+    w1 = max([len(cols[1])] + [len(",".join(map(str, r["group"]))) for r in rows])
+    fmt = f"{{:<15}}  {{:<{w1}}}  {{:>6}}  {{:>11}}  {{:>10}}  {{:>10}}  {{:>10}}  {{:>10}}  {{:>9}}"
+    out.append(fmt.format(*cols))
+    out.append("-" * len(out[-1]))
+    for r in rows:
+        out.append(fmt.format(r["op"], ",".join(map(str, r["group"])), r["calls"], _bytes(r["bytes"]),
+                              f"{r['total_ms']:.3f}", f"{r['mean_us']:.1f}", f"{r['algbw_GBps']:.4g}",
+                              f"{r['busbw_GBps']:.4g}", f"{100 * r['overlap']:.1f}"))
+    if res.meta.get("collectives_unfinished"):
+        out.append(f"({res.meta['collectives_unfinished']} collective(s) issued but not waited on before the session "
+                   "ended are not listed)")
+    return out

@@ -3,7 +3,9 @@
 Lanes: process "host" with one thread per Python thread (op and region spans, nested by time);
 process "GPU" with one thread per CUDA stream (the same spans at the time the GPU ran them, when
 timed with CUDA events) linked to their launch by flow arrows; counters "memory" (allocated and
-reserved MiB) on the host process.
+reserved MiB) on the host process; process "communication" with one thread per (process group,
+stream): every dtms collective as a span (host start to completed wait, or its GPU time on the
+communication stream for NCCL) with op, group, bytes, bus bandwidth and the compute it overlapped.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bluprofiler.result import ProfileResult
 
-HOST_PID, GPU_PID = 1, 2
+HOST_PID, GPU_PID, COMM_PID = 1, 2, 3
 
 
 def chrome_trace(res: ProfileResult) -> dict:
@@ -63,6 +65,7 @@ def chrome_trace(res: ProfileResult) -> dict:
         for s, tid in streams.items():
             ev.append({"ph": "M", "name": "thread_name", "pid": GPU_PID, "tid": tid,
                        "args": {"name": f"stream 0x{s:x}" if s else "default stream"}})
+    ev += comm_trace_events(res)
     if res.mem_events:
         ts_ns, alloc, resv = res.timeline()
         for t, a, r in zip(ts_ns, alloc, resv):
@@ -73,6 +76,39 @@ def chrome_trace(res: ProfileResult) -> dict:
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "otherData": {"producer": "bluprofiler", "device": res.device, "gpu_timing": res.gpu_timing,
                           "wall0_ns": res.wall0_ns, "step_ms": res.step_ms()}}
+
+
+def comm_trace_events(res: ProfileResult) -> list[dict]:
+    """The "communication" process of the trace: one lane per (group, stream), a span per collective."""
+    if not res.comms:
+        return []
+    ev: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": COMM_PID, "args": {"name": "communication"}},
+        {"ph": "M", "name": "process_sort_index", "pid": COMM_PID, "args": {"sort_index": 2}},
+    ]
+    lanes: dict[tuple, int] = {}
+    for c in res.comms:
+        lane = (c.group, c.stream)
+        tid = lanes.setdefault(lane, len(lanes) + 1)
+        alg, bus = c.bandwidth()
+        args = {"op": c.op, "backend": c.backend, "group": list(c.group), "bytes": c.nbytes, "dtype": c.dtype,
+                "async_op": c.async_op, "algbw_GBps": round(alg / 1e9, 6), "busbw_GBps": round(bus / 1e9, 6),
+                "overlap": round(c.overlap, 4), "overlapped": dict(list(c.overlapped.items())[:10]),
+                "host_start_us": (c.start_ns - res.t0) / 1e3, "host_end_us": (c.end_ns - res.t0) / 1e3}
+        if c.reduce_op:
+            args["reduce_op"] = c.reduce_op
+        if c.gpu_start_ms is not None and c.gpu_ms is not None:
+            ts, dur = c.gpu_start_ms * 1e3, c.gpu_ms * 1e3
+            args["clock"] = "gpu"
+        else:
+            ts, dur = (c.start_ns - res.t0) / 1e3, (c.end_ns - c.start_ns) / 1e3
+            args["clock"] = "host"
+        ev.append({"ph": "X", "name": c.op, "cat": "collective", "pid": COMM_PID, "tid": tid, "ts": ts,
+                   "dur": max(dur, 0.001), "args": args})
+    for (group, stream), tid in lanes.items():
+        name = "ranks " + ",".join(map(str, group)) + (f" stream 0x{stream:x}" if stream else "")
+        ev.append({"ph": "M", "name": "thread_name", "pid": COMM_PID, "tid": tid, "args": {"name": name}})
+    return ev
 
 
 def write_chrome_trace(res: ProfileResult, path: str | Path) -> Path:

@@ -12,7 +12,7 @@ import sys
 
 ORCHESTRATOR_FLAGS = ("--run-dir", "--max-restarts", "--max-no-progress", "--heartbeat-interval",
                       "--heartbeat-timeout", "--progress-timeout", "--startup-timeout", "--metrics-port",
-                      "--metrics-host")
+                      "--metrics-host", "--straggler-margin", "--straggler-steps")
 
 
 def orchestrator_requested(argv: list[str]) -> bool:
@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics (0: any port)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address (loopback by default)")
     p.add_argument("--run-id", default=None)
+    p.add_argument("--straggler-margin", type=float, default=0.25,
+                   help="a rank busy this fraction above the gang's median per step ...")
+    p.add_argument("--straggler-steps", type=int, default=5,
+                   help="... for this many consecutive steps is reported as a STRAGGLER incident (0: off)")
+    p.add_argument("--placement", choices=("auto", "off"), default="auto",
+                   help="blurun's GPU placement for every attempt (auto: NVML health check and NUMA pinning)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -52,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     from .orchestrator import Orchestrator, OrchestratorConfig
 
     a = _parser().parse_args(argv)
+    if not a.straggler_margin > 0 or a.straggler_steps < 0:
+        print(f"orchestrate: error: need --straggler-margin > 0 and --straggler-steps >= 0 (got "
+              f"{a.straggler_margin}, {a.straggler_steps})", file=sys.stderr)
+        return 2
     if a.nproc_per_node < 1 or a.max_restarts < 0 or a.max_no_progress < 0:
         print("orchestrate: error: need --nproc-per-node >= 1, --max-restarts >= 0, --max-no-progress >= 0",
               file=sys.stderr)
@@ -61,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         launcher=a.launcher, max_restarts=a.max_restarts, max_no_progress=a.max_no_progress,
         heartbeat_interval=a.heartbeat_interval, heartbeat_timeout=a.heartbeat_timeout,
         progress_timeout=a.progress_timeout, startup_timeout=a.startup_timeout, grace_period=a.grace_period,
-        metrics_host=a.metrics_host, metrics_port=a.metrics_port, run_id=a.run_id, quiet=a.quiet)
+        metrics_host=a.metrics_host, metrics_port=a.metrics_port, run_id=a.run_id, quiet=a.quiet,
+        straggler_margin=a.straggler_margin, straggler_steps=a.straggler_steps, placement=a.placement)
     return Orchestrator(cfg).run()
 
 

@@ -8,8 +8,11 @@ Tensor is accepted too and its ``_data`` is used. Ranks passed to a group's meth
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -185,6 +188,116 @@ def compare_signatures(kind: str, sigs: np.ndarray, my_rank: int, my_dtype: Any)
 _NO_DATA = np.empty(0, dtype=np.uint8)  # the "array" a barrier's signature describes
 
 
+@dataclass(slots=True)
+class CollectiveRecord:
+    """One collective (or point-to-point op) as seen by collective observers.
+
+    ``nbytes`` is the size NCCL's bus-bandwidth formulas take: the buffer of ``all_reduce``/``broadcast``/
+    ``send``/``recv``, the whole input of ``reduce_scatter``/``all_to_all``, the whole output of
+    ``all_gather`` (0 for ``barrier``). Host times are ``time.perf_counter_ns`` values: ``start_ns``
+    when the call began (before the cross-rank argument check, which waits for the peers),
+    ``issued_ns`` when the call returned (the op may still be in flight), ``wait_ns`` when the caller
+    began waiting for it, ``end_ns`` when the caller saw it complete (its ``wait``/``synchronize``, or
+    an ``is_completed`` that returned True). On NCCL ``stream`` is the communication stream's pointer
+    and ``device_events`` the pair of timing CUDA events recorded on it around the operation; CPU
+    backends leave them 0 / None.
+    """
+
+    op: str
+    backend: str
+    group: tuple[int, ...]
+    rank: int
+    nbytes: int
+    dtype: str
+    reduce_op: str | None
+    async_op: bool
+    start_ns: int
+    issued_ns: int = 0
+    wait_ns: int | None = None
+    end_ns: int | None = None
+    stream: int = 0
+    device_events: tuple | None = None
+
+    @property
+    def group_size(self) -> int:
+        return len(self.group)
+
+    def blocked_ns(self) -> int:
+        """Host time the caller spent blocked in this op: the call itself plus its wait (not the compute
+        between issuing an async op and waiting on it); 0 until it ended."""
+        if self.end_ns is None:
+            return 0
+        w = self.issued_ns if self.wait_ns is None else max(self.wait_ns, self.issued_ns)
+        return max(self.issued_ns - self.start_ns, 0) + max(self.end_ns - w, 0)
+
+
+#: observers called as ``fn("start", record)`` before a collective is issued and ``fn("end", record)``
+#: once its completion is seen; empty means nothing of this is on the collective path
+_COLLECTIVE_OBSERVERS: list[Callable[[str, CollectiveRecord], None]] = []
+
+
+def add_collective_observer(fn: Callable[[str, CollectiveRecord], None]) -> None:
+    """Call ``fn(phase, record)`` around every collective and point-to-point op of every group.
+
+    ``phase`` is ``"start"`` (before the backend runs it; ``end_ns`` is None) or ``"end"`` (the same
+    :class:`CollectiveRecord`, with ``end_ns`` set, when the caller waits on it or finds it complete).
+    An op whose ``Work`` is never waited on reports no ``"end"``. Profilers use this (bluprofiler puts
+    the records into its trace and table); an observer must not issue collectives itself.
+    """
+    if not callable(fn):
+        raise TypeError(f"add_collective_observer: fn must be callable, got {type(fn).__name__}")
+    if fn not in _COLLECTIVE_OBSERVERS:
+        _COLLECTIVE_OBSERVERS.append(fn)
+
+
+def remove_collective_observer(fn: Callable[[str, CollectiveRecord], None]) -> None:
+    """Stop calling ``fn`` (no error when it was not added)."""
+    if fn in _COLLECTIVE_OBSERVERS:
+        _COLLECTIVE_OBSERVERS.remove(fn)
+
+
+def _notify(phase: str, rec: CollectiveRecord) -> None:
+    for fn in tuple(_COLLECTIVE_OBSERVERS):
+        fn(phase, rec)
+
+
+class ObservedWork(Work):
+    """A backend's ``Work`` that reports its completion to the collective observers once."""
+
+    def __init__(self, work: Work, rec: CollectiveRecord):
+        self._work, self._rec, self._outputs = work, rec, getattr(work, "_outputs", ())
+
+    def _ended(self) -> None:
+        if self._rec is not None:
+            rec, self._rec = self._rec, None
+            rec.end_ns = time.perf_counter_ns()
+            _notify("end", rec)
+
+    def _waiting(self) -> None:
+        if self._rec is not None and self._rec.wait_ns is None:
+            self._rec.wait_ns = time.perf_counter_ns()
+
+    def wait(self, stream: Any = None) -> bool:
+        self._waiting()
+        r = self._work.wait(stream)
+        self._ended()
+        return r
+
+    def synchronize(self) -> None:
+        self._waiting()
+        self._work.synchronize()
+        self._ended()
+
+    def is_completed(self) -> bool:
+        done = self._work.is_completed()
+        if done:
+            self._ended()
+        return done
+
+    def result(self) -> list[Any]:
+        return self._work.result()
+
+
 class ProcessGroup(ABC):
     """A set of processes that run collectives together; one interface over NCCL, MPI and local."""
 
@@ -249,7 +362,10 @@ class ProcessGroup(ABC):
         self._check_device("all_reduce", a)
         self._flush_p2p()
         op = self._op("all_reduce", op, a)
+        rec = self._begin("all_reduce", a.nbytes, a.dtype, op, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("all_reduce", op, a)
+        if rec is not None:
+            return self._observed(rec, lambda: self._all_reduce(a, op), async_op)
         return self._ret(self._all_reduce(a, op), async_op)
 
     def reduce_scatter(self, output: Any, input: Any, op: str = "sum", async_op: bool = False) -> Work | None:
@@ -264,7 +380,10 @@ class ProcessGroup(ABC):
                 f"{self._size} x output size {o.size} = {o.size * self._size}"
             )
         op = self._op("reduce_scatter", op, i)
+        rec = self._begin("reduce_scatter", i.nbytes, i.dtype, op, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("reduce_scatter", op, i)
+        if rec is not None:
+            return self._observed(rec, lambda: self._reduce_scatter(o, i, op), async_op)
         return self._ret(self._reduce_scatter(o, i, op), async_op)
 
     def all_gather(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
@@ -278,7 +397,10 @@ class ProcessGroup(ABC):
                 f"all_gather: output has {o.size} elements {tuple(o.shape)}, expected group size "
                 f"{self._size} x input size {i.size} = {i.size * self._size}"
             )
+        rec = self._begin("all_gather", o.nbytes, o.dtype, None, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("all_gather", None, i)
+        if rec is not None:
+            return self._observed(rec, lambda: self._all_gather(o, i), async_op)
         return self._ret(self._all_gather(o, i), async_op)
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
@@ -287,7 +409,10 @@ class ProcessGroup(ABC):
         self._check_device("broadcast", a)
         self._flush_p2p()
         src = self._peer("broadcast", src, "src")
+        rec = self._begin("broadcast", a.nbytes, a.dtype, None, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("broadcast", None, a)
+        if rec is not None:
+            return self._observed(rec, lambda: self._broadcast(a, src), async_op)
         return self._ret(self._broadcast(a, src), async_op)
 
     def all_to_all(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
@@ -301,7 +426,10 @@ class ProcessGroup(ABC):
                 f"all_to_all: input {tuple(i.shape)} and output {tuple(o.shape)} must have the same number "
                 f"of elements, divisible by the group size {self._size}"
             )
+        rec = self._begin("all_to_all", i.nbytes, i.dtype, None, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("all_to_all", None, i)
+        if rec is not None:
+            return self._observed(rec, lambda: self._all_to_all(o, i), async_op)
         return self._ret(self._all_to_all(o, i), async_op)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
@@ -311,7 +439,11 @@ class ProcessGroup(ABC):
         dst = self._peer("send", dst, "dst")
         if dst == self._rank:
             raise CollectiveError(f"send: dst={dst} is this rank; send to another rank")
-        return self._ret(self._send(a, dst, self._tag("send", tag)), async_op)
+        tag = self._tag("send", tag)
+        if _COLLECTIVE_OBSERVERS:
+            rec = self._begin("send", a.nbytes, a.dtype, None, async_op)
+            return self._observed(rec, lambda: self._send(a, dst, tag), async_op)
+        return self._ret(self._send(a, dst, tag), async_op)
 
     def recv(self, tensor: Any, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
         """Receive into ``tensor`` from group rank ``src``."""
@@ -320,7 +452,11 @@ class ProcessGroup(ABC):
         src = self._peer("recv", src, "src")
         if src == self._rank:
             raise CollectiveError(f"recv: src={src} is this rank; receive from another rank")
-        return self._ret(self._recv(a, src, self._tag("recv", tag)), async_op)
+        tag = self._tag("recv", tag)
+        if _COLLECTIVE_OBSERVERS:
+            rec = self._begin("recv", a.nbytes, a.dtype, None, async_op)
+            return self._observed(rec, lambda: self._recv(a, src, tag), async_op)
+        return self._ret(self._recv(a, src, tag), async_op)
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Nonblocking ``send``."""
@@ -339,7 +475,10 @@ class ProcessGroup(ABC):
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank of the group has reached the barrier."""
         self._flush_p2p()
+        rec = self._begin("barrier", 0, _NO_DATA.dtype, None, async_op) if _COLLECTIVE_OBSERVERS else None
         self._cross_check("barrier", None, _NO_DATA)
+        if rec is not None:
+            return self._observed(rec, self._barrier, async_op, sync=True)
         w = self._barrier()
         if async_op:
             return w
@@ -364,6 +503,30 @@ class ProcessGroup(ABC):
 
     def destroy(self) -> None:  # noqa: B027 (optional hook)
         """Release backend resources held by this group."""
+
+    def _begin(self, kind: str, nbytes: int, dtype: Any, op: str | None, async_op: bool) -> CollectiveRecord:
+        """The observers' "start" of a collective: before its cross-rank check, which may block on peers."""
+        rec = CollectiveRecord(kind, self.backend, self.global_ranks, self._rank, int(nbytes), str(dtype), op,
+                               bool(async_op), time.perf_counter_ns())
+        _notify("start", rec)
+        return rec
+
+    def _observed(self, rec: CollectiveRecord, issue: Callable[[], Work], async_op: bool,
+                  sync: bool = False) -> Work | None:
+        """Run ``issue()``; the observers' "end" comes when the returned work is seen complete."""
+        work = issue()
+        rec.issued_ns = time.perf_counter_ns()
+        timing = getattr(work, "timing", None)  # NCCL: (start event, end event, stream pointer)
+        if timing is not None:
+            rec.device_events, rec.stream = (timing[0], timing[1]), int(timing[2])
+        w = ObservedWork(work, rec)
+        if async_op:
+            return w
+        if sync:
+            w.synchronize()
+        else:
+            w.wait()
+        return None
 
     @staticmethod
     def _ret(work: Work, async_op: bool) -> Work | None:

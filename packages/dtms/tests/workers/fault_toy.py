@@ -65,6 +65,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--nan-policy", default="stop")
     p.add_argument("--step-sleep", type=float, default=0.03)
+    p.add_argument("--slow-rank", type=int, default=-1, help="this rank computes --slow-s longer every step")
+    p.add_argument("--slow-s", type=float, default=0.0)
     a = p.parse_args()
     agent = WorkerAgent.from_env()
     dtms.init_process_group()
@@ -113,6 +115,8 @@ def main():
                 elif kind == "python_hang":
                     while True:
                         time.sleep(1)
+            if rank == a.slow_rank:  # a straggler: more compute before the collective, which the others wait in
+                time.sleep(a.slow_s)
             with agent.phase("collective"):
                 dtms.all_reduce(grad, "avg")
                 dtms.all_reduce(loss, "avg")

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import process_group as _pg
 from ..process_group import (
     CollectiveError,
     ProcessGroup,
@@ -64,6 +65,7 @@ class NCCLWork(Work):
     def __init__(self, cupy: Any, event: Any, keep: tuple):
         self._cupy, self.event, self._keep = cupy, event, keep
         self._outputs = keep[:1]
+        self.timing: tuple | None = None  # (start, end, stream pointer) timing events while observed
 
     def wait(self, stream: Any = None) -> bool:
         """Make ``stream`` (default: the current stream) wait for the operation; the host does not block."""
@@ -194,10 +196,19 @@ class NCCLProcessGroup(ProcessGroup):
             s.wait_event(ready)
         else:
             s = cur
+        timing = None
+        if _pg._COLLECTIVE_OBSERVERS:  # a profiler listens: time the operation on the communication stream
+            t0, t1 = cp.cuda.Event(), cp.cuda.Event()
+            t0.record(s)
+            timing = (t0, t1, s.ptr)
         fn(s)
+        if timing is not None:
+            timing[1].record(s)
         done = cp.cuda.Event(disable_timing=True)
         done.record(s)
-        return NCCLWork(cp, done, keep)
+        work = NCCLWork(cp, done, keep)
+        work.timing = timing
+        return work
 
     @staticmethod
     def _move_type(a: Any) -> tuple[int, int]:

@@ -35,6 +35,7 @@ class FaultClass(enum.StrEnum):
     DATA = "DATA"  # a token shard, tokenizer or corpus is bad or changed under the run: fatal, a restart reads it again
     CONFIG = "CONFIG"  # the run's configuration or run directory is refused (ConfigError): fatal
     UNKNOWN = "UNKNOWN"  # the gang ended nonzero without anything more specific
+    STRAGGLER = "STRAGGLER"  # a rank's busy time per step stays above the gang's median by the margin: reported
 
 
 # classes that restarting from the last good checkpoint can cure

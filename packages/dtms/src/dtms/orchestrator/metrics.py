@@ -124,4 +124,6 @@ def orchestrator_metrics() -> Metrics:
     m.declare("gpu_ecc_errors_total", "counter", "GPU ECC error counts (NVML, volatile)")
     m.declare("gpu_throttle_reasons", "gauge", "GPU clock throttle reasons bitmask (NVML)")
     m.declare("gpu_memory_used_bytes", "gauge", "GPU memory in use")
+    m.declare("step_busy_seconds", "gauge", "Seconds per step a rank spent outside collectives (straggler input)")
+    m.declare("stragglers", "gauge", "Ranks currently reported as stragglers")
     return m

@@ -31,6 +31,7 @@ from .faults import (
 )
 from .metrics import MetricsServer, orchestrator_metrics
 from .stacks import alive, collect_stacks, stack_file
+from .straggler import StragglerDetector
 from .worker import ENV_ADDR, ENV_ATTEMPT, ENV_DIR, ENV_HB, ENV_PORT, ENV_RUN, key_prefix
 
 
@@ -55,6 +56,9 @@ class OrchestratorConfig:
     run_id: str | None = None
     stack_timeout: float = 3.0
     quiet: bool = False
+    straggler_margin: float = 0.25  # a rank busy this fraction above the gang's median ...
+    straggler_steps: int = 5  # ... for this many consecutive gang steps is a STRAGGLER (0: no detection)
+    placement: str = "auto"  # blurun --placement: health/NUMA-aware GPU placement each attempt, or "off"
 
 
 @dataclass
@@ -71,6 +75,7 @@ class _Attempt:
     recorded: set[str] = field(default_factory=set)
     reached: int | None = None  # lowest step every rank completed in this attempt
     last_progress: float = 0.0
+    stragglers: StragglerDetector | None = None
 
     @property
     def pids(self) -> dict[int, int]:
@@ -235,6 +240,7 @@ class Orchestrator:
                     "PYTHONUNBUFFERED": "1"})
         cmd = [sys.executable, "-u", "-m", "dtms.run", "--nproc-per-node", str(cfg.nproc_per_node),
                "--launcher", cfg.launcher, "--grace-period", str(cfg.grace_period), "--log-dir", str(log_dir),
+               "--placement", cfg.placement,
                "--run-id", f"{s.run_id}-a{attempt}", cfg.script, *cfg.args]
         out = open(log_dir / "launcher.log", "wb")
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -273,6 +279,7 @@ class Orchestrator:
             m = min(steps)
             if att.reached is None or m > att.reached:
                 att.reached, att.last_progress = m, now
+                self._check_stragglers(att, m)
             self.metrics.set("step", m)
         ranks = {str(r): p for r, p in att.pids.items()}
         if ranks != self.state.live.get("ranks"):  # type: ignore[union-attr]
@@ -292,6 +299,25 @@ class Orchestrator:
                     if k in g:
                         self.metrics.set("gpu_ecc_errors_total", g[k], rank=r, gpu=g.get("index", 0),
                                          type=k.split("_")[1])
+
+    def _check_stragglers(self, att: _Attempt, step: int) -> None:
+        """Compare the ranks' busy seconds per step (wall minus blocked in collectives) at each gang step."""
+        cfg = self.cfg
+        if cfg.straggler_steps <= 0:
+            return
+        if att.stragglers is None:
+            att.stragglers = StragglerDetector(cfg.straggler_margin, cfg.straggler_steps)
+        busy = {r: float(h["step_s"]) - float(h.get("comm_s", 0.0)) for r, h in att.hb.items() if "step_s" in h}
+        for r, v in busy.items():
+            self.metrics.set("step_busy_seconds", v, rank=r)
+        for rep in att.stragglers.observe(step, busy):
+            self.incident(Incident(
+                FaultClass.STRAGGLER, f"rank {rep.rank} is {rep.ratio:.2f}x the gang's median busy time per step "
+                f"({rep.busy_s * 1e3:.1f} ms vs {rep.median_s * 1e3:.1f} ms) for {rep.steps} steps (margin "
+                f"{cfg.straggler_margin:g}); the run goes on", rep.rank, att.index, step,
+                details={"busy_s": rep.busy_s, "median_s": rep.median_s, "steps": rep.steps,
+                         "margin": cfg.straggler_margin}))
+        self.metrics.set("stragglers", len(att.stragglers.flagged))
 
     def _hang(self, att: _Attempt, now: float, t0: float) -> Incident | None:
         """A hang incident (no heartbeat / no progress / stuck collective), or None."""

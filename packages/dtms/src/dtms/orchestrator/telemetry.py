@@ -70,6 +70,9 @@ def _visible() -> list[str] | None:
 def rank_gpu() -> int:
     """NVML index of this rank's GPU: the first of $CUDA_VISIBLE_DEVICES (blurun pins one per rank),
     else $LOCAL_RANK."""
+    pinned = os.environ.get("BLUTRAIN_GPU_NVML_INDEX", "")
+    if pinned.isdigit():  # blurun's placement: CUDA_VISIBLE_DEVICES holds a UUID, this the NVML index
+        return int(pinned)
     vis = _visible()
     if vis and vis[0].isdigit():
         return int(vis[0])

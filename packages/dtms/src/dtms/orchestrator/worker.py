@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -74,6 +75,10 @@ class WorkerAgent:
         self._stack_fh = None
         self._telemetry_every = telemetry_every
         self._finished = False
+        # straggler detection: wall time per step and time blocked in collectives (dtms' observer API)
+        self._comm_done: list = []
+        self._last_step_t: float | None = None
+        self._observing = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, install_sigterm: bool = True) -> WorkerAgent | None:
@@ -106,6 +111,10 @@ class WorkerAgent:
         if install_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self._hb_store = TCPStore(self._addr, self._port, timeout=30.0)
+        from ..process_group import add_collective_observer
+
+        add_collective_observer(self._on_collective)
+        self._observing = True
         self._beat()
         self._thread = threading.Thread(target=self._loop, name="dtms-heartbeat", daemon=True)
         self._thread.start()
@@ -143,7 +152,35 @@ class WorkerAgent:
             n += 1
             self._stop.wait(self.interval / 10)  # rate limit: fast steps do not flood the store
 
+    def _on_collective(self, phase: str, rec: Any) -> None:
+        if phase == "end":
+            self._comm_done.append(rec)
+
+    def _blocked_s(self) -> float:
+        """Seconds blocked in the collectives completed since the last call: the CUDA-event time on the
+        communication stream (NCCL), else the host time in the call and its wait (compute between
+        issuing an async op and waiting on it is not counted)."""
+        recs, self._comm_done = self._comm_done, []
+        total = 0.0
+        for r in recs:
+            ev = getattr(r, "device_events", None)
+            if ev is not None:
+                cp = sys.modules.get("cupy")
+                try:
+                    if cp is not None and ev[1].done:
+                        total += float(cp.cuda.get_elapsed_time(ev[0], ev[1])) / 1e3
+                        continue
+                except Exception:
+                    pass
+            total += r.blocked_ns() / 1e9
+        return total
+
     def stop_heartbeat(self) -> None:
+        if self._observing:
+            from ..process_group import remove_collective_observer
+
+            remove_collective_observer(self._on_collective)
+            self._observing = False
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -151,7 +188,17 @@ class WorkerAgent:
 
     # ---------------------------------------------------------------- progress
     def step_done(self, step: int, **metrics: float) -> None:
-        """Record that ``step`` steps are complete (plus loss, tokens_per_s, ...) for the next heartbeat."""
+        """Record that ``step`` steps are complete (plus loss, tokens_per_s, ...) for the next heartbeat.
+
+        Also reports ``step_s`` (wall seconds per step since the previous call) and ``comm_s`` (of which
+        blocked in collectives), what the orchestrator's straggler detector compares across ranks; the
+        first step (start-up, compilation) is not measured."""
+        now = time.monotonic()
+        blocked = self._blocked_s()
+        prev, self._last_step_t = self._last_step_t, now
+        if prev is not None and self.step is not None and int(step) > self.step:
+            n = int(step) - self.step
+            metrics = {**metrics, "step_s": (now - prev) / n, "comm_s": blocked / n}
         with self._lock:
             self.step = int(step)
             self._phase = "train"
