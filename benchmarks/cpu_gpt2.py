@@ -24,7 +24,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -33,22 +32,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from e2e_gpt2 import corpus_tokens  # noqa: E402  (the benchmarks' shared token source)
 
 CONFIGS = {
     "tiny": dict(n_layer=4, n_head=4, d_model=128, block_size=128, vocab_size=1024, B=16, T=128),
     "larger": dict(n_layer=6, n_head=6, d_model=384, block_size=256, vocab_size=1024, B=8, T=256),
 }
-
-
-def corpus_tokens(n: int) -> np.ndarray:
-    out, total = [], 0
-    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        b = np.frombuffer(p.read_bytes(), dtype=np.uint8)
-        out.append(b)
-        total += b.size
-        if total >= n:
-            break
-    return np.concatenate(out)[:n].astype(np.int64)
 
 
 def make_batches(B: int, T: int, n: int) -> list:

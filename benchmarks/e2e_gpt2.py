@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def corpus_tokens(n: int) -> np.ndarray:
-    """n tokens: the bytes of the stdlib's .py files (deterministic order), as int64."""
+    """n tokens: the bytes of the stdlib's .py files (deterministic order), as int64 (shared by the benchmarks)."""
     out, total = [], 0
     for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         b = np.frombuffer(p.read_bytes(), dtype=np.uint8)
@@ -43,7 +43,7 @@ def corpus_tokens(n: int) -> np.ndarray:
         total += b.size
         if total >= n:
             break
-    return np.concatenate(out)[:n].astype(np.int64)
+    return np.resize(np.concatenate(out), n).astype(np.int64)  # repeated when the files hold fewer than n
 
 
 def batches(B: int, T: int, steps: int):

@@ -22,27 +22,16 @@ import os
 import platform
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from e2e_gpt2 import corpus_tokens  # noqa: E402  (the benchmarks' shared token source)
+
 LR = 3e-4
-
-
-def corpus_tokens(n: int) -> np.ndarray:
-    """n tokens: the bytes of the stdlib's .py files (deterministic order), as int64."""
-    out, total = [], 0
-    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        b = np.frombuffer(p.read_bytes(), dtype=np.uint8)
-        out.append(b)
-        total += b.size
-        if total >= n:
-            break
-    toks = np.concatenate(out)
-    return np.resize(toks, n).astype(np.int64)
 
 
 def batches(B: int, T: int, steps: int):
