@@ -1,4 +1,4 @@
-"""Where a GPT-2 124M fp32 training step spends its GPU time, kernel by kernel: BluTrain (whole step in a CUDA
+"""Where a GPT-2 124M fp32 training step spends its time on the GPU, kernel by kernel: BluTrain (whole step in a CUDA
 graph, as e2e_gpt2.py's blutrain_fp32_*_graph runs) or PyTorch (eager / torch.compile), same batches, B=16, T=1024.
 
     python3 dev/kernel_profile.py OUT.json blutrain|torch_eager|torch_compile [steps]
