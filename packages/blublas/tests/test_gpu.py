@@ -59,7 +59,7 @@ def test_gpu_epilogues_match_float64(provider, layout, precision, out_bf16, epi)
 
 @pytest.mark.parametrize("provider", ["blublas", "cublas"])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_gpu_batched_matches_float64(provider, precision):
+def test_batched_gemm_on_the_gpu_matches_float64(provider, precision):
     cp = _cupy()
     rng = np.random.default_rng(11)
     case = make_case(

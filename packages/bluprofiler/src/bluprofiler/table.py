@@ -17,7 +17,7 @@ def format_table(res: ProfileResult, top: int = 25, sort_by: str = "total") -> s
     rows = res.summary(sort_by=sort_by)
     timed = "GPU" if res.gpu_timing else "host"
     head = (f"bluprofiler: {len(res.ops())} op spans on {res.device}, step time {res.step_ms():.3f} ms "
-            f"(wall {res.wall_ms:.3f} ms), times are {timed} times\n")
+            f"(wall {res.wall_ms:.3f} ms), times measured on the {timed}\n")
     cols = ["name", "kernel", "calls", f"total ms ({timed})", "self ms", "mean us", "share %"]
     if res.gpu_timing:
         cols.append("host ms")

@@ -190,44 +190,42 @@ def floor_divide_forward(ctx, a, b):
 floor_divide_backward = div_rounded_backward
 
 
-def remainder_forward(ctx, a, b):
-    """Python's modulo: the result has the divisor's sign (PyTorch's remainder / ``%``)."""
+def _modulo_forward(name: str, rem, ctx, a, b):
     xp = xp_of(a if hasattr(a, "shape") else b)
-    _int_zero_division("remainder", a, b)
+    _int_zero_division(name, a, b)
     ctx.saved = (a, b)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _promote(xp.remainder(a, b), a, b)
+        return _promote(getattr(xp, rem)(a, b), a, b)
 
 
-def remainder_backward(ctx, g):
+def _modulo_backward(quot: str, ctx, g):
+    """d/da (a - b*q(a/b)) = 1, d/db = -q(a/b), with q = floor (remainder) or trunc (fmod)."""
     a, b = ctx.saved
     xp = xp_of(g)
     ga = unbroadcast(g, shape_of(a)) if ctx.needs[0] else None
     gb = None
     if ctx.needs[1]:
         with np.errstate(divide="ignore", invalid="ignore"):
-            gb = unbroadcast((-g * xp.floor(a / b)).astype(g.dtype, copy=False), shape_of(b))
+            gb = unbroadcast((-g * getattr(xp, quot)(a / b)).astype(g.dtype, copy=False), shape_of(b))
     return ga, gb
+
+
+def remainder_forward(ctx, a, b):
+    """Python's modulo: the result has the divisor's sign (PyTorch's remainder / ``%``)."""
+    return _modulo_forward("remainder", "remainder", ctx, a, b)
+
+
+def remainder_backward(ctx, g):
+    return _modulo_backward("floor", ctx, g)
 
 
 def fmod_forward(ctx, a, b):
     """C's fmod: the result has the dividend's sign (PyTorch's fmod)."""
-    xp = xp_of(a if hasattr(a, "shape") else b)
-    _int_zero_division("fmod", a, b)
-    ctx.saved = (a, b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _promote(xp.fmod(a, b), a, b)
+    return _modulo_forward("fmod", "fmod", ctx, a, b)
 
 
 def fmod_backward(ctx, g):
-    a, b = ctx.saved
-    xp = xp_of(g)
-    ga = unbroadcast(g, shape_of(a)) if ctx.needs[0] else None
-    gb = None
-    if ctx.needs[1]:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            gb = unbroadcast((-g * xp.trunc(a / b)).astype(g.dtype, copy=False), shape_of(b))
-    return ga, gb
+    return _modulo_backward("trunc", ctx, g)
 
 
 def isclose_forward(ctx, a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
