@@ -251,10 +251,13 @@ def test_fifty_async_saves_flat_memory_one_in_flight(tmp_path):
     assert ck.good_steps() == [49, 50]
 
 
+#: long enough that the rank is still training when the test kills it after step 7 (a step of this model takes
+#: ~10 ms on the compiled CPU kernels: a 16-step run could end before the kill arrived)
+TRAINER_STEPS = 240
 TRAINER = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.block_size=32", "model.dropout=0.1",
            "train.seq_len=32", "train.micro_batch=4", "train.batch_tokens=256", "train.warmup_steps=2",
            "train.eval_interval=0", "train.checkpoint_interval=4", "train.sample_tokens=0", "train.plot=false",
-           "train.device=cpu", "train.steps=16"]
+           "train.device=cpu", f"train.steps={TRAINER_STEPS}"]
 
 
 @pytest.mark.slow
@@ -291,11 +294,11 @@ def test_blumodels_trainer_killed_externally_resumes_bit_exact(tmp_path):
     assert [i["fault"] for i in inc] == ["RANK_DEAD"] and inc[0]["step"] >= 6
     ref_log = [(r["step"], r["loss"]) for r in map(json.loads, (ref / "log.jsonl").read_text().splitlines())]
     got_log = [(r["step"], r["loss"]) for r in map(json.loads, log.read_text().splitlines())]
-    assert [s for s, _ in ref_log] == list(range(16)) and got_log == ref_log
+    assert [s for s, _ in ref_log] == list(range(TRAINER_STEPS)) and got_log == ref_log
     from blumodels.checkpoint.manager import CheckpointManager
 
     _, a, ma = CheckpointManager(ref / "checkpoints").latest_good()
     _, b, mb = CheckpointManager(run / "checkpoints").latest_good()
-    assert ma["step"] == mb["step"] == 16 and a.keys() == b.keys()
+    assert ma["step"] == mb["step"] == TRAINER_STEPS and a.keys() == b.keys()
     for k in a:
         assert np.array_equal(a[k], b[k]), k
