@@ -7,11 +7,13 @@ H=12, T=1024, HD=64, causal, the fused-qkv path) for ours (wgmma), ours (mma.syn
 backend and with PyTorch's flash backend. Each part runs in its own process (a kernel fault ends only that part).
 The wgmma kernels are built with an mbarrier watchdog (a deadlock traps instead of hanging).
 
-Usage: python packages/blutensor/dev/gpu_check_attn_wgmma.py [part ...]   (parts: fwd bwd qkv time)
+Usage: python packages/blutensor/dev/gpu_check_attn_wgmma.py [part ...] [--json PATH]   (parts: fwd bwd qkv time;
+--json: the printed results also as JSON, for benchmarks/results/)
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -73,6 +75,9 @@ def _ref(q, k, v, do, causal, sc):
     return o.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
+RESULTS: list[dict] = []
+
+
 def part_fwd_bwd(with_bwd: bool) -> bool:
     from blutensor.cuda_ops import sdpa
 
@@ -99,6 +104,10 @@ def part_fwd_bwd(with_bwd: bool) -> bool:
         ok = ok and (det if with_bwd else True)
         ok_all &= ok
         names = "o lse dq dk dv".split()
+        RESULTS.append(dict(part="bwd" if with_bwd else "fwd", BH=BH, L=L, S=S, hd=hd, causal=causal, ok=bool(ok),
+                            max_abs_err_wgmma=dict(zip(names, errs["bf16_wgmma"])),
+                            max_abs_err_mma=dict(zip(names, errs["bf16"])),
+                            deterministic=bool(det) if with_bwd else None))
         cmp = " ".join(f"{n} {a:.1e}/{b:.1e}" for n, a, b in zip(names, errs["bf16_wgmma"], errs["bf16"]))
         print(f"{'ok  ' if ok else 'FAIL'} BH={BH} L={L} S={S} hd={hd} causal={int(causal)} wgmma/mma: {cmp}"
               + (f" det={int(det)}" if with_bwd else ""), flush=True)
@@ -126,6 +135,9 @@ def part_qkv() -> bool:
             res[var] = e
         ok = all(a <= 2 * b + 2e-3 for a, b in zip(res["bf16_wgmma"], res["bf16"]))
         ok_all &= ok
+        RESULTS.append(dict(part="qkv", B=B, T=T, H=H, hd=hd, causal=causal, ok=bool(ok),
+                            max_abs_err_wgmma=dict(zip("o lse dq dk dv".split(), res["bf16_wgmma"])),
+                            max_abs_err_mma=dict(zip("o lse dq dk dv".split(), res["bf16"]))))
         cmp = " ".join(f"{n} {a:.1e}/{b:.1e}" for n, a, b in zip("o lse dq dk dv".split(), res["bf16_wgmma"],
                                                                    res["bf16"]))
         print(f"{'ok  ' if ok else 'FAIL'} qkv B={B} T={T} H={H} hd={hd} causal={int(causal)} wgmma/mma: {cmp}",
@@ -147,12 +159,11 @@ def _ms(fn, n=20):
     return a.elapsed_time(b) / n
 
 
-def part_time() -> bool:
+def _time_config(B, T, H, hd, causal):
     import torch
     from blutensor.cuda_ops import sdpa
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    B, T, H, hd = 16, 1024, 12, 64
     qkv, tqkv = _bf16((B, T, 3, H, hd), 7)
     do, tdo = _bf16((B, T, H, hd), 8)
     rows = []
@@ -160,10 +171,10 @@ def part_time() -> bool:
         st = {}
 
         def fwd(var=var, st=st):
-            st["o"], st["lse"] = sdpa.qkv_attention_forward(qkv, True, None, var)
+            st["o"], st["lse"] = sdpa.qkv_attention_forward(qkv, causal, None, var)
 
         def bwd(var=var, st=st):
-            sdpa.qkv_attention_backward(qkv, st["o"], st["lse"], do, True, None, var)
+            sdpa.qkv_attention_backward(qkv, st["o"], st["lse"], do, causal, None, var)
 
         fwd()
         rows.append((f"ours ({'wgmma' if var == 'bf16_wgmma' else 'mma.sync'})", _ms(fwd), _ms(bwd)))
@@ -172,15 +183,21 @@ def part_time() -> bool:
     for name, be in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("flash (PyTorch)", SDPBackend.FLASH_ATTENTION)):
         try:
             with sdpa_kernel(be):
-                f = _ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
-                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                f = _ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 tb = _ms(lambda y=y: torch.autograd.grad(y, (q, k, v), g, retain_graph=True))
             rows.append((name, f, tb))
         except Exception as exc:  # noqa: BLE001 - a backend missing on this build
             print(f"{name}: unavailable ({str(exc).splitlines()[0][:100]})")
-    print(f"GPT-2 layer B={B} H={H} T={T} HD={hd} causal, ms per call (x12 = one step's attention):")
+    print(f"B={B} H={H} T={T} HD={hd} causal={int(causal)}, ms per call:")
     for name, f, b in rows:
         print(f"  {name:18s} fwd {f:.3f}  bwd {b:.3f}  total {f + b:.3f}")
+        RESULTS.append(dict(part="time", B=B, T=T, H=H, hd=hd, causal=causal, impl=name, fwd_ms=f, bwd_ms=b))
+
+
+def part_time() -> bool:
+    _time_config(16, 1024, 12, 64, True)  # a GPT-2 124M layer (x12 = one step's attention)
+    _time_config(4, 2048, 32, 128, True)
     return True
 
 
@@ -191,11 +208,17 @@ def main(argv: list[str]) -> int:
         p = parts[0]
         ok = {"fwd": lambda: part_fwd_bwd(False), "bwd": lambda: part_fwd_bwd(True), "qkv": part_qkv,
               "time": part_time}[p]()
+        if os.environ.get("BLU_ATTN_JSON"):
+            with open(os.environ["BLU_ATTN_JSON"], "a") as f:
+                for r in RESULTS:
+                    f.write(json.dumps(r) + "\n")
         return 0 if ok else 1
+    out = argv[argv.index("--json") + 1] if "--json" in argv else None
+    lines = out + ".lines" if out else None
     bad = 0
     for p in parts or PARTS:
         print(f"== {p}", flush=True)
-        env = dict(os.environ, BLU_ATTN_CHILD="1")
+        env = dict(os.environ, BLU_ATTN_CHILD="1", **({"BLU_ATTN_JSON": lines} if lines else {}))
         try:
             r = subprocess.run([sys.executable, __file__, p], env=env, timeout=60)
             bad += r.returncode != 0
@@ -205,6 +228,13 @@ def main(argv: list[str]) -> int:
             bad += 1
             print(f"== {p}: timed out (hang?)", flush=True)
     print("ALL OK" if not bad else f"{bad} part(s) failed")
+    if out:
+        import torch
+
+        rows = [json.loads(x) for x in open(lines)] if os.path.exists(lines) else []
+        with open(out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "all_ok": not bad,
+                       "results": rows}, f, indent=1)
     return 1 if bad else 0
 
 

@@ -27,7 +27,7 @@ import emulate_sdpa_wgmma as em  # noqa: E402
 import gen_hopper  # noqa: E402
 
 KDIR = Path(sdpa.__file__).resolve().parents[1] / "kernels"
-ENTRIES = {f"blu_sdpa_wgmma_bf16_hd{d}_{k}" for k in ("fwd", "bwd_dkdv", "bwd_dq") for d in (64, 128)}
+ENTRIES = {f"blu_sdpa_wgmma_bf16_hd{d}_{k}" for k in ("fwd", "bwd_dkdv", "bwd_dq", "preprocess") for d in (64, 128)}
 
 
 def test_generated_wgmma_wrappers_are_current():

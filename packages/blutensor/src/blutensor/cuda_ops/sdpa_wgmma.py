@@ -4,8 +4,9 @@ q, k, v (and o, dO for the backward) are read by TMA through 4-D tensor maps (he
 from each array's strides, so the dense (BH, n, HD) arrays and the strided q/k/v views of a fused
 (B, T, 3, H, HD) projection take the same kernels; outputs are written through (sb, sh, st) layouts as in
 kernels/sdpa_mma.cu, and the log-sum-exp convention is the same (lse (BH, L) fp32, natural log), so the ring
-attention merge and either backward accept it. The backward is deterministic: D = rowsum(dO * O) (the
-preprocess kernel of kernels/sdpa.cu), a dK/dV kernel and a dQ kernel, no atomics.
+attention merge and either backward accept it. The backward is deterministic: D = rowsum(dO * O) (16-byte
+loads, HD / 8 threads a row), a dK/dV kernel and a dQ kernel, no atomics. The three main kernels are persistent:
+at most one CTA a multiprocessor walks the (row block, head) work tiles, heavy ones first.
 
 :func:`available` says whether the variant applies (sm_90, BLUTRAIN_SDPA_KERNEL not 'mma'); the callers in
 sdpa.py pick it through ``pick_variant`` as variant 'bf16_wgmma'.
@@ -19,7 +20,7 @@ import os
 import numpy as np
 
 from blutensor.cuda_ops import tma
-from blutensor.cuda_ops._loader import cupy, launch, suffix
+from blutensor.cuda_ops._loader import cupy, launch, num_sms
 from blutensor.errors import ShapeError
 
 FILE = "sdpa_wgmma.cu"
@@ -58,14 +59,19 @@ def fwd_smem(hd: int) -> int:
     """Dynamic shared memory of the forward (struct Fwd in sdpa_wgmma.cu)."""
     st = STAGES[hd][0]
     tile = FWD_ROWS * hd * 2
-    return 1024 + tile * (1 + 2 * st) + 8 * (1 + 2 * st)
+    return 1024 + tile * (2 + 2 * st) + 8 * (4 + 2 * st)
 
 
 def bwd_smem(hd: int) -> int:
     """Dynamic shared memory of both backward kernels (struct Bwd in sdpa_wgmma.cu)."""
     st = STAGES[hd][1]
     own, tile = FWD_ROWS * hd * 2, BOX_ROWS_STREAM * hd * 2
-    return 1024 + 2 * own + 2 * st * tile + 8 * (1 + 2 * st)
+    return 1024 + 4 * own + 2 * st * tile + 8 * (4 + 2 * st)
+
+
+def grid(rows: int, BH: int) -> int:
+    """CTAs of a persistent launch over ceil(rows / 128) x BH work tiles: at most one per multiprocessor."""
+    return max(1, min(math.ceil(rows / FWD_ROWS) * BH, num_sms()))
 
 
 def _view4(a, name: str):
@@ -126,12 +132,13 @@ def forward(q, k, v, o, lse, causal: bool, scale: float | None):
         lse.fill(-np.inf)
         return
     maps = (tmap(q, "q", FWD_ROWS), tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS))
-    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_fwd", (math.ceil(L / FWD_ROWS), BH), THREADS,
-           maps + (o, lse, np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal))) + _out_lay(o),
-           shared_mem=fwd_smem(hd))
+    lay = _out_lay(o)
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_fwd", grid(L, BH), THREADS,
+           maps + (o, lse, np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)), lay[0], np.int32(BH))
+           + lay[1:], shared_mem=fwd_smem(hd))
 
 
-def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None, D=None):
+def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None):
     """Write dq, dk, dv (laid out like q, k, k) from the saved q, k, v, o, lse and the gradient do (like o).
     Deterministic: D = rowsum(dO * O), then the dK/dV and dQ kernels."""
     cp = cupy()
@@ -144,19 +151,20 @@ def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None,
         for a in (dq, dk, dv):
             a.fill(0)
         return
-    if D is None:
-        D = cp.empty((BH, L), dtype=cp.float32)
-        rows = BH * L
-        _, _, H, _, (st, sh, sb) = _view4(o, "o")
-        launch("sdpa.cu", f"blu_sdpa_backward_preprocess_strided_{suffix(o)}", min(math.ceil(rows / 8), 65535 * 8),
-               256, (do, o, D, np.int64(rows), np.int32(hd), np.int32(L), np.int32(H), np.int64(sb), np.int64(sh),
-                     np.int32(st)))
+    D = cp.empty((BH, L), dtype=cp.float32)
+    rows = BH * L
+    _, _, H, _, (st, sh, sb) = _view4(o, "o")
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_preprocess", min(math.ceil(rows * (hd // 8) / 256), 16 * num_sms()),
+           256, (do, o, D, np.int64(rows), np.int32(L), np.int32(H), np.int64(sb), np.int64(sh), np.int32(st)))
     tail = (lse, D)
     flags = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
     smem = bwd_smem(hd)
-    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_dkdv", (math.ceil(S / FWD_ROWS), BH), THREADS,
+    lk, lq = _out_lay(dk), _out_lay(dq)
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_dkdv", grid(S, BH), THREADS,
            (tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS), tmap(q, "q", BOX_ROWS_STREAM),
-            tmap(do, "do", BOX_ROWS_STREAM)) + tail + (dk, dv) + flags + _out_lay(dk), shared_mem=smem)
-    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_dq", (math.ceil(L / FWD_ROWS), BH), THREADS,
+            tmap(do, "do", BOX_ROWS_STREAM)) + tail + (dk, dv) + flags + (lk[0], np.int32(BH)) + lk[1:],
+           shared_mem=smem)
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_dq", grid(L, BH), THREADS,
            (tmap(q, "q", FWD_ROWS), tmap(do, "do", FWD_ROWS), tmap(k, "k", BOX_ROWS_STREAM),
-            tmap(v, "v", BOX_ROWS_STREAM)) + tail + (dq,) + flags + _out_lay(dq), shared_mem=smem)
+            tmap(v, "v", BOX_ROWS_STREAM)) + tail + (dq,) + flags + (lq[0], np.int32(BH)) + lq[1:],
+           shared_mem=smem)
