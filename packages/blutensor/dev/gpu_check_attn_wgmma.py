@@ -220,7 +220,7 @@ def main(argv: list[str]) -> int:
         print(f"== {p}", flush=True)
         env = dict(os.environ, BLU_ATTN_CHILD="1", **({"BLU_ATTN_JSON": lines} if lines else {}))
         try:
-            r = subprocess.run([sys.executable, __file__, p], env=env, timeout=60)
+            r = subprocess.run([sys.executable, __file__, p], env=env, timeout=45)
             bad += r.returncode != 0
             if r.returncode:
                 print(f"== {p}: exit {r.returncode}", flush=True)
