@@ -20,6 +20,9 @@ import subprocess
 import sys
 
 PARTS = ("fwd", "bwd", "qkv", "time")
+#: seconds a part may take: the first one also compiles kernels/sdpa_mma.cu and sdpa_wgmma.cu on a cold cache
+#: (about a minute), and a part killed before its compile finished leaves nothing in the cache for the next
+PART_TIMEOUT_S = 240
 CONFIGS = [  # (BH, L, S, HD, causal)
     (6, 1000, 1000, 64, True),
     (6, 1000, 1000, 64, False),
@@ -220,7 +223,7 @@ def main(argv: list[str]) -> int:
         print(f"== {p}", flush=True)
         env = dict(os.environ, BLU_ATTN_CHILD="1", **({"BLU_ATTN_JSON": lines} if lines else {}))
         try:
-            r = subprocess.run([sys.executable, __file__, p], env=env, timeout=45)
+            r = subprocess.run([sys.executable, __file__, p], env=env, timeout=PART_TIMEOUT_S)
             bad += r.returncode != 0
             if r.returncode:
                 print(f"== {p}: exit {r.returncode}", flush=True)
