@@ -250,3 +250,30 @@ def test_cuda_wgmma_fused_qkv_matches_float64(B, T, H, hd, causal):
     got = (heads(_f64(o.get())), lse.get().astype(np.float64)) + tuple(heads(d[:, :, j]) for j in range(3))
     for name, a, b in zip(TOL, got, want):
         assert np.abs(a - b).max() <= TOL[name] * max(1.0, np.abs(b).max()), name
+
+
+def test_loader_compiles_marked_files_to_an_sm90a_cubin(monkeypatch, tmp_path):
+    """On an sm_90 device a file marked 'blu-nvrtc-archs: 90a' is compiled for sm_90a (CuPy's own RawModule
+    compile would add -arch=sm_90) and loaded from a cubin cached by source hash."""
+    from blutensor.cuda_ops import _loader
+
+    built, loaded = [], []
+
+    class Dev:
+        def __init__(self, i=0):
+            self.compute_capability = "90"
+
+    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=lambda: 0), Device=Dev),
+                           RawModule=lambda **kw: loaded.append(kw) or kw)
+    monkeypatch.setattr(_loader, "cupy", lambda: fake)
+    monkeypatch.setattr(_loader, "_cubin", lambda code, file, arch: built.append((file, arch)) or b"cubin")
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_loader, "_modules", {})
+    monkeypatch.setattr(_loader, "_cache_checked", {})
+    _loader.module("sdpa_wgmma.cu")
+    _loader.module("sdpa_wgmma.cu")  # cached: built once
+    assert built == [("sdpa_wgmma.cu", "90a")]
+    (path,) = [kw["path"] for kw in loaded]
+    assert Path(path).parent == tmp_path and "sm90a" in Path(path).name and Path(path).read_bytes() == b"cubin"
+    _loader.module("sdpa.cu")  # unmarked: CuPy compiles it from source for sm_90
+    assert loaded[-1]["options"] == ("-std=c++17", "-arch=sm_90") and built == [("sdpa_wgmma.cu", "90a")]
