@@ -130,6 +130,13 @@ class CastCuda(Kernel):
         src, dst = ctx.saved
         return (_convert(g, dst, src),)
 
+    @staticmethod
+    def forwards_grad_into(ctx) -> bool:
+        """A float32 -> bfloat16 cast lets its consumers add the gradient into the float32 master's buffer
+        (autograd.engine): the widened gradient is what this backward would hand on, without its bf16 rounding."""
+        src, dst = ctx.saved
+        return getattr(src, "name", None) == "float32" and getattr(dst, "name", None) == "bfloat16"
+
 
 def accumulate_bf16(acc, g) -> None:
     """acc (float32, C-contiguous) += widen(g) (bf16 bits) in one pass, in place."""

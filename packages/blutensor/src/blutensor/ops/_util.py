@@ -13,6 +13,22 @@ def xp_of(a):
     return np if type(a) is np.ndarray else array_module(a)
 
 
+def into_grad(ctx, i: int, g):
+    """``g`` added into the leaf gradient buffer the engine offered for input ``i`` (``ctx.grad_into``, see
+    blutensor.autograd.engine) and ``ACCUMULATED`` returned, or ``g`` itself where none was offered (or the
+    dtypes or shapes differ). The same one add the engine would make: results do not change."""
+    into = getattr(ctx, "grad_into", None)
+    if g is None or into is None or i >= len(into) or into[i] is None:
+        return g
+    buf = into[i]
+    if g.dtype != buf.dtype or tuple(g.shape) != tuple(buf.shape):
+        return g
+    from blutensor.autograd.node import ACCUMULATED
+
+    buf += g
+    return ACCUMULATED
+
+
 def shape_of(a) -> tuple:
     return getattr(a, "shape", ())
 
