@@ -2,7 +2,9 @@
 
 Providers register through ``blutrain_register_gemm_providers``; ``BLUTRAIN_GEMM`` or
 :func:`set_gemm_provider` choose one; default order: cublas, blublas, xp (CuPy's matmul). Each
-provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays.
+provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays. A provider that declares ``ACCUMULATE``
+takes ``out=C, beta=1.0`` and adds into ``C``: weight gradients are then accumulated by the GEMM itself
+(:func:`cuda_matmul_into`).
 
 Precision 'fp32' (the default, :func:`set_matmul_precision`) means fp32-accurate GEMMs. HOW they are computed
 is :func:`set_fp32_gemm` / ``BLUTRAIN_FP32_GEMM``: 'strict' (default: FP32 FFMA, SGEMM) or '3xtf32': fp32
@@ -169,6 +171,12 @@ def _call(prov, a, b, prec, xp, bias=None, out=None):
     return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec, bias=bias)
 
 
+def accumulates(prov) -> bool:
+    """Whether provider ``prov`` declares ``ACCUMULATE``: its ``matmul(..., out=C, beta=1.0)`` adds into ``C``
+    (a provider without it may ignore ``out``; its products are then added separately)."""
+    return bool(getattr(prov, "ACCUMULATE", False))
+
+
 def provider_matmul_into(prov, a, b, out, xp, precision: str | None = None):
     """``out += a @ b`` for 2-D operands as ONE provider GEMM with beta = 1 (``out`` float32, C-contiguous,
     (M, N)): a weight gradient accumulated into its existing buffer with no product array and no separate add.
@@ -195,7 +203,7 @@ def cuda_matmul_into(a, b, out) -> None:
         prov = bf16_provider()
     elif a.dtype != np.float32 or b.dtype != np.float32:
         prov = None
-    if (prov is None or prov is XpGemm or out.dtype != np.float32 or not out.flags.c_contiguous
+    if (prov is None or not accumulates(prov) or out.dtype != np.float32 or not out.flags.c_contiguous
             or a.ndim != 2 or b.ndim != 2):
         out += cupy.matmul(a, b) if a.dtype != np.uint16 else _bf16_product(a, b)
         return
@@ -266,6 +274,8 @@ def cuda_bias_grad(g2, out=None):
     import cupy
 
     prov = _fp32_provider(g2)
+    if out is not None and prov is not None and not accumulates(prov):
+        prov = None
     if prov is None or g2.ndim != 2 or g2.shape[0] == 0 or (out is not None and not out.flags.c_contiguous):
         s = g2.sum(axis=0)
         if out is None:

@@ -122,6 +122,8 @@ class LinearCuda(_Bf16Gemm):
         g2 = _contig_last(g.reshape(-1, g.shape[-1]))
         gx = mm(prov, g2, w).reshape(xshape) if ctx.needs[0] else None
         gw = gb = None
+        if not getattr(prov, "ACCUMULATE", False):
+            into = (None, None, None)
         if ctx.needs[1]:
             if into[1] is not None:  # the float32 master's .grad: wgrad GEMM with beta = 1, fp32 out
                 mm(prov, g2, x2, trans_a=True, out=into[1], beta=1.0)
