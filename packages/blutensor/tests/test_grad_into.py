@@ -283,3 +283,29 @@ def test_cuda_accumulation_in_kernels_matches_engine_adds(monkeypatch, autocast)
     tol = 2e-2 if autocast else 1e-5  # bf16: the offered path skips rounding dW to bf16
     for k in ref:
         np.testing.assert_allclose(got[k], ref[k], rtol=tol, atol=tol * 1e-1, err_msg=k)
+
+
+def test_provider_without_accumulate_gets_no_buffer(numpy_as_cupy, monkeypatch):
+    """A GEMM provider that does not declare ACCUMULATE may ignore out/beta: the bf16 linear then returns its
+    gradients (the engine adds them) and leaves the offered buffers alone."""
+    from blutensor.autograd.node import ACCUMULATED, Ctx
+    from blutensor.backend import f32_to_bf16_bits
+    from blutensor.gemm import accumulates
+
+    base = numpy_as_cupy.bf16_provider()
+
+    class Plain(base):
+        ACCUMULATE = False
+
+    assert accumulates(base) and not accumulates(Plain)
+    monkeypatch.setattr(numpy_as_cupy, "bf16_provider", lambda: Plain)
+    r = rng(9)
+    x, w, b, g = (f32_to_bf16_bits(r.standard_normal(s).astype(np.float32), np) for s in ((5, 8), (4, 8), (4,), (5, 4)))
+    ctx = Ctx()
+    ctx.needs = (True, True, True)
+    numpy_as_cupy.LinearCuda.forward(ctx, x, w, b)
+    bw, bb = np.ones((4, 8), np.float32), np.ones(4, np.float32)
+    ctx.grad_into = (None, bw, bb)
+    _, gw, gb = numpy_as_cupy.LinearCuda.backward(ctx, g)
+    assert gw is not ACCUMULATED and gb is not ACCUMULATED and gw.dtype == np.uint16
+    assert (bw == 1).all() and (bb == 1).all()
