@@ -54,19 +54,26 @@ def _run(dev, steps, monkeypatch=None, offer=True):
             calls.append(tuple(t.shape))
         return real(t, g, T)
 
+    sums = []
+    real_sum = engine._sum
     if monkeypatch is not None:
         monkeypatch.setattr(engine, "_accumulate", spy)
+        monkeypatch.setattr(engine, "_sum", lambda a, b: (sums.append(a.shape), real_sum(a, b))[1])
         if not offer:
             monkeypatch.setattr(engine, "_targets", lambda node, fan_in: None)
+            monkeypatch.setattr(engine, "_pending_for", lambda node, pending, capture: None)
     for _ in range(steps):
         _loss(m, *data).backward()
-    return {k: host(v.grad) for k, v in m.items()}, calls
+    grads = {k: host(v.grad) for k, v in m.items()}
+    return (grads, calls, sums) if monkeypatch is not None else (grads, calls)
 
 
 def test_cpu_accumulation_in_kernels_is_bit_exact(monkeypatch):
-    ref, ref_calls = _run("cpu", 3, monkeypatch, offer=False)
+    ref, ref_calls, ref_sums = _run("cpu", 3, monkeypatch, offer=False)
     monkeypatch.undo()
-    got, calls = _run("cpu", 3, monkeypatch, offer=True)
+    got, calls, sums = _run("cpu", 3, monkeypatch, offer=True)
+    # the residual stream's gradient (x + h, and layer_norm(x)) is summed by layer_norm's backward, not the engine
+    assert len(sums) == len(ref_sums) - 3 and (3, 6, 8) in ref_sums
     assert len(ref_calls) == 2 * 8  # without offers: every parameter on passes 2 and 3 (wte: its summed gradient)
     assert calls == [(11, 8)] * 2  # with offers: all but the tied wte (summed first on the host) added in kernels
     for k in ref:
@@ -116,6 +123,23 @@ def test_autograd_grad_leaves_dot_grad_alone():
     (gw,) = bt.autograd.grad(_loss(m, *data), [m["w2"]])
     np.testing.assert_array_equal(host(m["w2"].grad), before)
     np.testing.assert_allclose(host(gw), before, rtol=1e-6, atol=1e-7)
+
+
+def test_summed_without_a_pending_gradient_is_refused():
+    class Bad(bt.autograd.Function):
+        GRAD_SUM = True
+
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return bt.autograd.Summed(g._data)
+
+    x = bt.tensor(np.ones(3, np.float32), requires_grad=True)
+    with pytest.raises(bt.errors.AutogradError, match="returned Summed for input 0"):
+        Bad.apply(x * 1.0).sum().backward()
 
 
 def test_accumulated_for_an_input_without_a_buffer_is_refused():

@@ -9,8 +9,12 @@ op whose kernel declares ``GRAD_INTO`` (``ctx.grad_into[i]``); the formula adds 
 gradient array is allocated and no separate add runs. A node whose kernel's ``forwards_grad_into(ctx)`` says so
 (the CUDA float32 -> bfloat16 weight cast of autocast) passes its master's buffer on to its consumers: the bf16
 weight's gradient lands in the float32 ``.grad`` unrounded. The leaf's "gradient ready" hooks still fire once,
-after its last contribution. Sums per leaf are the same; only the order of the adds into the buffer may differ
-from accumulating one summed gradient (on the CPU the built-in formulas add exactly what the engine would).
+after its last contribution. Likewise a kernel that declares ``GRAD_SUM`` sees, in ``ctx.grad_pending[i]``, the
+gradient the engine already holds for an op-node input (the residual stream's, at a pre-LayerNorm block's
+``layer_norm``), adds it into its own result in the same pass and returns :class:`Summed`: the engine replaces
+what it held instead of running a separate add. Sums per leaf are the same; only the order of the adds into the
+buffer may differ from accumulating one summed gradient (on the CPU the built-in formulas add exactly what the
+engine would).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import heapq
 import numpy as np
 
 from blutensor.autograd.grad_mode import STATE
-from blutensor.autograd.node import ACCUMULATED, AccumulateGrad, Node
+from blutensor.autograd.node import ACCUMULATED, AccumulateGrad, Node, Summed
 from blutensor.errors import AutogradError, ShapeError
 
 #: profiler/tracer callbacks: ``observer(node, grad, run) -> grads`` wraps every node's backward
@@ -125,10 +129,13 @@ def run_backward(tensors, grads, retain_graph: bool = False, capture: dict | Non
                 t = node.retained()
                 if t is not None:
                     _set_grad(t, grad, Tensor)
-            into = None
+            into = pend = None
             if grad is not None and capture is None and getattr(node.kernel, "GRAD_INTO", False):
                 into = _targets(node, fan_in)
                 node.ctx.grad_into = into
+            if grad is not None and getattr(node.kernel, "GRAD_SUM", False):
+                pend = _pending_for(node, pending, capture)
+                node.ctx.grad_pending = pend
             if grad is None:
                 in_grads = (None,) * len(node.next)
             elif backward_observers:
@@ -137,8 +144,11 @@ def run_backward(tensors, grads, retain_graph: bool = False, capture: dict | Non
                 in_grads = node.apply(grad)
             if not retain_graph:
                 node.release()
-            if into is not None and node.ctx is not None:
-                node.ctx.grad_into = None
+            if node.ctx is not None:
+                if into is not None:
+                    node.ctx.grad_into = None
+                if pend is not None:
+                    node.ctx.grad_pending = None
             for i, (nxt, g) in enumerate(zip(node.next, in_grads)):
                 if nxt is None:
                     continue
@@ -147,6 +157,11 @@ def run_backward(tensors, grads, retain_graph: bool = False, capture: dict | Non
                         raise AutogradError(f"backward of '{node.op}' returned ACCUMULATED for input {i}, which "
                                             f"was offered no gradient buffer")
                     written.add(id(_sink(nxt)))
+                elif type(g) is Summed:
+                    if pend is None or pend[i] is None or pending.get(nxt) is not pend[i]:
+                        raise AutogradError(f"backward of '{node.op}' returned Summed for input {i}, which had "
+                                            f"no pending gradient offered")
+                    pending[nxt] = g.grad
                 elif g is not None:
                     _add(pending, nxt, g)
                 deps[nxt] -= 1
@@ -194,6 +209,21 @@ def _targets(node, fan_in: dict):
             if out is None:
                 out = [None] * len(node.next)
             out[i] = buf
+    return None if out is None else tuple(out)
+
+
+def _pending_for(node, pending: dict, capture):
+    """Per input of ``node``: the gradient already pending for it (op nodes only, not leaves or captured nodes),
+    for a GRAD_SUM kernel to add into its result; None if there is none."""
+    out = None
+    for i, nxt in enumerate(node.next):
+        if nxt is None or isinstance(nxt, AccumulateGrad) or (capture is not None and nxt in capture):
+            continue
+        cur = pending.get(nxt)
+        if cur is not None and cur.dtype != np.uint16:
+            if out is None:
+                out = [None] * len(node.next)
+            out[i] = cur
     return None if out is None else tuple(out)
 
 

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from blutensor.cpu_ops._build import lib as _lib
-from blutensor.ops._util import into_grad
+from blutensor.ops._util import into_grad, sum_pending
 from blutensor.ops.table import OPS
 
 _F32 = np.dtype(np.float32)
@@ -116,7 +116,7 @@ class LayerNormCpu(OPS["layer_norm"]):
             g.ctypes.data, x.ctypes.data, None if w is None else w.ctypes.data, mean.ctypes.data, rstd.ctypes.data,
             None if gx is None else gx.ctypes.data, part.ctypes.data, None if dw is None else dw.ctypes.data,
             None if db is None else db.ctypes.data, N, C)
-        return gx, into_grad(ctx, 1, dw), into_grad(ctx, 2, db)
+        return sum_pending(ctx, 0, gx), into_grad(ctx, 1, dw), into_grad(ctx, 2, db)
 
 
 class CrossEntropyCpu(OPS["cross_entropy"]):

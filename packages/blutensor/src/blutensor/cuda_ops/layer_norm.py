@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from blutensor.autograd.node import ACCUMULATED
+from blutensor.autograd.node import ACCUMULATED, Summed
 from blutensor.cuda_ops import _fallback
 from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, ptr, suffix
 from blutensor.cuda_ops.occupancy import full_grid
@@ -193,7 +193,8 @@ def _as(d, x):
 
 class LayerNormCuda(Kernel):
     """layer_norm on CUDA: one fused kernel forward (rows in registers when they fit), deterministic backward;
-    dweight / dbias added by the reduction into the float32 ``.grad`` buffers the engine offers (``GRAD_INTO``)."""
+    dweight / dbias added by the reduction into the float32 ``.grad`` buffers the engine offers (``GRAD_INTO``),
+    and the input's pending gradient (a pre-LN residual stream's) added into dx by the kernel (``GRAD_SUM``)."""
 
     PLUGIN_NAME = "blutensor.cuda.layer_norm"
     OP = "layer_norm"
@@ -204,6 +205,8 @@ class LayerNormCuda(Kernel):
     SAVES = (0, 1)
     SAME_DTYPE = (0, 1, 2)
     GRAD_INTO = True
+    #: backward adds the gradient already pending for its input (the residual stream's) into dx in the same pass
+    GRAD_SUM = True
 
     @staticmethod
     def forward(ctx, x, w=None, b=None, normalized_shape=(), eps=1e-5):
@@ -239,11 +242,16 @@ class LayerNormCuda(Kernel):
         dwi = into[1].reshape(C) if into[1] is not None and needs[1] and w1 is not None else None
         dbi = into[2].reshape(C) if into[2] is not None and needs[2] and has_b else None
         g2 = cp.ascontiguousarray(g).reshape(x2.shape)
+        pend = getattr(ctx, "grad_pending", None)
+        gs = pend[0] if pend is not None and needs[0] else None
+        if gs is not None and not (gs.dtype == x2.dtype and gs.size == x2.size and gs.flags.c_contiguous):
+            gs = None
         dx, dw, db = layer_norm_backward(
-            g2, x2, w1, mean, rstd, None, needs[0], needs[1] and w1 is not None, needs[2] and has_b, dwi, dbi
+            g2, x2, w1, mean, rstd, None if gs is None else gs.reshape(x2.shape), needs[0],
+            needs[1] and w1 is not None, needs[2] and has_b, dwi, dbi
         )
         return (
-            None if dx is None else dx.reshape(shape),
+            None if dx is None else Summed(dx.reshape(shape)) if gs is not None else dx.reshape(shape),
             ACCUMULATED if dwi is not None else None if dw is None else _as(dw, x2).reshape(nshape),
             ACCUMULATED if dbi is not None else None if db is None else _as(db, x2).reshape(nshape),
         )

@@ -29,6 +29,22 @@ def into_grad(ctx, i: int, g):
     return ACCUMULATED
 
 
+def sum_pending(ctx, i: int, g):
+    """``Summed(g + pending)`` where the engine offered the gradient already pending for input ``i``
+    (``ctx.grad_pending``, see blutensor.autograd.engine) and it matches ``g``, else ``g``. In place into ``g``
+    (a fresh array of this backward): the same one add, with the same result, as the engine's."""
+    pend = getattr(ctx, "grad_pending", None)
+    if g is None or pend is None or i >= len(pend) or pend[i] is None:
+        return g
+    p = pend[i]
+    if p.dtype != g.dtype or tuple(p.shape) != tuple(g.shape) or xp_of(p) is not xp_of(g):
+        return g
+    from blutensor.autograd.node import Summed
+
+    g += p
+    return Summed(g)
+
+
 def shape_of(a) -> tuple:
     return getattr(a, "shape", ())
 

@@ -170,6 +170,10 @@ class _OnDevice:
     def GRAD_INTO(self) -> bool:  # noqa: N802 - the kernel flag it forwards
         return getattr(self.inner, "GRAD_INTO", False)
 
+    @property
+    def GRAD_SUM(self) -> bool:  # noqa: N802
+        return getattr(self.inner, "GRAD_SUM", False)
+
     def forwards_grad_into(self, ctx) -> bool:
         f = getattr(self.inner, "forwards_grad_into", None)
         return bool(f is not None and f(ctx))
