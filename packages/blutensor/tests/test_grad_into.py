@@ -291,6 +291,7 @@ def test_cuda_accumulation_in_kernels_matches_engine_adds(monkeypatch, autocast)
             mp.setattr(engine, "_accumulate", spy)
             if not offer:
                 mp.setattr(engine, "_targets", lambda node, fan_in: None)
+                mp.setattr(engine, "_pending_for", lambda node, pending, capture: None)
             for _ in range(3):
                 if autocast:
                     with bt.autocast("cuda"):
