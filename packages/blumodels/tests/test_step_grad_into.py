@@ -114,3 +114,41 @@ def test_cuda_step_has_no_per_parameter_launches(monkeypatch, precision):
     for k in fixed:
         assert three[k] == one[k], (k, one[k], three[k])
     print(precision, "launches per step (3 layers):", dict(sorted(three.items())))
+
+
+@pytest.mark.cuda
+def test_cuda_bf16_step_with_adamw_written_weight_copies_is_bit_exact(monkeypatch):
+    """bf16 TrainStep with the fused AdamW writing the bf16 weight copies: losses and weights equal, bit for bit,
+    the step that casts every weight each step, with one weight-cast launch in all instead of one per step."""
+    if not bt.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from blutensor.cuda_ops import cast as cast_mod
+
+    def run(copies: bool):
+        cfg = ModelConfig(n_layer=2, n_head=2, d_model=64, block_size=T, vocab_size=97, dropout=0.0)
+        model = build_model(cfg, device="cuda", seed=3)
+        opt = bt.optim.AdamW(model.param_groups(0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
+        st = TrainStep(model, opt, list(model.parameters()), device="cuda", lr_schedule=[1e-3] * 4, grad_clip=1.0,
+                       autocast=lambda: bt.autocast("cuda", dtype=bt.bfloat16), fused=True)
+        st.precast_accumulate = True
+        casts = []
+        real = cast_mod.multi_to_bf16
+        with monkeypatch.context() as mp:
+            mp.setattr(cast_mod, "multi_to_bf16", lambda *a, **k: (casts.append(1), real(*a, **k))[1])
+            if not copies:
+                mp.setattr(TrainStep, "_copies", lambda self: None)
+            rng = np.random.default_rng(0)
+            losses = []
+            for _ in range(4):
+                toks = rng.integers(0, 97, size=(B, T + 1))
+                x, y = bt.tensor(toks[:, :-1], device="cuda"), bt.tensor(toks[:, 1:], device="cuda")
+                st.run(lambda b=(x, y): b, 1e-3)
+                losses.append(st.read().loss)
+        return losses, [p.numpy() for p in model.parameters()], len(casts)
+
+    l0, w0, c0 = run(False)
+    l1, w1, c1 = run(True)
+    assert (c0, c1) == (4, 1), (c0, c1)
+    assert l0 == l1
+    for a, b in zip(w0, w1):
+        np.testing.assert_array_equal(a, b)
