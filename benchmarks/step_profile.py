@@ -4,14 +4,14 @@ torch.compile's step of the same model (B=16, T=1024, same weights and batches).
     python3 benchmarks/step_profile.py --out benchmarks/results/step_profile_h200.json            # bf16 and tf32
     python3 benchmarks/step_profile.py --modes bf16,tf32,fp32 --steps 3 --out /tmp/profile.json
 
-BluTrain runs the Trainer's step (blumodels.step.TrainStep: fused AdamW, clipping at 1.0, bf16 autocast with the
-weight casts made at once) captured into a CUDA graph after two eager warm-up steps (blumodels.graph_step), as
-``blutrain train`` runs it; PyTorch runs its fused AdamW recipe under torch.compile (benchmarks/torch_gpt2.py). Each
-(framework, mode) runs in its own subprocess (CuPy reads CUPY_TF32 at import; torch.compile caches). torch.profiler
-(CUPTI) records every kernel of ``--steps`` profiled steps, graph-launched ones included. Per run the JSON holds
-the kernel time per step and per category, launches per step, the casts and elementwise adds among them (their
-counts are what a fused step removes), and the top kernels of the "other" bucket; per mode the ratios BluTrain /
-torch.compile of the total and of "other".
+BluTrain runs the Trainer's step (blumodels.step.TrainStep: fused AdamW, clipping at 1.0, bf16 autocast reading
+the bf16 weight copies the AdamW kernel writes) captured into a CUDA graph after two eager warm-up steps
+(blumodels.graph_step), as ``blutrain train`` runs it; PyTorch runs its fused AdamW recipe under torch.compile
+(benchmarks/torch_gpt2.py). Each (framework, mode) runs in its own subprocess (CuPy reads CUPY_TF32 at import;
+torch.compile caches). torch.profiler (CUPTI) records every kernel of ``--steps`` profiled steps, graph-launched
+ones included. Per run the JSON holds the kernel time per step and per category, launches per step, the casts and
+elementwise adds among them (their counts are what a fused step removes), and the top kernels of the "other"
+bucket; per mode the ratios BluTrain / torch.compile of the total and of "other".
 """
 
 from __future__ import annotations
