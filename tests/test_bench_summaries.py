@@ -47,3 +47,28 @@ def test_gemm_summary_ratios_geomeans_and_verdicts():
     assert tf["geomean_ratio"] == 0.95 and tf["meets_target"] and tf["shapes"] == 15
     t2 = {k: v for k, v in t.items() if k[1] != "s3"}  # a missing shape never meets the target
     assert not sg.summarize(_bench(t2))["precisions"]["tf32"]["meets_target"]
+
+
+def test_step_profile_buckets_and_counts():
+    """benchmarks/step_profile.py: kernels land in gemm / attention / other, casts and standalone adds are counted
+    in 'other' only, the top 'other' list is sorted by time."""
+    sp = _load("benchmarks/step_profile.py")
+    rows = {
+        "sm90_xmma_gemm_bf16bf16_f32": {"count": 98.0, "us": 16000.0},
+        "blu_sdpa_mma_forward_bf16": {"count": 12.0, "us": 2000.0},
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": {"count": 12.0, "us": 990.0},
+        "blu_cast_f32_to_bf16": {"count": 25.0, "us": 500.0},
+        "cupy_add": {"count": 20.0, "us": 300.0},
+        "blu_embedding_backward_seg_f32_f32": {"count": 1.0, "us": 60.0},
+        "blu_layer_norm_backward_s6_f32": {"count": 25.0, "us": 1200.0},
+    }
+    s = sp.summarize(rows, top=3)
+    assert math.isclose(s["category_ms"]["gemm"], 16.0)
+    assert math.isclose(s["category_ms"]["attention"], 2.99)
+    assert math.isclose(s["category_ms"]["other"], 2.06)
+    assert s["casts"] == {"launches": 25.0, "ms": 0.5}
+    assert s["adds"] == {"launches": 20.0, "ms": 0.3}
+    assert math.isclose(s["embedding_backward_ms"], 0.06)
+    assert [k["name"] for k in s["top_other"]] == ["blu_layer_norm_backward_s6_f32", "blu_cast_f32_to_bf16",
+                                                   "cupy_add"]
+    assert s["launches"] == 193.0

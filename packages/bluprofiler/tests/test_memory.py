@@ -123,3 +123,23 @@ def test_profiler_does_not_extend_tensor_lifetimes():
         assert r() is None
     frees = [m for m in prof.result.mem_events if m.kind == "free" and m.owner == "exp.forward"]
     assert len(frees) == 1 and frees[0].nbytes == 40000
+
+
+def test_gradients_added_into_grad_buffers_are_not_tracked_as_arrays():
+    """A second backward adds linear's weight gradient into the existing .grad (bt.autograd.ACCUMULATED) and
+    layer_norm's dx into the pending residual gradient (bt.autograd.Summed): tracking handles both."""
+    w = bt.nn.Parameter(bt.randn(8, 8))
+    x = bt.randn(4, 8)
+
+    def step():
+        h = bt.nn.functional.linear(x, w)
+        h = h + bt.nn.functional.layer_norm(h, (8,))
+        bt.sum(h * h).backward()
+
+    step()
+    g1 = w.grad.numpy().copy()
+    with profile() as prof:
+        step()
+    owners = {m.owner for m in prof.result.mem_events if m.kind == "alloc"}
+    assert "layer_norm.backward" in owners and "linear.backward" not in owners  # dW went into w.grad
+    np.testing.assert_allclose(w.grad.numpy(), 2 * g1, rtol=1e-5, atol=1e-6)

@@ -171,3 +171,66 @@ def test_cuda_precast_accumulate_equals_plain():
     acc2, ref2 = acc.copy(), acc[1:] + (g[1:].astype(cupy.uint32) << 16).view(cupy.float32)
     accumulate_bf16(acc2[1:], g[1:])  # unaligned: scalar path
     assert bool((acc2[1:] == ref2).all())
+
+
+def test_weight_copies_bookkeeping_cpu():
+    """WeightCopies: a copy is current only at the version and storage it was written for; refresh writes the
+    bf16 rounding of every weight (NumPy here, one launch on CUDA) into 128-byte-aligned views of one buffer."""
+    from blutensor.backend import f32_to_bf16_bits
+
+    ps = _params("cpu")
+    wc = bt.amp.WeightCopies(ps + [ps[0]])  # a tied parameter once
+    assert len(wc.params) == 6 and all(p in wc for p in ps) and bt.nn.Parameter(bt.ones(2)) not in wc
+    assert not any(wc.current(p) for p in ps)
+    assert wc.ensure_current() and not wc.ensure_current()
+    for p in ps:
+        np.testing.assert_array_equal(wc.view(p), f32_to_bf16_bits(p._data, np))
+        assert wc.view(p).shape == tuple(p.shape)
+    with bt.no_grad():
+        ps[1].add_(1.0)  # an in-place update moves the version: that copy is stale
+    assert not wc.current(ps[1]) and wc.current(ps[0])
+    wc.mark([ps[1]])  # a writer (the fused AdamW) says it wrote it
+    assert wc.current(ps[1])
+    ps[2].data = bt.zeros(*ps[2].shape)  # new storage: stale
+    assert not wc.current(ps[2])
+    with pytest.raises(ValueError, match="WeightCopies: parameter 0 must be a C-contiguous float32"):
+        bt.amp.WeightCopies([bt.nn.Parameter(bt.ones(2, dtype=bt.float64))])
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_cuda_fused_adamw_writes_the_bf16_copies():
+    """GPU twin: the fused AdamW with copies updates params and moments exactly as without, and leaves each copy
+    equal, bit for bit, to the cast of the updated weight; precast then uses the copies without a launch."""
+    import cupy
+    from blutensor.cuda_ops import cast as cast_mod
+    from blutensor.cuda_ops.adamw import fused_step
+
+    def run(with_copies):
+        ps = [bt.nn.Parameter(bt.tensor(rng(4).standard_normal(s).astype(np.float32), device="cuda"))
+              for s in ((300, 70), (70,), (5, 3))]
+        opt = bt.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)
+        wc = bt.amp.WeightCopies(ps) if with_copies else None
+        for k in range(3):
+            for i, p in enumerate(ps):
+                p.grad = bt.tensor(rng(10 + k + i).standard_normal(p.shape).astype(np.float32), device="cuda")
+            fused_step(opt, opt.param_groups[0], copies=wc)
+        return ps, opt, wc
+
+    ps0, opt0, _ = run(False)
+    ps1, opt1, wc = run(True)
+    for a, b in zip(ps0, ps1):
+        assert bool((a._data == b._data).all())
+        assert bool((opt0.state[a]["exp_avg_sq"]._data == opt1.state[b]["exp_avg_sq"]._data).all())
+        assert wc.current(b) and bool((wc.view(b) == cast_mod.to_bf16(b._data)).all())
+    calls = []
+    real = cast_mod.multi_to_bf16
+    cast_mod.multi_to_bf16 = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    try:
+        with bt.autocast("cuda"):
+            assert bt.amp.precast(ps1, copies=wc) == 3
+            w = bt.amp._cast(ps1[0], bt.bfloat16)
+        assert calls == [] and w._data.data.ptr == wc.view(ps1[0]).data.ptr
+    finally:
+        cast_mod.multi_to_bf16 = real
+    cupy.cuda.Device().synchronize()

@@ -309,10 +309,81 @@ def test_cpu_embedding_backward_pieces_emulation():
     assert embedding.PIECE == 32 and embedding.backward_mode() in embedding.EMBEDDING_BWD
 
 
+def segments_emulation(sorted_idx, order, g, dw, piece):
+    """NumPy transliteration of embedding.cu's 'segments' kernels: the same fp32 adds in the same order, added into
+    ``dw`` (float32, modified and returned)."""
+    N, C = g.shape
+    V = dw.shape[0]
+    pieces = -(-N // piece)
+    part = np.zeros((pieces, 2, C), np.float32)
+    for p in range(pieces):  # pass 1
+        s, n = p * piece, min(piece, N - p * piece)
+        prev_key = sorted_idx[s - 1] if s > 0 else -1
+        next_key = sorted_idx[s + n] if s + n < N else -1
+        acc, k0 = np.zeros(C, np.float32), 0
+        for k in range(n):
+            acc = acc + g[order[s + k]].astype(np.float32)
+            v = sorted_idx[s + k]
+            if k + 1 < n and sorted_idx[s + k + 1] == v:
+                continue
+            if k0 == 0 and prev_key == v:
+                part[p, 0] = acc
+            elif k + 1 == n and next_key == v:
+                part[p, 1] = acc
+            elif 0 <= v < V:
+                dw[v] = dw[v] + acc
+            acc, k0 = np.zeros(C, np.float32), k + 1
+    for p in range(pieces):  # pass 2: the owner of each run that crosses pieces
+        s, e = p * piece, min(p * piece + piece, N)
+        if e >= N or sorted_idx[e] != sorted_idx[e - 1]:
+            continue
+        v = sorted_idx[e - 1]
+        k0 = e - 1
+        while k0 > s and sorted_idx[k0 - 1] == v:
+            k0 -= 1
+        if k0 == s and s > 0 and sorted_idx[s - 1] == v:
+            continue
+        acc = part[p, 1].copy()
+        q = p + 1
+        while q < pieces and sorted_idx[q * piece] == v:
+            acc = acc + part[q, 0]
+            q += 1
+        dw[v] = dw[v] + acc
+    return dw
+
+
+def test_cpu_embedding_backward_segments_emulation():
+    """CPU twin of the default embedding backward (BLUTRAIN_EMBEDDING_BWD=segments): runs of every length (one
+    token 700 times: 44 pieces, runs shorter than, equal to and across piece boundaries), added into a buffer that
+    already holds a gradient, against float64."""
+    from blutensor.cuda_ops import embedding
+
+    V, C, N = 50, 24, 1500
+    idx = RNG.integers(0, V - 5, N)
+    idx[RNG.permutation(N)[:700]] = 7
+    idx[RNG.permutation(N)[:33]] = 40  # a run just over two pieces
+    g = RNG.standard_normal((N, C)).astype(np.float32)
+    order = np.argsort(idx, kind="stable")
+    base = RNG.standard_normal((V, C)).astype(np.float32)
+    got = segments_emulation(idx[order], order, g, base.copy(), embedding.SEG_PIECE)
+    want = base.astype(np.float64) + ref.embedding_backward(idx, g.astype(np.float64), V)
+    assert ref.rel_err(got, want) < 1e-6
+    np.testing.assert_array_equal(got[V - 5 :], base[V - 5 :])  # rows never indexed keep their gradient
+    for n in (1, 15, 16, 17, 32):  # piece-sized edge cases: one piece, exactly full, one over
+        i = np.zeros(n, np.int64)
+        gg = RNG.standard_normal((n, 3)).astype(np.float32)
+        o = np.argsort(i, kind="stable")
+        out = segments_emulation(i[o], o, gg, np.zeros((2, 3), np.float32), embedding.SEG_PIECE)
+        np.testing.assert_allclose(out[0], gg.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+        assert not out[1].any()
+
+
 def test_embedding_backward_mode_setting(monkeypatch):
     from blutensor.cuda_ops import embedding
 
     monkeypatch.delenv("BLUTRAIN_EMBEDDING_BWD", raising=False)
+    assert embedding.backward_mode() == "segments"
+    monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", "runs")
     assert embedding.backward_mode() == "runs"
     monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", "Pieces")
     assert embedding.backward_mode() == "pieces"

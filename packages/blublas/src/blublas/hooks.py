@@ -22,6 +22,8 @@ class _ProviderBase:
     #: capability: both providers launch on the current stream through handles they own, so a CUDA graph can
     #: record them (the Trainer's captured step relies on it)
     CAPTURE_SAFE = True
+    #: capability: ``matmul(..., out=C, beta=1.0)`` adds into ``C`` (blutensor accumulates weight gradients so)
+    ACCUMULATE = True
 
     @classmethod
     def matmul(

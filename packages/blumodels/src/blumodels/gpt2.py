@@ -67,7 +67,10 @@ class CausalSelfAttention(nn.Module):
 class _GeluLinear(Function):
     """linear(gelu(u), w, b) saving only ``u`` for backward: the GELU output (4*d_model per token, the
     block's largest activation, which c_proj would save) is recomputed elementwise in backward. Gradients
-    are bit-identical to gelu + linear: the same gelu kernel and the built-in linear backward formula."""
+    are bit-identical to gelu + linear: the same gelu kernel and the built-in linear backward formula (which
+    adds the weight and bias gradients into their ``.grad`` buffers where the engine offers them)."""
+
+    GRAD_INTO = True
 
     @staticmethod
     def forward(ctx, u, w, b):
@@ -92,6 +95,9 @@ class _GeluLinear(Function):
         lin = Ctx()
         lin.saved = (g.reshape(-1, g.shape[-1]), w._data, tuple(g.shape))
         lin.needs = (bool(needs[0]), bool(needs[1]), b is not None and bool(needs[2]))
+        into = getattr(ctx, "grad_into", None)
+        if into is not None:
+            lin.grad_into = (None, into[1], into[2])
         gx, gw, gb = linear_backward(lin, gy._data)
         del g, lin  # the recomputed activation is dead before the gelu backward allocates
         gu = gelu.backward(gctx, gx)[0] if gx is not None else None

@@ -162,7 +162,10 @@ class CapturedStep:
         from blutensor.cuda_ops.norm import _table
 
         index_check.flag_array()
-        self._keep = [prepare_group(st.optimizer, grp) for grp in st.optimizer.param_groups]
+        copies = st._copies()
+        if copies is not None:  # the graph reads the copies as the weight casts: current before the capture
+            copies.ensure_current()
+        self._keep = [prepare_group(st.optimizer, grp, copies) for grp in st.optimizer.param_groups]
         self._keep.append(_table([g._data for g in st.grads]))
         if st.autocast is not None:  # the multi-tensor weight cast's table and kernel, built by one real call
             from blutensor.cuda_ops import cast
@@ -203,6 +206,9 @@ class CapturedStep:
 
     def run(self, batches: Callable[[], tuple], lr: float) -> None:
         st = self.step
+        copies = st.weight_copies
+        if copies is not None:  # weights changed outside the graph (a load, an edit): re-cast them before the replay
+            copies.ensure_current()
         st.begin(lr)
         for i in range(st.accum):
             x, y = batches()
@@ -217,3 +223,5 @@ class CapturedStep:
                 bt.random.default_generator.advance_host(self._rng_blocks[name])
         for p in st.params:
             p._version.v += 1  # the graph wrote them in place
+        if copies is not None:  # ... and the fused AdamW in it wrote their bf16 copies with them
+            copies.mark(st.params)

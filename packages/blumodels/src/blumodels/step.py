@@ -101,6 +101,9 @@ class TrainStep:
         self.autocast, self.fused, self.oib = autocast, bool(fused), bool(optimizer_in_backward)
         self._no_sync = no_sync
         self.precast_accumulate = False  # set by the captured step: bf16 cast backward adds into .grad
+        #: bf16 weight copies kept across steps (CUDA, autocast, fused AdamW): AdamW writes them as it updates the
+        #: weights, precast uses them as the weight casts (made on the first micro-step)
+        self.weight_copies = None
         probe = bt.zeros(1, device=device)._data
         xp = self.xp = _xp(probe)
         self.lr_table = xp.asarray(np.asarray(list(lr_schedule), dtype=np.float32))
@@ -169,8 +172,9 @@ class TrainStep:
                 _, loss = self.module(x, y)
             else:  # forward + loss autocast, backward outside (as PyTorch's recipe)
                 with self.autocast():
-                    # every weight cast in one launch (CUDA), cached for the forward
-                    bt.amp.precast(self.params, accumulate=self.precast_accumulate)
+                    # every weight cast in one launch (CUDA), cached for the forward; with the fused AdamW the
+                    # casts are the bf16 copies its kernel wrote (no launch at all while they are current)
+                    bt.amp.precast(self.params, accumulate=self.precast_accumulate, copies=self._copies())
                     _, loss = self.module(x, y)
             (loss if self.accum == 1 else loss * (1.0 / self.accum)).backward()
         with bt.no_grad():
@@ -195,13 +199,24 @@ class TrainStep:
             self._update()
         self.step_idx += 1
 
+    def _copies(self):
+        """The step's :class:`bt.amp.WeightCopies` (made on first use), or None: only for the fused AdamW on CUDA
+        under autocast, over the float32 parameters that AdamW updates."""
+        if self.weight_copies is None and self.fused and self.autocast is not None and self.xp is not np:
+            ps = [p for p in self.params if p.requires_grad and p.dtype is bt.float32 and p.device.type == "cuda"
+                  and p._data.flags.c_contiguous]
+            if ps and len({p.device for p in ps}) == 1:
+                self.weight_copies = bt.amp.WeightCopies(ps)
+        return self.weight_copies
+
     def _update(self) -> None:
         if self.fused:
             from blutensor.cuda_ops.adamw import fused_step
 
             self.step_count += 1 - self.found_inf  # AdamW's bias corrections count applied updates only
             for g in self.optimizer.param_groups:
-                fused_step(self.optimizer, g, lr_dev=self.lr_dev, step_dev=self.step_count, found_inf=self.found_inf)
+                fused_step(self.optimizer, g, lr_dev=self.lr_dev, step_dev=self.step_count, found_inf=self.found_inf,
+                           copies=self.weight_copies)
         elif not bool(self.found_inf[0]):  # host optimizers decide on the host (never captured)
             self.optimizer.step()
 

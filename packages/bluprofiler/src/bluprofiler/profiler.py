@@ -423,7 +423,8 @@ class Profiler:
         self._raw.append((op, "backward", kernel, idx, d, _tid(), t0, t1, None, None, i, j, s))
         if self._array_track:
             for g in grads:
-                if g is not None:
+                g = getattr(g, "grad", g)  # bt.autograd.Summed: the array it carries
+                if g is not None and hasattr(g, "dtype"):  # not bt.autograd.ACCUMULATED (added into a .grad)
                     self.mem.track(g, key, (grad,))
         return grads
 

@@ -170,7 +170,111 @@ def _cast(t, dt):
     return out
 
 
-def precast(params, accumulate: bool = False) -> int:
+class WeightCopies:
+    """bfloat16 copies of float32 CUDA parameters kept from one autocast region to the next, in one packed buffer.
+
+    Autocast casts every weight to bf16 in each region (PyTorch re-casts each step too). With a ``WeightCopies``
+    the casts are made once: :func:`precast` (``copies=``) uses a copy as the weight's cast while it is current
+    (the parameter's version and storage unchanged since it was written) and refreshes all copies in one
+    multi-tensor launch otherwise; the fused AdamW kernel (``cuda_ops.adamw.fused_step(copies=)``) writes each
+    updated weight's bf16 copy as it writes the weight, so a training step needs no cast pass over the weights at
+    all. A copy is the weight rounded to nearest even, bit for bit what the cast would give. (Host parameters
+    keep the same bookkeeping, with NumPy-made copies; only the CUDA precast and AdamW use them.)
+    """
+
+    def __init__(self, params) -> None:
+        from blutensor.cuda_ops.cast import pack_layout
+
+        seen: dict = {}
+        for i, p in enumerate(params):
+            if id(p) in seen:
+                continue
+            if p.dtype is not float32 or not p._data.flags.c_contiguous:
+                raise ValueError(f"WeightCopies: parameter {i} must be a C-contiguous float32 tensor, got "
+                                 f"{p.dtype} on {p.device} (shape {tuple(p.shape)})")
+            seen[id(p)] = p
+        self.params = list(seen.values())
+        self._by_id = seen
+        devs = {p.device for p in self.params}
+        if len(devs) > 1:
+            raise ValueError(f"WeightCopies: parameters on several devices {sorted(map(str, devs))}")
+        self.device = devs.pop() if devs else None
+        offs, total = pack_layout([p._data.size for p in self.params])
+        self.cuda = self.device is not None and self.device.type == "cuda"
+        if not self.cuda:  # host parameters: the same bookkeeping, copies made by NumPy rounding
+            import numpy as np
+
+            self.buf = np.empty(max(total, 1), dtype=np.uint16)
+        elif self.device.index:
+            from blutensor.cuda_ops._loader import cupy
+
+            with cupy().cuda.Device(self.device.index):
+                self.buf = cupy().empty(max(total, 1), dtype=cupy().uint16)
+        else:
+            from blutensor.cuda_ops._loader import cupy
+
+            self.buf = cupy().empty(max(total, 1), dtype=cupy().uint16)
+        self._views = {id(p): self.buf[int(o):int(o) + p._data.size].reshape(p._data.shape)
+                       for p, o in zip(self.params, offs)}
+        self._state: dict = dict.fromkeys(self._views)  # id -> (version, data pointer) the copy holds, or None
+
+    def __contains__(self, p) -> bool:
+        return self._by_id.get(id(p)) is p
+
+    def view(self, p):
+        """The bf16 copy (uint16 bits, the parameter's shape) of parameter ``p``."""
+        return self._views[id(p)]
+
+    @staticmethod
+    def _key(p) -> tuple:
+        d = p._data
+        ptr = d.data.ptr if hasattr(d.data, "ptr") else d.__array_interface__["data"][0]
+        return p._version.v, ptr
+
+    def current(self, p) -> bool:
+        """Whether ``p``'s copy holds its present value (written at its present version, for its present storage)."""
+        return self._state.get(id(p)) == self._key(p)
+
+    def mark(self, params) -> None:
+        """Record that the copies of ``params`` now hold their present values (the writer has just written them)."""
+        for p in params:
+            if self._by_id.get(id(p)) is p:
+                self._state[id(p)] = self._key(p)
+
+    def refresh(self) -> None:
+        """Cast every parameter into its copy now: one multi-tensor launch on CUDA."""
+        if not self.params:
+            return
+        if not self.cuda:
+            import numpy as np
+
+            from blutensor.backend import f32_to_bf16_bits
+
+            for p in self.params:
+                self._views[id(p)][...] = f32_to_bf16_bits(p._data, np)
+            self.mark(self.params)
+            return
+        from blutensor.cuda_ops.cast import multi_to_bf16
+
+        arrays = [p._data for p in self.params]
+        if self.device.index:
+            import cupy
+
+            with cupy.cuda.Device(self.device.index):
+                multi_to_bf16(arrays, out=self.buf)
+        else:
+            multi_to_bf16(arrays, out=self.buf)
+        self.mark(self.params)
+
+    def ensure_current(self) -> bool:
+        """Refresh when any copy is stale; returns whether it did."""
+        if all(self.current(p) for p in self.params):
+            return False
+        self.refresh()
+        return True
+
+
+def precast(params, accumulate: bool = False, copies: WeightCopies | None = None) -> int:
     """Put the low-precision casts of all float32 ``params`` into the weight cast cache now (inside a region).
 
     On CUDA the casts of one device run as ONE multi-tensor launch (cuda_ops.cast.multi_to_bf16) instead of one
@@ -180,6 +284,8 @@ def precast(params, accumulate: bool = False) -> int:
     ``accumulate=True`` (CUDA; for a training step whose masters already hold float32 ``.grad`` buffers, e.g.
     the captured step, and that never calls ``bt.grad``): the casts' backward adds the bf16 gradient straight
     into ``.grad`` in one kernel (cast.CastAccumulateCuda) instead of widening it into a new array first.
+    ``copies`` (CUDA, bf16): a :class:`WeightCopies` holding these parameters; its copies serve as the casts
+    (no launch while they are current; one refresh launch otherwise).
     """
     if _S.depth == 0 or not _S.cache_enabled:
         return 0
@@ -199,13 +305,13 @@ def precast(params, accumulate: bool = False) -> int:
     for (dev, low), ps in todo.items():
         ps = list(ps.values())
         n += len(ps)
-        if dev.type != "cuda" or not _precast_cuda(ps, dev, low, grad_on, T, accumulate):
+        if dev.type != "cuda" or not _precast_cuda(ps, dev, low, grad_on, T, accumulate, copies):
             for p in ps:
                 _cast(p, low)
     return n
 
 
-def _precast_cuda(ps, dev, low, grad_on, T, accumulate: bool = False) -> bool:
+def _precast_cuda(ps, dev, low, grad_on, T, accumulate: bool = False, copies: WeightCopies | None = None) -> bool:
     """The CUDA half of :func:`precast`; False when the built-in cast kernel is not the one dispatch uses."""
     from blutensor.autograd.node import Ctx, Node
     from blutensor.cuda_ops import cast as cast_mod
@@ -215,7 +321,13 @@ def _precast_cuda(ps, dev, low, grad_on, T, accumulate: bool = False) -> bool:
         return False
     if accumulate:
         kernel = cast_mod.CastAccumulateCuda
-    if dev.index:
+    if copies is not None and all(p in copies for p in ps):
+        if not all(copies.current(p) for p in ps):
+            copies.refresh()
+        outs = [copies.view(p) for p in ps]
+        if dev.index:
+            kernel = dispatch._OnDevice(kernel, dev.index)
+    elif dev.index:
         import cupy
 
         with cupy.cuda.Device(dev.index):
@@ -297,7 +409,8 @@ def _hook(op: str, inputs: tuple, attrs: dict):
     return inputs, attrs
 
 
-__all__ = ["autocast", "cache_info", "get_autocast_dtype", "is_autocast_enabled", "precast", "restore", "state"]
+__all__ = ["WeightCopies", "autocast", "cache_info", "get_autocast_dtype", "is_autocast_enabled", "precast",
+           "restore", "state"]
 
 from blutensor.grad_scaler import GradScaler  # noqa: E402  (torch.amp.GradScaler)
 

@@ -2,7 +2,9 @@
 
 Providers register through ``blutrain_register_gemm_providers``; ``BLUTRAIN_GEMM`` or
 :func:`set_gemm_provider` choose one; default order: cublas, blublas, xp (CuPy's matmul). Each
-provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays.
+provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays. A provider that declares ``ACCUMULATE``
+takes ``out=C, beta=1.0`` and adds into ``C``: weight gradients are then accumulated by the GEMM itself
+(:func:`cuda_matmul_into`).
 
 Precision 'fp32' (the default, :func:`set_matmul_precision`) means fp32-accurate GEMMs. HOW they are computed
 is :func:`set_fp32_gemm` / ``BLUTRAIN_FP32_GEMM``: 'strict' (default: FP32 FFMA, SGEMM) or '3xtf32': fp32
@@ -156,14 +158,65 @@ def _operand(x, xp):
     return xp.ascontiguousarray(x), False
 
 
-def _call(prov, a, b, prec, xp, bias=None):
+def _call(prov, a, b, prec, xp, bias=None, out=None):
+    """One provider GEMM; with ``out``: ``out += a @ b`` (beta = 1, the GEMM's own epilogue reads ``out``)."""
     a, ta = _operand(a, xp)
     b, tb = _operand(b, xp)
     if prec == "3xtf32" and (a.shape[-2] if ta else a.shape[-1]) > max_3xtf32_k():
         prec = "fp32"  # a long reduction (weight gradients): strict, see the module docstring
+    if out is not None:
+        return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec, out=out, beta=1.0)
     if bias is None:
         return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec)
     return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec, bias=bias)
+
+
+def accumulates(prov) -> bool:
+    """Whether provider ``prov`` declares ``ACCUMULATE``: its ``matmul(..., out=C, beta=1.0)`` adds into ``C``
+    (a provider without it may ignore ``out``; its products are then added separately)."""
+    return bool(getattr(prov, "ACCUMULATE", False))
+
+
+def provider_matmul_into(prov, a, b, out, xp, precision: str | None = None):
+    """``out += a @ b`` for 2-D operands as ONE provider GEMM with beta = 1 (``out`` float32, C-contiguous,
+    (M, N)): a weight gradient accumulated into its existing buffer with no product array and no separate add.
+    bf16 operands (uint16 bits) run at precision 'bf16' with the float32 ``out``."""
+    if a.ndim != 2 or b.ndim != 2 or out.shape != (a.shape[0], b.shape[1]):
+        raise ValueError(f"provider_matmul_into: expected a (M, K), b (K, N), out (M, N), got {tuple(a.shape)}, "
+                         f"{tuple(b.shape)}, {tuple(out.shape)}")
+    if a.dtype == np.uint16:
+        prec = "bf16"
+    else:
+        prec = precision or _default_precision(prov)
+    return _call(prov, a, b, prec, xp, out=out)
+
+
+def cuda_matmul_into(a, b, out) -> None:
+    """``out += a @ b`` of 2-D CuPy arrays: one beta = 1 GEMM through the selected provider where it applies
+    (float32 operands, or bf16 on the cublas/blublas provider), else the product plus an in-place add."""
+    import cupy
+
+    prov = get_gemm_provider()
+    if a.dtype == np.uint16 and b.dtype == np.uint16:
+        from blutensor.cuda_ops.linalg import bf16_provider
+
+        prov = bf16_provider()
+    elif a.dtype != np.float32 or b.dtype != np.float32:
+        prov = None
+    if (prov is None or not accumulates(prov) or out.dtype != np.float32 or not out.flags.c_contiguous
+            or a.ndim != 2 or b.ndim != 2):
+        out += cupy.matmul(a, b) if a.dtype != np.uint16 else _bf16_product(a, b)
+        return
+    provider_matmul_into(prov, a, b, out, cupy)
+
+
+def _bf16_product(a, b):
+    """a @ b of bf16 bits in float32 (the no-provider fallback)."""
+    import cupy
+
+    from blutensor.backend import bf16_bits_to_f32
+
+    return cupy.matmul(bf16_bits_to_f32(a, cupy), bf16_bits_to_f32(b, cupy))
 
 
 def _fp32_provider(*arrays):
@@ -185,15 +238,19 @@ def provider_linear(prov, x2, w, b, xp, precision: str | None = None):
 _ones: dict = {}
 
 
-def provider_bias_grad(prov, g2, xp):
+def provider_bias_grad(prov, g2, xp, out=None):
     """Column sums of g2 (M, N) -> (N,) as a strict-fp32 GEMV ``ones(1, M) @ g2`` through the provider:
-    one coalesced read of g2 on the GEMM engine (CuPy's axis-0 sum runs one thread per column)."""
+    one coalesced read of g2 on the GEMM engine (CuPy's axis-0 sum runs one thread per column). With ``out``
+    (float32 (N,), C-contiguous): ``out +=`` the sums, beta = 1 in the same GEMV."""
     m = g2.shape[0]
     dev = getattr(getattr(g2, "device", None), "id", None)
     key = (m, dev, xp.__name__)
     ones = _ones.get(key)
     if ones is None:
         ones = _ones[key] = xp.ones((1, m), dtype=np.float32)
+    if out is not None:
+        _call(prov, ones, g2, "fp32", xp, out=out.reshape(1, -1))
+        return out
     return _call(prov, ones, g2, "fp32", xp).reshape(-1)
 
 
@@ -211,14 +268,21 @@ def cuda_linear(x2, w, b):
     return provider_linear(prov, x2, w, b, cupy)
 
 
-def cuda_bias_grad(g2):
-    """Bias gradient (column sums of a 2-D CuPy array) through the provider's GEMV when it applies."""
+def cuda_bias_grad(g2, out=None):
+    """Bias gradient (column sums of a 2-D CuPy array) through the provider's GEMV when it applies; with
+    ``out`` (float32 (N,)) the sums are added into it (beta = 1) and ``out`` is returned."""
     import cupy
 
     prov = _fp32_provider(g2)
-    if prov is None or g2.ndim != 2 or g2.shape[0] == 0:
-        return g2.sum(axis=0)
-    return provider_bias_grad(prov, g2, cupy)
+    if out is not None and prov is not None and not accumulates(prov):
+        prov = None
+    if prov is None or g2.ndim != 2 or g2.shape[0] == 0 or (out is not None and not out.flags.c_contiguous):
+        s = g2.sum(axis=0)
+        if out is None:
+            return s
+        out += s
+        return out
+    return provider_bias_grad(prov, g2, cupy, out=out)
 
 
 _TORCH_PRECISION = {"highest": "fp32", "high": "tf32", "medium": "bf16"}

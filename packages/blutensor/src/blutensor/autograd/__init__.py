@@ -10,7 +10,7 @@ from blutensor.autograd.grad_mode import (
     no_grad,
     set_grad_enabled,
 )
-from blutensor.autograd.node import AccumulateGrad, Ctx, Node
+from blutensor.autograd.node import ACCUMULATED, AccumulateGrad, Ctx, Node, Summed
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False):
@@ -48,6 +48,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False):
     return tuple(out)
 
 
-__all__ = ["AccumulateGrad", "Ctx", "Function", "FunctionCtx", "Node", "enable_grad", "grad", "is_grad_enabled",
+__all__ = ["ACCUMULATED", "AccumulateGrad", "Ctx", "Function", "FunctionCtx", "Node", "enable_grad", "grad",
+           "is_grad_enabled",
            "no_grad", "run_backward", "set_grad_enabled",
-           "inference_mode", "is_inference_mode_enabled"]
+           "inference_mode", "is_inference_mode_enabled", "Summed"]

@@ -34,6 +34,14 @@ class _FunctionKernel:
     def __init__(self, fn, devices):
         self.fn, self.devices = fn, devices
 
+    @property
+    def GRAD_INTO(self) -> bool:  # noqa: N802 - the kernel flag, declared by the Function subclass
+        return bool(getattr(self.fn, "GRAD_INTO", False))
+
+    @property
+    def GRAD_SUM(self) -> bool:  # noqa: N802
+        return bool(getattr(self.fn, "GRAD_SUM", False))
+
     def backward(self, ctx, g):
         from blutensor._tensor import Tensor
 
@@ -49,7 +57,16 @@ class _FunctionKernel:
 
 class Function:
     """Subclass with static ``forward(ctx, *args) -> Tensor`` and ``backward(ctx, grad) -> grads``
-    (one per forward argument, None where there is none); call with ``MyFn.apply(*args)``."""
+    (one per forward argument, None where there is none); call with ``MyFn.apply(*args)``.
+
+    A subclass that sets ``GRAD_INTO = True`` may find ``ctx.grad_into`` set in backward (see
+    blutensor.autograd.engine): per input, a leaf's float32 gradient buffer to add that input's gradient into,
+    returning ``blutensor.autograd.ACCUMULATED`` for it instead of a gradient. With ``GRAD_SUM = True``,
+    ``ctx.grad_pending[i]`` may hold the gradient already pending for input ``i``; a backward that adds it into its
+    own result returns ``blutensor.autograd.Summed(result)`` for that input."""
+
+    GRAD_INTO = False
+    GRAD_SUM = False
 
     @staticmethod
     def forward(ctx, *args):

@@ -14,11 +14,41 @@ class Ctx:
 
     __slots__ = ("saved", "attrs", "needs", "__dict__")
     out_dtype = None  # a kernel may name its result's blutensor dtype (cast to bf16: uint16 bits on CUDA)
+    #: set by the engine before a GRAD_INTO kernel's backward: per input, the float32 gradient buffer of the leaf
+    #: that input's gradient ends in (accumulate into it and return ``ACCUMULATED``), or None
+    grad_into = None
+    #: set by the engine before a GRAD_SUM kernel's backward: per input, the gradient already pending for it (a
+    #: non-leaf), or None; the kernel may add it into its result and return that as ``Summed(result)``
+    grad_pending = None
 
     def __init__(self):
         self.saved = ()
         self.attrs = None
         self.needs = ()
+
+
+class _Accumulated:
+    """The type of :data:`ACCUMULATED`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ACCUMULATED"
+
+
+#: what a backward formula returns for an input whose gradient it added into ``ctx.grad_into[i]`` itself
+ACCUMULATED = _Accumulated()
+
+
+class Summed:
+    """Returned by a backward formula for input ``i`` when its gradient already includes ``ctx.grad_pending[i]``
+    (the gradient the engine holds for that input so far, e.g. a residual branch's): the engine replaces what it
+    holds with ``grad`` instead of adding, so the formula's kernel does the sum (no separate add)."""
+
+    __slots__ = ("grad",)
+
+    def __init__(self, grad):
+        self.grad = grad
 
 
 class Node:

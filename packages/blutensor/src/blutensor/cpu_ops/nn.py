@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from blutensor.cpu_ops._build import lib as _lib
+from blutensor.ops._util import into_grad, sum_pending
 from blutensor.ops.table import OPS
 
 _F32 = np.dtype(np.float32)
@@ -115,7 +116,7 @@ class LayerNormCpu(OPS["layer_norm"]):
             g.ctypes.data, x.ctypes.data, None if w is None else w.ctypes.data, mean.ctypes.data, rstd.ctypes.data,
             None if gx is None else gx.ctypes.data, part.ctypes.data, None if dw is None else dw.ctypes.data,
             None if db is None else db.ctypes.data, N, C)
-        return gx, dw, db
+        return sum_pending(ctx, 0, gx), into_grad(ctx, 1, dw), into_grad(ctx, 2, db)
 
 
 class CrossEntropyCpu(OPS["cross_entropy"]):
@@ -202,7 +203,7 @@ class EmbeddingCpu(OPS["embedding"]):
         g = _c(g.astype(_F32, copy=False).reshape(-1, D))
         gw = np.empty(wshape, _F32)
         _lib().blu_embedding_backward(i.ctypes.data, g.ctypes.data, gw.ctypes.data, i.size, V, D)
-        return None, gw
+        return None, into_grad(ctx, 1, gw)
 
 
 class SdpaCpu(OPS["sdpa"]):

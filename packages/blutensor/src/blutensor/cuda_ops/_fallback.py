@@ -36,7 +36,8 @@ def forward(ctx, generic_forward, arrays, attrs, bf16_inputs=None):
 
 
 def backward(ctx, generic_backward, g):
-    """Backward of a call that ran through :func:`forward`."""
+    """Backward of a call that ran through :func:`forward` (a gradient the generic formula accumulated into
+    ``ctx.grad_into`` comes back as ``ACCUMULATED`` and is passed on as it is)."""
     mask = ctx.fallback
     if any(mask) and g.dtype == np.uint16:
         g = _widen(g)
@@ -44,7 +45,7 @@ def backward(ctx, generic_backward, g):
     if not isinstance(grads, tuple):
         grads = (grads,)
     return tuple(
-        _narrow(gr) if gr is not None and i < len(mask) and mask[i] and gr.dtype == np.float32 else gr
+        _narrow(gr) if i < len(mask) and mask[i] and getattr(gr, "dtype", None) == np.float32 else gr
         for i, gr in enumerate(grads)
     )
 

@@ -24,9 +24,9 @@ def _scalar_arg(x, name: str):
     return np.float64(float(x)), NULL
 
 
-def _table(params, grads, exp_avgs, exp_avg_sqs):
-    """The (cached) multi-tensor table of these arrays; building it copies to the device, so a CUDA-graph
-    capture must find it cached (see :func:`prepare_group`)."""
+def _table(params, grads, exp_avgs, exp_avg_sqs, copies=None):
+    """The (cached) multi-tensor table of these arrays (and of the bf16 weight copies, when given); building it
+    copies to the device, so a CUDA-graph capture must find it cached (see :func:`prepare_group`)."""
     flags = []
     for i, (p, g) in enumerate(zip(params, grads)):
         for what, a in (("param", p), ("grad", g)):
@@ -35,12 +35,26 @@ def _table(params, grads, exp_avgs, exp_avg_sqs):
                     f"multi_tensor_adamw: {what} {i} has dtype {a.dtype}; expected float32 or bfloat16 bits (uint16)"
                 )
         flags.append(int(p.dtype == np.uint16) | (int(g.dtype == np.uint16) << 1))
+    if copies is not None:
+        for i, (p, c) in enumerate(zip(params, copies)):
+            if c.dtype != np.uint16 or c.size != p.size or p.dtype != np.float32:
+                raise DTypeError(f"multi_tensor_adamw: copy {i} must be bf16 bits (uint16) of a float32 param's size, "
+                                 f"got {c.dtype} size {c.size} for a {p.dtype} param of size {p.size}")
+        return table_for((params, grads, exp_avgs, exp_avg_sqs, copies), flags)
     return table_for((params, grads, exp_avgs, exp_avg_sqs), flags)
 
 
-def prepare_group(optimizer, group):
-    """Build (and cache) the table fused_step will use for ``group`` with its current gradient arrays; returns
-    it (a CUDA graph that captures the launch must keep it alive: the cache may evict it)."""
+def _copies_for(copies, items):
+    """The bf16 copy arrays of the parameters in ``items`` when ``copies`` (bt.amp.WeightCopies) holds them all."""
+    if copies is None or not items or not all(p in copies and p.dtype.name == "float32" for p, _ in items):
+        return None
+    return [copies.view(p) for p, _ in items]
+
+
+def prepare_group(optimizer, group, copies=None):
+    """Build (and cache) the table fused_step will use for ``group`` with its current gradient arrays (and the
+    bf16 weight copies ``copies``, a bt.amp.WeightCopies, as fused_step is given them); returns it (a CUDA graph
+    that captures the launch must keep it alive: the cache may evict it)."""
     items = [(p, optimizer.state[p]) for p in group["params"] if p.grad is not None and p in optimizer.state]
     if items:
         cp = cupy()
@@ -49,16 +63,20 @@ def prepare_group(optimizer, group):
             [cp.ascontiguousarray(p.grad._data) for p, _ in items],
             [st["exp_avg"]._data for _, st in items],
             [st["exp_avg_sq"]._data for _, st in items],
+            _copies_for(copies, items),
         )
 
 
-def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, eps, wd, found_inf=None) -> None:
+def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, eps, wd, found_inf=None,
+                       copies=None) -> None:
     """AdamW update of all ``params`` (fp32 or bf16-bit CuPy arrays, in place) in one launch.
 
     grads: fp32 or bf16 bits; exp_avgs/exp_avg_sqs: fp32. ``step`` and ``lr`` may be Python numbers or
     1-element float32 device arrays (read by the kernel, so a captured CUDA graph replays new values).
     ``found_inf``: optional 1-element float32 device flag; when it holds a non-zero value the kernel leaves
     parameters and moments untouched (the step is skipped on the device, as PyTorch's fused Adam does).
+    ``copies``: optional bf16-bit arrays, one per (float32) param: the kernel writes each updated param rounded to
+    bf16 (nearest even, as the cast kernels) into its copy in the same pass.
     """
     if not params:
         return
@@ -66,7 +84,7 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
         for i, a in enumerate(lst):
             if a.dtype != np.float32:
                 raise DTypeError(f"multi_tensor_adamw: {name}[{i}] must be float32, got {a.dtype}")
-    t = _table(params, grads, exp_avgs, exp_avg_sqs)
+    t = _table(params, grads, exp_avgs, exp_avg_sqs, copies)
     if t.n_chunks == 0:
         return
     lr_v, lr_p = _scalar_arg(lr, "lr")
@@ -74,7 +92,7 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
     fi_p = NULL if found_inf is None else _scalar_arg(found_inf, "found_inf")[1]
     launch(
         FILE,
-        "blu_adamw_step",
+        "blu_adamw_step" if copies is None else "blu_adamw_step_bf16_copy",
         t.n_chunks,
         BLOCK,
         (
@@ -92,7 +110,7 @@ def multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, b1, b2, e
     )
 
 
-def fused_step(optimizer, group, lr_dev=None, step_dev=None, found_inf=None) -> None:
+def fused_step(optimizer, group, lr_dev=None, step_dev=None, found_inf=None, copies=None) -> None:
     """One AdamW step of ``group`` of ``optimizer`` (blutensor.optim.AdamW) through multi_tensor_adamw.
 
     All parameters of the group must share one step count (the usual case); the moments are created as
@@ -101,7 +119,9 @@ def fused_step(optimizer, group, lr_dev=None, step_dev=None, found_inf=None) -> 
     values); the host step counts are still advanced, so state_dict stays right. ``found_inf``: a 1-element
     float32 device flag that skips the update on the device when non-zero (the caller, who reads the flag
     later, takes the host step counts back). A group lr that is
-    itself a device array (or a 1-element CUDA Tensor) is read on device too.
+    itself a device array (or a 1-element CUDA Tensor) is read on device too. ``copies`` (bt.amp.WeightCopies):
+    where it holds every float32 parameter of a launch, the kernel also writes their bf16 copies, which are then
+    current for the next autocast region's :func:`bt.amp.precast`.
     """
     from blutensor.creation import zeros_like
 
@@ -131,6 +151,7 @@ def fused_step(optimizer, group, lr_dev=None, step_dev=None, found_inf=None) -> 
     if step_dev is not None:  # one device step count for the whole group
         batches = [(step_dev, [it for _, items in batches for it in items])] if batches else []
     for st_key, items in batches:
+        cl = _copies_for(copies, items)
         multi_tensor_adamw(
             [p._data for p, _ in items],
             [cp.ascontiguousarray(p.grad._data) for p, _ in items],
@@ -143,6 +164,9 @@ def fused_step(optimizer, group, lr_dev=None, step_dev=None, found_inf=None) -> 
             eps,
             wd,
             found_inf,
+            cl,
         )
         for p, _ in items:
             p._version.v += 1
+        if cl is not None:
+            copies.mark([p for p, _ in items])

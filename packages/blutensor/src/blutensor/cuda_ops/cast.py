@@ -87,14 +87,18 @@ def multi_table(arrays) -> _MultiTable:
     return t
 
 
-def multi_to_bf16(arrays) -> list:
+def multi_to_bf16(arrays, out=None) -> list:
     """bf16 bits (uint16) copies of many float32 CuPy arrays in ONE launch, packed into one buffer (each copy a
-    C-contiguous view of its own shape, 128-byte aligned); round to nearest even like :func:`to_bf16`."""
+    C-contiguous view of its own shape, 128-byte aligned); round to nearest even like :func:`to_bf16`. ``out``: the
+    packed uint16 buffer to write (at least :func:`pack_layout`'s total elements), else a new one."""
     cp = cupy()
     if not arrays:
         return []
     t = multi_table(arrays)
-    buf = cp.empty(max(t.total, 1), dtype=cp.uint16)
+    if out is not None and (out.dtype != _BF16 or out.ndim != 1 or out.size < t.total):
+        raise ValueError(f"multi_to_bf16: out must be a 1-D uint16 array of >= {t.total} elements, got {out.dtype} "
+                         f"shape {out.shape}")
+    buf = out if out is not None else cp.empty(max(t.total, 1), dtype=cp.uint16)
     if t.n_chunks:
         launch(FILE, "blu_cast_multi_f32_to_bf16", t.n_chunks, 256,
                (t.src, t.dst_off, t.numel, t.chunk_tensor, t.chunk_start, np.int64(MULTI_CHUNK), buf))
@@ -129,6 +133,13 @@ class CastCuda(Kernel):
     def backward(ctx, g):
         src, dst = ctx.saved
         return (_convert(g, dst, src),)
+
+    @staticmethod
+    def forwards_grad_into(ctx) -> bool:
+        """A float32 -> bfloat16 cast lets its consumers add the gradient into the float32 master's buffer
+        (autograd.engine): the widened gradient is what this backward would hand on, without its bf16 rounding."""
+        src, dst = ctx.saved
+        return getattr(src, "name", None) == "float32" and getattr(dst, "name", None) == "bfloat16"
 
 
 def accumulate_bf16(acc, g) -> None:

@@ -1,5 +1,6 @@
 """Embedding lookup on CUDA (kernels/embedding.cu): vectorised gather and a deterministic backward
-(stable radix sort of the indices, one owner block per distinct row, no float atomics)."""
+(stable radix sort of the indices, then a segmented reduction over fixed pieces of the sorted positions, no float
+atomics), which adds into an existing float32 gradient buffer."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 
 import numpy as np
 
+from blutensor.autograd.node import ACCUMULATED
 from blutensor.cuda_ops import _fallback
 from blutensor.cuda_ops._loader import aligned16, capturing, cupy, first_bad_index, launch, num_sms, suffix
 from blutensor.cuda_ops.sort import stable_argsort, thrust_capturable
@@ -40,28 +42,26 @@ def embedding_forward(idx, weight):
     return out
 
 
-#: BLUTRAIN_EMBEDDING_BWD: 'runs' (default: one block per run of an index sums it serially) or 'pieces' (runs cut
-#: into PIECE sorted positions, summed in two passes: balanced when one token fills much of the batch). Opt-in
-#: until measured on a GPU; both are deterministic.
-EMBEDDING_BWD = ("runs", "pieces")
+#: BLUTRAIN_EMBEDDING_BWD: 'segments' (default: fixed pieces of SEG_PIECE sorted positions, one block each, whole runs
+#: added at once and runs across pieces finished by a second pass: balanced however the tokens repeat, and it adds
+#: into an existing gradient buffer), 'runs' (one block per run of an index sums it serially) or 'pieces' (runs cut
+#: into PIECE sorted positions, summed in two passes). All are bitwise deterministic.
+EMBEDDING_BWD = ("segments", "runs", "pieces")
 PIECE = 32
+#: sorted positions per block of the 'segments' backward (EMB_SEG_P in kernels/embedding.cu)
+SEG_PIECE = 16
 
 
 def backward_mode() -> str:
-    """The embedding backward's algorithm from BLUTRAIN_EMBEDDING_BWD ('runs' or 'pieces')."""
-    m = os.environ.get("BLUTRAIN_EMBEDDING_BWD", "").strip().lower() or "runs"
+    """The embedding backward's algorithm from BLUTRAIN_EMBEDDING_BWD ('segments', 'runs' or 'pieces')."""
+    m = os.environ.get("BLUTRAIN_EMBEDDING_BWD", "").strip().lower() or "segments"
     if m not in EMBEDDING_BWD:
         raise ValueError(f"BLUTRAIN_EMBEDDING_BWD must be one of {EMBEDDING_BWD}, got {m!r}")
     return m
 
 
-def embedding_backward(idx, g, num_embeddings: int):
-    """dweight (V, C) = sum of the rows of ``g`` (N, C) per index, bitwise deterministic."""
-    cp = cupy()
-    N, C = g.shape
-    dw = cp.zeros((num_embeddings, C), dtype=g.dtype)
-    if N == 0 or C == 0:
-        return dw
+def _sorted(idx, num_embeddings: int, cp):
+    """(sorted indices, order) of the flat int64 indices: a stable sort, capture-safe."""
     cap = capturing()
     # Thrust (cupy.argsort) syncs the stream on older CuPy builds: inside a graph only where the probe (run
     # once, eagerly) showed it captures and replays correctly; the sync-free radix argsort otherwise
@@ -71,10 +71,37 @@ def embedding_backward(idx, g, num_embeddings: int):
         if not cap:
             thrust_capturable(cp)  # probe before the first capture (cached)
         order = cp.argsort(idx)  # CuPy's sort is a stable radix sort
-    sorted_idx = cp.ascontiguousarray(idx[order])
-    order = cp.ascontiguousarray(order, dtype=cp.int64)
+    return cp.ascontiguousarray(idx[order]), cp.ascontiguousarray(order, dtype=cp.int64)
+
+
+def embedding_backward(idx, g, num_embeddings: int, out=None):
+    """dweight (V, C) = sum of the rows of ``g`` (N, C) per index, bitwise deterministic.
+
+    ``out`` (float32 (V, C), C-contiguous; 'segments' only): the sums are added into it (a gradient buffer that
+    already holds, say, the tied lm_head's weight gradient) and it is returned: no dense (V, C) zero, no
+    separate add. Without it a zeroed array of ``g``'s dtype is returned."""
+    cp = cupy()
+    N, C = g.shape
+    mode = backward_mode()
+    if out is not None and (mode != "segments" or out.dtype != np.float32 or not out.flags.c_contiguous
+                            or tuple(out.shape) != (num_embeddings, C)):
+        out += embedding_backward(idx, g, num_embeddings).astype(np.float32, copy=False)
+        return out
+    dw = out if out is not None else cp.zeros((num_embeddings, C), dtype=g.dtype)
+    if N == 0 or C == 0:
+        return dw
+    sorted_idx, order = _sorted(idx, num_embeddings, cp)
     block = 128 if C >= 128 else 32 * math.ceil(C / 32)
-    if backward_mode() == "pieces":
+    if mode == "segments":
+        pieces = -(-N // SEG_PIECE)
+        part = cp.empty((pieces, 2, C), dtype=cp.float32)  # boundary segments' partial sums
+        args = (np.int64(N), np.int64(num_embeddings), np.int32(C))
+        launch(FILE, f"blu_embedding_backward_seg_{suffix(g)}_{suffix(dw)}", pieces, block,
+               (sorted_idx, order, g, dw, part) + args)
+        if pieces > 1:
+            launch(FILE, f"blu_embedding_backward_seg_runs_{suffix(dw)}", pieces, block, (sorted_idx, dw, part) + args)
+        return dw
+    if mode == "pieces":
         part = cp.empty((N, C), dtype=cp.float32)  # piece sums (only the rows of piece starts are written)
         grid = (N, math.ceil(C / block))
         launch(FILE, f"blu_embedding_backward_pieces_{suffix(g)}", grid, block,
@@ -93,7 +120,7 @@ def embedding_backward(idx, g, num_embeddings: int):
 
 
 class EmbeddingCuda(Kernel):
-    """embedding on CUDA, fp32 and bf16 weights."""
+    """embedding on CUDA, fp32 and bf16 weights; backward adds into the float32 ``.grad`` the engine offers."""
 
     PLUGIN_NAME = "blutensor.cuda.embedding"
     OP = "embedding"
@@ -102,6 +129,7 @@ class EmbeddingCuda(Kernel):
     PRIORITY = 10
     BF16_NATIVE = True
     DTYPE_ARG = 1
+    GRAD_INTO = True
 
     @staticmethod
     def forward(ctx, idx, weight):
@@ -133,4 +161,9 @@ class EmbeddingCuda(Kernel):
         if len(ctx.needs) > 1 and not ctx.needs[1]:
             return None, None
         g2 = cupy().ascontiguousarray(g).reshape(-1, wshape[1])
+        into = getattr(ctx, "grad_into", None)
+        buf = into[1] if into is not None and len(into) > 1 else None
+        if buf is not None:  # the float32 .grad (tied: already holding the lm_head's gradient): added into
+            embedding_backward(flat, g2, wshape[0], out=buf)
+            return None, ACCUMULATED
         return None, embedding_backward(flat, g2, wshape[0])

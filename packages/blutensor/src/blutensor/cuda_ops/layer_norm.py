@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from blutensor.autograd.node import ACCUMULATED, Summed
 from blutensor.cuda_ops import _fallback
 from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, ptr, suffix
 from blutensor.cuda_ops.occupancy import full_grid
@@ -87,20 +88,31 @@ def layer_norm_forward(x, weight, bias, eps: float = 1e-5, residual=None, write_
 
 
 def layer_norm_backward(
-    g, x, weight, mean, rstd, grad_sum=None, need_dx: bool = True, need_dw: bool = True, need_db: bool = True
+    g, x, weight, mean, rstd, grad_sum=None, need_dx: bool = True, need_dw: bool = True, need_db: bool = True,
+    dw_into=None, db_into=None,
 ):
     """Gradients (dx, dweight, dbias) of LayerNorm; ``x`` is the LayerNorm input (the sum when fused).
 
     ``grad_sum``, the gradient reaching the residual sum directly, is added into dx (fused residual).
-    dweight/dbias are reduced deterministically (per-block partials, summed in block order).
+    dweight/dbias are reduced deterministically (per-block partials, summed in block order). ``dw_into`` /
+    ``db_into`` (float32 (C,), C-contiguous): the final reduction adds the sums into these buffers (gradient
+    accumulation in the kernel, bit-identical to reducing then adding) and returns them as dweight / dbias.
     """
     cp = cupy()
     C = x.shape[-1]
     N = x.size // C if C else 0
     dx = cp.empty_like(x) if need_dx else None
     want_wb = (need_dw and weight is not None) or need_db
-    dw = cp.empty(C, dtype=x.dtype) if need_dw and weight is not None else None
-    db = cp.empty(C, dtype=x.dtype) if need_db else None
+    acc = want_wb and (dw_into is not None or db_into is not None)
+    if acc:  # one accumulating reduction: a wanted gradient without a buffer gets a zeroed float32 one
+        dw = (dw_into if dw_into is not None else cp.zeros(C, dtype=cp.float32)) if need_dw and weight is not None \
+            else None
+        db = (db_into if db_into is not None else cp.zeros(C, dtype=cp.float32)) if need_db else None
+        if N == 0:
+            return dx, dw, db
+    else:
+        dw = cp.empty(C, dtype=x.dtype) if need_dw and weight is not None else None
+        db = cp.empty(C, dtype=x.dtype) if need_db else None
     if N == 0:
         if dw is not None:
             dw.fill(0)
@@ -125,7 +137,7 @@ def layer_norm_backward(
             shared_mem=smem,
         )
         if want_wb:
-            _reduce(part, nblocks, C, dw, db, suffix(x))
+            _reduce(part, nblocks, C, dw, db, "acc" if acc else suffix(x))
         return dx, dw, db
     wpb = max(1, min(4, (40 * 1024) // (8 * C))) if want_wb else 4
     smem = wpb * 2 * C * 4 if want_wb else 0
@@ -154,7 +166,7 @@ def layer_norm_backward(
         shared_mem=smem,
     )
     if want_wb:
-        _reduce(part, nblocks, C, dw, db, suffix(x))
+        _reduce(part, nblocks, C, dw, db, "acc" if acc else suffix(x))
     return dx, dw, db
 
 
@@ -170,8 +182,19 @@ def _reduce(part, nblocks: int, C: int, dw, db, sfx: str) -> None:
     )
 
 
+def _as(d, x):
+    """A gradient the accumulating reduction wrote as float32 (a zeroed stand-in buffer) in ``x``'s storage dtype."""
+    if d.dtype == x.dtype:
+        return d
+    from blutensor.cuda_ops.cast import to_bf16
+
+    return to_bf16(d)
+
+
 class LayerNormCuda(Kernel):
-    """layer_norm on CUDA: one fused kernel forward (rows in registers when they fit), deterministic backward."""
+    """layer_norm on CUDA: one fused kernel forward (rows in registers when they fit), deterministic backward;
+    dweight / dbias added by the reduction into the float32 ``.grad`` buffers the engine offers (``GRAD_INTO``),
+    and the input's pending gradient (a pre-LN residual stream's) added into dx by the kernel (``GRAD_SUM``)."""
 
     PLUGIN_NAME = "blutensor.cuda.layer_norm"
     OP = "layer_norm"
@@ -181,6 +204,9 @@ class LayerNormCuda(Kernel):
     BF16_NATIVE = True
     SAVES = (0, 1)
     SAME_DTYPE = (0, 1, 2)
+    GRAD_INTO = True
+    #: backward adds the gradient already pending for its input (the residual stream's) into dx in the same pass
+    GRAD_SUM = True
 
     @staticmethod
     def forward(ctx, x, w=None, b=None, normalized_shape=(), eps=1e-5):
@@ -211,12 +237,21 @@ class LayerNormCuda(Kernel):
         cp = cupy()
         x2, w1, mean, rstd, shape, nshape, has_b = ctx.saved
         needs = tuple(ctx.needs) + (False,) * 3
+        into = tuple(getattr(ctx, "grad_into", None) or ()) + (None,) * 3
+        C = x2.shape[-1]
+        dwi = into[1].reshape(C) if into[1] is not None and needs[1] and w1 is not None else None
+        dbi = into[2].reshape(C) if into[2] is not None and needs[2] and has_b else None
         g2 = cp.ascontiguousarray(g).reshape(x2.shape)
+        pend = getattr(ctx, "grad_pending", None)
+        gs = pend[0] if pend is not None and needs[0] else None
+        if gs is not None and not (gs.dtype == x2.dtype and gs.size == x2.size and gs.flags.c_contiguous):
+            gs = None
         dx, dw, db = layer_norm_backward(
-            g2, x2, w1, mean, rstd, None, needs[0], needs[1] and w1 is not None, needs[2] and has_b
+            g2, x2, w1, mean, rstd, None if gs is None else gs.reshape(x2.shape), needs[0],
+            needs[1] and w1 is not None, needs[2] and has_b, dwi, dbi
         )
         return (
-            None if dx is None else dx.reshape(shape),
-            None if dw is None else dw.reshape(nshape),
-            None if db is None else db.reshape(nshape),
+            None if dx is None else Summed(dx.reshape(shape)) if gs is not None else dx.reshape(shape),
+            ACCUMULATED if dwi is not None else None if dw is None else _as(dw, x2).reshape(nshape),
+            ACCUMULATED if dbi is not None else None if db is None else _as(db, x2).reshape(nshape),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from blutensor.autograd.node import ACCUMULATED
 from blutensor.cuda_ops import _fallback
 from blutensor.cuda_ops._loader import cupy
 from blutensor.ops import linalg as la
@@ -52,10 +53,10 @@ def _contig_last(x):
     return cupy().ascontiguousarray(x)
 
 
-def mm(prov, a, b, *, trans_a=False, trans_b=False, bias=None, out=None):
-    """op(a) @ op(b) at bf16 precision (2-D, or 3-D batch) through ``prov``."""
+def mm(prov, a, b, *, trans_a=False, trans_b=False, bias=None, out=None, beta=0.0):
+    """op(a) @ op(b) (+ beta * out) at bf16 precision (2-D, or 3-D batch) through ``prov``."""
     return prov.matmul(_contig_last(a), _contig_last(b), trans_a=trans_a, trans_b=trans_b, bias=bias, out=out,
-                       precision="bf16")
+                       beta=beta, precision="bf16")
 
 
 def _ones_bf16(n: int):
@@ -93,11 +94,14 @@ class _Bf16Gemm(Kernel):
 
 
 class LinearCuda(_Bf16Gemm):
-    """linear on bf16 CUDA tensors: one bf16 GEMM with the bias in its epilogue; backward 2 GEMMs + a GEMV."""
+    """linear on bf16 CUDA tensors: one bf16 GEMM with the bias in its epilogue; backward 2 GEMMs + a GEMV. The
+    weight and bias gradients go straight into the float32 masters' ``.grad`` where the engine offers them
+    (``ctx.grad_into``, through autocast's weight casts): beta = 1, float32 output, no bf16 gradient array."""
 
     PLUGIN_NAME = "blutensor.cuda.linear"
     OP = "linear"
     SAME_DTYPE = (0, 1, 2)
+    GRAD_INTO = True
 
     @staticmethod
     def forward(ctx, x, w, b=None):
@@ -114,10 +118,25 @@ class LinearCuda(_Bf16Gemm):
         if _fallback.used(ctx):
             return _fallback.backward(ctx, la.linear_backward, g)
         prov, x2, w, xshape = ctx.saved
+        into = getattr(ctx, "grad_into", None) or (None, None, None)
         g2 = _contig_last(g.reshape(-1, g.shape[-1]))
         gx = mm(prov, g2, w).reshape(xshape) if ctx.needs[0] else None
-        gw = mm(prov, g2, x2, trans_a=True) if ctx.needs[1] else None
-        gb = bias_grad(prov, g2) if len(ctx.needs) > 2 and ctx.needs[2] else None
+        gw = gb = None
+        if not getattr(prov, "ACCUMULATE", False):
+            into = (None, None, None)
+        if ctx.needs[1]:
+            if into[1] is not None:  # the float32 master's .grad: wgrad GEMM with beta = 1, fp32 out
+                mm(prov, g2, x2, trans_a=True, out=into[1], beta=1.0)
+                gw = ACCUMULATED
+            else:
+                gw = mm(prov, g2, x2, trans_a=True)
+        if len(ctx.needs) > 2 and ctx.needs[2]:
+            buf = into[2] if len(into) > 2 else None
+            if buf is not None:  # the GEMV adds into the float32 bias gradient
+                mm(prov, _ones_bf16(g2.shape[0]), g2, out=buf.reshape(1, -1), beta=1.0)
+                gb = ACCUMULATED
+            else:
+                gb = bias_grad(prov, g2)
         return gx, gw, gb
 
 

@@ -22,13 +22,17 @@ __device__ __forceinline__ void adam_elem(float& x, float g, float& m, float& v,
     x = x + (nss * m) / denom;
 }
 
-extern "C" __global__ void __launch_bounds__(512, 2)
-blu_adamw_step(const unsigned long long* __restrict__ p_ptr, const unsigned long long* __restrict__ g_ptr,
-               const unsigned long long* __restrict__ m_ptr, const unsigned long long* __restrict__ v_ptr,
-               const int* __restrict__ flags, const long long* __restrict__ numel,
-               const int* __restrict__ chunk_tensor, const long long* __restrict__ chunk_start, long long chunk_size,
-               double lr_arg, const float* __restrict__ lr_dev, double step_arg, const float* __restrict__ step_dev,
-               const float* __restrict__ found_inf, double b1, double b2, double eps, double wd) {
+// COPY: also write the updated fp32 parameter rounded to bf16 into c_ptr[ti] (the bf16 weight copy autocast's
+// GEMMs read next step: bt.amp.WeightCopies), so no separate cast pass over the weights is needed.
+template <bool COPY>
+__device__ __forceinline__ void adamw_impl(
+        const unsigned long long* __restrict__ p_ptr, const unsigned long long* __restrict__ g_ptr,
+        const unsigned long long* __restrict__ m_ptr, const unsigned long long* __restrict__ v_ptr,
+        const unsigned long long* __restrict__ c_ptr, const int* __restrict__ flags,
+        const long long* __restrict__ numel, const int* __restrict__ chunk_tensor,
+        const long long* __restrict__ chunk_start, long long chunk_size, double lr_arg,
+        const float* __restrict__ lr_dev, double step_arg, const float* __restrict__ step_dev,
+        const float* __restrict__ found_inf, double b1, double b2, double eps, double wd) {
     // found_inf (optional): a device flag set when this step's loss or gradients are not finite; the update
     // is then skipped on the device, so a captured step honours the NaN policy without a host decision
     if (found_inf && found_inf[0] != 0.f) return;
@@ -53,8 +57,10 @@ blu_adamw_step(const unsigned long long* __restrict__ p_ptr, const unsigned long
     bf16_t* pb = reinterpret_cast<bf16_t*>(p_ptr[ti]);
     const float* gf = reinterpret_cast<const float*>(g_ptr[ti]);
     const bf16_t* gb = reinterpret_cast<const bf16_t*>(g_ptr[ti]);
+    bf16_t* cb = COPY && !pbf ? reinterpret_cast<bf16_t*>(c_ptr[ti]) : nullptr;
     long long first = start;
-    const bool aligned = ((p_ptr[ti] | g_ptr[ti] | m_ptr[ti] | v_ptr[ti]) & 15ull) == 0 && (start & 3) == 0;
+    const bool aligned = ((p_ptr[ti] | g_ptr[ti] | m_ptr[ti] | v_ptr[ti]) & 15ull) == 0 && (start & 3) == 0
+                         && (!COPY || cb == nullptr || (c_ptr[ti] & 7ull) == 0);
     if (!pbf && !gbf && aligned) {  // fp32 everywhere: 16-byte accesses, 2 vectors in flight per thread
         const long long nvec = (end - start) >> 2;
         float4* p4 = reinterpret_cast<float4*>(pf + start);
@@ -69,6 +75,7 @@ blu_adamw_step(const unsigned long long* __restrict__ p_ptr, const unsigned long
             adam_elem(X.z, Gr.z, M.z, Vv.z, decay, omb1, b2f, omb2, bc2f, epsf, nss);
             adam_elem(X.w, Gr.w, M.w, Vv.w, decay, omb1, b2f, omb2, bc2f, epsf, nss);
             p4[i] = X; m4[i] = M; v4[i] = Vv;
+            if (COPY && cb) reinterpret_cast<uint2*>(cb + start)[i] = make_uint2(pack2(X.x, X.y), pack2(X.z, X.w));
         }
         first = start + (nvec << 2);
     }
@@ -81,5 +88,30 @@ blu_adamw_step(const unsigned long long* __restrict__ p_ptr, const unsigned long
         m[i] = mu;
         v[i] = vu;
         if (pbf) pb[i] = from_f<bf16_t>(xu); else pf[i] = xu;
+        if (COPY && cb) cb[i] = from_f<bf16_t>(xu);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 2)
+blu_adamw_step(const unsigned long long* __restrict__ p_ptr, const unsigned long long* __restrict__ g_ptr,
+               const unsigned long long* __restrict__ m_ptr, const unsigned long long* __restrict__ v_ptr,
+               const int* __restrict__ flags, const long long* __restrict__ numel,
+               const int* __restrict__ chunk_tensor, const long long* __restrict__ chunk_start, long long chunk_size,
+               double lr_arg, const float* __restrict__ lr_dev, double step_arg, const float* __restrict__ step_dev,
+               const float* __restrict__ found_inf, double b1, double b2, double eps, double wd) {
+    adamw_impl<false>(p_ptr, g_ptr, m_ptr, v_ptr, nullptr, flags, numel, chunk_tensor, chunk_start, chunk_size,
+                      lr_arg, lr_dev, step_arg, step_dev, found_inf, b1, b2, eps, wd);
+}
+
+// the same update, writing each fp32 parameter's bf16 copy too (c_ptr: one bf16 array per parameter)
+extern "C" __global__ void __launch_bounds__(512, 2)
+blu_adamw_step_bf16_copy(const unsigned long long* __restrict__ p_ptr, const unsigned long long* __restrict__ g_ptr,
+                         const unsigned long long* __restrict__ m_ptr, const unsigned long long* __restrict__ v_ptr,
+                         const unsigned long long* __restrict__ c_ptr, const int* __restrict__ flags,
+                         const long long* __restrict__ numel, const int* __restrict__ chunk_tensor,
+                         const long long* __restrict__ chunk_start, long long chunk_size, double lr_arg,
+                         const float* __restrict__ lr_dev, double step_arg, const float* __restrict__ step_dev,
+                         const float* __restrict__ found_inf, double b1, double b2, double eps, double wd) {
+    adamw_impl<true>(p_ptr, g_ptr, m_ptr, v_ptr, c_ptr, flags, numel, chunk_tensor, chunk_start, chunk_size,
+                     lr_arg, lr_dev, step_arg, step_dev, found_inf, b1, b2, eps, wd);
 }

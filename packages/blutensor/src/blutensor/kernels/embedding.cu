@@ -126,3 +126,100 @@ extern "C" __global__ void blu_embedding_backward_runs_bf16(const long long* sor
                                                             bf16_t* dw, long long N, long long V, int C, int P) {
     emb_backward_runs<bf16_t>(sorted_idx, part, dw, N, V, C, P);
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Segmented backward (the default, BLUTRAIN_EMBEDDING_BWD=segments): the sorted positions are cut into fixed
+// pieces of EMB_SEG_P (piece p = positions [p*P, p*P + P)), one block per piece, threads over columns. Pass 1
+// (..._seg) walks its piece in sorted order, summing the gradient rows of each segment (equal indices) in fp32 from
+// 0; a segment that is a whole run (its index neither continues from the previous piece nor into the next) is
+// added into its weight row at once: dweight[v] = dweight[v] + sum. Of the segments that touch a piece boundary,
+// the piece keeps two partial sums in part ((pieces, 2, C) fp32): slot 0 the first segment when it continues from
+// the previous piece, slot 1 the last segment when it continues into the next one and starts in this piece (the
+// piece that owns the run). Pass 2 (..._seg_runs): each owner adds its slot 1 and then slot 0 of the following
+// pieces, in piece order, for as long as the run lasts, and adds that into the weight row. A fixed order
+// throughout: bitwise reproducible, and a token that fills much of the batch costs ~P + run/P serial adds, not run.
+// dweight is the caller's buffer: zeroed, or a gradient that already holds other contributions (the tied lm_head's
+// weight gradient), accumulated into. Gradient rows are loaded EMB_SEG_P at a time (independent loads in flight).
+#define EMB_SEG_P 16
+
+template <typename TG, typename TO>
+__device__ void emb_backward_seg(const long long* __restrict__ sorted_idx, const long long* __restrict__ order,
+                                 const TG* __restrict__ g, TO* __restrict__ dweight, float* __restrict__ part,
+                                 long long N, long long V, int C) {
+    __shared__ long long keys[EMB_SEG_P];
+    __shared__ long long rows[EMB_SEG_P];
+    const long long s = (long long)blockIdx.x * EMB_SEG_P;
+    const int n = (int)min((long long)EMB_SEG_P, N - s);
+    if (threadIdx.x < n) {
+        keys[threadIdx.x] = sorted_idx[s + threadIdx.x];
+        rows[threadIdx.x] = order[s + threadIdx.x];
+    }
+    __syncthreads();
+    const long long prev_key = s > 0 ? sorted_idx[s - 1] : -1;
+    const long long next_key = s + n < N ? sorted_idx[s + n] : -1;
+    float* pp = part + (size_t)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float vals[EMB_SEG_P];
+#pragma unroll
+        for (int k = 0; k < EMB_SEG_P; ++k) {
+            vals[k] = 0.f;
+            if (k < n) vals[k] = to_f(g[rows[k] * C + c]);
+        }
+        float acc = 0.f;
+        int k0 = 0;
+#pragma unroll
+        for (int k = 0; k < EMB_SEG_P; ++k) {
+            if (k >= n) break;
+            acc += vals[k];
+            const long long v = keys[k];
+            if (k + 1 < n && keys[k + 1] == v) continue;
+            const bool open_left = k0 == 0 && prev_key == v;
+            const bool open_right = k + 1 == n && next_key == v;
+            if (open_left) pp[c] = acc;
+            else if (open_right) pp[C + c] = acc;
+            else if (v >= 0 && v < V) dweight[v * C + c] = from_f<TO>(to_f(dweight[v * C + c]) + acc);
+            acc = 0.f;
+            k0 = k + 1;
+        }
+    }
+}
+
+template <typename TO>
+__device__ void emb_backward_seg_runs(const long long* __restrict__ sorted_idx, TO* __restrict__ dweight,
+                                      const float* __restrict__ part, long long N, long long V, int C) {
+    const long long s = (long long)blockIdx.x * EMB_SEG_P;
+    const long long e = min(s + EMB_SEG_P, N);
+    if (e >= N) return;  // the last piece continues into nothing
+    const long long v = sorted_idx[e - 1];
+    if (sorted_idx[e] != v) return;  // the last segment ends here: pass 1 wrote it
+    long long k0 = e - 1;  // the last segment's first position in this piece
+    while (k0 > s && sorted_idx[k0 - 1] == v) --k0;
+    if (k0 == s && s > 0 && sorted_idx[s - 1] == v) return;  // the run started in an earlier piece: not the owner
+    if (v < 0 || v >= V) return;
+    const long long pieces = (N + EMB_SEG_P - 1) / EMB_SEG_P;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = part[(size_t)blockIdx.x * 2 * C + C + c];
+        for (long long q = blockIdx.x + 1; q < pieces && sorted_idx[q * EMB_SEG_P] == v; ++q)
+            acc += part[(size_t)q * 2 * C + c];
+        dweight[v * C + c] = from_f<TO>(to_f(dweight[v * C + c]) + acc);
+    }
+}
+
+#define EMB_SEG_ENTRIES(SG, TG, SO, TO)                                                                       \
+extern "C" __global__ void blu_embedding_backward_seg_##SG##_##SO(const long long* sorted_idx,              \
+        const long long* order, const TG* g, TO* dw, float* part, long long N, long long V, int C) {           \
+    emb_backward_seg<TG, TO>(sorted_idx, order, g, dw, part, N, V, C);                                        \
+}
+EMB_SEG_ENTRIES(f32, float, f32, float)
+EMB_SEG_ENTRIES(bf16, bf16_t, f32, float)
+EMB_SEG_ENTRIES(bf16, bf16_t, bf16, bf16_t)
+
+extern "C" __global__ void blu_embedding_backward_seg_runs_f32(const long long* sorted_idx, float* dw,
+                                                               const float* part, long long N, long long V, int C) {
+    emb_backward_seg_runs<float>(sorted_idx, dw, part, N, V, C);
+}
+extern "C" __global__ void blu_embedding_backward_seg_runs_bf16(const long long* sorted_idx, bf16_t* dw,
+                                                                const float* part, long long N, long long V,
+                                                                int C) {
+    emb_backward_seg_runs<bf16_t>(sorted_idx, dw, part, N, V, C);
+}

@@ -190,8 +190,9 @@ __device__ void ln_backward(const T* __restrict__ g, const T* __restrict__ x, co
 
 // dw[c] = sum_b part[b][c], db[c] = sum_b part[b][C + c], deterministic. A block is 32 columns x S slices
 // (blockDim.x = 32 * S, S <= 32): slice s sums partial rows s, s+S, ... in order (coalesced 128-byte rows), then
-// the S slice sums of a column are added in slice order. Grid: ceil(2C / 32) blocks.
-template <typename T>
+// the S slice sums of a column are added in slice order. Grid: ceil(2C / 32) blocks. ACC: dw[c] += the sum
+// (float32 gradient buffers that already hold earlier contributions: no separate add kernel per parameter).
+template <typename T, bool ACC = false>
 __device__ void ln_reduce(const float* __restrict__ part, int nblocks, int C, T* __restrict__ dw, T* __restrict__ db) {
     __shared__ float sh[32][33];
     const int col = threadIdx.x & 31, sl = threadIdx.x >> 5, ns = blockDim.x >> 5;
@@ -204,6 +205,11 @@ __device__ void ln_reduce(const float* __restrict__ part, int nblocks, int C, T*
     if (sl != 0 || c >= 2 * C) return;
     float t = sh[0][col];
     for (int k = 1; k < ns; ++k) t += sh[k][col];
+    if (ACC) {
+        if (c < C) { if (dw) dw[c] = from_f<T>(to_f(dw[c]) + t); }
+        else if (db) db[c - C] = from_f<T>(to_f(db[c - C]) + t);
+        return;
+    }
     if (c < C) { if (dw) dw[c] = from_f<T>(t); }
     else if (db) db[c - C] = from_f<T>(t);
 }
@@ -447,3 +453,9 @@ extern "C" __global__ void blu_layer_norm_backward_reduce_##SUF(const float* par
 
 LN_ENTRIES(f32, float)
 LN_ENTRIES(bf16, bf16_t)
+
+// dw/db (float32 gradient buffers, for f32 and bf16 LayerNorm alike: the partials are float32) += the sums
+extern "C" __global__ void blu_layer_norm_backward_reduce_acc(const float* part, int nblocks, int C, float* dw,
+                                                              float* db) {
+    ln_reduce<float, true>(part, nblocks, C, dw, db);
+}

@@ -13,6 +13,38 @@ def xp_of(a):
     return np if type(a) is np.ndarray else array_module(a)
 
 
+def into_grad(ctx, i: int, g):
+    """``g`` added into the leaf gradient buffer the engine offered for input ``i`` (``ctx.grad_into``, see
+    blutensor.autograd.engine) and ``ACCUMULATED`` returned, or ``g`` itself where none was offered (or the
+    dtypes or shapes differ). The same one add the engine would make: results do not change."""
+    into = getattr(ctx, "grad_into", None)
+    if g is None or into is None or i >= len(into) or into[i] is None:
+        return g
+    buf = into[i]
+    if g.dtype != buf.dtype or tuple(g.shape) != tuple(buf.shape):
+        return g
+    from blutensor.autograd.node import ACCUMULATED
+
+    buf += g
+    return ACCUMULATED
+
+
+def sum_pending(ctx, i: int, g):
+    """``Summed(g + pending)`` where the engine offered the gradient already pending for input ``i``
+    (``ctx.grad_pending``, see blutensor.autograd.engine) and it matches ``g``, else ``g``. In place into ``g``
+    (a fresh array of this backward): the same one add, with the same result, as the engine's."""
+    pend = getattr(ctx, "grad_pending", None)
+    if g is None or pend is None or i >= len(pend) or pend[i] is None:
+        return g
+    p = pend[i]
+    if p.dtype != g.dtype or tuple(p.shape) != tuple(g.shape) or xp_of(p) is not xp_of(g):
+        return g
+    from blutensor.autograd.node import Summed
+
+    g += p
+    return Summed(g)
+
+
 def shape_of(a) -> tuple:
     return getattr(a, "shape", ())
 

@@ -166,6 +166,18 @@ class _OnDevice:
         with _cuda_device(self.index):
             return self.inner.backward(ctx, g)
 
+    @property
+    def GRAD_INTO(self) -> bool:  # noqa: N802 - the kernel flag it forwards
+        return getattr(self.inner, "GRAD_INTO", False)
+
+    @property
+    def GRAD_SUM(self) -> bool:  # noqa: N802
+        return getattr(self.inner, "GRAD_SUM", False)
+
+    def forwards_grad_into(self, ctx) -> bool:
+        f = getattr(self.inner, "forwards_grad_into", None)
+        return bool(f is not None and f(ctx))
+
 
 def _cuda_device(index: int):
     import cupy

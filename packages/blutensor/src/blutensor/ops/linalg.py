@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from blutensor.autograd.node import ACCUMULATED
 from blutensor.backend import is_cuda_array
 from blutensor.errors import ShapeError
 from blutensor.ops._util import unbroadcast
@@ -112,16 +113,41 @@ def _linear_error(x, w, b) -> None:
 
 
 def linear_backward(ctx, g):
+    """Gradients of x, w, b; where the engine offers a leaf's float32 buffer (``ctx.grad_into``), the weight and
+    bias gradients are added into it (CUDA: the wgrad GEMM with beta = 1 and the bias GEMV with beta = 1; NumPy:
+    ``buf += g2.T @ x2``, exactly the engine's own accumulation)."""
     x2, w, xshape = ctx.saved
+    into = getattr(ctx, "grad_into", None) or (None, None, None)
     g2 = g.reshape(-1, g.shape[-1])
     gx = gemm(g2, w).reshape(xshape) if ctx.needs[0] else None
-    gw = gemm(g2.T, x2) if ctx.needs[1] else None
-    gb = None
+    gw = gb = None
+    if ctx.needs[1]:
+        gw = _into(into[1], g2.T, x2) if into[1] is not None else gemm(g2.T, x2)
     if len(ctx.needs) > 2 and ctx.needs[2]:
+        buf = into[2] if len(into) > 2 else None
         if is_cuda_array(g2):  # CUDA: a GEMV on the GEMM provider (CuPy's axis-0 sum is one thread per column)
             from blutensor.gemm import cuda_bias_grad
 
-            gb = cuda_bias_grad(g2)
+            if buf is not None:
+                cuda_bias_grad(g2, out=buf)
+                gb = ACCUMULATED
+            else:
+                gb = cuda_bias_grad(g2)
+        elif buf is not None:
+            buf += g2.sum(axis=0)
+            gb = ACCUMULATED
         else:
             gb = g2.sum(axis=0)
     return gx, gw, gb
+
+
+def _into(buf, a, b):
+    """``buf += a @ b`` (2-D) as one GEMM with beta = 1 on CUDA (a separate add where the provider does not
+    apply), the product then an in-place add on the host; returns ACCUMULATED."""
+    if type(buf) is np.ndarray or not is_cuda_array(buf):
+        buf += gemm(a, b)
+        return ACCUMULATED
+    from blutensor.gemm import cuda_matmul_into
+
+    cuda_matmul_into(a, b, buf)
+    return ACCUMULATED

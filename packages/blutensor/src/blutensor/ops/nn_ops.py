@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 from blutensor.errors import ShapeError
-from blutensor.ops._util import norm_dim, scatter_add, xp_of
+from blutensor.ops._util import into_grad, norm_dim, scatter_add, sum_pending, xp_of
 
 
 def softmax_forward(ctx, a, dim=-1):
@@ -87,7 +87,7 @@ def layer_norm_backward(ctx, g):
         gx = rstd * (gxh - gxh.mean(axis=axes, keepdims=True)
                      - xhat * (gxh * xhat).mean(axis=axes, keepdims=True))
         gx = gx.astype(g.dtype, copy=False)
-    return gx, gw, gb
+    return sum_pending(ctx, 0, gx), into_grad(ctx, 1, gw), into_grad(ctx, 2, gb)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -189,7 +189,7 @@ def embedding_backward(ctx, g):
     xp = xp_of(g)
     gw = xp.zeros(wshape, dtype=g.dtype)
     scatter_add(gw, idx.reshape(-1), g.reshape(-1, wshape[1]))  # repeated tokens accumulate
-    return None, gw
+    return None, into_grad(ctx, 1, gw)
 
 
 def dropout_forward(ctx, x, p=0.5, seed=0, offset=0):

@@ -34,6 +34,10 @@ class Kernel:
     VIEW = False  # output is a view of input 0 (shares its storage and version counter)
     DIFFERENTIABLE = True
     BF16_NATIVE = False  # False: bfloat16 inputs are widened to float32 around the kernel
+    #: backward honours ``ctx.grad_into`` (adds leaf gradients into the offered buffers, see autograd.engine)
+    GRAD_INTO = False
+    #: backward may add the input's pending gradient (``ctx.grad_pending``) into its result (autograd.engine)
+    GRAD_SUM = False
 
     @staticmethod
     def forward(ctx, *arrays, **attrs):
@@ -48,13 +52,14 @@ OPS: dict[str, type] = {}
 
 
 def op(name: str, forward, backward=None, *, saves=(), saves_output=False, same_dtype=(), dtype_arg=0,
-       view=False, bf16_native=False, dtypes=("*",)) -> type:
+       view=False, bf16_native=False, dtypes=("*",), grad_into=False, grad_sum=False) -> type:
     """Create and record the built-in kernel class of one op."""
     cls = type(f"{name}_kernel", (Kernel,), {
         "PLUGIN_NAME": f"blutensor.{name}", "OP": name, "DTYPES": tuple(dtypes), "SAVES": tuple(saves),
         "SAVES_OUTPUT": saves_output,
         "SAME_DTYPE": tuple(same_dtype), "DTYPE_ARG": dtype_arg, "VIEW": view,
-        "DIFFERENTIABLE": backward is not None, "BF16_NATIVE": bf16_native,
+        "DIFFERENTIABLE": backward is not None, "BF16_NATIVE": bf16_native, "GRAD_INTO": grad_into,
+        "GRAD_SUM": grad_sum,
         "forward": staticmethod(forward), "backward": staticmethod(backward) if backward else Kernel.backward,
         "__module__": __name__,
     })
@@ -122,13 +127,15 @@ op("tril",          sh.tril_forward,        sh.tril_backward)
 op("triu",          sh.triu_forward,        sh.triu_backward)
 op("matmul",        la.matmul_forward,      la.matmul_backward,    same_dtype=BIN, saves=BIN)
 op("bmm",           la.bmm_forward,         la.bmm_backward,       same_dtype=BIN, saves=BIN)
-op("linear",        la.linear_forward,      la.linear_backward,    same_dtype=(0, 1, 2), saves=(0, 1))
+op("linear",        la.linear_forward,      la.linear_backward,    same_dtype=(0, 1, 2), saves=(0, 1),
+   grad_into=True)
 op("softmax",       nn.softmax_forward,     nn.softmax_backward,   saves_output=True)
 op("log_softmax",   nn.log_softmax_forward, nn.log_softmax_backward, saves_output=True)
-op("layer_norm",    nn.layer_norm_forward,  nn.layer_norm_backward, same_dtype=(0, 1, 2), saves=(1,))
+op("layer_norm",    nn.layer_norm_forward,  nn.layer_norm_backward, same_dtype=(0, 1, 2), saves=(1,),
+   grad_into=True, grad_sum=True)
 op("gelu",          nn.gelu_forward,        nn.gelu_backward,      saves=(0,))
 op("cross_entropy", nn.cross_entropy_forward, nn.cross_entropy_backward, saves=(0,))
-op("embedding",     nn.embedding_forward,   nn.embedding_backward, dtype_arg=1)
+op("embedding",     nn.embedding_forward,   nn.embedding_backward, dtype_arg=1, grad_into=True)
 op("dropout",       nn.dropout_forward,     nn.dropout_backward)
 op("sdpa",          nn.sdpa_forward,        nn.sdpa_backward,      same_dtype=(0, 1, 2), saves=(0, 1, 2))
 # rounding division, modulo, closeness

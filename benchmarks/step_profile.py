@@ -1,0 +1,263 @@
+"""GPU kernel time of one GPT-2 124M training step per precision mode, bucketed into GEMM / attention / other, beside
+torch.compile's step of the same model (B=16, T=1024, same weights and batches).
+
+    python3 benchmarks/step_profile.py --out benchmarks/results/step_profile_h200.json            # bf16 and tf32
+    python3 benchmarks/step_profile.py --modes bf16,tf32,fp32 --steps 3 --out /tmp/profile.json
+
+BluTrain runs the Trainer's step (blumodels.step.TrainStep: fused AdamW, clipping at 1.0, bf16 autocast reading
+the bf16 weight copies the AdamW kernel writes) captured into a CUDA graph after two eager warm-up steps
+(blumodels.graph_step), as ``blutrain train`` runs it; PyTorch runs its fused AdamW recipe under torch.compile
+(benchmarks/torch_gpt2.py). Each (framework, mode) runs in its own subprocess (CuPy reads CUPY_TF32 at import;
+torch.compile caches). torch.profiler (CUPTI) records every kernel of ``--steps`` profiled steps, graph-launched
+ones included. Per run the JSON holds the kernel time per step and per category, launches per step, the casts and
+elementwise adds among them (their counts are what a fused step removes), and the top kernels of the "other"
+bucket; per mode the ratios BluTrain / torch.compile of the total and of "other".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+CATS = (("attention", ("sdpa", "fmha", "attention", "flash")),
+        ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "splitk", "blu_gemm", "cublas", "sm90_", "sm80_")))
+#: kernel-name fragments of dtype conversions (BluTrain's cast kernels, PyTorch's copy/convert kernels)
+CAST_KEYS = ("blu_cast", "bf16_bits", "to_bf16", "to_f32", "convert", "copy_kernel")
+#: kernel-name fragments of standalone elementwise adds (gradient accumulation outside the kernels)
+ADD_KEYS = ("cupy_add", "add_kernel", "addkernel")
+MODES = ("bf16", "tf32", "fp32")
+B, T, LR = 16, 1024, 6e-4
+
+
+def category(name: str) -> str:
+    n = name.lower()
+    for cat, keys in CATS:
+        if any(k in n for k in keys):
+            return cat
+    return "other"
+
+
+def _profile(step, n: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    rows: dict = {}
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        r = rows.setdefault(e.name, {"count": 0.0, "us": 0.0})
+        r["count"] += 1
+        r["us"] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    for r in rows.values():
+        r["count"] /= n
+        r["us"] /= n
+    return rows
+
+
+def blutrain_step(mode: str, steps: int):
+    import blutensor as bt
+    import cupy
+    from blumodels.gpt2 import build_model
+    from blumodels.graph_step import CapturedStep
+    from blumodels.step import TrainStep
+    from e2e_gpt2 import batches, config
+
+    bt.set_matmul_precision("tf32" if mode == "tf32" else "fp32")
+    bt.set_gemm_provider("cublas")
+    model = build_model(config(12), device="cuda", seed=0)
+    model.lean_logits = True  # as the Trainer sets it on CUDA
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    amp = (lambda: bt.autocast("cuda", dtype=bt.bfloat16)) if mode == "bf16" else None
+    data = [(bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")) for x, y in batches(B, T, steps + 4)]
+    st = TrainStep(model, opt, list(model.parameters()), device="cuda", lr_schedule=[LR] * (steps + 4),
+                   grad_clip=1.0, autocast=amp, fused=True)
+    st.precast_accumulate = True  # the Trainer's setting on CUDA with static gradients
+    for s in range(2):
+        st.run(lambda b=data[s]: b, LR)
+    cap = CapturedStep(st, (B, T))
+    cap.capture()
+    cap.run(lambda: data[2], LR)
+    cupy.cuda.Device().synchronize()
+    it = iter(range(3, steps + 4))
+    losses: list = []
+
+    def step():
+        b = data[next(it)]
+        cap.run(lambda: b, LR)
+
+    def read():
+        losses.append(st.read().loss)
+        return losses
+
+    return step, read
+
+
+def torch_step(mode: str, steps: int):
+    import torch
+    from blumodels.gpt2 import build_model
+    from e2e_gpt2 import batches, config
+    from torch_gpt2 import from_blutrain
+
+    torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+    torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    model = from_blutrain(build_model(config(12), device="cpu", seed=0))
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    sm = torch.compile(model)
+    data = list(batches(B, T, steps + 4))
+    it = iter(range(steps + 4))
+    losses: list = []
+
+    def step():
+        x, y = data[next(it)]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
+            loss = sm(torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+
+    for _ in range(3):
+        step()
+
+    def read():
+        return [float(v) for v in losses]
+
+    return step, read
+
+
+def summarize(rows: dict, top: int) -> dict:
+    cats: dict = {}
+    for name, r in rows.items():
+        c = category(name)
+        cats[c] = cats.get(c, 0.0) + r["us"]
+
+    def pick(keys):
+        sel = [r for n, r in rows.items() if category(n) == "other" and any(k in n.lower() for k in keys)]
+        return {"launches": round(sum(r["count"] for r in sel), 2), "ms": sum(r["us"] for r in sel) / 1e3}
+
+    other = sorted(((n, r) for n, r in rows.items() if category(n) == "other"), key=lambda kv: -kv[1]["us"])
+    emb = [r for n, r in rows.items() if "embedding_backward" in n]
+    return {
+        "total_ms": sum(r["us"] for r in rows.values()) / 1e3,
+        "category_ms": {k: v / 1e3 for k, v in sorted(cats.items())},
+        "launches": round(sum(r["count"] for r in rows.values()), 2),
+        "casts": pick(CAST_KEYS),
+        "adds": pick(ADD_KEYS),
+        "embedding_backward_ms": sum(r["us"] for r in emb) / 1e3 if emb else None,
+        "top_other": [{"name": n[:120], "count": round(r["count"], 2), "ms": round(r["us"] / 1e3, 4)}
+                      for n, r in other[:top]],
+    }
+
+
+def child(a) -> None:
+    try:
+        import torch
+
+        torch.zeros(1, device="cuda")  # one CUDA context for torch and CuPy
+        make = blutrain_step if a.framework == "blutrain" else torch_step
+        step, read = make(a.mode, a.steps)
+        t0 = time.perf_counter()
+        rows = _profile(step, a.steps)
+        r = summarize(rows, a.top)
+        r["profile_wall_s"] = time.perf_counter() - t0
+        losses = read()
+        r["losses"] = losses[-a.steps:]
+        r["finite"] = all(v == v and abs(v) < 1e30 for v in r["losses"])
+        r["torch"] = torch.__version__
+    except Exception as e:  # noqa: BLE001 - the driver records the failure
+        import traceback
+
+        r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    print("RESULT " + json.dumps(r), flush=True)
+
+
+def run_child(framework: str, mode: str, a) -> dict:
+    env = dict(os.environ)
+    if framework == "blutrain" and mode == "tf32":
+        env["CUPY_TF32"] = "1"
+    cmd = [sys.executable, __file__, "--child", "--framework", framework, "--mode", mode, "--steps", str(a.steps),
+           "--top", str(a.top)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+    for line in p.stdout.splitlines()[::-1]:
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": f"exit {p.returncode}", "stderr": p.stderr[-3000:]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--framework", default="blutrain", choices=("blutrain", "torch_compile"))
+    p.add_argument("--mode", default="bf16", choices=MODES)
+    p.add_argument("--modes", default="bf16,tf32", help="comma-separated modes to profile (bf16, tf32, fp32)")
+    p.add_argument("--steps", type=int, default=2, help="profiled steps per run (after warm-up)")
+    p.add_argument("--top", type=int, default=12, help="'other' kernels listed per run")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per subprocess")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "step_profile.json"))
+    a = p.parse_args()
+    if a.steps < 1:
+        p.error(f"--steps must be >= 1, got {a.steps}")
+    if a.child:
+        child(a)
+        return 0
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        p.error(f"--modes: unknown mode(s) {bad} (choose from {', '.join(MODES)})")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)  # fail on an unwritable path before the runs
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    doc = {"command": "python3 benchmarks/step_profile.py " + " ".join(sys.argv[1:]), "commit": commit,
+           "date": time.strftime("%Y-%m-%d"), "host": platform.node(), "batch": B, "seq": T, "steps": a.steps,
+           "modes": {}}
+    for mode in modes:
+        res = {fw: run_child(fw, mode, a) for fw in ("blutrain", "torch_compile")}
+        bl, tc = res["blutrain"], res["torch_compile"]
+        if "error" not in bl and "error" not in tc:
+            res["ratios"] = {
+                "total_blutrain_over_torch_compile": bl["total_ms"] / tc["total_ms"],
+                "other_blutrain_over_torch_compile": bl["category_ms"].get("other", 0.0)
+                / max(tc["category_ms"].get("other", 0.0), 1e-9),
+                "other_at_or_below_torch_compile": bl["category_ms"].get("other", 0.0)
+                <= tc["category_ms"].get("other", 0.0),
+            }
+        doc["modes"][mode] = res
+        for fw, r in (("blutrain", bl), ("torch_compile", tc)):
+            if "error" in r:
+                print(f"{mode:5s} {fw:13s} ERROR {r['error']}")
+                continue
+            c = {k: round(v, 2) for k, v in r["category_ms"].items()}
+            print(f"{mode:5s} {fw:13s} total {r['total_ms']:7.2f} ms  {c}  launches {r['launches']:.0f}  "
+                  f"casts {r['casts']['launches']:.0f} ({r['casts']['ms']:.2f} ms)  adds {r['adds']['launches']:.0f} "
+                  f"({r['adds']['ms']:.2f} ms)  emb-bwd {r['embedding_backward_ms']}")
+            for k in r["top_other"][:6]:
+                print(f"        {k['ms']:7.3f} ms x{k['count']:5.1f}  {k['name'][:90]}")
+        if "ratios" in res:
+            ratio = res["ratios"]["other_blutrain_over_torch_compile"]
+            print(f"{mode:5s} other: BluTrain / torch.compile = {ratio:.3f}")
+    out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {out}")
+    return 0 if all("error" not in r for m in doc["modes"].values() for k, r in m.items() if k != "ratios") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

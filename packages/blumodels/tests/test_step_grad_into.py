@@ -1,0 +1,154 @@
+"""The training step's gradients accumulate in the kernels (blutensor.autograd.engine's offered buffers): with the
+step's static gradient buffers, no parameter's gradient passes through the engine's separate add, and the
+weights after a few accumulating steps equal, bit for bit, those of the same step with the offers switched off
+(CPU). The GPU run of the same step is test_graph_step_cuda.py's."""
+
+from __future__ import annotations
+
+import blutensor as bt
+import numpy as np
+import pytest
+from blumodels.config import ModelConfig
+from blumodels.gpt2 import build_model
+from blumodels.step import TrainStep
+from blutensor.autograd import engine
+
+B, T, STEPS, ACCUM = 2, 16, 3, 2
+
+
+def _train(monkeypatch, offer: bool):
+    cfg = ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=T, vocab_size=97, dropout=0.0)
+    model = build_model(cfg, device="cpu", seed=3)
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    st = TrainStep(model, opt, list(model.parameters()), device="cpu", lr_schedule=[1e-3] * STEPS, accum=ACCUM,
+                   grad_clip=1.0)
+    rng = np.random.default_rng(0)
+    data = [rng.integers(0, 97, size=(B, T + 1)) for _ in range(STEPS * ACCUM)]
+    it = iter(data)
+    adds = []
+    real = engine._accumulate
+
+    def spy(t, g, T_):
+        if g is not None:
+            adds.append(tuple(t.shape))
+        return real(t, g, T_)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(engine, "_accumulate", spy)
+        if not offer:
+            mp.setattr(engine, "_targets", lambda node, fan_in: None)
+        for _ in range(STEPS):
+            def batch():
+                toks = next(it)
+                return bt.tensor(toks[:, :-1]), bt.tensor(toks[:, 1:])
+
+            st.run(batch, 1e-3)
+    return [p.numpy().copy() for p in model.parameters()], adds, len(list(model.parameters()))
+
+
+def test_step_gradients_accumulate_in_kernels_bit_exact(monkeypatch):
+    ref, ref_adds, n = _train(monkeypatch, offer=False)
+    got, adds = _train(monkeypatch, offer=True)[:2]
+    assert len(ref_adds) == STEPS * ACCUM * n  # without offers every gradient goes through the engine's add
+    # with offers only the tied token embedding does (the host sums its two gradients first, for exactness)
+    assert set(adds) == {(128, 32)} and len(adds) == STEPS * ACCUM  # the padded vocabulary
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(a, b)
+
+
+def _cuda_step_launches(monkeypatch, n_layer: int, precision: str):
+    """Kernel launches (blutensor's own kernels, by name) and engine leaf adds of one eager CUDA TrainStep after a
+    warm-up step: fused AdamW, clipping, bf16 autocast with the multi-tensor weight cast."""
+    import importlib
+    import pkgutil
+    from collections import Counter
+
+    import blutensor.cuda_ops as co
+
+    bt.set_matmul_precision("tf32" if precision == "tf32" else "fp32")
+    cfg = ModelConfig(n_layer=n_layer, n_head=2, d_model=64, block_size=T, vocab_size=97, dropout=0.0)
+    model = build_model(cfg, device="cuda", seed=3)
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    amp = (lambda: bt.autocast("cuda", dtype=bt.bfloat16)) if precision == "bf16" else None
+    st = TrainStep(model, opt, list(model.parameters()), device="cuda", lr_schedule=[1e-3] * 4, grad_clip=1.0,
+                   autocast=amp, fused=True)
+    st.precast_accumulate = True
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 97, size=(B, T + 1))
+    x, y = bt.tensor(toks[:, :-1], device="cuda"), bt.tensor(toks[:, 1:], device="cuda")
+    st.run(lambda: (x, y), 1e-3)
+    names: Counter = Counter()
+    adds = []
+    with monkeypatch.context() as mp:
+        for m in pkgutil.iter_modules(co.__path__):
+            mod = importlib.import_module(f"blutensor.cuda_ops.{m.name}")
+            real = getattr(mod, "launch", None)
+            if callable(real):
+                def rec(f, name, *a, _r=real, **k):
+                    names.update([name])
+                    return _r(f, name, *a, **k)
+
+                mp.setattr(mod, "launch", rec)
+        real_acc = engine._accumulate
+        mp.setattr(engine, "_accumulate", lambda t, g, T_: (adds.append(g is not None), real_acc(t, g, T_))[1])
+        st.run(lambda: (x, y), 1e-3)
+    st.read()
+    bt.set_matmul_precision("fp32")
+    return names, sum(adds), len(list(model.parameters()))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_cuda_step_has_no_per_parameter_launches(monkeypatch, precision):
+    """GPU twin of test_step_gradients_accumulate_in_kernels_bit_exact: no parameter gradient passes through the
+    engine's add, no per-parameter cast-accumulate kernel runs, and the launches of the optimizer, the norm, the
+    clipping and the weight casts do not grow with the number of parameters (1 vs 3 layers)."""
+    if not bt.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    one, adds1, n1 = _cuda_step_launches(monkeypatch, 1, precision)
+    three, adds3, n3 = _cuda_step_launches(monkeypatch, 3, precision)
+    assert n3 > n1 and adds1 == 0 and adds3 == 0, (adds1, adds3)
+    assert not any("cast_accumulate" in k for k in three), three
+    fixed = [k for k in three if k.startswith(("blu_adamw", "blu_grad_norm", "blu_cast_multi"))]
+    assert fixed, three
+    for k in fixed:
+        assert three[k] == one[k], (k, one[k], three[k])
+    print(precision, "launches per step (3 layers):", dict(sorted(three.items())))
+
+
+@pytest.mark.cuda
+def test_cuda_bf16_step_with_adamw_written_weight_copies_is_bit_exact(monkeypatch):
+    """bf16 TrainStep with the fused AdamW writing the bf16 weight copies: losses and weights equal, bit for bit,
+    the step that casts every weight each step, with one weight-cast launch in all instead of one per step."""
+    if not bt.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from blutensor.cuda_ops import cast as cast_mod
+
+    def run(copies: bool):
+        cfg = ModelConfig(n_layer=2, n_head=2, d_model=64, block_size=T, vocab_size=97, dropout=0.0)
+        model = build_model(cfg, device="cuda", seed=3)
+        opt = bt.optim.AdamW(model.param_groups(0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
+        st = TrainStep(model, opt, list(model.parameters()), device="cuda", lr_schedule=[1e-3] * 4, grad_clip=1.0,
+                       autocast=lambda: bt.autocast("cuda", dtype=bt.bfloat16), fused=True)
+        st.precast_accumulate = True
+        casts = []
+        real = cast_mod.multi_to_bf16
+        with monkeypatch.context() as mp:
+            mp.setattr(cast_mod, "multi_to_bf16", lambda *a, **k: (casts.append(1), real(*a, **k))[1])
+            if not copies:
+                mp.setattr(TrainStep, "_copies", lambda self: None)
+            rng = np.random.default_rng(0)
+            losses = []
+            for _ in range(4):
+                toks = rng.integers(0, 97, size=(B, T + 1))
+                x, y = bt.tensor(toks[:, :-1], device="cuda"), bt.tensor(toks[:, 1:], device="cuda")
+                st.run(lambda b=(x, y): b, 1e-3)
+                losses.append(st.read().loss)
+        return losses, [p.numpy() for p in model.parameters()], len(casts)
+
+    l0, w0, c0 = run(False)
+    l1, w1, c1 = run(True)
+    assert (c0, c1) == (4, 1), (c0, c1)
+    assert l0 == l1
+    for a, b in zip(w0, w1):
+        np.testing.assert_array_equal(a, b)
