@@ -768,6 +768,7 @@ class Trainer:
                     self.log(f"[blutrain] sample at step {self.step}:\n{text}")
                 if t.checkpoint_interval and self.step % t.checkpoint_interval == 0 and self.step < total:
                     self.save_checkpoint()
+                self.ckpt.check()  # an async save that failed ends the run at this step, not at the next save
                 if pre.agreed(self.dist, self.device):  # SIGTERM on any rank: every rank saves this step, leaves
                     preempted = True
                     self.log(f"[blutrain] SIGTERM: saving a checkpoint at step {self.step} and stopping")
