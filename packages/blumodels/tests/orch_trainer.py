@@ -2,7 +2,7 @@
 
 argv: data out mode; mode nan (non-finite loss at step 0), oom (MemoryError at step 2 of the first attempt),
 slow (steps take 50 ms: the test sends SIGTERM), slow-nospace (the same, no interval checkpoints, and every save
-after SIGTERM fails with ENOSPC), ok.
+after SIGTERM fails with ENOSPC), data (the train shard being read is truncated at step 2), ok.
 """
 
 import os
@@ -15,6 +15,11 @@ from blumodels.trainer import Trainer
 from models_helpers import micro_config
 
 data, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "data":  # a private copy of the data, read window by window: its shard is cut short at step 2
+    import shutil
+
+    os.environ["BLUTRAIN_SHARD_MEMORY_BYTES"] = "0"
+    data = shutil.copytree(data, out + "-data", dirs_exist_ok=True)
 cfg = micro_config(data, steps=200 if mode.startswith("slow") else 6, eval_interval=0, keep_checkpoints=2,
                    checkpoint_interval=0 if mode == "slow-nospace" else 1)
 tr = Trainer(cfg, out, resume=True, quiet=True)
@@ -28,6 +33,9 @@ def faulty():
         raise MemoryError("injected: cannot allocate the activations")
     if mode.startswith("slow"):
         time.sleep(0.05)
+    if mode == "data" and tr.step == 2:
+        with open(tr.train_loader.shards[tr.train_loader._cur], "r+b") as f:
+            f.truncate(100)
     return step()
 
 

@@ -329,6 +329,15 @@ def test_orchestrated_nan_stop_is_fatal_at_once(tmp_path):
     assert s["restarts"] == 0 and [i.split()[0] for i in s["incidents"]] == ["NAN_INF"]
 
 
+def test_orchestrated_shard_changed_under_the_run_is_a_fatal_data_fault(tmp_path):
+    p = _orchestrate(tmp_path, "data")
+    out, _ = p.communicate(timeout=120)
+    s = _summary(tmp_path)
+    assert p.returncode == 70, out[-2000:]
+    assert s["restarts"] == 0 and [i.split()[0] for i in s["incidents"]] == ["DATA"], s
+    assert "train_00000.bin: changed under the run" in s["reason"], s["reason"]
+
+
 def test_orchestrated_memory_error_is_oom_and_restarts(tmp_path):
     p = _orchestrate(tmp_path, "oom")
     out, _ = p.communicate(timeout=120)
