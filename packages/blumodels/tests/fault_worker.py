@@ -1,7 +1,9 @@
 """Run by test_fault_matrix.py under mpiexec: the Trainer on W ranks, optionally killed (SIGKILL, by itself) at
 one point of one rank's save of one step.
 
-argv[1]: JSON {data, out, result, world, resume, keep, interval, steps, kill: {rank, step, point} | null}; points:
+argv[1]: JSON {data, out, result, world, resume, keep, interval, steps, kill: {rank, step, point} | null,
+term: {rank, step} | null, fail_save: rank | null}. ``term``: run `blutrain train` with SIGTERM sent to that rank
+before that step (``fail_save``: that rank's save of the stop step fails with ENOSPC). Kill points:
 "write" (half-way through the file), "verify" (file renamed, not yet read back), "receipt" (verified, no receipt),
 "commit" (receipt written, last rank, no commit record), "prune" (committed, before pruning).
 """
@@ -71,6 +73,32 @@ if kill is not None and int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == kill
     mgr.save_checkpoint, mgr.load_checkpoint = save, load
     mgr.CheckpointManager._write_json, mgr.CheckpointManager.prune = write_json, prune
 
+term, fail = a.get("term"), a.get("fail_save")
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+if term is not None:  # through `blutrain train` itself: SIGTERM on one rank before a step, exit 75 or 74
+    import errno
+
+    from blumodels import cli
+
+    orig_step = Trainer.train_step
+
+    def train_step(self):
+        if rank == term["rank"] and self.step == term["step"]:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only raises the flag: the step runs to its end
+        return orig_step(self)
+
+    Trainer.train_step = train_step
+    if fail is not None and rank == fail:  # this rank's save at the stop step meets a full disk
+        orig_save_fn = mgr.save_checkpoint
+
+        def full_disk(path, tensors, meta):
+            if meta["step"] == term["step"] + 1:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            return orig_save_fn(path, tensors, meta)
+
+        mgr.save_checkpoint = full_disk
+    cli.resolve_config = lambda args: cfg
+    sys.exit(cli.main(["train", "--out", a["out"], "--quiet"]))
 tr = Trainer(cfg, a["out"], resume=a["resume"], quiet=True)
 tr.fit()
 tr.close()

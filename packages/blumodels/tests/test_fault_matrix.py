@@ -171,6 +171,35 @@ def test_two_ranks_killed_mid_save_resume_bit_exact(tmp_path, reference, rank, p
     assert [(r["step"], r["loss"]) for r in log] == [(r["step"], r["loss"]) for r in reference["history"]]
 
 
+@needs_mpi
+@pytest.mark.parametrize("fail", [None, 1])
+def test_two_rank_sigterm_commits_or_says_it_could_not(tmp_path, reference, fail):
+    """SIGTERM on rank 1 before step 2 of `blutrain train` on 2 ranks: both save step 3 and exit 75 only when it is
+    committed, and the resume is bit-exact; a full disk on one rank makes it 74 naming the committed step 2."""
+    base = {"data": str(micro_data()), "out": str(tmp_path / "run"), "world": 2, "keep": 1, "interval": 2,
+            "steps": 8}
+    cmd = mpiexec_command(2, [sys.executable, str(WORKER), json.dumps(
+        {**base, "result": "", "resume": False, "term": {"rank": 1, "step": 2}, "fail_save": fail})])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=mpiexec_env(), cwd=str(HERE))
+    out = p.stdout + p.stderr
+    committed = CheckpointManager(tmp_path / "run" / "checkpoints", world_size=2).committed_steps()
+    if fail is None:
+        assert p.returncode == 75, out[-3000:]
+        assert "preempted (SIGTERM) at step 3: checkpoint saved" in out and committed == [3]
+    else:
+        assert p.returncode == 74, out[-3000:]
+        assert "preempted (SIGTERM) at step 3, but its checkpoint could not be committed on every rank" in out
+        assert "a --resume starts from the committed step 2" in out and committed == [2]
+        assert "rank 1: checkpoint" in out and "No space left on device" in out and "Traceback" not in out, \
+            out[-3000:]
+        return  # a resume from a committed step is bit-exact: test_two_ranks_killed_mid_save_resume_bit_exact
+    b = _mpi({**base, "result": str(tmp_path / "b.json"), "resume": True, "kill": None})
+    assert b["resumed_from"].endswith(f"step_{3 if fail is None else 2:08d}.rank0.safetensors")
+    assert b["step"] == 8 and b["params"] == reference["params"]  # bit-exact
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in log] == [(r["step"], r["loss"]) for r in reference["history"]]
+
+
 # ------------------------------------------------------------------ one owner per run directory
 def test_second_trainer_on_a_running_directory_is_refused(tmp_path):
     a = Trainer(micro_config(), tmp_path, quiet=True)
@@ -300,6 +329,15 @@ def test_orchestrated_nan_stop_is_fatal_at_once(tmp_path):
     assert s["restarts"] == 0 and [i.split()[0] for i in s["incidents"]] == ["NAN_INF"]
 
 
+def test_orchestrated_shard_changed_under_the_run_is_a_fatal_data_fault(tmp_path):
+    p = _orchestrate(tmp_path, "data")
+    out, _ = p.communicate(timeout=120)
+    s = _summary(tmp_path)
+    assert p.returncode == 70, out[-2000:]
+    assert s["restarts"] == 0 and [i.split()[0] for i in s["incidents"]] == ["DATA"], s
+    assert "train_00000.bin: changed under the run" in s["reason"], s["reason"]
+
+
 def test_orchestrated_memory_error_is_oom_and_restarts(tmp_path):
     p = _orchestrate(tmp_path, "oom")
     out, _ = p.communicate(timeout=120)
@@ -310,8 +348,10 @@ def test_orchestrated_memory_error_is_oom_and_restarts(tmp_path):
     assert log == list(range(6))  # resumed at step 2, nothing lost, nothing twice
 
 
-def test_orchestrated_sigterm_saves_and_says_which_step(tmp_path):
-    p = _orchestrate(tmp_path, "slow")
+@pytest.mark.parametrize("mode", ["slow", "slow-nospace"])
+def test_orchestrated_sigterm_saves_and_says_which_step(tmp_path, mode):
+    """Exit 75 naming the step every rank committed as it left; 74 saying so when the save failed (disk full)."""
+    p = _orchestrate(tmp_path, mode)
     log = tmp_path / "run" / "log.jsonl"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and (not log.is_file() or len(log.read_text().splitlines()) < 3):
@@ -319,8 +359,13 @@ def test_orchestrated_sigterm_saves_and_says_which_step(tmp_path):
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=60)
     s = _summary(tmp_path)
+    m = CheckpointManager(tmp_path / "run" / "checkpoints", world_size=1)
+    if mode == "slow-nospace":
+        assert p.returncode == 74, out[-2000:]
+        assert s["exit_name"] == "preempted-unsaved" and m.committed_steps() == []
+        assert "preempted, but not every rank saved a checkpoint as it left" in s["reason"]
+        return
     assert p.returncode == 75, out[-2000:]
-    saved = max(m.step_of(q) for m in [CheckpointManager(tmp_path / "run" / "checkpoints", world_size=1)]
-                for q in m.list())
+    saved = max(m.step_of(q) for q in m.list())
     assert f"every rank saved the checkpoint of step {saved} as it left" in s["reason"]
-    assert CheckpointManager(tmp_path / "run" / "checkpoints", world_size=1).committed_steps()[-1] == saved
+    assert m.committed_steps()[-1] == saved

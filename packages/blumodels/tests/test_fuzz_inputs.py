@@ -98,6 +98,55 @@ def test_cli_gives_one_line_and_exit_2(tmp_path, capsys, argv, code, msg):
     assert rc == code and msg in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
+def test_fuzzed_cli_gives_one_line_or_a_bounded_config(tmp_path, capsys, monkeypatch):
+    """150 seeded `blutrain train` command lines (flags with hostile values, random config files, overrides): each
+    ends in exit 2 with one error line (argparse's usage line before it) or reaches the Trainer with a config inside
+    every bound; the Trainer is replaced by a recorder, so nothing trains."""
+    import blumodels.trainer
+
+    class Reached(Exception):
+        pass
+
+    def fake_trainer(cfg, out, **kw):
+        _check_valid(cfg)
+        raise Reached
+
+    monkeypatch.setattr(blumodels.trainer, "Trainer", fake_trainer)
+    rng = random.Random(99)
+    values = [str(v) for v in NASTY if not isinstance(v, list | dict)] + ["tiny", "gpt2-124m", "cpu", "cuda:7"]
+    outcomes = {"refused": 0, "valid": 0}
+    t0 = time.monotonic()
+    for i in range(150):
+        argv = ["train", "--out", str(tmp_path / f"r{i}")]
+        for _ in range(rng.randint(1, 4)):
+            r = rng.random()
+            if r < 0.2:
+                argv += ["--preset", rng.choice(["tiny", "", "nope", "gpt2-124m", "a" * 300])]
+            elif r < 0.35:
+                argv += [rng.choice(["--steps", "--stop-at"]), rng.choice(values)]
+            elif r < 0.45:
+                argv += ["--device", rng.choice(values)]
+            elif r < 0.6:
+                c = tmp_path / f"c{i}.toml"
+                c.write_bytes(_random_toml(rng).encode("utf-8", "surrogateescape"))
+                argv += ["--config", str(c)]
+            else:
+                sec = rng.choice(list(KEYS))
+                argv.append(f"{sec}.{rng.choice(KEYS[sec])}={_toml_value(rng.choice(NASTY)).strip(chr(34))}")
+        try:
+            rc = cli.main(argv)
+        except Reached:
+            outcomes["valid"] += 1
+            continue
+        except SystemExit as e:  # argparse: usage, then one error line
+            rc = e.code
+        err = capsys.readouterr().err
+        lines = [x for x in err.splitlines() if x.strip() and not x.startswith(("usage:", " "))]
+        assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (argv, err[-2000:])
+        outcomes["refused"] += 1
+    assert outcomes["refused"] > 50 and outcomes["valid"] >= 5 and time.monotonic() - t0 < 30, outcomes
+
+
 def test_deep_toml_is_a_config_error(tmp_path):
     p = tmp_path / "deep.toml"
     p.write_text("x = " + "{ a = " * 2000 + "1" + " }" * 2000)

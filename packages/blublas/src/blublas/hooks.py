@@ -103,3 +103,11 @@ class CuBLASProvider(_ProviderBase):
 def blutrain_register_gemm_providers() -> list[type]:
     """BluBLAS kernels ('blublas') and the capture-safe vendor provider ('cublas')."""
     return [BluBLASProvider, CuBLASProvider]
+
+
+@hookimpl
+def blutrain_kernel_cache(cache: Any) -> None:
+    """blutensor's kernel-cache checks (blutensor.kernel_cache): BLUBLAS_CACHE_DIR's cubins are verified with them."""
+    from .loader import use_kernel_cache
+
+    use_kernel_cache(cache)

@@ -123,18 +123,46 @@ def _nvrtc_cubin_bindings(src: str, filename: str, arch: str) -> tuple[bytes, st
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+_kernel_cache: Any = None  # blutensor.kernel_cache, given by the plugin host (hooks.blutrain_kernel_cache)
+_private_dir: Path | None = None
+
+
+def use_kernel_cache(cache: Any) -> None:
+    """Verify cached cubins with ``cache`` (blutensor.kernel_cache: private directory, SHA-256 record per file).
+    Without it (blublas used alone, outside the plugin host) cubins are built into a private temporary
+    directory of the process and nothing is loaded from BLUBLAS_CACHE_DIR."""
+    global _kernel_cache
+    _kernel_cache = cache
+
+
+def cubin_dir() -> Path:
+    """Where arch-specific cubins are cached: BLUBLAS_CACHE_DIR/kernels (default ~/.cache/blublas/kernels) when
+    blutensor's kernel-cache checks are installed and pass, else a private directory of this process."""
+    import os
+    import tempfile
+
+    global _private_dir
+    base = Path(os.environ.get("BLUBLAS_CACHE_DIR") or Path.home() / ".cache" / "blublas") / "kernels"
+    if _kernel_cache is not None:
+        return _kernel_cache.safe_directory(base, "blublas cubins")
+    if _private_dir is None:
+        _private_dir = Path(tempfile.mkdtemp(prefix="blublas-kernels-"))
+    return _private_dir
+
+
 def _cubin_with_nvrtc(filename: str, arch: str) -> Path:
     """Compile ``filename`` to a cubin for an arch-specific target such as ``90a`` (CuPy's RawModule adds
-    its own -arch=sm_XX, which would drop the 'a' feature suffix), cached under BLUBLAS_CACHE_DIR/kernels
-    by source hash. Uses CuPy's NVRTC binding, else cuda-bindings'."""
+    its own -arch=sm_XX, which would drop the 'a' feature suffix), cached in :func:`cubin_dir` by source hash
+    and loaded again only when it matches its SHA-256 record (a damaged cubin is rebuilt, with a warning naming
+    it). Uses CuPy's NVRTC binding, else cuda-bindings'."""
     import hashlib
     import os
 
     src = _source(filename)
     digest = hashlib.sha256(f"{src}|sm_{arch}".encode()).hexdigest()[:24]
-    base = Path(os.environ.get("BLUBLAS_CACHE_DIR") or Path.home() / ".cache" / "blublas") / "kernels"
+    base = cubin_dir()
     out = base / f"{Path(filename).stem}_sm{arch}_{digest}.cubin"
-    if out.is_file():
+    if _kernel_cache is not None and _kernel_cache.verified(out):
         return out
     errors = []
     cubin = None
@@ -149,6 +177,9 @@ def _cubin_with_nvrtc(filename: str, arch: str) -> Path:
     if cubin is None:
         raise RuntimeError(f"no NVRTC binding could compile {filename} for sm_{arch}: {errors}")
     base.mkdir(parents=True, exist_ok=True)
+    if _kernel_cache is not None:
+        _kernel_cache.store(out, cubin)
+        return _kernel_cache.check_stored(out)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(cubin)
     os.replace(tmp, out)

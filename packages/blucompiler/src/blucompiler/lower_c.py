@@ -2,7 +2,8 @@
 
 Compiled with the system C compiler (``cc``, or ``$CC``) at ``-O2 -ffp-contract=off`` (no fused
 multiply-add, no fast-math: each operation rounds like NumPy's) and cached on disk by the hash of
-the source text.
+the source text; a cached library is loaded only from a private directory and when it matches its SHA-256 record
+(blutensor.kernel_cache), else it is rebuilt.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 
 def cache_dir() -> Path:
+    """$BLU_COMPILER_CACHE (default ~/.cache/blucompiler) when it is private to this user, else a private directory
+    of this process, with a warning (blutensor.kernel_cache.safe_directory)."""
+    from blutensor import kernel_cache
+
     d = Path(os.environ.get("BLU_COMPILER_CACHE") or Path.home() / ".cache" / "blucompiler")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return kernel_cache.safe_directory(d, "blucompiler kernels")
 
 
 def compile_c(specs: list[KernelSpec]) -> dict:
@@ -35,7 +39,9 @@ def compile_c(specs: list[KernelSpec]) -> dict:
     d = cache_dir()
     so = d / f"blu_{h}.so"
     if h not in _loaded:
-        if not so.exists():
+        from blutensor import kernel_cache
+
+        if not kernel_cache.verified(so):  # absent, or damaged (removed with a warning naming it): build it
             c = d / f"blu_{h}.c"
             c.write_text(src)
             tmp = d / f"blu_{h}.{os.getpid()}.so"
@@ -45,7 +51,10 @@ def compile_c(specs: list[KernelSpec]) -> dict:
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"blucompiler: C compile of {c} failed:\n{r.stderr[-4000:]}")
+            kernel_cache.seal(tmp)  # the record first, then the library: no reader sees it unrecorded
+            os.replace(kernel_cache.digest_path(tmp), kernel_cache.digest_path(so))
             os.replace(tmp, so)
+            kernel_cache.check_stored(so)
         _loaded[h] = ctypes.CDLL(str(so))
     lib = _loaded[h]
     out = {}

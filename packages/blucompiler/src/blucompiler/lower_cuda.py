@@ -1,6 +1,7 @@
 """Lowering for CUDA: fused kernels -> CUDA C++ -> NVRTC for the device's architecture.
 
-Kernels are compiled in chunks (parallel NVRTC calls) and cached on disk by the hash of the source:
+Kernels are compiled in chunks (parallel NVRTC calls) and cached on disk by the hash of the source (loaded again
+only when they match their SHA-256 record, from a private directory: blutensor.kernel_cache):
 with ``cuda.bindings.nvrtc`` available the cubin itself is cached under the cache directory and
 loaded with ``cupy.RawModule(path=...)``; otherwise ``cupy.RawModule(code=...)`` compiles (CuPy keeps
 its own content-hash cache). Kernels launch on the live CuPy arrays' memory: no copies.
@@ -61,18 +62,19 @@ def _module(src: str, cc: str):
     mod = _modules.get(h)
     if mod is not None:
         return mod
+    from blutensor import kernel_cache
+
     d = cache_dir()
     cubin = d / f"blu_{h}.sm{cc}.cubin"
-    if not cubin.exists():
+    if not kernel_cache.verified(cubin):  # absent, or damaged (removed with a warning naming it): build it
         (d / f"blu_{h}.cu").write_text(src)
         try:
             data = _nvrtc_cubin(src, f"blu_{h}.cu", cc)
         except Exception:  # noqa: BLE001 - cuda-python missing/mismatched: CuPy compiles (and reports errors)
             data = None
         if data is not None:
-            tmp = cubin.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            tmp.replace(cubin)
+            kernel_cache.store(cubin, data)
+            kernel_cache.check_stored(cubin)
     mod = None
     if cubin.exists():
         try:

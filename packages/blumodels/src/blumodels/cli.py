@@ -242,7 +242,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = args.out or f"runs/{args.preset or (Path(args.config).stem if args.config else 'tiny')}"
     tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
     try:
-        summary = tr.fit(args.stop_at)
+        from blumodels.lifecycle import EXIT_PREEMPT_UNSAVED, PreemptionError
+
+        try:
+            summary = tr.fit(args.stop_at)
+        except PreemptionError as e:  # SIGTERM, but the step is not committed: not a requeue-and-continue (75)
+            print(f"[blutrain] {e}", file=sys.stderr)
+            return EXIT_PREEMPT_UNSAVED
         if summary.get("preempted"):
             from blumodels.lifecycle import EXIT_PREEMPTED
 

@@ -100,7 +100,13 @@ _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": N
 
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """float32 arrays of a safetensors file (F32, F16, F64 and BF16 read; other dtypes named as unsupported)."""
+    """float32 arrays of a safetensors file (F32, F16, F64 and BF16 read; other dtypes named as unsupported).
+
+    The header is validated as strictly as the ``safetensors`` reader (blumodels.checkpoint.format.check_index:
+    exact entries, known dtypes, sane shapes, contiguous in-bounds offsets, bounded depth and size) and the payload
+    is read, never memory-mapped, so a file cut short while it loads is an HFError, not a SIGBUS."""
+    from blumodels.checkpoint.format import MAX_HEADER_BYTES, MAX_HEADER_DEPTH, CheckpointError, _depth, check_index
+
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -108,31 +114,40 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
             if len(head) < 8:
                 raise HFError(f"{path}: not a safetensors file ({size} bytes)")
             (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                raise HFError(f"{path}: not a safetensors file (header length {n} at offset 0 exceeds the file)")
+            if n > min(size - 8, MAX_HEADER_BYTES):
+                raise HFError(f"{path}: not a safetensors file (header length {n} at offset 0 exceeds the file "
+                              f"or {MAX_HEADER_BYTES} bytes)")
             try:
                 index = json.loads(f.read(n))
-            except ValueError:
-                raise HFError(f"{path}: safetensors header at offset 8 is not JSON") from None
+                deep = _depth(index) > MAX_HEADER_DEPTH
+            except (ValueError, RecursionError):
+                raise HFError(f"{path}: safetensors header at offset 8 is not JSON of at most {MAX_HEADER_DEPTH} "
+                              "levels") from None
+            if not isinstance(index, dict) or deep:
+                raise HFError(f"{path}: safetensors header at offset 8 is not a JSON object of at most "
+                              f"{MAX_HEADER_DEPTH} levels")
+            index.pop("__metadata__", None)
+            payload = size - 8 - n
+            try:
+                entries = check_index(path, index, payload)
+            except CheckpointError as e:
+                raise HFError(str(e)) from None
+            raw = np.empty(payload, np.uint8)
+            if f.readinto(memoryview(raw)) != payload:
+                raise HFError(f"{path}: changed while being read (fewer than {payload} payload bytes after offset "
+                              f"{8 + n})")
     except FileNotFoundError:
         raise HFError(f"{path} not found") from None
-    index.pop("__metadata__", None)
-    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if size > 8 + n else np.zeros(0, np.uint8)
     out = {}
-    for name, info in index.items():
-        dt, shape, (a, b) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        if dt not in _ST_DTYPES:
-            raise HFError(f"{path}: tensor {name!r} has dtype {dt}; only floating-point weights are read")
-        if b > raw.size:
-            raise HFError(f"{path}: tensor {name!r} ends at byte {8 + n + b}, past the end of the file ({size})")
-        buf = np.asarray(raw[a:b])
-        if dt == "BF16":
+    for name, dt, shape, a in entries:
+        st = index[name]["dtype"]
+        if st not in _ST_DTYPES:
+            raise HFError(f"{path}: tensor {name!r} has dtype {st}; only floating-point weights are read")
+        buf = raw[a:a + math.prod(shape) * dt.itemsize]
+        if st == "BF16":
             arr = (buf.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
         else:
-            arr = buf.view(_ST_DTYPES[dt])
-        want = math.prod(shape)
-        if arr.size != want:
-            raise HFError(f"{path}: tensor {name!r} holds {arr.size} values, its shape {shape} needs {want}")
+            arr = buf.view(_ST_DTYPES[st])
         out[name] = arr.reshape(shape).astype(np.float32)
     return out
 

@@ -2,7 +2,9 @@
 
 - :class:`Preemption` turns SIGTERM (a scheduler's or an orchestrator's "leave now") into a flag the Trainer checks
   at each step end; every rank agrees on it (one max-reduction), the run saves a checkpoint at that step and
-  ends with ``summary["preempted"] = True`` (``blutrain train`` exits 75, EX_TEMPFAIL: requeue and ``--resume``).
+  ends with ``summary["preempted"] = True`` (``blutrain train`` exits 75, EX_TEMPFAIL: requeue and ``--resume``)
+  once every rank agrees that the step is committed; when it is not, :class:`PreemptionError` says why and which
+  committed step is kept (exit 74).
 - :func:`report_end` calls the ``blutrain_on_train_end`` hook with ``"ok"``, ``"preempted"`` or ``"failed"`` and
   the error, so an orchestrator (dtms) classifies the fault from the exception itself (NaN under
   ``nan_policy = "stop"`` is fatal, MemoryError is OOM, bad data or config is fatal) instead of guessing from
@@ -18,7 +20,20 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL, as dtms' orchestrator's EXIT_REQUEUE
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL, as dtms' orchestrator's EXIT_REQUEUE: the stop step is committed
+EXIT_PREEMPT_UNSAVED = 74  # EX_IOERR, as dtms' EXIT_PREEMPT_UNSAVED: SIGTERM, but the stop step was not committed
+
+
+class PreemptionError(RuntimeError):
+    """SIGTERM ended the run but its checkpoint could not be committed on every rank (the message says why and
+    which committed step a ``--resume`` starts from); ``blutrain train`` exits 74 instead of 75."""
+
+    def __init__(self, step: int, why: str, kept: int | None) -> None:
+        self.step, self.kept = int(step), kept
+        where = f"a --resume starts from the committed step {kept}" if kept is not None else \
+            "no committed checkpoint exists, a --resume starts from scratch"
+        super().__init__(f"preempted (SIGTERM) at step {step}, but its checkpoint could not be committed on every "
+                         f"rank ({why}); {where}")
 
 
 def report_end(status: str, step: int, error: BaseException | None = None) -> None:

@@ -768,6 +768,7 @@ class Trainer:
                     self.log(f"[blutrain] sample at step {self.step}:\n{text}")
                 if t.checkpoint_interval and self.step % t.checkpoint_interval == 0 and self.step < total:
                     self.save_checkpoint()
+                self.ckpt.check()  # an async save that failed ends the run at this step, not at the next save
                 if pre.agreed(self.dist, self.device):  # SIGTERM on any rank: every rank saves this step, leaves
                     preempted = True
                     self.log(f"[blutrain] SIGTERM: saving a checkpoint at step {self.step} and stopping")
@@ -777,7 +778,9 @@ class Trainer:
             if getattr(self, "_bar", None) is not None:
                 self._bar.close()
                 self._bar = None
-        if self.history and (save_final or preempted):
+        if preempted:
+            self._commit_on_preemption()
+        elif self.history and save_final:
             self.save_checkpoint()
         self.ckpt.wait()
         elapsed = time.perf_counter() - t_start
@@ -799,6 +802,25 @@ class Trainer:
         if self.dist.is_main:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    def _commit_on_preemption(self) -> None:
+        """Save this step on every rank and agree (two collectives, reached by every rank whatever its save did)
+        that it is committed; PreemptionError naming why and the step kept when it is not."""
+        from blumodels.lifecycle import PreemptionError
+
+        why = None
+        try:
+            self.save_checkpoint()
+            self.ckpt.wait()
+        except (OSError, ValueError, RuntimeError) as e:  # CheckpointSaveError / CheckpointError name the file
+            why = f"rank {self.dist.rank}: {e}"
+        written = self.dist.min_int(0 if why else 1, self.device)  # every rank's part written and verified
+        committed = written and (not self.dist.is_main and self.sharded or self.step in self.ckpt.committed_steps())
+        if self.dist.min_int(1 if committed else 0, self.device):
+            return
+        kept = [s for s in self.ckpt.committed_steps() if s < self.step]
+        raise PreemptionError(self.step, why or ("another rank could not save its part" if not written else
+                                                 "no commit record was written"), kept[-1] if kept else None)
 
     def _report(self, rec: dict[str, Any], total: int) -> None:
         if self.quiet:

@@ -277,14 +277,19 @@ class CheckpointManager:
     def _write_bg(self, path: Path, tensors: dict[str, np.ndarray], meta: dict, event: Any) -> None:
         try:
             self._write(path, tensors, meta, event)
-        except BaseException as e:  # reported by the next save()/wait()
-            log.error("async checkpoint %s failed: %s", path, e)
+        except BaseException as e:  # reported by the next check()/save()/wait() (the Trainer checks every step)
+            log.debug("async checkpoint %s failed: %s", path, e)
             self._error = e
 
     @property
     def in_flight(self) -> bool:
         """True while an async save is being written."""
         return self._thread is not None and self._thread.is_alive()
+
+    def check(self) -> None:
+        """Re-raise the error of an async save that has failed, without waiting for one still being written."""
+        if self._error is not None and not self.in_flight:
+            self.wait()
 
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is on disk; re-raise its error."""

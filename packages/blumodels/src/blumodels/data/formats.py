@@ -78,14 +78,13 @@ def read_header(path: str | os.PathLike) -> tuple[np.dtype, int]:
     return shards.read_header(path)
 
 
-def open_shard(path: str | os.PathLike) -> np.ndarray:
-    """Read-only memory map of the tokens of a BluTrain or llm.c shard."""
+def open_shard(path: str | os.PathLike) -> np.ndarray | shards.ShardTokens:
+    """Read-only tokens of a BluTrain or llm.c shard, never memory-mapped (see :func:`shards.open_shard`): a file
+    changed under the run is a ShardError naming it, not a SIGBUS."""
     if detect_format(path) != "llmc":
         return shards.open_shard(path)
     dtype, count = read_llmc_header(path)
-    if count == 0:
-        return np.zeros(0, dtype=dtype).view(np.memmap)
-    return np.memmap(path, dtype=dtype, mode="r", offset=LLMC_HEADER_BYTES, shape=(count,))
+    return shards.read_tokens(path, LLMC_HEADER_BYTES, dtype, count)
 
 
 def check_token_range(path: str | os.PathLike, vocab_size: int, chunk: int = 1 << 24) -> None:
@@ -133,13 +132,11 @@ def write_tokens(path: str | os.PathLike, tokens: np.ndarray, fmt: str = "blutra
         raise ValueError(f"shard format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
-def open_raw_uint16(path: str | os.PathLike) -> np.ndarray:
-    """nanoGPT's headerless uint16 token file as a read-only memory map (an odd byte count is refused)."""
+def open_raw_uint16(path: str | os.PathLike) -> np.ndarray | shards.ShardTokens:
+    """nanoGPT's headerless uint16 token file, read-only and never memory-mapped (an odd byte count is refused)."""
     path = Path(path)
     size = path.stat().st_size
     if size % 2:
         raise ShardError(path, size - 1, f"a raw uint16 token file has an even size; {size} bytes leave one over "
                                          f"at offset {size - 1}")
-    if size == 0:
-        return np.zeros(0, dtype="<u2").view(np.memmap)
-    return np.memmap(path, dtype="<u2", mode="r")
+    return shards.read_tokens(path, 0, np.dtype("<u2"), size // 2)

@@ -1,4 +1,4 @@
-"""TokenLoader: double-buffered batch production over memory-mapped shards (docs/design.md, section 6).
+"""TokenLoader: double-buffered batch production over token shards (docs/design.md, section 6).
 
 Cursor semantics (identical on every path): shards ``{split}_NNNNN.bin`` are visited in sorted order;
 rank ``r`` of ``W`` starts at ``pos = B*T*r`` and after each batch moves ``B*T*W`` tokens, so the ranks
@@ -9,10 +9,14 @@ next global step (the windows of all W ranks) no longer fits, every rank moves t
 The "does the next step fit" test is made on the rank-0-aligned base of the step, not on the rank's own
 ``pos``: the same for W = 1, and all ranks change shard on the same step for W > 1.
 
-On CUDA the batch goes mmap -> pinned host buffer -> device through two channels (pinned ``Px/Py``,
+On CUDA the batch goes shard -> pinned host buffer -> device through two channels (pinned ``Px/Py``,
 device ``X/Y``) filled by ``cudaMemcpyAsync`` on a copy stream; event ``h2d_done[i]`` orders the compute
 stream after the copy, event ``consumer_done`` keeps the copy stream from overwriting a buffer still in
 use. ``pinned=False`` (or a failed pinned allocation) takes the synchronous path: same batches.
+
+Shards are never memory-mapped (:func:`blumodels.data.shards.open_shard`), and the size, modification time and
+inode of every shard are taken when the loader starts: a shard truncated, rewritten or replaced under the run is a
+ShardError naming it when the loader opens it again or reads from it, never a SIGBUS.
 """
 
 from __future__ import annotations
@@ -25,10 +29,19 @@ from typing import Any
 import numpy as np
 
 from .formats import check_token_range, open_shard, read_header  # BluTrain or llm.c shards, by their magic
-from .shards import list_shards
+from .shards import ShardError, list_shards
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, inode, device) of a shard: what must not change while a run reads it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ShardError(path, 0, "no such file (removed under the run?)") from None
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
 
 
 class LoaderError(ValueError):
@@ -111,6 +124,7 @@ class TokenLoader:
                                     f"{self.data_dir}; "
                                     "run `blutrain prepare` first")
         self.shard_sizes = [read_header(p)[1] for p in self.shards]
+        self._idents = [_identity(p) for p in self.shards]  # a shard replaced or rewritten later is named
         need = self.BT * self.world_size + 1
         small = [p.name for p, n in zip(self.shards, self.shard_sizes) if n < need]
         if len(small) == len(self.shards):
@@ -160,7 +174,17 @@ class TokenLoader:
 
     def _shard_tokens(self) -> np.ndarray:
         if self._open_idx != self._cur:
-            self._tokens = open_shard(self.shards[self._cur])
+            close = getattr(self._tokens, "close", None)
+            if close is not None:
+                close()  # a ShardTokens' descriptor
+            self._tokens, self._open_idx = None, -1
+            path = self.shards[self._cur]
+            now = _identity(path)
+            if now != self._idents[self._cur]:
+                raise ShardError(path, 0, f"changed under the run (size, modification time or file differ from when "
+                                          f"the loader started: {self._idents[self._cur][:2]} -> {now[:2]}) at "
+                                          "offset 0; re-run `blutrain prepare` and resume")
+            self._tokens = open_shard(path)
             self._open_idx = self._cur
         return self._tokens
 

@@ -460,10 +460,12 @@ def import_tokens(out_dir: str | os.PathLike, paths: list[str | os.PathLike], vo
     for f in files:  # every check before the directory is touched
         if kinds[f] == "unknown":
             raw = open_raw_uint16(f)
-            if raw.size and int(raw.max()) >= vocab_size:
-                i = int(np.argmax(raw >= vocab_size))
-                raise CorpusError(f"import_tokens: {f}: token id {int(raw[i])} at offset {2 * i} is >= the vocabulary "
-                                  f"size {vocab_size} (not GPT-2 uint16 tokens?)")
+            for a in range(0, raw.size, 1 << 24):  # in chunks: a large file is read window by window
+                part = np.asarray(raw[a:a + (1 << 24)])
+                if int(part.max()) >= vocab_size:
+                    i = a + int(np.argmax(part >= vocab_size))
+                    raise CorpusError(f"import_tokens: {f}: token id {int(raw[i])} at offset {2 * i} is >= the "
+                                      f"vocabulary size {vocab_size} (not GPT-2 uint16 tokens?)")
         else:
             check_token_range(f, vocab_size)
     out.mkdir(parents=True, exist_ok=True)

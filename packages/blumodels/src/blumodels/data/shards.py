@@ -15,18 +15,24 @@ Layout (little-endian)::
 Shards are written atomically (temporary name, fsync, rename) and validated on open: magic, version,
 dtype and the exact file size; every error names the file and the byte offset at fault. Shards written before
 the checksum and fingerprint existed have zero flags and load as before; :func:`verify_shard` checks both where
-recorded (the Trainer does, for every shard, at start). Shards up to 1 GiB are read into memory when opened
-(and their checksum checked), so a shard truncated or rewritten under a running job is a ShardError naming it,
-never a SIGBUS.
+recorded (the Trainer does, for every shard, at start).
+
+No shard is ever memory-mapped, so a shard truncated or rewritten under a running job is a ShardError naming it,
+never a SIGBUS: shards up to :func:`in_memory_max_bytes` (1 GiB; ``BLUTRAIN_SHARD_MEMORY_BYTES`` sets it) are read
+into memory when opened and their checksum checked; larger ones are :class:`ShardTokens`, read window by window
+with positioned reads (``os.preadv``) after an ``fstat`` that refuses a file whose size or modification time
+changed since it was opened.
 """
 
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 import re
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -161,54 +167,183 @@ def verify_shard(path: str | os.PathLike, fingerprint: bytes | None = None) -> N
         raise ShardError(path, 44, f"made by another tokenizer (fingerprint {recorded.hex()} at offset 44, the data's "
                                    f"tokenizer has {fingerprint.hex()}): re-run `blutrain prepare`")
     if checksum is not None:
-        dtype, count = read_header(path)
-        if count * dtype.itemsize <= IN_MEMORY_MAX_BYTES:
-            open_shard(path, in_memory=True)  # reads and checks the checksum
-            return
-        tokens = open_shard(path, in_memory=False)
-        got = token_checksum(memoryview(np.asarray(tokens).view(np.uint8)))
+        tokens = open_shard(path)
+        if not isinstance(tokens, ShardTokens):
+            return  # read into memory: open_shard checked the checksum
+        with tokens:
+            got = tokens.checksum()
         if got != checksum:
             raise ShardError(path, HEADER_BYTES, f"checksum mismatch: the tokens after offset {HEADER_BYTES} hash to "
                                                  f"{got.hex()}, the header at offset 28 records {checksum.hex()}")
 
 
-IN_MEMORY_MAX_BYTES = 1 << 30  # shards up to this size are read into memory when opened, larger ones mapped
+IN_MEMORY_MAX_BYTES = 1 << 30  # default of in_memory_max_bytes()
+MEMORY_ENV = "BLUTRAIN_SHARD_MEMORY_BYTES"
 
 
-def open_shard(path: str | os.PathLike, in_memory: bool | None = None) -> np.memmap:
-    """Validated, read-only tokens of the shard at ``path`` (1-D uint16/uint32, a ``np.memmap``).
+def in_memory_max_bytes() -> int:
+    """Shards with at most this many token bytes are read into memory when opened; larger ones are read window by
+    window (:class:`ShardTokens`). ``BLUTRAIN_SHARD_MEMORY_BYTES`` (a byte count >= 0) overrides the 1 GiB default,
+    e.g. to bound each rank's host memory."""
+    raw = os.environ.get(MEMORY_ENV)
+    if raw is None or raw.strip() == "":
+        return IN_MEMORY_MAX_BYTES
+    try:
+        v = int(raw.strip().replace("_", ""))
+        if v < 0:
+            raise ValueError
+    except ValueError:
+        from blumodels.config import ConfigError
 
-    Shards up to IN_MEMORY_MAX_BYTES (or any, with ``in_memory=True``) are read into memory and checked against
-    their recorded checksum: a shard truncated or rewritten under a running job is then a ShardError naming it when
-    it is opened, never a SIGBUS in the middle of a step. Larger ones are memory-mapped (``in_memory=False``)."""
-    dtype, count = read_header(path)
+        raise ConfigError(f"{MEMORY_ENV}={raw[:40]!r} must be a byte count >= 0 (the largest shard read into "
+                          "memory; larger ones are read window by window)") from None
+    return v
+
+
+class ShardTokens:
+    """Read-only tokens of a shard too large to hold in memory: 1-D, indexed and sliced like an array, each read a
+    positioned read (``os.preadv``) into a fresh buffer, never a memory map.
+
+    The file's size and modification time are taken when it is opened and compared (``fstat``) before every read:
+    a shard truncated, extended or rewritten in place under the run is a ShardError naming it, and a read that
+    comes back short is one too. A shard replaced by rename keeps being read from the file that was opened."""
+
+    def __init__(self, path: str | os.PathLike, offset: int, dtype: np.dtype, count: int) -> None:
+        self.path, self.offset = Path(path), int(offset)
+        self.dtype, self.size = np.dtype(dtype), int(count)
+        self.shape, self.ndim = (self.size,), 1
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        st = os.fstat(self._fd)
+        self._ident = (st.st_size, st.st_mtime_ns)
+        want = self.offset + self.size * self.dtype.itemsize
+        if st.st_size != want:
+            self.close()
+            raise ShardError(path, min(st.st_size, want), f"changed before it was opened: {st.st_size} bytes, the "
+                                                          f"header declares {want} (ends at offset {st.st_size})")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"ShardTokens({str(self.path)!r}, {self.size} x {self.dtype})"
+
+    def _check(self) -> None:
+        if self._fd < 0:
+            raise ShardError(self.path, 0, "read after close at offset 0")
+        st = os.fstat(self._fd)
+        if (st.st_size, st.st_mtime_ns) != self._ident:
+            raise ShardError(self.path, min(st.st_size, self._ident[0]),
+                             f"changed under the run: {st.st_size} bytes now, {self._ident[0]} when opened"
+                             + ("" if st.st_size != self._ident[0] else " (rewritten in place)")
+                             + f" at offset {min(st.st_size, self._ident[0])}")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` (clipped to the shard) as a new read-only array."""
+        start, stop = max(0, min(int(start), self.size)), max(0, min(int(stop), self.size))
+        out = np.empty(max(0, stop - start), self.dtype)
+        if out.size:
+            self._check()
+            mv, pos, done = memoryview(out).cast("B"), self.offset + start * self.dtype.itemsize, 0
+            while done < len(mv):
+                n = os.preadv(self._fd, [mv[done:]], pos + done)
+                if n <= 0:
+                    raise ShardError(self.path, pos + done, f"changed under the run: {done} of the {len(mv)} bytes "
+                                                            f"at offset {pos} could be read (truncated?)")
+                done += n
+        out.flags.writeable = False
+        return out
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.size)
+            if step == 1:
+                return self.read(start, stop)
+            lo, hi = (start, stop) if step > 0 else (stop + 1, start + 1)
+            part = self.read(lo, hi)
+            return part[::step] if step > 0 else part[::-1][::-step]
+        if isinstance(key, numbers.Integral) and not isinstance(key, bool):
+            i = int(key) + (self.size if key < 0 else 0)
+            if not 0 <= i < self.size:
+                raise IndexError(f"index {int(key)} is out of bounds for a shard of {self.size} tokens ({self.path})")
+            return self.read(i, i + 1)[0]
+        raise TypeError(f"ShardTokens takes an int or a slice, not {type(key).__name__}")
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.read(0, self.size)
+        return a if dtype is None else a.astype(dtype)
+
+    def tolist(self) -> list:
+        return self.read(0, self.size).tolist()
+
+    def checksum(self, chunk: int = 1 << 24) -> bytes:
+        """BLAKE2b-128 of the token bytes (what the header records), read in chunks of ``chunk`` tokens."""
+        h = hashlib.blake2b(digest_size=16)
+        for i in range(0, self.size, chunk):
+            h.update(memoryview(self.read(i, i + chunk)).cast("B"))
+        return h.digest()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> ShardTokens:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def read_tokens(path: str | os.PathLike, offset: int, dtype: np.dtype, count: int, checksum: bytes | None = None,
+                in_memory: bool | None = None) -> np.ndarray | ShardTokens:
+    """``count`` tokens of ``dtype`` at byte ``offset`` of ``path``: in memory (checked against ``checksum`` when
+    given) up to :func:`in_memory_max_bytes` or with ``in_memory=True``, else a :class:`ShardTokens`."""
+    dtype = np.dtype(dtype)
     if count == 0:
         return np.zeros(0, dtype=dtype).view(np.memmap)
     nbytes = count * dtype.itemsize
-    if not (nbytes <= IN_MEMORY_MAX_BYTES if in_memory is None else in_memory):
-        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
+    if not (nbytes <= in_memory_max_bytes() if in_memory is None else in_memory):
+        return ShardTokens(path, offset, dtype, count)
     arr = np.empty(count, dtype=dtype)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        got = f.readinto(memoryview(arr).cast("B"))
+    if got != nbytes:
+        raise ShardError(path, offset + got, f"changed while being read: {got} of the {nbytes} token bytes "
+                                             f"after offset {offset} were there (truncated under the run?)")
+    if checksum is not None and token_checksum(arr) != checksum:
+        raise ShardError(path, offset, f"checksum mismatch: the tokens after offset {offset} do not hash "
+                                       f"to the {checksum.hex()} its header records at offset 28 (changed "
+                                       "under the run, or damaged)")
+    arr.flags.writeable = False
+    return arr.view(np.memmap)
+
+
+def open_shard(path: str | os.PathLike, in_memory: bool | None = None) -> np.ndarray | ShardTokens:
+    """Validated, read-only tokens of the shard at ``path`` (1-D uint16/uint32), never memory-mapped.
+
+    Shards up to :func:`in_memory_max_bytes` (or any, with ``in_memory=True``) are read into memory and checked
+    against their recorded checksum: a shard truncated or rewritten under a running job is then a ShardError naming
+    it when it is opened, never a SIGBUS in the middle of a step. Larger ones (or any, with ``in_memory=False``)
+    come as a :class:`ShardTokens`, whose every read checks that the file has not changed."""
+    dtype, count = read_header(path)
     with open(path, "rb") as f:
         f.seek(24)
         flags, checksum, _ = _EXTRA.unpack(f.read(_EXTRA.size))
-        f.seek(HEADER_BYTES)
-        got = f.readinto(memoryview(arr).cast("B"))
-    if got != nbytes:
-        raise ShardError(path, HEADER_BYTES + got, f"changed while being read: {got} of the {nbytes} token bytes "
-                                                   f"after offset {HEADER_BYTES} were there (truncated under the run?)")
-    if flags & HAS_CHECKSUM and token_checksum(arr) != checksum:
-        raise ShardError(path, HEADER_BYTES, f"checksum mismatch: the tokens after offset {HEADER_BYTES} do not hash "
-                                             f"to the {checksum.hex()} its header records at offset 28 (changed "
-                                             "under the run, or damaged)")
-    arr.flags.writeable = False
-    return arr.view(np.memmap)
+    return read_tokens(path, HEADER_BYTES, dtype, count, checksum if flags & HAS_CHECKSUM else None, in_memory)
 
 
 def check_token_range(path: str | os.PathLike, vocab_size: int, chunk: int = 1 << 24) -> None:
     """ShardError naming the file and byte offset of the first token id >= ``vocab_size`` in the shard.
 
-    A linear scan of the memory map (chunks of ``chunk`` tokens; ~0.1 ms per million uint16 tokens when
-    cached), so a bad token is found when the data is opened, not when training reaches it.
+    A linear scan (chunks of ``chunk`` tokens; ~0.1 ms per million uint16 tokens when cached), so a bad token is
+    found when the data is opened, not when training reaches it.
     """
     dtype, count = read_header(path)
     if vocab_size > np.iinfo(dtype).max:

@@ -2,7 +2,9 @@
 
 The shared library is cached on disk (``$BLUTRAIN_CPU_CACHE``, else ``$XDG_CACHE_HOME/blutensor`` or
 ``~/.cache/blutensor``) under a name hashed from the source, the compiler command and this CPU's instruction
-set flags (``-march=native``: a library built on another CPU is never loaded). Ranks that build at the same time
+set flags (``-march=native``: a library built on another CPU is never loaded), with its SHA-256 beside it
+(:mod:`blutensor.kernel_cache`): a damaged library is rebuilt, and one in a directory others can write is never
+loaded. Ranks that build at the same time
 each write their own temporary file and rename it into place (atomic). When no compiler, no OpenMP or no
 writable cache is found, or ``BLUTRAIN_CPU_KERNELS=0``, :func:`lib` returns None and blutensor says once, as a
 warning, that the NumPy reference kernels run instead.
@@ -51,12 +53,21 @@ _lock = threading.Lock()
 _state: dict = {}  # "lib": CDLL or None once tried; "reason": why not; "build_s": seconds the build took
 
 
-def cache_dir() -> Path:
+def configured_cache_dir() -> Path:
+    """$BLUTRAIN_CPU_CACHE, else $XDG_CACHE_HOME/blutensor or ~/.cache/blutensor."""
     env = os.environ.get("BLUTRAIN_CPU_CACHE")
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "blutensor"
+
+
+def cache_dir() -> Path:
+    """The configured cache when it is private to this user, else a private directory of this process (with a
+    warning): blutensor.kernel_cache.safe_directory."""
+    from blutensor import kernel_cache
+
+    return kernel_cache.safe_directory(configured_cache_dir(), "compiled CPU kernels")
 
 
 def _cpu_flags() -> str:
@@ -91,6 +102,10 @@ def _build(cc: str, so: Path) -> None:
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"{cc} failed on {SOURCE.name}: {r.stderr.strip()[-800:]}")
+    from blutensor import kernel_cache
+
+    kernel_cache.seal(tmp)  # the record first, then the file: a reader never sees an unrecorded library
+    os.replace(kernel_cache.digest_path(tmp), kernel_cache.digest_path(so))
     os.replace(tmp, so)
     _state["build_s"] = time.perf_counter() - t0
 
@@ -120,10 +135,13 @@ def _load():
     cc = _compiler()
     if cc is None:
         return None, f"no C compiler ({os.environ.get('CC', 'cc')!r} not on PATH; set CC)"
+    from blutensor import kernel_cache
+
     try:
         so = library_path(cc)
-        if not so.exists():
+        if not kernel_cache.verified(so):  # absent, or damaged (removed with a warning naming it): build it
             _build(cc, so)
+            kernel_cache.check_stored(so)
         lib = _open(so)
     except (OSError, RuntimeError) as e:
         return None, str(e)

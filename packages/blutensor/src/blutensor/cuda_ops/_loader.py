@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import warnings
 from pathlib import Path
 
@@ -64,38 +63,11 @@ def kernel_cache_dir() -> Path:
 
 
 def kernel_cache_problem(directory: str | os.PathLike | None = None) -> str | None:
-    """Why compiled kernels must not be loaded from the cache ``directory`` (None when it is safe): a cubin there is
-    run as it is, so the directory and every file in it must belong to this user and be writable by nobody else
-    (as ssh requires of ~/.ssh). A directory that does not exist yet is safe: CuPy creates it for this user."""
-    d = Path(directory) if directory is not None else kernel_cache_dir()
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    try:
-        st = os.lstat(d)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"{d} cannot be inspected ({e.strerror or e})"
-    if stat.S_ISLNK(st.st_mode):
-        return f"{d} is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{d} is not a directory"
-    if uid is not None and st.st_uid != uid:
-        return f"{d} belongs to uid {st.st_uid}, not this user ({uid})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
-    try:
-        entries = list(os.scandir(d))
-    except OSError as e:
-        return f"{d} cannot be listed ({e.strerror or e})"
-    for e in entries:
-        try:
-            est = e.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISLNK(est.st_mode) or (uid is not None and est.st_uid != uid) or \
-                est.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return f"{e.path} is a link, another user's file or writable by others"
-    return None
+    """Why compiled kernels must not be loaded from CuPy's cache ``directory`` (None when it is safe): see
+    :func:`blutensor.kernel_cache.cache_problem` (CuPy itself checks each cached file against the hash it stores)."""
+    from blutensor.kernel_cache import cache_problem
+
+    return cache_problem(directory if directory is not None else kernel_cache_dir())
 
 
 _cache_checked: dict[str, bool] = {}

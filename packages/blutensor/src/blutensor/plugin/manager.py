@@ -102,6 +102,11 @@ class PluginHost:
             pkg, ver = self._dists.get(id(plugin), (None, None))
             if pkg is None:
                 pkg, ver = _package_of(plugin)
+            give_cache = getattr(plugin, "blutrain_kernel_cache", None)
+            if give_cache is not None:  # the kernel-cache checks, for plugins that cannot import blutensor
+                from blutensor import kernel_cache
+
+                give_cache(cache=kernel_cache)
             for kind, hook in KIND_HOOKS.items():
                 impl = getattr(plugin, hook, None)
                 if impl is None:

@@ -76,6 +76,12 @@ class BlutrainSpecs:
         """Called by trainers when a run ends: status "ok", "preempted" (SIGTERM, checkpoint saved) or "failed"
         (``error`` is the exception, for an orchestrator to classify)."""
 
+    @hookspec
+    def blutrain_kernel_cache(self, cache: Any) -> None:
+        """Called once per plugin when the host loads it, with :mod:`blutensor.kernel_cache`: the integrity checks
+        a plugin that keeps compiled kernels on disk applies before loading one (for plugins that do not import
+        blutensor, such as blublas)."""
+
 
 #: plugin kind -> the registration hook that provides it
 KIND_HOOKS: dict[str, str] = {

@@ -6,6 +6,7 @@ from .faults import (
     EXIT_FATAL,
     EXIT_NO_PROGRESS,
     EXIT_OK,
+    EXIT_PREEMPT_UNSAVED,
     EXIT_REQUEUE,
     CheckpointLoadError,
     FaultClass,
@@ -20,7 +21,8 @@ from .telemetry import gpu_telemetry
 from .worker import WorkerAgent
 
 __all__ = [
-    "EXIT_BUDGET", "EXIT_FATAL", "EXIT_NO_PROGRESS", "EXIT_OK", "EXIT_REQUEUE", "CheckpointLoadError",
+    "EXIT_BUDGET", "EXIT_FATAL", "EXIT_NO_PROGRESS", "EXIT_OK", "EXIT_PREEMPT_UNSAVED", "EXIT_REQUEUE",
+    "CheckpointLoadError",
     "FaultClass", "Incident", "NonFiniteError", "classify_exception", "Metrics", "MetricsServer",
     "Orchestrator", "OrchestratorConfig", "RunState", "gpu_telemetry", "WorkerAgent",
 ]

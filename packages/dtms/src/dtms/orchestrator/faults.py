@@ -15,9 +15,11 @@ EXIT_FATAL = 70  # a fault that restarting cannot fix (NaN with policy 'stop', b
 EXIT_BUDGET = 71  # --max-restarts restarts used up
 EXIT_NO_PROGRESS = 72  # --max-no-progress restarts in a row without a new step
 EXIT_REQUEUE = 75  # preempted (SIGTERM): checkpoint committed, resubmit to continue (EX_TEMPFAIL)
+EXIT_PREEMPT_UNSAVED = 74  # preempted, but not every rank committed the stop step: a resume starts earlier (EX_IOERR)
 
 EXIT_NAMES = {EXIT_OK: "ok", EXIT_FATAL: "fatal", EXIT_BUDGET: "restart-budget-exhausted",
-              EXIT_NO_PROGRESS: "no-progress", EXIT_REQUEUE: "requeue"}
+              EXIT_NO_PROGRESS: "no-progress", EXIT_REQUEUE: "requeue",
+              EXIT_PREEMPT_UNSAVED: "preempted-unsaved"}
 
 
 class FaultClass(enum.StrEnum):

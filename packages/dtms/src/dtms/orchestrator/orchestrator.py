@@ -25,6 +25,7 @@ from .faults import (
     EXIT_NAMES,
     EXIT_NO_PROGRESS,
     EXIT_OK,
+    EXIT_PREEMPT_UNSAVED,
     EXIT_REQUEUE,
     FaultClass,
     Incident,
@@ -204,10 +205,10 @@ class Orchestrator:
             if outcome == "ok":
                 return self._finish(st.SUCCEEDED, EXIT_OK, f"all ranks finished at step "
                                     f"{att.reached if att.reached is not None else s.last_good_step}")
-            if outcome == "preempted":
-                s.status, s.exit_code = st.PREEMPTED, EXIT_REQUEUE
-                return self._finish(st.PREEMPTED, EXIT_REQUEUE, _preempt_reason(att, cfg.nproc_per_node,
-                                                                                s.last_good_step))
+            if outcome == "preempted":  # 75 only when every rank committed the step it left at
+                code = EXIT_REQUEUE if _preempt_committed(att, cfg.nproc_per_node) else EXIT_PREEMPT_UNSAVED
+                s.status, s.exit_code = st.PREEMPTED, code
+                return self._finish(st.PREEMPTED, code, _preempt_reason(att, cfg.nproc_per_node, s.last_good_step))
             assert inc is not None
             if inc.details.get("fatal"):
                 return self._finish(st.FAILED, EXIT_FATAL, f"fatal {inc.fault.value}: {inc.message}")
@@ -485,12 +486,18 @@ class Orchestrator:
         return describe_exit(proc.returncode) if proc.returncode is not None else "unknown"
 
 
+def _preempt_committed(att: _Attempt, nproc: int) -> bool:
+    """True when every rank reported a checkpoint of the very step it left at, and left as 'preempted'."""
+    saved = [att.ckpt.get(r) for r in range(nproc)]
+    left = [att.done.get(r, {}).get("step") for r in range(nproc)]
+    return all(x is not None for x in saved) and saved == left and \
+        all(att.done.get(r, {}).get("status") == "preempted" for r in range(nproc))
+
+
 def _preempt_reason(att: _Attempt, nproc: int, last_good: int | None) -> str:
     """What a preemption kept: the step every rank saved as it left, or that no rank could save one."""
     saved = [att.ckpt.get(r) for r in range(nproc)]
-    left = [att.done.get(r, {}).get("step") for r in range(nproc)]
-    if all(x is not None for x in saved) and saved == left and \
-            all(att.done.get(r, {}).get("status") == "preempted" for r in range(nproc)):
+    if _preempt_committed(att, nproc):
         return f"preempted; every rank saved the checkpoint of step {min(saved)} as it left, requeue to continue"
     where = "no checkpoint was committed in this attempt" if last_good is None else \
         f"a requeue resumes from the last committed step {last_good}"
