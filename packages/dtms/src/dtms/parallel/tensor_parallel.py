@@ -285,11 +285,14 @@ def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict,
             if not fnmatch.fnmatchcase(name, pat):
                 continue
             if style == "heads":
-                if mod.n_head % n:
-                    raise ValueError(f"tensor parallel: {name}.n_head={mod.n_head} not divisible by tp={n}")
+                attrs = tuple(opts.get("attrs", ("n_head",)))
+                for a in attrs:
+                    if getattr(mod, a) % n:
+                        raise ValueError(f"tensor parallel: {name}.{a}={getattr(mod, a)} not divisible by tp={n}")
                 if not hasattr(mod, "head_dim"):
                     object.__setattr__(mod, "head_dim", mod.d_model // mod.n_head)
-                object.__setattr__(mod, "n_head", mod.n_head // n)
+                for a in attrs:
+                    object.__setattr__(mod, a, getattr(mod, a) // n)
                 continue
             parent, leaf = _parent(model, name)
             if style == "colwise":
