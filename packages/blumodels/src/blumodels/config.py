@@ -295,10 +295,6 @@ class RunConfig:
                               f"(each rank holds two load-balanced chunks of the causal sequence)")
         if p.sharded:
             what = ", ".join(f"parallel.{k}={getattr(p, k)}" for k in ("fsdp", "tp", "cp") if getattr(p, k) > 1)
-            if t.precision == "bf16":
-                raise ConfigError(f"{what} with train.precision='bf16' is not supported: FSDP's root shards, TP's "
-                                  "vocabulary split and CP's ring attention act on the parameters and attention "
-                                  "calls, which autocast replaces by bf16 copies; use 'fp32' or 'tf32'")
             if p.cp > 1 and m.dropout > 0:
                 raise ConfigError(f"parallel.cp={p.cp} needs model.dropout = 0 (ring attention runs without "
                                   f"attention dropout), got {m.dropout}")

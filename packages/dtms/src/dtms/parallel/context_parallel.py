@@ -351,10 +351,18 @@ class ContextParallel:
         if op == "sdpa":
             if not attrs.get("is_causal") or inputs[3] is not None or attrs.get("dropout_p", 0.0) > 0:
                 raise NotImplementedError("context parallel supports causal attention without mask or dropout")
-            if inputs[0].dtype.name not in ("float32", "float64"):
-                raise NotImplementedError(f"context parallel ring attention runs float32/float64, got "
-                                          f"{inputs[0].dtype.name} (use train.precision fp32 or tf32 with cp > 1)")
-            return RingAttention.apply(inputs[0], inputs[1], inputs[2], self)
+            q, k, v = inputs[:3]
+            if q.dtype is bt.bfloat16:  # autocast: the ring exchanges and merges float32 blocks, output bf16
+                self._busy = True
+                try:
+                    q, k, v = (t.to(bt.float32) for t in (q, k, v))
+                    return RingAttention.apply(q, k, v, self).to(bt.bfloat16)
+                finally:
+                    self._busy = False
+            if q.dtype.name not in ("float32", "float64"):
+                raise NotImplementedError(f"context parallel ring attention runs float32/float64/bfloat16, got "
+                                          f"{q.dtype.name}")
+            return RingAttention.apply(q, k, v, self)
         if op == "rope" and self.rotary is not None:
             x = inputs[0]
             cos, sin = self._local_tables(x.device, x.shape[-3])

@@ -154,7 +154,7 @@ class _UnitFn(Function):
     @staticmethod
     def forward(ctx, x: Tensor, shard: Tensor, unit: FSDPUnit, rest: tuple = ()):
         # rest: the unit's other inputs (e.g. rotary tables), passed through as they are; no gradient reaches them
-        ctx.unit, ctx.x, ctx.rng = unit, x.detach(), bt.get_rng_state()
+        ctx.unit, ctx.x, ctx.rng, ctx.amp = unit, x.detach(), bt.get_rng_state(), bt.amp.state()
         ctx.rest = tuple(r.detach() if isinstance(r, Tensor) else r for r in rest)
         unit.flat.gather()
         if unit.next is not None:
@@ -178,8 +178,9 @@ class _UnitFn(Function):
         try:
             TIMELINE.mark("fsdp_compute_begin", unit=unit.flat.label, phase="bwd")
             with bt.enable_grad():
-                xi = ctx.x.detach().requires_grad_(True)
-                y = unit.module(xi, *ctx.rest)
+                with bt.amp.restore(ctx.amp):  # the recompute in the forward's precision (bf16 autocast)
+                    xi = ctx.x.detach().requires_grad_(True)
+                    y = unit.module(xi, *ctx.rest)
                 y.backward(g)
             TIMELINE.mark("fsdp_compute_end", unit=unit.flat.label, phase="bwd")
             unit.flat.reduce_grads()
