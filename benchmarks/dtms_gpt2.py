@@ -93,7 +93,8 @@ def layouts(W: int) -> list[str]:
     out = [f"fsdp={W}", f"tp={W}", f"tp={W},tp_async=4"] + [f"cp={W},cp_rotator={r}" for r in ROTATORS]
     if W >= 4 and W % 2 == 0:
         h = W // 2
-        out += ["tp=2", f"fsdp={h},tp=2", "cp=2", f"fsdp={h},cp=2", f"tp=2,cp={h}"]  # dp x tp, fsdp x tp, ...
+        out += ["tp=2", f"fsdp={h},tp=2", "cp=2", f"fsdp={h},cp=2", f"tp=2,cp={h}",  # dp x tp, fsdp x tp, ...
+                f"dp=2,fsdp={h}"]  # hybrid sharding (HSDP)
     return out
 
 

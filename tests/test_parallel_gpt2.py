@@ -43,6 +43,14 @@ def test_fsdp(tmp_path, W):
     assert r["stats"]["fsdp_all_gather"] > 0 and r["stats"]["fsdp_reduce_scatter"] > 0
 
 
+def test_hybrid_sharding(tmp_path):
+    """HSDP on 4 ranks: 2 replicas of 2-way shards; fp64-exact, and each rank holds half the parameters."""
+    r = run(tmp_path, "hsdp", "float64", 4, 1, 1)
+    check(r, 1e-10)
+    assert r["full_bytes"] / 2 * 0.95 <= r["state_bytes"] <= r["full_bytes"] / 2 * 1.05 + 64 * 8
+    assert r["stats"]["fsdp_replicate_all_reduce"] == r["stats"]["fsdp_reduce_scatter"] > 0
+
+
 def test_fsdp_fp32(tmp_path):
     check(run(tmp_path, "fsdp", "float32", 2, 1, 1), 1e-5)
 

@@ -1,5 +1,6 @@
 """The llama family's parallel plan on 2 CPU processes gives the single-process result: 6 per-step losses and
-global gradient norms (fp64 within 1e-10) under tensor parallelism (tied and untied embeddings) and FSDP."""
+global gradient norms (fp64 within 1e-10) under tensor parallelism (tied and untied embeddings) and FSDP (the
+Trainer's tp/cp/fsdp runs of the family: tests/test_parallel_trainer.py)."""
 
 from __future__ import annotations
 
@@ -32,14 +33,3 @@ def test_llama_strategy_equals_single_process(tmp_path, strategy, dp, tp, tie):
 
 CLIP_SEEN = 0.5  # the clipping bound of the worker: the norms above it show clipping scaled the updates
 
-
-def test_context_parallel_is_refused():
-    from blumodels.config import ModelConfig
-    from blumodels.llama.model import build_model
-    from blumodels.llama.parallelize import parallelize_llama
-    from dtms.parallel import MeshError, ParallelDims
-
-    m = build_model(ModelConfig(family="llama", n_layer=1, n_head=2, d_model=16, block_size=8, vocab_size=64,
-                                bias=False), seed=0)
-    with pytest.raises(MeshError, match="context parallelism"):
-        parallelize_llama(m, ParallelDims(dp=1, cp=2, tp=1))

@@ -1,7 +1,7 @@
 """One strategy on W MPI ranks vs single-process GPT-2: forward loss, gradients and 10-step losses.
 
 argv: strategy dtype dp cp tp out.json [rotator] [async_chunks]
-strategy: ddp | fsdp | tp | cp
+strategy: ddp | fsdp | hsdp (fsdp over dp/2 ranks, 2 replicas) | tp | cp
 """
 
 import json
@@ -53,6 +53,8 @@ def reference(dtype, B):
 
 def main():
     strategy, dtype = sys.argv[1], sys.argv[2]
+    replicas = 2 if strategy == "hsdp" else 1
+    strategy = "fsdp" if strategy == "hsdp" else strategy
     dp, cp, tp = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     out = sys.argv[6]
     rotator = sys.argv[7] if len(sys.argv) > 7 else "p2p"
@@ -65,7 +67,8 @@ def main():
     model = to_dtype(build_model(ModelConfig(**CFG), seed=1 + rank), dtype)  # parallelize must broadcast
     names = {id(p): n for n, p in model.named_parameters()}
     par = parallelize(model, ParallelDims(dp=dp, cp=cp, tp=tp), fsdp=(strategy == "fsdp"),
-                      async_tp_chunks=chunks, cp_rotator=rotator, seq_len=T, plan=gpt2_plan(model))
+                      async_tp_chunks=chunks, cp_rotator=rotator, seq_len=T, plan=gpt2_plan(model),
+                      dp_replicate=replicas)
     m = par.model
     opt = bt.optim.AdamW(m.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     losses, grad_err, norms = [], 0.0, []

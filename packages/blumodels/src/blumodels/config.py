@@ -211,6 +211,7 @@ class ParallelConfig:
 
     dp: int = 0  # data-parallel replicas (DDP); 0 = what the other sizes leave of train.world_size
     fsdp: int = 1  # ranks that shard parameters, gradients and AdamW state (ZeRO-3) instead of replicating
+    #   (dp > 1 with fsdp > 1: hybrid sharding, HSDP: dp replicas of fsdp-way shards)
     tp: int = 1  # tensor parallel (Megatron: heads, MLP and vocabulary split)
     cp: int = 1  # context parallel (ring attention over the load-balanced sequence shards)
     cp_rotator: str = "p2p"  # how K/V blocks travel: "p2p" ring (next block in flight), "allgather", "alltoall"
@@ -272,23 +273,20 @@ class RunConfig:
         if p.cp_rotator not in CP_ROTATORS:
             raise ConfigError(f"parallel.cp_rotator must be one of {', '.join(CP_ROTATORS)}, got {p.cp_rotator!r}"
                               f"{_did_you_mean(p.cp_rotator, CP_ROTATORS)}")
-        if p.sharded and m.family != "gpt2":
-            raise ConfigError(f"parallel.fsdp/tp/cp layouts are applied to model.family = 'gpt2' only (its plan is "
-                              f"blumodels.gpt2_parallelize); model.family = {m.family!r} trains data-parallel "
-                              f"(parallel.dp) or through its plan's own functions")
-        if p.dp > 1 and p.fsdp > 1:
-            raise ConfigError(f"parallel.dp={p.dp} with parallel.fsdp={p.fsdp}: replicated shards (hybrid sharding) "
-                              f"are not supported; use parallel.fsdp={p.dp * p.fsdp} (dp=1) or fsdp=1")
+        fam = model_registry().get(m.family) if m.family in model_registry() else None
+        if p.sharded and fam is not None and not hasattr(fam, "parallel_plan"):
+            raise ConfigError(f"parallel.fsdp/tp/cp: model.family = {m.family!r} has no parallel plan (its family "
+                              f"plugin defines no parallel_plan(model)); it trains data-parallel (parallel.dp)")
         sz = p.sizes(t.world_size)
         prod = sz["dp"] * sz["fsdp"] * sz["tp"] * sz["cp"]
         if prod != t.world_size:
             raise ConfigError(f"parallel sizes dp={sz['dp']}{' (from parallel.dp=0)' if not p.dp else ''} x "
                               f"fsdp={p.fsdp} x tp={p.tp} x cp={p.cp} = {prod} != train.world_size="
                               f"{t.world_size}")
-        if m.n_head % p.tp:
-            raise ConfigError(f"parallel.tp={p.tp} does not divide model.n_head={m.n_head}")
-        if (4 * m.d_model) % p.tp:
-            raise ConfigError(f"parallel.tp={p.tp} does not divide the MLP width 4*model.d_model={4 * m.d_model}")
+        shapes = fam.parallel_shapes(m) if hasattr(fam, "parallel_shapes") else {"model.n_head": m.n_head}
+        for what, size in shapes.items():
+            if size % p.tp:
+                raise ConfigError(f"parallel.tp={p.tp} does not divide {what}={size}")
         if m.vocab_size and m.padded_vocab_size % p.tp:
             raise ConfigError(f"parallel.tp={p.tp} does not divide the padded vocabulary {m.padded_vocab_size} "
                               f"(model.vocab_size rounded up to model.vocab_multiple={m.vocab_multiple})")
@@ -297,10 +295,6 @@ class RunConfig:
                               f"(each rank holds two load-balanced chunks of the causal sequence)")
         if p.sharded:
             what = ", ".join(f"parallel.{k}={getattr(p, k)}" for k in ("fsdp", "tp", "cp") if getattr(p, k) > 1)
-            if t.precision == "bf16":
-                raise ConfigError(f"{what} with train.precision='bf16' is not supported: FSDP's root shards, TP's "
-                                  "vocabulary split and CP's ring attention act on the parameters and attention "
-                                  "calls, which autocast replaces by bf16 copies; use 'fp32' or 'tf32'")
             if p.cp > 1 and m.dropout > 0:
                 raise ConfigError(f"parallel.cp={p.cp} needs model.dropout = 0 (ring attention runs without "
                                   f"attention dropout), got {m.dropout}")

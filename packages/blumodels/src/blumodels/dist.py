@@ -1,5 +1,5 @@
 """Parallel glue for the Trainer: one process group (dtms, optional), DDP wrapping or the ``[parallel]`` mesh
-(FSDP / TP / CP through dtms' ``mesh`` plugin and GPT-2's plan), scalar averages.
+(FSDP / HSDP / TP / CP through dtms' ``mesh`` plugin and the model family's plan), scalar averages.
 
 A single process needs nothing from here (``Dist.single()``); ``train.world_size > 1`` requires dtms
 (``pip install blumodels[dist]``) and a launcher (``blurun``, ``mpirun``/``mpiexec``, ``srun``).
@@ -66,12 +66,18 @@ class Dist:
         return DistributedDataParallel(model, self.pg)
 
     def _parallelize(self, model: Any, cfg: Any) -> Any:
-        """Apply dtms' registered ``mesh`` strategy (TP, then CP, then FSDP or DDP) with GPT-2's plan."""
+        """Apply dtms' registered ``mesh`` strategy (TP, then CP, then FSDP or DDP) with the plan of the model's
+        family plugin (``parallel_plan(model)``, kept beside the model: GPT-2's, Llama's)."""
         from blutensor.plugin.manager import get_host
         from blutensor.plugin.registry import PluginError
         from dtms.parallel import MeshError, ParallelDims
 
-        from blumodels.gpt2_parallelize import decay_key, gpt2_plan
+        from blumodels.families import family
+        from blumodels.gpt2_parallelize import decay_key
+
+        make_plan = getattr(family(cfg.model.family), "parallel_plan", None)
+        if make_plan is None:
+            raise ConfigError(f"[parallel]: model.family = {cfg.model.family!r} has no parallel plan")
 
         p = cfg.parallel
         sz = p.sizes(self.world)
@@ -82,8 +88,8 @@ class Dist:
             raise ConfigError(f"[parallel] needs dtms' 'mesh' parallel strategy plugin: {e}") from None
         try:
             self.par = strategy.apply(model, dims, group=self.pg, fsdp=p.fsdp > 1, async_tp_chunks=max(p.tp_async, 1),
-                                      cp_rotator=p.cp_rotator, plan=gpt2_plan(model), seq_len=cfg.train.seq_len,
-                                      param_key=decay_key)
+                                      cp_rotator=p.cp_rotator, plan=make_plan(model), seq_len=cfg.train.seq_len,
+                                      param_key=decay_key, dp_replicate=sz["dp"] if p.fsdp > 1 else 1)
         except MeshError as e:
             raise ConfigError(f"[parallel]: {e}") from None
         return self.par.model

@@ -47,6 +47,18 @@ class GPT2Family:
         return count_params(cfg)
 
     @staticmethod
+    def parallel_plan(model: Any) -> Any:
+        """The ``dtms.parallel.ParallelPlan`` the Trainer applies for a ``[parallel]`` layout (FSDP, TP, CP)."""
+        from blumodels.gpt2_parallelize import gpt2_plan
+
+        return gpt2_plan(model)
+
+    @staticmethod
+    def parallel_shapes(cfg: Any) -> dict[str, int]:
+        """Sizes tensor parallelism divides, by the words a config error names them with."""
+        return {"model.n_head": cfg.n_head, "the MLP width 4*model.d_model": 4 * cfg.d_model}
+
+    @staticmethod
     def build(config: Any, device: Any = None, seed: int | None = None) -> Any:
         """A GPT2 from a ModelConfig (or a RunConfig, whose .model is used, or a dict of model.* keys)."""
         from blumodels.config import ConfigError, ModelConfig, model_config

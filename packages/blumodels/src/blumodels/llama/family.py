@@ -31,6 +31,21 @@ class LlamaFamily:
         return count_params(cfg)
 
     @staticmethod
+    def parallel_plan(model: Any) -> Any:
+        """The ``dtms.parallel.ParallelPlan`` the Trainer applies for a ``[parallel]`` layout (FSDP, TP, CP)."""
+        from blumodels.llama.parallelize import llama_plan
+
+        return llama_plan(model)
+
+    @staticmethod
+    def parallel_shapes(cfg: Any) -> dict[str, int]:
+        """Sizes tensor parallelism divides, by the words a config error names them with."""
+        from blumodels.llama.model import ffn_hidden, kv_heads
+
+        return {"model.n_head": cfg.n_head, "the key/value heads (model.n_kv_heads)": kv_heads(cfg),
+                "the SwiGLU width (model.ffn_hidden)": ffn_hidden(cfg)}
+
+    @staticmethod
     def build(config: Any, device: Any = None, seed: int | None = None) -> Any:
         """A Llama from a ModelConfig (or a RunConfig, whose .model is used, or a dict of model.* keys)."""
         from blumodels.config import ConfigError, ModelConfig, model_config

@@ -1,10 +1,13 @@
-"""The llama family's parallel plan: tensor-parallel styles per module-name pattern (dtms' plan format) and
-``parallelize_llama``, which applies TP, then FSDP or DDP, from outside the model through ``dtms.parallel``.
+"""The llama family's parallel plan (``llama_plan``, what the Trainer applies for a ``[parallel]`` layout through
+the family plugin) and ``parallelize_llama``, which applies TP, then CP, then FSDP or DDP, from outside the
+model through ``dtms.parallel``.
 
 Tensor parallelism splits q/k/v, gate and up column-wise and o/down row-wise; each rank keeps n_head/tp query
 heads and n_kv_heads/tp key/value heads (rank r's query heads use exactly rank r's key/value heads, so grouped
 attention needs no communication). A tied token embedding is split over the vocabulary (vocab-parallel
-embedding, logits and cross-entropy); an untied lm_head and the embedding stay replicated.
+embedding, logits and cross-entropy); an untied lm_head and the embedding stay replicated. Context parallelism
+gives every ``rope`` op the rotary table rows of the local tokens' global positions (the load-balanced causal
+chunks), from the model's full-length tables.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ LLAMA_PLAN = {
     "layers.*.mlp.gate_proj": ("colwise", {}),
     "layers.*.mlp.up_proj": ("colwise", {}),
     "layers.*.mlp.down_proj": ("rowwise", {}),
+    "layers.*.self_attn": ("heads", {"attrs": ("n_head", "n_kv_heads")}),
 }
 
 
@@ -32,38 +36,21 @@ def tp_plan(model) -> dict[str, tuple[str, dict]]:
 
 
 def llama_plan(model) -> Any:
-    """The ``dtms.parallel.ParallelPlan`` of a built Llama (heads are divided by :func:`parallelize_llama`, which
-    also cuts the key/value heads of grouped attention)."""
+    """The ``dtms.parallel.ParallelPlan`` of a built Llama: TP styles (heads and key/value heads divided by tp),
+    the FSDP units (one per decoder layer) and the full-length rotary tables context parallelism re-indexes."""
     from dtms.parallel import ParallelPlan
+
+    from blumodels.llama.model import ffn_hidden, kv_heads
 
     c = model.config
     return ParallelPlan(tp=tp_plan(model), fsdp_units="layers.*",
-                        shape_checks={"n_head": c.n_head, "d_model": c.d_model, "vocab_size": c.padded_vocab_size})
+                        rotary=lambda device: model.rope(0, c.block_size, device),
+                        shape_checks={"n_head": c.n_head, "vocab_size": c.padded_vocab_size, "n_kv_heads": kv_heads(c),
+                                      "ffn_hidden": ffn_hidden(c)})
 
 
 def parallelize_llama(model, dims, **kwargs: Any):
-    """``dtms.parallel.parallelize`` with the llama plan; the heads of every attention are cut for TP.
-
-    Context parallelism is refused: its sequence shards would need their own rotary positions.
-    """
+    """``dtms.parallel.parallelize`` with :func:`llama_plan` (TP, then CP, then FSDP or DDP)."""
     from dtms.parallel import parallelize
-    from dtms.parallel.mesh import MeshError
 
-    from blumodels.llama.model import Attention, ffn_hidden
-
-    cfg = model.config
-    if dims.cp > 1:
-        raise MeshError(f"llama: context parallelism (cp={dims.cp}) is not supported: each sequence shard would need "
-                        "its own rotary positions; use tp, fsdp or dp")
-    kv = cfg.n_kv_heads or cfg.n_head
-    if dims.tp > 1 and (cfg.n_head % dims.tp or kv % dims.tp or ffn_hidden(cfg) % dims.tp):
-        raise MeshError(f"llama: tp={dims.tp} must divide model.n_head={cfg.n_head}, the key/value heads ({kv}) and "
-                        f"the SwiGLU width ({ffn_hidden(cfg)})")
-    plan = llama_plan(model)
-    par = parallelize(model, dims, plan=plan, **kwargs)
-    if dims.tp > 1:
-        for m in model.modules():
-            if isinstance(m, Attention):
-                m.n_head //= dims.tp
-                m.n_kv_heads //= dims.tp
-    return par
+    return parallelize(model, dims, plan=llama_plan(model), **kwargs)

@@ -19,6 +19,22 @@ def _wrap(arr, like: Tensor) -> Tensor:
     return Tensor._from_data(arr, like.dtype, like.device)
 
 
+def all_reduced(t: Tensor, group: ProcessGroup, op: str = "sum") -> Tensor:
+    """A new tensor: ``t`` all-reduced over ``group``. bfloat16 is reduced in float32 and rounded once (MPI
+    and NCCL would otherwise see raw 16-bit storage; one rounding keeps the sum of partials exact in fp32)."""
+    import blutensor as bt
+
+    if t.dtype is bt.bfloat16:
+        with bt.no_grad():
+            wide = t.detach().to(bt.float32)
+            arr = wide._data.copy()
+            group.all_reduce(arr, op=op)
+            return Tensor._from_data(arr, bt.float32, t.device).to(bt.bfloat16)
+    arr = _copy(t)
+    group.all_reduce(arr, op=op)
+    return _wrap(arr, t)
+
+
 class CommStats:
     """Counts collectives issued by the ops below (tests read them)."""
 
@@ -73,10 +89,9 @@ class CopyToGroup(Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        arr = _copy(g)
-        ctx.group.all_reduce(arr, op="sum")
+        out = all_reduced(g, ctx.group, "sum")
         STATS.add("tp_all_reduce_bwd")
-        return _wrap(arr, g), None
+        return out, None
 
 
 class ReduceFromGroup(Function):
@@ -84,10 +99,9 @@ class ReduceFromGroup(Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, group: ProcessGroup):
-        arr = _copy(x)
-        group.all_reduce(arr, op="sum")
+        out = all_reduced(x, group, "sum")
         STATS.add("tp_all_reduce_fwd")
-        return _wrap(arr, x)
+        return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
@@ -104,6 +118,4 @@ class AllReduceGrad(Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        arr = _copy(g)
-        ctx.group.all_reduce(arr, op=ctx.op)
-        return _wrap(arr, g), None, None
+        return all_reduced(g, ctx.group, ctx.op), None, None

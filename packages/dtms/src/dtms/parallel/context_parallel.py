@@ -332,14 +332,17 @@ class RingAttention(Function):
 
 
 class ContextParallel:
-    """Dispatch observer: causal sdpa -> ring attention; positional embedding -> global positions."""
+    """Dispatch observer: causal sdpa -> ring attention; positional embedding, or the rotary tables of ``rope``
+    ops (``rotary``: device -> full-length (cos, sin)), -> the local tokens' global positions."""
 
-    def __init__(self, group: ProcessGroup, rotator: str = "p2p", position_weight=None):
+    def __init__(self, group: ProcessGroup, rotator: str = "p2p", position_weight=None, rotary=None):
         if rotator not in ROTATORS:
             raise ValueError(f"context parallel: rotator must be one of {sorted(ROTATORS)}, got {rotator!r}")
         self.group = group
         self.rotator = ROTATORS[rotator](group)
         self.position_weight = position_weight
+        self.rotary = rotary
+        self._tables: dict = {}  # (device, T_local) -> the local positions' (cos, sin)
         self._busy = False
 
     def __call__(self, op, inputs, attrs, run):
@@ -348,10 +351,26 @@ class ContextParallel:
         if op == "sdpa":
             if not attrs.get("is_causal") or inputs[3] is not None or attrs.get("dropout_p", 0.0) > 0:
                 raise NotImplementedError("context parallel supports causal attention without mask or dropout")
-            if inputs[0].dtype.name not in ("float32", "float64"):
-                raise NotImplementedError(f"context parallel ring attention runs float32/float64, got "
-                                          f"{inputs[0].dtype.name} (use train.precision fp32 or tf32 with cp > 1)")
-            return RingAttention.apply(inputs[0], inputs[1], inputs[2], self)
+            q, k, v = inputs[:3]
+            if q.dtype is bt.bfloat16:  # autocast: the ring exchanges and merges float32 blocks, output bf16
+                self._busy = True
+                try:
+                    q, k, v = (t.to(bt.float32) for t in (q, k, v))
+                    return RingAttention.apply(q, k, v, self).to(bt.bfloat16)
+                finally:
+                    self._busy = False
+            if q.dtype.name not in ("float32", "float64"):
+                raise NotImplementedError(f"context parallel ring attention runs float32/float64/bfloat16, got "
+                                          f"{q.dtype.name}")
+            return RingAttention.apply(q, k, v, self)
+        if op == "rope" and self.rotary is not None:
+            x = inputs[0]
+            cos, sin = self._local_tables(x.device, x.shape[-3])
+            self._busy = True
+            try:
+                return bt.nn.functional.rope(x, cos, sin)
+            finally:
+                self._busy = False
         if op == "embedding" and self.position_weight is not None and inputs[1] is self.position_weight:
             idx = inputs[0]
             T_local = idx.shape[-1]
@@ -364,6 +383,22 @@ class ContextParallel:
             finally:
                 self._busy = False
         return run()
+
+    def _local_tables(self, device, T_local: int):
+        """Rows of the full rotary tables at this rank's global positions (built once per device and length)."""
+        key = (str(device), T_local)
+        got = self._tables.get(key)
+        if got is None:
+            cos, sin = self.rotary(device)
+            W = self.group.size()
+            if T_local * W > cos.shape[0]:
+                raise ValueError(f"context parallel: sequence of {T_local * W} positions exceeds the rotary "
+                                 f"tables' {cos.shape[0]}")
+            xp = bt.backend.xp_of(cos.device)
+            pos = xp.asarray(local_positions(T_local * W, self.group.rank(), W))
+            got = self._tables[key] = tuple(Tensor._from_data(xp.ascontiguousarray(xp.take(t._data, pos, axis=0)),
+                                                              t.dtype, t.device) for t in (cos, sin))
+        return got
 
     @contextlib.contextmanager
     def paused(self):
@@ -378,8 +413,9 @@ class ContextParallel:
         dispatch.remove_observer(self)
 
 
-def apply_context_parallel(group: ProcessGroup, rotator: str = "p2p", position_weight=None) -> ContextParallel:
+def apply_context_parallel(group: ProcessGroup, rotator: str = "p2p", position_weight=None,
+                           rotary=None) -> ContextParallel:
     """Install ring attention for causal sdpa over ``group``; returns a handle with ``close()``."""
-    cp = ContextParallel(group, rotator, position_weight)
+    cp = ContextParallel(group, rotator, position_weight, rotary)
     dispatch.add_observer(cp)
     return cp

@@ -31,8 +31,9 @@ from dtms.process_group import ProcessGroup
 class FlatShard:
     """A list of parameters flattened into one buffer of which this rank owns 1/W (padded)."""
 
-    def __init__(self, params: list, group: ProcessGroup):
+    def __init__(self, params: list, group: ProcessGroup, replicate: ProcessGroup | None = None):
         self.params, self.group = params, group
+        self.replicate = replicate if replicate is not None and replicate.size() > 1 else None
         self.shapes = [tuple(p.shape) for p in params]
         self.numels = [p.numel() for p in params]
         total = sum(self.numels)
@@ -100,6 +101,9 @@ class FlatShard:
         out = self.xp.empty(self.shard_size, dtype=flat.dtype)
         self.group.reduce_scatter(out, flat, op="avg")
         STATS.add("fsdp_reduce_scatter")
+        if self.replicate is not None:  # hybrid sharding: the replicas' shards averaged (equal-sized groups)
+            self.replicate.all_reduce(out, op="avg")
+            STATS.add("fsdp_replicate_all_reduce")
         if self.shard.grad is None:
             self.shard.grad = Tensor._from_data(out, self.shard.dtype, self.shard.device)
         else:
@@ -109,12 +113,12 @@ class FlatShard:
 class Flats:
     """The flat shards of one unit (one per parameter kind, e.g. decayed / not decayed), used together."""
 
-    def __init__(self, params: list, group: ProcessGroup, key=None):
+    def __init__(self, params: list, group: ProcessGroup, key=None, replicate: ProcessGroup | None = None):
         kinds: dict = {}
         for p in params:
             kinds.setdefault(key(p) if key is not None else None, []).append(p)
         self.keys = list(kinds)
-        self.parts = [FlatShard(ps, group) for ps in kinds.values()]
+        self.parts = [FlatShard(ps, group, replicate) for ps in kinds.values()]
         for k, f in zip(self.keys, self.parts):
             f.shard.fsdp_key = k  # which parameter kind this shard holds (FSDP.param_groups)
         self.params = [p for f in self.parts for p in f.params]
@@ -150,7 +154,7 @@ class _UnitFn(Function):
     @staticmethod
     def forward(ctx, x: Tensor, shard: Tensor, unit: FSDPUnit, rest: tuple = ()):
         # rest: the unit's other inputs (e.g. rotary tables), passed through as they are; no gradient reaches them
-        ctx.unit, ctx.x, ctx.rng = unit, x.detach(), bt.get_rng_state()
+        ctx.unit, ctx.x, ctx.rng, ctx.amp = unit, x.detach(), bt.get_rng_state(), bt.amp.state()
         ctx.rest = tuple(r.detach() if isinstance(r, Tensor) else r for r in rest)
         unit.flat.gather()
         if unit.next is not None:
@@ -174,8 +178,9 @@ class _UnitFn(Function):
         try:
             TIMELINE.mark("fsdp_compute_begin", unit=unit.flat.label, phase="bwd")
             with bt.enable_grad():
-                xi = ctx.x.detach().requires_grad_(True)
-                y = unit.module(xi, *ctx.rest)
+                with bt.amp.restore(ctx.amp):  # the recompute in the forward's precision (bf16 autocast)
+                    xi = ctx.x.detach().requires_grad_(True)
+                    y = unit.module(xi, *ctx.rest)
                 y.backward(g)
             TIMELINE.mark("fsdp_compute_end", unit=unit.flat.label, phase="bwd")
             unit.flat.reduce_grads()
@@ -222,10 +227,10 @@ class _RootOpFn(Function):
 class FSDPUnit(Module):
     """A wrapped submodule whose parameters exist only as 1/W flat shards between uses."""
 
-    def __init__(self, module: Module, group: ProcessGroup, key=None):
+    def __init__(self, module: Module, group: ProcessGroup, key=None, replicate: ProcessGroup | None = None):
         super().__init__()
         object.__setattr__(self, "module", module)  # not registered: its full params are transient
-        object.__setattr__(self, "flat", Flats(list(module.parameters()), group, key))
+        object.__setattr__(self, "flat", Flats(list(module.parameters()), group, key, replicate))
         object.__setattr__(self, "next", None)
         object.__setattr__(self, "prev", None)
         for i, sh in enumerate(self.flat.shards):
@@ -252,11 +257,13 @@ class FullyShardedDataParallel(Module):
     a unit (e.g. ``lambda p: p.ndim >= 2`` keeps weight-decayed and undecayed parameters apart, so AdamW
     param groups stay exact: :meth:`param_groups`). ``tp_sharded``: ids of parameters that tensor
     parallelism split over ``tp_group`` (their squares are summed over it in :meth:`clip_grad_norm_`).
+    ``replicate_group`` (hybrid sharding, HSDP): ranks holding the same shards in other replicas; each
+    reduce-scattered gradient shard is then averaged over it (PyTorch's ``HYBRID_SHARD``).
     """
 
     def __init__(self, model: Module, process_group: ProcessGroup | None = None,
                  unit_pattern: str = "blocks.*", param_key=None, tp_group: ProcessGroup | None = None,
-                 tp_sharded: set[int] | None = None):
+                 tp_sharded: set[int] | None = None, replicate_group: ProcessGroup | None = None):
         super().__init__()
         group = process_group or world.get_default_group()
         if not isinstance(group, ProcessGroup):
@@ -277,7 +284,7 @@ class FullyShardedDataParallel(Module):
         for name, mod in list(model.named_modules()):
             if name and fnmatch.fnmatchcase(name, unit_pattern) and name.count(".") == unit_pattern.count("."):
                 parent, leaf = _parent(model, name)
-                u = FSDPUnit(mod, group, param_key)
+                u = FSDPUnit(mod, group, param_key, replicate_group)
                 setattr(parent, leaf, u)
                 units.append(u)
         for a, b in zip(units, units[1:]):
@@ -289,7 +296,7 @@ class FullyShardedDataParallel(Module):
         for name, p in model.named_parameters():  # tied parameters appear once, under their first module
             if id(p) not in unit_ids:
                 by_module.setdefault(name.split(".")[0], []).append(p)
-        roots = [Flats(ps, group, param_key) for ps in by_module.values()]
+        roots = [Flats(ps, group, param_key, replicate_group) for ps in by_module.values()]
         for name, f in zip(by_module, roots):
             f.label = f"root_{name}"
         for i, u in enumerate(units):

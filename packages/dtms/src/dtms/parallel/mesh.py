@@ -29,8 +29,10 @@ class ParallelDims:
         return self.dp * self.cp * self.tp
 
     def validate(self, world_size: int, n_head: int | None = None, seq_len: int | None = None,
-                 vocab_size: int | None = None, d_model: int | None = None) -> None:
-        """Raise MeshError naming what does not fit (no communication happens here)."""
+                 vocab_size: int | None = None, d_model: int | None = None, n_kv_heads: int | None = None,
+                 ffn_hidden: int | None = None) -> None:
+        """Raise MeshError naming what does not fit (no communication happens here). ``d_model`` checks a
+        4*d_model MLP; ``ffn_hidden`` another MLP width (e.g. SwiGLU's); ``n_kv_heads`` grouped-query heads."""
         for name in ("dp", "cp", "tp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -42,6 +44,11 @@ class ParallelDims:
             raise MeshError(f"tensor parallel: n_head={n_head} is not divisible by tp={self.tp}")
         if d_model is not None and (4 * d_model) % self.tp:
             raise MeshError(f"tensor parallel: MLP width 4*d_model={4 * d_model} is not divisible by tp={self.tp}")
+        if n_kv_heads is not None and n_kv_heads % self.tp:
+            raise MeshError(f"tensor parallel: n_kv_heads={n_kv_heads} (key/value heads) is not divisible by "
+                            f"tp={self.tp}")
+        if ffn_hidden is not None and ffn_hidden % self.tp:
+            raise MeshError(f"tensor parallel: MLP width {ffn_hidden} is not divisible by tp={self.tp}")
         if vocab_size is not None and vocab_size % self.tp:
             raise MeshError(f"tensor parallel: vocabulary {vocab_size} is not divisible by tp={self.tp}")
         if seq_len is not None and seq_len % (2 * self.cp):
@@ -84,3 +91,18 @@ class Mesh:
                 mine = g
         assert mine is not None
         return mine
+
+    def hsdp(self, replicate: int) -> tuple[ProcessGroup, ProcessGroup]:
+        """(shard group, replicate group) of hybrid sharding: the dp dimension split into ``replicate``
+        replicas (outer) of ``dp // replicate`` shard ranks (inner, torchtitan's dp_replicate x dp_shard).
+        FSDP shards over the shard ranks x cp of one replica and all-reduces the reduced shards over the
+        replicas. Created collectively on every rank."""
+        d = self.dims
+        if replicate < 1 or d.dp % replicate:
+            raise MeshError(f"hybrid sharding: {replicate} replicas do not divide dp={d.dp}")
+        S = d.dp // replicate
+        shard = self._make(self.base, [[d.rank_of(a * S + s, c, t) for s in range(S) for c in range(d.cp)]
+                                       for a in range(replicate) for t in range(d.tp)])
+        rep = self._make(self.base, [[d.rank_of(a * S + s, c, t) for a in range(replicate)]
+                                     for s in range(S) for c in range(d.cp) for t in range(d.tp)])
+        return shard, rep

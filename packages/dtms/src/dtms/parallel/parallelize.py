@@ -259,14 +259,17 @@ def _tp_layout(model: Module, tp: TensorParallel | None) -> dict:
 def parallelize(model: Module, dims: ParallelDims, *, group: ProcessGroup | None = None, fsdp: bool = False,
                 async_tp_chunks: int = 1, cp_rotator: str = "p2p", bucket_cap_mb: float = 25.0,
                 plan: ParallelPlan | None = None, seq_len: int | None = None,
-                param_key=None) -> Parallelized:
+                param_key=None, dp_replicate: int = 1) -> Parallelized:
     """Shard ``model`` over ``dims`` in torchtitan's order: tensor parallel, context parallel, then FSDP
     (``fsdp=True``: parameters sharded over every rank that sees other tokens, dp x cp) or DDP.
 
     ``plan`` (the model package's :class:`ParallelPlan`) says which modules TP splits, which are FSDP
     units and which weight is the positional embedding; its ``shape_checks`` and ``seq_len`` are
     validated with the mesh before any communication. ``param_key`` (FSDP): parameters of different keys
-    get different flat shards (``lambda p: p.ndim >= 2`` for AdamW's decay groups).
+    get different flat shards (``lambda p: p.ndim >= 2`` for AdamW's decay groups). ``dp_replicate``
+    (FSDP): hybrid sharding (HSDP): the dp ranks form this many replicas, each sharding the parameters over
+    its ``dp // dp_replicate`` ranks (x cp); gradient shards are reduce-scattered inside a replica, then
+    averaged across replicas.
     """
     base = group or world.get_default_group()
     plan = (plan or ParallelPlan()).check()
@@ -282,6 +285,11 @@ def parallelize(model: Module, dims: ParallelDims, *, group: ProcessGroup | None
         raise MeshError("context parallel: the model has a positional embedding but the plan does not name it "
                         "(ParallelPlan.position_weight)")
     dims.validate(base.size(), **checks)  # before any collective
+    if not isinstance(dp_replicate, int) or dp_replicate < 1 or dims.dp % dp_replicate:
+        raise MeshError(f"hybrid sharding: dp_replicate={dp_replicate!r} must be a positive integer dividing "
+                        f"dp={dims.dp}")
+    if dp_replicate > 1 and not fsdp:
+        raise MeshError(f"dp_replicate={dp_replicate} (hybrid sharding) needs fsdp=True")
     mesh = Mesh(dims, base, **checks)
     verify_params_across_ranks(base, list(model.named_parameters()), "parallelize")
     with bt.no_grad():  # identical full weights before sharding
@@ -289,12 +297,14 @@ def parallelize(model: Module, dims: ParallelDims, *, group: ProcessGroup | None
             base.broadcast(p._data, src=0)
     tp = apply_tensor_parallel(model, mesh.tp, plan.tp, async_tp_chunks) if dims.tp > 1 else None  # 1. TP
     layout = _tp_layout(model, tp) if tp is not None else {}
-    cp = apply_context_parallel(mesh.cp, cp_rotator, plan.position_weight) if dims.cp > 1 else None  # 2. CP
+    cp = apply_context_parallel(mesh.cp, cp_rotator, plan.position_weight, plan.rotary) \
+        if dims.cp > 1 else None  # 2. CP
     if fsdp:  # 3. FSDP over dp x cp (each rank of it sees other tokens), or DDP
         names = dict(model.named_parameters())
         sharded = {id(names[n]) for n in layout}
-        wrapped = FSDP(model, mesh.dp_cp, unit_pattern=plan.fsdp_units, param_key=param_key,
-                       tp_group=mesh.tp if dims.tp > 1 else None, tp_sharded=sharded)
+        shard_group, replicas = mesh.hsdp(dp_replicate) if dp_replicate > 1 else (mesh.dp_cp, None)
+        wrapped = FSDP(model, shard_group, unit_pattern=plan.fsdp_units, param_key=param_key,
+                       tp_group=mesh.tp if dims.tp > 1 else None, tp_sharded=sharded, replicate_group=replicas)
     elif mesh.dp_cp.size() > 1:
         wrapped = DDP(model, process_group=mesh.dp_cp, bucket_cap_mb=bucket_cap_mb)
     else:

@@ -20,16 +20,21 @@ class ParallelPlan:
 
     ``tp``: module-name pattern (fnmatch) -> (style, options); styles: ``colwise`` (output features split;
     ``chunks`` for a fused weight of stacked parts, e.g. QKV), ``rowwise`` (input features split, outputs
-    all-reduced), ``heads`` (an attention module's ``n_head`` divided by tp), ``vocab`` (an embedding tied
+    all-reduced), ``heads`` (an attention module's head counts divided by tp; option ``attrs``: which, default
+    ``("n_head",)``, ``("n_head", "n_kv_heads")`` for grouped-query attention), ``vocab`` (an embedding tied
     to the LM head, split on the vocabulary). ``fsdp_units``: submodules that become FSDP units.
     ``position_weight``: the positional embedding's weight (context parallelism gives it the global
-    positions of the local tokens). ``shape_checks``: sizes the mesh must divide (``n_head``,
-    ``d_model``, ``vocab_size``), checked before any communication.
+    positions of the local tokens). ``rotary``: for rotary position embeddings, a function of a device
+    returning the full-length (cos, sin) tables (positions 0..N-1, N >= the sequence length); context
+    parallelism gives each ``rope`` op the table rows of the local tokens' global positions.
+    ``shape_checks``: sizes the mesh must divide (``n_head``, ``n_kv_heads``, ``d_model`` (a 4*d_model MLP),
+    ``ffn_hidden``, ``vocab_size``), checked before any communication.
     """
 
     tp: dict[str, tuple[str, dict]] = field(default_factory=dict)
     fsdp_units: str = "blocks.*"
     position_weight: Any = None
+    rotary: Any = None
     shape_checks: dict[str, int] = field(default_factory=dict)
 
     def check(self) -> ParallelPlan:

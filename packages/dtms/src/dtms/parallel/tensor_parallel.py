@@ -40,6 +40,12 @@ def _bounds(n: int, chunks: int) -> list[tuple[int, int]]:
     return [(int(lo), int(hi)) for lo, hi in zip(b[:-1], b[1:]) if hi > lo]
 
 
+def _wide(x: Tensor) -> Tensor:
+    """bfloat16 activations (autocast) widened for async TP's chunked float32 GEMMs: the chunks' partial sums
+    are all-reduced in float32 and rounded once, not per rank."""
+    return x.to(bt.float32) if x.dtype is bt.bfloat16 else x
+
+
 class _ColumnParallelAsync(Function):
     """y = x @ w_local^T + b_local (x replicated). Backward, in token chunks: chunk i's input gradient (dgrad
     GEMM) has its all-reduce posted at once (the communication stream on NCCL) while chunk i+1's dgrad and then
@@ -101,7 +107,7 @@ class ColumnParallelLinear(Module):
 
     def forward(self, x):
         if self.async_chunks > 1:
-            return _ColumnParallelAsync.apply(x, self.weight, self.bias, self.group, self.async_chunks)
+            return _ColumnParallelAsync.apply(_wide(x), self.weight, self.bias, self.group, self.async_chunks)
         x = CopyToGroup.apply(x, self.group)
         return bt.nn.functional.linear(x, self.weight, self.bias)
 
@@ -156,7 +162,7 @@ class RowParallelLinear(Module):
 
     def forward(self, x):
         if self.async_chunks > 1:
-            y = _RowParallelAsync.apply(x, self.weight, self.group, self.async_chunks)
+            y = _RowParallelAsync.apply(_wide(x), self.weight, self.group, self.async_chunks)
         else:
             y = ReduceFromGroup.apply(bt.nn.functional.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
@@ -230,6 +236,7 @@ class VocabParallel:
     def __init__(self, weight: Parameter, group: ProcessGroup, lo: int):
         self.weight, self.group, self.lo = weight, group, lo
         self._logits = set()
+        self._wcast = None
         self._busy = False
 
     def __call__(self, op, inputs, attrs, run):
@@ -237,16 +244,19 @@ class VocabParallel:
             return run()
         if op == "embedding" and inputs[1] is self.weight:
             return _VocabEmbedding.apply(inputs[0], self.weight, self.group, self.lo)
-        if op == "linear" and len(inputs) >= 2 and inputs[1] is self.weight:
+        if op == "cast" and inputs[0] is self.weight:  # autocast's bf16 copy of the shard (kept to recognise it)
+            self._wcast = run()
+            return self._wcast
+        if op == "linear" and len(inputs) >= 2 and (inputs[1] is self.weight or self._is_weight_cast(inputs[1])):
             x = CopyToGroup.apply(inputs[0], self.group)
             self._busy = True
             try:
-                out = bt.nn.functional.linear(x, self.weight)
+                out = bt.nn.functional.linear(x, inputs[1])  # the weight, or autocast's bf16 copy of it
             finally:
                 self._busy = False
             self._logits.add(id(out))
             return out
-        if op in ("view", "reshape") and id(inputs[0]) in self._logits:
+        if op in ("view", "reshape", "cast") and id(inputs[0]) in self._logits:
             out = run()
             self._logits.add(id(out))
             return out
@@ -254,9 +264,25 @@ class VocabParallel:
             self._logits.clear()
             if attrs.get("reduction", "mean") != "mean" or attrs.get("label_smoothing", 0.0):
                 raise NotImplementedError("vocabulary-parallel cross_entropy supports reduction='mean' only")
-            return _VocabCrossEntropy.apply(inputs[0], inputs[1], self.group, self.lo,
+            logits = inputs[0]
+            if logits.dtype is bt.bfloat16:  # autocast's bf16 logits: the sharded softmax runs in float32
+                self._busy = True
+                try:
+                    logits = logits.to(bt.float32)
+                finally:
+                    self._busy = False
+            return _VocabCrossEntropy.apply(logits, inputs[1], self.group, self.lo,
                                             attrs.get("ignore_index", -100))
         return run()
+
+    def _is_weight_cast(self, w) -> bool:
+        """Whether ``w`` is a cast of the sharded weight (autocast's cached bf16 copy, made here or precast)."""
+        if w is self._wcast:
+            return True
+        fn = getattr(w, "grad_fn", None)
+        if fn is None or getattr(fn, "op", None) != "cast" or not fn.next:
+            return False
+        return getattr(fn.next[0], "tensor", None) is self.weight
 
 
 class TensorParallel:
@@ -285,11 +311,14 @@ def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict,
             if not fnmatch.fnmatchcase(name, pat):
                 continue
             if style == "heads":
-                if mod.n_head % n:
-                    raise ValueError(f"tensor parallel: {name}.n_head={mod.n_head} not divisible by tp={n}")
+                attrs = tuple(opts.get("attrs", ("n_head",)))
+                for a in attrs:
+                    if getattr(mod, a) % n:
+                        raise ValueError(f"tensor parallel: {name}.{a}={getattr(mod, a)} not divisible by tp={n}")
                 if not hasattr(mod, "head_dim"):
                     object.__setattr__(mod, "head_dim", mod.d_model // mod.n_head)
-                object.__setattr__(mod, "n_head", mod.n_head // n)
+                for a in attrs:
+                    object.__setattr__(mod, a, getattr(mod, a) // n)
                 continue
             parent, leaf = _parent(model, name)
             if style == "colwise":
