@@ -131,7 +131,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """h = x + attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h))."""
+    """h = x + attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h)).
+
+    The residual add after attention and the post-attention RMSNorm are one fused op (``F.add_rms_norm``: one
+    pass over the rows each way; under autocast the normalised output comes out bf16 for the MLP's GEMMs)."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
@@ -141,8 +144,10 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, device)
 
     def forward(self, x, cos, sin, cache=None, layer: int = 0):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
+        norm = self.post_attention_layernorm
+        h, y = F.add_rms_norm(a, x, norm.normalized_shape, norm.weight, norm.eps)
+        return h + self.mlp(y)
 
 
 class Llama(nn.Module):

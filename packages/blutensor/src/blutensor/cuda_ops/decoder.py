@@ -103,6 +103,55 @@ class RmsNormCuda(Kernel):
         return (None if dx is None else dx.reshape(shape)), dw
 
 
+def _sfx(dtype) -> str:
+    return "bf16" if np.dtype(dtype) == np.uint16 else "f32"
+
+
+def add_rms_norm_forward(x2, r2, w, eps: float, y_dtype):
+    """(h, y, rstd) for contiguous rows x2, r2 (N, C): h = x2 + r2 (r2's storage), y = rms_norm(h) * w in
+    ``y_dtype`` storage (float32 or uint16 bf16 bits); w (C,) or None (then f32 is assumed for the entry name)."""
+    cp = cupy()
+    N, C = x2.shape
+    h = cp.empty_like(r2)
+    y = cp.empty((N, C), dtype=y_dtype)
+    rstd = cp.empty((N,), dtype=cp.float32)
+    if N:
+        tag = "_".join(_sfx(a) for a in (x2.dtype, r2.dtype, y_dtype, np.float32 if w is None else w.dtype))
+        launch("add_rms_norm.cu", f"blu_add_rms_norm_forward_{tag}", _row_grid(N), _BLOCK,
+               (x2, r2, ptr(w), h, y, rstd, np.int64(N), np.int32(C), np.float32(eps)))
+    return h, y, rstd
+
+
+def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool):
+    """(dres, dx, dw): the gradient of the sum in h's storage (dres) and, when x's storage differs, in x's (dx,
+    else None: dres serves both); dw (w's storage) as fixed-order sums over DW_SLICES row slices, when asked.
+    ``gy2`` (gradient of y) and ``gh2`` (gradient reaching h) may each be None."""
+    cp = cupy()
+    N, C = h2.shape
+    y_dtype = np.float32 if gy2 is None else gy2.dtype
+    w_dtype = np.float32 if w is None else w.dtype
+    tag = "_".join(_sfx(a) for a in (x_dtype, h2.dtype, y_dtype, w_dtype))
+    dres = cp.empty_like(h2)
+    dx = None if np.dtype(x_dtype) == h2.dtype else cp.empty((N, C), dtype=x_dtype)
+    if N:
+        launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_{tag}", _row_grid(N), _BLOCK,
+               (ptr(gy2), ptr(gh2), h2, ptr(w), rstd, dres, ptr(dx), np.int64(N), np.int32(C)))
+    dw = None
+    if need_dw and w is not None:
+        dw = cp.empty((C,), dtype=w.dtype)
+        if gy2 is None or not N:
+            dw.fill(0)
+        else:
+            S = max(1, min(DW_SLICES, N))
+            part = cp.empty((S, C), dtype=cp.float32)
+            cols = -(-C // _BLOCK)
+            launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_dw_{_sfx(gy2.dtype)}_{_sfx(h2.dtype)}", (cols, S),
+                   _BLOCK, (gy2, h2, rstd, part, np.int64(N), np.int32(C)))
+            launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_reduce_{_sfx(w.dtype)}", cols, _BLOCK,
+                   (part, dw, np.int32(S), np.int32(C)))
+    return dres, dx, dw
+
+
 def rope_apply(x, cos, sin, backward: bool = False):
     """The rotation of contiguous x (..., T, H, D) by fp32 tables (T, D/2); ``backward``: the inverse."""
     cp = cupy()
