@@ -716,9 +716,16 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
 
     ``enable_gqa=True`` (grouped-query attention, PyTorch's flag): k and v may have fewer heads (dim -3) than q,
     a divisor of q's; each K/V head serves ``Hq // Hkv`` consecutive query heads. The heads are repeated here
-    (a differentiable expand + reshape whose backward sums the group), so every attention kernel sees equal heads.
+    (a differentiable expand + reshape whose backward sums the group), so every attention kernel sees equal heads --
+    except on CUDA, where the flash kernels read each group's K/V head in place (``cuda_ops.sdpa_gqa``).
     """
     if enable_gqa:
+        if getattr(q, "device", None) is not None and q.device.type == "cuda" and not dropout_p:
+            from blutensor.cuda_ops import sdpa_gqa
+
+            variant = sdpa_gqa.applies(q, k, v, attn_mask, dropout_p)
+            if variant is not None:  # shapes and dtypes checked there
+                return sdpa_gqa.sdpa_gqa(q, k, v, is_causal, scale, variant)
         k, v = _repeat_kv_heads(q, k, v)
     _check_sdpa(q, k, v, attn_mask, dropout_p, is_causal)
     seed = off = 0
