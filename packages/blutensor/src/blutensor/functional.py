@@ -563,11 +563,15 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
     return _fused(x, residual, normalized_shape, weight, float(eps), y_dtype)
 
 
-def rope(x, cos, sin):
+def rope(x, cos, sin, transpose: bool = False):
     """Rotary position embedding of ``x`` (..., T, H, D) with angle tables cos/sin (T, D/2), in the
     rotate-half layout of Hugging Face's Llama: the pair (i, i + D/2) of each head is rotated by angle[t, i].
-    The tables stay float32 whatever the dtype of ``x``; no gradient flows into them."""
+    The tables stay float32 whatever the dtype of ``x``; no gradient flows into them. ``transpose=True``
+    returns the result as a contiguous (..., H, T, D), the layout attention reads (on CUDA one kernel rotates and
+    transposes, each way: ``rope(x).transpose(-3, -2).contiguous()`` without the copy)."""
     _floating(x, "rope")
+    if transpose:
+        return apply("rope", x, cos, sin, transpose=True)
     return apply("rope", x, cos, sin)
 
 

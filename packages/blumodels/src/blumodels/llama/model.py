@@ -100,8 +100,9 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache=None, layer: int = 0):
         B, T, _ = x.shape
         H, Hk, hd = self.n_head, self.n_kv_heads, self.head_dim
-        q = F.rope(self.q_proj(x).view(B, T, H, hd), cos, sin).transpose(1, 2)
-        k = F.rope(self.k_proj(x).view(B, T, Hk, hd), cos, sin).transpose(1, 2)
+        # rotated and laid out (B, heads, T, hd) for attention in one pass each (no transpose copies)
+        q = F.rope(self.q_proj(x).view(B, T, H, hd), cos, sin, transpose=True)
+        k = F.rope(self.k_proj(x).view(B, T, Hk, hd), cos, sin, transpose=True)
         v = self.v_proj(x).view(B, T, Hk, hd).transpose(1, 2)
         p = self.dropout if self.training else 0.0
         if cache is None:

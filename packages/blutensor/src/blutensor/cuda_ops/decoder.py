@@ -152,20 +152,31 @@ def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool):
     return dres, dx, dw
 
 
-def rope_apply(x, cos, sin, backward: bool = False):
-    """The rotation of contiguous x (..., T, H, D) by fp32 tables (T, D/2); ``backward``: the inverse."""
+def rope_apply(x, cos, sin, backward: bool = False, transpose: bool = False):
+    """The rotation of contiguous x (..., T, H, D) by fp32 tables (T, D/2); ``backward``: the inverse.
+
+    ``transpose``: forward writes (..., H, T, D); backward reads x as (..., H, T, D) and writes (..., T, H, D)."""
     cp = cupy()
-    T, H, D = x.shape[-3], x.shape[-2], x.shape[-1]
-    y = cp.empty_like(x)
+    if transpose and backward:
+        H, T, D = x.shape[-3], x.shape[-2], x.shape[-1]
+        y = cp.empty(x.shape[:-3] + (T, H, D), dtype=x.dtype)
+    elif transpose:
+        T, H, D = x.shape[-3], x.shape[-2], x.shape[-1]
+        y = cp.empty(x.shape[:-3] + (H, T, D), dtype=x.dtype)
+    else:
+        T, H, D = x.shape[-3], x.shape[-2], x.shape[-1]
+        y = cp.empty_like(x)
     pairs = x.size // 2
     if pairs:
-        launch("rope.cu", f"blu_rope_{'backward' if backward else 'forward'}_{suffix(x)}", _flat_grid(pairs), _BLOCK,
+        name = f"blu_rope_{'backward' if backward else 'forward'}_{'t_' if transpose else ''}{suffix(x)}"
+        launch("rope.cu", name, _flat_grid(pairs), _BLOCK,
                (x, cos, sin, y, np.int64(pairs), np.int32(T), np.int32(H), np.int32(D // 2)))
     return y
 
 
 class RopeCuda(Kernel):
-    """rope on CUDA: one thread per rotated pair, fp32 tables whatever the dtype of x."""
+    """rope on CUDA: one thread per rotated pair, fp32 tables whatever the dtype of x; ``transpose=True`` writes
+    the (..., H, T, D) layout attention reads in the same pass (and reads it back in the backward)."""
 
     PLUGIN_NAME = "blutensor.cuda.rope"
     OP = "rope"
@@ -175,24 +186,24 @@ class RopeCuda(Kernel):
     BF16_NATIVE = True
 
     @staticmethod
-    def forward(ctx, x, cos, sin):
+    def forward(ctx, x, cos, sin, transpose=False):
         ok = (x.dtype in _STORAGE and x.ndim >= 3 and x.shape[-1] % 2 == 0 and cos.dtype == np.float32
               and sin.dtype == np.float32 and tuple(cos.shape) == (x.shape[-3], x.shape[-1] // 2)
               and tuple(sin.shape) == tuple(cos.shape))
         if not ok:
-            return _fallback.forward(ctx, ref.rope_forward, (x, cos, sin), {}, bf16_inputs=(
+            return _fallback.forward(ctx, ref.rope_forward, (x, cos, sin), {"transpose": transpose}, bf16_inputs=(
                 _fallback.is_bf16(x), _fallback.is_bf16(cos), _fallback.is_bf16(sin)))
         cp = cupy()
         c, s = cp.ascontiguousarray(cos), cp.ascontiguousarray(sin)
-        ctx.saved = (c, s)
-        return rope_apply(cp.ascontiguousarray(x), c, s)
+        ctx.saved = (c, s, bool(transpose))
+        return rope_apply(cp.ascontiguousarray(x), c, s, transpose=bool(transpose))
 
     @staticmethod
     def backward(ctx, g):
         if _fallback.used(ctx):
             return _fallback.backward(ctx, ref.rope_backward, g)
-        c, s = ctx.saved
-        return rope_apply(cupy().ascontiguousarray(g), c, s, backward=True), None, None
+        c, s, transpose = ctx.saved
+        return rope_apply(cupy().ascontiguousarray(g), c, s, backward=True, transpose=transpose), None, None
 
 
 class SwigluCuda(Kernel):

@@ -64,15 +64,19 @@ def rotate(x, cos, sin):
     return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def rope_forward(ctx, x, cos, sin):
+def rope_forward(ctx, x, cos, sin, transpose=False):
+    """The rotation of x (..., T, H, D); ``transpose``: returned as a contiguous (..., H, T, D) (attention's layout)."""
     _check_rope(x, cos, sin)
-    ctx.saved = (cos, sin)
-    return rotate(x, cos, sin)
+    ctx.saved = (cos, sin, bool(transpose))
+    y = rotate(x, cos, sin)
+    return xp_of(y).ascontiguousarray(y.swapaxes(-3, -2)) if transpose else y
 
 
 def rope_backward(ctx, g):
-    """The rotation is orthogonal: the gradient is ``g`` rotated back (by -angle)."""
-    cos, sin = ctx.saved
+    """The rotation is orthogonal: the gradient is ``g`` rotated back (by -angle), in x's (..., T, H, D) layout."""
+    cos, sin, transpose = ctx.saved
+    if transpose:
+        g = g.swapaxes(-3, -2)
     return rotate(g, cos, -sin), None, None
 
 
