@@ -83,6 +83,37 @@ def test_matches_float64_reference_cpu(dtype, grads, weight):
         np.testing.assert_allclose(wt.grad.numpy(), DW, rtol=tol, atol=tol * 10)
 
 
+@pytest.mark.parametrize("grads", ["both", "y", "h"])
+def test_compiled_cpu_kernels_equal_the_numpy_reference(monkeypatch, grads):
+    from blutensor.cpu_ops import available
+    from blutensor.cpu_ops import residual_norm as ck
+
+    if not available():
+        pytest.skip("no C compiler: the compiled CPU kernels are not built")
+    N, C = 70, 40  # 3 row blocks of the dweight partials
+    x, r, gy, gh = (rng.standard_normal((N, C)).astype(np.float32) for _ in range(4))
+    w = (1 + 0.1 * rng.standard_normal(C)).astype(np.float32)
+    gy = gy if grads != "h" else None
+    gh = gh if grads != "y" else None
+
+    def run():
+        ts = [bt.tensor(a, requires_grad=True) for a in (x, r, w)]
+        h, y = F.add_rms_norm(*ts[:2], C, ts[2], 1e-5)
+        kind = y.grad_fn.ctx.saved[3]
+        _backward(h, y, gh, gy)
+        return kind, [h.detach().numpy(), y.detach().numpy()] + [t.grad.numpy() for t in ts]
+
+    kind_c, got = run()
+    monkeypatch.setattr(ck, "usable", lambda *a: False)
+    kind_np, want = run()
+    assert (kind_c, kind_np) == ("c", "numpy")
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+    H, Y, D, DW = _reference(*(a.astype(np.float64) for a in (x, r, w)), gy, gh, 1e-5)
+    for a, b in zip(got, (H, Y, D, D, DW)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=5e-5)
+
+
 def test_equals_add_then_rms_norm_and_inplace_h_is_refused():
     x, r = (bt.tensor(rng.standard_normal((3, 16)).astype(np.float32), requires_grad=True) for _ in range(2))
     w = bt.tensor((1 + 0.1 * rng.standard_normal(16)).astype(np.float32), requires_grad=True)

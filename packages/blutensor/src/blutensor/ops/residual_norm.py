@@ -11,8 +11,9 @@ of ``h`` to it. ``h``'s node depends on ``y``, so the engine runs it first; ``y`
 reached ``y`` (``RUN_WITHOUT_GRAD``), so ``h``'s gradient is never lost.
 
 Array paths: the fused CUDA kernels (kernels/add_rms_norm.cu; fp32/bf16 storage per tensor, so autocast's bf16
-sublayer output, fp32 residual stream and bf16 normalised output need no casts) and, on CPU for float32/float64,
-the NumPy reference (``decoder_ops.add_rms_norm_rows``). Any other combination runs as ``x + residual`` then
+sublayer output, fp32 residual stream and bf16 normalised output need no casts) and, on CPU, the compiled kernels
+for float32 (``cpu_ops/residual_norm.py``, kernels.c) or the NumPy reference (``decoder_ops.add_rms_norm_rows``;
+float64, or without a C compiler). Any other combination runs as ``x + residual`` then
 ``rms_norm`` through the ordinary ops (the same values).
 """
 
@@ -30,7 +31,7 @@ class _NormKernel:
     @staticmethod
     def backward(ctx, gy):
         gh, ctx.gh = ctx.gh, None
-        h2, w, rstd, cuda, x_dtype, shape = ctx.saved
+        h2, w, rstd, path, x_dtype, shape = ctx.saved
         needs = ctx.needs
         if gy is not None:
             gy = gy.reshape(h2.shape)
@@ -38,7 +39,7 @@ class _NormKernel:
             gh = gh.reshape(h2.shape)
         if gy is None and gh is None:
             return None, None, None
-        if cuda:
+        if path == "cuda":
             from blutensor.cuda_ops import decoder
 
             cp = decoder.cupy()
@@ -46,6 +47,11 @@ class _NormKernel:
             gh = None if gh is None else cp.ascontiguousarray(gh)
             dres, dx, dw = decoder.add_rms_norm_backward(gy, gh, h2, w, rstd, x_dtype, bool(needs[2]))
             dx = dres if dx is None else dx
+        elif path == "c":
+            from blutensor.cpu_ops import residual_norm as ck
+
+            dres, dw = ck.backward(gy, gh, h2, w, rstd, bool(needs[2]))
+            dx = dres
         else:
             dres, dw = ref.add_rms_norm_rows_backward(gy, gh, h2, w, rstd, bool(needs[2]))
             dx = dres.astype(x_dtype, copy=False)
@@ -98,6 +104,7 @@ def add_rms_norm(x, residual, normalized_shape: tuple, weight, eps: float, y_dty
         if path == "cuda":
             from blutensor.cuda_ops import decoder
 
+            kind = "cuda"
             cp = decoder.cupy()
             x2 = cp.ascontiguousarray(x._data).reshape(-1, C)
             r2 = cp.ascontiguousarray(residual._data).reshape(-1, C)
@@ -105,8 +112,15 @@ def add_rms_norm(x, residual, normalized_shape: tuple, weight, eps: float, y_dty
             y_storage = np.uint16 if y_dtype.name == "bfloat16" else np.float32
             h2, y2, rstd = decoder.add_rms_norm_forward(x2, r2, w, eps, y_storage)
         else:
-            h2, y2, rstd = ref.add_rms_norm_rows(x._data.reshape(-1, C), residual._data.reshape(-1, C), w, eps,
-                                                 y_dtype.np)
+            from blutensor.cpu_ops import residual_norm as ck
+
+            x2, r2 = x._data.reshape(-1, C), residual._data.reshape(-1, C)
+            if ck.usable(x2, r2, w):  # the compiled kernels (float32)
+                kind = "c"
+                h2, y2, rstd = ck.forward(x2, r2, w, eps)
+            else:
+                kind = "numpy"
+                h2, y2, rstd = ref.add_rms_norm_rows(x2, r2, w, eps, y_dtype.np)
         h = Tensor._from_data(h2.reshape(shape), residual.dtype, residual.device)
         y = Tensor._from_data(y2.reshape(shape), y_dtype, residual.device)
         inputs = (x, residual, weight)
@@ -114,7 +128,7 @@ def add_rms_norm(x, residual, normalized_shape: tuple, weight, eps: float, y_dty
             ctx = Ctx()
             ctx.needs = tuple(t is not None and t.requires_grad for t in inputs)
             ctx.gh = None
-            ctx.saved = (h2, w, rstd, path == "cuda", x._data.dtype, tuple(x.shape))
+            ctx.saved = (h2, w, rstd, kind, x._data.dtype, tuple(x.shape))
             versions = [(h._version, h._version.v, -1, shape)]
             if weight is not None:
                 versions.append((weight._version, weight._version.v, 2, tuple(weight.shape)))
