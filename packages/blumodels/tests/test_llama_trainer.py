@@ -1,5 +1,5 @@
-"""Every Trainer feature with model.family = "llama" on CPU: fp32, tf32 and bf16 autocast, accumulation, checkpoints with
-bit-exact resume, recompute and optimizer-in-backward (equal to the plain step), the profiler, the CLI."""
+"""Every Trainer feature with model.family = "llama" on CPU: fp32, tf32 and bf16 autocast, accumulation, checkpoints
+with bit-exact resume, recompute and optimizer-in-backward (equal to the plain step), the profiler, the CLI."""
 
 import json
 
