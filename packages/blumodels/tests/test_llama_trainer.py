@@ -1,5 +1,6 @@
-"""Every Trainer feature with model.family = "llama" on CPU: fp32, tf32 and bf16 autocast, accumulation, checkpoints
-with bit-exact resume, recompute and optimizer-in-backward (equal to the plain step), the profiler, the CLI."""
+"""Every Trainer feature with model.family = "llama" on CPU: fp32, tf32 and bf16 autocast, accumulation, the compiled
+step, checkpoints with bit-exact resume, recompute and optimizer-in-backward (equal to the plain step), the profiler,
+the CLI."""
 
 import json
 
@@ -74,6 +75,15 @@ def test_tf32_is_fp32_on_cpu(tmp_path):
     assert tf32 == fp32
     for n, p in p32.items():
         np.testing.assert_array_equal(ptf[n], p, err_msg=n)
+
+
+def test_compiled_step_equals_eager(tmp_path):
+    """train.compile = true (the step traced by the compiler plugin; the fused add + RMSNorm is traced as its
+    ops) gives the eager step's losses."""
+    kw = dict(steps=2, eval_interval=0, checkpoint_interval=0, batch_tokens=128)
+    eager, _ = _run(tmp_path / "eager", _cfg(**kw))
+    compiled, _ = _run(tmp_path / "compiled", _cfg(**kw, compile=True))
+    np.testing.assert_allclose(compiled, eager, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("feature", ["activation_checkpointing", "optimizer_in_backward"])
