@@ -242,14 +242,16 @@ def _child_args(a, framework: str, extra: list[str], steps: int, curve: bool = F
 
 def _run_child(args: list[str], timeout: int) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))}
+    t0 = time.perf_counter()
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
+    wall = {"child_wall_s": round(time.perf_counter() - t0, 1)}  # the whole subprocess: start, build, compile, run
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"error": f"exit {p.returncode}", "stderr": p.stderr[-3000:]}
+            return {**json.loads(line[7:]), **wall}
+    return {"error": f"exit {p.returncode}", "stderr": p.stderr[-3000:], **wall}
 
 
 def main() -> None:
@@ -300,6 +302,7 @@ def main() -> None:
     known = {r[0] for r in RUNS} | {"curve"}
     if only - known:
         p.error(f"--only: unknown run(s) {', '.join(sorted(only - known))}; known: {', '.join(sorted(known))}")
+    t_start = time.perf_counter()
     cfg = model_config(a)
     from blumodels.llama.model import count_params
 
@@ -344,9 +347,10 @@ def main() -> None:
         if ok:
             d = abs(np.mean(curve["blutrain"]["losses"][-tail:]) - np.mean(curve["torch"]["losses"][-tail:]))
             res["curve"].update({f"mean_last_{tail}_diff": float(d), "within_3e-3": bool(d <= 3e-3)})
+    res["wall_s"] = round(time.perf_counter() - t_start, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    print(f"wrote {a.out} ({res['wall_s']} s)")
 
 
 if __name__ == "__main__":
