@@ -3,6 +3,7 @@
 #
 #   benchmarks/gpu_suite.sh tests                 # BLUTRAIN_TEST_BACKEND=cuda scripts/run_tests.py all
 #   benchmarks/gpu_suite.sh recipe DATA OUT.json  # benchmarks/e2e_gpt2.py --suite recipe (the shipped recipe)
+#   benchmarks/gpu_suite.sh llama OUT.json        # benchmarks/e2e_llama.py (llama-1b step, generation, curve)
 #
 # Packages come from the environment; on a machine without a package index, wheels in .whl/ (dev/gpu_wheels.sh
 # builds them) are installed into a private directory first, with this checkout's sources ahead of them.
@@ -17,5 +18,7 @@ export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 case "${1:-tests}" in
   tests) shift; BLUTRAIN_TEST_BACKEND=cuda python3 scripts/run_tests.py all "$@" ;;
   recipe) python3 benchmarks/e2e_gpt2.py --suite recipe --data "$2" --out "$3" "${@:4}" ;;
-  *) echo "usage: $0 tests [pytest args] | recipe DATA OUT.json [e2e_gpt2.py args]" >&2; exit 2 ;;
+  llama) python3 benchmarks/e2e_llama.py --out "$2" "${@:3}" ;;
+  *) echo "usage: $0 tests [pytest args] | recipe DATA OUT.json [e2e_gpt2.py args] | llama OUT.json" \
+       "[e2e_llama.py args]" >&2; exit 2 ;;
 esac
