@@ -74,7 +74,7 @@ def _storage(t):
 
 
 def _fused_path(x, residual, weight, y_dtype) -> str | None:
-    """'cuda', 'cpu' (the NumPy reference) or None (the op-by-op path)."""
+    """'cuda', 'cpu' (the compiled float32 kernels or the NumPy reference) or None (the op-by-op path)."""
     dev = residual.device.type
     if dev == "cuda":
         ok = all(t is None or _storage(t) for t in (x, residual, weight)) and y_dtype.name in ("float32", "bfloat16")
