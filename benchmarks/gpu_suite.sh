@@ -2,6 +2,7 @@
 # Every cuda-marked test of every package, then (optionally) the end-to-end benchmarks, on a GPU machine.
 #
 #   benchmarks/gpu_suite.sh tests                 # BLUTRAIN_TEST_BACKEND=cuda scripts/run_tests.py all
+#   BLUTRAIN_TEST_TARGETS=blutensor,dtms benchmarks/gpu_suite.sh tests   # some packages only
 #   benchmarks/gpu_suite.sh recipe DATA OUT.json  # benchmarks/e2e_gpt2.py --suite recipe (the shipped recipe)
 #   benchmarks/gpu_suite.sh llama OUT.json        # benchmarks/e2e_llama.py (llama-1b step, generation, curve)
 #
@@ -16,7 +17,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 case "${1:-tests}" in
-  tests) shift; BLUTRAIN_TEST_BACKEND=cuda python3 scripts/run_tests.py all "$@" ;;
+  tests) shift; BLUTRAIN_TEST_BACKEND=cuda python3 scripts/run_tests.py "${BLUTRAIN_TEST_TARGETS:-all}" "$@" ;;
   recipe) python3 benchmarks/e2e_gpt2.py --suite recipe --data "$2" --out "$3" "${@:4}" ;;
   llama) python3 benchmarks/e2e_llama.py --out "$2" "${@:3}" ;;
   *) echo "usage: $0 tests [pytest args] | recipe DATA OUT.json [e2e_gpt2.py args] | llama OUT.json" \

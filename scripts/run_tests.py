@@ -1,6 +1,6 @@
 """Run the tests of one package, of the cross-package suite, or of everything.
 
-    python scripts/run_tests.py all|integration|<package> [pytest args...]
+    python scripts/run_tests.py all|integration|<package>[,<package>...] [pytest args...]
 
 Each package's tests run in their own pytest process (their conftest files and rootdirs stay apart);
 the exit status is non-zero if any run failed. ``BLUTRAIN_TEST_BACKEND=cuda`` runs only the
@@ -20,6 +20,8 @@ PACKAGES = ["blutensor", "blublas", "bluallocator", "dtms", "blucompiler", "blup
 
 
 def targets(which: str) -> list[tuple[str, Path]]:
+    if "," in which:
+        return [t for w in which.split(",") if w for t in targets(w)]
     if which == "all":
         return [(p, ROOT / "packages" / p / "tests") for p in PACKAGES] + [("integration", ROOT / "tests")]
     if which == "integration":

@@ -323,3 +323,51 @@ def test_attention(benchmark, impl, variant, causal, pass_, cfg):
             do = _dev(cp, (B * H, T, D), storage)
             fn = lambda: flash_attention_backward(q, k, v, o, lse, do, causal, None, variant)  # noqa: E731
     _run(benchmark, impl, fn, info, flops=flops)
+
+
+#: bf16 attention on Hopper: BluTrain's wgmma kernels (and its mma.sync ones) against PyTorch SDPA with the cuDNN
+#: backend (the kernel torch.compile's GPT-2 runs on the H200)
+HOPPER_IMPLS = ("blutrain_wgmma", "blutrain_mma", "torch_cudnn")
+
+
+@pytest.mark.parametrize("impl", HOPPER_IMPLS)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("pass_", ("fwd", "bwd"))
+@pytest.mark.parametrize("cfg", [(1024, 16, 12, 64), (2048, 4, 32, 128)], ids=lambda c: f"T{c[0]}-{c[1]}x{c[2]}x{c[3]}")
+def test_attention_hopper_vs_cudnn(benchmark, impl, causal, pass_, cfg):
+    T, B, H, D = cfg
+    flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0) * (2.5 if pass_ == "bwd" else 1.0)
+    info = dict(kernel="attention_hopper", shape=f"T={T} {B}x{H}x{D}", dtype="bf16", causal=causal, pass_=pass_)
+    if impl == "torch_cudnn":
+        torch = _torch()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def fwd():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return sdpa(q, k, v, is_causal=causal)
+
+        if pass_ == "fwd":
+            fn = fwd
+        else:
+            o = fwd()
+            g = torch.randn_like(o)
+            fn = lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)  # noqa: E731
+        _run(benchmark, "torch", fn, dict(info, impl_detail=impl), flops=flops)
+        return
+    from blutensor.cuda_ops.sdpa import _compute_capability, flash_attention_backward, flash_attention_forward
+
+    cp = _cupy()
+    if impl == "blutrain_wgmma" and _compute_capability() != 90:
+        pytest.skip("the wgmma kernels need an sm_90 GPU")
+    variant = "bf16_wgmma" if impl == "blutrain_wgmma" else "bf16"
+    q, k, v = (_dev(cp, (B * H, T, D), "bf16") for _ in range(3))
+    if pass_ == "fwd":
+        fn = lambda: flash_attention_forward(q, k, v, causal, None, variant)  # noqa: E731
+    else:
+        o, lse = flash_attention_forward(q, k, v, causal, None, variant)
+        do = _dev(cp, (B * H, T, D), "bf16")
+        fn = lambda: flash_attention_backward(q, k, v, o, lse, do, causal, None, variant)  # noqa: E731
+    _run(benchmark, "blutrain", fn, dict(info, impl_detail=impl), flops=flops)

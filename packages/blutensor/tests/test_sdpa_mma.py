@@ -190,7 +190,7 @@ def test_pick_variant(device, monkeypatch):
     assert sdpa.pick_variant(f32, 64) == "tf32x3"  # strict fp32 default: fp32 on the matrix units, as PyTorch
     assert sdpa.pick_variant(f32, 32) == "f32"
     assert sdpa.pick_variant(f32, 48) is None
-    assert sdpa.pick_variant(u16, 64) == "bf16"
+    assert sdpa.pick_variant(u16, 64) == "bf16_wgmma"  # sm_90: the Hopper kernels (test_sdpa_wgmma.py)
     monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "TF32X3")
     assert sdpa.pick_variant(f32, 64) == "tf32x3"
     assert sdpa.pick_variant(f32, 128) == "tf32x3"

@@ -117,6 +117,57 @@ def guard_kernel_cache() -> bool:
     return _cache_checked[d]
 
 
+_ARCH_MARK = re.compile(r"blu-nvrtc-archs:\s*([0-9a-z ,]+)")
+
+
+def arch_target(file: str, cc: str) -> str:
+    """``cc`` + 'a' when ``kernels/<file>`` declares that arch-specific target (``blu-nvrtc-archs: 90a``: wgmma,
+    setmaxnreg), else ``cc``."""
+    m = _ARCH_MARK.search(source(file))
+    if m and f"{cc}a" in m.group(1).replace(",", " ").split():
+        return f"{cc}a"
+    return cc
+
+
+def _cubin(code: str, file: str, arch: str) -> bytes:
+    """NVRTC (the binding CuPy uses) compiles ``code`` to a cubin for sm_``arch`` (CuPy's RawModule appends its
+    own -arch=sm_XX, which would drop an 'a' feature suffix)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(code, file, (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, ["-std=c++17", f"-arch=sm_{arch}"])
+        except nvrtc.NVRTCError as exc:
+            raise BluTensorError(f"kernels/{file}: NVRTC failed for sm_{arch}:\n{nvrtc.getProgramLog(prog)}") from exc
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def _arch_module(code: str, file: str, arch: str):
+    """RawModule of an arch-specific cubin, cached on disk by source hash in the kernel cache directory when
+    that is safe (guard_kernel_cache), else in a private temporary directory for this process."""
+    import hashlib
+    import tempfile
+
+    cp = cupy()
+    digest = hashlib.sha256(f"{code}|sm_{arch}".encode()).hexdigest()[:24]
+    base = kernel_cache_dir() if guard_kernel_cache() else None
+    if base is None:
+        base = Path(_private_dir.setdefault("d", tempfile.mkdtemp(prefix="blutensor-cubin-")))
+    out = base / f"blutensor_{Path(file).stem}_sm{arch}_{digest}.cubin"
+    if not out.is_file():
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(_cubin(code, file, arch))
+        os.replace(tmp, out)
+    return cp.RawModule(path=str(out))
+
+
+_private_dir: dict[str, str] = {}
+
+
 def module(file: str):
     """The RawModule of ``kernels/<file>`` on the current device (compiled once, then cached)."""
     cp = cupy()
@@ -127,7 +178,11 @@ def module(file: str):
     if mod is None:
         code = source(file)
         cc = cp.cuda.Device(dev).compute_capability
-        mod = cp.RawModule(code=code, options=compile_options(cc))
+        arch = arch_target(file, cc)
+        if arch != cc:
+            mod = _arch_module(code, file, arch)
+        else:
+            mod = cp.RawModule(code=code, options=compile_options(cc))
         _modules[key] = mod
     return mod
 

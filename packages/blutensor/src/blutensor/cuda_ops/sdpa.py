@@ -6,9 +6,12 @@ big + small (both TF32), small*big + big*small + big*big accumulated in fp32 (3x
 OpMultiplyAddFastF32) -- what PyTorch's fp32 SDPA (the mem-efficient kernel) runs on sm_80+; its error is of
 the order of the SIMT fp32 kernel's, not TF32's (measured: see benchmarks/results/attention_h200.json; the long
 sums are staged so that the matrix units' truncating accumulation does not grow with the keys).
-Choice (:func:`pick_variant`): bf16 tensors use 'bf16'; fp32 tensors use 'tf32' when blutensor's matmul
-precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared memory fits, as PyTorch's
-own fp32 SDPA does; ``BLUTRAIN_SDPA_FP32=simt`` selects the SIMT kernel 'f32' there (the earlier default).
+'bf16_wgmma' (kernels/sdpa_wgmma.cu, cuda_ops/sdpa_wgmma.py) is the Hopper (sm_90a) bf16 kernel: TMA loads,
+wgmma, producer/consumer warpgroups, deterministic backward; ``BLUTRAIN_SDPA_KERNEL=mma`` keeps 'bf16' there.
+Choice (:func:`pick_variant`): bf16 tensors use 'bf16_wgmma' on sm_90, else 'bf16'; fp32 tensors use 'tf32'
+when blutensor's matmul precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared
+memory fits, as PyTorch's own fp32 SDPA does; ``BLUTRAIN_SDPA_FP32=simt`` selects the SIMT kernel 'f32' there
+(the earlier default).
 Why tf32x3 is the default: in the end-to-end runs (GPT-2 124M, 50 steps from PyTorch's weights and batches) its
 loss stays as close to PyTorch fp32 eager as PyTorch fp32 on cuBLASLt instead of cuBLAS stays to itself, and it
 is faster than PyTorch's fp32 attention where the SIMT kernel is slower (measured: see
@@ -28,6 +31,7 @@ import os
 import numpy as np
 
 from blutensor.cuda_ops import _fallback
+from blutensor.cuda_ops import sdpa_wgmma as _wgmma
 from blutensor.cuda_ops._loader import cupy, launch, smem_optin, suffix
 from blutensor.errors import ShapeError
 from blutensor.ops import nn_ops
@@ -64,7 +68,7 @@ def _check(q, k, v, variant):
         raise ShapeError(
             f"flash attention: q {q.shape}, k {k.shape}, v {v.shape} must be (BH, L, HD), (BH, S, HD), (BH, S, HD)"
         )
-    want = np.uint16 if variant == "bf16" else np.float32
+    want = np.uint16 if variant.startswith("bf16") else np.float32
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.dtype != want or not a.flags.c_contiguous:
             raise ShapeError(
@@ -138,6 +142,9 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
     o = cp.empty_like(q)
     lse = cp.empty((BH, L), dtype=cp.float32)
+    if variant == "bf16_wgmma":
+        _wgmma.forward(q, k, v, o, lse, causal, scale)
+        return o, lse
     if BH == 0 or L == 0:
         return o, lse
     file, tag, threads = _names(variant, hd)
@@ -163,6 +170,10 @@ def flash_attention_backward(
     BH, L, hd = q.shape
     S = k.shape[1]
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    if variant == "bf16_wgmma":
+        dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
+        _wgmma.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
+        return dq, dk, dv
     fused = fused_backward(variant, hd)
     dq = cp.zeros_like(q) if fused else cp.empty_like(q)
     dk, dv = cp.empty_like(k), cp.empty_like(v)
@@ -239,9 +250,13 @@ def sdpa_fp32() -> str:
 def pick_variant(dtype, hd: int) -> str | None:
     """Variant for storage ``dtype`` and head dim under blutensor's matmul precision (None: unsupported).
 
+    bf16: 'bf16_wgmma' (kernels/sdpa_wgmma.cu: TMA, wgmma, warp specialisation) on sm_90 unless
+    BLUTRAIN_SDPA_KERNEL=mma, else the mma.sync 'bf16'.
     fp32: 'tf32' under matmul precision 'tf32'/'bf16'; under 'fp32' 'tf32x3' on sm_80+ (BLUTRAIN_SDPA_FP32=simt:
     the SIMT 'f32'); 'f32' wherever the matrix-unit kernels do not apply."""
     if dtype == np.uint16:
+        if hd in MMA_HD and _wgmma.available(hd, _compute_capability()):
+            return "bf16_wgmma"
         return "bf16" if hd in MMA_HD else None
     if dtype != np.float32:
         return None
@@ -343,7 +358,7 @@ def _lay_args(H: int, lq, lk, lo):
 
 
 def _check_strided(views, variant):
-    want = np.uint16 if variant == "bf16" else np.float32
+    want = np.uint16 if variant.startswith("bf16") else np.float32
     for name, a in views:
         sb, sh, st = layout(a)
         if a.dtype != want:
@@ -362,6 +377,9 @@ def qkv_attention_forward(qkv5, causal: bool, scale: float | None, variant: str)
     if B * H == 0 or T == 0:
         return o, lse
     _check_strided((("q", q), ("k", k), ("v", v), ("o", o)), variant)
+    if variant == "bf16_wgmma":
+        _wgmma.forward(q, k, v, o, lse, causal, scale)
+        return o, lse
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
     file, tag, threads = _names(variant, hd)
     smem = 0 if variant == "f32" else _mma_smem(variant, hd, "fwd")
@@ -388,6 +406,9 @@ def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, 
     q, k, v = qkv5[:, :, 0], qkv5[:, :, 1], qkv5[:, :, 2]
     dq, dk, dv = dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2]
     _check_strided((("do", do), ("o", o)), variant)
+    if variant == "bf16_wgmma":
+        _wgmma.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
+        return dqkv
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
     rows = B * H * T
     D = cp.empty((B * H, T), dtype=cp.float32)

@@ -1,0 +1,279 @@
+"""The Hopper flash attention (kernels/sdpa_wgmma.cu, cuda_ops/sdpa_wgmma.py, cuda_ops/tma.py).
+
+CPU: the generated wgmma wrappers are current; NVRTC compiles every entry for sm_90a (wgmma, TMA, setmaxnreg in
+the PTX) and, as trapping stubs, for sm_80; the NumPy model of the kernel's swizzled shared-memory descriptors and
+register fragments (dev/emulate_sdpa_wgmma.py) reproduces float64 products, and fails when an offset is wrong;
+the tensor maps built for dense and fused-qkv layouts; the choice of variant and BLUTRAIN_SDPA_KERNEL.
+GPU (cuda-marked, sm_90 only): forward, lse, dq, dk, dv against a float64 NumPy reference on odd shapes, both
+paths (dense and fused qkv), and a bitwise repeatable backward.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from blutensor.cuda_ops import sdpa, tma
+from blutensor.cuda_ops import sdpa_wgmma as wg
+
+DEV = Path(__file__).resolve().parents[1] / "dev"
+sys.path.insert(0, str(DEV))
+import emulate_sdpa_wgmma as em  # noqa: E402
+import gen_hopper  # noqa: E402
+
+KDIR = Path(sdpa.__file__).resolve().parents[1] / "kernels"
+ENTRIES = {f"blu_sdpa_wgmma_bf16_hd{d}_{k}" for k in ("fwd", "bwd_dkdv", "bwd_dq", "preprocess") for d in (64, 128)}
+
+
+def test_generated_wgmma_wrappers_are_current():
+    text = (KDIR / "hopper.cuh").read_text()
+    assert gen_hopper.generated_block() in text
+
+
+def _ptx(arch: str) -> bytes:
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    from blutensor.cuda_ops._loader import source
+
+    err, prog = nvrtc.nvrtcCreateProgram(source("sdpa_wgmma.cu").encode(), b"sdpa_wgmma.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    opts = [b"-std=c++17", f"-arch={arch}".encode()]
+    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
+    _, n = nvrtc.nvrtcGetPTXSize(prog)
+    ptx = b" " * n
+    nvrtc.nvrtcGetPTX(prog, ptx)
+    nvrtc.nvrtcDestroyProgram(prog)
+    return ptx
+
+
+def test_nvrtc_compiles_every_entry_for_sm90a():
+    ptx = _ptx("compute_90a")
+    entries = {m.decode() for m in re.findall(rb"\.entry (blu_\w+)\(", ptx)}
+    assert ENTRIES <= entries, ENTRIES - entries
+    for needle in (b"wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", b"cp.async.bulk.tensor.4d",
+                   b"setmaxnreg.inc", b"mbarrier.try_wait.parity"):
+        assert needle in ptx, needle
+
+
+def test_other_architectures_get_trapping_stubs():
+    ptx = _ptx("compute_80")
+    assert ENTRIES <= {m.decode() for m in re.findall(rb"\.entry (blu_\w+)\(", ptx)}
+    assert b"wgmma.mma_async" not in ptx and b"cp.async.bulk" not in ptx and b"trap" in ptx
+
+
+def test_loader_builds_the_file_for_sm90a_only():
+    from blutensor.cuda_ops._loader import arch_target
+
+    assert arch_target("sdpa_wgmma.cu", "90") == "90a"
+    assert arch_target("sdpa_wgmma.cu", "80") == "80"
+    assert arch_target("sdpa_mma.cu", "90") == "90"
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_emulated_descriptors_and_fragments_reproduce_the_products(hd):
+    assert em.check(hd) < 1e-9
+
+
+def test_emulation_fails_on_a_wrong_offset(monkeypatch):
+    """The model can fail: an MN-major operand read with the wrong atom distance (LBO) is garbage."""
+    monkeypatch.setattr(em, "mnmajor", lambda base, rows_box, kk: (base + kk * 2048, 64 * 128 + 1024, 1024))
+    assert not em.check(128) < 1e-3
+
+
+def test_shared_memory_fits_hopper():
+    for hd in wg.HDS:
+        assert wg.fwd_smem(hd) <= 227 * 1024 and wg.bwd_smem(hd) <= 227 * 1024
+
+
+def _fake(shape, strides_el, ptr=0x10000, dtype=np.uint16):
+    es = np.dtype(dtype).itemsize
+    return SimpleNamespace(shape=shape, ndim=len(shape), strides=tuple(s * es for s in strides_el), itemsize=es,
+                           dtype=np.dtype(dtype), data=SimpleNamespace(ptr=ptr))
+
+
+def test_tensor_maps_of_dense_and_fused_qkv_layouts():
+    seen = []
+
+    def enc(spec):
+        seen.append(spec)
+        return bytes(128)
+
+    sys.modules.setdefault("cupy", SimpleNamespace())
+    cp = sys.modules["cupy"]
+    old = getattr(cp, "blutensor_encode_tmap", None)
+    cp.blutensor_encode_tmap = enc
+    tma._cache.clear()
+    try:
+        B, T, H, hd = 2, 77, 3, 64
+        q = _fake((B, T, H, hd), (T * 3 * H * hd, 3 * H * hd, hd, 1))  # q of a (B, T, 3, H, HD) projection
+        wg.tmap(q, "q", 128)
+        s = seen[-1]
+        assert s.dims == (hd, T, H, B) and s.box == (64, 128, 1, 1)
+        assert s.strides == (3 * H * hd * 2, hd * 2, T * 3 * H * hd * 2)
+        d = _fake((5, 1000, 128), (1000 * 128, 128, 1))
+        wg.tmap(d, "k", 64)
+        assert seen[-1].dims == (128, 1000, 1, 5) and seen[-1].strides[0] == 256 and seen[-1].strides[2] == 256000
+        with pytest.raises(tma.TmaError, match="flash attention .wgmma. v.*16-byte"):
+            wg.tmap(_fake((5, 10, 64), (640, 64, 1), ptr=0x10008), "v", 64)
+        with pytest.raises(tma.TmaError, match="strides"):
+            wg.tmap(_fake((2, 10, 3, 64), (10 * 3 * 72 + 4, 3 * 72, 72, 1)), "q", 64)
+    finally:
+        if old is None:
+            del cp.blutensor_encode_tmap
+        else:
+            cp.blutensor_encode_tmap = old
+        tma._cache.clear()
+
+
+def test_encode_args_are_rank_generic():
+    spec = tma.tensor_spec(0x1000, 2, (64, 10, 3, 2), (384, 128, 3840), (64, 64, 1, 1))
+    args = tma.encode_args(spec)
+    assert args[:2] == (tma.DTYPE_BF16, 4) and args[6] == (1, 1, 1, 1) and args[8] == tma.SWIZZLE_128B
+
+
+@pytest.fixture
+def device(monkeypatch):
+    state = {"cc": 90}
+    monkeypatch.setattr(sdpa, "_compute_capability", lambda: state["cc"])
+    monkeypatch.setattr(sdpa, "smem_optin", lambda: 227 * 1024)
+    monkeypatch.delenv("BLUTRAIN_SDPA_KERNEL", raising=False)
+    return state
+
+
+def test_pick_variant_and_the_kernel_setting(device, monkeypatch):
+    u16 = np.dtype(np.uint16)
+    assert sdpa.pick_variant(u16, 64) == "bf16_wgmma" and sdpa.pick_variant(u16, 128) == "bf16_wgmma"
+    assert sdpa.pick_variant(u16, 32) is None
+    monkeypatch.setenv("BLUTRAIN_SDPA_KERNEL", "mma")
+    assert sdpa.pick_variant(u16, 64) == "bf16"
+    monkeypatch.setenv("BLUTRAIN_SDPA_KERNEL", "Wgmma")
+    assert sdpa.pick_variant(u16, 64) == "bf16_wgmma"
+    device["cc"] = 80
+    with pytest.raises(ValueError, match="BLUTRAIN_SDPA_KERNEL=wgmma needs an sm_90"):
+        sdpa.pick_variant(u16, 64)
+    monkeypatch.setenv("BLUTRAIN_SDPA_KERNEL", "auto")
+    assert sdpa.pick_variant(u16, 64) == "bf16"  # sm_80: mma.sync
+    monkeypatch.setenv("BLUTRAIN_SDPA_KERNEL", "fast")
+    with pytest.raises(ValueError, match="BLUTRAIN_SDPA_KERNEL must be one of"):
+        sdpa.pick_variant(u16, 64)
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+def _sm90() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0 and int(cupy.cuda.Device().compute_capability) == 90
+    except Exception:
+        return False
+
+
+def _bf16(x):
+    """float -> (bf16 bits as uint16, the float64 values they hold)."""
+    u = np.asarray(x, np.float32).view(np.uint32)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return u, (u.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _f64(bits):
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _reference(q, k, v, do, causal, sc):
+    """float64 (o, lse, dq, dk, dv) of softmax(q k^T sc [causal]) v, q (BH, L, D)."""
+    s = q @ k.transpose(0, 2, 1) * sc
+    if causal:
+        s = np.where(np.triu(np.ones(s.shape[1:], bool), 1), -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    lse = (np.log(e.sum(-1, keepdims=True)) + m)[..., 0]
+    p = e / e.sum(-1, keepdims=True)
+    o = p @ v
+    dp = do @ v.transpose(0, 2, 1)
+    ds = p * (dp - (do * o).sum(-1, keepdims=True))
+    return o, lse, ds @ k * sc, ds.transpose(0, 2, 1) @ q * sc, p.transpose(0, 2, 1) @ do
+
+
+TOL = {"o": 2e-2, "lse": 1e-2, "dq": 5e-2, "dk": 5e-2, "dv": 5e-2}  # bf16 storage of O(1) values
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 (Hopper) GPU")
+@pytest.mark.parametrize("BH, L, S, hd, causal", [(6, 1000, 1000, 64, True), (5, 77, 77, 128, False),
+                                                  (7, 333, 333, 128, True), (3, 200, 300, 64, False),
+                                                  (1, 77, 77, 64, True)])
+def test_cuda_wgmma_matches_float64(BH, L, S, hd, causal):
+    import cupy as cp
+
+    rng = np.random.default_rng(BH * L + hd)
+    (qb, q), (kb, k), (vb, v), (db, do) = (_bf16(rng.standard_normal((BH, n, hd))) for n in (L, S, S, L))
+    sc = 1.0 / math.sqrt(hd)
+    gq, gk, gv, gdo = (cp.asarray(a) for a in (qb, kb, vb, db))
+    o, lse = sdpa.flash_attention_forward(gq, gk, gv, causal, sc, "bf16_wgmma")
+    g1 = sdpa.flash_attention_backward(gq, gk, gv, o, lse, gdo, causal, sc, "bf16_wgmma")
+    g2 = sdpa.flash_attention_backward(gq, gk, gv, o, lse, gdo, causal, sc, "bf16_wgmma")
+    want = _reference(q, k, v, do, causal, sc)
+    got = (_f64(o.get()), lse.get().astype(np.float64)) + tuple(_f64(g.get()) for g in g1)
+    for name, a, b in zip(TOL, got, want):
+        assert np.abs(a - b).max() <= TOL[name] * max(1.0, np.abs(b).max()), name
+    for a, b in zip(g1, g2):
+        assert (a == b).all()  # deterministic: no atomics
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 (Hopper) GPU")
+@pytest.mark.parametrize("B, T, H, hd, causal", [(2, 1000, 3, 64, True), (3, 77, 2, 128, False)])
+def test_cuda_wgmma_fused_qkv_matches_float64(B, T, H, hd, causal):
+    import cupy as cp
+
+    rng = np.random.default_rng(T)
+    qkvb, qkv = _bf16(rng.standard_normal((B, T, 3, H, hd)))
+    dob, do = _bf16(rng.standard_normal((B, T, H, hd)))
+    sc = 1.0 / math.sqrt(hd)
+    g = cp.asarray(qkvb)
+    o, lse = sdpa.qkv_attention_forward(g, causal, sc, "bf16_wgmma")
+    dqkv = sdpa.qkv_attention_backward(g, o, lse, cp.asarray(dob), causal, sc, "bf16_wgmma")
+
+    def heads(a):
+        return a.transpose(0, 2, 1, 3).reshape(B * H, T, hd)
+
+    want = _reference(heads(qkv[:, :, 0]), heads(qkv[:, :, 1]), heads(qkv[:, :, 2]), heads(do), causal, sc)
+    d = _f64(dqkv.get())
+    got = (heads(_f64(o.get())), lse.get().astype(np.float64)) + tuple(heads(d[:, :, j]) for j in range(3))
+    for name, a, b in zip(TOL, got, want):
+        assert np.abs(a - b).max() <= TOL[name] * max(1.0, np.abs(b).max()), name
+
+
+def test_loader_compiles_marked_files_to_an_sm90a_cubin(monkeypatch, tmp_path):
+    """On an sm_90 device a file marked 'blu-nvrtc-archs: 90a' is compiled for sm_90a (CuPy's own RawModule
+    compile would add -arch=sm_90) and loaded from a cubin cached by source hash."""
+    from blutensor.cuda_ops import _loader
+
+    built, loaded = [], []
+
+    class Dev:
+        def __init__(self, i=0):
+            self.compute_capability = "90"
+
+    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=lambda: 0), Device=Dev),
+                           RawModule=lambda **kw: loaded.append(kw) or kw)
+    monkeypatch.setattr(_loader, "cupy", lambda: fake)
+    monkeypatch.setattr(_loader, "_cubin", lambda code, file, arch: built.append((file, arch)) or b"cubin")
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_loader, "_modules", {})
+    monkeypatch.setattr(_loader, "_cache_checked", {})
+    _loader.module("sdpa_wgmma.cu")
+    _loader.module("sdpa_wgmma.cu")  # cached: built once
+    assert built == [("sdpa_wgmma.cu", "90a")]
+    (path,) = [kw["path"] for kw in loaded]
+    assert Path(path).parent == tmp_path and "sm90a" in Path(path).name and Path(path).read_bytes() == b"cubin"
+    _loader.module("sdpa.cu")  # unmarked: CuPy compiles it from source for sm_90
+    assert loaded[-1]["options"] == ("-std=c++17", "-arch=sm_90") and built == [("sdpa_wgmma.cu", "90a")]
