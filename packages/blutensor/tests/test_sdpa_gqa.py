@@ -127,6 +127,14 @@ def test_gqa_launches_address_the_groups(monkeypatch, B, Hq, Hk, L, E, causal):
     assert launched[0][1][1] == B * Hq and launched[-1][1][1] == B * Hk  # K/V blocks over the kv heads only
 
 
+def test_variants_without_strided_entries_run_mma():
+    from blutensor.cuda_ops.sdpa_gqa import strided_variant
+
+    assert strided_variant("bf16_wgmma", np.uint16, 64) == "bf16"  # the Hopper kernel has no GQA layout
+    assert strided_variant("tf32x3", np.float32, 64) == "tf32x3" and strided_variant(None, np.float32, 64) is None
+    assert strided_variant("bf16_wgmma", np.uint16, 96) is None
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -126,7 +126,21 @@ def applies(q, k, v, attn_mask, dropout_p) -> str | None:
             return None  # autocast lowers sdpa to bf16 on the op path
     if dt not in ("float32", "bfloat16") or resolve("sdpa", "cuda", dt).PLUGIN_NAME != SdpaCuda.PLUGIN_NAME:
         return None  # another sdpa kernel was chosen (BLUTRAIN_KERNELS / use_kernel): honour it
-    return pick_variant(q._data.dtype, q.shape[-1])
+    return strided_variant(pick_variant(q._data.dtype, q.shape[-1]), q._data.dtype, q.shape[-1])
+
+
+#: variants with strided entries (sdpa.cu, sdpa_mma.cu), the ones this module launches
+STRIDED = ("f32", "tf32", "tf32x3", "bf16")
+
+
+def strided_variant(variant: str | None, dtype, hd: int) -> str | None:
+    """``variant`` when it has strided entries; bf16 variants without them (the Hopper kernel) run the mma.sync
+    'bf16' kernels here."""
+    from blutensor.cuda_ops.sdpa import MMA_HD
+
+    if variant is None or variant in STRIDED:
+        return variant
+    return "bf16" if np.dtype(dtype) == np.uint16 and hd in MMA_HD else None
 
 
 _FN = []
