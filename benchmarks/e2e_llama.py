@@ -5,13 +5,18 @@ initial weights.
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) \\
         python3 benchmarks/e2e_llama.py --out benchmarks/results/e2e_llama_h200.json
-    python3 benchmarks/e2e_llama.py --small --out /tmp/e2e_llama_small.json      # CPU, a tiny model, seconds
+    python3 benchmarks/e2e_llama.py --small --out /tmp/e2e_llama_small.json      # CPU, a tiny model, minutes
+
+``--small`` runs every code path of the GPU run on a 2-layer model on the CPU (the captured step through its CPU
+twin, torch.compile -- a few minutes of CPU compilation --, generation, a 20-step curve).
 
 Every variant runs in its own subprocess (torch.compile caches, device memory) from the same initial weights
-(BluTrain's llama built with seed 0, exported with ``blumodels.llama.hf.to_hf`` into the PyTorch model) and the
-same batches (bytes of the Python standard library's source as tokens). Reported per variant: tokens/s (median of
-the timed steps), step ms, peak memory, per-step losses; ratios BluTrain / PyTorch come from this one run. The
-curve run (``--curve-steps``, default 500 on the GPU) compares the mean loss of the last 100 steps.
+(BluTrain's llama built with seed 0 on the run's device, exported with ``blumodels.llama.hf.to_hf`` into the PyTorch
+model) and the same batches (bytes of the Python standard library's source as tokens). Reported per variant:
+tokens/s (median of the timed steps), step ms, peak memory, per-step losses; ratios BluTrain / PyTorch come from
+this one run. BluTrain's row is the Trainer's step (blumodels.step.TrainStep), captured in a CUDA graph after two
+eager steps. The curve run (``--curve-steps``, default 500, on ``--curve-preset`` llama-125m at 8x1024 so that it
+fits beside the rest) compares the mean loss of the last 100 steps of BluTrain (captured) and PyTorch eager.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ def model_config(a):
     if a.small:
         return ModelConfig(family="llama", n_layer=2, n_head=4, n_kv_heads=2, d_model=64, block_size=64,
                            vocab_size=256, bias=False, ffn_hidden=160, tie_embeddings=True, rope_theta=10000.0)
-    return load_preset("llama-1b").model
+    return load_preset(a.preset).model
 
 
 def blutrain_model(a, device):
@@ -61,14 +66,21 @@ def torch_model(a, device):
     import transformers
     from blumodels.llama.hf import to_hf
 
-    state, config = to_hf(blutrain_model(a, "cpu"))
+    src = blutrain_model(a, device)  # the same seed and device as the BluTrain run: the same initial weights
+    state, config = to_hf(src)
+    del src
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
     hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)  # tied: lm_head is shared
     return hf.to(device)
 
 
 def run_blutrain(a) -> dict:
+    """The Trainer's step (blumodels.step.TrainStep: bf16 autocast, fused AdamW, clip 1.0): 2 eager warm-up steps,
+    then the whole step captured in a CUDA graph and replayed (on the CPU the capture's twin, EagerCapture, runs the
+    same code path)."""
     import blutensor as bt
+    from blumodels.graph_step import CapturedStep, CudaCapture, EagerCapture
+    from blumodels.step import TrainStep
 
     device = a.device
     cuda = device.startswith("cuda")
@@ -81,27 +93,30 @@ def run_blutrain(a) -> dict:
     model.lean_logits = True
     opt = bt.optim.AdamW(model.param_groups(0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=cuda or None)
     sync = (lambda: __import__("cupy").cuda.Device().synchronize()) if cuda else (lambda: None)
-    losses, times = [], []
-    for x, y in batches(a.batch, a.seq, a.steps):
+    dev_type = device.split(":")[0]
+    step = TrainStep(model, opt, list(model.parameters()), device=device, lr_schedule=[LR] * a.steps, grad_clip=1.0,
+                     autocast=lambda: bt.autocast(dev_type, dtype=bt.bfloat16), fused=cuda)
+    step.precast_accumulate = True
+    losses, times, cap = [], [], None
+    for s, (x, y) in enumerate(batches(a.batch, a.seq, a.steps)):
         xi, yi = bt.tensor(x, device=device), bt.tensor(y, device=device)
         sync()
         t0 = time.perf_counter()
-        with bt.autocast(device.split(":")[0], dtype=bt.bfloat16):
-            bt.amp.precast(model.parameters())
-            _, loss = model(xi, yi)
-        loss.backward()
-        bt.optim.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
+        if s >= 2 and cap is None:  # 2 eager warm-up steps, then the captured step
+            cap = CapturedStep(step, tuple(xi.shape), make_capture=CudaCapture if cuda else EagerCapture)
+            cap.capture()
+            sync()
+            t0 = time.perf_counter()
+        (cap or step).run(lambda b=(xi, yi): b, LR)
+        losses.append(step.read().loss)  # the one host read per step (it synchronises)
         sync()
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
     mem = {}
     if alloc is not None:
         st = alloc.memory_stats()
         mem = {"peak_allocated_gib": st["peak_allocated_bytes"] / 2**30,
                "peak_reserved_gib": st["peak_reserved_bytes"] / 2**30}
-    return {"losses": losses, "step_s": times, **mem}
+    return {"losses": losses, "step_s": times, "captured_steps": max(0, a.steps - 2), **mem}
 
 
 def run_torch(a) -> dict:
@@ -216,9 +231,10 @@ RUNS = [("blutrain_bf16", "blutrain", []), ("torch_eager_bf16", "torch", []),
         ("torch_compile_bf16", "torch", ["--compile"]), ("generate", "generate", [])]
 
 
-def _child_args(a, framework: str, extra: list[str], steps: int) -> list[str]:
+def _child_args(a, framework: str, extra: list[str], steps: int, curve: bool = False) -> list[str]:
+    preset, batch, seq = (a.curve_preset, a.curve_batch, a.curve_seq) if curve else (a.preset, a.batch, a.seq)
     args = [sys.executable, __file__, "--child", "--framework", framework, "--device", a.device, "--batch",
-            str(a.batch), "--seq", str(a.seq), "--steps", str(steps), "--warmup", str(a.warmup),
+            str(batch), "--seq", str(seq), "--steps", str(steps), "--warmup", str(a.warmup), "--preset", preset,
             "--gen-tokens", str(a.gen_tokens), "--gen-batch", str(a.gen_batch), "--gen-prompt", str(a.gen_prompt),
             "--gen-check-tokens", str(a.gen_check_tokens)] + extra
     return args + (["--small"] if a.small else [])
@@ -226,14 +242,16 @@ def _child_args(a, framework: str, extra: list[str], steps: int) -> list[str]:
 
 def _run_child(args: list[str], timeout: int) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))}
+    t0 = time.perf_counter()
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
+    wall = {"child_wall_s": round(time.perf_counter() - t0, 1)}  # the whole subprocess: start, build, compile, run
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"error": f"exit {p.returncode}", "stderr": p.stderr[-3000:]}
+            return {**json.loads(line[7:]), **wall}
+    return {"error": f"exit {p.returncode}", "stderr": p.stderr[-3000:], **wall}
 
 
 def main() -> None:
@@ -243,12 +261,17 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--small", action="store_true", help="a 2-layer d_model 64 llama on the CPU (checks the script)")
     p.add_argument("--device", default=None, help="default: cuda, or cpu with --small")
+    p.add_argument("--preset", default="llama-1b", help="model of the training rows and the generation run")
+    p.add_argument("--curve-preset", default="llama-125m",
+                   help="model of the loss-curve run (a size whose 500 steps fit beside the rest)")
+    p.add_argument("--curve-batch", type=int, default=None, help="curve micro-batch (default 8; --small 2)")
+    p.add_argument("--curve-seq", type=int, default=None, help="curve sequence length (default 1024; --small 32)")
     p.add_argument("--batch", type=int, default=None, help="micro-batch (default 4; --small 2)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 2048; --small 32)")
     p.add_argument("--steps", type=int, default=None, help="timed run steps (default 12; --small 4)")
     p.add_argument("--warmup", type=int, default=None, help="steps left out of the median (default 3; --small 1)")
     p.add_argument("--curve-steps", type=int, default=None,
-                   help="loss-curve run of BluTrain and PyTorch eager (default 500; --small 0 = none)")
+                   help="loss-curve steps of BluTrain (captured) and PyTorch eager (default 500; --small 20)")
     p.add_argument("--gen-tokens", type=int, default=1024, help="new tokens of the generation run")
     p.add_argument("--gen-batch", type=int, default=1)
     p.add_argument("--gen-prompt", type=int, default=32, help="prompt length of each generated row")
@@ -256,7 +279,7 @@ def main() -> None:
                    help="tokens of the uncached generation that must equal the cached one")
     p.add_argument("--only", default="", help="comma-separated run names (blutrain_bf16, torch_eager_bf16, "
                    "torch_compile_bf16, generate, curve)")
-    p.add_argument("--timeout", type=int, default=3600, help="seconds per child run")
+    p.add_argument("--timeout", type=int, default=480, help="seconds per child run")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "e2e_llama.json"))
     a = p.parse_args()
     small = a.small
@@ -265,8 +288,10 @@ def main() -> None:
     a.seq = a.seq or (32 if small else 2048)
     a.steps = a.steps or (4 if small else 12)
     a.warmup = a.warmup if a.warmup is not None else (1 if small else 3)
-    a.curve_steps = a.curve_steps if a.curve_steps is not None else (0 if small else 500)
-    for name in ("batch", "seq", "steps", "gen_tokens", "gen_batch", "gen_prompt"):
+    a.curve_steps = a.curve_steps if a.curve_steps is not None else (20 if small else 500)
+    a.curve_batch = a.curve_batch or (2 if small else 8)
+    a.curve_seq = a.curve_seq or (32 if small else 1024)
+    for name in ("batch", "seq", "steps", "gen_tokens", "gen_batch", "gen_prompt", "curve_batch", "curve_seq"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if a.warmup < 0 or a.curve_steps < 0:
@@ -277,6 +302,7 @@ def main() -> None:
     known = {r[0] for r in RUNS} | {"curve"}
     if only - known:
         p.error(f"--only: unknown run(s) {', '.join(sorted(only - known))}; known: {', '.join(sorted(known))}")
+    t_start = time.perf_counter()
     cfg = model_config(a)
     from blumodels.llama.model import count_params
 
@@ -297,9 +323,6 @@ def main() -> None:
     for name, fw, extra in RUNS:
         if only and name not in only:
             continue
-        if small and "--compile" in extra:
-            res["runs"][name] = {"skipped": "torch.compile is not run with --small (minutes of CPU compilation)"}
-            continue
         res["runs"][name] = _run_child(_child_args(a, fw, extra, a.steps), a.timeout)
         print(f"{name}: {json.dumps({k: v for k, v in res['runs'][name].items() if k != 'losses'})[:300]}",
               flush=True)
@@ -312,18 +335,22 @@ def main() -> None:
         res["max_loss_diff_vs_torch_eager"] = float(np.max(np.abs(np.subtract(ours["losses"],
                                                                              runs["torch_eager_bf16"]["losses"]))))
     if a.curve_steps and (not only or "curve" in only):
-        curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps), a.timeout) for fw in ("blutrain", "torch")}
+        curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps, curve=True), a.timeout)
+                 for fw in ("blutrain", "torch")}
         ok = all("losses" in c for c in curve.values())
         tail = min(100, a.curve_steps)
-        res["curve"] = {"steps": a.curve_steps, "blutrain_losses": curve["blutrain"].get("losses"),
+        res["curve"] = {"steps": a.curve_steps, "preset": "small" if small else a.curve_preset,
+                        "batch": a.curve_batch, "seq": a.curve_seq,
+                        "blutrain_losses": curve["blutrain"].get("losses"),
                         "torch_eager_losses": curve["torch"].get("losses"),
                         "errors": {k: v["error"] for k, v in curve.items() if "error" in v}}
         if ok:
             d = abs(np.mean(curve["blutrain"]["losses"][-tail:]) - np.mean(curve["torch"]["losses"][-tail:]))
             res["curve"].update({f"mean_last_{tail}_diff": float(d), "within_3e-3": bool(d <= 3e-3)})
+    res["wall_s"] = round(time.perf_counter() - t_start, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    print(f"wrote {a.out} ({res['wall_s']} s)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #   BLUTRAIN_TEST_TARGETS=blutensor,dtms benchmarks/gpu_suite.sh tests   # some packages only
 #   benchmarks/gpu_suite.sh recipe DATA OUT.json  # benchmarks/e2e_gpt2.py --suite recipe (the shipped recipe)
 #   benchmarks/gpu_suite.sh profile OUT.json      # benchmarks/step_profile.py: kernel time per mode vs torch.compile
+#   benchmarks/gpu_suite.sh llama OUT.json        # benchmarks/e2e_llama.py (llama-1b step, generation, curve)
 #
 # Packages come from the environment; on a machine without a package index, wheels in .whl/ (dev/gpu_wheels.sh
 # builds them) are installed into a private directory first, with this checkout's sources ahead of them.
@@ -20,5 +21,7 @@ case "${1:-tests}" in
   tests) shift; BLUTRAIN_TEST_BACKEND=cuda python3 scripts/run_tests.py "${BLUTRAIN_TEST_TARGETS:-all}" "$@" ;;
   recipe) python3 benchmarks/e2e_gpt2.py --suite recipe --data "$2" --out "$3" "${@:4}" ;;
   profile) python3 benchmarks/step_profile.py --out "$2" "${@:3}" ;;
-  *) echo "usage: $0 tests [pytest args] | recipe DATA OUT.json [e2e_gpt2.py args] | profile OUT.json" >&2; exit 2 ;;
+  llama) python3 benchmarks/e2e_llama.py --out "$2" "${@:3}" ;;
+  *) echo "usage: $0 tests [pytest args] | recipe DATA OUT.json [e2e_gpt2.py args] | profile OUT.json" \
+       "| llama OUT.json [e2e_llama.py args]" >&2; exit 2 ;;
 esac

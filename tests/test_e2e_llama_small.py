@@ -24,6 +24,7 @@ def test_e2e_llama_small(tmp_path):
     ours, ref = r["runs"]["blutrain_bf16"], r["runs"]["torch_eager_bf16"]
     assert "error" not in ours and "error" not in ref, (ours, ref)
     assert len(ours["losses"]) == 3 and ours["tokens_per_s"] > 0 and ref["tokens_per_s"] > 0
+    assert ours["captured_steps"] == 1  # 2 eager warm-up steps, then the captured step (its CPU twin)
     assert r["max_loss_diff_vs_torch_eager"] < 2e-3  # bf16 autocast on both sides, same weights and batches
     assert r["speedup_vs_torch_eager_bf16"] == pytest.approx(ours["tokens_per_s"] / ref["tokens_per_s"])
 

@@ -81,3 +81,37 @@ def test_bad_configs_are_named():
         from_hf({}, config)
     with pytest.raises(ConfigError, match="rope type 'yarn'"):
         from_hf({}, {**config, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0}})
+
+
+def _cuda_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_model_matches_transformers(case):
+    """The model on the GPU (fused add + RMSNorm, RoPE into attention's layout, GQA read in place, head dim 64 for
+    the flash kernels) gives transformers' CPU logits and the CPU model's gradients (the CPU twin:
+    test_export_matches_transformers)."""
+    cfg = _cfg(**CASES[case])
+    cfg.d_model, cfg.n_head, cfg.ffn_hidden = 256, 4, 96
+    cpu = build_model(cfg, seed=1)
+    state, config = to_hf(cpu)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+    hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
+    gpu = build_model(cfg, seed=1).to("cuda")  # the same initial weights
+    ids = _ids()
+    x = bt.tensor(ids, dtype=bt.int64, device="cuda")
+    logits, loss = gpu(x, x)
+    np.testing.assert_allclose(logits.to("cpu").numpy()[..., :96], _theirs(hf, ids), atol=2e-4, rtol=0)
+    loss.backward()
+    _, ref = cpu(bt.tensor(ids, dtype=bt.int64), bt.tensor(ids, dtype=bt.int64))
+    ref.backward()
+    for (n, p), (_, q) in zip(gpu.named_parameters(), cpu.named_parameters()):
+        np.testing.assert_allclose(p.grad.to("cpu").numpy(), q.grad.numpy(), atol=2e-4, rtol=2e-3, err_msg=n)

@@ -1,5 +1,6 @@
-"""Every Trainer feature with model.family = "llama" on CPU: fp32 and bf16 autocast, accumulation, checkpoints with
-bit-exact resume, recompute and optimizer-in-backward (equal to the plain step), the profiler, the CLI."""
+"""Every Trainer feature with model.family = "llama" on CPU: fp32, tf32 and bf16 autocast, accumulation, the compiled
+step, checkpoints with bit-exact resume, recompute and optimizer-in-backward (equal to the plain step), the profiler,
+the CLI."""
 
 import json
 
@@ -65,6 +66,24 @@ def test_bf16_autocast_tracks_fp32(tmp_path):
     assert np.all(np.isfinite(bf16))
     np.testing.assert_allclose(bf16, fp32, atol=0.05)
     assert bf16 != fp32  # the bf16 path really ran
+
+
+def test_tf32_is_fp32_on_cpu(tmp_path):
+    """train.precision = "tf32" sets CUDA matmul precision only: on the CPU the run equals fp32 bit for bit."""
+    fp32, p32 = _run(tmp_path / "a", _cfg(steps=2, eval_interval=0, checkpoint_interval=0))
+    tf32, ptf = _run(tmp_path / "b", _cfg(steps=2, eval_interval=0, checkpoint_interval=0, precision="tf32"))
+    assert tf32 == fp32
+    for n, p in p32.items():
+        np.testing.assert_array_equal(ptf[n], p, err_msg=n)
+
+
+def test_compiled_step_equals_eager(tmp_path):
+    """train.compile = true (the step traced by the compiler plugin; the fused add + RMSNorm is traced as its
+    ops) gives the eager step's losses."""
+    kw = dict(steps=2, eval_interval=0, checkpoint_interval=0, batch_tokens=128)
+    eager, _ = _run(tmp_path / "eager", _cfg(**kw))
+    compiled, _ = _run(tmp_path / "compiled", _cfg(**kw, compile=True))
+    np.testing.assert_allclose(compiled, eager, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("feature", ["activation_checkpointing", "optimizer_in_backward"])
@@ -153,7 +172,7 @@ def _cuda_ok() -> bool:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
-@pytest.mark.parametrize("mode", ["fp32", "bf16", "fp32_graph", "bf16_graph"])
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bf16", "fp32_graph", "tf32_graph", "bf16_graph"])
 def test_cuda_trainer_matches_cpu(tmp_path, mode):
     """The llama Trainer on the GPU (eager and captured, fp32 and bf16) follows the CPU run of the same config
     (the CPU twin: test_trains_and_names_parameters / test_bf16_autocast_tracks_fp32 above)."""
@@ -161,7 +180,7 @@ def test_cuda_trainer_matches_cpu(tmp_path, mode):
     kw = dict(steps=4, eval_interval=0, checkpoint_interval=0, batch_tokens=128, precision=prec, deterministic=True)
     cpu, _ = _run(tmp_path / "cpu", _cfg(**kw))
     gpu, _ = _run(tmp_path / "gpu", _cfg(**kw, device="cuda", cuda_graph=graph))
-    np.testing.assert_allclose(gpu, cpu, rtol=0, atol=2e-4 if prec == "fp32" else 3e-2)
+    np.testing.assert_allclose(gpu, cpu, rtol=0, atol={"fp32": 2e-4, "tf32": 1e-2}.get(prec, 3e-2))
 
 
 def test_families_present_without_entry_points():

@@ -75,7 +75,8 @@ def test_rms_norm(device, dtype, C):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope(device, dtype):
+@pytest.mark.parametrize("transpose", [False, True])
+def test_rope(device, dtype, transpose):
     B, T, H, D = 2, 9, 3, 16
     x = _bf16_round(rng.standard_normal((B, T, H, D)), dtype)
     g = _bf16_round(rng.standard_normal((B, T, H, D)), dtype)
@@ -88,11 +89,16 @@ def test_rope(device, dtype):
         return np.concatenate([a1 * c32[:, None] - a2 * sn[:, None], a2 * c32[:, None] + a1 * sn[:, None]], -1)
 
     xt = _t(x, device, dtype)
-    y = F.rope(xt, bt.tensor(c.astype(np.float32), device=device), bt.tensor(s.astype(np.float32), device=device))
+    y = F.rope(xt, bt.tensor(c.astype(np.float32), device=device), bt.tensor(s.astype(np.float32), device=device),
+               transpose=transpose)
     assert y.dtype == getattr(bt, dtype)
-    _check(_np(y), rot(x, s32), dtype)
+    want = rot(x, s32)
+    if transpose:  # (B, H, T, D), contiguous: attention's layout
+        want, g = want.swapaxes(1, 2), g.swapaxes(1, 2)
+        assert y.shape == (B, H, T, D) and y.is_contiguous()
+    _check(_np(y), want, dtype)
     y.backward(_t(g, device, dtype, grad=False))
-    _check(_np(xt.grad), rot(g, -s32), dtype)
+    _check(_np(xt.grad), rot(g.swapaxes(1, 2) if transpose else g, -s32), dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -138,7 +144,7 @@ def test_kernel_classes_registered_and_entries_exist():
 
     ops = {c.OP: c for c in kernel_classes()}
     for op, file, names in (("rms_norm", "rms_norm.cu", ("forward", "backward", "backward_dw", "backward_reduce")),
-                            ("rope", "rope.cu", ("forward", "backward")),
+                            ("rope", "rope.cu", ("forward", "backward", "forward_t", "backward_t")),
                             ("swiglu", "swiglu.cu", ("forward", "backward"))):
         assert ops[op].BF16_NATIVE and set(ops[op].DTYPES) == {"float32", "bfloat16"}
         src = (KDIR / file).read_text()
@@ -191,13 +197,16 @@ def _emulate(name, args):
     elif base == "blu_rms_norm_backward_reduce":
         part, dw, S, C = args
         put(dw, part[:S].sum(0))
-    elif base in ("blu_rope_forward", "blu_rope_backward"):
+    elif base in ("blu_rope_forward", "blu_rope_backward", "blu_rope_forward_t", "blu_rope_backward_t"):
         x, cs, sn, y, pairs, T, H, h2 = args
-        sign = 1 if base.endswith("forward") else -1
-        xx = f(x).reshape(-1, T, H, 2 * h2)
+        sign = 1 if "forward" in base else -1
+        if base == "blu_rope_backward_t":  # reads (B, H, T, D), writes (B, T, H, D)
+            xx = f(x).reshape(-1, H, T, 2 * h2).swapaxes(1, 2)
+        else:
+            xx = f(x).reshape(-1, T, H, 2 * h2)
         c, s = cs[:, None, :], sign * sn[:, None, :]
-        put(y, np.concatenate([xx[..., :h2] * c - xx[..., h2:] * s, xx[..., h2:] * c + xx[..., :h2] * s],
-                              -1).reshape(y.shape))
+        out = np.concatenate([xx[..., :h2] * c - xx[..., h2:] * s, xx[..., h2:] * c + xx[..., :h2] * s], -1)
+        put(y, (out.swapaxes(1, 2) if base == "blu_rope_forward_t" else out).reshape(y.shape))
     elif base == "blu_swiglu_forward":
         gate, up, y, n = args
         put(y, f(gate) / (1 + np.exp(-f(gate))) * f(up))
@@ -278,6 +287,12 @@ def test_cuda_wrappers_route_data_through_the_kernels(fake_cuda, storage):
     gq, gc, gs = dec.RopeCuda.backward(ctx, yq)  # the inverse rotation brings x back
     assert gc is None and gs is None
     np.testing.assert_allclose(back(gq), back(conv(q)), atol=tol * 8, rtol=tol)
+    ctx = Ctx()
+    ctx.needs = (True, False, False)
+    yt = dec.RopeCuda.forward(ctx, conv(q), np.cos(ang), np.sin(ang), transpose=True)
+    np.testing.assert_array_equal(yt, yq.swapaxes(1, 2))  # the same rotation, laid out (B, H, T, D)
+    gt, _, _ = dec.RopeCuda.backward(ctx, yt)
+    np.testing.assert_array_equal(gt, gq)
     a, b = rng.standard_normal((4, 9)), rng.standard_normal((4, 9))
     ctx = Ctx()
     ctx.needs = (False, True)
@@ -287,4 +302,5 @@ def test_cuda_wrappers_route_data_through_the_kernels(fake_cuda, storage):
     dga, dgb = dec.SwigluCuda.backward(ctx, conv(np.ones((4, 9))))
     assert dga is None  # not needed: not computed
     np.testing.assert_allclose(back(dgb), ar / (1 + np.exp(-ar)), atol=tol * 4, rtol=tol)
-    assert {n.rsplit("_", 1)[1] for n in launched} == {storage} and len(launched) == 8
+    assert {n.rsplit("_", 1)[1] for n in launched} == {storage} and len(launched) == 10
+    assert {"blu_rope_forward_t_" + storage, "blu_rope_backward_t_" + storage} <= set(launched)

@@ -519,11 +519,59 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     return apply("rms_norm", x, weight, normalized_shape=tuple(normalized_shape), eps=float(eps))
 
 
-def rope(x, cos, sin):
+def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
+    """``(h, y)``: ``h = x + residual`` (the new residual stream) and ``y = rms_norm(h, normalized_shape, weight,
+    eps)`` in one fused op, forward and backward (the pre-norm of a Llama block). ``h`` has the promoted dtype of
+    the two addends; inside ``autocast`` on their device ``y`` is in the autocast dtype (the next matmul's input),
+    else in ``h``'s. ``eps=None`` is the dtype's machine epsilon, as in :func:`rms_norm`."""
+    from blutensor._tensor import Tensor
+    from blutensor.amp import get_autocast_dtype, is_autocast_enabled
+    from blutensor.dtypes import promote_types
+    from blutensor.ops.residual_norm import add_rms_norm as _fused
+
+    for name, t in (("x", x), ("residual", residual)):
+        if not isinstance(t, Tensor):
+            raise ArgumentError(f"add_rms_norm: {name} must be a Tensor, got {type(t).__name__}")
+        _floating(t, f"add_rms_norm: {name}")
+    if tuple(x.shape) != tuple(residual.shape):
+        raise ShapeError(f"add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} must have one shape")
+    if x.device != residual.device:
+        raise ArgumentError(f"add_rms_norm: x is on {x.device}, residual on {residual.device}")
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    normalized_shape = tuple(normalized_shape)
+    n = len(normalized_shape)
+    if n == 0 or tuple(x.shape[x.ndim - n:]) != normalized_shape:
+        raise ShapeError(f"add_rms_norm: input shape {tuple(x.shape)} does not end with normalized_shape "
+                         f"{normalized_shape}")
+    if weight is not None and (not isinstance(weight, Tensor) or tuple(weight.shape) != normalized_shape
+                               or weight.device != x.device):
+        got = f"{tuple(weight.shape)} on {weight.device}" if isinstance(weight, Tensor) else type(weight).__name__
+        raise ShapeError(f"add_rms_norm: weight must be a {normalized_shape} Tensor on {x.device}, got {got}")
+    h_dtype = promote_types(x.dtype, residual.dtype)
+    if eps is None:
+        import numpy as np
+
+        eps = float(np.finfo(np.float32 if h_dtype.name == "bfloat16" else h_dtype.np).eps)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ArgumentError(f"add_rms_norm: eps must be a non-negative number, got {eps!r}")
+    dev = x.device.type
+    y_dtype = get_autocast_dtype(dev) if is_autocast_enabled(dev) and h_dtype.name in ("float32", "bfloat16") \
+        else h_dtype
+    if h_dtype != residual.dtype:  # the fused op writes h in the residual's dtype
+        residual = residual.to(h_dtype)
+    return _fused(x, residual, normalized_shape, weight, float(eps), y_dtype)
+
+
+def rope(x, cos, sin, transpose: bool = False):
     """Rotary position embedding of ``x`` (..., T, H, D) with angle tables cos/sin (T, D/2), in the
     rotate-half layout of Hugging Face's Llama: the pair (i, i + D/2) of each head is rotated by angle[t, i].
-    The tables stay float32 whatever the dtype of ``x``; no gradient flows into them."""
+    The tables stay float32 whatever the dtype of ``x``; no gradient flows into them. ``transpose=True``
+    returns the result as a contiguous (..., H, T, D), the layout attention reads (on CUDA one kernel rotates and
+    transposes, each way: ``rope(x).transpose(-3, -2).contiguous()`` without the copy)."""
     _floating(x, "rope")
+    if transpose:
+        return apply("rope", x, cos, sin, transpose=True)
     return apply("rope", x, cos, sin)
 
 
@@ -672,9 +720,16 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
 
     ``enable_gqa=True`` (grouped-query attention, PyTorch's flag): k and v may have fewer heads (dim -3) than q,
     a divisor of q's; each K/V head serves ``Hq // Hkv`` consecutive query heads. The heads are repeated here
-    (a differentiable expand + reshape whose backward sums the group), so every attention kernel sees equal heads.
+    (a differentiable expand + reshape whose backward sums the group), so every attention kernel sees equal heads --
+    except on CUDA, where the flash kernels read each group's K/V head in place (``cuda_ops.sdpa_gqa``).
     """
     if enable_gqa:
+        if getattr(q, "device", None) is not None and q.device.type == "cuda" and not dropout_p:
+            from blutensor.cuda_ops import sdpa_gqa
+
+            variant = sdpa_gqa.applies(q, k, v, attn_mask, dropout_p)
+            if variant is not None:  # shapes and dtypes checked there
+                return sdpa_gqa.sdpa_gqa(q, k, v, is_causal, scale, variant)
         k, v = _repeat_kv_heads(q, k, v)
     _check_sdpa(q, k, v, attn_mask, dropout_p, is_causal)
     seed = off = 0

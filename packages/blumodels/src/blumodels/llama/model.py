@@ -100,8 +100,9 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache=None, layer: int = 0):
         B, T, _ = x.shape
         H, Hk, hd = self.n_head, self.n_kv_heads, self.head_dim
-        q = F.rope(self.q_proj(x).view(B, T, H, hd), cos, sin).transpose(1, 2)
-        k = F.rope(self.k_proj(x).view(B, T, Hk, hd), cos, sin).transpose(1, 2)
+        # rotated and laid out (B, heads, T, hd) for attention in one pass each (no transpose copies)
+        q = F.rope(self.q_proj(x).view(B, T, H, hd), cos, sin, transpose=True)
+        k = F.rope(self.k_proj(x).view(B, T, Hk, hd), cos, sin, transpose=True)
         v = self.v_proj(x).view(B, T, Hk, hd).transpose(1, 2)
         p = self.dropout if self.training else 0.0
         if cache is None:
@@ -131,7 +132,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """h = x + attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h))."""
+    """h = x + attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h)).
+
+    The residual add after attention and the post-attention RMSNorm are one fused op (``F.add_rms_norm``: one
+    pass over the rows each way; under autocast the normalised output comes out bf16 for the MLP's GEMMs)."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
@@ -141,8 +145,10 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, device)
 
     def forward(self, x, cos, sin, cache=None, layer: int = 0):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
+        norm = self.post_attention_layernorm
+        h, y = F.add_rms_norm(a, x, norm.normalized_shape, norm.weight, norm.eps)
+        return h + self.mlp(y)
 
 
 class Llama(nn.Module):

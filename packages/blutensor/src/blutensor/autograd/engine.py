@@ -136,8 +136,10 @@ def run_backward(tensors, grads, retain_graph: bool = False, capture: dict | Non
             if grad is not None and getattr(node.kernel, "GRAD_SUM", False):
                 pend = _pending_for(node, pending, capture)
                 node.ctx.grad_pending = pend
-            if grad is None:
+            if grad is None and not getattr(node.kernel, "RUN_WITHOUT_GRAD", False):
                 in_grads = (None,) * len(node.next)
+            elif grad is None:  # one result of a multi-result op: the gradient of another is kept in its ctx
+                in_grads = node.apply(None)
             elif backward_observers:
                 in_grads = _observed(0, node, grad)
             else:

@@ -205,6 +205,82 @@ void blu_layer_norm_backward(const float *g, const float *x, const float *w, con
     }
 }
 
+/* ---------------------------------------------------------------- residual add + RMSNorm */
+/* h = x + r, rstd[i] = 1 / sqrt(mean(h^2) + eps), y = h * rstd * w (w may be NULL); one pass over each row. */
+void blu_add_rms_norm_forward(const float *x, const float *r, const float *w, float *h, float *y, float *rstd,
+                              long N, long C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) {
+        const float *xr = x + i * C, *rr = r + i * C;
+        float *hr = h + i * C, *yr = y + i * C;
+        float acc[LANES] = {0};
+        long j = 0;
+        for (; j + LANES <= C; j += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float v = xr[j + l] + rr[j + l];
+                hr[j + l] = v;
+                acc[l] += v * v;
+            }
+        float ss = lane_sum(acc);
+        for (; j < C; j++) {
+            float v = xr[j] + rr[j];
+            hr[j] = v;
+            ss += v * v;
+        }
+        float rs = 1.0f / sqrtf(ss / (float)C + eps);
+        rstd[i] = rs;
+        if (w)
+            for (j = 0; j < C; j++) yr[j] = hr[j] * rs * w[j];
+        else
+            for (j = 0; j < C; j++) yr[j] = hr[j] * rs;
+    }
+}
+
+/* dsum = rstd * (gy*w - hhat * mean(gy*w*hhat)) + gh, hhat = h * rstd (gy or gh may be NULL: no such gradient);
+ * per-block partials part[nblk][C] of dweight (gy * hhat), then dw (may be NULL) summed over the blocks in order. */
+void blu_add_rms_norm_backward(const float *gy, const float *gh, const float *h, const float *w, const float *rstd,
+                               float *dsum, float *part, float *dw, long N, long C) {
+    long nblk = (N + LN_BLOCK - 1) / LN_BLOCK;
+    int want_p = dw != NULL && gy != NULL;
+#pragma omp parallel for schedule(static)
+    for (long k = 0; k < nblk; k++) {
+        float *pw = part + k * C;
+        if (want_p)
+            for (long j = 0; j < C; j++) pw[j] = 0.0f;
+        long r1 = (k + 1) * LN_BLOCK < N ? (k + 1) * LN_BLOCK : N;
+        for (long i = k * LN_BLOCK; i < r1; i++) {
+            const float *hr = h + i * C;
+            float rs = rstd[i];
+            float *o = dsum + i * C;
+            for (long j = 0; j < C; j++) o[j] = gh ? gh[i * C + j] : 0.0f;
+            if (!gy) continue;
+            const float *gr = gy + i * C;
+            float acc[LANES] = {0};
+            long j = 0;
+            for (; j + LANES <= C; j += LANES)
+                for (int l = 0; l < LANES; l++)
+                    acc[l] += (w ? gr[j + l] * w[j + l] : gr[j + l]) * hr[j + l] * rs;
+            float dot = lane_sum(acc);
+            for (; j < C; j++) dot += (w ? gr[j] * w[j] : gr[j]) * hr[j] * rs;
+            float m = dot / (float)C;
+            for (j = 0; j < C; j++) {
+                float gw = w ? gr[j] * w[j] : gr[j];
+                o[j] += rs * (gw - hr[j] * rs * m);
+            }
+            if (want_p)
+                for (j = 0; j < C; j++) pw[j] += gr[j] * hr[j] * rs;
+        }
+    }
+    if (!dw) return;
+#pragma omp parallel for schedule(static)
+    for (long j = 0; j < C; j++) {
+        float sw = 0.0f;
+        if (want_p)
+            for (long k = 0; k < nblk; k++) sw += part[k * C + j];
+        dw[j] = sw;
+    }
+}
+
 /* ---------------------------------------------------------------- softmax cross-entropy (class dim last) */
 /* loss[r] (0 for ignored rows) and lse[r]; label smoothing ls mixes in lse - mean(z). */
 void blu_cross_entropy_forward(const float *z, const int64_t *t, float *loss, float *lse, long N, long C,

@@ -103,20 +103,80 @@ class RmsNormCuda(Kernel):
         return (None if dx is None else dx.reshape(shape)), dw
 
 
-def rope_apply(x, cos, sin, backward: bool = False):
-    """The rotation of contiguous x (..., T, H, D) by fp32 tables (T, D/2); ``backward``: the inverse."""
+def _sfx(dtype) -> str:
+    return "bf16" if np.dtype(dtype) == np.uint16 else "f32"
+
+
+def add_rms_norm_forward(x2, r2, w, eps: float, y_dtype):
+    """(h, y, rstd) for contiguous rows x2, r2 (N, C): h = x2 + r2 (r2's storage), y = rms_norm(h) * w in
+    ``y_dtype`` storage (float32 or uint16 bf16 bits); w (C,) or None (then f32 is assumed for the entry name)."""
     cp = cupy()
-    T, H, D = x.shape[-3], x.shape[-2], x.shape[-1]
-    y = cp.empty_like(x)
+    N, C = x2.shape
+    h = cp.empty_like(r2)
+    y = cp.empty((N, C), dtype=y_dtype)
+    rstd = cp.empty((N,), dtype=cp.float32)
+    if N:
+        tag = "_".join(_sfx(a) for a in (x2.dtype, r2.dtype, y_dtype, np.float32 if w is None else w.dtype))
+        launch("add_rms_norm.cu", f"blu_add_rms_norm_forward_{tag}", _row_grid(N), _BLOCK,
+               (x2, r2, ptr(w), h, y, rstd, np.int64(N), np.int32(C), np.float32(eps)))
+    return h, y, rstd
+
+
+def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool):
+    """(dres, dx, dw): the gradient of the sum in h's storage (dres) and, when x's storage differs, in x's (dx,
+    else None: dres serves both); dw (w's storage) as fixed-order sums over DW_SLICES row slices, when asked.
+    ``gy2`` (gradient of y) and ``gh2`` (gradient reaching h) may each be None."""
+    cp = cupy()
+    N, C = h2.shape
+    y_dtype = np.float32 if gy2 is None else gy2.dtype
+    w_dtype = np.float32 if w is None else w.dtype
+    tag = "_".join(_sfx(a) for a in (x_dtype, h2.dtype, y_dtype, w_dtype))
+    dres = cp.empty_like(h2)
+    dx = None if np.dtype(x_dtype) == h2.dtype else cp.empty((N, C), dtype=x_dtype)
+    if N:
+        launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_{tag}", _row_grid(N), _BLOCK,
+               (ptr(gy2), ptr(gh2), h2, ptr(w), rstd, dres, ptr(dx), np.int64(N), np.int32(C)))
+    dw = None
+    if need_dw and w is not None:
+        dw = cp.empty((C,), dtype=w.dtype)
+        if gy2 is None or not N:
+            dw.fill(0)
+        else:
+            S = max(1, min(DW_SLICES, N))
+            part = cp.empty((S, C), dtype=cp.float32)
+            cols = -(-C // _BLOCK)
+            launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_dw_{_sfx(gy2.dtype)}_{_sfx(h2.dtype)}", (cols, S),
+                   _BLOCK, (gy2, h2, rstd, part, np.int64(N), np.int32(C)))
+            launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_reduce_{_sfx(w.dtype)}", cols, _BLOCK,
+                   (part, dw, np.int32(S), np.int32(C)))
+    return dres, dx, dw
+
+
+def rope_apply(x, cos, sin, backward: bool = False, transpose: bool = False):
+    """The rotation of contiguous x (..., T, H, D) by fp32 tables (T, D/2); ``backward``: the inverse.
+
+    ``transpose``: forward writes (..., H, T, D); backward reads x as (..., H, T, D) and writes (..., T, H, D)."""
+    cp = cupy()
+    if transpose and backward:
+        H, T, D = x.shape[-3], x.shape[-2], x.shape[-1]
+        y = cp.empty(x.shape[:-3] + (T, H, D), dtype=x.dtype)
+    elif transpose:
+        T, H, D = x.shape[-3], x.shape[-2], x.shape[-1]
+        y = cp.empty(x.shape[:-3] + (H, T, D), dtype=x.dtype)
+    else:
+        T, H, D = x.shape[-3], x.shape[-2], x.shape[-1]
+        y = cp.empty_like(x)
     pairs = x.size // 2
     if pairs:
-        launch("rope.cu", f"blu_rope_{'backward' if backward else 'forward'}_{suffix(x)}", _flat_grid(pairs), _BLOCK,
+        name = f"blu_rope_{'backward' if backward else 'forward'}_{'t_' if transpose else ''}{suffix(x)}"
+        launch("rope.cu", name, _flat_grid(pairs), _BLOCK,
                (x, cos, sin, y, np.int64(pairs), np.int32(T), np.int32(H), np.int32(D // 2)))
     return y
 
 
 class RopeCuda(Kernel):
-    """rope on CUDA: one thread per rotated pair, fp32 tables whatever the dtype of x."""
+    """rope on CUDA: one thread per rotated pair, fp32 tables whatever the dtype of x; ``transpose=True`` writes
+    the (..., H, T, D) layout attention reads in the same pass (and reads it back in the backward)."""
 
     PLUGIN_NAME = "blutensor.cuda.rope"
     OP = "rope"
@@ -126,24 +186,24 @@ class RopeCuda(Kernel):
     BF16_NATIVE = True
 
     @staticmethod
-    def forward(ctx, x, cos, sin):
+    def forward(ctx, x, cos, sin, transpose=False):
         ok = (x.dtype in _STORAGE and x.ndim >= 3 and x.shape[-1] % 2 == 0 and cos.dtype == np.float32
               and sin.dtype == np.float32 and tuple(cos.shape) == (x.shape[-3], x.shape[-1] // 2)
               and tuple(sin.shape) == tuple(cos.shape))
         if not ok:
-            return _fallback.forward(ctx, ref.rope_forward, (x, cos, sin), {}, bf16_inputs=(
+            return _fallback.forward(ctx, ref.rope_forward, (x, cos, sin), {"transpose": transpose}, bf16_inputs=(
                 _fallback.is_bf16(x), _fallback.is_bf16(cos), _fallback.is_bf16(sin)))
         cp = cupy()
         c, s = cp.ascontiguousarray(cos), cp.ascontiguousarray(sin)
-        ctx.saved = (c, s)
-        return rope_apply(cp.ascontiguousarray(x), c, s)
+        ctx.saved = (c, s, bool(transpose))
+        return rope_apply(cp.ascontiguousarray(x), c, s, transpose=bool(transpose))
 
     @staticmethod
     def backward(ctx, g):
         if _fallback.used(ctx):
             return _fallback.backward(ctx, ref.rope_backward, g)
-        c, s = ctx.saved
-        return rope_apply(cupy().ascontiguousarray(g), c, s, backward=True), None, None
+        c, s, transpose = ctx.saved
+        return rope_apply(cupy().ascontiguousarray(g), c, s, backward=True, transpose=transpose), None, None
 
 
 class SwigluCuda(Kernel):

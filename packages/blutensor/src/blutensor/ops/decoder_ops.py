@@ -64,15 +64,19 @@ def rotate(x, cos, sin):
     return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def rope_forward(ctx, x, cos, sin):
+def rope_forward(ctx, x, cos, sin, transpose=False):
+    """The rotation of x (..., T, H, D); ``transpose``: returned as a contiguous (..., H, T, D) (attention's layout)."""
     _check_rope(x, cos, sin)
-    ctx.saved = (cos, sin)
-    return rotate(x, cos, sin)
+    ctx.saved = (cos, sin, bool(transpose))
+    y = rotate(x, cos, sin)
+    return xp_of(y).ascontiguousarray(y.swapaxes(-3, -2)) if transpose else y
 
 
 def rope_backward(ctx, g):
-    """The rotation is orthogonal: the gradient is ``g`` rotated back (by -angle)."""
-    cos, sin = ctx.saved
+    """The rotation is orthogonal: the gradient is ``g`` rotated back (by -angle), in x's (..., T, H, D) layout."""
+    cos, sin, transpose = ctx.saved
+    if transpose:
+        g = g.swapaxes(-3, -2)
     return rotate(g, cos, -sin), None, None
 
 
@@ -94,3 +98,33 @@ def swiglu_backward(ctx, g):
     gg = (g * up * s * (1 + gate * (1 - s))).astype(g.dtype, copy=False) if ctx.needs[0] else None
     gu = (g * silu).astype(g.dtype, copy=False) if ctx.needs[1] else None
     return gg, gu
+
+
+def add_rms_norm_rows(x, r, w, eps, y_dtype):
+    """(h, y, rstd) of the residual add fused with RMSNorm over rows (N, C): h = x + r in r's dtype, rstd (N, 1),
+    y = h * rstd * w in ``y_dtype``; the reference of the fused kernels (float32/float64 math)."""
+    xp = xp_of(r)
+    h = (x.astype(r.dtype, copy=False) + r).astype(r.dtype, copy=False)
+    rstd = 1.0 / xp.sqrt((h * h).mean(axis=-1, keepdims=True) + eps)
+    y = h * rstd
+    if w is not None:
+        y = y * w
+    return h, y.astype(y_dtype, copy=False), rstd
+
+
+def add_rms_norm_rows_backward(gy, gh, h, w, rstd, need_dw: bool):
+    """(dsum, dw): dsum = rstd * (gy*w - hhat * mean(gy*w*hhat)) + gh (the gradient of both addends), dw = sum over
+    rows of gy * hhat; gy or gh may be None (no gradient reached y or h)."""
+    xp = xp_of(h)
+    hhat = h * rstd
+    dsum = xp.zeros_like(h) if gh is None else gh.astype(h.dtype, copy=True)
+    dw = None
+    if gy is not None:
+        g = gy.astype(h.dtype, copy=False)
+        gw = g * w if w is not None else g
+        dsum += rstd * (gw - hhat * (gw * hhat).mean(axis=-1, keepdims=True))
+        if need_dw and w is not None:
+            dw = (g * hhat).sum(axis=0).astype(w.dtype, copy=False)
+    elif need_dw and w is not None:
+        dw = xp.zeros_like(w)
+    return dsum, dw
