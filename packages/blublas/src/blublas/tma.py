@@ -12,24 +12,37 @@ cached per (pointer, shape, strides, box).
 
 from __future__ import annotations
 
+import ctypes
 import sys
+from dataclasses import dataclass
 
 import numpy as np
-from blutensor.cuda_ops import tma as _bt
-from blutensor.cuda_ops.tma import (  # noqa: F401 - re-exported: one encoder for both packages
-    DTYPE_BF16,
-    DTYPE_F32,
-    INTERLEAVE_NONE,
-    L2_PROMOTION_256B,
-    OOB_FILL_ZERO,
-    SWIZZLE_128B,
-    SWIZZLE_SPAN,
-    TMAP_DTYPE,
-    TmapSpec,
-    encode_args,
-)
 
 from .errors import GemmError
+
+# CUtensorMapDataType / Swizzle / L2promotion / FloatOOBfill / Interleave values (cuda.h)
+DTYPE_BF16 = 9
+DTYPE_F32 = 7
+SWIZZLE_128B = 3
+L2_PROMOTION_256B = 3
+OOB_FILL_ZERO = 0
+INTERLEAVE_NONE = 0
+SWIZZLE_SPAN = 128  # bytes: the box's inner extent and the smem row of the wgmma descriptors
+
+#: the 128-byte kernel parameter (CuPy passes one-element NumPy arrays by value, any dtype)
+TMAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))])
+
+
+@dataclass(frozen=True)
+class TmapSpec:
+    """Arguments of one cuTensorMapEncodeTiled call (rank 3: inner, outer, batch)."""
+
+    dtype: int
+    itemsize: int
+    ptr: int
+    dims: tuple[int, int, int]  # elements: columns (contiguous), rows, batch entries
+    strides: tuple[int, int]  # bytes: between rows, between batch entries
+    box: tuple[int, int, int]  # elements per box along each dim
 
 
 def operand_spec(
@@ -69,11 +82,71 @@ def spec_problem(spec: TmapSpec) -> str:
     return ""
 
 
+_CUDA = None
+
+
+def _libcuda():
+    global _CUDA
+    if _CUDA is None:
+        lib = ctypes.CDLL("libcuda.so.1" if sys.platform != "win32" else "nvcuda.dll")
+        fn = lib.cuTensorMapEncodeTiled
+        fn.restype = ctypes.c_int
+        fn.argtypes = [
+            ctypes.c_void_p,  # CUtensorMap*
+            ctypes.c_int,  # dtype
+            ctypes.c_uint32,  # rank
+            ctypes.c_void_p,  # global address
+            ctypes.POINTER(ctypes.c_uint64),  # globalDim
+            ctypes.POINTER(ctypes.c_uint64),  # globalStrides (rank - 1)
+            ctypes.POINTER(ctypes.c_uint32),  # boxDim
+            ctypes.POINTER(ctypes.c_uint32),  # elementStrides
+            ctypes.c_int,  # interleave
+            ctypes.c_int,  # swizzle
+            ctypes.c_int,  # l2 promotion
+            ctypes.c_int,  # oob fill
+        ]
+        _CUDA = fn
+    return _CUDA
+
+
+def encode_args(spec: TmapSpec) -> tuple:
+    """The exact argument values passed to cuTensorMapEncodeTiled after the map pointer (for tests)."""
+    return (
+        spec.dtype,
+        3,
+        spec.ptr,
+        tuple(spec.dims),
+        tuple(spec.strides),
+        tuple(spec.box),
+        (1, 1, 1),
+        INTERLEAVE_NONE,
+        SWIZZLE_128B,
+        L2_PROMOTION_256B,
+        OOB_FILL_ZERO,
+    )
+
+
 def _driver_encode(spec: TmapSpec) -> bytes:
-    try:
-        return _bt.driver_encode(spec)
-    except _bt.TmaError as exc:
-        raise GemmError(str(exc)) from exc
+    dtype, rank, ptr, dims, strides, box, estr, il, sw, l2, oob = encode_args(spec)
+    buf = (ctypes.c_uint8 * 192)()  # 128 bytes at a 64-byte aligned offset inside
+    off = (-ctypes.addressof(buf)) % 64
+    res = _libcuda()(
+        ctypes.addressof(buf) + off,
+        dtype,
+        rank,
+        ctypes.c_void_p(ptr),
+        (ctypes.c_uint64 * 3)(*dims),
+        (ctypes.c_uint64 * 2)(*strides),
+        (ctypes.c_uint32 * 3)(*box),
+        (ctypes.c_uint32 * 3)(*estr),
+        il,
+        sw,
+        l2,
+        oob,
+    )
+    if res != 0:
+        raise GemmError(f"cuTensorMapEncodeTiled failed with CUresult {res} for {spec}")
+    return bytes(buf[off : off + 128])
 
 
 _cache: dict[TmapSpec, np.ndarray] = {}

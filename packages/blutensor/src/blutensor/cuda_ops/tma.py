@@ -1,5 +1,6 @@
-"""Host-side TMA tensor maps (CUtensorMap) for the sm_90a kernels (blutensor's kernels/sdpa_wgmma.cu, BluBLAS's
-wgmma GEMMs).
+"""Host-side TMA tensor maps (CUtensorMap) for blutensor's sm_90a kernels (kernels/sdpa_wgmma.cu).
+
+BluBLAS, which depends on NumPy alone, keeps its own rank-3 encoder for its GEMMs (``blublas/tma.py``).
 
 A map describes a tensor of rank 2-5 (dims innermost first, the innermost contiguous; byte strides of the
 outer dims, in any order: a (B, T, 3, H, HD) fused projection read as (HD, T, H, B) is fine) and the box one
