@@ -144,7 +144,7 @@ def _run(benchmark, impl, fn, info, nbytes=None, flops=None):
 def _dev(cp, shape, storage, scale=1.0):
     a = cp.random.standard_normal(shape, dtype=cp.float32) * scale
     if storage == "bf16":
-        from blutensor.backend import f32_to_bf16_bits
+        from blutensor.ext import f32_to_bf16_bits
 
         return f32_to_bf16_bits(a, cp)
     return a
@@ -178,7 +178,7 @@ def test_layer_norm(benchmark, impl, storage, pass_):
             g = torch.ones_like(y)
             fn = lambda: torch.autograd.grad(y, (x, w, b), g, retain_graph=True)  # noqa: E731
     else:
-        from blutensor.cuda_ops.layer_norm import layer_norm_backward, layer_norm_forward
+        from blutensor.ext import layer_norm_backward, layer_norm_forward
 
         cp = _cupy()
         x, w, b = _dev(cp, (N, C), storage), _dev(cp, (C,), storage), _dev(cp, (C,), storage)
@@ -209,7 +209,7 @@ def test_gelu(benchmark, impl, storage, pass_):
         else:
             fn = lambda: torch.ops.aten.gelu_backward(g, x, approximate="tanh")  # noqa: E731
     else:
-        from blutensor.cuda_ops.gelu import gelu_backward, gelu_forward
+        from blutensor.ext import gelu_backward, gelu_forward
 
         cp = _cupy()
         x, g = _dev(cp, shape, storage), _dev(cp, shape, storage)
@@ -232,7 +232,7 @@ def test_cross_entropy_fwd_and_logits_grad(benchmark, impl, storage):
             torch.nn.functional.cross_entropy(z, t).backward()
             z.grad = None
     else:
-        from blutensor.cuda_ops.cross_entropy import cross_entropy_forward
+        from blutensor.ext import cuda_cross_entropy_forward as cross_entropy_forward
 
         cp = _cupy()
         z = _dev(cp, (N, C), storage)
@@ -256,7 +256,7 @@ def test_adamw_gpt2(benchmark, impl):
         opt = torch.optim.AdamW(ps, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
         fn = opt.step
     else:
-        from blutensor.cuda_ops.adamw import multi_tensor_adamw
+        from blutensor.ext import multi_tensor_adamw
 
         cp = _cupy()
         ps = [_dev(cp, s, "f32").ravel() for s in GPT2_SHAPES]
@@ -276,7 +276,7 @@ def test_grad_norm_gpt2(benchmark, impl):
         gs = [torch.randn(s, device="cuda") for s in GPT2_SHAPES]
         fn = lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gs)))  # noqa: E731
     else:
-        from blutensor.cuda_ops.norm import global_grad_norm
+        from blutensor.ext import global_grad_norm
 
         cp = _cupy()
         gs = [_dev(cp, s, "f32").ravel() for s in GPT2_SHAPES]
@@ -311,7 +311,7 @@ def test_attention(benchmark, impl, variant, causal, pass_, cfg):
             g = torch.randn_like(o)
             fn = lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)  # noqa: E731
     else:
-        from blutensor.cuda_ops.sdpa import flash_attention_backward, flash_attention_forward
+        from blutensor.ext import flash_attention_backward, flash_attention_forward
 
         cp = _cupy()
         storage = "bf16" if variant == "bf16" else "f32"

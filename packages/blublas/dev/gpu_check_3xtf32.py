@@ -205,7 +205,7 @@ def correctness(cp, providers: tuple[str, ...] = ("cublas",), capture: bool = Tr
 def train(cp, mode: str) -> dict:
     import blutensor as bt
     from blumodels.gpt2 import build_model
-    from blutensor.gemm import set_fp32_gemm
+    from blutensor import set_fp32_gemm
     from e2e_gpt2 import batches, config
 
     bt.set_matmul_precision("fp32")

@@ -64,7 +64,7 @@ def test_c_kernel_broadcast_strided_and_reduction():
 
 def test_adamw_rule_matches_blutensor_update_bit_exactly():
     from blucompiler.rules import _adamw_scalars
-    from blutensor.optim.adamw import adamw_update
+    from blutensor.ext import adamw_update
 
     rng = np.random.default_rng(0)
     p = bt.tensor(rng.standard_normal(257).astype(np.float32), requires_grad=True)
@@ -88,7 +88,7 @@ def test_adamw_rule_matches_blutensor_update_bit_exactly():
 
 
 def test_compiler_backend_plugin_registered():
-    from blutensor.plugin import get_host
+    from blutensor.ext import get_host
 
     reg = get_host().registry("compiler")
     cls = reg.select("blucompiler")

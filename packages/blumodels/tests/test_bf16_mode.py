@@ -25,7 +25,7 @@ def _run(tmp_path, precision, steps=4, spy=None):
 @pytest.fixture
 def linear_dtypes():
     """Records the dtypes of every linear call (an observer on dispatch)."""
-    from blutensor.ops import dispatch
+    from blutensor import ext
 
     seen: list = []
 
@@ -34,9 +34,9 @@ def linear_dtypes():
             seen.append(tuple(x.dtype for x in inputs if isinstance(x, bt.Tensor)))
         return run()
 
-    dispatch.add_observer(obs)
+    ext.add_op_observer(obs)
     yield seen
-    dispatch.remove_observer(obs)
+    ext.remove_op_observer(obs)
 
 
 def test_bf16_trains_in_bf16_with_fp32_masters(tmp_path, linear_dtypes):

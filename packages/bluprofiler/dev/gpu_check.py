@@ -166,9 +166,8 @@ def main() -> None:
         from bluprofiler.run import profile_steps
 
         step, desc = build_step(bt, dry)
-        from blutensor import gemm
 
-        desc["matmul_precision"] = gemm.get_matmul_precision()
+        desc["matmul_precision"] = bt.get_matmul_precision()
         res["gpt2"] = desc
         t = time.perf_counter()
         step()

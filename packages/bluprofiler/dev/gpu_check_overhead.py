@@ -267,16 +267,15 @@ def child(precision: str, trace_dir: str) -> dict:
     desc["warmup_s"] = time.perf_counter() - t
     desc["loss_after_warmup"] = float(loss.item())
     # never: no session has run in this process (the plugin host may have imported bluprofiler's sinks)
-    from blutensor.autograd import engine
-    from blutensor.ops import dispatch
+    from blutensor import ext
 
-    assert not dispatch.observers and not engine.backward_observers
+    assert not list(ext.op_observers()) and not list(ext.backward_observers())
     never = []
     for _ in range(NEVER_BLOCKS):
         never += timed(step, sync, STEPS_PER_BLOCK)
 
     import bluprofiler as bp
-    from blutensor.autograd.node import Node
+    from blutensor.ext import Node
 
     apply_fn = Node.apply
     rounds = ROUNDS[precision]
@@ -288,7 +287,7 @@ def child(precision: str, trace_dir: str) -> dict:
         for m, kw in MODES.items():
             hs: list[float] = []
             if kw is None:
-                assert not dispatch.observers and not engine.backward_observers and Node.apply is apply_fn
+                assert not list(ext.op_observers()) and not list(ext.backward_observers()) and Node.apply is apply_fn
                 ts = timed(step, sync, STEPS_PER_BLOCK, hs)
             else:
                 with session(kw) as prof:

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 def model_registry() -> Any:
     """The plugin host's registry of model families, blumodels' own (gpt2, llama) registered in it even when
     entry points are not loaded (``BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD=1``); blocking ``blumodels`` still drops them."""
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     host = get_host()
     if "gpt2" not in host.registry("model"):

@@ -67,8 +67,7 @@ class Dist:
 
     def _parallelize(self, model: Any, cfg: Any) -> Any:
         """Apply dtms' registered ``mesh`` strategy (TP, then CP, then FSDP or DDP) with GPT-2's plan."""
-        from blutensor.plugin.manager import get_host
-        from blutensor.plugin.registry import PluginError
+        from blutensor.ext import PluginError, get_host
         from dtms.parallel import MeshError, ParallelDims
 
         from blumodels.gpt2_parallelize import decay_key, gpt2_plan

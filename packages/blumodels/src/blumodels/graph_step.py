@@ -62,7 +62,7 @@ def runtime_refusal(device: str, world_size: int = 1) -> str | None:
     """Why this process cannot capture the step (device, GEMM provider, process group), or None."""
     if not str(device).startswith("cuda"):
         return f"the run resolved to device {device!r} (CUDA graphs need a CUDA device)"
-    from blutensor.gemm import get_gemm_provider
+    from blutensor.ext import get_gemm_provider
 
     prov = get_gemm_provider()
     if not getattr(prov, "CAPTURE_SAFE", False):  # a provider declares it; unknown = no
@@ -91,14 +91,14 @@ class CudaCapture:
         self.graph = None
 
     def capture(self, body: Callable[[], None], pool: Any = None) -> None:
-        from blutensor.cuda_graph import CUDAGraph, graph
+        from blutensor.cuda import CUDAGraph, graph
 
         self.graph = CUDAGraph()
         try:
             with graph(self.graph, pool=pool):
                 body()
         except Exception as e:
-            from blutensor.gemm import get_gemm_provider
+            from blutensor.ext import get_gemm_provider
 
             raise RuntimeError(
                 f"capturing the training step into a CUDA graph failed: {type(e).__name__}: {e}. Something in the "
@@ -157,19 +157,17 @@ class CapturedStep:
         st.bind_grads()
         if st.xp.__name__ == "numpy":
             return
-        from blutensor.cuda_ops import index_check
-        from blutensor.cuda_ops.adamw import prepare_group
-        from blutensor.cuda_ops.norm import _table
+        from blutensor.ext import grad_norm_table, index_flag_array, prepare_adamw_group
 
-        index_check.flag_array()
-        self._keep = [prepare_group(st.optimizer, grp) for grp in st.optimizer.param_groups]
-        self._keep.append(_table([g._data for g in st.grads]))
+        index_flag_array()
+        self._keep = [prepare_adamw_group(st.optimizer, grp) for grp in st.optimizer.param_groups]
+        self._keep.append(grad_norm_table([g._data for g in st.grads]))
         if st.autocast is not None:  # the multi-tensor weight cast's table and kernel, built by one real call
-            from blutensor.cuda_ops import cast
+            from blutensor.ext import cast_tables
 
             with st.autocast():
                 bt.amp.precast(st.params)
-            self._keep.extend(cast._multi.values())
+            self._keep.extend(cast_tables())
         # every CuPy kernel the body launches was loaded by the warm-up steps, which ran this same code eagerly
 
     def capture(self) -> None:
