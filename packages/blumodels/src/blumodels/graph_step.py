@@ -66,8 +66,11 @@ def runtime_refusal(device: str, world_size: int = 1) -> str | None:
 
     prov = get_gemm_provider()
     if not getattr(prov, "CAPTURE_SAFE", False):  # a provider declares it; unknown = no
-        return (f"the GEMM provider {getattr(prov, 'PLUGIN_NAME', prov)!r} cannot be captured (CuPy's cuBLAS "
-                f"refuses stream capture); install blublas and use BLUTRAIN_GEMM=cublas or blublas")
+        from blutensor.ext import capture_safe_gemm_providers
+
+        safe = [p.PLUGIN_NAME for p in capture_safe_gemm_providers()] or ["none installed: install blublas"]
+        return (f"the GEMM provider {getattr(prov, 'PLUGIN_NAME', prov)!r} does not declare CAPTURE_SAFE (CuPy's "
+                f"cuBLAS refuses stream capture); set train.gemm to a capture-safe one ({', '.join(safe)})")
     if world_size > 1:
         import dtms
 

@@ -255,6 +255,9 @@ class Trainer:
             from blutensor import set_fp32_gemm
 
             set_fp32_gemm(cfg.train.fp32_gemm)
+        from blumodels import gemm_choice
+
+        gemm_choice.apply(cfg.train, self.device)  # the one place the run's GEMM provider is chosen
         if not cfg.data.dir:  # rank 0 prepares <out>/data when missing, the other ranks then find it prepared
             failed: BaseException | None = None
             if self.dist.is_main:
