@@ -241,6 +241,68 @@ def test_cross_entropy_fwd_and_logits_grad(benchmark, impl, storage):
     _run(benchmark, impl, fn, info, nbytes=2 * N * C * es)  # minimum traffic: read + write the logits once
 
 
+BF16_M = 16384  # GPT-2 124M B=16 x T=1024 tokens
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("direction", ("f32_to_bf16", "bf16_to_f32"))
+def test_bf16_cast(benchmark, impl, direction):
+    """The autocast weight/activation cast, 16384x768 elements."""
+    n = BF16_M * 768
+    info = dict(kernel="cast", shape=f"{BF16_M}x768", dtype=direction, pass_="fwd")
+    if impl == "torch":
+        torch = _torch()
+        x = torch.randn(n, device="cuda", dtype=torch.float32 if direction == "f32_to_bf16" else torch.bfloat16)
+        fn = (lambda: x.to(torch.bfloat16)) if direction == "f32_to_bf16" else (lambda: x.to(torch.float32))
+    else:
+        from blutensor.ext import cast_to_bf16, cast_to_f32
+
+        cp = _cupy()
+        x32 = cp.random.standard_normal(n, dtype=cp.float32)
+        x = x32 if direction == "f32_to_bf16" else cast_to_bf16(x32)
+        fn = (lambda: cast_to_bf16(x)) if direction == "f32_to_bf16" else (lambda: cast_to_f32(x))
+    _run(benchmark, impl, fn, info, nbytes=n * 6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n", (768, 2304, 3072))
+def test_bf16_bias_grad(benchmark, impl, n):
+    """Bias gradient of a bf16 linear: column sums of (16384, n) bf16 (a GEMV on the GEMM provider; torch:
+    its own sum)."""
+    info = dict(kernel="bias_grad", shape=f"{BF16_M}x{n}", dtype="bf16", pass_="bwd")
+    if impl == "torch":
+        torch = _torch()
+        g = torch.randn(BF16_M, n, device="cuda", dtype=torch.bfloat16)
+        fn = lambda: g.sum(0)  # noqa: E731
+    else:
+        from blutensor.ext import bf16_bias_grad, bf16_gemm_provider
+
+        cp = _cupy()
+        g = _dev(cp, (BF16_M, n), "bf16")
+        prov = bf16_gemm_provider()
+        fn = lambda: bf16_bias_grad(prov, g)  # noqa: E731
+    _run(benchmark, impl, fn, info, nbytes=BF16_M * n * 2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bf16_linear_gemm(benchmark, impl):
+    """One bf16 GEMM of GPT-2's MLP: (16384, 768) @ (3072, 768)^T."""
+    info = dict(kernel="bf16_gemm", shape=f"{BF16_M}x768->3072", dtype="bf16", pass_="fwd")
+    if impl == "torch":
+        torch = _torch()
+        x = torch.randn(BF16_M, 768, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(3072, 768, device="cuda", dtype=torch.bfloat16)
+        fn = lambda: x @ w.T  # noqa: E731
+    else:
+        from blutensor.ext import bf16_gemm, bf16_gemm_provider
+
+        cp = _cupy()
+        x, w = _dev(cp, (BF16_M, 768), "bf16"), _dev(cp, (3072, 768), "bf16")
+        prov = bf16_gemm_provider()
+        fn = lambda: bf16_gemm(prov, x, w, trans_b=True)  # noqa: E731
+    _run(benchmark, impl, fn, info, flops=2 * BF16_M * 768 * 3072)
+
+
 GPT2_SHAPES = _gpt2_param_shapes()  # GPT-2 124M parameter shapes, model order
 
 

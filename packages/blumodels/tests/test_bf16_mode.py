@@ -1,5 +1,6 @@
 """train.precision = 'bf16': bt.autocast around forward + loss, float32 master weights and AdamW state (CPU twin
-of the CUDA bf16 step; the CUDA run is packages/blutensor/dev/gpu_check_bf16.py)."""
+of the CUDA bf16 step; on the GPU: blutensor's test_bf16_cuda.py for the kernels and
+`benchmarks/e2e_gpt2.py` with `--precision bf16` against PyTorch's bf16 autocast)."""
 
 from __future__ import annotations
 

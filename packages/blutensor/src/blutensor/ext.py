@@ -44,7 +44,10 @@ CUDA launch and compile helpers
     ``index_flag_array()`` / ``raise_pending_index_error()`` (asynchronous index validation),
     ``layer_norm_forward`` / ``layer_norm_backward``, ``gelu_forward`` / ``gelu_backward``,
     ``cuda_cross_entropy_forward``, ``flash_attention_forward`` / ``flash_attention_backward``,
-    ``multi_tensor_adamw``, ``sdpa_qkv`` (attention on a packed qkv tensor), ``pick_attention_variant``.
+    ``multi_tensor_adamw``, ``sdpa_qkv`` (attention on a packed qkv tensor), ``pick_attention_variant``;
+    bfloat16 pieces: ``cast_to_bf16`` / ``cast_to_f32`` (CuPy float32 <-> bf16 bits), ``bf16_gemm_provider()``
+    (the provider that runs bf16 GEMMs), ``bf16_gemm(prov, a, b, trans_a=, trans_b=)``,
+    ``bf16_bias_grad(prov, g)`` (column sums of bf16 ``g`` as a GEMV, float32 out).
 GEMM providers
     ``get_gemm_provider()`` the selected provider class (``matmul``, ``CAPTURE_SAFE``, ``PRECISIONS``),
     ``gemm_providers()`` every registered one, ``capture_safe_gemm_providers()``, ``XpGemm`` (the built-in
@@ -124,6 +127,11 @@ _NAMES: dict[str, tuple[str, str]] = {
     "flash_attention_backward": ("blutensor.cuda_ops.sdpa", "flash_attention_backward"),
     "sdpa_qkv": ("blutensor.cuda_ops.sdpa", "sdpa_qkv"),
     "pick_attention_variant": ("blutensor.cuda_ops.sdpa", "pick_variant"),
+    "cast_to_bf16": ("blutensor.cuda_ops.cast", "to_bf16"),
+    "cast_to_f32": ("blutensor.cuda_ops.cast", "to_f32"),
+    "bf16_gemm_provider": ("blutensor.cuda_ops.linalg", "bf16_provider"),
+    "bf16_gemm": ("blutensor.cuda_ops.linalg", "mm"),
+    "bf16_bias_grad": ("blutensor.cuda_ops.linalg", "bias_grad"),
     # GEMM providers
     "get_gemm_provider": ("blutensor.gemm", "get_gemm_provider"),
     "XpGemm": ("blutensor.gemm", "XpGemm"),
