@@ -67,7 +67,8 @@ def test_gemm_gpt2(benchmark, shape, precision, provider):
     a, b, out = _operands(cp, precision, layout, m, n, k)
     kw = dict(trans_a=layout[0] == "t", trans_b=layout[1] == "t", precision=precision, provider=provider)
     tune = os.environ.get("BLUBLAS_AUTOTUNE", "1") != "0"
-    gemm(a, b, out, autotune=tune if provider == "blublas" and precision != "3xtf32" else None, **kw)  # compile, tune, warm up
+    autotune = tune if provider == "blublas" and precision != "3xtf32" else None
+    gemm(a, b, out, autotune=autotune, **kw)  # compile, tune, warm up
     cp.cuda.Device().synchronize()
     eager_ms = time_ms(cp, lambda: gemm(a, b, out, **kw))
     st = cp.cuda.Stream(non_blocking=True)
