@@ -31,7 +31,7 @@ def test_names_are_blutensors_own_objects():
 
 
 class _Boxed:
-    """A foreign array type: wraps a NumPy array; its provider records which helper ran."""
+    """A foreign array type: wraps a NumPy array; its provider records which of its functions ran."""
 
     def __init__(self, a):
         self.a = np.asarray(a)
