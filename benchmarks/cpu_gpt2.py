@@ -136,8 +136,8 @@ def run_config(name: str, threads: int, blocks: int, per_block: int, warmup: int
 def cold_build_s() -> float | None:
     """Seconds to build the CPU kernel library into an empty cache (a fresh process; the first-use cost)."""
     with tempfile.TemporaryDirectory() as d:
-        code = ("import time; t=time.perf_counter(); from blutensor.cpu_ops import status; s=status(); "
-                "print(time.perf_counter()-t if s['available'] else -1)")
+        code = ("import time; t=time.perf_counter(); from blutensor.ext import cpu_kernels_status as status; "
+                "s=status(); print(time.perf_counter()-t if s['available'] else -1)")
         r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "BLUTRAIN_CPU_CACHE": d},
                            capture_output=True, text=True, check=True)
         v = float(r.stdout.strip().splitlines()[-1])
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
             print(json.dumps({k: r[k] for k in ("config", "threads", "blutrain_ms", "torch_ms",
                                                 "ratio_blutrain_vs_torch", "loadavg_before_after")}), flush=True)
             rows.append(r)
-    from blutensor.cpu_ops import status
+    from blutensor.ext import cpu_kernels_status as status
 
     out = {
         "command": "python benchmarks/cpu_gpt2.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -103,9 +103,9 @@ def run_blutrain(a) -> dict:
                "peak_reserved_gib": st["peak_reserved_bytes"] / 2**30}
     else:
         mem = {"pool_reserved_gib": cupy.get_default_memory_pool().total_bytes() / 2**30}
-    from blutensor.cuda_ops.sdpa import pick_variant
+    from blutensor.ext import pick_attention_variant
 
-    attn = pick_variant(np.dtype(np.uint16 if a.precision == "bf16" else np.float32), 64)
+    attn = pick_attention_variant(np.dtype(np.uint16 if a.precision == "bf16" else np.float32), 64)
     return {"losses": losses, "step_s": times, "attention_variant": attn, **mem}
 
 

@@ -37,7 +37,7 @@ def test_default_compiler_is_blucompiler_and_matches_eager(monkeypatch):
     comp = bt.compile(h.train_step(m_c, o_c), options={"backend": "numpy"})
     assert isinstance(comp, blucompiler.CompiledStep)
     rng = np.random.default_rng(0)
-    with bt.cpu_ops.reference_kernels():  # eager on the NumPy reference kernels, which the interpreter follows
+    with bt.ext.reference_kernels():  # eager on the NumPy reference kernels, which the interpreter follows
         for _ in range(3):
             x, y = h.batch(rng, V=64)
             assert eager(x, y).item() == comp(x, y).item()  # the interpreting backend is bit-exact with eager

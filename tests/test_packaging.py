@@ -1,5 +1,6 @@
 """Each package stands alone: its own pyproject, version file, README, CHANGELOG, tests; the allowed
-import graph (docs/design.md, section 2) holds; CUDA dependencies are extras only."""
+import graph (docs/design.md, section 2) holds, for every package's dev/ tools too; other packages reach
+blutensor only through its documented modules and blutensor.ext; CUDA dependencies are extras only."""
 
 from __future__ import annotations
 
@@ -77,6 +78,99 @@ def test_imports_follow_the_graph(pkg):
                     bad.append(f"{f.relative_to(ROOT)} imports {n}")
                 if top == "torch":
                     bad.append(f"{f.relative_to(ROOT)} imports torch at run time")
+    assert not bad, "\n".join(bad)
+
+
+#: blutensor's documented modules: what other packages (their src/, dev/ and tests/, the root benchmarks/ and
+#: tests/) may import; everything else (``blutensor._*``, ``ops``, ``cuda_ops``, ``plugin``, ``gemm``, ...) is
+#: private and reached through ``blutensor.ext``
+PUBLIC_BLUTENSOR = {"blutensor", "blutensor.nn", "blutensor.nn.functional", "blutensor.nn.init", "blutensor.nn.utils",
+                    "blutensor.optim", "blutensor.optim.lr_scheduler", "blutensor.utils", "blutensor.utils.data",
+                    "blutensor.ext", "blutensor.compat", "blutensor.cuda", "blutensor.amp", "blutensor.random",
+                    "blutensor.autograd"}
+BLUTENSOR_SRC = ROOT / "packages" / "blutensor" / "src" / "blutensor"
+PRIVATE_SUBMODULES = {p.stem if p.suffix == ".py" else p.name for p in BLUTENSOR_SRC.iterdir()
+                      if (p.suffix == ".py" or (p / "__init__.py").is_file() or p.is_dir()) and p.name != "__init__.py"
+                      and f"blutensor.{p.stem}" not in PUBLIC_BLUTENSOR and not p.name.startswith("__")}
+
+
+def _consumer_files():
+    """Every Python file outside blutensor's own package that may use blutensor."""
+    for pkg in PACKAGES:
+        if pkg != "blutensor":
+            yield from (ROOT / "packages" / pkg).rglob("*.py")
+    for d in ("benchmarks", "tests", "dev"):
+        yield from (ROOT / d).rglob("*.py")
+
+
+def _private_uses(f: Path) -> list[str]:
+    """Imports of blutensor's private modules in ``f``, and attribute reads of them through an alias of blutensor
+    (``bt.ops.dispatch``); ``from blutensor.autograd import X`` must name a documented (``__all__``) part."""
+    import blutensor.autograd
+
+    tree = ast.parse(f.read_text(), str(f))
+    aliases, bad = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "blutensor":
+                    if a.name not in PUBLIC_BLUTENSOR:
+                        bad.append(f"import {a.name}")
+                    elif a.asname is None or a.name == "blutensor":
+                        aliases.add(a.asname or "blutensor")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] == "blutensor":
+            if node.module not in PUBLIC_BLUTENSOR:
+                bad.append(f"from {node.module} import ...")
+            elif node.module == "blutensor":
+                bad += [f"from blutensor import {a.name}" for a in node.names if a.name in PRIVATE_SUBMODULES]
+            elif node.module == "blutensor.autograd":
+                bad += [f"from blutensor.autograd import {a.name}" for a in node.names
+                        if a.name not in blutensor.autograd.__all__]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                and node.attr in PRIVATE_SUBMODULES and isinstance(getattr(_blutensor(), node.attr, None),
+                                                                    type(ast)):
+            bad.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
+    return bad
+
+
+def _blutensor():
+    import blutensor
+
+    return blutensor
+
+
+def test_other_packages_use_only_blutensors_documented_modules():
+    bad = [f"{f.relative_to(ROOT)}: {b}" for f in _consumer_files() for b in _private_uses(f)]
+    assert not bad, "use blutensor's documented modules or blutensor.ext:\n" + "\n".join(bad)
+
+
+def test_private_use_check_sees_imports_and_attribute_reads(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import blutensor as bt\nfrom blutensor.ops import dispatch\nfrom blutensor import gemm\n"
+                 "from blutensor.autograd.node import Node\nfrom blutensor.ext import Node as N\nbt.ops.dispatch\n"
+                 "bt.device('cpu')\nfrom blutensor.autograd import Function\n")
+    assert _private_uses(f) == ["from blutensor.ops import ...", "from blutensor import gemm",
+                                "from blutensor.autograd.node import ...", "bt.ops (line 6)"]
+
+
+def _imported_tops(f: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(f.read_text(), str(f))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_dev_tools_follow_the_dependency_order(pkg):
+    """A package's dev/ (kernel-development variants and their references) imports only what the package itself
+    may import: a lower package's tools never pull in a higher one."""
+    bad = [f"{f.relative_to(ROOT)} imports {top}" for f in (ROOT / "packages" / pkg / "dev").rglob("*.py")
+           for top in _imported_tops(f) if top in PACKAGES and top != pkg and top not in ALLOWED[pkg]]
     assert not bad, "\n".join(bad)
 
 

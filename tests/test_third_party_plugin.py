@@ -18,14 +18,14 @@ CHECK = textwrap.dedent("""
     import json, os
     import blutensor as bt
     import blutrain_example_kernels as ex
-    from blutensor.plugin import get_host
+    from blutensor.ext import get_host
     host = get_host()
     rec = [r for r in host.records() if r.name == "example.relu"]
     x = bt.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
     y = bt.relu(x)  # not configured: the built-in runs
     before = dict(ex.CALLS)
     os.environ["BLUTRAIN_KERNELS"] = "relu=example.relu"
-    bt.ops.dispatch.clear_cache()
+    bt.ext.clear_kernel_cache()
     y = bt.relu(x)
     y.sum().backward()
     print(json.dumps({"found": len(rec), "package": rec[0].package if rec else None,
@@ -61,7 +61,7 @@ def test_plugin_found_selected_called(fresh_venv):
 
 @pytest.mark.slow
 def test_autoload_can_be_disabled_and_blocked(fresh_venv):
-    code = ("from blutensor.plugin import get_host; "
+    code = ("from blutensor.ext import get_host; "
             "print(sorted({r.package for r in get_host().records()}))")
     for env, expect in (({"BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD": "1"}, False),
                         ({"BLUTRAIN_BLOCK_PLUGINS": "example-kernels"}, False), ({}, True)):
@@ -82,7 +82,7 @@ def test_plugin_dist_has_entry_point():
 @pytest.mark.slow
 def test_broken_plugin_is_reported_not_fatal(fresh_venv):
     code = ("import warnings; warnings.simplefilter('always')\n"
-            "import blutensor as bt\nfrom blutensor.plugin import get_host\n"
+            "import blutensor as bt\nfrom blutensor.ext import get_host\n"
             "h = get_host(); print(h.broken); print(bt.relu(bt.tensor([-1.0, 1.0])).tolist())")
     out = subprocess.run([str(fresh_venv), "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

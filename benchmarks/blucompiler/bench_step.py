@@ -2,7 +2,7 @@
 
     python benchmarks/blucompiler/bench_step.py [--layers 2 --d 128 --T 64 --B 4] [--out results.json]
 
-The GPU measurement (GPT-2 124M at B=4/16, T=1024) is packages/blucompiler/dev/gpu_check.py.
+The GPU measurement (GPT-2 124M at B=4/16, T=1024) is benchmarks/blucompiler/bench_gpt2_cuda.py.
 """
 
 from __future__ import annotations

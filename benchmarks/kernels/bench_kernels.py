@@ -144,7 +144,7 @@ def _run(benchmark, impl, fn, info, nbytes=None, flops=None):
 def _dev(cp, shape, storage, scale=1.0):
     a = cp.random.standard_normal(shape, dtype=cp.float32) * scale
     if storage == "bf16":
-        from blutensor.backend import f32_to_bf16_bits
+        from blutensor.ext import f32_to_bf16_bits
 
         return f32_to_bf16_bits(a, cp)
     return a
@@ -178,7 +178,7 @@ def test_layer_norm(benchmark, impl, storage, pass_):
             g = torch.ones_like(y)
             fn = lambda: torch.autograd.grad(y, (x, w, b), g, retain_graph=True)  # noqa: E731
     else:
-        from blutensor.cuda_ops.layer_norm import layer_norm_backward, layer_norm_forward
+        from blutensor.ext import layer_norm_backward, layer_norm_forward
 
         cp = _cupy()
         x, w, b = _dev(cp, (N, C), storage), _dev(cp, (C,), storage), _dev(cp, (C,), storage)
@@ -209,7 +209,7 @@ def test_gelu(benchmark, impl, storage, pass_):
         else:
             fn = lambda: torch.ops.aten.gelu_backward(g, x, approximate="tanh")  # noqa: E731
     else:
-        from blutensor.cuda_ops.gelu import gelu_backward, gelu_forward
+        from blutensor.ext import gelu_backward, gelu_forward
 
         cp = _cupy()
         x, g = _dev(cp, shape, storage), _dev(cp, shape, storage)
@@ -232,13 +232,75 @@ def test_cross_entropy_fwd_and_logits_grad(benchmark, impl, storage):
             torch.nn.functional.cross_entropy(z, t).backward()
             z.grad = None
     else:
-        from blutensor.cuda_ops.cross_entropy import cross_entropy_forward
+        from blutensor.ext import cuda_cross_entropy_forward as cross_entropy_forward
 
         cp = _cupy()
         z = _dev(cp, (N, C), storage)
         t = cp.random.randint(0, 50257, N).astype(cp.int64)
         fn = lambda: cross_entropy_forward(z, t, want_grad=True, inplace_grad=True)  # noqa: E731
     _run(benchmark, impl, fn, info, nbytes=2 * N * C * es)  # minimum traffic: read + write the logits once
+
+
+BF16_M = 16384  # GPT-2 124M B=16 x T=1024 tokens
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("direction", ("f32_to_bf16", "bf16_to_f32"))
+def test_bf16_cast(benchmark, impl, direction):
+    """The autocast weight/activation cast, 16384x768 elements."""
+    n = BF16_M * 768
+    info = dict(kernel="cast", shape=f"{BF16_M}x768", dtype=direction, pass_="fwd")
+    if impl == "torch":
+        torch = _torch()
+        x = torch.randn(n, device="cuda", dtype=torch.float32 if direction == "f32_to_bf16" else torch.bfloat16)
+        fn = (lambda: x.to(torch.bfloat16)) if direction == "f32_to_bf16" else (lambda: x.to(torch.float32))
+    else:
+        from blutensor.ext import cast_to_bf16, cast_to_f32
+
+        cp = _cupy()
+        x32 = cp.random.standard_normal(n, dtype=cp.float32)
+        x = x32 if direction == "f32_to_bf16" else cast_to_bf16(x32)
+        fn = (lambda: cast_to_bf16(x)) if direction == "f32_to_bf16" else (lambda: cast_to_f32(x))
+    _run(benchmark, impl, fn, info, nbytes=n * 6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n", (768, 2304, 3072))
+def test_bf16_bias_grad(benchmark, impl, n):
+    """Bias gradient of a bf16 linear: column sums of (16384, n) bf16 (a GEMV on the GEMM provider; torch:
+    its own sum)."""
+    info = dict(kernel="bias_grad", shape=f"{BF16_M}x{n}", dtype="bf16", pass_="bwd")
+    if impl == "torch":
+        torch = _torch()
+        g = torch.randn(BF16_M, n, device="cuda", dtype=torch.bfloat16)
+        fn = lambda: g.sum(0)  # noqa: E731
+    else:
+        from blutensor.ext import bf16_bias_grad, bf16_gemm_provider
+
+        cp = _cupy()
+        g = _dev(cp, (BF16_M, n), "bf16")
+        prov = bf16_gemm_provider()
+        fn = lambda: bf16_bias_grad(prov, g)  # noqa: E731
+    _run(benchmark, impl, fn, info, nbytes=BF16_M * n * 2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bf16_linear_gemm(benchmark, impl):
+    """One bf16 GEMM of GPT-2's MLP: (16384, 768) @ (3072, 768)^T."""
+    info = dict(kernel="bf16_gemm", shape=f"{BF16_M}x768->3072", dtype="bf16", pass_="fwd")
+    if impl == "torch":
+        torch = _torch()
+        x = torch.randn(BF16_M, 768, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(3072, 768, device="cuda", dtype=torch.bfloat16)
+        fn = lambda: x @ w.T  # noqa: E731
+    else:
+        from blutensor.ext import bf16_gemm, bf16_gemm_provider
+
+        cp = _cupy()
+        x, w = _dev(cp, (BF16_M, 768), "bf16"), _dev(cp, (3072, 768), "bf16")
+        prov = bf16_gemm_provider()
+        fn = lambda: bf16_gemm(prov, x, w, trans_b=True)  # noqa: E731
+    _run(benchmark, impl, fn, info, flops=2 * BF16_M * 768 * 3072)
 
 
 GPT2_SHAPES = _gpt2_param_shapes()  # GPT-2 124M parameter shapes, model order
@@ -256,7 +318,7 @@ def test_adamw_gpt2(benchmark, impl):
         opt = torch.optim.AdamW(ps, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
         fn = opt.step
     else:
-        from blutensor.cuda_ops.adamw import multi_tensor_adamw
+        from blutensor.ext import multi_tensor_adamw
 
         cp = _cupy()
         ps = [_dev(cp, s, "f32").ravel() for s in GPT2_SHAPES]
@@ -276,7 +338,7 @@ def test_grad_norm_gpt2(benchmark, impl):
         gs = [torch.randn(s, device="cuda") for s in GPT2_SHAPES]
         fn = lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gs)))  # noqa: E731
     else:
-        from blutensor.cuda_ops.norm import global_grad_norm
+        from blutensor.ext import global_grad_norm
 
         cp = _cupy()
         gs = [_dev(cp, s, "f32").ravel() for s in GPT2_SHAPES]
@@ -311,7 +373,7 @@ def test_attention(benchmark, impl, variant, causal, pass_, cfg):
             g = torch.randn_like(o)
             fn = lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)  # noqa: E731
     else:
-        from blutensor.cuda_ops.sdpa import flash_attention_backward, flash_attention_forward
+        from blutensor.ext import flash_attention_backward, flash_attention_forward
 
         cp = _cupy()
         storage = "bf16" if variant == "bf16" else "f32"

@@ -68,7 +68,7 @@ def batch(step, B, T, vocab):
 def fsdp_steps(steps, vocab=61, keep_root=False, probe=None, d=32):
     """FSDP on the world (GPT-2 plan), ``steps`` AdamW steps; ``probe(phase)`` runs inside every attention."""
     from blumodels.gpt2_parallelize import gpt2_plan
-    from blutensor.ops import dispatch
+    from blutensor import ext
     from dtms.parallel import ParallelDims, parallelize
 
     model = gpt2(vocab, d=d)
@@ -82,7 +82,7 @@ def fsdp_steps(steps, vocab=61, keep_root=False, probe=None, d=32):
             probe(phase["now"])
         return run()
 
-    dispatch.add_observer(observer)
+    ext.add_op_observer(observer)
     between = []
     try:
         for s in range(steps):
@@ -99,7 +99,7 @@ def fsdp_steps(steps, vocab=61, keep_root=False, probe=None, d=32):
             opt.zero_grad()
             between.append(tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0)
     finally:
-        dispatch.remove_observer(observer)
+        ext.remove_op_observer(observer)
         par.close()
     root_bytes = sum(p.numel() * 8 for n, p in model.named_parameters() if not n.startswith("blocks"))
     return between, root_bytes

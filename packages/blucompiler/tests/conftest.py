@@ -31,5 +31,5 @@ def _reference_cpu_kernels():
     compiled and eager results bit for bit."""
     import blutensor as bt
 
-    with bt.cpu_ops.reference_kernels():
+    with bt.ext.reference_kernels():
         yield

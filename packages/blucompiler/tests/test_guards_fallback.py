@@ -2,7 +2,7 @@
 
 import blucompiler
 import blutensor as bt
-import blutensor.functional as F
+import blutensor.nn.functional as F
 import numpy as np
 from helpers import batch, make_model, maxdiff, tiny_cfg, train_step
 

@@ -6,7 +6,7 @@ import sys
 
 import blumodels.dist as bdist
 from blumodels.trainer import Trainer
-from blutensor.autograd.engine import add_backward_observer
+from blutensor.ext import add_backward_observer
 from models_helpers import micro_config
 
 data, out, result = sys.argv[1], sys.argv[2], sys.argv[3]

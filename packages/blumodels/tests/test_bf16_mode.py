@@ -1,5 +1,6 @@
 """train.precision = 'bf16': bt.autocast around forward + loss, float32 master weights and AdamW state (CPU twin
-of the CUDA bf16 step; the CUDA run is packages/blutensor/dev/gpu_check_bf16.py)."""
+of the CUDA bf16 step; on the GPU: blutensor's test_bf16_cuda.py for the kernels and
+`benchmarks/e2e_gpt2.py` with `--precision bf16` against PyTorch's bf16 autocast)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _run(tmp_path, precision, steps=4, spy=None):
 @pytest.fixture
 def linear_dtypes():
     """Records the dtypes of every linear call (an observer on dispatch)."""
-    from blutensor.ops import dispatch
+    from blutensor import ext
 
     seen: list = []
 
@@ -34,9 +35,9 @@ def linear_dtypes():
             seen.append(tuple(x.dtype for x in inputs if isinstance(x, bt.Tensor)))
         return run()
 
-    dispatch.add_observer(obs)
+    ext.add_op_observer(obs)
     yield seen
-    dispatch.remove_observer(obs)
+    ext.remove_op_observer(obs)
 
 
 def test_bf16_trains_in_bf16_with_fp32_masters(tmp_path, linear_dtypes):

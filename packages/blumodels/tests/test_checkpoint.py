@@ -358,3 +358,26 @@ def test_async_blutensor_tensors(tmp_path, device):
     assert got["h"].dtype == ml_dtypes.bfloat16
     _assert_exact(got, {"w": expect_w, "h": expect_h})
     m.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
+def test_async_snapshot_of_raw_cupy_arrays_and_device_tensors_is_taken_at_save(tmp_path):
+    """A raw CuPy array and CUDA Tensors (fp32, bf16) saved asynchronously are written as they were when save()
+    returned (snapshot into pinned host memory), whatever the device does to them afterwards."""
+    import blutensor as bt
+    import cupy as cp
+
+    w = bt.randn(1024, 1024, device="cuda")
+    h = w.to(bt.bfloat16)
+    raw = cp.arange(1 << 20, dtype=cp.float32)
+    expect = {"w": w.numpy().copy(), "h": h.numpy().copy(), "raw": cp.asnumpy(raw)}
+    m = CheckpointManager(tmp_path, keep=2, async_save=True)
+    m.save(1, {"w": w, "h": h, "raw": raw}, {"k": 1})
+    raw *= 0
+    w._data[...] = 0
+    m.wait()
+    got, meta = load_checkpoint(m.list()[-1])
+    assert got["h"].dtype == ml_dtypes.bfloat16 and meta["k"] == 1
+    _assert_exact(got, expect)
+    m.close()

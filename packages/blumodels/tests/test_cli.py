@@ -76,7 +76,7 @@ def test_device_auto_resolves_to_cpu_here():
 def test_model_family_plugin_builds_gpt2():
     from blumodels.config import ModelConfig
     from blumodels.gpt2 import GPT2
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     fam = get_host().registry("model").get("gpt2")
     assert "tiny" in fam.presets() and "gpt2-124m" in fam.presets()
@@ -87,7 +87,7 @@ def test_model_family_plugin_builds_gpt2():
 def test_step_end_hook_receives_metrics(tmp_path):
     import pluggy
     from blumodels.trainer import Trainer
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
     from models_helpers import micro_config
 
     seen = []

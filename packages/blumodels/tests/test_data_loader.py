@@ -168,7 +168,7 @@ def _cuda_ok():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
-@pytest.mark.parametrize("W,r", [(1, 0), (2, 1)])
+@pytest.mark.parametrize("W,r", [(1, 0), (2, 1), (3, 2)])
 def test_pinned_equals_sync_on_cuda(shards, W, r):
     """CPU twin: test_w1_matches_reference_and_cursor_rules / test_state_dict_resume on the sync path."""
     d, data = shards

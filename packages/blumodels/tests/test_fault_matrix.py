@@ -254,7 +254,7 @@ class _Recorder:
 @pytest.fixture
 def recorder():
     import pluggy
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     rec = _Recorder()
     impl = pluggy.HookimplMarker("blutrain")

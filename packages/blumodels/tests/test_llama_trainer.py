@@ -149,7 +149,7 @@ def test_captured_step_twin_equals_eager(tmp_path, monkeypatch):
 
 def test_family_is_a_registered_plugin_with_its_presets(capsys):
     from blumodels.cli import plugin_rows
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     assert ("model", "llama", "blumodels", "0.1.0") in plugin_rows()
     fam = get_host().registry("model").get("llama")

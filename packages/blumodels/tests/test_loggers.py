@@ -8,7 +8,7 @@ import pluggy
 import pytest
 from blumodels.config import ConfigError, apply_overrides
 from blumodels.trainer import Trainer
-from blutensor.plugin.manager import get_host
+from blutensor.ext import get_host
 from models_helpers import micro_config, micro_data
 
 hookimpl = pluggy.HookimplMarker("blutrain")

@@ -13,7 +13,7 @@ import pytest
 from blumodels.config import ConfigError
 from blumodels.memory import DeviceMemory
 from blumodels.trainer import Trainer
-from blutensor.plugin import hookimpl, reset_host
+from blutensor.ext import hookimpl, reset_host
 from models_helpers import micro_config
 
 ROOT = Path(__file__).resolve().parents[3]

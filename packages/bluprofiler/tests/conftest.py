@@ -33,14 +33,13 @@ def device(request):
 @pytest.fixture(autouse=True)
 def _no_leftover_observers():
     from bluprofiler import memory
-    from blutensor.autograd import engine
-    from blutensor.autograd.node import Node
-    from blutensor.ops import dispatch
+    from blutensor import ext
+    from blutensor.ext import Node
 
-    before, before_bwd = list(dispatch.observers), list(engine.backward_observers)
+    before, before_bwd = list(ext.op_observers()), list(ext.backward_observers())
     apply_fn = Node.apply
     yield
-    assert dispatch.observers == before, "a test left a dispatch observer installed"
-    assert engine.backward_observers == before_bwd, "a test left a backward observer installed"
+    assert list(ext.op_observers()) == before, "a test left a dispatch observer installed"
+    assert list(ext.backward_observers()) == before_bwd, "a test left a backward observer installed"
     assert Node.apply is apply_fn, "a test patched Node.apply"
     assert memory.OWNER == "other", "a test left the memory owner set"

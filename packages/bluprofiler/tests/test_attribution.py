@@ -10,8 +10,7 @@ import types
 import blutensor as bt
 import pytest
 from bluprofiler import memory, profile, profiler, timing
-from blutensor.autograd import engine
-from blutensor.ops import dispatch
+from blutensor import ext
 from test_fake_cuda import FakeCupy
 
 
@@ -37,8 +36,8 @@ def test_owner_global_follows_ops_regions_and_backward():
                                 lambda op: seen.append((op, memory.OWNER)))
     x = bt.randn(4, 4, requires_grad=True)
     with profile(memory=False) as prof:
-        dispatch.add_observer(fwd)
-        engine.add_backward_observer(bwd)
+        ext.add_op_observer(fwd)
+        ext.add_backward_observer(bwd)
         try:
             with prof.region("fwd"):
                 y = bt.sum(bt.exp(x))
@@ -46,8 +45,8 @@ def test_owner_global_follows_ops_regions_and_backward():
             y.backward()
             seen.append(("-", memory.OWNER))
         finally:
-            dispatch.remove_observer(fwd)
-            engine.remove_backward_observer(bwd)
+            ext.remove_op_observer(fwd)
+            ext.remove_backward_observer(bwd)
     assert seen == [("exp", "exp.forward"), ("sum", "sum.forward"), ("-", "fwd"),
                     ("sum", "sum.backward"), ("exp", "exp.backward"), ("-", "other")]
     assert memory.OWNER == "other"
@@ -98,14 +97,14 @@ def test_bluallocator_listener_attributes_allocs_and_frees(monkeypatch):
     blu.emit("free", 0x42, 64)  # before the session: not recorded
     with profile(nvtx=False) as prof:
         assert len(blu.listeners) == 1
-        dispatch.add_observer(fwd)
-        engine.add_backward_observer(bwd)
+        ext.add_op_observer(fwd)
+        ext.add_backward_observer(bwd)
         try:
             bt.sum(bt.matmul(a, b)).backward()
             blu.emit("free", 0x77777, 5)  # allocated before the session
         finally:
-            dispatch.remove_observer(fwd)
-            engine.remove_backward_observer(bwd)
+            ext.remove_op_observer(fwd)
+            ext.remove_backward_observer(bwd)
     assert blu.listeners == []
     res = prof.result
     assert res.meta["memory_source"] == "bluallocator listener"

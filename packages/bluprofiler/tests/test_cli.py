@@ -62,7 +62,7 @@ def test_profile_main_with_factory_and_demo(tmp_path, capsys):
 
 
 def test_sinks_registered_through_the_plugin_host():
-    from blutensor.plugin import reset_host
+    from blutensor.ext import reset_host
 
     host = reset_host()
     reg = host.registry("profiler_sink")

@@ -134,8 +134,7 @@ def test_foreign_allocator_falls_back_to_output_tracking(monkeypatch):
 
 def test_failed_start_leaves_nothing_behind(monkeypatch):
     from bluprofiler import ProfilerError, active
-    from blutensor.autograd import engine
-    from blutensor.ops import dispatch
+    from blutensor import ext
 
     fake = FakeCupy()
 
@@ -148,7 +147,7 @@ def test_failed_start_leaves_nothing_behind(monkeypatch):
         profile().start()
     except RuntimeError as e:
         assert "cudaEventRecord" in str(e)
-    assert active() is None and dispatch.observers == [] and engine.backward_observers == [] and FakeCupy.hooks == []
+    assert active() is None and ext.op_observers() == () and ext.backward_observers() == () and FakeCupy.hooks == []
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: None)
     with profile():
         pass
@@ -275,16 +274,16 @@ def test_view_ops_host_only_on_gpu():
 def test_identity_backward_is_host_only_and_plugin_view_kernels_keep_events(monkeypatch):
     """contiguous/clone backward return the grad itself (host-only); a plugin kernel chosen for a
     view op may launch work, so that op keeps its events."""
-    from blutensor.ops import dispatch
+    from blutensor import ext
 
     fake = FakeCupy()
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
-    real = dispatch.resolve
+    real = ext.resolve_kernel
 
     class PluginGetitem:
         PLUGIN_NAME = "test.getitem"
 
-    monkeypatch.setattr(dispatch, "resolve", lambda op, be, dt: PluginGetitem if op == "getitem" and be == "cuda"
+    monkeypatch.setattr(ext, "resolve_kernel", lambda op, be, dt: PluginGetitem if op == "getitem" and be == "cuda"
                         else real(op, be, dt))
     x = bt.randn(4, 6, requires_grad=True)
     with profile(memory=False) as prof:

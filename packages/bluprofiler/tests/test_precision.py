@@ -236,7 +236,6 @@ def test_compare_errors_and_nonfinite():
 
 @pytest.mark.cuda
 def test_cpu_vs_cuda_dump():
-    from blutensor import gemm
 
     x, y = _batch()
     bt.manual_seed(0)
@@ -244,12 +243,12 @@ def test_cpu_vs_cuda_dump():
     a = ours_dump(m, x, y)
     bt.manual_seed(0)
     g = GPT(C).to("cuda")
-    prev = gemm.get_matmul_precision()
-    gemm.set_matmul_precision("fp32")  # strict fp32: TF32 would differ by ~1e-3
+    prev = bt.get_matmul_precision()
+    bt.set_matmul_precision("fp32")  # strict fp32: TF32 would differ by ~1e-3
     try:
         b = ours_dump(g, x, y, device="cuda")
     finally:
-        gemm.set_matmul_precision(prev)
+        bt.set_matmul_precision(prev)
     r = compare(b, a, rtol=1e-4)
     assert r.ok, r.report()
     assert len(r.rows) == len(a.tensors)

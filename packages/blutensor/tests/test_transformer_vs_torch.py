@@ -151,3 +151,21 @@ def test_transformer_losses_match_torch(device):
     assert theirs[-1] < theirs[0] - 0.05, "the reference model must actually learn over 20 steps"
     rel = [abs(a - b) / abs(b) for a, b in zip(ours, theirs)]
     assert max(rel) < 1e-5, f"per-step relative loss differences {rel}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not bt.cuda.is_available(), reason="needs CuPy and a CUDA GPU")
+def test_transformer_losses_match_torch_with_every_available_gemm_provider():
+    """Whatever registered GEMM provider runs the CUDA matmuls (chosen by availability, not by name), the
+    20-step losses stay within 1e-5 of PyTorch's (tells a provider's fault from blutensor's)."""
+    from blutensor import ext
+
+    provs = [p for p in ext.gemm_providers() if getattr(p, "is_available", lambda: True)()]
+    try:
+        for p in provs:
+            bt.set_gemm_provider(p.PLUGIN_NAME)
+            ours, theirs = run_pair("cuda")
+            rel = [abs(a - b) / abs(b) for a, b in zip(ours, theirs)]
+            assert max(rel) < 1e-5, (p.PLUGIN_NAME, rel)
+    finally:
+        bt.set_gemm_provider(None)

@@ -48,7 +48,7 @@ def test_module_api_single_process(monkeypatch):
 
 def test_hooks_module_is_a_valid_plugin():
     import pluggy
-    from blutensor.plugin.specs import BlutrainSpecs
+    from blutensor.ext import BlutrainSpecs
     from dtms import hooks
 
     pm = pluggy.PluginManager("blutrain")

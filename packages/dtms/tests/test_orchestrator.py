@@ -246,3 +246,64 @@ def test_rank_without_report_classified_by_exit():
         is FaultClass.RANK_DEAD
     assert _dead_class("rank 0 failed (exit code 1); the other ranks were stopped") is FaultClass.EXCEPTION
     assert _dead_class("see the launcher log") is FaultClass.RANK_DEAD
+
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+needs_gpu = pytest.mark.skipif(_gpu_count() == 0, reason="needs CuPy and a CUDA GPU")
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_telemetry_reads_every_visible_gpu():
+    """NVML (or CuPy alone) gives a reading with the memory in use for every GPU; one GPU on request."""
+    tel = gpu_telemetry()
+    assert len(tel) == _gpu_count()
+    assert all(g["memory_used_bytes"] >= 0 for g in tel)
+    one = gpu_telemetry(0)
+    assert len(one) == 1 and "memory_used_bytes" in one[0]
+
+
+def _orchestrated_toy(run, fault: list, scrape: bool) -> tuple[int, dict, list[str]]:
+    """A 1-rank orchestrated toy job (direct launcher, local backend) with the metrics endpoint; the GPU gauge
+    lines of its scraped metrics."""
+    worker = os.path.join(os.path.dirname(__file__), "workers", "fault_toy.py")
+    env = dict(os.environ, FAULT_SPEC=json.dumps(fault), BLUTRAIN_DIST_BACKEND="local", BLUTRAIN_DETERMINISTIC="1")
+    cmd = [sys.executable, "-m", "dtms.orchestrate", "--run-dir", str(run), "--nproc-per-node", "1",
+           "--heartbeat-interval", "0.1", "--heartbeat-timeout", "5", "--metrics-port", "0", "--quiet",
+           worker, "--out", str(run / "job"), "--steps", "40", "--ckpt-every", "5", "--step-sleep", "0.05"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    while p.poll() is None and scrape:
+        try:
+            url = json.loads((run / "metrics.json").read_text())["url"]
+            text = urllib.request.urlopen(url, timeout=2).read().decode()
+            lines = [ln for ln in text.splitlines() if ln.startswith("blutrain_gpu_")] or lines
+        except Exception:  # noqa: BLE001 - the endpoint is not up yet, or already closed
+            pass
+        time.sleep(0.2)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-2000:]
+    return p.returncode, json.loads((run / "orchestrator_state.json").read_text()), lines
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_orchestrated_job_on_a_gpu_machine_exports_gpu_gauges_and_restarts_bit_exactly(tmp_path):
+    """The metrics endpoint carries blutrain_gpu_* gauges; the same job with its rank killed at step 8 restarts
+    once and ends with the clean run's final weights (CPU twin: test_fault_injection's kill cases)."""
+    import numpy as np
+
+    _, _, lines = _orchestrated_toy(tmp_path / "clean", [], scrape=True)
+    assert lines, "no blutrain_gpu_* gauge in the scraped metrics"
+    _, state, _ = _orchestrated_toy(tmp_path / "killed", [{"kind": "kill", "rank": 0, "step": 8}], scrape=False)
+    assert state["restarts"] == 1
+    np.testing.assert_array_equal(np.load(tmp_path / "clean" / "job" / "final.rank0.npy"),
+                                  np.load(tmp_path / "killed" / "job" / "final.rank0.npy"))

@@ -16,6 +16,8 @@ class _ProviderBase:
 
     PLUGIN_NAME = ""
     VERSION = __version__
+    #: capability: ``matmul`` takes NumPy arrays too (not only CuPy arrays)
+    HOST_ARRAYS = False
     PROVIDER = ""
     #: precisions ``matmul`` accepts; '3xtf32' is fp32-accurate split-TF32 on the tensor cores (not TF32)
     PRECISIONS = ("fp32", "tf32", "bf16", "3xtf32")
@@ -68,6 +70,8 @@ class BluBLASProvider(_ProviderBase):
 
     PLUGIN_NAME = "blublas"
     PROVIDER = "blublas"
+    #: capability: ``matmul`` also takes NumPy arrays (the float64-checked reference of every kernel)
+    HOST_ARRAYS = True
 
     @classmethod
     def is_available(cls) -> bool:

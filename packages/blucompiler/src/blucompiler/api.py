@@ -19,7 +19,7 @@ from blucompiler.trace import CompileError
 
 
 def _tensor_cls():
-    from blutensor._tensor import Tensor
+    from blutensor import Tensor
 
     return Tensor
 
@@ -154,7 +154,7 @@ BACKENDS = ("auto", "c", "cuda", "numpy")
 
 def known_ops() -> set[str]:
     """Op names the installed kernels implement (what ``force_eager`` may name)."""
-    from blutensor.plugin import get_host
+    from blutensor.ext import get_host
 
     return {op for r in get_host().registry("kernel") if (op := getattr(r.cls, "OP", None))}
 

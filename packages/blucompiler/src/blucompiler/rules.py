@@ -1,9 +1,11 @@
-"""Trace rules: the few blutensor functions that must be replaced while tracing.
+"""Trace rules: how blutensor's kernels run on traced arrays, installed through ``blutensor.ext``.
 
-* ``xp_of`` returns :class:`TracedNumpy` for traced arrays (array constructors become nodes);
-* ``gemm``, ``scatter_add`` and ``erf`` branch on the concrete array type: they record a node;
-* ``embedding`` and ``cross_entropy`` contain host syncs (bounds checks, the count of non-ignored
-  targets): their traced forms compute the same values without leaving the device;
+* an array provider for :class:`TracedArray` (``blutensor.ext.register_array_provider``): op kernels see
+  :class:`TracedNumpy` as the array module of traced arrays (array constructors become nodes), and their
+  contractions, scatter-adds and error functions (which branch on the concrete array type) record a node;
+* ``embedding`` and ``cross_entropy`` forwards contain host syncs (bounds checks, the count of non-ignored
+  targets): their traced forms (``blutensor.ext.override_op_rule``) compute the same values without leaving
+  the device; cross_entropy's backward is blutensor's own rule, which takes the device-side count;
 * ``AdamW.step`` keeps its Python state (step counter, learning rate) on the host: its traced form
   turns the scalars into per-call host inputs and replays the counter increment before each call;
 * ``Optimizer.zero_grad(set_to_none=False)`` fills traced zeros.
@@ -15,15 +17,34 @@ tests hold them to it.
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from functools import partial
 
+import blutensor as bt
 import numpy as np
+from blutensor import ext
 
-from blucompiler.trace import _ORIG, TracedArray, TracedNumpy, TraceUnsupported
+from blucompiler.trace import TracedArray, TracedNumpy, TraceUnsupported
 
-_XP_MODULES = ("blutensor.ops._util", "blutensor.ops.elementwise", "blutensor.ops.reduction",
-               "blutensor.ops.shape", "blutensor.ops.nn_ops")
-_SCATTER_MODULES = ("blutensor.ops._util", "blutensor.ops.shape", "blutensor.ops.nn_ops")
+
+class TraceArrays:
+    """The array provider of one tracer: traced arrays' module and the three type-branching helpers."""
+
+    def __init__(self, tracer, tnp: TracedNumpy):
+        self.tr, self.tnp = tracer, tnp
+
+    def module(self, a):
+        # exactly a TracedArray (a per-call host scalar computes with NumPy, as its Python number would)
+        return self.tnp if type(a) is TracedArray else np
+
+    def gemm(self, a, b):
+        return self.tr.matmul(a, b)
+
+    def scatter_add(self, out, index, values):
+        return self.tr.scatter_add(out, index, values)
+
+    def erf(self, x):
+        return self.tr.ew("erf", x)
 
 
 class Rules:
@@ -33,72 +54,32 @@ class Rules:
         self.tr = tracer
         self.tnp = TracedNumpy(tracer)
         self.undo: list = []
+        self.stack = ExitStack()
 
     def _set(self, obj, name, value):
         self.undo.append((obj, name, getattr(obj, name)))
         setattr(obj, name, value)
 
     def __enter__(self):
-        import importlib
-
-        from blutensor.ops import _util, elementwise, linalg
-        from blutensor.ops.table import OPS
-        from blutensor.optim import adamw
-        from blutensor.optim.optimizer import Optimizer
-
-        _ORIG.setdefault("gemm", linalg.gemm)
-        _ORIG.setdefault("scatter_add", _util.scatter_add)
-        _ORIG.setdefault("erf", elementwise.erf)
-        _ORIG.setdefault("xp_of", _util.xp_of)
-        tr, tnp = self.tr, self.tnp
-        orig_xp = _ORIG["xp_of"]
-
-        def xp_of(a):
-            return tnp if type(a) is TracedArray else orig_xp(a)
-
-        def gemm(a, b):
-            if isinstance(a, TracedArray) or isinstance(b, TracedArray):
-                return tr.matmul(a, b)
-            return _ORIG["gemm"](a, b)
-
-        def scatter_add(out, index, values):
-            if isinstance(out, TracedArray) or isinstance(values, TracedArray):
-                return tr.scatter_add(out, index, values)
-            return _ORIG["scatter_add"](out, index, values)
-
-        def erf(x, xp):
-            if isinstance(x, TracedArray):
-                return tr.ew("erf", x)
-            return _ORIG["erf"](x, xp)
-
-        for m in _XP_MODULES:
-            self._set(importlib.import_module(m), "xp_of", xp_of)
-        for m in _SCATTER_MODULES:
-            self._set(importlib.import_module(m), "scatter_add", scatter_add)
-        self._set(linalg, "gemm", gemm)
-        self._set(elementwise, "erf", erf)
-        emb, ce = OPS["embedding"], OPS["cross_entropy"]
-        self._set(emb, "forward", staticmethod(partial(embedding_forward, emb.forward)))
-        self._set(ce, "forward", staticmethod(partial(cross_entropy_forward, ce.forward)))
-        self._set(ce, "backward", staticmethod(partial(cross_entropy_backward, ce.backward)))
-        self._set(adamw.AdamW, "step", _adamw_step_rule(tr, adamw.AdamW.step))
-        self._set(Optimizer, "zero_grad", _zero_grad_rule(tr, Optimizer.zero_grad))
-        from blutensor.optim import sgd
-
-        self._set(sgd.SGD, "step", _sgd_step_rule(tr, sgd.SGD.step))
-        import blutensor.optim as optim
-        from blutensor.optim import clip
-
-        rule = _clip_rule(clip.clip_grad_norm_)
-        self._set(clip, "clip_grad_norm_", rule)
-        if hasattr(optim, "clip_grad_norm_"):
-            self._set(optim, "clip_grad_norm_", rule)
+        tr = self.tr
+        provider = TraceArrays(tr, self.tnp)
+        ext.register_array_provider(TracedArray, provider)
+        self.stack.callback(ext.unregister_array_provider, TracedArray, provider)
+        emb, ce = ext.op_rule("embedding"), ext.op_rule("cross_entropy")
+        self.stack.enter_context(ext.override_op_rule("embedding", partial(embedding_forward, emb.forward)))
+        self.stack.enter_context(ext.override_op_rule("cross_entropy", partial(cross_entropy_forward, ce.forward)))
+        optim = bt.optim
+        self._set(optim.AdamW, "step", _adamw_step_rule(tr, optim.AdamW.step))
+        self._set(optim.Optimizer, "zero_grad", _zero_grad_rule(tr, optim.Optimizer.zero_grad))
+        self._set(optim.SGD, "step", _sgd_step_rule(tr, optim.SGD.step))
+        self._set(optim, "clip_grad_norm_", _clip_rule(optim.clip_grad_norm_))
         return self
 
     def __exit__(self, *exc):
         for obj, name, value in reversed(self.undo):
             setattr(obj, name, value)
         self.undo.clear()
+        self.stack.close()
         return False
 
 
@@ -139,26 +120,6 @@ def cross_entropy_forward(orig, ctx, logits, target, ignore_index=-100, reductio
     return xp.where(count > 0, (total / cf).astype(logits.dtype), logits.dtype.type(np.nan))
 
 
-def cross_entropy_backward(orig, ctx, g):
-    z, lse, tt, valid, count, reduction, shape, ls = ctx.saved
-    if not isinstance(z, TracedArray):
-        return orig(ctx, g)
-    xp = TracedNumpy(z.tr)
-    p = xp.exp(z - lse[:, None])
-    C = z.shape[1]
-    if ls:
-        p = p - ls / C
-    p = p - (1 - ls) * (xp.arange(C)[None, :] == tt[:, None])
-    if reduction == "none":
-        scale = g.reshape(-1)[:, None]
-    elif reduction == "sum":
-        scale = g
-    else:
-        scale = g / xp.maximum(count, 1).astype(z.dtype)
-    p = p * valid[:, None] * scale
-    return p.astype(z.dtype, copy=False).reshape(shape), None
-
-
 # ---- optimizer ----
 
 
@@ -178,8 +139,7 @@ def _adamw_scalars(group: dict, st: dict):
 
 
 def _adamw_step_rule(tr, orig):
-    from blutensor.autograd.grad_mode import no_grad
-    from blutensor.creation import zeros_like
+    no_grad, zeros_like = bt.no_grad, bt.zeros_like
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
@@ -224,9 +184,9 @@ def _sgd_scalars(group: dict):
 def _sgd_step_rule(tr, orig):
     """blutensor's SGD.step with its hyperparameters as per-call host scalars (Python floats, so
     NumPy promotes them exactly as it does the eager step's Python numbers)."""
-    from blutensor.autograd.grad_mode import no_grad
-
     from blucompiler.trace import CompileError
+
+    no_grad = bt.no_grad
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
@@ -262,8 +222,7 @@ def _clip_rule(orig):
     device and multiplies every gradient (by exactly 1 when no clipping is needed, as eager skips)."""
 
     def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
-        from blutensor._tensor import Tensor
-
+        Tensor = bt.Tensor
         params = [p for p in ([parameters] if isinstance(parameters, Tensor) else parameters) if p.grad is not None]
         if (not params or float(norm_type) != 2.0 or error_if_nonfinite
                 or not all(isinstance(p.grad._data, TracedArray) and p.grad.dtype.name == "float32" for p in params)):

@@ -27,7 +27,7 @@ class Slot:
 
 def template(obj, found: list):
     """``obj`` with every TracedArray (and Tensor holding one) replaced by a Slot; values in ``found``."""
-    from blutensor._tensor import Tensor
+    from blutensor import Tensor
 
     if isinstance(obj, TracedArray):
         found.append(obj)
@@ -50,7 +50,7 @@ def fill(tmpl, values):
         return values[tmpl.k]
     if isinstance(tmpl, tuple):
         if len(tmpl) == 4 and tmpl[0] == "__tensor__":
-            from blutensor._tensor import Tensor
+            from blutensor import Tensor
 
             return Tensor._from_data(values[tmpl[1].k], tmpl[2], tmpl[3])
         return tuple(fill(t, values) for t in tmpl)
@@ -69,7 +69,7 @@ class EagerOp:
             op, kernel, attrs, in_tmpl, needs, reason
 
     def forward(self, values):
-        from blutensor.autograd.node import Ctx
+        from blutensor.ext import Ctx
 
         ctx = Ctx()
         ctx.needs = self.needs
@@ -87,7 +87,7 @@ class EagerBackward:
         self.op, self.kernel, self.ctx_tmpl, self.needs, self.reason = op, kernel, ctx_tmpl, needs, reason
 
     def backward(self, values, grad, fwd=None):
-        from blutensor.autograd.node import Ctx
+        from blutensor.ext import Ctx
 
         if fwd is not None:
             ctx = fwd[1]
@@ -138,18 +138,16 @@ class _EagerNodeBackward:
 def _plugin_kernel(op, inputs) -> str | None:
     """PLUGIN_NAME of the kernel dispatch would pick for this call when it is not blutensor's
     built-in (hand-written CUDA kernels are opaque to an array-level tracer: called as a library)."""
-    from blutensor._tensor import Tensor
-    from blutensor.ops import dispatch
-    from blutensor.ops.table import OPS
+    from blutensor import Tensor, ext
 
     tens = [x for x in inputs if isinstance(x, Tensor)]
     if not tens:
         return None
-    k = OPS.get(op)
+    k = ext.op_rule(op, missing_ok=True)
     i = k.DTYPE_ARG if k is not None else 0
     sel = inputs[i] if i < len(inputs) and isinstance(inputs[i], Tensor) else tens[0]
     try:
-        kcls = dispatch.resolve(op, tens[0].device.type, sel.dtype.name)
+        kcls = ext.resolve_kernel(op, tens[0].device.type, sel.dtype.name)
     except Exception:  # noqa: BLE001 - dispatch will raise the real error
         return None
     name = getattr(kcls, "PLUGIN_NAME", "")
@@ -166,8 +164,8 @@ class Session:
 
     # ---- observer ----
     def observe(self, op, inputs, attrs, run):
-        from blutensor._tensor import Tensor
-        from blutensor.autograd.node import Node
+        from blutensor import Tensor
+        from blutensor.ext import Node
 
         tr = self.tr
         for x in inputs:
@@ -205,9 +203,8 @@ class Session:
         return tuple(out)
 
     def eager_forward(self, op, inputs, attrs, run, reason):
-        from blutensor._tensor import Tensor
-        from blutensor.autograd.node import Node
-        from blutensor.ops import dispatch
+        from blutensor import Tensor, ext
+        from blutensor.ext import Node
 
         tr = self.tr
         tens = [x for x in inputs if isinstance(x, Tensor)]
@@ -228,7 +225,7 @@ class Session:
             attrs.update(orig_attrs)
         first = tens[0]
         kernel = res.grad_fn.kernel if isinstance(res.grad_fn, Node) else \
-            dispatch.resolve(op, first.device.type, first.dtype.name)
+            ext.resolve_kernel(op, first.device.type, first.dtype.name)
         needs = tuple(isinstance(t, Tensor) and t.requires_grad for t in inputs)
         eo = EagerOp(op, kernel, attr_tmpl, in_tmpl, needs, reason)
         key = tr.g.keep(eo)
@@ -242,7 +239,7 @@ class Session:
         return res
 
     def eager_backward(self, op, kernel, ctx, grad, reason):
-        from blutensor.autograd.node import Ctx
+        from blutensor.ext import Ctx
 
         tr = self.tr
         found: list = []
@@ -266,15 +263,15 @@ class Session:
 
     # ---- run ----
     def run(self, fn, args, kwargs):
-        from blutensor.ops import dispatch
+        from blutensor import ext
 
         tr = self.tr
         for a in args:
-            from blutensor._tensor import Tensor
+            from blutensor import Tensor
 
             if isinstance(a, Tensor):
                 tr.lift(a)
-        dispatch.add_observer(self.observe)
+        ext.add_op_observer(self.observe)
         ok = False
         try:
             with Rules(tr):
@@ -284,7 +281,7 @@ class Session:
             raise CompileError(f"the step reads a traced value on the host outside any op ({e}); "
                                f"e.g. loss.item() inside the step") from None
         finally:
-            dispatch.remove_observer(self.observe)
+            ext.remove_op_observer(self.observe)
             if not ok:
                 self.abort()
         return self.finalize(result)

@@ -11,6 +11,7 @@ recorded as an opaque eager call instead; the report lists them.
 from __future__ import annotations
 
 import numpy as np
+from blutensor import ext
 
 from blucompiler.graph import Graph
 from blucompiler.tarray import DataDependent, TracedArray, TraceUnsupported, _index_spec, norm_axes
@@ -163,10 +164,7 @@ class Tracer:
         if name == "copy":
             v = xp.array(cs[0], copy=True)
         elif name == "erf":
-            from blutensor.ops import elementwise as ew
-
-            v = _ORIG["erf"](cs[0], xp)
-            del ew
+            v = ext.erf(cs[0], xp)
         else:
             v = getattr(xp, _NP_FN[name])(*cs)
         if not hasattr(v, "shape") or isinstance(v, np.generic):
@@ -235,7 +233,7 @@ class Tracer:
         return self.new(kind, [self.operand(x)], {"axis": -1 if axis is None else int(axis) % x.ndim}, v)
 
     def matmul(self, a, b) -> TracedArray:
-        v = _ORIG["gemm"](self._c(a), self._c(b))
+        v = ext.gemm(self._c(a), self._c(b))
         return self.new("matmul", [self.operand(a), self.operand(b)], {}, v)
 
     def getitem(self, x, index) -> TracedArray:
@@ -260,7 +258,7 @@ class Tracer:
             raise TraceUnsupported("scatter-add into an untraced array")
         tmpl, arrays, _ = _index_spec(index)
         c = out.v.copy()
-        _ORIG["scatter_add"](c, _concrete_index(index, self.xp), self._c(values))
+        ext.scatter_add(c, _concrete_index(index, self.xp), self._c(values))
         ins = [self.operand(out), self.operand(values)] + [self.operand(a) for a in arrays]
         self.assign(out, self.new("scatter_add", ins, {"index": tmpl}, c))
 
@@ -345,10 +343,6 @@ def _concrete_index(index, xp):
         else:
             out.append(it)
     return tuple(out) if isinstance(index, tuple) else out[0]
-
-
-#: blutensor functions the tracer replaces while tracing (originals kept here)
-_ORIG: dict = {}
 
 
 class TracedNumpy:

@@ -366,7 +366,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def plugin_rows() -> list[tuple[str, str, str, str]]:
     """(kind, name, package, version) of every plugin the host found, sorted."""
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     return sorted((r.kind, r.name, r.package, r.version) for r in get_host().records())
 
@@ -378,7 +378,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    from blutensor.plugin import get_host
+    from blutensor.ext import get_host
 
     for name, pkg, err in get_host().broken:
         print(f"BROKEN  {name} (package {pkg}): {err}")

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 def model_registry() -> Any:
     """The plugin host's registry of model families, blumodels' own (gpt2, llama) registered in it even when
     entry points are not loaded (``BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD=1``); blocking ``blumodels`` still drops them."""
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     host = get_host()
     if "gpt2" not in host.registry("model"):
@@ -168,6 +168,7 @@ class TrainConfig:
     nan_policy: str = "stop"  # "stop" | "skip"
     precision: str = "fp32"  # "fp32" | "tf32" (CUDA matmuls) | "bf16" (bt.autocast: bf16 compute, fp32 masters)
     fp32_gemm: str = "strict"  # how fp32 CUDA GEMMs run: "strict" (FFMA) | "3xtf32" (fp32-accurate, tensor cores)
+    gemm: str = "auto"  # CUDA GEMM provider: "auto" (BLUTRAIN_GEMM, else cublas > blublas > xp) | a registered one
     deterministic: bool = False  # bitwise-repeatable kernels only (bt.use_deterministic_algorithms), e.g. for
     # bit-exact resume in tf32; off: faster paths whose last bits vary (the fused attention backward's atomic dQ)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
@@ -355,6 +356,9 @@ class RunConfig:
         if t.fp32_gemm not in ("strict", "3xtf32"):
             raise ConfigError(f"train.fp32_gemm must be 'strict' or '3xtf32' (fp32-accurate split-TF32 GEMMs), "
                               f"got {t.fp32_gemm!r}{_did_you_mean(t.fp32_gemm, ('strict', '3xtf32'))}")
+        from blumodels import gemm_choice
+
+        gemm_choice.check(t)  # a registered provider that declares what precision / cuda_graph ask of it
         if t.allocator not in ("blu", "cupy"):
             from blumodels.memory import allocator_names
 

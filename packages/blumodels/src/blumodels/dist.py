@@ -68,8 +68,7 @@ class Dist:
     def _parallelize(self, model: Any, cfg: Any) -> Any:
         """Apply dtms' registered ``mesh`` strategy (TP, then CP, then FSDP or DDP) with the plan of the model's
         family plugin (``parallel_plan(model)``, kept beside the model: GPT-2's, Llama's)."""
-        from blutensor.plugin.manager import get_host
-        from blutensor.plugin.registry import PluginError
+        from blutensor.ext import PluginError, get_host
         from dtms.parallel import MeshError, ParallelDims
 
         from blumodels.families import family

@@ -11,10 +11,9 @@ import math
 
 import blutensor as bt
 import blutensor.nn.functional as F
-from blutensor import nn
+from blutensor import ext, nn
 from blutensor.autograd import Function
-from blutensor.cuda_ops.sdpa import sdpa_qkv
-from blutensor.ops import dispatch
+from blutensor.ext import sdpa_qkv
 
 from blumodels.config import ModelConfig
 
@@ -79,8 +78,7 @@ class _GeluLinear(Function):
 
     @staticmethod
     def backward(ctx, gy):
-        from blutensor.autograd.node import Ctx
-        from blutensor.ops.linalg import linear_backward
+        from blutensor.ext import Ctx, linear_backward
 
         u, w, b = ctx.saved_tensors
         needs = ctx.needs_input_grad
@@ -88,8 +86,8 @@ class _GeluLinear(Function):
         # an activation-sized buffer costs time in every block)
         # the CUDA kernel takes CuPy arrays only: a tracer's arrays (bt.compile) take the array-generic kernel,
         # whose array operations it records
-        be = u.device.type if u.device.type != "cuda" or bt.backend.is_cuda_array(u._data) else "cpu"
-        gelu = dispatch.kernel_for("gelu", be, u.dtype.name)
+        be = u.device.type if u.device.type != "cuda" or bt.ext.is_cuda_array(u._data) else "cpu"
+        gelu = ext.kernel_for("gelu", be, u.dtype.name)
         gctx = Ctx()
         g = gelu.forward(gctx, u._data, approximate="tanh")  # the recompute: one elementwise kernel
         lin = Ctx()
@@ -109,7 +107,7 @@ def _lean_ok(u, proj) -> bool:
     ``proj`` is GPT-2's own ``Linear``: a module that replaced it (tensor-parallel row-parallel linear, a
     plugin's layer) keeps its own forward (and its communication)."""
     return (type(proj) is Linear and u.dtype == bt.float32 and proj.weight.dtype == bt.float32
-            and dispatch.autocast_hook is None)
+            and not ext.autocast_active())
 
 
 class MLP(nn.Module):
@@ -189,7 +187,7 @@ class GPT2(nn.Module):
             if self.lean_logits and logits.device.type == "cuda" and logits.requires_grad:
                 # the fused CUDA loss writes d(loss)/d(logits) over the logits: no second (B*T, Vp) buffer;
                 # the logits are then gone, so None is returned for them
-                loss = dispatch.apply("cross_entropy", logits.view(B * T, -1), targets.view(B * T), inplace_grad=True)
+                loss = ext.apply("cross_entropy", logits.view(B * T, -1), targets.view(B * T), inplace_grad=True)
                 return None, loss
             loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
         return logits, loss

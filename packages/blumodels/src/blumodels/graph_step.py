@@ -62,12 +62,15 @@ def runtime_refusal(device: str, world_size: int = 1) -> str | None:
     """Why this process cannot capture the step (device, GEMM provider, process group), or None."""
     if not str(device).startswith("cuda"):
         return f"the run resolved to device {device!r} (CUDA graphs need a CUDA device)"
-    from blutensor.gemm import get_gemm_provider
+    from blutensor.ext import get_gemm_provider
 
     prov = get_gemm_provider()
     if not getattr(prov, "CAPTURE_SAFE", False):  # a provider declares it; unknown = no
-        return (f"the GEMM provider {getattr(prov, 'PLUGIN_NAME', prov)!r} cannot be captured (CuPy's cuBLAS "
-                f"refuses stream capture); install blublas and use BLUTRAIN_GEMM=cublas or blublas")
+        from blutensor.ext import capture_safe_gemm_providers
+
+        safe = [p.PLUGIN_NAME for p in capture_safe_gemm_providers()] or ["none installed: install blublas"]
+        return (f"the GEMM provider {getattr(prov, 'PLUGIN_NAME', prov)!r} does not declare CAPTURE_SAFE (CuPy's "
+                f"cuBLAS refuses stream capture); set train.gemm to a capture-safe one ({', '.join(safe)})")
     if world_size > 1:
         import dtms
 
@@ -91,14 +94,14 @@ class CudaCapture:
         self.graph = None
 
     def capture(self, body: Callable[[], None], pool: Any = None) -> None:
-        from blutensor.cuda_graph import CUDAGraph, graph
+        from blutensor.cuda import CUDAGraph, graph
 
         self.graph = CUDAGraph()
         try:
             with graph(self.graph, pool=pool):
                 body()
         except Exception as e:
-            from blutensor.gemm import get_gemm_provider
+            from blutensor.ext import get_gemm_provider
 
             raise RuntimeError(
                 f"capturing the training step into a CUDA graph failed: {type(e).__name__}: {e}. Something in the "
@@ -157,22 +160,20 @@ class CapturedStep:
         st.bind_grads()
         if st.xp.__name__ == "numpy":
             return
-        from blutensor.cuda_ops import index_check
-        from blutensor.cuda_ops.adamw import prepare_group
-        from blutensor.cuda_ops.norm import _table
+        from blutensor.ext import grad_norm_table, index_flag_array, prepare_adamw_group
 
-        index_check.flag_array()
+        index_flag_array()
         copies = st._copies()
         if copies is not None:  # the graph reads the copies as the weight casts: current before the capture
             copies.ensure_current()
-        self._keep = [prepare_group(st.optimizer, grp, copies) for grp in st.optimizer.param_groups]
-        self._keep.append(_table([g._data for g in st.grads]))
+        self._keep = [prepare_adamw_group(st.optimizer, grp, copies) for grp in st.optimizer.param_groups]
+        self._keep.append(grad_norm_table([g._data for g in st.grads]))
         if st.autocast is not None:  # the multi-tensor weight cast's table and kernel, built by one real call
-            from blutensor.cuda_ops import cast
+            from blutensor.ext import cast_tables
 
             with st.autocast():
                 bt.amp.precast(st.params)
-            self._keep.extend(cast._multi.values())
+            self._keep.extend(cast_tables())
         # every CuPy kernel the body launches was loaded by the warm-up steps, which ran this same code eagerly
 
     def capture(self) -> None:

@@ -39,7 +39,7 @@ class PreemptionError(RuntimeError):
 def report_end(status: str, step: int, error: BaseException | None = None) -> None:
     """Tell the plugins how the run ended; a plugin's own failure is logged, never raised over ``error``."""
     try:
-        from blutensor.plugin.manager import get_host
+        from blutensor.ext import get_host
 
         hook = getattr(get_host().hook, "blutrain_on_train_end", None)
         if hook is not None:

@@ -112,7 +112,7 @@ def start_loggers(cfg: RunConfig, out_dir: str | Path, is_main: bool = True, log
     """The loggers ``cfg.log`` asks for, registered with the plugin host (none on ranks other than 0)."""
     if not is_main:
         return []
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     lc = cfg.log
     loggers: list[Any] = []
@@ -136,7 +136,7 @@ def start_loggers(cfg: RunConfig, out_dir: str | Path, is_main: bool = True, log
 
 def stop_loggers(loggers: list[Any]) -> None:
     """Unregister and close loggers made by :func:`start_loggers` (idempotent)."""
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     pm = get_host().pm
     while loggers:

@@ -19,7 +19,7 @@ ALIASES = {"caching": "blu", "cupy-default": "cupy"}  # bluallocator's plugin na
 
 def allocator_names() -> tuple[str, ...]:
     """Values ``train.allocator`` accepts: "blu", "cupy" and every installed allocator plugin."""
-    from blutensor.plugin import get_host
+    from blutensor.ext import get_host
 
     return tuple(dict.fromkeys((*ALLOCATORS, *get_host().registry("allocator").names())))
 
@@ -38,7 +38,7 @@ class DeviceMemory:
         self.flushed: dict[str, Any] | None = None
         self.note = ""
         if device.startswith("cuda") and allocator not in ALLOCATORS:
-            from blutensor.plugin import get_host
+            from blutensor.ext import get_host
 
             self.plugin = get_host().registry("allocator").select(allocator)  # PluginError if unavailable
             self.plugin.install()

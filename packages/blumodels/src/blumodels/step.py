@@ -38,7 +38,7 @@ def f32(t):
     """A 0-d Tensor's value as a float32 array on its device (bf16 bits widened), without a host read."""
     d = t._data
     if t.dtype.name == "bfloat16" and d.dtype == np.uint16:
-        from blutensor.backend import bf16_bits_to_f32
+        from blutensor.ext import bf16_bits_to_f32
 
         return bf16_bits_to_f32(d, _xp(d))
     return d.astype(np.float32, copy=False)
@@ -211,12 +211,12 @@ class TrainStep:
 
     def _update(self) -> None:
         if self.fused:
-            from blutensor.cuda_ops.adamw import fused_step
+            from blutensor.ext import fused_adamw_step
 
             self.step_count += 1 - self.found_inf  # AdamW's bias corrections count applied updates only
             for g in self.optimizer.param_groups:
-                fused_step(self.optimizer, g, lr_dev=self.lr_dev, step_dev=self.step_count, found_inf=self.found_inf,
-                           copies=self.weight_copies)
+                fused_adamw_step(self.optimizer, g, lr_dev=self.lr_dev, step_dev=self.step_count,
+                                 found_inf=self.found_inf, copies=self.weight_copies)
         elif not bool(self.found_inf[0]):  # host optimizers decide on the host (never captured)
             self.optimizer.step()
 

@@ -181,7 +181,7 @@ def _check_writable_dir(d: Path, what: str) -> None:
 
 
 def _hook():
-    from blutensor.plugin.manager import get_host
+    from blutensor.ext import get_host
 
     return get_host().hook
 
@@ -252,9 +252,12 @@ class Trainer:
         bt.set_num_threads(cfg.train.threads or bt.get_num_threads())
         if self.device.startswith("cuda"):
             bt.set_matmul_precision(cfg.train.precision)
-            from blutensor.gemm import set_fp32_gemm
+            from blutensor import set_fp32_gemm
 
             set_fp32_gemm(cfg.train.fp32_gemm)
+        from blumodels import gemm_choice
+
+        gemm_choice.apply(cfg.train, self.device)  # the one place the run's GEMM provider is chosen
         if not cfg.data.dir:  # rank 0 prepares <out>/data when missing, the other ranks then find it prepared
             failed: BaseException | None = None
             if self.dist.is_main:
@@ -528,9 +531,9 @@ class Trainer:
                     _, loss = net(x, y)
                 total += float(loss.item())
         if self.device.startswith("cuda"):  # a bad validation target recorded on device: raise it now
-            from blutensor.cuda_ops import index_check
+            from blutensor.ext import raise_pending_index_error
 
-            index_check.raise_pending()
+            raise_pending_index_error()
         self.model.train()
         return self.dist.mean([total / n], self.device)[0]
 
@@ -679,9 +682,9 @@ class Trainer:
         self._step_at = s + 1
         loss_val = self.dist.mean([res.loss], self.device)[0]  # over ranks: the global batch's loss
         if self.device.startswith("cuda"):  # bad targets/indices recorded on device (the read above synced)
-            from blutensor.cuda_ops import index_check
+            from blutensor.ext import raise_pending_index_error
 
-            index_check.raise_pending()
+            raise_pending_index_error()
         bad = None
         if res.nonfinite or not math.isfinite(loss_val):
             bad = (f"loss ({res.loss})" if not math.isfinite(res.loss) else "loss (on another rank)"

@@ -1,6 +1,6 @@
 """Demo workloads built from blutensor.nn only: a GPT-2-shaped model and its training step.
 
-Used by ``bluprofile --demo``, the tests and ``dev/gpu_check.py`` (GPT-2 124M: 12 layers, d=768).
+Used by ``bluprofile --demo``, the tests and ``benchmarks/bluprofiler/profile_gpt2.py`` (GPT-2 124M: 12 layers, d=768).
 Names follow nanoGPT/Hugging Face (``transformer.h.<i>.attn.c_attn`` ...), so
 :func:`bluprofiler.compare.gpt2_adapter` applies.
 """

@@ -118,7 +118,7 @@ def save_graph(root: Any, out: str | Path, names: Any = None) -> tuple[Path, Pat
 @contextmanager
 def record_shapes() -> Iterator[None]:
     """Annotate autograd nodes created inside the block with input/output shapes (no timing)."""
-    from blutensor.ops import dispatch
+    from blutensor import ext
 
     from bluprofiler.profiler import _annotate, _shape
 
@@ -129,8 +129,8 @@ def record_shapes() -> Iterator[None]:
             _annotate(node, tuple(_shape(x) for x in inputs), _shape(res))
         return res
 
-    dispatch.add_observer(obs)
+    ext.add_op_observer(obs)
     try:
         yield
     finally:
-        dispatch.remove_observer(obs)
+        ext.remove_op_observer(obs)

@@ -75,19 +75,19 @@ class PrecisionLogger(_Dump):
         self._wrapped: list[Any] = []
 
     def __enter__(self) -> PrecisionLogger:
-        from blutensor.ops import dispatch
+        from blutensor import ext
 
         if self.ops:
-            dispatch.add_observer(self._observe)
+            ext.add_op_observer(self._observe)
         if self.modules and self.model is not None:
             for name, m in self.model.named_modules():
                 self._wrap(m, name or "<root>")
         return self
 
     def __exit__(self, *exc) -> None:
-        from blutensor.ops import dispatch
+        from blutensor import ext
 
-        dispatch.remove_observer(self._observe)
+        ext.remove_op_observer(self._observe)
         for m in self._wrapped:
             m.__dict__.pop("forward", None)
         self._wrapped.clear()

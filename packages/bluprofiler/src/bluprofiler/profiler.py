@@ -3,8 +3,8 @@ emits NVTX ranges and hands a :class:`ProfileResult` to the table, trace and plo
 
 How it attaches (and detaches, leaving no trace when off):
 
-* forward: ``blutensor.ops.dispatch.add_observer`` wraps every op call;
-* backward: ``blutensor.autograd.engine.add_backward_observer`` wraps every node's backward formula.
+* forward: ``blutensor.ext.add_op_observer`` wraps every op call;
+* backward: ``blutensor.ext.add_backward_observer`` wraps every node's backward formula.
 
 With no profiler active nothing of ours is on the op path: both observer lists are empty (one
 truthiness test per op and per node, as without bluprofiler).
@@ -122,9 +122,7 @@ class Profiler:
 
     def _start(self) -> None:
         global _Tensor
-        from blutensor import Tensor
-        from blutensor.autograd import engine
-        from blutensor.ops import dispatch
+        from blutensor import Tensor, ext
 
         _Tensor = Tensor
         cp = None if self.device == "cpu" else cupy_or_none()
@@ -173,10 +171,10 @@ class Profiler:
         self.t0 = _now()
         self.wall0_ns = time.time_ns()
         self.pid = os.getpid()
-        dispatch.add_observer(self._observe)
+        ext.add_op_observer(self._observe)
         self._observing = True
         if self.backward:
-            engine.add_backward_observer(self._observe_backward)
+            ext.add_backward_observer(self._observe_backward)
             self._observing_bwd = True
         self._comms, self._comm_open = [], 0
         dtms = sys.modules.get("dtms")  # never imported here: a run with process groups has it already
@@ -187,14 +185,13 @@ class Profiler:
 
     def _detach(self) -> None:
         """Remove everything this session installed (observers, memory hook or listener)."""
-        from blutensor.autograd import engine
-        from blutensor.ops import dispatch
+        from blutensor import ext
 
         if self._observing:
-            dispatch.remove_observer(self._observe)
+            ext.remove_op_observer(self._observe)
             self._observing = False
         if self._observing_bwd:
-            engine.remove_backward_observer(self._observe_backward)
+            ext.remove_backward_observer(self._observe_backward)
             self._observing_bwd = False
         if self._comm_api is not None:
             self._comm_api.remove_collective_observer(self._observe_collective)
@@ -474,22 +471,23 @@ def _bind_view_ops() -> None:
     host-only by its node's kernel class, which is the built-in's only for built-ins.
     """
     global _HOST_FWD
-    from blutensor.ops import dispatch
-    from blutensor.ops.table import OPS
+    from blutensor import ext
 
     fwd = set()
-    for name, k in OPS.items():
+    for name in ext.op_names():
+        k = ext.op_rule(name)
         if not (getattr(k, "VIEW", False) and getattr(k, "BF16_NATIVE", False)):
             continue  # (a bfloat16 input of a non-native op is widened first: a cast kernel)
         try:
-            if all(dispatch.resolve(name, "cuda", dt) is k for dt in _CHECK_DTYPES):
+            if all(ext.resolve_kernel(name, "cuda", dt) is k for dt in _CHECK_DTYPES):
                 fwd.add(name)
         except Exception:
             continue
     _HOST_BWD.clear()
     for name, always in _NO_KERNEL_BACKWARD.items():
-        if name in OPS:
-            _HOST_BWD[OPS[name]] = always
+        k = ext.op_rule(name, missing_ok=True)
+        if k is not None:
+            _HOST_BWD[k] = always
     _HOST_FWD = frozenset(fwd)
 
 
@@ -553,10 +551,10 @@ def _resolved_kernel(op: str, inputs) -> str:
         key = (op, dev.type, dt.name)
         name = _kernel_names.get(key)
         if name is None:
-            from blutensor.ops import dispatch
+            from blutensor import ext
 
             try:
-                name = getattr(dispatch.resolve(op, dev.type, dt.name), "PLUGIN_NAME", "")
+                name = getattr(ext.resolve_kernel(op, dev.type, dt.name), "PLUGIN_NAME", "")
             except Exception:
                 name = ""
             _kernel_names[key] = name

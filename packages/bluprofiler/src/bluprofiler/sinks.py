@@ -126,6 +126,6 @@ def get_sink(name: str) -> type:
     """A sink by name: the built-ins, then any registered through the blutrain plugin host."""
     if name in BUILTIN_SINKS:
         return BUILTIN_SINKS[name]
-    from blutensor.plugin import get_host
+    from blutensor.ext import get_host
 
     return get_host().registry("profiler_sink").get(name)

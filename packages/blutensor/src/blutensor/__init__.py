@@ -7,6 +7,7 @@ from blutensor import (  # noqa: E402,F401
     cpu_ops,  # compiled CPU kernels: status() says whether they are in use (nothing is built at import)
     cuda,  # noqa: F401
     kernel_cache,  # noqa: F401  (integrity checks of on-disk compiled-kernel caches)
+    ext,  # the supported surface for packages that extend blutensor (compilers, profilers, strategies)
     nn,
     optim,
     utils,  # noqa: F401
@@ -185,4 +186,5 @@ __all__ = [
     "repeat_interleave", "result_type", "roll", "scatter", "scatter_add", "sort", "t", "take_along_dim", "topk",
     "tril_indices", "triu_indices", "true_divide", "unbind",
     "get_num_threads", "set_num_threads",
+    "ext",
 ]

@@ -61,13 +61,31 @@ def xp_of(dev: device):
     return require_cuda(dev)
 
 
+#: providers of array types other than NumPy's and CuPy's (a tracer's traced arrays): ``(array_type, provider)``
+#: pairs, newest last (:func:`blutensor.ext.register_array_provider`); empty: one truthiness test off NumPy's path
+array_providers: list = []
+
+
+def array_provider(*arrays):
+    """The newest registered provider whose array type one of ``arrays`` is, else None."""
+    for typ, prov in reversed(array_providers):
+        for a in arrays:
+            if isinstance(a, typ):
+                return prov
+    return None
+
+
 def array_module(arr):
-    """NumPy or CuPy, whichever owns ``arr``."""
+    """NumPy or CuPy, whichever owns ``arr`` (a registered provider's module for its array type)."""
     if isinstance(arr, np.ndarray | np.generic):
         return np
     cp = cupy_module()
     if cp is not None and isinstance(arr, cp.ndarray):
         return cp
+    if array_providers:
+        prov = array_provider(arr)
+        if prov is not None:
+            return prov.module(arr)
     return np
 
 

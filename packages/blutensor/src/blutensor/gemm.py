@@ -35,6 +35,8 @@ class XpGemm:
     PLUGIN_NAME = "xp"
     #: capability: may its calls be recorded into a CUDA graph (stream capture)? CuPy's cuBLAS refuses capture
     CAPTURE_SAFE = False
+    #: capability: the precisions ``matmul`` honours (CuPy's matmul runs float32 as strict SGEMM whatever is asked)
+    PRECISIONS = ("fp32",)
 
     @classmethod
     def is_available(cls) -> bool:

@@ -98,7 +98,7 @@ class TokenLoader:
         naming the file and byte offset (instead of an index error at the step that reaches it).
         ``seq_shard = (i, n)``: context parallelism; every batch is cut to the ``T/n`` positions of rank ``i``
         in the load-balanced causal layout (chunks ``i`` and ``2n-1-i`` of ``2n``), x and y alike."""
-        from blutensor.device import as_device
+        from blutensor.ext import as_device
 
         if batch_size < 1 or seq_len < 1:
             raise LoaderError(f"TokenLoader: batch_size and seq_len must be >= 1, got B={batch_size} "

@@ -220,10 +220,10 @@ class Llama(nn.Module):
         logits = F.linear(x, self.output_weight)
         loss = None
         if targets is not None:
-            from blutensor.ops import dispatch
+            from blutensor import ext
 
             if self.lean_logits and logits.device.type == "cuda" and logits.requires_grad:
-                loss = dispatch.apply("cross_entropy", logits.view(B * T, -1), targets.view(B * T), inplace_grad=True)
+                loss = ext.apply("cross_entropy", logits.view(B * T, -1), targets.view(B * T), inplace_grad=True)
                 return None, loss
             loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
         return logits, loss

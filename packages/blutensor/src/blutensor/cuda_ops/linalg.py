@@ -2,8 +2,9 @@
 
 They run through the selected GEMM provider at precision 'bf16' (blublas' 'cublas' = cuBLASLt, or 'blublas'
 mma.sync kernels); the linear bias is fused as the GEMM epilogue and its gradient is a GEMV (ones @ g,
-fp32 out). The 'xp' provider (cupy.matmul) has no bf16 path: the cublas/blublas provider is used instead,
-and without either these calls (and shapes they do not cover) run the generic op on widened float32.
+fp32 out). A selected provider that does not declare 'bf16' (the built-in 'xp', cupy.matmul) leaves them to the
+first available provider that does (blublas' cublas, then blublas), and without one these calls (and shapes they
+do not cover) run the generic op on widened float32.
 """
 
 from __future__ import annotations
@@ -22,24 +23,24 @@ _ones: dict = {}
 
 
 def bf16_provider():
-    """The GEMM provider for bf16 operands (None: none available), cached per selected provider."""
+    """The GEMM provider for bf16 operands (None: none available), cached per selected provider: the selected one
+    when it declares 'bf16' in ``PRECISIONS``, else the first available provider that does (the registry's
+    documented order first)."""
     from blutensor.gemm import get_gemm_provider
 
     sel = get_gemm_provider()
     hit = _provider_cache.get(sel, False)
     if hit is not False:
         return hit
-    prov = sel if getattr(sel, "PLUGIN_NAME", "") in ("cublas", "blublas") else None
+    prov = sel if "bf16" in getattr(sel, "PRECISIONS", ()) else None
     if prov is None:
         from blutensor.plugin import get_host
 
         reg = get_host().registry("gemm")
-        for name in ("cublas", "blublas"):
-            try:
-                cls = reg.get(name)
-            except Exception:  # noqa: BLE001 - not installed
-                continue
-            if getattr(cls, "is_available", lambda: True)():
+        recs = sorted(reg, key=lambda r: reg.defaults.index(r.name) if r.name in reg.defaults else len(reg.defaults))
+        for rec in recs:
+            cls = rec.cls
+            if "bf16" in getattr(cls, "PRECISIONS", ()) and getattr(cls, "is_available", lambda: True)():
                 prov = cls
                 break
     _provider_cache[sel] = prov

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 
 import numpy as np
-from blutensor.backend import array_module
+from blutensor.backend import array_module, array_provider, array_providers
 
 
 def xp_of(a):
@@ -87,7 +87,10 @@ def norm_dim(dim, ndim: int, op: str):
 
 
 def scatter_add(out, index, values) -> None:
-    """``out[index] += values`` with repeated indices accumulating (NumPy add.at / cupyx.scatter_add)."""
+    """``out[index] += values`` with repeated indices accumulating (NumPy add.at / cupyx.scatter_add; a registered
+    array provider's ``scatter_add`` for its array type)."""
+    if array_providers and (prov := array_provider(out, values)) is not None:
+        return prov.scatter_add(out, index, values)
     if type(out) is np.ndarray:
         np.add.at(out, index, values)
     else:

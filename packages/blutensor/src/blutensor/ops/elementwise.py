@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from blutensor.backend import array_provider, array_providers
 from blutensor.ops._util import shape_of, unbroadcast, xp_of
 
 # ---- binary arithmetic ----
@@ -372,7 +373,10 @@ def clamp_backward(ctx, g):
 
 
 def erf(x, xp):
-    """Error function: CuPy's on the GPU, the C library's (math.erf) on the CPU."""
+    """Error function: CuPy's on the GPU, the C library's (math.erf) on the CPU (a registered array provider's
+    ``erf`` for its array type)."""
+    if array_providers and (prov := array_provider(x)) is not None:
+        return prov.erf(x)
     if xp is np:
         return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
     from cupyx.scipy.special import erf as cerf

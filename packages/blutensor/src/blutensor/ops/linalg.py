@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 from blutensor.autograd.node import ACCUMULATED
-from blutensor.backend import is_cuda_array
+from blutensor.backend import array_provider, array_providers, is_cuda_array
 from blutensor.errors import ShapeError
 from blutensor.ops._util import unbroadcast
 
 
 def gemm(a, b):
-    """a @ b on NumPy, or through the selected GEMM provider on CUDA."""
+    """a @ b on NumPy, or through the selected GEMM provider on CUDA (a registered array provider's ``gemm``
+    for its array type: a tracer records the contraction)."""
+    if array_providers and (prov := array_provider(a, b)) is not None:
+        return prov.gemm(a, b)
     if type(a) is np.ndarray:  # host: row blocks on the CPU threads (blutensor.threads)
         return _host_matmul(a, b, _threads[0]) if _threads[0] > 1 else np.matmul(a, b)
     from blutensor.gemm import cuda_matmul

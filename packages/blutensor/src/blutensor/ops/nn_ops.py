@@ -170,8 +170,10 @@ def cross_entropy_backward(ctx, g):
         scale = g.reshape(-1)[:, None]
     elif reduction == "sum":
         scale = g
-    else:
+    elif isinstance(count, int):
         scale = g / max(count, 1)
+    else:  # the count of valid targets kept on the device (a tracer's forward): same quotient, no host read
+        scale = g / xp.maximum(count, 1).astype(z.dtype)
     p = p * valid[:, None] * scale
     return p.astype(z.dtype, copy=False).reshape(shape), None
 

@@ -18,10 +18,9 @@ import math
 
 import blutensor as bt
 import numpy as np
-from blutensor import Tensor
+from blutensor import Tensor, ext
 from blutensor.autograd import Function
-from blutensor.ops import dispatch
-from blutensor.ops.attention import attention_block_backward, attention_block_forward
+from blutensor.ext import attention_block_backward, attention_block_forward
 
 from dtms.parallel.comm_ops import STATS, TIMELINE
 from dtms.process_group import ProcessGroup
@@ -46,7 +45,7 @@ def shard_sequence(x, rank: int, world: int, dim: int = 1):
     if T % (2 * world):
         raise ValueError(f"context parallel: sequence length {T} is not divisible by 2*cp={2 * world}")
     pos = local_positions(T, rank, world)
-    xp = bt.backend.array_module(arr)
+    xp = bt.ext.array_module(arr)
     out = xp.take(arr, xp.asarray(pos), axis=dim)
     return Tensor._from_data(out, x.dtype, x.device) if isinstance(x, Tensor) else out
 
@@ -100,7 +99,7 @@ class P2PRotator(Rotator):
             yield (r - s) % W, cur
             if s == W - 1:
                 break
-            nxt = [bt.backend.array_module(a).empty_like(a) for a in cur]
+            nxt = [bt.ext.array_module(a).empty_like(a) for a in cur]
             works = []
             for i, (a, b) in enumerate(zip(cur, nxt)):
                 works.append(g.isend(a, (r + 1) % W, tag=i))
@@ -112,7 +111,7 @@ class P2PRotator(Rotator):
 
     def _post(self, arrays, dst: int, src: int, tag0: int):
         g = self.group
-        nxt = [bt.backend.array_module(a).empty_like(a) for a in arrays]
+        nxt = [bt.ext.array_module(a).empty_like(a) for a in arrays]
         works = []
         for i, (a, b) in enumerate(zip(arrays, nxt)):
             works.append(g.isend(a, dst, tag=tag0 + i))
@@ -123,7 +122,7 @@ class P2PRotator(Rotator):
 
     def forward_pass(self, arrays, compute) -> None:
         W, r = self.group.size(), self.group.rank()
-        cur = [bt.backend.array_module(a).ascontiguousarray(a) for a in arrays]
+        cur = [bt.ext.array_module(a).ascontiguousarray(a) for a in arrays]
         for s in range(W):
             nxt, works = None, []
             if s < W - 1:  # the next block travels while this one computes
@@ -143,7 +142,7 @@ class P2PRotator(Rotator):
         (posted after this rank's contribution, waited for after the next block computed) and reaches its
         owner after W hops. Returns this rank's own block gradients."""
         W, r = self.group.size(), self.group.rank()
-        cur = [bt.backend.array_module(a).ascontiguousarray(a) for a in arrays]
+        cur = [bt.ext.array_module(a).ascontiguousarray(a) for a in arrays]
         acc_in, acc_works = None, []
         for s in range(W):
             nxt, works = None, []
@@ -170,7 +169,7 @@ class P2PRotator(Rotator):
         g, W, r = self.group, self.group.size(), self.group.rank()
         acc = [c.copy() for c in contribs[(r + 1) % W]]
         for s in range(1, W):
-            nxt = [bt.backend.array_module(a).empty_like(a) for a in acc]
+            nxt = [bt.ext.array_module(a).empty_like(a) for a in acc]
             works = []
             for a, b in zip(acc, nxt):
                 works.append(g.isend(a, (r - 1) % W))
@@ -192,7 +191,7 @@ class AllGatherRotator(Rotator):
         g, W, r = self.group, self.group.size(), self.group.rank()
         gathered = []
         for a in arrays:
-            xp = bt.backend.array_module(a)
+            xp = bt.ext.array_module(a)
             out = xp.empty((W,) + a.shape, dtype=a.dtype)
             g.all_gather(out, xp.ascontiguousarray(a))
             STATS.add("cp_all_gather")
@@ -205,7 +204,7 @@ class AllGatherRotator(Rotator):
         g, W = self.group, self.group.size()
         out = []
         for k in range(len(contribs[0])):
-            xp = bt.backend.array_module(contribs[0][k])
+            xp = bt.ext.array_module(contribs[0][k])
             stacked = xp.ascontiguousarray(xp.stack([contribs[j][k] for j in range(W)]))
             res = xp.empty(stacked.shape[1:], dtype=stacked.dtype)
             g.reduce_scatter(res, stacked, op="sum")
@@ -223,7 +222,7 @@ class AllToAllRotator(Rotator):
         g, W, r = self.group, self.group.size(), self.group.rank()
         recv = []
         for a in arrays:
-            xp = bt.backend.array_module(a)
+            xp = bt.ext.array_module(a)
             send = xp.ascontiguousarray(xp.broadcast_to(a, (W,) + a.shape))
             out = xp.empty_like(send)
             g.all_to_all(out, send)
@@ -237,7 +236,7 @@ class AllToAllRotator(Rotator):
         g, W = self.group, self.group.size()
         out = []
         for k in range(len(contribs[0])):
-            xp = bt.backend.array_module(contribs[0][k])
+            xp = bt.ext.array_module(contribs[0][k])
             send = xp.ascontiguousarray(xp.stack([contribs[j][k] for j in range(W)]))
             recv = xp.empty_like(send)
             g.all_to_all(recv, send)
@@ -266,7 +265,7 @@ def visible_pairs(r: int, j: int, world: int) -> list[tuple[int, int, bool]]:
 def _merge(out, lse, bout, blse):
     """Stable merge (the log-sum-exp merge written as a sigmoid) of a block's (output, lse) into the running (output,
     lse) of the same rows: out += sigmoid(blse - lse) * (bout - out); lse = lse + softplus(blse - lse). In place."""
-    xp = bt.backend.array_module(out)
+    xp = bt.ext.array_module(out)
     blse = blse.astype(lse.dtype, copy=False)
     both = xp.isfinite(blse)
     first = ~xp.isfinite(lse) & both
@@ -278,7 +277,7 @@ def _merge(out, lse, bout, blse):
 
 class RingAttention(Function):
     """Causal attention over the CP group: every rank's K/V block visits every rank (the rotator); per visible
-    chunk pair one :func:`blutensor.ops.attention.attention_block_forward` (the flash kernels on CUDA,
+    chunk pair one :func:`blutensor.ext.attention_block_forward` (the flash kernels on CUDA,
     O(T_local) memory on CPU) whose (output, LSE) merge into the rows' running result. Backward: the same
     blocks again, :func:`attention_block_backward` from the merged output and LSE, and the K/V gradients
     sent home to their owners."""
@@ -287,7 +286,7 @@ class RingAttention(Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, cp):
         qa, ka, va = q._data, k._data, v._data
         scale = 1.0 / math.sqrt(qa.shape[-1])
-        xp = bt.backend.array_module(qa)
+        xp = bt.ext.array_module(qa)
         r, W = cp.group.rank(), cp.group.size()
         c = qa.shape[-2] // 2
         out = xp.zeros(qa.shape[:-1] + (va.shape[-1],), dtype=qa.dtype)
@@ -307,7 +306,7 @@ class RingAttention(Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         qa, ka, va, out, lse, scale, cp = ctx.saved
-        xp = bt.backend.array_module(qa)
+        xp = bt.ext.array_module(qa)
         r, W = cp.group.rank(), cp.group.size()
         c = qa.shape[-2] // 2
         do = xp.ascontiguousarray(g._data).astype(out.dtype, copy=False)
@@ -375,7 +374,7 @@ class ContextParallel:
             idx = inputs[0]
             T_local = idx.shape[-1]
             pos = local_positions(T_local * self.group.size(), self.group.rank(), self.group.size())
-            xp = bt.backend.xp_of(idx.device)
+            xp = bt.ext.array_module_for(idx.device)
             self._busy = True
             try:
                 return bt.nn.functional.embedding(Tensor._from_data(xp.asarray(pos), idx.dtype, idx.device),
@@ -410,12 +409,12 @@ class ContextParallel:
             self._busy = busy
 
     def close(self) -> None:
-        dispatch.remove_observer(self)
+        ext.remove_op_observer(self)
 
 
 def apply_context_parallel(group: ProcessGroup, rotator: str = "p2p", position_weight=None,
                            rotary=None) -> ContextParallel:
     """Install ring attention for causal sdpa over ``group``; returns a handle with ``close()``."""
     cp = ContextParallel(group, rotator, position_weight, rotary)
-    dispatch.add_observer(cp)
+    ext.add_op_observer(cp)
     return cp

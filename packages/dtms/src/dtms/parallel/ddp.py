@@ -105,7 +105,7 @@ class DistributedDataParallel(Module):
                 offs.append(n)
                 where[id(p)] = (i, n)
                 n += p.numel()
-            xp = bt.backend.xp_of(ps[0].device)
+            xp = bt.ext.array_module_for(ps[0].device)
             buf = xp.zeros(n, dtype=ps[0]._data.dtype)
             out.append(Bucket(i, ps, offs, buf, pending=len(ps)))
         object.__setattr__(self, "buckets", out)

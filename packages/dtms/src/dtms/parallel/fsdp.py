@@ -17,10 +17,9 @@ import fnmatch
 import math
 
 import blutensor as bt
-from blutensor import Tensor
+from blutensor import Tensor, ext
 from blutensor.autograd import Function
 from blutensor.nn import Module, Parameter
-from blutensor.ops import dispatch
 
 from dtms import world
 from dtms.parallel.comm_ops import STATS, TIMELINE
@@ -41,7 +40,7 @@ class FlatShard:
         self.shard_size = max(1, math.ceil(total / W))
         self.padded = self.shard_size * W
         p0 = params[0]
-        self.xp = bt.backend.xp_of(p0.device)
+        self.xp = bt.ext.array_module_for(p0.device)
         flat = self.xp.zeros(self.padded, dtype=p0._data.dtype)
         off = 0
         for p, n in zip(params, self.numels):
@@ -203,7 +202,7 @@ class _RootOpFn(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from blutensor.ops.dispatch import apply
+        from blutensor.ext import apply
 
         n_fixed = 8
         needs = ctx.needs[n_fixed:]
@@ -312,7 +311,7 @@ class FullyShardedDataParallel(Module):
         object.__setattr__(self, "_busy", False)
         if roots:
             # first in the chain: TP/CP observers that read a root weight directly then see it gathered
-            dispatch.observers.insert(0, self._root_op)
+            ext.add_op_observer(first=True, fn=self._root_op)
 
     def flats(self) -> list[FlatShard]:
         """Every flat shard (root modules first, then the units in order)."""
@@ -344,8 +343,8 @@ class FullyShardedDataParallel(Module):
 
     def close(self) -> None:
         """Remove the root-parameter observer (the model is no longer used through this wrapper)."""
-        if self._root_op in dispatch.observers:
-            dispatch.observers.remove(self._root_op)
+        if self._root_op in list(ext.op_observers()):
+            ext.remove_op_observer(self._root_op)
 
     def param_groups(self, weight_decay: float, decay_key=True) -> list[dict]:
         """AdamW groups over the shards: ``weight_decay`` on those whose ``param_key`` is ``decay_key``."""
@@ -367,7 +366,7 @@ class FullyShardedDataParallel(Module):
             if f.shard.grad is None:
                 continue
             g = f.shard.grad._data
-            xp = bt.backend.array_module(g)
+            xp = bt.ext.array_module(g)
             for lo, hi, p in f.local_segments():
                 if hi > lo:
                     part[0 if id(p) in self.tp_sharded else 1] += float((g[lo:hi].astype(xp.float64) ** 2).sum())

@@ -71,7 +71,7 @@ class Parallelized:
         # (LayerNorms, row-parallel biases, position embedding) once; after DDP all dp/cp ranks agree
         sharded = _sharded_param_ids(self.model, self.tp)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        xp = bt.backend.xp_of(grads[0].device)
+        xp = bt.ext.array_module_for(grads[0].device)
         part = xp.zeros(2, dtype=xp.float64)  # [sharded, replicated] square sums
         for p in self.model.parameters():
             if p.grad is not None:
@@ -135,7 +135,7 @@ class Parallelized:
             return a
         axis, chunks = lay
         g = self.mesh.tp
-        xp = bt.backend.array_module(a)
+        xp = bt.ext.array_module(a)
         out = xp.empty((g.size(),) + tuple(a.shape), dtype=a.dtype)
         g.all_gather(out, xp.ascontiguousarray(a))
         if axis == 1:
@@ -204,7 +204,7 @@ class Parallelized:
         named = self._local_named()
         xp = None
         for n, p in named.items():
-            xp = bt.backend.xp_of(p.device)
+            xp = bt.ext.array_module_for(p.device)
             p._data[...] = xp.asarray(local[n]).astype(p._data.dtype, copy=False)
             if optimizer is not None and n in steps:
                 st = {"step": int(steps[n])}

@@ -14,11 +14,10 @@ import fnmatch
 
 import blutensor as bt
 import numpy as np
-from blutensor import Tensor
+from blutensor import Tensor, ext
 from blutensor.autograd import Function
+from blutensor.ext import gemm
 from blutensor.nn import Module, Parameter
-from blutensor.ops import dispatch
-from blutensor.ops.linalg import gemm
 
 from dtms.parallel.comm_ops import STATS, TIMELINE, CopyToGroup, ReduceFromGroup
 from dtms.process_group import ProcessGroup
@@ -64,7 +63,7 @@ class _ColumnParallelAsync(Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         x, w = ctx.saved_tensors
-        xp = bt.backend.xp_of(g.device)
+        xp = bt.ext.array_module_for(g.device)
         g2 = g._data.reshape(-1, g.shape[-1])
         x2 = x._data.reshape(-1, x.shape[-1])
         gx = xp.empty((g2.shape[0], w.shape[1]), dtype=g2.dtype)
@@ -120,7 +119,7 @@ class _RowParallelAsync(Function):
     def forward(ctx, x: Tensor, w: Tensor, group: ProcessGroup, chunks: int):
         ctx.save_for_backward(x, w)
         x2 = x._data.reshape(-1, x.shape[-1])
-        xp = bt.backend.xp_of(x.device)
+        xp = bt.ext.array_module_for(x.device)
         out = xp.empty((x2.shape[0], w.shape[0]), dtype=x2.dtype)
         works = []
         for i, (lo, hi) in enumerate(_bounds(x2.shape[0], chunks)):
@@ -173,7 +172,7 @@ class _VocabEmbedding(Function):
 
     @staticmethod
     def forward(ctx, idx: Tensor, w: Tensor, group: ProcessGroup, lo: int):
-        xp = bt.backend.xp_of(w.device)
+        xp = bt.ext.array_module_for(w.device)
         ids = idx._data - lo
         mask = (ids >= 0) & (ids < w.shape[0])
         ids = xp.where(mask, ids, 0)
@@ -186,7 +185,7 @@ class _VocabEmbedding(Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         ids, mask, shape = ctx.saved
-        xp = bt.backend.xp_of(g.device)
+        xp = bt.ext.array_module_for(g.device)
         gw = xp.zeros(shape, dtype=g._data.dtype)
         gg = (g._data * mask[..., None]).reshape(-1, shape[1])
         xp.add.at(gw, ids.reshape(-1), gg)
@@ -199,7 +198,7 @@ class _VocabCrossEntropy(Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, group: ProcessGroup, lo: int, ignore_index: int):
-        xp = bt.backend.xp_of(logits.device)
+        xp = bt.ext.array_module_for(logits.device)
         z = logits._data.reshape(-1, logits.shape[-1])
         t = target._data.reshape(-1)
         valid = t != ignore_index
@@ -222,7 +221,7 @@ class _VocabCrossEntropy(Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         p, li, own, valid, count, shape = ctx.saved
-        xp = bt.backend.xp_of(g.device)
+        xp = bt.ext.array_module_for(g.device)
         grad = p.copy()
         rows = xp.arange(grad.shape[0])
         grad[rows[own], li[own]] -= 1.0
@@ -293,7 +292,7 @@ class TensorParallel:
 
     def close(self) -> None:
         if self.observer is not None:
-            dispatch.remove_observer(self.observer)
+            ext.remove_op_observer(self.observer)
             self.observer = None
 
 
@@ -337,7 +336,7 @@ def apply_tensor_parallel(model: Module, group: ProcessGroup, plan: dict,
             else:
                 raise ValueError(f"tensor parallel plan: unknown style {style!r} for {pat!r}")
     if observer is not None:
-        dispatch.add_observer(observer)
+        ext.add_op_observer(observer)
     return TensorParallel(observer)
 
 

@@ -1,4 +1,4 @@
-"""Run by gpu_check.py through blurun on >= 2 GPUs: NCCL collectives vs NumPy, store bootstrap, sub-groups.
+"""Run by test_nccl.py through blurun on >= 2 GPUs: NCCL collectives vs NumPy, store bootstrap, sub-groups.
 
 argv: OUT_DIR. Writes OUT_DIR/nccl_rank<k>.json with the names of passed checks.
 """

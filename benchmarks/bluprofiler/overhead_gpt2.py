@@ -1,6 +1,6 @@
 """Profiler overhead on GPT-2 124M, B=16, T=1024, on the GPU (the aim: off costs nothing, on <= 5%).
 
-    python3 packages/bluprofiler/dev/gpu_check_overhead.py OUTDIR     # < 150 s
+    python3 benchmarks/bluprofiler/overhead_gpt2.py OUTDIR     # < 150 s
 
 The standard benchmark step (benchmarks/e2e_gpt2.py: blumodels.gpt2 with ``config(12)``, its
 ``batches``, cuBLAS GEMMs, fused AdamW, grad clipping at 1.0) runs in one subprocess per precision
@@ -27,7 +27,7 @@ per call): perf_counter_ns, cupy Event.record, raw runtime.eventRecord, get_curr
 push+pop, and the host cost of one op span (bt.add of 4-element CUDA tensors) per mode.
 Writes OUTDIR/overhead_b16.json and, from the fp32 process, one profiled step
 (bluprofiler.profile_steps) into OUTDIR/trace_b16/.
-BLUPROFILER_GPU_CHECK_DRY=1 runs the same code on CPU with a 2-layer toy model (for CI machines).
+BLUPROFILER_BENCH_DRY=1 runs the same code on CPU with a 2-layer toy model (for CI machines).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-DRY = os.environ.get("BLUPROFILER_GPU_CHECK_DRY") == "1"
+ROOT = Path(__file__).resolve().parents[2]
+DRY = os.environ.get("BLUPROFILER_BENCH_DRY") == "1"
 B, T = (2, 32) if DRY else (16, 1024)
 STEPS_PER_BLOCK = 4
 ROUNDS = {"fp32": 2, "tf32": 3}  # measured rounds of all modes; plus one warm-up round
@@ -267,16 +267,15 @@ def child(precision: str, trace_dir: str) -> dict:
     desc["warmup_s"] = time.perf_counter() - t
     desc["loss_after_warmup"] = float(loss.item())
     # never: no session has run in this process (the plugin host may have imported bluprofiler's sinks)
-    from blutensor.autograd import engine
-    from blutensor.ops import dispatch
+    from blutensor import ext
 
-    assert not dispatch.observers and not engine.backward_observers
+    assert not list(ext.op_observers()) and not list(ext.backward_observers())
     never = []
     for _ in range(NEVER_BLOCKS):
         never += timed(step, sync, STEPS_PER_BLOCK)
 
     import bluprofiler as bp
-    from blutensor.autograd.node import Node
+    from blutensor.ext import Node
 
     apply_fn = Node.apply
     rounds = ROUNDS[precision]
@@ -288,7 +287,7 @@ def child(precision: str, trace_dir: str) -> dict:
         for m, kw in MODES.items():
             hs: list[float] = []
             if kw is None:
-                assert not dispatch.observers and not engine.backward_observers and Node.apply is apply_fn
+                assert not list(ext.op_observers()) and not list(ext.backward_observers()) and Node.apply is apply_fn
                 ts = timed(step, sync, STEPS_PER_BLOCK, hs)
             else:
                 with session(kw) as prof:
@@ -339,7 +338,7 @@ def main() -> None:
         r = child(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
         print("RESULT " + json.dumps(r), flush=True)
         return
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu_check_overhead_out")
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "overhead_gpt2_out")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     res: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": DRY, "runs": {}}

@@ -1,12 +1,13 @@
-"""GPU checks and benchmarks of bluallocator. Run from the repo root on the GPU machine:
+"""bluallocator on a CUDA GPU: allocation throughput and the peak memory of a transformer-like trace.
 
-    python3 packages/bluallocator/dev/gpu_check.py OUTDIR
+    python3 benchmarks/bluallocator/bench_alloc_gpu.py OUTDIR
 
-1. the package's tests (CPU ones and the ``cuda`` twins) under pytest, junit XML into OUTDIR;
-2. allocation throughput: our CachingAllocator vs CuPy's default pool, raw and through cupy.empty;
-3. a transformer-like allocation trace replayed with real CuPy arrays: peak memory reserved in the
-   steady state (steps >= 1) by our allocator (with and without the step-0 profile + flush) vs CuPy's pool.
-Prints a compact summary and writes OUTDIR/bluallocator_gpu_check.json. Runs in well under 3 minutes.
+1. allocation throughput: our CachingAllocator vs CuPy's default pool, raw and through cupy.empty;
+2. a transformer-like allocation trace (packages/bluallocator/dev/alloc_trace.py) replayed with real CuPy
+   arrays: peak memory reserved in the steady state (steps >= 1) by our allocator (with and without the step-0
+   profile + flush) vs CuPy's pool.
+Prints a compact summary and writes OUTDIR/bench_alloc_gpu.json. The allocator's correctness on the GPU is the
+`cuda`-marked tests (packages/bluallocator/tests, and blumodels' test_memory.py through the Trainer).
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from __future__ import annotations
 import gc
 import json
 import os
-import re
-import subprocess
 import sys
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PKG = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PKG = os.path.join(ROOT, "packages", "bluallocator")
+sys.path.insert(0, os.path.join(PKG, "dev"))  # alloc_trace: the trace generator and its NumPy replay
 try:
     import bluallocator  # noqa: F401
 except ImportError:
@@ -35,38 +34,6 @@ from alloc_trace import replay, transformer_trace  # noqa: E402
 from bluallocator import CachingAllocator, CudaBackend  # noqa: E402
 
 MiB = 1 << 20
-
-
-def run_tests(out: str) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(PKG, "src"), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(PKG, "tests"),
-           f"--junitxml={os.path.join(out, 'bluallocator_junit.xml')}", "-rfEs"]
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
-    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", summary)}
-    with open(os.path.join(out, "bluallocator_pytest.txt"), "w") as fh:
-        fh.write(p.stdout + "\n" + p.stderr)
-    fails = [ln for ln in p.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "SKIPPED"))]
-    return {"returncode": p.returncode, "summary": summary, "counts": counts,
-            "seconds": time.perf_counter() - t, "failures_and_skips": fails[:40]}
-
-
-def run_trainer_memory_tests(out: str) -> dict:
-    """The GPU twins of blumodels' memory tests (train.allocator='blu' in the Trainer, fused GELU+c_proj and
-    lean logits bit-identical on CUDA). A subprocess: bluallocator itself never imports blutensor."""
-    root = os.path.dirname(os.path.dirname(PKG))
-    test = os.path.join(root, "packages", "blumodels", "tests", "test_memory.py")
-    if not os.path.exists(test):
-        return {"skipped": "no packages/blumodels/tests/test_memory.py"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test, "-k", "cuda", "-rfEs"]
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=120, cwd=root)
-    with open(os.path.join(out, "blumodels_memory_pytest.txt"), "w") as fh:
-        fh.write(p.stdout + "\n" + p.stderr)
-    summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-500:]
-    return {"returncode": p.returncode, "summary": summary, "seconds": time.perf_counter() - t}
 
 
 SIZES = [4096, 65536, 768 * 4, 3 * 768 * 4, 768 * 768 * 4, 768 * 3072 * 4,
@@ -213,16 +180,14 @@ def replay_cupy(ev, mode: str) -> dict:
 
 
 def main() -> None:
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(PKG, "dev", "out")
+    out = sys.argv[1] if len(sys.argv) > 1 else "bench_alloc_gpu_out"
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
     result: dict = {"gpu": name.decode() if isinstance(name, bytes) else str(name),
                     "cupy": cupy.__version__, "numpy": np.__version__,
                     "bluallocator": bluallocator.__version__}
-    for name, fn in (("tests", lambda: run_tests(out)), ("raw_throughput", bench_raw),
-                     ("cupy_array_throughput", bench_cupy_arrays),
-                     ("trainer_memory_tests", lambda: run_trainer_memory_tests(out))):
+    for name, fn in (("raw_throughput", bench_raw), ("cupy_array_throughput", bench_cupy_arrays)):
         try:
             result[name] = fn()
         except Exception:  # noqa: BLE001 - record and continue with the other checks
@@ -239,13 +204,10 @@ def main() -> None:
                 rows.append({"mode": mode, "error": traceback.format_exc()[-2000:]})
         result["trace"][tname] = rows
     result["seconds_total"] = time.perf_counter() - t0
-    with open(os.path.join(out, "bluallocator_gpu_check.json"), "w") as fh:
+    with open(os.path.join(out, "bench_alloc_gpu.json"), "w") as fh:
         json.dump(result, fh, indent=1)
-    print(f"bluallocator gpu_check on {result['gpu']} (cupy {result['cupy']}), "
+    print(f"bluallocator benchmark on {result['gpu']} (cupy {result['cupy']}), "
           f"{result['seconds_total']:.1f} s")
-    print("tests:", result["tests"].get("summary", result["tests"]))
-    print("blumodels memory tests (cuda):", result["trainer_memory_tests"].get("summary",
-                                                                           result["trainer_memory_tests"]))
     for k in ("raw_throughput", "cupy_array_throughput"):
         print(k, json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in result[k].items()}))
     for tname, rows in result["trace"].items():

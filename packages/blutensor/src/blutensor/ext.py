@@ -1,0 +1,316 @@
+"""``blutensor.ext``: the supported surface for packages that extend blutensor (compilers, profilers, parallel
+strategies, GEMM libraries, model code with fused kernels).
+
+User code needs only ``import blutensor as bt`` and its documented modules (``nn``, ``optim``, ``utils``,
+``cuda``, ``amp``, ``random``, ``autograd``). What a sibling package needs beyond that is here, so that
+blutensor's private modules (``blutensor._*``, ``ops.*``, ``cuda_ops.*``, ``plugin.manager``, ``gemm``) can
+change without breaking it; ``tests/test_packaging.py`` forbids other packages to import them. Each name is
+the object blutensor itself uses (not a copy), imported on first access.
+
+Array modules (tracers, foreign array types)
+    ``array_module(a)`` the array module (NumPy, CuPy, a registered provider's) that owns raw array ``a``;
+    ``register_array_provider(array_type, provider)`` / ``unregister_array_provider(array_type)`` make every
+    op kernel see ``provider.module(a)`` as the array module of ``array_type`` instances and route its
+    contractions, scatter-adds and error functions to ``provider.gemm`` / ``.scatter_add`` / ``.erf``
+    (``ArrayProvider``); ``gemm``, ``scatter_add``, ``erf`` the raw-array helpers the kernels call;
+    ``bf16_bits_to_f32`` / ``f32_to_bf16_bits`` bfloat16 storage conversions; ``as_device``;
+    ``array_module_for(device)`` NumPy or CuPy for a device; ``is_cuda_array(a)``.
+Ops and kernels
+    ``Kernel`` base of kernel classes (``OP``, ``BACKEND``, ``DTYPES``, ``PRIORITY``, flags) registered through
+    ``blutrain_register_kernels``; ``op_rule(op)`` the built-in kernel class of one op (its reference
+    ``forward``/``backward``), ``op_names()``; ``override_op_rule(op, forward=, backward=)`` a context in which
+    the built-in rule of ``op`` runs other formulas (tracers that must avoid a host read);
+    ``apply(op, *inputs, **attrs)`` run an op through the dispatcher; ``resolve_kernel(op, backend, dtype)``
+    the kernel the dispatcher picks (priority, then ``BLUTRAIN_KERNELS`` / ``use_kernel``); ``kernel_for``
+    (cached); ``use_kernel``; ``clear_kernel_cache``; ``linear_backward``; ``attention_block_forward`` /
+    ``attention_block_backward`` (blockwise attention with its log-sum-exp, for context parallelism).
+Observers
+    ``add_op_observer(fn, first=False)`` wraps every op call with ``fn(op, inputs, attrs, run)``;
+    ``add_backward_observer(fn)`` wraps every backward formula with ``fn(node, grad, run)``;
+    ``remove_op_observer(fn)`` / ``remove_backward_observer(fn)``; ``op_observers()`` /
+    ``backward_observers()`` the installed ones (copies); ``autocast_active()`` whether an autocast input
+    policy is in force.
+Autograd pieces
+    ``Function``, ``FunctionCtx`` (custom differentiable functions), ``Node``, ``Ctx``, ``AccumulateGrad``
+    (graph nodes a compiler or profiler walks), ``run_backward``.
+Optimizer steps
+    ``adamw_update`` (the reference AdamW update of one parameter), ``fused_adamw_step`` (one group through
+    the multi-tensor CUDA kernel), ``prepare_adamw_group`` (its device tables, built outside a capture),
+    ``multi_tensor_adamw``, ``global_grad_norm``, ``grad_norm_table`` (the device table ``global_grad_norm``
+    reads), ``cast_tables()`` (the multi-tensor bf16 cast tables built so far), ``lr_warmup_cosine``.
+CUDA launch and compile helpers
+    ``kernel_source(file)``, ``kernel_module(file)``, ``kernel_function(file, name)``, ``launch(...)``,
+    ``compile_options(cc)``, ``num_sms()``, ``capturing()`` (whether the stream is being captured),
+    ``index_flag_array()`` / ``raise_pending_index_error()`` (asynchronous index validation),
+    ``layer_norm_forward`` / ``layer_norm_backward``, ``gelu_forward`` / ``gelu_backward``,
+    ``cuda_cross_entropy_forward``, ``flash_attention_forward`` / ``flash_attention_backward``,
+    ``multi_tensor_adamw``, ``sdpa_qkv`` (attention on a packed qkv tensor), ``pick_attention_variant``;
+    bfloat16 pieces: ``cast_to_bf16`` / ``cast_to_f32`` (CuPy float32 <-> bf16 bits), ``bf16_gemm_provider()``
+    (the provider that runs bf16 GEMMs), ``bf16_gemm(prov, a, b, trans_a=, trans_b=)``,
+    ``bf16_bias_grad(prov, g)`` (column sums of bf16 ``g`` as a GEMV, float32 out).
+GEMM providers
+    ``get_gemm_provider()`` the selected provider class (``matmul``, ``CAPTURE_SAFE``, ``PRECISIONS``),
+    ``gemm_providers()`` every registered one, ``capture_safe_gemm_providers()``, ``XpGemm`` (the built-in
+    CuPy provider), ``FP32_GEMMS``, ``provider_matmul``, ``max_3xtf32_k``.
+Plugins and device memory
+    ``get_host()`` / ``reset_host()`` the plugin host (registries by kind: backend, kernel, gemm, allocator,
+    parallel, compiler, profiler_sink, model_family), ``hookimpl``, ``BlutrainSpecs``, ``PluginError``,
+    ``PluginHost``; ``allocator_plugins()`` the registered device allocators (``install()`` plugs one into
+    CuPy); ``cpu_kernels_status()`` whether the compiled CPU kernels are in use, ``reference_kernels()`` a
+    context that runs the NumPy reference kernels instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+#: name -> (module, attribute): the objects blutensor itself uses, imported on first access
+_NAMES: dict[str, tuple[str, str]] = {
+    # array modules
+    "array_module": ("blutensor.backend", "array_module"),
+    "gemm": ("blutensor.ops.linalg", "gemm"),
+    "scatter_add": ("blutensor.ops._util", "scatter_add"),
+    "erf": ("blutensor.ops.elementwise", "erf"),
+    "bf16_bits_to_f32": ("blutensor.backend", "bf16_bits_to_f32"),
+    "f32_to_bf16_bits": ("blutensor.backend", "f32_to_bf16_bits"),
+    "as_device": ("blutensor.device", "as_device"),
+    "array_module_for": ("blutensor.backend", "xp_of"),
+    "is_cuda_array": ("blutensor.backend", "is_cuda_array"),
+    # ops and kernels
+    "Kernel": ("blutensor.ops.table", "Kernel"),
+    "apply": ("blutensor.ops.dispatch", "apply"),
+    "resolve_kernel": ("blutensor.ops.dispatch", "resolve"),
+    "kernel_for": ("blutensor.ops.dispatch", "kernel_for"),
+    "use_kernel": ("blutensor.ops.dispatch", "use_kernel"),
+    "clear_kernel_cache": ("blutensor.ops.dispatch", "clear_cache"),
+    "linear_backward": ("blutensor.ops.linalg", "linear_backward"),
+    "attention_block_forward": ("blutensor.ops.attention", "attention_block_forward"),
+    "attention_block_backward": ("blutensor.ops.attention", "attention_block_backward"),
+    # observers
+    "remove_op_observer": ("blutensor.ops.dispatch", "remove_observer"),
+    "add_backward_observer": ("blutensor.autograd.engine", "add_backward_observer"),
+    "remove_backward_observer": ("blutensor.autograd.engine", "remove_backward_observer"),
+    # autograd pieces
+    "Function": ("blutensor.autograd.function", "Function"),
+    "FunctionCtx": ("blutensor.autograd.function", "FunctionCtx"),
+    "Node": ("blutensor.autograd.node", "Node"),
+    "Ctx": ("blutensor.autograd.node", "Ctx"),
+    "AccumulateGrad": ("blutensor.autograd.node", "AccumulateGrad"),
+    "run_backward": ("blutensor.autograd.engine", "run_backward"),
+    # optimizer steps
+    "adamw_update": ("blutensor.optim.adamw", "adamw_update"),
+    "fused_adamw_step": ("blutensor.cuda_ops.adamw", "fused_step"),
+    "prepare_adamw_group": ("blutensor.cuda_ops.adamw", "prepare_group"),
+    "multi_tensor_adamw": ("blutensor.cuda_ops.adamw", "multi_tensor_adamw"),
+    "global_grad_norm": ("blutensor.cuda_ops.norm", "global_grad_norm"),
+    "grad_norm_table": ("blutensor.cuda_ops.norm", "_table"),
+    "lr_warmup_cosine": ("blutensor.optim.lr_scheduler", "warmup_cosine"),
+    # CUDA launch and compile helpers
+    "kernel_source": ("blutensor.cuda_ops._loader", "source"),
+    "kernel_module": ("blutensor.cuda_ops._loader", "module"),
+    "kernel_function": ("blutensor.cuda_ops._loader", "function"),
+    "launch": ("blutensor.cuda_ops._loader", "launch"),
+    "compile_options": ("blutensor.cuda_ops._loader", "compile_options"),
+    "num_sms": ("blutensor.cuda_ops._loader", "num_sms"),
+    "capturing": ("blutensor.cuda_ops._loader", "capturing"),
+    "index_flag_array": ("blutensor.cuda_ops.index_check", "flag_array"),
+    "raise_pending_index_error": ("blutensor.cuda_ops.index_check", "raise_pending"),
+    "layer_norm_forward": ("blutensor.cuda_ops.layer_norm", "layer_norm_forward"),
+    "layer_norm_backward": ("blutensor.cuda_ops.layer_norm", "layer_norm_backward"),
+    "gelu_forward": ("blutensor.cuda_ops.gelu", "gelu_forward"),
+    "gelu_backward": ("blutensor.cuda_ops.gelu", "gelu_backward"),
+    "cuda_cross_entropy_forward": ("blutensor.cuda_ops.cross_entropy", "cross_entropy_forward"),
+    "flash_attention_forward": ("blutensor.cuda_ops.sdpa", "flash_attention_forward"),
+    "flash_attention_backward": ("blutensor.cuda_ops.sdpa", "flash_attention_backward"),
+    "sdpa_qkv": ("blutensor.cuda_ops.sdpa", "sdpa_qkv"),
+    "pick_attention_variant": ("blutensor.cuda_ops.sdpa", "pick_variant"),
+    "cast_to_bf16": ("blutensor.cuda_ops.cast", "to_bf16"),
+    "cast_to_f32": ("blutensor.cuda_ops.cast", "to_f32"),
+    "bf16_gemm_provider": ("blutensor.cuda_ops.linalg", "bf16_provider"),
+    "bf16_gemm": ("blutensor.cuda_ops.linalg", "mm"),
+    "bf16_bias_grad": ("blutensor.cuda_ops.linalg", "bias_grad"),
+    # GEMM providers
+    "get_gemm_provider": ("blutensor.gemm", "get_gemm_provider"),
+    "XpGemm": ("blutensor.gemm", "XpGemm"),
+    "FP32_GEMMS": ("blutensor.gemm", "FP32_GEMMS"),
+    "provider_matmul": ("blutensor.gemm", "provider_matmul"),
+    "max_3xtf32_k": ("blutensor.gemm", "max_3xtf32_k"),
+    # plugins and device memory
+    "get_host": ("blutensor.plugin.manager", "get_host"),
+    "reset_host": ("blutensor.plugin.manager", "reset_host"),
+    "PluginHost": ("blutensor.plugin.manager", "PluginHost"),
+    "hookimpl": ("blutensor.plugin.specs", "hookimpl"),
+    "BlutrainSpecs": ("blutensor.plugin.specs", "BlutrainSpecs"),
+    "PluginError": ("blutensor.plugin.registry", "PluginError"),
+    "cpu_kernels_status": ("blutensor.cpu_ops", "status"),
+    "reference_kernels": ("blutensor.cpu_ops", "reference_kernels"),
+}
+
+
+class ArrayProvider(Protocol):
+    """What :func:`register_array_provider` expects: the array module of its array type plus the three raw-array
+    helpers whose NumPy and CuPy forms differ (so a tracer records them instead of computing them)."""
+
+    def module(self, a: Any) -> Any:
+        """The array module (NumPy-like namespace) op kernels use for array ``a``."""
+
+    def gemm(self, a: Any, b: Any) -> Any:
+        """``a @ b`` where one operand is of the provider's array type."""
+
+    def scatter_add(self, out: Any, index: Any, values: Any) -> None:
+        """``out[index] += values``, repeated indices accumulating."""
+
+    def erf(self, x: Any) -> Any:
+        """The error function of ``x``."""
+
+
+def register_array_provider(array_type: type, provider: ArrayProvider) -> None:
+    """From now on, raw arrays of ``array_type`` (and its subclasses) inside op kernels use ``provider``'s array
+    module, ``gemm``, ``scatter_add`` and ``erf``; the newest registration for a type wins. A tracer registers
+    its traced-array type for the length of one trace. NumPy and CuPy arrays are never affected."""
+    from blutensor.backend import array_providers
+
+    if not isinstance(array_type, type):
+        raise TypeError(f"register_array_provider: array_type must be a class, got {array_type!r}")
+    missing = [m for m in ("module", "gemm", "scatter_add", "erf") if not callable(getattr(provider, m, None))]
+    if missing:
+        raise TypeError(f"register_array_provider: provider {provider!r} lacks {', '.join(missing)}")
+    array_providers.append((array_type, provider))
+
+
+def unregister_array_provider(array_type: type, provider: ArrayProvider | None = None) -> None:
+    """Remove the newest registration of ``array_type`` (of ``provider`` when given); no error when none."""
+    from blutensor.backend import array_providers
+
+    for i in range(len(array_providers) - 1, -1, -1):
+        typ, prov = array_providers[i]
+        if typ is array_type and (provider is None or prov is provider):
+            del array_providers[i]
+            return
+
+
+def op_names() -> list[str]:
+    """The names of every built-in op (the rows of blutensor's op table), sorted."""
+    from blutensor.ops.table import OPS
+
+    return sorted(OPS)
+
+
+def op_rule(op: str, missing_ok: bool = False) -> type | None:
+    """The built-in kernel class of ``op``: its reference ``forward(ctx, *arrays, **attrs)`` and
+    ``backward(ctx, grad)`` formulas and dispatch flags (``SAVES``, ``DTYPE_ARG``, ...). An unknown op raises
+    KeyError, or gives None with ``missing_ok=True``."""
+    from blutensor.ops.table import OPS
+
+    k = OPS.get(op)
+    if k is None and not missing_ok:
+        raise KeyError(f"blutensor has no op {op!r} (see blutensor.ext.op_names())")
+    return k
+
+
+@contextmanager
+def override_op_rule(op: str, forward: Callable | None = None, backward: Callable | None = None) -> Iterator[type]:
+    """Within the block, the built-in rule of ``op`` runs ``forward`` / ``backward`` (None: keep that formula);
+    restored on exit, exceptions included. The flags stay those of the op. Yields the kernel class."""
+    from blutensor.ops import dispatch
+
+    cls = op_rule(op)
+    assert cls is not None
+    saved = {k: cls.__dict__[k] for k in ("forward", "backward") if k in cls.__dict__}
+    try:
+        if forward is not None:
+            cls.forward = staticmethod(forward)
+        if backward is not None:
+            cls.backward = staticmethod(backward)
+        dispatch.clear_cache()
+        yield cls
+    finally:
+        for k in ("forward", "backward"):
+            if k in saved:
+                setattr(cls, k, saved[k])
+            elif k in cls.__dict__:
+                delattr(cls, k)
+        dispatch.clear_cache()
+
+
+def add_op_observer(fn: Callable, first: bool = False) -> None:
+    """Wrap every subsequent op call with ``fn(op, inputs, attrs, run)``; ``fn`` returns ``run()``'s result
+    (possibly after changing nothing but what it records). ``first=True`` puts it outermost (it sees the call
+    before every other observer: a parallel strategy that rewrites inputs), else innermost of those installed."""
+    from blutensor.ops import dispatch
+
+    if first:
+        dispatch.observers.insert(0, fn)
+    else:
+        dispatch.add_observer(fn)
+
+
+def op_observers() -> tuple:
+    """The op observers installed now, outermost first (a copy)."""
+    from blutensor.ops import dispatch
+
+    return tuple(dispatch.observers)
+
+
+def backward_observers() -> tuple:
+    """The backward observers installed now (a copy)."""
+    from blutensor.autograd import engine
+
+    return tuple(engine.backward_observers)
+
+
+def autocast_active() -> bool:
+    """Whether an autocast region's input policy is in force (ops may see their inputs cast)."""
+    from blutensor.ops import dispatch
+
+    return dispatch.autocast_hook is not None
+
+
+def cast_tables() -> list:
+    """The device tables of the multi-tensor bf16 weight cast built so far (hold them while captured graphs that
+    launch the cast replay)."""
+    from blutensor.cuda_ops import cast
+
+    return list(cast._multi.values())
+
+
+def gemm_providers() -> list[type]:
+    """Every registered GEMM provider class, in registration order."""
+    from blutensor.plugin.manager import get_host
+
+    return [r.cls for r in get_host().registry("gemm")]
+
+
+def capture_safe_gemm_providers() -> list[type]:
+    """The registered GEMM providers that declare ``CAPTURE_SAFE = True`` (may run inside a CUDA graph)."""
+    return [p for p in gemm_providers() if getattr(p, "CAPTURE_SAFE", False)]
+
+
+def allocator_plugins() -> dict[str, type]:
+    """The registered device allocator plugins by name."""
+    from blutensor.plugin.manager import get_host
+
+    return {r.name: r.cls for r in get_host().registry("allocator")}
+
+
+_DEFINED = ["ArrayProvider", "add_op_observer", "allocator_plugins", "autocast_active", "backward_observers",
+            "capture_safe_gemm_providers", "cast_tables", "gemm_providers", "op_names", "op_observers", "op_rule",
+            "override_op_rule", "register_array_provider", "unregister_array_provider"]
+__all__ = sorted(_DEFINED + list(_NAMES))
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        mod, attr = _NAMES[name]
+    except KeyError:
+        raise AttributeError(f"module 'blutensor.ext' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(mod), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
