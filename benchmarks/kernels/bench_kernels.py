@@ -419,10 +419,10 @@ def test_attention_hopper_vs_cudnn(benchmark, impl, causal, pass_, cfg):
             fn = lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)  # noqa: E731
         _run(benchmark, "torch", fn, dict(info, impl_detail=impl), flops=flops)
         return
-    from blutensor.cuda_ops.sdpa import _compute_capability, flash_attention_backward, flash_attention_forward
+    from blutensor.ext import flash_attention_backward, flash_attention_forward
 
     cp = _cupy()
-    if impl == "blutrain_wgmma" and _compute_capability() != 90:
+    if impl == "blutrain_wgmma" and cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma kernels need an sm_90 GPU")
     variant = "bf16_wgmma" if impl == "blutrain_wgmma" else "bf16"
     q, k, v = (_dev(cp, (B * H, T, D), "bf16") for _ in range(3))

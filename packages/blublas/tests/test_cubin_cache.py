@@ -28,7 +28,7 @@ def fake_nvrtc(monkeypatch, tmp_path):
 
 
 def test_plugin_host_hands_blublas_the_checks(monkeypatch):
-    from blutensor.plugin.manager import reset_host
+    from blutensor.ext import reset_host
 
     monkeypatch.setattr(loader, "_kernel_cache", None)
     reset_host()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from blucompiler import lower_c
 from blucompiler.codegen import Input, KernelSpec, KOp
-from blutensor import kernel_cache as kc
+from blutensor.ext import kernel_cache as kc
 
 
 def _spec(name):

@@ -11,7 +11,7 @@ import pytest
 from blumodels.config import ModelConfig
 from blumodels.gpt2 import build_model
 from blumodels.step import TrainStep
-from blutensor.autograd import engine
+from blutensor.ext import recording_kernel_launches, recording_leaf_adds
 
 B, T, STEPS, ACCUM = 2, 16, 3, 2
 
@@ -25,18 +25,7 @@ def _train(monkeypatch, offer: bool):
     rng = np.random.default_rng(0)
     data = [rng.integers(0, 97, size=(B, T + 1)) for _ in range(STEPS * ACCUM)]
     it = iter(data)
-    adds = []
-    real = engine._accumulate
-
-    def spy(t, g, T_):
-        if g is not None:
-            adds.append(tuple(t.shape))
-        return real(t, g, T_)
-
-    with monkeypatch.context() as mp:
-        mp.setattr(engine, "_accumulate", spy)
-        if not offer:
-            mp.setattr(engine, "_targets", lambda node, fan_in: None)
+    with recording_leaf_adds(offers=offer) as adds:
         for _ in range(STEPS):
             def batch():
                 toks = next(it)
@@ -59,12 +48,6 @@ def test_step_gradients_accumulate_in_kernels_bit_exact(monkeypatch):
 def _cuda_step_launches(monkeypatch, n_layer: int, precision: str):
     """Kernel launches (blutensor's own kernels, by name) and engine leaf adds of one eager CUDA TrainStep after a
     warm-up step: fused AdamW, clipping, bf16 autocast with the multi-tensor weight cast."""
-    import importlib
-    import pkgutil
-    from collections import Counter
-
-    import blutensor.cuda_ops as co
-
     bt.set_matmul_precision("tf32" if precision == "tf32" else "fp32")
     cfg = ModelConfig(n_layer=n_layer, n_head=2, d_model=64, block_size=T, vocab_size=97, dropout=0.0)
     model = build_model(cfg, device="cuda", seed=3)
@@ -77,24 +60,11 @@ def _cuda_step_launches(monkeypatch, n_layer: int, precision: str):
     toks = rng.integers(0, 97, size=(B, T + 1))
     x, y = bt.tensor(toks[:, :-1], device="cuda"), bt.tensor(toks[:, 1:], device="cuda")
     st.run(lambda: (x, y), 1e-3)
-    names: Counter = Counter()
-    adds = []
-    with monkeypatch.context() as mp:
-        for m in pkgutil.iter_modules(co.__path__):
-            mod = importlib.import_module(f"blutensor.cuda_ops.{m.name}")
-            real = getattr(mod, "launch", None)
-            if callable(real):
-                def rec(f, name, *a, _r=real, **k):
-                    names.update([name])
-                    return _r(f, name, *a, **k)
-
-                mp.setattr(mod, "launch", rec)
-        real_acc = engine._accumulate
-        mp.setattr(engine, "_accumulate", lambda t, g, T_: (adds.append(g is not None), real_acc(t, g, T_))[1])
+    with recording_kernel_launches() as names, recording_leaf_adds() as adds:
         st.run(lambda: (x, y), 1e-3)
     st.read()
     bt.set_matmul_precision("fp32")
-    return names, sum(adds), len(list(model.parameters()))
+    return names, len(adds), len(list(model.parameters()))
 
 
 @pytest.mark.cuda
@@ -122,7 +92,6 @@ def test_cuda_bf16_step_with_adamw_written_weight_copies_is_bit_exact(monkeypatc
     the step that casts every weight each step, with one weight-cast launch in all instead of one per step."""
     if not bt.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from blutensor.cuda_ops import cast as cast_mod
 
     def run(copies: bool):
         cfg = ModelConfig(n_layer=2, n_head=2, d_model=64, block_size=T, vocab_size=97, dropout=0.0)
@@ -131,10 +100,7 @@ def test_cuda_bf16_step_with_adamw_written_weight_copies_is_bit_exact(monkeypatc
         st = TrainStep(model, opt, list(model.parameters()), device="cuda", lr_schedule=[1e-3] * 4, grad_clip=1.0,
                        autocast=lambda: bt.autocast("cuda", dtype=bt.bfloat16), fused=True)
         st.precast_accumulate = True
-        casts = []
-        real = cast_mod.multi_to_bf16
-        with monkeypatch.context() as mp:
-            mp.setattr(cast_mod, "multi_to_bf16", lambda *a, **k: (casts.append(1), real(*a, **k))[1])
+        with monkeypatch.context() as mp, recording_kernel_launches() as launches:
             if not copies:
                 mp.setattr(TrainStep, "_copies", lambda self: None)
             rng = np.random.default_rng(0)
@@ -144,7 +110,7 @@ def test_cuda_bf16_step_with_adamw_written_weight_copies_is_bit_exact(monkeypatc
                 x, y = bt.tensor(toks[:, :-1], device="cuda"), bt.tensor(toks[:, 1:], device="cuda")
                 st.run(lambda b=(x, y): b, 1e-3)
                 losses.append(st.read().loss)
-        return losses, [p.numpy() for p in model.parameters()], len(casts)
+        return losses, [p.numpy() for p in model.parameters()], launches["blu_cast_multi_f32_to_bf16"]
 
     l0, w0, c0 = run(False)
     l1, w1, c1 = run(True)

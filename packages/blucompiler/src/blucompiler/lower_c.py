@@ -26,7 +26,7 @@ _loaded: dict[str, ctypes.CDLL] = {}
 def cache_dir() -> Path:
     """$BLU_COMPILER_CACHE (default ~/.cache/blucompiler) when it is private to this user, else a private directory
     of this process, with a warning (blutensor.kernel_cache.safe_directory)."""
-    from blutensor import kernel_cache
+    from blutensor.ext import kernel_cache
 
     d = Path(os.environ.get("BLU_COMPILER_CACHE") or Path.home() / ".cache" / "blucompiler")
     return kernel_cache.safe_directory(d, "blucompiler kernels")
@@ -39,7 +39,7 @@ def compile_c(specs: list[KernelSpec]) -> dict:
     d = cache_dir()
     so = d / f"blu_{h}.so"
     if h not in _loaded:
-        from blutensor import kernel_cache
+        from blutensor.ext import kernel_cache
 
         if not kernel_cache.verified(so):  # absent, or damaged (removed with a warning naming it): build it
             c = d / f"blu_{h}.c"

@@ -62,7 +62,7 @@ def _module(src: str, cc: str):
     mod = _modules.get(h)
     if mod is not None:
         return mod
-    from blutensor import kernel_cache
+    from blutensor.ext import kernel_cache
 
     d = cache_dir()
     cubin = d / f"blu_{h}.sm{cc}.cubin"

@@ -6,8 +6,8 @@
 from blutensor import (  # noqa: E402,F401
     cpu_ops,  # compiled CPU kernels: status() says whether they are in use (nothing is built at import)
     cuda,  # noqa: F401
-    kernel_cache,  # noqa: F401  (integrity checks of on-disk compiled-kernel caches)
     ext,  # the supported surface for packages that extend blutensor (compilers, profilers, strategies)
+    kernel_cache,  # noqa: F401  (integrity checks of on-disk compiled-kernel caches)
     nn,
     optim,
     utils,  # noqa: F401

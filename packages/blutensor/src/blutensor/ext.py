@@ -25,6 +25,8 @@ Ops and kernels
     (cached); ``use_kernel``; ``clear_kernel_cache``; ``linear_backward``; ``attention_block_forward`` /
     ``attention_block_backward`` (blockwise attention with its log-sum-exp, for context parallelism).
 Observers
+    ``recording_leaf_adds(offers=True)`` / ``recording_kernel_launches()``: contexts that record the engine's
+    separate gradient adds into leaves and blutensor's CUDA kernel launches by name (launch-count checks);
     ``add_op_observer(fn, first=False)`` wraps every op call with ``fn(op, inputs, attrs, run)``;
     ``add_backward_observer(fn)`` wraps every backward formula with ``fn(node, grad, run)``;
     ``remove_op_observer(fn)`` / ``remove_backward_observer(fn)``; ``op_observers()`` /
@@ -63,6 +65,7 @@ Plugins and device memory
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -140,6 +143,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "max_3xtf32_k": ("blutensor.gemm", "max_3xtf32_k"),
     # plugins and device memory
     "get_host": ("blutensor.plugin.manager", "get_host"),
+    "kernel_cache": ("blutensor", "kernel_cache"),
     "reset_host": ("blutensor.plugin.manager", "reset_host"),
     "PluginHost": ("blutensor.plugin.manager", "PluginHost"),
     "hookimpl": ("blutensor.plugin.specs", "hookimpl"),
@@ -236,6 +240,58 @@ def override_op_rule(op: str, forward: Callable | None = None, backward: Callabl
         dispatch.clear_cache()
 
 
+@contextmanager
+def recording_leaf_adds(offers: bool = True) -> Iterator[list]:
+    """A context recording the autograd engine's separate gradient adds into leaves: the yielded list gets the
+    shape of each leaf whose ``.grad`` received a gradient through the engine's add (not in a kernel that
+    accumulated into the buffer itself). ``offers=False`` also stops the engine offering gradient buffers to
+    the kernels, so every gradient takes the separate add (the reference a test compares with)."""
+    from blutensor.autograd import engine
+
+    adds: list = []
+    real_acc, real_targets = engine._accumulate, engine._targets
+
+    def acc(t, g, T_):
+        if g is not None:
+            adds.append(tuple(t.shape))
+        return real_acc(t, g, T_)
+
+    engine._accumulate = acc
+    if not offers:
+        engine._targets = lambda node, fan_in: None
+    try:
+        yield adds
+    finally:
+        engine._accumulate, engine._targets = real_acc, real_targets
+
+
+@contextmanager
+def recording_kernel_launches() -> Iterator[Counter]:
+    """A context counting blutensor's own CUDA kernel launches by entry-point name (``Counter``): how many
+    launches a step makes (per-parameter launches show as counts that grow with the model)."""
+    import pkgutil
+
+    import blutensor.cuda_ops as co
+
+    names: Counter = Counter()
+    saved = []
+    for m in pkgutil.iter_modules(co.__path__):
+        mod = importlib.import_module(f"blutensor.cuda_ops.{m.name}")
+        real = getattr(mod, "launch", None)
+        if callable(real):
+            def rec(f, name, *a, _r=real, **k):
+                names.update([name])
+                return _r(f, name, *a, **k)
+
+            saved.append((mod, real))
+            mod.launch = rec
+    try:
+        yield names
+    finally:
+        for mod, real in saved:
+            mod.launch = real
+
+
 def add_op_observer(fn: Callable, first: bool = False) -> None:
     """Wrap every subsequent op call with ``fn(op, inputs, attrs, run)``; ``fn`` returns ``run()``'s result
     (possibly after changing nothing but what it records). ``first=True`` puts it outermost (it sees the call
@@ -298,7 +354,8 @@ def allocator_plugins() -> dict[str, type]:
 
 _DEFINED = ["ArrayProvider", "add_op_observer", "allocator_plugins", "autocast_active", "backward_observers",
             "capture_safe_gemm_providers", "cast_tables", "gemm_providers", "op_names", "op_observers", "op_rule",
-            "override_op_rule", "register_array_provider", "unregister_array_provider"]
+            "override_op_rule", "recording_kernel_launches", "recording_leaf_adds", "register_array_provider",
+            "unregister_array_provider"]
 __all__ = sorted(_DEFINED + list(_NAMES))
 
 

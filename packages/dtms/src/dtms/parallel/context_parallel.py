@@ -393,7 +393,7 @@ class ContextParallel:
             if T_local * W > cos.shape[0]:
                 raise ValueError(f"context parallel: sequence of {T_local * W} positions exceeds the rotary "
                                  f"tables' {cos.shape[0]}")
-            xp = bt.backend.xp_of(cos.device)
+            xp = ext.array_module_for(cos.device)
             pos = xp.asarray(local_positions(T_local * W, self.group.rank(), W))
             got = self._tables[key] = tuple(Tensor._from_data(xp.ascontiguousarray(xp.take(t._data, pos, axis=0)),
                                                               t.dtype, t.device) for t in (cos, sin))
