@@ -17,39 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-CATS = (("attention", ("sdpa", "fmha", "attention", "flash")),
-        ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "splitk", "blu_gemm", "cublas", "sm90_", "sm80_")))
-
-
-def category(name: str) -> str:
-    n = name.lower()
-    for cat, keys in CATS:
-        if any(k in n for k in keys):
-            return cat
-    return "other"
-
-
-def profile(step, n: int) -> dict:
-    import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as tprofile
-
-    torch.cuda.synchronize()
-    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            step()
-        torch.cuda.synchronize()
-    rows = {}
-    for e in prof.events():
-        if e.device_type.name != "CUDA":
-            continue
-        r = rows.setdefault(e.name, {"count": 0, "us": 0.0})
-        r["count"] += 1
-        r["us"] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    for r in rows.values():
-        r["count"] /= n
-        r["us"] /= n
-    return rows
+from step_profile import CATS, category  # noqa: E402,F401  (one kernel classification for both profiles)
+from step_profile import _profile as profile  # noqa: E402
 
 
 def blutrain_step(steps: int):
