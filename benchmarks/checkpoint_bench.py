@@ -28,10 +28,10 @@ and both AdamW moments, after one optimizer step) with its metadata. Methods, pe
 BluTrain, verified and committed); ``GBps`` = bytes / durable_s (loads: bytes / load time).
 
 Step stall: ``--stall-steps`` training-like steps without a save, then the same steps while an async save is in
-flight (from the moment the save returns until it is durable; at least 3 steps). CPU: a float32 GEMM loop
-sized to ~100 ms on one core (this process runs NumPy on one thread, as a CPU rank does; the writer thread has
-the other cores). CUDA: a real GPT-2 step (forward, backward, AdamW) of the model being checkpointed at
-``--cuda-batch`` x 1024 tokens. ``stall`` = median step time in flight / median without - 1 (target <= 0.05).
+flight (from the moment the save returns until it is durable, or its first ``--stall-max-steps``; at least 3).
+CPU: a float32 GEMM loop sized to ~100 ms on one core (this process runs NumPy on one thread, as a CPU rank
+does; the writer thread has the other cores). CUDA: a real GPT-2 step (forward, backward, AdamW) of the model
+being checkpointed at ``--cuda-batch`` x 1024 tokens (fp32). ``stall`` = median step time in flight / median without - 1 (target <= 0.05).
 """
 
 from __future__ import annotations
@@ -201,22 +201,25 @@ def med(xs: list[float]) -> float:
 
 
 def stall(step: Callable[[], None], start: Callable[[], Any], busy: Callable[[Any], bool],
-          finish: Callable[[Any], None], n: int) -> dict:
-    """Median step time without a save, and while an async save (``start``) is in flight."""
+          finish: Callable[[Any], None], n: int, most: int) -> dict:
+    """Median step time without a save, and while an async save (``start``) is in flight (its first ``most``
+    steps)."""
     step()  # warm
     base = [timed(step)[0] for _ in range(n)]
     return_s, handle = timed(start)
     during, t0 = [], time.perf_counter()
     while busy(handle) or len(during) < 3:
         during.append(timed(step)[0])
-        if len(during) >= 20 * n:
+        if len(during) >= most:
             break
     inflight_s = time.perf_counter() - t0
+    whole = not busy(handle)
     finish(handle)
     after = [timed(step)[0] for _ in range(max(3, n // 2))]
     return {"base_step_ms": round(med(base) * 1e3, 2), "inflight_step_ms": round(med(during) * 1e3, 2),
             "after_step_ms": round(med(after) * 1e3, 2), "inflight_steps": len(during),
             "save_return_s": round(return_s, 4), "inflight_s": round(inflight_s, 3),
+            "whole_flight": whole,
             "stall": round(med(during) / med(base) - 1, 4)}
 
 
@@ -365,7 +368,8 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
             ("blutrain_async", blu_start, lambda m: m.in_flight, lambda m: m.wait()),
             ("blutrain_async_direct", blu_direct_start, lambda m: m.in_flight, lambda m: m.wait()),
             ("dcp_async", dcp_start, lambda fu: not _done(fu), _result)):
-        runs = [stall(step, start, busy, finish, args.stall_steps) for _ in range(args.stall_repeats)]
+        runs = [stall(step, start, busy, finish, args.stall_steps, args.stall_max_steps)
+                for _ in range(args.stall_repeats)]
         best = sorted(runs, key=lambda r: r["stall"])[len(runs) // 2]  # the median run
         stalls[name] = {**best, "stall_runs": [r["stall"] for r in runs]}
         print(f"[{size}] {name}: stall {best['stall']:+.3f} ({best['inflight_steps']} steps in flight)", flush=True)
@@ -394,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="repeats per method (default: cpu 3, cuda 1)")
     p.add_argument("--stall-steps", type=int, default=8, help="steps without a save in the stall test")
     p.add_argument("--stall-repeats", type=int, default=None, help="stall runs per method (default: cpu 3, cuda 1)")
-    p.add_argument("--cuda-batch", type=int, default=4, help="micro-batch of the CUDA stall step (x 1024 tokens)")
+    p.add_argument("--stall-max-steps", type=int, default=None,
+                   help="at most this many steps measured in flight (default: cpu 160, the whole save; cuda 24)")
+    p.add_argument("--cuda-batch", type=int, default=2, help="micro-batch of the CUDA stall step (x 1024 tokens)")
     args = p.parse_args(argv)
     sizes = [s.strip().lower() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
@@ -403,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu = args.device == "cpu"
     args.repeats = args.repeats or (3 if cpu else 1)
     args.stall_repeats = args.stall_repeats or (3 if cpu else 1)
-    if args.repeats < 1 or args.stall_steps < 1 or args.stall_repeats < 1 or args.cuda_batch < 1:
-        p.error("--repeats, --stall-steps, --stall-repeats and --cuda-batch must be >= 1")
+    args.stall_max_steps = args.stall_max_steps or (160 if cpu else 24)
+    if min(args.repeats, args.stall_steps, args.stall_repeats, args.cuda_batch) < 1 or args.stall_max_steps < 3:
+        p.error("--repeats, --stall-steps, --stall-repeats and --cuda-batch must be >= 1, --stall-max-steps >= 3")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not cpu:
