@@ -31,7 +31,8 @@ Step stall: ``--stall-steps`` training-like steps without a save, then the same 
 flight (from the moment the save returns until it is durable, or its first ``--stall-max-steps``; at least 3).
 CPU: a float32 GEMM loop sized to ~100 ms on one core (this process runs NumPy on one thread, as a CPU rank
 does; the writer thread has the other cores). CUDA: a real GPT-2 step (forward, backward, AdamW) of the model
-being checkpointed at ``--cuda-batch`` x 1024 tokens (fp32). ``stall`` = median step time in flight / median without - 1 (target <= 0.05).
+being checkpointed at ``--cuda-batch`` x 1024 tokens (fp32). ``stall`` = median step time in flight / median
+without - 1 (target <= 0.05).
 """
 
 from __future__ import annotations
