@@ -24,8 +24,9 @@ and both AdamW moments, after one optimizer step) with its metadata. Methods, pe
 - ``dcp_sync`` / ``dcp_async`` / ``dcp_load``: ``dcp.save`` (FileSystemWriter fsyncs), ``dcp.async_save``
   (returns after staging to CPU memory; durable at ``future.result()``), ``dcp.load`` in place.
 
-``return_s`` is the time until training may continue, ``durable_s`` until the bytes are fsynced (and, for
-BluTrain, verified and committed); ``GBps`` = bytes / durable_s (loads: bytes / load time).
+``return_s`` is the time until training may continue (a manager's first save also allocates its snapshot
+buffers: with one repeat, the stall rows' ``save_return_s`` are the warm values), ``durable_s`` until the bytes
+are fsynced (and, for BluTrain, verified and committed); ``GBps`` = bytes / durable_s (loads: bytes / load time).
 
 Step stall: ``--stall-steps`` training-like steps without a save, then the same steps while an async save is in
 flight (from the moment the save returns until it is durable, or its first ``--stall-max-steps``; at least 3).
@@ -254,6 +255,9 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
 
     amgr_dir = fresh("blutrain-async")
     amgr = CheckpointManager(amgr_dir, keep=1, async_save=True)
+    # on CUDA the direct path gets its own manager: its snapshot buffers are pinned (the Trainer path's are the
+    # host arrays' plain copies); on CPU both are plain host memory and one set of buffers is enough
+    dmgr = amgr if tdev == "cpu" else CheckpointManager(fresh("blutrain-direct"), keep=1, async_save=True)
     for rep in range(args.repeats):
         # --- BluTrain, sync
         d = fresh("blutrain-sync")
@@ -286,9 +290,9 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
         gc.collect()
         # --- BluTrain, async with the Tensors handed over directly
         t0 = time.perf_counter()
-        amgr.save(2 * rep + 2, side.raw(), meta)
+        dmgr.save(2 * rep + 2, side.raw(), meta)
         t_ret = time.perf_counter() - t0
-        amgr.wait()
+        dmgr.wait()
         add("blutrain_async_direct", return_s=t_ret, durable_s=time.perf_counter() - t0)
         # --- torch.save / torch.load
         d = fresh("torch")
@@ -355,9 +359,9 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
         return amgr
 
     def blu_direct_start() -> CheckpointManager:
-        amgr.save(2000 + len(state_holder), side.raw(), meta)
+        dmgr.save(2000 + len(state_holder), side.raw(), meta)
         state_holder[len(state_holder)] = None
-        return amgr
+        return dmgr
 
     def dcp_start() -> Any:
         d = fresh(f"dcp-stall{len(state_holder)}")
@@ -376,7 +380,8 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
         print(f"[{size}] {name}: stall {best['stall']:+.3f} ({best['inflight_steps']} steps in flight)", flush=True)
     res["stall"] = stalls
     amgr.close()
-    for d in [amgr_dir, *[v for v in state_holder.values() if v is not None]]:
+    dmgr.close()
+    for d in [amgr_dir, dmgr.directory, *[v for v in state_holder.values() if v is not None]]:
         shutil.rmtree(d, ignore_errors=True)
     return res
 
