@@ -28,6 +28,8 @@ if [ "${1:-}" = "--test" ]; then
   # blumodels' optional extras, plus the test-only references: transformers (GPT-2 Hugging Face round trip; it
   # uses the CPU torch above) and tensorboard (its event-file reader checks the TensorBoard logger)
   "${PIP[@]}" -e "$model_extras" "transformers>=4.40" tensorboard
+  # dtms' OpenTelemetry extra: the orchestrator's incident traces are tested against a loopback OTLP collector
+  "${PIP[@]}" -e "packages/dtms[otel]"
 else
   "${PIP[@]}" "${pkgs[@]}"
 fi

@@ -256,6 +256,53 @@ def test_async_snapshot_and_one_in_flight(tmp_path, monkeypatch):
     m.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
+def test_async_writer_runs_at_background_priority(tmp_path):
+    """The writer thread (where on_saved runs) is at nice WRITER_NICE; the training thread keeps its own."""
+    seen = []
+
+    def on_saved(path, step):
+        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    m = CheckpointManager(tmp_path, async_save=True, on_saved=on_saved)
+    m.save(1, _tensors(), {"x": 1})
+    deadline = time.monotonic() + 60
+    while m.in_flight and time.monotonic() < deadline:  # not wait(): that gives the writer its priority back
+        time.sleep(0.01)
+    m.wait()
+    (tid, nice), = seen
+    assert tid != threading.get_native_id() and nice == max(main, mgr_mod.WRITER_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main
+    if main == 0 and os.geteuid() == 0:  # raising a nice value back needs privilege: root here
+        gate, real = threading.Event(), mgr_mod.save_checkpoint
+
+        def gated(path, tensors, meta):
+            gate.wait(30)
+            real(path, tensors, meta)
+
+        mgr_mod.save_checkpoint = gated
+        try:
+            m.save(2, _tensors(), {"x": 2})
+            while m._lowered is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            tid = m._lowered[0]
+            assert os.getpriority(os.PRIO_PROCESS, tid) == mgr_mod.WRITER_NICE
+            waiter = threading.Thread(target=m.wait)
+            waiter.start()
+            while os.getpriority(os.PRIO_PROCESS, tid) != main and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert os.getpriority(os.PRIO_PROCESS, tid) == main  # the step waits on it: full priority
+            gate.set()
+            waiter.join()
+        finally:
+            mgr_mod.save_checkpoint = real
+            gate.set()
+    sync = CheckpointManager(tmp_path / "s", async_save=False, on_saved=on_saved)
+    sync.save(1, _tensors(), {"x": 1})  # a sync save runs on the caller's thread at its priority
+    assert seen[-1] == (threading.get_native_id(), main)
+
+
 def test_async_error_surfaces(tmp_path, monkeypatch):
     def boom(path, tensors, meta):
         raise OSError("disk full")

@@ -1,5 +1,5 @@
-"""`blutrain profile` on 2 CPU ranks (mpiexec): DDP and FSDP runs write one folder per rank whose table,
-summary and trace hold the run's collectives."""
+"""`blutrain profile` on 2 CPU ranks (mpiexec): DDP, FSDP, TP and CP runs write one folder per rank whose table,
+summary and trace hold the run's collectives (CP's ring exchange as point-to-point send/recv)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ pytestmark = pytest.mark.skipif(find_mpiexec() is None or not mpi4py_available()
                                 reason="needs mpiexec and mpi4py (pip install dtms[mpi])")
 
 
-@pytest.mark.parametrize("strategy,ops", [("ddp", {"all_reduce"}), ("fsdp", {"all_gather", "reduce_scatter"})])
+@pytest.mark.parametrize("strategy,ops", [("ddp", {"all_reduce"}), ("fsdp", {"all_gather", "reduce_scatter"}),
+                                          ("tp", {"all_reduce"}), ("cp", {"send", "recv"})])
 def test_profile_on_two_ranks_shows_collectives(tmp_path, strategy, ops):
     out = tmp_path / "prof"
     blutrain = shutil.which("blutrain", path=str(Path(sys.executable).parent))
     assert blutrain, "the blutrain entry point is not installed next to this Python"
-    extra = ["parallel.fsdp=2"] if strategy == "fsdp" else []
+    extra = {"ddp": [], "fsdp": ["parallel.fsdp=2"], "tp": ["parallel.tp=2"], "cp": ["parallel.cp=2"]}[strategy]
     args = ["profile", "--preset", "tiny", "--device", "cpu", "--steps", "1", "--out", str(out), "--data",
             str(micro_data()), "--no-memory", *MICRO, "train.batch_tokens=256", "train.world_size=2", *extra]
     p = subprocess.run(mpiexec_command(2, [sys.executable, blutrain, *args]), env=mpiexec_env(),

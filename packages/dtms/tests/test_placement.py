@@ -121,6 +121,87 @@ def test_blurun_places_ranks_on_healthy_gpus_and_pins_them(tmp_path):
                   if "PLACED " in ln) == ["0", "1"]
 
 
+_THROTTLE_NAMES = {0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 0x8: "HwSlowdown",
+                   0x10: "SyncBoost", 0x20: "SwThermalSlowdown", 0x40: "HwThermalSlowdown",
+                   0x80: "HwPowerBrakeSlowdown", 0x100: "DisplayClockSetting"}
+
+
+def _nvml_const(nv, *names):
+    return next((getattr(nv, n) for n in names if hasattr(nv, n)), None)
+
+
+def assert_fields_sane(nv, gpus, sysfs=True):
+    """What placement reads from NVML agrees with NVML's own constants and a second, direct reading: NUMA
+    node (one of this machine's nodes when ``sysfs``), ECC counts, retired pages, remapping, throttle reasons,
+    XIDs, and health = no reasons."""
+    for bit, name in _THROTTLE_NAMES.items():  # the bits placement interprets are NVML's
+        v = _nvml_const(nv, f"nvmlClocksThrottleReason{name}", f"nvmlClocksEventReason{name}")
+        if v is not None:
+            assert int(v) == bit, name
+    assert set(pl.DEGRADING_THROTTLE) | set(pl.BENIGN_THROTTLE) == set(_THROTTLE_NAMES)
+    for const, ours in (("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", pl._NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+                        ("NVML_MEMORY_ERROR_TYPE_CORRECTED", pl._NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                        ("NVML_VOLATILE_ECC", pl._NVML_VOLATILE_ECC),
+                        ("NVML_AFFINITY_SCOPE_NODE", pl._NVML_AFFINITY_SCOPE_NODE),
+                        ("nvmlEventTypeXidCriticalError", pl._NVML_EVENT_TYPE_XID_CRITICAL)):
+        if hasattr(nv, const):
+            assert int(getattr(nv, const)) == ours, const
+    nodes = list(Path("/sys/devices/system/node").glob("node[0-9]*")) if sysfs else []
+    for g in gpus:
+        if not g.uuid:  # unreachable: the only reason is that one
+            assert len(g.reasons) == 1 and "NVML cannot reach it" in g.reasons[0]
+            continue
+        h = nv.nvmlDeviceGetHandleByIndex(g.index)
+        assert pl._text(nv.nvmlDeviceGetUUID(h)) == g.uuid
+        if g.numa_node is not None:
+            assert g.numa_node >= 0 and (not nodes or g.numa_node < len(nodes)), g
+        for v in (g.ecc_uncorrected, g.ecc_corrected, g.retired_pages):
+            assert v is None or (isinstance(v, int) and v >= 0), g
+        if g.ecc_uncorrected is not None:  # volatile counts only grow
+            assert int(nv.nvmlDeviceGetTotalEccErrors(h, pl._NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                      pl._NVML_VOLATILE_ECC)) >= g.ecc_uncorrected
+        assert isinstance(g.retired_pending, bool) and isinstance(g.remap_pending, bool)
+        assert isinstance(g.throttle_reasons, int) and g.throttle_reasons >= 0
+        assert bool(g.throttle_names()) == bool(g.throttle_reasons & 0x1FF)
+        assert all(isinstance(x, int) and x > 0 for x in g.xids), g
+        expect = [(bool(g.ecc_uncorrected), "ECC"), (g.retired_pending, "retirement pending"),
+                  (g.retired_pages is not None and g.retired_pages >= 60, "retired pages:"),
+                  (g.remap_failed or g.remap_pending, "row remapping"), (bool(g.xids), "XID"),
+                  (bool(g.throttle_reasons & sum(pl.DEGRADING_THROTTLE)), "throttled")]
+        for on, word in expect:
+            assert on == any(word in r for r in g.reasons), (word, g)
+        assert g.healthy == (not g.reasons) == (not any(on for on, _ in expect))
+
+
+def test_fields_sane_on_the_fake(fake_nvml):
+    """CPU twin of the real-NVML check below: the same assertions over the fake's 8 GPUs."""
+    gpus = pl.read_gpus(fake_nvml, list(range(8)), pl.PlacementPolicy(xid_watch_ms=5))
+    assert [g.healthy for g in gpus] == [True, False, False, False, True, False, False, False]
+    assert_fields_sane(fake_nvml, gpus, sysfs=False)  # the fake's two nodes need not exist here
+
+
+@pytest.mark.cuda
+def test_real_nvml_fields_are_sane():
+    """Placement against the real nvidia-ml-py: every field it reads is sane and NVML's own; UUIDs and PCI
+    order agree with nvidia-smi where it is installed."""
+    nv = pl.load_nvml()
+    if nv is None:
+        pytest.skip("needs nvidia-ml-py and an NVIDIA driver")
+    n = int(nv.nvmlDeviceGetCount())
+    if n == 0:
+        pytest.skip("no GPU")
+    gpus = pl.read_gpus(nv, list(range(n)))
+    assert_fields_sane(nv, gpus)
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=60).stdout
+        smi = {int(i): u.strip() for i, u in (ln.split(",", 1) for ln in out.strip().splitlines())}
+        assert {g.index: g.uuid for g in gpus if g.uuid} == {i: u for i, u in smi.items() if i < n}
+
+
 @pytest.mark.cuda
 def test_real_nvml_reads_every_gpu_against_sysfs():
     nv = pl.load_nvml()

@@ -12,7 +12,8 @@ import sys
 
 ORCHESTRATOR_FLAGS = ("--run-dir", "--max-restarts", "--max-no-progress", "--heartbeat-interval",
                       "--heartbeat-timeout", "--progress-timeout", "--startup-timeout", "--metrics-port",
-                      "--metrics-host", "--straggler-margin", "--straggler-steps")
+                      "--metrics-host", "--straggler-margin", "--straggler-steps", "--otel-endpoint",
+                      "--otel-file")
 
 
 def orchestrator_requested(argv: list[str]) -> bool:
@@ -48,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="... for this many consecutive steps is reported as a STRAGGLER incident (0: off)")
     p.add_argument("--placement", choices=("auto", "off"), default="auto",
                    help="blurun's GPU placement for every attempt (auto: NVML health check and NUMA pinning)")
+    p.add_argument("--otel-endpoint", default=None, metavar="URL",
+                   help="export incidents and recoveries as OpenTelemetry traces to this OTLP/HTTP base URL "
+                        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT when set; needs dtms[otel])")
+    p.add_argument("--otel-file", default=None, metavar="PATH",
+                   help="also (or only) write the trace as OTLP/JSON lines to PATH (needs dtms[otel])")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -56,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .orchestrator import Orchestrator, OrchestratorConfig
+    from .orchestrator.tracing import TracingConfigError
 
     a = _parser().parse_args(argv)
     if not a.straggler_margin > 0 or a.straggler_steps < 0:
@@ -72,8 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=a.heartbeat_interval, heartbeat_timeout=a.heartbeat_timeout,
         progress_timeout=a.progress_timeout, startup_timeout=a.startup_timeout, grace_period=a.grace_period,
         metrics_host=a.metrics_host, metrics_port=a.metrics_port, run_id=a.run_id, quiet=a.quiet,
-        straggler_margin=a.straggler_margin, straggler_steps=a.straggler_steps, placement=a.placement)
-    return Orchestrator(cfg).run()
+        straggler_margin=a.straggler_margin, straggler_steps=a.straggler_steps, placement=a.placement,
+        otel_endpoint=a.otel_endpoint, otel_file=a.otel_file)
+    try:
+        return Orchestrator(cfg).run()
+    except TracingConfigError as e:
+        print(f"orchestrate: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,6 +13,14 @@ from types import SimpleNamespace
 
 NVML_TEMPERATURE_GPU = 0
 NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 0, 1, 0
+NVML_AFFINITY_SCOPE_NODE = 0
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 0, 1
+nvmlEventTypeXidCriticalError = 0x8
+nvmlClocksThrottleReasonGpuIdle, nvmlClocksThrottleReasonApplicationsClocksSetting = 0x1, 0x2
+nvmlClocksThrottleReasonSwPowerCap, nvmlClocksThrottleReasonHwSlowdown = 0x4, 0x8
+nvmlClocksThrottleReasonSyncBoost, nvmlClocksThrottleReasonSwThermalSlowdown = 0x10, 0x20
+nvmlClocksThrottleReasonHwThermalSlowdown, nvmlClocksThrottleReasonHwPowerBrakeSlowdown = 0x40, 0x80
+nvmlClocksThrottleReasonDisplayClockSetting = 0x100
 _GPUS: list[dict] = []
 _QUEUE: list = []
 INITS = []

@@ -12,7 +12,9 @@ written before commit records existed (no receipt, no record) is read as before:
 
 Async saves snapshot the tensors into reused host buffers at once (pinned, through bluallocator, for CUDA
 arrays: the device to host copies are queued on the current stream, so later in-place updates cannot leak in),
-then one background thread writes the file; at most one save is in flight, a second waits for the first.
+then one background thread writes the file; at most one save is in flight, a second waits for the first. The
+writer thread runs at the lowest CPU priority (nice 19, ``WRITER_NICE``), so its hashing and copying use the cores
+the training step leaves idle rather than slowing the step (``benchmarks/checkpoint_bench.py`` measures the stall).
 """
 
 from __future__ import annotations
@@ -58,6 +60,35 @@ def to_host(x: Any) -> np.ndarray:
 
 
 COMMIT_FORMAT = "blutrain-checkpoint-commit"
+#: nice value of the async writer thread: it hashes, writes and re-reads the whole checkpoint, CPU work that would
+#: otherwise compete with the training step for the cores; at 19 it runs on what the step leaves idle
+WRITER_NICE = 19
+
+
+def _background_priority() -> tuple[int, int] | None:
+    """Lower the calling thread's CPU priority to WRITER_NICE (Linux: nice is per thread; elsewhere a no-op);
+    (thread id, its previous nice) when lowered."""
+    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+        return None
+    try:
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, max(before, WRITER_NICE))
+        return tid, before
+    except OSError as e:
+        log.debug("could not lower the checkpoint writer's priority: %s", e)
+        return None
+
+
+def _restore_priority(lowered: tuple[int, int] | None) -> None:
+    """Give a lowered writer thread its priority back (the training thread now waits for it). Raising a nice
+    value back needs CAP_SYS_NICE or RLIMIT_NICE; without them the writer finishes at its low priority."""
+    if lowered is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, *lowered)
+    except OSError:
+        pass
 
 
 class CheckpointManager:
@@ -82,6 +113,8 @@ class CheckpointManager:
         self.ranks = list(range(self.world_size)) if self.world_size is not None else [self.rank]
         self.on_saved = on_saved
         self._thread: threading.Thread | None = None
+        self._lowered: tuple[int, int] | None = None  # (writer thread id, its nice before it was lowered)
+        self._waiting = False
         self._error: BaseException | None = None
         self._buffers: dict[str, np.ndarray] = {}
         self._pinned: Any = None
@@ -275,6 +308,9 @@ class CheckpointManager:
         self.prune()
 
     def _write_bg(self, path: Path, tensors: dict[str, np.ndarray], meta: dict, event: Any) -> None:
+        self._lowered = _background_priority()
+        if self._waiting:  # wait() began before the writer lowered itself
+            _restore_priority(self._lowered)
         try:
             self._write(path, tensors, meta, event)
         except BaseException as e:  # reported by the next check()/save()/wait() (the Trainer checks every step)
@@ -294,8 +330,11 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is on disk; re-raise its error."""
         if self._thread is not None:
+            self._waiting = True
+            if self._thread.is_alive():  # the caller blocks on the writer now: it should not yield the cores
+                _restore_priority(self._lowered)
             self._thread.join()
-            self._thread = None
+            self._thread, self._waiting, self._lowered = None, False, None
         if self._error is not None:
             e, self._error = self._error, None
             raise e

@@ -33,6 +33,7 @@ from .faults import (
 from .metrics import MetricsServer, orchestrator_metrics
 from .stacks import alive, collect_stacks, stack_file
 from .straggler import StragglerDetector
+from .tracing import RunTracer, make_tracer
 from .worker import ENV_ADDR, ENV_ATTEMPT, ENV_DIR, ENV_HB, ENV_PORT, ENV_RUN, key_prefix
 
 
@@ -60,6 +61,8 @@ class OrchestratorConfig:
     straggler_margin: float = 0.25  # a rank busy this fraction above the gang's median ...
     straggler_steps: int = 5  # ... for this many consecutive gang steps is a STRAGGLER (0: no detection)
     placement: str = "auto"  # blurun --placement: health/NUMA-aware GPU placement each attempt, or "off"
+    otel_endpoint: str | None = None  # OTLP base URL for the run's trace (else $OTEL_EXPORTER_OTLP_ENDPOINT)
+    otel_file: str | None = None  # OTLP/JSON-lines file for the run's trace
 
 
 @dataclass
@@ -93,6 +96,8 @@ class Orchestrator:
         self.metrics = orchestrator_metrics()
         self._signal: int | None = None
         self.state: st.RunState | None = None
+        self.tracer: RunTracer | None = None
+        self._current: _Attempt | None = None
 
     # ---------------------------------------------------------------- logging
     def say(self, msg: str) -> None:
@@ -106,6 +111,8 @@ class Orchestrator:
                **fields}
         with open(self.run_dir / "events.jsonl", "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
+        if self.tracer is not None:
+            self.tracer.on_event(json.loads(json.dumps(rec, default=str)), self.state)
 
     def incident(self, inc: Incident) -> None:
         assert self.state is not None
@@ -114,9 +121,17 @@ class Orchestrator:
                                                          "detected_by", "time")})
         self.state.save(self.run_dir)
         self.metrics.inc("incidents_total", fault=inc.fault.value)
-        self.event("incident", **d)
+        self.event("incident", **d, checkpoint_step=self._checkpoint_step())
         where = f"rank {inc.rank}" if inc.rank is not None else "gang"
         self.say(f"incident {inc.fault.value} ({where}, attempt {inc.attempt}, step {inc.step}): {inc.message}")
+
+    def _checkpoint_step(self) -> int | None:
+        """The newest checkpoint step every rank committed so far (what a restart now would resume from)."""
+        last = self.state.last_good_step if self.state is not None else None
+        att = self._current
+        if att is not None and att.ckpt and len(att.ckpt) == self.cfg.nproc_per_node:
+            last = max(last or 0, min(att.ckpt.values()))
+        return last
 
     # ---------------------------------------------------------------- main loop
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -131,7 +146,9 @@ class Orchestrator:
             self.say(f"run {prev.run_id} already ended ({prev.status}: {prev.reason}); nothing to do "
                      f"(remove {self.run_dir / st.STATE_FILE} to start over)")
             return prev.exit_code or EXIT_OK
-        self.state = prev or st.RunState(cfg.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
+        self.state = prev or st.RunState(cfg.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}",
+                                         started=time.time())
+        self.tracer = make_tracer(self.state.run_id, cfg.otel_endpoint, cfg.otel_file)  # before any rank starts
         if prev is not None:
             self.say(f"continuing run {prev.run_id} after attempt {prev.attempt} ({prev.status})")
             self._reap(prev.live)
@@ -152,6 +169,8 @@ class Orchestrator:
             store.close()
             if server is not None:
                 server.close()
+            if self.tracer is not None:
+                self.tracer.shutdown()
 
     def _reap(self, live: dict[str, Any]) -> None:
         """Kill what a previous orchestrator's attempt left running (it was killed itself), so two gangs
@@ -279,6 +298,8 @@ class Orchestrator:
         if len(att.hb) == self.cfg.nproc_per_node and all(x is not None for x in steps):
             m = min(steps)
             if att.reached is None or m > att.reached:
+                if att.reached is None:
+                    self.event("first_step", step=m)
                 att.reached, att.last_progress = m, now
                 self._check_stragglers(att, m)
             self.metrics.set("step", m)
@@ -356,7 +377,7 @@ class Orchestrator:
         cfg = self.cfg
         assert self.state is not None
         proc, log_dir = self._spawn(secret, store.port, attempt)
-        att = _Attempt(attempt)
+        att = self._current = _Attempt(attempt)
         t0 = time.monotonic()
         self.state.live = {"launcher": proc.pid, "ranks": {}}
         self.state.status = st.RUNNING

@@ -36,6 +36,7 @@ class RunState:
     reason: str = ""
     version: int = STATE_VERSION
     updated: float = 0.0
+    started: float = 0.0  # when the run's first attempt was set up (the root span of its trace starts here)
 
     def save(self, run_dir: str | os.PathLike) -> Path:
         """Atomically replace ``run_dir/orchestrator_state.json``."""
