@@ -55,6 +55,8 @@ GEMM providers
     ``gemm_providers()`` every registered one, ``capture_safe_gemm_providers()``, ``XpGemm`` (the built-in
     CuPy provider), ``FP32_GEMMS``, ``provider_matmul``, ``max_3xtf32_k``.
 Plugins and device memory
+    ``kernel_cache`` the integrity-checked on-disk cache of compiled kernels (``safe_directory``, ``store``,
+    ``verified``, ``check_stored``: SHA-256 records, private directories);
     ``get_host()`` / ``reset_host()`` the plugin host (registries by kind: backend, kernel, gemm, allocator,
     parallel, compiler, profiler_sink, model_family), ``hookimpl``, ``BlutrainSpecs``, ``PluginError``,
     ``PluginHost``; ``allocator_plugins()`` the registered device allocators (``install()`` plugs one into
