@@ -42,8 +42,6 @@ SIGNATURES = {
     "blu_embedding_backward": [_P, _P, _P, _L, _L, _L],
     "blu_sdpa_forward": [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _F, _I],
     "blu_sdpa_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _F, _I],
-    "blu_sdpa_qkv_forward": [_P, _P, _P, _L, _L, _L, _L, _F, _I],
-    "blu_sdpa_qkv_backward": [_P, _P, _P, _P, _P, _L, _L, _L, _L, _F, _I],
     "blu_adamw": [_P, _P, _P, _P, _L, _F, _F, _F, _F, _F, _F, _F],
     "blu_sum_squares": [_P, _P, _L, _P, _P],
     "blu_scale_": [_P, _P, _L, _F],

@@ -1,12 +1,13 @@
 """Attention over a fused qkv projection on the CPU (``sdpa_qkv``'s host path), float32, no dropout.
 
 The op-by-op path (view, permute, three ``contiguous`` copies, sdpa, a transpose + reshape copy; in backward
-three full-size zero-filled gradients of the q/k/v slices summed, then a copy) moves the (B, T, 3C) projection
-about seven times per layer and step. Here the compiled kernels read q, k and v in place from the
-(B, T, 3, H, hd) projection, write the output as (B, T, H*hd), and in backward read the output gradient in
-place and write dq, dk and dv into one (B, T, 3C) gradient (kernels.c ``blu_sdpa_qkv_forward``/``_backward``:
-the per-head work of ``blu_sdpa_forward``/``_backward`` at other row strides). Results are bit-identical to the
-op-by-op path: the same operations in the same order.
+three full-size zero-filled gradients of the q/k/v slices summed, then a copy) records about ten autograd nodes
+per layer and moves the (B, T, 3C) projection about seven times. Here q, k and v are the contiguous slices of ONE
+transposing copy of the projection, the compiled flash kernels (kernels.c ``blu_sdpa_forward``/``_backward``,
+the calls the 'sdpa' op makes) run on them, and backward writes dq, dk and dv straight into one
+(3, B, H, T, hd) buffer, transposed back with one copy: one autograd node. (Kernels reading q/k/v at the
+projection's row stride were measured slower on the 2-core machine than the contiguous kernels after one copy.)
+Results are bit-identical to the op-by-op path: the same kernels on the same values.
 """
 
 from __future__ import annotations
@@ -37,26 +38,29 @@ def usable(qkv, n_head: int, dropout_p: float) -> bool:
 
 def qkv_attention_forward(qkv: np.ndarray, n_head: int, causal: bool, scale: float | None):
     """(y (B, T, C), saved) for the (B, T, 3C) float32 projection ``qkv``."""
-    qkv = np.ascontiguousarray(qkv)
     B, T, C3 = qkv.shape
     hd = C3 // (3 * n_head)
+    parts = np.ascontiguousarray(qkv.reshape(B, T, 3, n_head, hd).transpose(2, 0, 3, 1, 4))  # (3, B, H, T, hd)
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
-    y = np.empty((B, T, n_head * hd), _F32)
-    lse = np.empty(B * n_head * T, _F32)
-    _lib().blu_sdpa_qkv_forward(qkv.ctypes.data, y.ctypes.data, lse.ctypes.data, B, T, n_head, hd, sc,
-                                int(bool(causal)))
-    return y, (qkv, y, lse, n_head, sc, bool(causal))
+    BH = B * n_head
+    o = np.empty((B, n_head, T, hd), _F32)
+    lse = np.empty(BH * T, _F32)
+    _lib().blu_sdpa_forward(parts[0].ctypes.data, parts[1].ctypes.data, parts[2].ctypes.data, o.ctypes.data,
+                            lse.ctypes.data, BH, T, T, hd, hd, sc, int(bool(causal)))
+    y = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(B, T, n_head * hd)
+    return y, (parts, o, lse, sc, bool(causal))
 
 
 def qkv_attention_backward(g: np.ndarray, saved) -> np.ndarray:
     """d(loss)/d(qkv) (B, T, 3C) from the output gradient ``g`` (B, T, C)."""
-    qkv, y, lse, n_head, sc, causal = saved
-    B, T, C3 = qkv.shape
-    go = np.ascontiguousarray(g.astype(_F32, copy=False))
-    d = np.empty_like(qkv)
-    _lib().blu_sdpa_qkv_backward(qkv.ctypes.data, y.ctypes.data, go.ctypes.data, lse.ctypes.data, d.ctypes.data, B,
-                                 T, n_head, C3 // (3 * n_head), sc, int(causal))
-    return d
+    parts, o, lse, sc, causal = saved
+    _, B, H, T, hd = parts.shape
+    go = np.ascontiguousarray(g.astype(_F32, copy=False).reshape(B, T, H, hd).transpose(0, 2, 1, 3))
+    d = np.empty_like(parts)
+    _lib().blu_sdpa_backward(parts[0].ctypes.data, parts[1].ctypes.data, parts[2].ctypes.data, o.ctypes.data,
+                             go.ctypes.data, lse.ctypes.data, d[0].ctypes.data, d[1].ctypes.data, d[2].ctypes.data,
+                             B * H, T, T, hd, hd, sc, int(causal))
+    return np.ascontiguousarray(d.transpose(1, 3, 0, 2, 4)).reshape(B, T, 3 * H * hd)
 
 
 def sdpa_qkv_function():
@@ -65,7 +69,7 @@ def sdpa_qkv_function():
     from blutensor.autograd.function import Function
 
     class SdpaQkvCpu(Function):
-        """Attention over a fused qkv projection on the CPU (q, k, v and the output in place)."""
+        """Attention over a fused qkv projection on the CPU (one copy in and one out, each way)."""
 
         @staticmethod
         def forward(ctx, qkv, n_head, causal, scale):

@@ -341,10 +341,9 @@ CONTRACT static void mm_tn_acc(const float *A, long lda, long R, const float *B,
         }
 }
 
-/* aT (Cc x R) = the transpose of the R x Cc rows of a (row stride lda) */
-static void transpose(const float *a, long lda, float *aT, long R, long Cc) {
+static void transpose(const float *a, float *aT, long R, long Cc) {
     for (long r = 0; r < R; r++)
-        for (long c = 0; c < Cc; c++) aT[c * R + r] = a[r * lda + c];
+        for (long c = 0; c < Cc; c++) aT[c * R + r] = a[r * Cc + c];
 }
 
 /* keys row i of a block may see: i + 1 (causal) or all S */
@@ -355,44 +354,6 @@ static inline long block_keys(long i, long S, int causal) {
     return n16 < S ? n16 : S;
 }
 
-/* One (batch, head): rows of q, k, v, o at row strides ldq, ldk, ldv, ldo (contiguous heads: the row length;
- * a fused (B, T, 3, H, hd) projection: 3 H hd); lse of its L rows. kT (E x S) and s (RB x S) are scratch. */
-static void sdpa_fwd_head(const float *qb, long ldq, const float *kb, long ldk, const float *vb, long ldv, float *ob,
-                          long ldo, float *lseb, long L, long S, long E, long Ev, float scale, int causal, float *kT,
-                          float *s) {
-    transpose(kb, ldk, kT, S, E);
-    for (long i0 = 0; i0 < L; i0 += RB) {
-        long R = L - i0 < RB ? L - i0 : RB;
-        long n = block_keys(i0 + R - 1, S, causal);
-        mm_rows(qb + i0 * ldq, ldq, R, kT, S, E, n, s, S);
-        for (long r = 0; r < R; r++) {
-            float *sr = s + r * S;
-            long nr = keys_of(i0 + r, S, causal);
-            for (long j = 0; j < nr; j++) sr[j] *= scale;
-            int nan;
-            float m = row_max(sr, nr, &nan);
-            float acc[LANES] = {0};
-            long j = 0;
-            for (; j + LANES <= nr; j += LANES)
-                for (int l = 0; l < LANES; l++) {
-                    float p = blu_exp(sr[j + l] - m);
-                    sr[j + l] = p;
-                    acc[l] += p;
-                }
-            float sum = lane_sum(acc);
-            for (; j < nr; j++) {
-                sr[j] = blu_exp(sr[j] - m);
-                sum += sr[j];
-            }
-            float inv = 1.0f / sum;
-            for (j = 0; j < nr; j++) sr[j] *= inv;
-            for (; j < n; j++) sr[j] = 0.0f;
-            lseb[i0 + r] = nan ? NAN : m + logf(sum);
-        }
-        mm_rows(s, S, R, vb, ldv, n, Ev, ob + i0 * ldo, ldo);
-    }
-}
-
 void blu_sdpa_forward(const float *q, const float *k, const float *v, float *o, float *lse, long BH, long L, long S,
                       long E, long Ev, float scale, int causal) {
 #pragma omp parallel
@@ -400,72 +361,47 @@ void blu_sdpa_forward(const float *q, const float *k, const float *v, float *o, 
         float *kT = (float *)malloc(sizeof(float) * (size_t)(E * S));
         float *s = (float *)malloc(sizeof(float) * (size_t)(RB * S));
 #pragma omp for schedule(static)
-        for (long bh = 0; bh < BH; bh++)
-            sdpa_fwd_head(q + bh * L * E, E, k + bh * S * E, E, v + bh * S * Ev, Ev, o + bh * L * Ev, Ev, lse + bh * L,
-                          L, S, E, Ev, scale, causal, kT, s);
-        free(kT);
-        free(s);
-    }
-}
-
-/* Attention read in place from a fused projection qkv (B, T, 3, H, D), output o written as (B, T, H, D), lse
- * (B, H, T): the same per-head work as blu_sdpa_forward (bit-identical), without the q/k/v and output copies. */
-void blu_sdpa_qkv_forward(const float *qkv, float *o, float *lse, long B, long T, long H, long D, float scale,
-                          int causal) {
-    const long C = H * D, ld = 3 * C;
-#pragma omp parallel
-    {
-        float *kT = (float *)malloc(sizeof(float) * (size_t)(D * T));
-        float *s = (float *)malloc(sizeof(float) * (size_t)(RB * T));
-#pragma omp for schedule(static)
-        for (long bh = 0; bh < B * H; bh++) {
-            const long b = bh / H, h = bh % H;
-            const float *base = qkv + b * T * ld + h * D;
-            sdpa_fwd_head(base, ld, base + C, ld, base + 2 * C, ld, o + b * T * C + h * D, C, lse + bh * T, T, T, D,
-                          D, scale, causal, kT, s);
-        }
-        free(kT);
-        free(s);
-    }
-}
-
-/* dq, dk, dv of one (batch, head) from do, o and lse (probabilities recomputed block by block; dk/dv summed over
- * query blocks in order); every array at its own row stride. kT, vT (E/Ev x S), p, ds (RB x S) are scratch. */
-static void sdpa_bwd_head(const float *qb, long ldq, const float *kb, long ldk, const float *vb, long ldv,
-                          const float *ob, long ldo, const float *gob, long ldg, const float *lseb, float *dqb,
-                          long lddq, float *dkb, long lddk, float *dvb, long lddv, long L, long S, long E, long Ev,
-                          float scale, int causal, float *kT, float *vT, float *p, float *ds) {
-    transpose(kb, ldk, kT, S, E);
-    transpose(vb, ldv, vT, S, Ev);
-    for (long r = 0; r < S; r++) {
-        memset(dkb + r * lddk, 0, sizeof(float) * (size_t)E);
-        memset(dvb + r * lddv, 0, sizeof(float) * (size_t)Ev);
-    }
-    for (long i0 = 0; i0 < L; i0 += RB) {
-        long R = L - i0 < RB ? L - i0 : RB;
-        long n = block_keys(i0 + R - 1, S, causal);
-        const float *qi = qb + i0 * ldq, *gi = gob + i0 * ldg;
-        mm_rows(qi, ldq, R, kT, S, E, n, p, S);
-        mm_rows(gi, ldg, R, vT, S, Ev, n, ds, S); /* dp = do . v^T */
-        for (long r = 0; r < R; r++) {
-            float *pr = p + r * S, *dr = ds + r * S;
-            long nr = keys_of(i0 + r, S, causal);
-            float Di = row_dot(gi + r * ldg, ob + (i0 + r) * ldo, Ev);
-            float li = lseb[i0 + r];
-            long j = 0;
-            for (; j < nr; j++) {
-                float pj = blu_exp(pr[j] * scale - li);
-                pr[j] = pj;
-                dr[j] = pj * (dr[j] - Di) * scale;
+        for (long bh = 0; bh < BH; bh++) {
+            const float *qb = q + bh * L * E, *kb = k + bh * S * E, *vb = v + bh * S * Ev;
+            transpose(kb, kT, S, E);
+            for (long i0 = 0; i0 < L; i0 += RB) {
+                long R = L - i0 < RB ? L - i0 : RB;
+                long n = block_keys(i0 + R - 1, S, causal);
+                mm_rows(qb + i0 * E, E, R, kT, S, E, n, s, S);
+                for (long r = 0; r < R; r++) {
+                    float *sr = s + r * S;
+                    long nr = keys_of(i0 + r, S, causal);
+                    for (long j = 0; j < nr; j++) sr[j] *= scale;
+                    int nan;
+                    float m = row_max(sr, nr, &nan);
+                    float acc[LANES] = {0};
+                    long j = 0;
+                    for (; j + LANES <= nr; j += LANES)
+                        for (int l = 0; l < LANES; l++) {
+                            float p = blu_exp(sr[j + l] - m);
+                            sr[j + l] = p;
+                            acc[l] += p;
+                        }
+                    float sum = lane_sum(acc);
+                    for (; j < nr; j++) {
+                        sr[j] = blu_exp(sr[j] - m);
+                        sum += sr[j];
+                    }
+                    float inv = 1.0f / sum;
+                    for (j = 0; j < nr; j++) sr[j] *= inv;
+                    for (; j < n; j++) sr[j] = 0.0f;
+                    lse[bh * L + i0 + r] = nan ? NAN : m + logf(sum);
+                }
+                mm_rows(s, S, R, vb, Ev, n, Ev, o + (bh * L + i0) * Ev, Ev);
             }
-            for (; j < n; j++) pr[j] = dr[j] = 0.0f;
         }
-        mm_rows(ds, S, R, kb, ldk, n, E, dqb + i0 * lddq, lddq);
-        mm_tn_acc(ds, S, R, qi, ldq, n, E, dkb, lddk);
-        mm_tn_acc(p, S, R, gi, ldg, n, Ev, dvb, lddv);
+        free(kT);
+        free(s);
     }
 }
 
+/* dq, dk, dv from do, o and lse (probabilities recomputed block by block; dk/dv of a head summed over query
+ * blocks in order by the one task that owns the head). */
 void blu_sdpa_backward(const float *q, const float *k, const float *v, const float *o, const float *go,
                        const float *lse, float *dq, float *dk, float *dv, long BH, long L, long S, long E, long Ev,
                        float scale, int causal) {
@@ -476,36 +412,36 @@ void blu_sdpa_backward(const float *q, const float *k, const float *v, const flo
         float *p = (float *)malloc(sizeof(float) * (size_t)(RB * S));
         float *ds = (float *)malloc(sizeof(float) * (size_t)(RB * S));
 #pragma omp for schedule(static)
-        for (long bh = 0; bh < BH; bh++)
-            sdpa_bwd_head(q + bh * L * E, E, k + bh * S * E, E, v + bh * S * Ev, Ev, o + bh * L * Ev, Ev,
-                          go + bh * L * Ev, Ev, lse + bh * L, dq + bh * L * E, E, dk + bh * S * E, E, dv + bh * S * Ev,
-                          Ev, L, S, E, Ev, scale, causal, kT, vT, p, ds);
-        free(kT);
-        free(vT);
-        free(p);
-        free(ds);
-    }
-}
-
-/* The backward of blu_sdpa_qkv_forward: do (B, T, H, D) read in place, dq/dk/dv written into dqkv (B, T, 3, H, D)
- * in place (bit-identical to blu_sdpa_backward on copies). */
-void blu_sdpa_qkv_backward(const float *qkv, const float *o, const float *go, const float *lse, float *dqkv, long B,
-                           long T, long H, long D, float scale, int causal) {
-    const long C = H * D, ld = 3 * C;
-#pragma omp parallel
-    {
-        float *kT = (float *)malloc(sizeof(float) * (size_t)(D * T));
-        float *vT = (float *)malloc(sizeof(float) * (size_t)(D * T));
-        float *p = (float *)malloc(sizeof(float) * (size_t)(RB * T));
-        float *ds = (float *)malloc(sizeof(float) * (size_t)(RB * T));
-#pragma omp for schedule(static)
-        for (long bh = 0; bh < B * H; bh++) {
-            const long b = bh / H, h = bh % H;
-            const float *base = qkv + b * T * ld + h * D;
-            float *dbase = dqkv + b * T * ld + h * D;
-            const long oo = b * T * C + h * D;
-            sdpa_bwd_head(base, ld, base + C, ld, base + 2 * C, ld, o + oo, C, go + oo, C, lse + bh * T, dbase, ld,
-                          dbase + C, ld, dbase + 2 * C, ld, T, T, D, D, scale, causal, kT, vT, p, ds);
+        for (long bh = 0; bh < BH; bh++) {
+            const float *qb = q + bh * L * E, *kb = k + bh * S * E, *vb = v + bh * S * Ev;
+            float *dkb = dk + bh * S * E, *dvb = dv + bh * S * Ev;
+            transpose(kb, kT, S, E);
+            transpose(vb, vT, S, Ev);
+            memset(dkb, 0, sizeof(float) * (size_t)(S * E));
+            memset(dvb, 0, sizeof(float) * (size_t)(S * Ev));
+            for (long i0 = 0; i0 < L; i0 += RB) {
+                long R = L - i0 < RB ? L - i0 : RB;
+                long n = block_keys(i0 + R - 1, S, causal);
+                const float *qi = qb + i0 * E, *gi = go + (bh * L + i0) * Ev;
+                mm_rows(qi, E, R, kT, S, E, n, p, S);
+                mm_rows(gi, Ev, R, vT, S, Ev, n, ds, S); /* dp = do . v^T */
+                for (long r = 0; r < R; r++) {
+                    float *pr = p + r * S, *dr = ds + r * S;
+                    long nr = keys_of(i0 + r, S, causal);
+                    float Di = row_dot(gi + r * Ev, o + (bh * L + i0 + r) * Ev, Ev);
+                    float li = lse[bh * L + i0 + r];
+                    long j = 0;
+                    for (; j < nr; j++) {
+                        float pj = blu_exp(pr[j] * scale - li);
+                        pr[j] = pj;
+                        dr[j] = pj * (dr[j] - Di) * scale;
+                    }
+                    for (; j < n; j++) pr[j] = dr[j] = 0.0f;
+                }
+                mm_rows(ds, S, R, kb, E, n, E, dq + (bh * L + i0) * E, E);
+                mm_tn_acc(ds, S, R, qi, E, n, E, dkb, E);
+                mm_tn_acc(p, S, R, gi, Ev, n, Ev, dvb, Ev);
+            }
         }
         free(kT);
         free(vT);
