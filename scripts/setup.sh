@@ -10,7 +10,10 @@ PY=${PYTHON:-python3}
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 stamp=.venv/.blutrain-setup
 want="$(cat packages/*/pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)$*"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+# a --test setup holds everything the runtime one installs: scripts/train after scripts/setup.sh --test starts at once
+if [ -f "$stamp" ] && { [ "$(cat "$stamp")" = "$want" ] || { [ $# -eq 0 ] && [ "$(cat "$stamp")" = "$want--test" ]; }; }; then
+  exit 0
+fi
 extras=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   cuda_major=$(nvidia-smi | sed -n 's/.*CUDA Version: \([0-9]*\).*/\1/p' | head -1)

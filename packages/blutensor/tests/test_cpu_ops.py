@@ -316,3 +316,79 @@ print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 def test_a_forked_child_runs_the_kernels_without_hanging():
     r = _run(FORK)  # GNU OpenMP cannot restart its pool after fork: the child's kernels run on one thread
     assert r.returncode == 0 and "child 0" in r.stdout, (r.stdout, r.stderr)
+
+
+def _qkv_op_by_op(x, H, causal, scale):
+    """sdpa_qkv's reference path: view/permute/contiguous + scaled_dot_product_attention + transpose/reshape."""
+    import blutensor.nn.functional as F
+
+    B, T, C3 = x.shape
+    hd = C3 // (3 * H)
+    parts = x.view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
+    q, k, v = parts[0].contiguous(), parts[1].contiguous(), parts[2].contiguous()
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    return y.transpose(1, 2).reshape(B, T, H * hd)
+
+
+def _qkv_float64(x, g, H, causal, scale):
+    """Attention forward and d(qkv) in NumPy float64 (softmax written out)."""
+    B, T, C3 = x.shape
+    hd = C3 // (3 * H)
+    p5 = x.astype(np.float64).reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)
+    q, k, v = p5[0], p5[1], p5[2]
+    sc = scale if scale is not None else 1 / np.sqrt(hd)
+    s = q @ k.swapaxes(-1, -2) * sc
+    if causal:
+        s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = p @ v
+    go = g.astype(np.float64).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+    dv = p.swapaxes(-1, -2) @ go
+    dp = go @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * sc
+    dq, dk = ds @ k, ds.swapaxes(-1, -2) @ q
+    d = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, C3)
+    return o.transpose(0, 2, 1, 3).reshape(B, T, H * hd), d
+
+
+@pytest.mark.parametrize("B, T, H, hd, causal, scale", [(2, 37, 3, 16, True, None), (3, 16, 2, 32, False, 0.3),
+                                                        (1, 9, 1, 8, True, 1.0)])
+def test_sdpa_qkv_reads_qkv_in_place_bitwise_the_op_path_and_float64(B, T, H, hd, causal, scale):
+    """The host sdpa_qkv (q/k/v read in place, no copies) equals the op-by-op path bit for bit, and NumPy float64
+    within float32 rounding; a profiler observer sees it as 'sdpa_qkv'."""
+    from blutensor.cuda_ops.sdpa import sdpa_qkv
+
+    xa, ga = f32(B, T, 3 * H * hd), f32(B, T, H * hd)
+    outs = []
+    for fn in (lambda x: sdpa_qkv(x, H, is_causal=causal, scale=scale), lambda x: _qkv_op_by_op(x, H, causal, scale)):
+        x = bt.tensor(xa, requires_grad=True)
+        y = fn(x)
+        y.backward(bt.tensor(ga))
+        outs.append((y.numpy(), x.grad.numpy(), y.grad_fn.op))
+    (y, dx, op), (y_ref, dx_ref, _) = outs
+    assert op == "SdpaQkvCpu"  # the fused host path ran
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(dx, dx_ref)
+    y64, d64 = _qkv_float64(xa, ga, H, causal, scale)
+    np.testing.assert_allclose(y, y64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, d64, rtol=1e-4, atol=1e-5)
+    seen = []
+
+    def obs(name, args, attrs, call):
+        seen.append(name)
+        return call()
+
+    dispatch.observers.append(obs)
+    try:
+        sdpa_qkv(bt.tensor(xa), H, is_causal=causal, scale=scale)
+    finally:
+        dispatch.observers.remove(obs)
+    assert seen[0] == "sdpa_qkv"
+
+
+def test_sdpa_qkv_with_dropout_takes_the_op_path():
+    from blutensor.cuda_ops.sdpa import sdpa_qkv
+
+    x = bt.tensor(f32(2, 8, 3 * 2 * 8), requires_grad=True)
+    assert sdpa_qkv(x, 2, dropout_p=0.5).grad_fn.op != "SdpaQkvCpu"

@@ -153,7 +153,7 @@ EXPECTED_ENTRIES = {
         for k in ("forward", "backward", "backward_pieces", "backward_runs")
         for s in ("f32", "bf16")
     ],
-    "adamw.cu": ["blu_adamw_step"],
+    "adamw.cu": ["blu_adamw_step", "blu_adamw_tensor"],
     "grad_norm.cu": ["blu_grad_norm_partial", "blu_grad_norm_finalize", "blu_grad_norm_scale"],
     "sdpa.cu": [f"blu_sdpa_{k}_simt_hd{d}" for k in ("forward", "backward_dkdv", "backward_dq") for d in (32, 64, 128)]
     + ["blu_sdpa_backward_preprocess_f32", "blu_sdpa_backward_preprocess_bf16"],

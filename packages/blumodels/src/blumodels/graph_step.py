@@ -8,7 +8,9 @@ cache), the step's phases are recorded once:
   copied into the static inputs;
 * graph ``last`` holds the last micro-step (with DDP's bucketed all-reduces, launched during its backward) and
   :meth:`TrainStep.finish` (norm/clipping, the non-finite flag, the fused AdamW update that flag skips on the
-  device, the device step index advanced).
+  device, the device step index advanced). With optimizer-in-backward the graph holds the per-parameter AdamW
+  launches inside backward instead (each reads the lr and update count :meth:`TrainStep.begin` wrote on the
+  device, each gradient freed into the graph's pool after its update), and no update in ``finish``.
 
 The two graphs share one private memory pool (their activations are never alive at once). The few launches of
 :meth:`TrainStep.begin` (one fill per gradient buffer, the loss reset, the lr read from the device schedule)
@@ -45,9 +47,6 @@ def config_refusal(cfg) -> str | None:
     t = cfg.train
     if t.device == "cpu":
         return "train.device = 'cpu' (CUDA graphs need a CUDA device)"
-    if t.optimizer_in_backward:
-        return ("train.optimizer_in_backward = true: its per-parameter updates read the learning rate and step "
-                "count on the host inside backward")
     if not t.fused_adamw:
         return "train.fused_adamw = false: only the fused AdamW kernel reads lr, step count and skip flag on the device"
     if cfg.parallel.sharded:
@@ -138,8 +137,10 @@ class CapturedStep:
     ``batch_shape``; :meth:`run` is the captured counterpart of :meth:`TrainStep.run`."""
 
     def __init__(self, step: TrainStep, batch_shape: tuple, make_capture: Callable[[], Any] = CudaCapture) -> None:
-        if step.oib:
-            raise ConfigError("CapturedStep: optimizer-in-backward steps cannot be captured")
+        if step.oib and not step.oib_on_device:
+            raise ConfigError("CapturedStep: this optimizer-in-backward step reads lr and step count on the host "
+                              "(TrainStep(fused=False) on CUDA); only the fused per-parameter AdamW reads them on "
+                              "the device")
         self.step = step
         dev = step.device
         self.x = bt.zeros(*batch_shape, dtype=bt.int64, device=dev)
@@ -163,11 +164,13 @@ class CapturedStep:
         from blutensor.ext import grad_norm_table, index_flag_array, prepare_adamw_group
 
         index_flag_array()
-        copies = st._copies()
-        if copies is not None:  # the graph reads the copies as the weight casts: current before the capture
-            copies.ensure_current()
-        self._keep = [prepare_adamw_group(st.optimizer, grp, copies) for grp in st.optimizer.param_groups]
-        self._keep.append(grad_norm_table([g._data for g in st.grads]))
+        self._keep = []
+        if not st.oib:  # optimizer-in-backward: one table-free launch per parameter, its gradient made in backward
+            copies = st._copies()
+            if copies is not None:  # the graph reads the copies as the weight casts: current before the capture
+                copies.ensure_current()
+            self._keep = [prepare_adamw_group(st.optimizer, grp, copies) for grp in st.optimizer.param_groups]
+            self._keep.append(grad_norm_table([g._data for g in st.grads]))
         if st.autocast is not None:  # the multi-tensor weight cast's table and kernel, built by one real call
             from blutensor.ext import cast_tables
 

@@ -17,7 +17,8 @@ after the step (:meth:`TrainStep.read`), for the log record and the NaN policy's
 
 Gradients live in static views of one flat buffer per dtype (:func:`flat_grads`), zeroed by one fill per
 buffer and accumulated in place: a captured step finds the same arrays at every replay, and an eager step costs
-no gradient allocations. Optimizer-in-backward keeps no gradients (it frees each one as soon as it is used).
+no gradient allocations. Optimizer-in-backward keeps no gradients (it frees each one as soon as it is used);
+:meth:`TrainStep.begin` writes the lr and the update count its per-parameter updates read on the device.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class TrainStep:
     per step; ``autocast``: a factory of the context forward + loss run in (bf16), or None; ``no_sync(skip)``:
     the context that suppresses DDP's reduction during the first ``accum - 1`` micro-steps; ``fused``: update
     through the fused multi-tensor AdamW kernel (CUDA; lr, step count and the skip flag read on the device);
-    ``optimizer_in_backward``: the optimizer steps inside backward (no static gradients, no update here).
+    ``optimizer_in_backward``: the optimizer (a ``blutensor.utils.OptimizerInBackward``) steps inside backward (no
+    static gradients, no update here); on the CPU, and on CUDA with ``fused``, its per-parameter AdamW updates
+    read lr and update count from the device arrays :meth:`begin` writes, so that step can be captured.
     ``norm(params, max_norm)``: the global gradient norm (clipping to ``max_norm``; inf = no clipping) where the
     gradients are sharded (a [parallel] mesh); ``static_grads=False``: gradients as the wrapped module leaves
     them, dropped by ``optimizer.zero_grad()`` at the start of each step. ``device_rng``: dropout draws read and
@@ -117,9 +120,25 @@ class TrainStep:
         self.found_inf = xp.zeros(1, dtype=np.float32)
         self._norm = norm
         self.device_rng = bool(device_rng)
+        self._oib_lr = None
+        if self.oib and (self.fused or xp is np):
+            # the per-parameter updates inside backward read lr and update count from these arrays (a captured
+            # backward replays each step's values); on the host the lr stays float64, the value the host
+            # optimizers use, so the results equal plain training's bit for bit
+            if not hasattr(optimizer, "set_device_scalars"):
+                raise TypeError(f"TrainStep(optimizer_in_backward=True) needs a blutensor.utils.OptimizerInBackward, "
+                                f"got {type(optimizer).__name__}")
+            self._oib_lr_table = np.asarray(list(lr_schedule), dtype=np.float64) if xp is np else self.lr_table
+            self._oib_lr = np.zeros(1, dtype=np.float64) if xp is np else self.lr_dev
+            optimizer.set_device_scalars(lr=self._oib_lr, step=self.step_count)
         use_flat = static_grads and not self.oib
         self.grads, self.grad_bufs = flat_grads(self.params, device) if use_flat else ([], [])
         self.applied = 0  # updates applied so far (the host AdamW step counts follow it on the fused path)
+
+    @property
+    def oib_on_device(self) -> bool:
+        """Optimizer-in-backward whose per-parameter updates read lr and update count on the device (capturable)."""
+        return self._oib_lr is not None
 
     # ------------------------------------------------------------------ position
     def seek(self, step: int) -> None:
@@ -163,6 +182,10 @@ class TrainStep:
             self.optimizer.zero_grad()
         self.loss_sum.fill(0)
         self.xp.take(self.lr_table, self.step_idx, out=self.lr_dev)
+        if self._oib_lr is not None:  # the updates of this backward: its lr, and one more applied update
+            if self._oib_lr is not self.lr_dev:
+                self.xp.take(self._oib_lr_table, self.step_idx, out=self._oib_lr)
+            self.step_count += 1
 
     def micro(self, x, y, sync: bool = True) -> None:
         """Forward and backward of one micro-batch; the loss is added to the device loss sum."""
@@ -227,8 +250,8 @@ class TrainStep:
         loss = float(self.loss_sum) / self.accum
         gn = None if self.oib else float(self.grad_norm)
         bad = bool(self.found_inf[0])
-        if self.fused:
-            self.applied += 0 if bad else 1
+        if self.fused or self._oib_lr is not None:  # (optimizer-in-backward applied its updates in backward)
+            self.applied += 0 if bad and not self.oib else 1
             for p in self.params:
                 st = self.optimizer.state.get(p)
                 if st is not None:

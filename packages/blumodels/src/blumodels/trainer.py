@@ -592,7 +592,7 @@ class Trainer:
 
         cfg, t = self.cfg, self.cfg.train
         cuda = self.device.startswith("cuda")
-        fused = bool(cuda and t.fused_adamw and not t.optimizer_in_backward)
+        fused = bool(cuda and t.fused_adamw)  # optimizer-in-backward: its per-parameter updates read the device lr
         lrs = [lr_at(s, cfg) for s in range(t.steps)]  # fit() and resume never go past train.steps
         self._step = TrainStep(self.module, self.optimizer, list(self.params.values()), device=self.device,
                                lr_schedule=lrs, accum=cfg.grad_accum, grad_clip=t.grad_clip,

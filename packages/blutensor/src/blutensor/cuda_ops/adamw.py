@@ -170,3 +170,48 @@ def fused_step(optimizer, group, lr_dev=None, step_dev=None, found_inf=None, cop
             p._version.v += 1
         if cl is not None:
             copies.mark([p for p, _ in items])
+
+
+#: most blocks one per-tensor update launches (a grid-stride loop covers larger tensors)
+TENSOR_MAX_BLOCKS = 2048
+
+
+def adamw_tensor_(param, grad, exp_avg, exp_avg_sq, lr_dev, step_dev, b1: float, b2: float, eps: float,
+                  wd: float) -> None:
+    """AdamW update of ONE parameter array in place (optimizer-in-backward's per-parameter step).
+
+    ``param``/``grad``: fp32 or bf16-bit CuPy arrays of one size; moments fp32. ``lr_dev`` and ``step_dev``
+    (1-element float32 device arrays: this step's learning rate and AdamW's update count for the bias
+    corrections) are read by the kernel, so a launch recorded in a CUDA graph replays each step's values. One
+    launch, no multi-tensor table (a table would hold the capture's gradient addresses and need a host copy).
+    """
+    for name, a in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        if a.dtype != np.float32:
+            raise DTypeError(f"adamw_tensor_: {name} must be float32, got {a.dtype}")
+    for what, a in (("param", param), ("grad", grad)):
+        if a.dtype not in (np.float32, np.uint16):
+            raise DTypeError(f"adamw_tensor_: {what} has dtype {a.dtype}; expected float32 or bfloat16 bits (uint16)")
+    if not param.size == grad.size == exp_avg.size == exp_avg_sq.size:
+        from blutensor.errors import ShapeError
+
+        raise ShapeError(f"adamw_tensor_: sizes differ (param {param.size}, grad {grad.size}, exp_avg "
+                         f"{exp_avg.size}, exp_avg_sq {exp_avg_sq.size})")
+    for name, x in (("lr_dev", lr_dev), ("step_dev", step_dev)):
+        if not type(x).__module__.startswith("cupy") or x.dtype != np.float32 or x.size != 1:
+            raise DTypeError(f"adamw_tensor_: {name} must be a 1-element float32 CuPy array, got "
+                             f"{type(x).__name__} {getattr(x, 'dtype', '')} size {getattr(x, 'size', '?')}")
+    for name, a in (("param", param), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        if not a.flags.c_contiguous:
+            from blutensor.errors import ShapeError
+
+            raise ShapeError(f"adamw_tensor_: {name} (shape {a.shape}) must be contiguous (it is updated in place)")
+    n = int(param.size)
+    if n == 0:
+        return
+    cp = cupy()
+    grad = cp.ascontiguousarray(grad)
+    fl = int(param.dtype == np.uint16) | (int(grad.dtype == np.uint16) << 1)
+    blocks = min(TENSOR_MAX_BLOCKS, -(-n // BLOCK))
+    launch(FILE, "blu_adamw_tensor", blocks, BLOCK,
+           (param, grad, exp_avg, exp_avg_sq, np.int64(n), np.int32(fl), lr_dev, step_dev, np.float64(b1),
+            np.float64(b2), np.float64(eps), np.float64(wd)))

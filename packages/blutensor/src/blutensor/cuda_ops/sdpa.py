@@ -522,6 +522,13 @@ def _sdpa_qkv_function():
 
 
 _SDPA_QKV = []
+_SDPA_QKV_CPU = []
+
+
+def dispatch_observers() -> list:
+    from blutensor.ops import dispatch
+
+    return dispatch.observers
 
 
 def sdpa_qkv(qkv, n_head: int, is_causal: bool = True, dropout_p: float = 0.0, scale: float | None = None):
@@ -530,7 +537,9 @@ def sdpa_qkv(qkv, n_head: int, is_causal: bool = True, dropout_p: float = 0.0, s
     CUDA (fp32/bf16, head dims the flash kernels cover, no dropout): one strided flash-attention kernel, no
     q/k/v or output copies; dispatch observers (profilers) see it as op 'sdpa_qkv'. Elsewhere, and under an
     observer that rewrites 'sdpa' (context parallelism's ring attention, see SDPA_REWRITERS): the same result
-    through view/permute/contiguous and scaled_dot_product_attention (the CPU reference)."""
+    through view/permute/contiguous and scaled_dot_product_attention (the reference). On the CPU (float32, the
+    compiled kernels, no dropout) the compiled attention reads q/k/v in place and writes (B, T, C) directly
+    (``cpu_ops/attention.py``, bit-identical to the op-by-op path), seen by observers as 'sdpa_qkv' too."""
     variant = _fused_ok(qkv, n_head, dropout_p)
     if variant is not None:
         if not _SDPA_QKV:
@@ -543,6 +552,18 @@ def sdpa_qkv(qkv, n_head: int, is_causal: bool = True, dropout_p: float = 0.0, s
         if dispatch.observers:
             return _observed(fn, qkv, {"n_head": int(n_head), "is_causal": bool(is_causal), "scale": scale})
         return fn()
+    from blutensor.cpu_ops import attention as cpu_attention
+
+    if cpu_attention.usable(qkv, n_head, dropout_p) and not any(_rewrites_sdpa(o) for o in dispatch_observers()):
+        if not _SDPA_QKV_CPU:
+            _SDPA_QKV_CPU.append(cpu_attention.sdpa_qkv_function())
+
+        def host():
+            return _SDPA_QKV_CPU[0].apply(qkv, int(n_head), bool(is_causal), scale)
+
+        if dispatch_observers():
+            return _observed(host, qkv, {"n_head": int(n_head), "is_causal": bool(is_causal), "scale": scale})
+        return host()
     import blutensor.nn.functional as F
 
     B, T, C3 = qkv.shape

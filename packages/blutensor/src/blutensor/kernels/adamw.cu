@@ -115,3 +115,36 @@ blu_adamw_step_bf16_copy(const unsigned long long* __restrict__ p_ptr, const uns
     adamw_impl<true>(p_ptr, g_ptr, m_ptr, v_ptr, c_ptr, flags, numel, chunk_tensor, chunk_start, chunk_size,
                      lr_arg, lr_dev, step_arg, step_dev, found_inf, b1, b2, eps, wd);
 }
+
+// AdamW of ONE tensor (the per-parameter update of optimizer-in-backward), lr and step count always read from
+// device memory, so an update launched inside a captured backward replays with each step's values; no table
+// (its pointers would be the capture's gradient addresses, built by a host copy). Same per-element math and
+// per-launch constants as blu_adamw_step: the two give bit-identical results. fl: bit 0 param is bf16 bits,
+// bit 1 grad is bf16 bits.
+extern "C" __global__ void __launch_bounds__(512)
+blu_adamw_tensor(void* __restrict__ p_raw, const void* __restrict__ g_raw, float* __restrict__ m,
+                 float* __restrict__ v, long long n, int fl, const float* __restrict__ lr_dev,
+                 const float* __restrict__ step_dev, double b1, double b2, double eps, double wd) {
+    const float lr = lr_dev[0];
+    const float step = step_dev[0];
+    const float bc1 = 1.f - exp2f(step * log2f((float)b1));
+    const float bc2f = sqrtf(1.f - exp2f(step * log2f((float)b2)));
+    const float decay = 1.f - lr * (float)wd;
+    const float omb1 = (float)(1.0 - b1), b2f = (float)b2, omb2 = (float)(1.0 - b2);
+    const float epsf = (float)eps, nss = -(lr / bc1);
+    const bool pbf = fl & 1, gbf = fl & 2;
+    float* pf = reinterpret_cast<float*>(p_raw);
+    bf16_t* pb = reinterpret_cast<bf16_t*>(p_raw);
+    const float* gf = reinterpret_cast<const float*>(g_raw);
+    const bf16_t* gb = reinterpret_cast<const bf16_t*>(g_raw);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float xu = pbf ? to_f(pb[i]) : pf[i];
+        const float gu = gbf ? to_f(gb[i]) : gf[i];
+        float mu = m[i], vu = v[i];
+        adam_elem(xu, gu, mu, vu, decay, omb1, b2f, omb2, bc2f, epsf, nss);
+        m[i] = mu;
+        v[i] = vu;
+        if (pbf) pb[i] = from_f<bf16_t>(xu); else pf[i] = xu;
+    }
+}
