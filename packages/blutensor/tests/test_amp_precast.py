@@ -145,7 +145,9 @@ def test_precast_cuda_nodes_on_numpy(monkeypatch, accumulate):
 @pytest.mark.cuda
 @needs_gpu
 def test_cuda_precast_accumulate_equals_plain():
-    """On the GPU: precast(accumulate=True) into zeroed fp32 grads == casts on first use, bit for bit."""
+    """On the GPU: precast(accumulate=True) into zeroed fp32 grads gives the loss of casts on first use bit for
+    bit, and the gradients within bf16 rounding: the precast weights' wgrad GEMMs add their float32 products
+    straight into the fp32 buffers, where casts on first use round each weight gradient to bf16 first."""
     import cupy
     from blutensor.cuda_ops.cast import accumulate_bf16, to_bf16
 
@@ -162,7 +164,8 @@ def test_cuda_precast_accumulate_equals_plain():
     loss.backward()
     assert host(loss) == l0
     for p, a in zip(ps, g0):
-        np.testing.assert_array_equal(host(p.grad), np.zeros(p.shape, np.float32) if a is None else a)
+        want = np.zeros(p.shape, np.float32) if a is None else a
+        np.testing.assert_allclose(host(p.grad), want, rtol=0, atol=2.0 ** -7 * float(np.abs(want).max()) + 1e-6)
     acc = cupy.asarray(rng(4).standard_normal(1003).astype(np.float32))
     g = to_bf16(cupy.asarray(rng(5).standard_normal(1003).astype(np.float32)))
     ref = acc + (g.astype(cupy.uint32) << 16).view(cupy.float32)

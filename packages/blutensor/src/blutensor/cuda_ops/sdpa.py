@@ -442,6 +442,8 @@ def _fused_ok(qkv, n_head: int, dropout_p: float):
     """The kernel variant when the fused-qkv path applies to ``qkv`` (a Tensor), else None."""
     if qkv.device.type != "cuda" or dropout_p or qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
         return None
+    if type(qkv._data).__module__.split(".")[0] != "cupy":  # a tracer's array (blucompiler): the op path, which
+        return None  # it records op by op (the fused kernel reads raw device pointers)
     from blutensor.ops import dispatch
     from blutensor.ops.dispatch import resolve
 
