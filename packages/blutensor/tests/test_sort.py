@@ -150,7 +150,7 @@ def test_cuda_embedding_backward_gpt2_shape_time(monkeypatch):
     want = np.zeros((V, C))
     np.add.at(want, idx_h, cp.asnumpy(g).astype(np.float64))
     assert float(np.abs(cp.asnumpy(buf) - want).max()) < 1e-4 * float(np.abs(want).max())
-    assert ms <= 0.8, f"embedding backward took {ms:.3f} ms (0.60 ms measured on the H200; the sort-and-own-rows kernel took 2.5)"
+    assert ms <= 0.8, f"embedding backward took {ms:.3f} ms (0.60 ms measured on the H200; the old kernel 2.5)"
 
 
 @pytest.mark.cuda
