@@ -367,7 +367,7 @@ class ContextParallel:
             cos, sin = self._local_tables(x.device, x.shape[-3])
             self._busy = True
             try:
-                return bt.nn.functional.rope(x, cos, sin)
+                return bt.nn.functional.rope(x, cos, sin, transpose=bool(attrs.get("transpose", False)))
             finally:
                 self._busy = False
         if op == "embedding" and self.position_weight is not None and inputs[1] is self.position_weight:
