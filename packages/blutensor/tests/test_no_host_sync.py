@@ -1,8 +1,8 @@
 """The training step's device work never reads device memory on the host (no host sync).
 
-CPU twin of the GPU probe in packages/blumodels/dev/gpu_check_graph.py: the NumPy-backed CuPy stand-in
-(dev/np_cupy) runs blutensor's CUDA branch, and every way of bringing a device value to the host
-(``float()``, ``int()``, ``bool()``, ``.item()``, ``.get()``, ``.tolist()``, ``cupy.asnumpy``) is counted.
+On the CPU (the GPU proof is CUDA-graph capture itself, which refuses host reads: blumodels'
+test_graph_step_cuda.py): the NumPy-backed CuPy stand-in (dev/np_cupy) runs blutensor's CUDA branch,
+and every way of bringing a device value to the host (``float()``, ``int()``, ``bool()``, ``.item()``, ``.get()``, ``.tolist()``, ``cupy.asnumpy``) is counted.
 clip_grad_norm_ (L2 and inf norms, with and without clipping) must count zero and match NumPy.
 """
 
