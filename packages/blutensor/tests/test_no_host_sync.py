@@ -2,8 +2,9 @@
 
 On the CPU (the GPU proof is CUDA-graph capture itself, which refuses host reads: blumodels'
 test_graph_step_cuda.py): the NumPy-backed CuPy stand-in (dev/np_cupy) runs blutensor's CUDA branch,
-and every way of bringing a device value to the host (``float()``, ``int()``, ``bool()``, ``.item()``, ``.get()``, ``.tolist()``, ``cupy.asnumpy``) is counted.
-clip_grad_norm_ (L2 and inf norms, with and without clipping) must count zero and match NumPy.
+and every way of bringing a device value to the host (``float()``, ``int()``, ``bool()``, ``.item()``,
+``.get()``, ``.tolist()``, ``cupy.asnumpy``) is counted. clip_grad_norm_ (L2 and inf norms, with and
+without clipping) must count zero and match NumPy.
 """
 
 from __future__ import annotations
