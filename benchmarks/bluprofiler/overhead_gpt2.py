@@ -142,7 +142,7 @@ def session(kw: dict):
 
 
 def gpu_side_event_cost(cupy, raw: list, sptr: int, k: int = 400) -> dict:
-    """GPU time added per event record between back-to-back kernels (GPU-bound: 16M-float adds,
+    """Kernel time added per event record between back-to-back kernels (GPU-bound: 16M-float adds,
     ~45 us each): k kernels with 0, 1 or 2 timing events (and 2 non-timing events) after each."""
     rt = cupy.cuda.runtime
     x = cupy.ones(1 << 24, dtype=cupy.float32)

@@ -1,4 +1,4 @@
-"""The profiler's GPU time of an op is the CUDA-event time of its kernels: a 4096^3 matmul timed by the profiler
+"""An op's time on the GPU in the profiler is the CUDA-event time of its kernels: a 4096^3 matmul timed by the profiler
 matches the same matmul timed with raw CuPy events (within 0.8x-1.25x), one op span per call."""
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ def test_nvtx_default_follows_an_attached_tool(monkeypatch):
 
 def test_view_ops_get_host_only_spans_and_no_events(monkeypatch, tmp_path):
     """View ops (blutensor's VIEW flag) launch no kernel: their spans are host-timed, consume no
-    CUDA events, are listed with GPU time 0 and marked host-only in table and trace; their backward
+    CUDA events, are listed with CUDA-event time 0 and marked host-only in table and trace; their backward
     is host-only too where it is a view (transpose always; view when the grad is contiguous), while
     expand's backward (a sum) keeps its events."""
     fake = FakeCupy()

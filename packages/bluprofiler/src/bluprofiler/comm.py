@@ -91,7 +91,7 @@ class CommEvent:
 
     @property
     def seconds(self) -> float:
-        """The op's time: GPU time when timed with CUDA events, else host start to completed wait."""
+        """The op's time: between its CUDA events when so timed, else host start to completed wait."""
         if self.gpu_ms is not None:
             return self.gpu_ms / 1e3
         return max(self.end_ns - self.start_ns, 0) / 1e9
@@ -181,7 +181,7 @@ def comm_summary(comms: list[CommEvent]) -> list[dict]:
 
 def resolve_gpu_times(comms: list[CommEvent], gpu_timer: Any) -> None:
     """GPU start/duration of NCCL collectives from their CUDA events, relative to the session's base
-    event (the GPU lane's zero); without a GPU timer only the duration is filled."""
+    event (the GPU lane's zero); without a CUDA-event timer only the duration is filled."""
     for c in comms:
         if c._events is None:
             continue

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class OpEvent:
     """One timed span: an op's forward, an autograd node's backward, or a named region.
 
-    CPU times are ``time.perf_counter_ns`` values; GPU times (CUDA only) are milliseconds
+    CPU times are ``time.perf_counter_ns`` values; CUDA-event times are milliseconds
     since the session's base event, filled in when the session stops. ``host_only`` spans (view
     ops, which launch no kernel) carry no events: ``gpu_ms`` 0 and no ``gpu_start_ms``.
     """
@@ -27,7 +27,7 @@ class OpEvent:
     stream: int = 0
     gpu_start_ms: float | None = None
     gpu_ms: float | None = None
-    #: a view op on a GPU-timed session: no kernel launched, so no CUDA events (GPU time 0)
+    #: a view op on a GPU-timed session: no kernel launched, so no CUDA events (CUDA-event time 0)
     host_only: bool = False
     _ev: tuple | None = field(default=None, repr=False)
 

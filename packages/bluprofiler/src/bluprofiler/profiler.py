@@ -59,7 +59,7 @@ class ProfilerError(RuntimeError):
 class Profiler:
     """``with Profiler(timing=True, memory=True) as prof: ...`` then ``prof.result``.
 
-    timing: host time per op always; CUDA-event GPU time per op when ``device`` is CUDA (and
+    timing: host time per op always; CUDA-event time per op when ``device`` is CUDA (and
     ``gpu_events``; view ops get host-timed spans only, they launch no kernel).
     memory: allocation tracking (CuPy memory hook or bluallocator listener on CUDA, op-output
     tracking on CPU).

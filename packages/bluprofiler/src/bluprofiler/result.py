@@ -38,7 +38,7 @@ class ProfileResult:
         return [e for e in self.events if e.phase == "region" and (name is None or e.name == name)]
 
     def step_ms(self) -> float:
-        """Total time of the ``step`` regions if any (GPU time when timed), else the session's wall time."""
+        """Total time of the ``step`` regions if any (CUDA-event time when timed), else the session's wall time."""
         steps = self.regions("step")
         if not steps:
             return self.wall_ms
@@ -73,7 +73,7 @@ class ProfileResult:
         """One row per (op, phase, kernel): calls, total/self/mean time (GPU if timed, else host), share.
 
         ``host_only`` is True for rows whose every call was a view op on a GPU-timed session (no
-        kernel, no CUDA events: GPU time 0, host time in ``cpu_ms``).
+        kernel, no CUDA events: CUDA-event time 0, host time in ``cpu_ms``).
 
         ``total_ms`` includes op spans nested inside (rare: ops run inside another op's span);
         ``self_ms`` excludes them, and ``share`` is ``self_ms`` over the step time (``step_ms``) in

@@ -3,7 +3,7 @@ resolved once, when the session stops) and NVTX ranges.
 
 On CPU an op's time is its host wall time (``perf_counter_ns``); on CUDA each span that launches
 GPU work also records a start and an end event of a preallocated pool on the session's stream, so
-GPU time is attributed to the op that launched the work, and the GPU lane of the trace shows when
+CUDA-event time is attributed to the op that launched the work, and the GPU lane of the trace shows when
 it actually ran. The pool holds raw ``cudaEvent_t`` handles (``eventCreateWithFlags(0)``: timing on,
 no blocking sync, not interprocess) and a span records them with ``runtime.eventRecord(event,
 stream)`` on a stream pointer cached at session start: no Event objects, no current-stream lookup

@@ -4,7 +4,7 @@ Lanes: process "host" with one thread per Python thread (op and region spans, ne
 process "GPU" with one thread per CUDA stream (the same spans at the time the GPU ran them, when
 timed with CUDA events) linked to their launch by flow arrows; counters "memory" (allocated and
 reserved MiB) on the host process; process "communication" with one thread per (process group,
-stream): every dtms collective as a span (host start to completed wait, or its GPU time on the
+stream): every dtms collective as a span (host start to completed wait, or its CUDA-event time on the
 communication stream for NCCL) with op, group, bytes, bus bandwidth and the compute it overlapped.
 """
 
