@@ -438,12 +438,18 @@ def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, 
     return dqkv
 
 
+def device_arrays(*tensors) -> bool:
+    """Whether every tensor holds a real CuPy array: a tracer's arrays (blucompiler) take the op path, which it
+    records op by op (the fused kernels read raw device pointers)."""
+    return all(type(t._data).__module__.split(".")[0] == "cupy" for t in tensors)
+
+
 def _fused_ok(qkv, n_head: int, dropout_p: float):
     """The kernel variant when the fused-qkv path applies to ``qkv`` (a Tensor), else None."""
     if qkv.device.type != "cuda" or dropout_p or qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
         return None
-    if type(qkv._data).__module__.split(".")[0] != "cupy":  # a tracer's array (blucompiler): the op path, which
-        return None  # it records op by op (the fused kernel reads raw device pointers)
+    if not device_arrays(qkv):
+        return None
     from blutensor.ops import dispatch
     from blutensor.ops.dispatch import resolve
 

@@ -104,7 +104,7 @@ def _aligned(a, cp):
 def applies(q, k, v, attn_mask, dropout_p) -> str | None:
     """The kernel variant when q (B, Hq, L, E), k/v (B, Hkv, S, E) with Hkv < Hq run here, else None."""
     from blutensor._tensor import Tensor
-    from blutensor.cuda_ops.sdpa import SdpaCuda, _rewrites_sdpa, pick_variant
+    from blutensor.cuda_ops.sdpa import SdpaCuda, _rewrites_sdpa, device_arrays, pick_variant
     from blutensor.ops import dispatch
     from blutensor.ops.dispatch import resolve
 
@@ -115,8 +115,7 @@ def applies(q, k, v, attn_mask, dropout_p) -> str | None:
     Hq, Hkv = q.shape[1], k.shape[1]
     if Hkv >= Hq or Hq % Hkv or q.shape[-1] != k.shape[-1] or not (q.dtype == k.dtype == v.dtype):
         return None
-    if any(_rewrites_sdpa(o) for o in dispatch.observers) or any(
-            type(getattr(o, "__self__", o)).__module__.startswith("blucompiler.") for o in dispatch.observers):
+    if any(_rewrites_sdpa(o) for o in dispatch.observers) or not device_arrays(q, k, v):
         return None  # context parallelism's ring attention and the compiler's tracer see plain sdpa
     dt = q.dtype.name
     if dispatch.autocast_hook is not None and dt == "float32":
