@@ -278,6 +278,8 @@ def main() -> None:
                         ratios[f"{ours}/{ref}"] = r["tokens_per_s"] / results[ref]["tokens_per_s"]
             # PyTorch runs other than the reference too: their difference from it is the criterion's noise floor
             ref = next((x for x in loss_refs[prec_of[ours]] if "losses" in results.get(x, {})), None)
+            if a.suite == "recipe" and ours.startswith(("blutrain", "trainer")):
+                ref = None  # the Trainer reads the prepared corpus and the harness one micro-batch: other losses
             if ref and ref != ours and "losses" in r:
                 d = [abs(x - y) for x, y in zip(r["losses"], results[ref]["losses"])]
                 r[f"abs_loss_diff_vs_{ref}"] = d

@@ -61,13 +61,15 @@ def blutrain_model(a, device):
     return build_model(model_config(a), device=device, seed=0)
 
 
-def torch_model(a, device):
+def torch_model(a, device, padded_vocab: bool = True):
+    """The BluTrain llama's initial weights in LlamaForCausalLM. Training keeps the padded vocabulary rows (the
+    softmax over the same columns as BluTrain's); generation takes the real export (``vocab_size`` rows)."""
     import torch
     import transformers
     from blumodels.llama.hf import to_hf
 
     src = blutrain_model(a, device)  # the same seed and device as the BluTrain run: the same initial weights
-    state, config = to_hf(src)
+    state, config = to_hf(src, padded_vocab=padded_vocab)
     del src
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
     hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)  # tied: lm_head is shared
@@ -186,7 +188,7 @@ def run_generate(a) -> dict:
     equal = generate_batch(model, prompts, short, top_k=1, use_cache=False) == [r[:len(p) + short] for r, p in
                                                                               zip(ours, prompts)]
     del model
-    hf = torch_model(a, device).eval()
+    hf = torch_model(a, device, padded_vocab=False).eval()
     ids = torch.tensor(prompts, device=device)
     with torch.no_grad():
         hf.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
@@ -241,7 +243,9 @@ def _child_args(a, framework: str, extra: list[str], steps: int, curve: bool = F
 
 
 def _run_child(args: list[str], timeout: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))}
+    # this checkout's sources first, then whatever the caller had (installed wheels carry the entry points)
+    paths = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))] + [os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     t0 = time.perf_counter()
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
@@ -326,6 +330,7 @@ def main() -> None:
         res["runs"][name] = _run_child(_child_args(a, fw, extra, a.steps), a.timeout)
         print(f"{name}: {json.dumps({k: v for k, v in res['runs'][name].items() if k != 'losses'})[:300]}",
               flush=True)
+        _write(a.out, res, t_start)  # after every run: a run cut short keeps what finished
     runs = res["runs"]
     ours = runs.get("blutrain_bf16", {})
     for ref in ("torch_eager_bf16", "torch_compile_bf16"):
@@ -347,10 +352,14 @@ def main() -> None:
         if ok:
             d = abs(np.mean(curve["blutrain"]["losses"][-tail:]) - np.mean(curve["torch"]["losses"][-tail:]))
             res["curve"].update({f"mean_last_{tail}_diff": float(d), "within_3e-3": bool(d <= 3e-3)})
-    res["wall_s"] = round(time.perf_counter() - t_start, 1)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    _write(a.out, res, t_start)
     print(f"wrote {a.out} ({res['wall_s']} s)")
+
+
+def _write(out: str, res: dict, t_start: float) -> None:
+    res["wall_s"] = round(time.perf_counter() - t_start, 1)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -115,3 +115,27 @@ def test_cuda_model_matches_transformers(case):
     ref.backward()
     for (n, p), (_, q) in zip(gpu.named_parameters(), cpu.named_parameters()):
         np.testing.assert_allclose(p.grad.to("cpu").numpy(), q.grad.numpy(), atol=2e-4, rtol=2e-3, err_msg=n)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_padded_vocab_export_has_our_loss(tie):
+    """vocab_size 96 pads to 128 (vocab_multiple 64): ``padded_vocab=True`` keeps the extra rows, so the softmax of
+    the Hugging Face model runs over BluTrain's columns and the loss is ours; the plain export's is not."""
+    m = build_model(_cfg(tie_embeddings=tie), seed=3)
+    assert m.config.padded_vocab_size == 128
+    ids = _ids()
+    _, loss = m(bt.tensor(ids, dtype=bt.int64), bt.tensor(ids, dtype=bt.int64))
+
+    def hf_loss(padded):
+        state, config = to_hf(m, padded_vocab=padded)
+        assert config["vocab_size"] == (128 if padded else 96) and state["model.embed_tokens.weight"].shape[0] == \
+            config["vocab_size"]
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+        hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
+        with torch.no_grad():
+            logits = hf(torch.tensor(ids)).logits
+        return float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       torch.tensor(ids).reshape(-1)))
+
+    assert abs(hf_loss(True) - float(loss.item())) < 1e-5
+    assert abs(hf_loss(False) - float(loss.item())) > 1e-4

@@ -39,17 +39,24 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-def to_hf(model) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(state dict with LlamaForCausalLM names as float32 NumPy arrays, its config.json dict) of a Llama."""
+def to_hf(model, padded_vocab: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(state dict with LlamaForCausalLM names as float32 NumPy arrays, its config.json dict) of a Llama.
+
+    The embedding (and an untied lm_head) are cut to ``model.vocab_size`` rows. ``padded_vocab=True`` keeps the
+    rows up to the padded size (``model.vocab_multiple``) and says so in the config: a Hugging Face model whose
+    softmax runs over the same columns as BluTrain's, for training the two side by side from the same weights.
+    """
     cfg = model.config
-    V = cfg.vocab_size
+    V = cfg.padded_vocab_size if padded_vocab else cfg.vocab_size
     state = {}
     for name, p in model.state_dict().items():
         a = p.detach().to("cpu").to(bt.float32).numpy()
         if name in ("embed_tokens.weight", "lm_head.weight"):
             a = a[:V]
         state[name if name.startswith("lm_head.") else f"model.{name}"] = np.ascontiguousarray(a)
-    return state, hf_config(cfg)
+    config = hf_config(cfg)
+    config["vocab_size"] = V
+    return state, config
 
 
 def model_config(config: Mapping[str, Any], **overrides: Any) -> ModelConfig:
