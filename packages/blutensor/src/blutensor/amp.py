@@ -405,6 +405,8 @@ def _hook(op: str, inputs: tuple, attrs: dict):
             elif x.dtype is float32:
                 seen_f32 = True
     if seen_low and seen_f32:
+        if dev_type == "cuda" and dispatch.takes_mixed(op, inputs, attrs):  # one widening kernel, no cast
+            return inputs, attrs
         return tuple(_cast(x, float32) if isinstance(x, T) and x.dtype is low else x for x in inputs), attrs
     return inputs, attrs
 

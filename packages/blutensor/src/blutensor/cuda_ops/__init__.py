@@ -3,7 +3,7 @@
 Sources live in ``blutensor/kernels/*.cu``; nothing here imports CuPy until a kernel is launched.
 Kernel classes (registered through blutensor's ``blutrain_register_kernels`` when CuPy is installed):
 layer_norm, gelu, cross_entropy (fused classifier), embedding, rms_norm, rope, swiglu, sdpa (flash attention),
-cast (fp32 <-> bf16) and bf16 linear/matmul/bmm (GEMM provider at bf16 precision).
+cast (fp32 <-> bf16), the widening fp32 + bf16 add and bf16 linear/matmul/bmm (GEMM provider at bf16 precision).
 Free functions: ``adamw.multi_tensor_adamw``, ``norm.global_grad_norm``, ``norm.clip_grads_``.
 """
 
@@ -32,10 +32,10 @@ def kernel_classes() -> list[type]:
 
 def bf16_kernel_classes() -> list[type]:
     """CUDA kernel classes of the bf16 (autocast) path: fp32 <-> bf16 cast, bf16 linear/matmul/bmm."""
-    from blutensor.cuda_ops.cast import CastCuda
+    from blutensor.cuda_ops.cast import AddWidenCuda, CastCuda
     from blutensor.cuda_ops.linalg import BmmCuda, LinearCuda, MatmulCuda
 
-    return [CastCuda, LinearCuda, MatmulCuda, BmmCuda]
+    return [CastCuda, AddWidenCuda, LinearCuda, MatmulCuda, BmmCuda]
 
 
 def cupy_installed() -> bool:

@@ -7,7 +7,7 @@ import numpy as np
 
 from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms
 from blutensor.ops import elementwise as ew
-from blutensor.ops.table import Kernel
+from blutensor.ops.table import OPS, Kernel
 
 FILE = "cast.cu"
 _F32, _BF16 = np.dtype(np.float32), np.dtype(np.uint16)
@@ -169,3 +169,47 @@ class CastAccumulateCuda(CastCuda):
             accumulate_bf16(acc._data, g)
             return (None,)
         return CastCuda.backward(ctx, g)
+
+
+def add_widen(x, y):
+    """float32 ``x`` + widen(``y``) (bf16 bits, the same shape) -> a new float32 array, in one pass."""
+    cp = cupy()
+    x, y = cp.ascontiguousarray(x), cp.ascontiguousarray(y)
+    out = cp.empty(x.shape, dtype=cp.float32)
+    if x.size:
+        launch(FILE, "blu_add_bf16_widen_forward", _grid(x.size), 256,
+               (x, y, out, np.int64(x.size), np.int32(aligned16(x, y, out))))
+    return out
+
+
+class AddWidenCuda(OPS["add"]):
+    """add on CUDA: a float32 tensor plus a bfloat16 one of the same shape (autocast's residual stream plus a bf16
+    GEMM output) runs as one widening kernel instead of a cast kernel and an add; the gradient of the bf16 operand
+    is the float32 gradient rounded to bf16, as the cast's backward would give. Every other add is the built-in
+    one (``MIXED_BF16``: dispatch and autocast leave such operand pairs unpromoted for this kernel)."""
+
+    PLUGIN_NAME = "blutensor.cuda.add_widen"
+    BACKEND = "cuda"
+    DTYPES = ("float32",)
+    PRIORITY = 10
+
+    @staticmethod
+    def MIXED_BF16(inputs, attrs) -> bool:  # noqa: N802 - a kernel class attribute, like the others
+        """Whether this call's operands are the pair the widening kernel takes: (float32, bfloat16), one shape."""
+        a, b = inputs[0], inputs[1] if len(inputs) > 1 else None
+        return (len(inputs) == 2 and getattr(b, "dtype", None) is not None and b.dtype.name == "bfloat16"
+                and a.dtype.name == "float32" and tuple(a.shape) == tuple(b.shape) and attrs.get("alpha", 1) == 1
+                and all(type(t._data).__module__.split(".")[0] == "cupy" for t in (a, b)))  # not a tracer's
+
+    @staticmethod
+    def forward(ctx, a, b, alpha=1):
+        if getattr(b, "dtype", None) == _BF16 and getattr(a, "dtype", None) == _F32:
+            ctx.saved = "widen"
+            return add_widen(a, b)
+        return OPS["add"].forward(ctx, a, b, alpha)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.saved == "widen":
+            return (g if ctx.needs[0] else None, to_bf16(g) if ctx.needs[1] else None)
+        return OPS["add"].backward(ctx, g)

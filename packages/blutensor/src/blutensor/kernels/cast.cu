@@ -92,3 +92,27 @@ extern "C" __global__ void blu_cast_accumulate_bf16_into_f32(const bf16_t* __res
     }
     for (long long i = done + tid; i < n; i += nth) acc[i] += to_f(g[i]);
 }
+
+// out (float32) = x (float32) + widen(y) (bfloat16), same shape: a bf16 GEMM output added to the float32 residual
+// stream under autocast in one pass (instead of widening y into a new array, then adding).
+extern "C" __global__ void blu_add_bf16_widen_forward(const float* __restrict__ x, const bf16_t* __restrict__ y,
+                                                      float* __restrict__ out, long long n, int vec) {
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long nth = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (vec) {
+        const long long nv = n / 8;
+        for (long long i = tid; i < nv; i += nth) {
+            float v[8], a[8];
+            load_vec(y + i * 8, v);
+            load_vec(x + i * 8, a);
+            load_vec(x + i * 8 + 4, a + 4);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) a[k] += v[k];
+            store_vec(out + i * 8, a);
+            store_vec(out + i * 8 + 4, a + 4);
+        }
+        done = nv * 8;
+    }
+    for (long long i = done + tid; i < n; i += nth) out[i] = x[i] + to_f(y[i]);
+}

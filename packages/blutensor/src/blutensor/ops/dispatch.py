@@ -257,6 +257,18 @@ def _mismatch(op, kcls, inputs, dev):
                              + ", ".join(describe(x) for x in tensors) + " (convert with .to(dtype))")
 
 
+def takes_mixed(op: str, inputs, attrs) -> bool:
+    """Whether the kernel that runs ``op`` on these CUDA inputs takes their float32/bfloat16 mix as it is
+    (``Kernel.MIXED_BF16``), so that neither autocast nor type promotion inserts a cast first."""
+    T = _Tensor or _bind()
+    first = inputs[0] if inputs else None
+    if not isinstance(first, T) or first.device.type != "cuda":
+        return False
+    kcls = _lookup(op, inputs, first.device, first)
+    mix = getattr(kcls, "MIXED_BF16", None)
+    return mix is not None and bool(mix(inputs, attrs))
+
+
 def _promoted(op, same, inputs):
     """``inputs`` with the tensors at positions ``same`` cast (differentiably) to their result type."""
     from blutensor.dtypes import result_type
@@ -301,7 +313,8 @@ def _apply(op: str, inputs, attrs):
         kcls = _lookup(op, inputs, dev, first)
     else:
         kcls = hit[0]
-    if mixed:
+    if mixed and not (dev.type == "cuda" and getattr(kcls, "MIXED_BF16", None) is not None
+                      and kcls.MIXED_BF16(inputs, attrs)):
         promoted = _mismatch(op, kcls, inputs, dev)
         if promoted is not None:
             return _apply(op, promoted, attrs)

@@ -38,6 +38,9 @@ class Kernel:
     GRAD_INTO = False
     #: backward may add the input's pending gradient (``ctx.grad_pending``) into its result (autograd.engine)
     GRAD_SUM = False
+    #: ``MIXED_BF16(inputs, attrs) -> bool`` (None: never): the forward takes this float32/bfloat16 operand mix as
+    #: it is (widening inside the kernel), so dispatch and autocast do not promote it with a cast first
+    MIXED_BF16 = None
 
     @staticmethod
     def forward(ctx, *arrays, **attrs):
