@@ -276,6 +276,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=None, help="steps left out of the median (default 3; --small 1)")
     p.add_argument("--curve-steps", type=int, default=None,
                    help="loss-curve steps of BluTrain (captured) and PyTorch eager (default 500; --small 20)")
+    p.add_argument("--curve-compile", action="store_true",
+                   help="also a torch.compile curve: PyTorch eager vs compiled is the criterion's noise floor")
     p.add_argument("--gen-tokens", type=int, default=1024, help="new tokens of the generation run")
     p.add_argument("--gen-batch", type=int, default=1)
     p.add_argument("--gen-prompt", type=int, default=32, help="prompt length of each generated row")
@@ -342,6 +344,9 @@ def main() -> None:
     if a.curve_steps and (not only or "curve" in only):
         curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps, curve=True), a.timeout)
                  for fw in ("blutrain", "torch")}
+        if a.curve_compile:  # PyTorch against itself: the noise floor of the criterion
+            curve["torch_compile"] = _run_child(_child_args(a, "torch", ["--compile"], a.curve_steps, curve=True),
+                                                a.timeout)
         ok = all("losses" in c for c in curve.values())
         tail = min(100, a.curve_steps)
         res["curve"] = {"steps": a.curve_steps, "preset": "small" if small else a.curve_preset,
@@ -352,6 +357,11 @@ def main() -> None:
         if ok:
             d = abs(np.mean(curve["blutrain"]["losses"][-tail:]) - np.mean(curve["torch"]["losses"][-tail:]))
             res["curve"].update({f"mean_last_{tail}_diff": float(d), "within_3e-3": bool(d <= 3e-3)})
+            if "torch_compile" in curve:
+                tc = curve["torch_compile"]["losses"]
+                res["curve"]["torch_compile_losses"] = tc
+                res["curve"][f"torch_compile_vs_eager_mean_last_{tail}_diff"] = float(
+                    abs(np.mean(tc[-tail:]) - np.mean(curve["torch"]["losses"][-tail:])))
     _write(a.out, res, t_start)
     print(f"wrote {a.out} ({res['wall_s']} s)")
 
