@@ -127,8 +127,29 @@ class MLP(nn.Module):
         return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 
 
+def _plain_norm(m) -> bool:
+    """``m`` is blutensor's own LayerNorm with its own forward (not wrapped by a logger, not replaced by a plugin's
+    layer): its add before it may be fused into ``F.add_layer_norm`` (same parameters, same values)."""
+    return type(m) is nn.LayerNorm and "forward" not in m.__dict__
+
+
+def _add_norm(a, x, norm):
+    """(x + a, norm(x + a)): one fused op (``F.add_layer_norm``: under autocast the normalised output comes out
+    in the GEMM dtype) when ``norm`` is a plain LayerNorm, else the add and the module's own call."""
+    if _plain_norm(norm):
+        return F.add_layer_norm(a, x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    h = x + a
+    return h, norm(h)
+
+
 class Block(nn.Module):
-    """x + attn(ln_1(x)), then + mlp(ln_2(.)) (pre-LayerNorm)."""
+    """x + attn(ln_1(x)), then + mlp(ln_2(.)) (pre-LayerNorm).
+
+    The attention's residual add and ln_2 are one fused op (``F.add_layer_norm``: one pass over the rows each
+    way, the new residual stream and ln_2's output, bf16 under autocast, written together). :meth:`sublayers`
+    stops before the MLP's residual add, so that :class:`GPT2` fuses that add with the next block's ln_1 (or
+    ln_f); ``forward`` (one tensor in, one out: what activation checkpointing, FSDP units and module wrappers
+    call) adds it itself. Both give the same values, bit for bit."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
@@ -138,8 +159,20 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, device)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        h, m = self.sublayers(x, self.ln_1(x))
+        return h + m
+
+    def sublayers(self, x, y):
+        """(h, m) for the residual stream ``x`` and ``y = ln_1(x)``: h = x + attn(y), m = mlp(ln_2(h)); the
+        block's output is h + m (left to the caller, to fuse with the norm that follows)."""
+        h, z = _add_norm(self.attn(y), x, self.ln_2)
+        return h, self.mlp(z)
+
+
+def _fusable(blk) -> bool:
+    """The block may hand its MLP output on un-added (:meth:`Block.sublayers`): GPT-2's own Block, not wrapped
+    (activation checkpointing, FSDP units, loggers replace ``forward`` or the module and take one tensor)."""
+    return type(blk) is Block and "forward" not in blk.__dict__
 
 
 class GPT2(nn.Module):
@@ -176,9 +209,7 @@ class GPT2(nn.Module):
         x = self.wte(idx) + self.wpe(pos)
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
-        for blk in self.blocks:
-            x = blk(x)
-        x = self.ln_f(x)
+        x = self._blocks_and_ln_f(x)
         if targets is None:
             x = x[:, -1:, :]  # generation needs only the last position
         logits = F.linear(x, self.wte.weight)  # (B, T, Vp): tied lm_head
@@ -191,6 +222,26 @@ class GPT2(nn.Module):
                 return None, loss
             loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
         return logits, loss
+
+    def _blocks_and_ln_f(self, x):
+        """ln_f(the blocks applied to x). Between two blocks the MLP's residual add and the next block's ln_1 run
+        as one ``F.add_layer_norm`` (and the last block's with ln_f); the first block's ln_1 is a plain LayerNorm
+        (no add before it). A wrapped block (checkpointing, FSDP) takes the residual stream as one tensor."""
+        m = None  # the previous block's MLP output, not yet added into the residual stream x
+        for blk in self.blocks:
+            if not _fusable(blk):
+                if m is not None:
+                    x, m = x + m, None
+                x = blk(x)
+                continue
+            if m is None:
+                y = blk.ln_1(x)
+            else:
+                x, y = _add_norm(m, x, blk.ln_1)
+            x, m = blk.sublayers(x, y)
+        if m is None:
+            return self.ln_f(x)
+        return _add_norm(m, x, self.ln_f)[1]
 
     def _positions(self, T: int, device):
         """0..T-1 on ``device``, made once per (T, device): no host-to-device copy in the step (a copy from a

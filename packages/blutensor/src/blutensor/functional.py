@@ -563,6 +563,58 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
     return _fused(x, residual, normalized_shape, weight, float(eps), y_dtype)
 
 
+def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """``(h, y)``: ``h = x + residual`` (the new residual stream) and ``y = layer_norm(h, normalized_shape, weight,
+    bias, eps)`` in one fused op, forward and backward (the pre-norm of a GPT-2 block after a sublayer's residual
+    add). ``h`` has the promoted dtype of the two addends; inside ``autocast`` on their device ``y`` is in the
+    autocast dtype (the next matmul's input: no separate cast), else in ``h``'s. Values equal ``x + residual``
+    followed by :func:`layer_norm` (and autocast's cast of its output)."""
+    from blutensor.ops.residual_norm import add_layer_norm as _fused
+
+    x, residual, normalized_shape, h_dtype, y_dtype = _residual_norm_args("add_layer_norm", x, residual,
+                                                                         normalized_shape, (("weight", weight),
+                                                                                            ("bias", bias)))
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ArgumentError(f"add_layer_norm: eps must be a non-negative number, got {eps!r}")
+    return _fused(x, residual, normalized_shape, weight, bias, float(eps), y_dtype)
+
+
+def _residual_norm_args(op: str, x, residual, normalized_shape, params):
+    """The checks of a fused residual add + norm: (x, residual in h's dtype, normalized_shape, h's dtype, y's)."""
+    from blutensor._tensor import Tensor
+    from blutensor.amp import get_autocast_dtype, is_autocast_enabled
+    from blutensor.dtypes import promote_types
+
+    for name, t in (("x", x), ("residual", residual)):
+        if not isinstance(t, Tensor):
+            raise ArgumentError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+        _floating(t, f"{op}: {name}")
+    if tuple(x.shape) != tuple(residual.shape):
+        raise ShapeError(f"{op}: x {tuple(x.shape)} and residual {tuple(residual.shape)} must have one shape")
+    if x.device != residual.device:
+        raise ArgumentError(f"{op}: x is on {x.device}, residual on {residual.device}")
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    normalized_shape = tuple(normalized_shape)
+    n = len(normalized_shape)
+    if n == 0 or tuple(x.shape[x.ndim - n:]) != normalized_shape:
+        raise ShapeError(f"{op}: input shape {tuple(x.shape)} does not end with normalized_shape {normalized_shape}")
+    for name, p in params:
+        if p is not None and (not isinstance(p, Tensor) or tuple(p.shape) != normalized_shape
+                              or p.device != x.device):
+            got = f"{tuple(p.shape)} on {p.device}" if isinstance(p, Tensor) else type(p).__name__
+            raise ShapeError(f"{op}: {name} must be a {normalized_shape} Tensor on {x.device}, got {got}")
+        if p is not None:
+            _floating(p, f"{op}: {name}")
+    h_dtype = promote_types(x.dtype, residual.dtype)
+    dev = x.device.type
+    y_dtype = get_autocast_dtype(dev) if is_autocast_enabled(dev) and h_dtype.name in ("float32", "bfloat16") \
+        else h_dtype
+    if h_dtype != residual.dtype:  # the fused op writes h in the residual's dtype
+        residual = residual.to(h_dtype)
+    return x, residual, normalized_shape, h_dtype, y_dtype
+
+
 def rope(x, cos, sin, transpose: bool = False):
     """Rotary position embedding of ``x`` (..., T, H, D) with angle tables cos/sin (T, D/2), in the
     rotate-half layout of Hugging Face's Llama: the pair (i, i + D/2) of each head is rotated by angle[t, i].

@@ -41,6 +41,8 @@ SIGNATURES = {
     "blu_layer_norm_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L],
     "blu_add_rms_norm_forward": [_P, _P, _P, _P, _P, _P, _L, _L, _F],
     "blu_add_rms_norm_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _L, _L],
+    "blu_add_layer_norm_forward": [_P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _F],
+    "blu_add_layer_norm_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L],
     "blu_cross_entropy_forward": [_P, _P, _P, _P, _L, _L, _I64, _F],
     "blu_cross_entropy_backward": [_P, _P, _P, _P, _L, _P, _L, _L, _I64, _F],
     "blu_embedding_backward": [_P, _P, _P, _L, _L, _L],

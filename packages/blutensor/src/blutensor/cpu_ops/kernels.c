@@ -594,3 +594,96 @@ void blu_scale_(const int64_t *ptrs, const int64_t *lens, long T, float c) {
         for (long i = 0; i < n; i++) x[i] *= c;
     }
 }
+
+/* ---------------------------------------------------------------- residual add + LayerNorm */
+/* h = x + r, then LayerNorm of h exactly as blu_layer_norm_forward computes it (y = (h - mean) * rstd * w + b;
+ * w, b may be NULL), in one pass over each row: the fused op's values are bitwise add + layer_norm's. */
+void blu_add_layer_norm_forward(const float *x, const float *r, const float *w, const float *b, float *h, float *y,
+                                float *mean, float *rstd, long N, long C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) {
+        const float *xr = x + i * C, *rr = r + i * C;
+        float *hr = h + i * C, *yr = y + i * C;
+        for (long j = 0; j < C; j++) hr[j] = xr[j] + rr[j];
+        float mu = row_sum(hr, C) / (float)C;
+        float acc[LANES] = {0};
+        long j = 0;
+        for (; j + LANES <= C; j += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float d = hr[j + l] - mu;
+                acc[l] += d * d;
+            }
+        float var = lane_sum(acc);
+        for (; j < C; j++) var += (hr[j] - mu) * (hr[j] - mu);
+        float rs = 1.0f / sqrtf(var / (float)C + eps);
+        mean[i] = mu;
+        rstd[i] = rs;
+        if (w && b)
+            for (j = 0; j < C; j++) yr[j] = (hr[j] - mu) * rs * w[j] + b[j];
+        else if (w)
+            for (j = 0; j < C; j++) yr[j] = (hr[j] - mu) * rs * w[j];
+        else if (b)
+            for (j = 0; j < C; j++) yr[j] = (hr[j] - mu) * rs + b[j];
+        else
+            for (j = 0; j < C; j++) yr[j] = (hr[j] - mu) * rs;
+    }
+}
+
+/* dsum = rstd * (gy*w - mean(gy*w) - hhat * mean(gy*w*hhat)) + gh, hhat = (h - mean) * rstd, as
+ * blu_layer_norm_backward computes it followed by the add of gh (gy or gh may be NULL: no such gradient);
+ * per-block partials part[nblk][2][C] of dweight (gy * hhat) and dbias (gy), then dw/db (may be NULL) summed
+ * over the blocks in order. */
+void blu_add_layer_norm_backward(const float *gy, const float *gh, const float *h, const float *w, const float *mean,
+                                 const float *rstd, float *dsum, float *part, float *dw, float *db, long N, long C) {
+    long nblk = (N + LN_BLOCK - 1) / LN_BLOCK;
+    int want_p = (dw != NULL || db != NULL) && gy != NULL;
+#pragma omp parallel
+    {
+        float *buf = (float *)malloc(sizeof(float) * (size_t)(2 * C));
+#pragma omp for schedule(static)
+        for (long k = 0; k < nblk; k++) {
+            float *pw = part + k * 2 * C, *pb = pw + C;
+            if (want_p)
+                for (long j = 0; j < 2 * C; j++) pw[j] = 0.0f;
+            long r1 = (k + 1) * LN_BLOCK < N ? (k + 1) * LN_BLOCK : N;
+            for (long i = k * LN_BLOCK; i < r1; i++) {
+                float *o = dsum + i * C;
+                if (!gy) {
+                    for (long j = 0; j < C; j++) o[j] = gh ? gh[i * C + j] : 0.0f;
+                    continue;
+                }
+                const float *gr = gy + i * C, *hr = h + i * C;
+                float mu = mean[i], rs = rstd[i];
+                float *xh = buf, *gw = buf + C;
+                for (long j = 0; j < C; j++) {
+                    xh[j] = (hr[j] - mu) * rs;
+                    gw[j] = w ? gr[j] * w[j] : gr[j];
+                }
+                if (want_p)
+                    for (long j = 0; j < C; j++) {
+                        pw[j] += gr[j] * xh[j];
+                        pb[j] += gr[j];
+                    }
+                float a = row_sum(gw, C) / (float)C;
+                float bb = row_dot(gw, xh, C) / (float)C;
+                if (gh)
+                    for (long j = 0; j < C; j++) o[j] = rs * (gw[j] - a - xh[j] * bb) + gh[i * C + j];
+                else
+                    for (long j = 0; j < C; j++) o[j] = rs * (gw[j] - a - xh[j] * bb);
+            }
+        }
+        free(buf);
+    }
+    if (!dw && !db) return;
+#pragma omp parallel for schedule(static)
+    for (long j = 0; j < C; j++) {
+        float sw = 0.0f, sb = 0.0f;
+        if (want_p)
+            for (long k = 0; k < nblk; k++) {
+                sw += part[k * 2 * C + j];
+                sb += part[k * 2 * C + C + j];
+            }
+        if (dw) dw[j] = sw;
+        if (db) db[j] = sb;
+    }
+}

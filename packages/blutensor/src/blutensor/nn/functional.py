@@ -10,6 +10,7 @@ from blutensor.convolution import (  # noqa: F401
     pad,
 )
 from blutensor.functional import (  # noqa: F401
+    add_layer_norm,
     add_rms_norm,
     celu,
     cross_entropy,

@@ -128,3 +128,50 @@ def add_rms_norm_rows_backward(gy, gh, h, w, rstd, need_dw: bool):
     elif need_dw and w is not None:
         dw = xp.zeros_like(w)
     return dsum, dw
+
+
+def add_layer_norm_rows(x, r, w, b, eps, y_dtype, n: int = 1):
+    """(h, y, (xhat, rstd)) of the residual add fused with LayerNorm over the last ``n`` dims: h = x + r in r's
+    dtype, y = (h - mean) * rstd * w + b in ``y_dtype``; the reference of the fused kernels, computed as
+    ``nn_ops.layer_norm_forward`` computes LayerNorm (so that the op-by-op and fused NumPy paths agree bitwise)."""
+    xp = xp_of(r)
+    h = (x.astype(r.dtype, copy=False) + r).astype(r.dtype, copy=False)
+    axes = tuple(range(h.ndim - n, h.ndim))
+    mu = h.mean(axis=axes, keepdims=True)
+    xc = h - mu
+    var = (xc * xc).mean(axis=axes, keepdims=True)
+    rstd = 1.0 / xp.sqrt(var + eps)
+    xhat = xc * rstd
+    y = xhat * w if w is not None else xhat
+    if b is not None:
+        y = y + b
+    return h, y.astype(y_dtype, copy=False), (xhat, rstd)
+
+
+def add_layer_norm_rows_backward(gy, gh, h, w, stats, need_dw: bool, need_db: bool, n: int = 1):
+    """(dsum, dw, db): dsum = rstd * (gy*w - mean(gy*w) - xhat * mean(gy*w*xhat)) + gh (the gradient of both
+    addends), dw = sum over rows of gy * xhat, db = sum over rows of gy; gy or gh may be None (no gradient reached
+    y or h). The arithmetic of ``nn_ops.layer_norm_backward`` followed by the engine's add of ``gh``."""
+    xp = xp_of(h)
+    xhat, rstd = stats
+    axes = tuple(range(h.ndim - n, h.ndim))
+    batch = tuple(range(h.ndim - n))
+    dw = db = None
+    if gy is None:
+        dsum = xp.zeros_like(h) if gh is None else gh.astype(h.dtype, copy=True)
+        if need_dw and w is not None:
+            dw = xp.zeros_like(w)
+        if need_db:
+            db = xp.zeros(h.shape[h.ndim - n:], h.dtype)
+        return dsum, dw, db
+    g = gy.astype(h.dtype, copy=False)
+    if need_dw and w is not None:
+        dw = (g * xhat).sum(axis=batch)
+    if need_db:
+        db = g.sum(axis=batch)
+    gxh = g * w if w is not None else g
+    dsum = rstd * (gxh - gxh.mean(axis=axes, keepdims=True) - xhat * (gxh * xhat).mean(axis=axes, keepdims=True))
+    dsum = dsum.astype(h.dtype, copy=False)
+    if gh is not None:
+        dsum += gh.astype(h.dtype, copy=False)
+    return dsum, dw, db
