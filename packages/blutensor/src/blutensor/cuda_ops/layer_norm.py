@@ -255,3 +255,104 @@ class LayerNormCuda(Kernel):
             ACCUMULATED if dwi is not None else None if dw is None else _as(dw, x2).reshape(nshape),
             ACCUMULATED if dbi is not None else None if db is None else _as(db, x2).reshape(nshape),
         )
+
+
+# ------------------------------------------------------------------------- residual add + LayerNorm (F.add_layer_norm)
+#: kernels/add_rms_norm.cu's blu_add_layer_norm_* entries: file, storage mixes <x>_<h>_<y>_<w> with entries
+ADD_FILE = "add_rms_norm.cu"
+ADD_MIXES = ("f32_f32_f32_f32", "bf16_f32_bf16_f32", "f32_f32_bf16_f32", "bf16_bf16_bf16_bf16")
+
+
+def _sx(dtype) -> str:
+    return "bf16" if np.dtype(dtype) == np.uint16 else "f32"
+
+
+def add_layer_norm_nv(C: int, x_dtype, h_dtype, y_dtype, w_dtype) -> int | None:
+    """The NV of the fused register-resident entry for rows of C elements and these storages (None: no entry:
+    a row too wide, a width that is not a whole number of 16-byte vectors of h, or a storage mix without
+    kernels; the op then runs as add + layer_norm, the same values)."""
+    mix = "_".join(_sx(d) for d in (x_dtype, h_dtype, y_dtype, w_dtype))
+    if mix not in ADD_MIXES or not USE_REG_ROWS:
+        return None
+    V = 16 // np.dtype(h_dtype).itemsize
+    if C <= 0 or C % V:
+        return None
+    return reg_nv(C, np.dtype(h_dtype).itemsize, _BWD_NV[_sx(h_dtype)])
+
+
+def add_layer_norm_forward(x2, r2, w, b, eps: float, y_dtype):
+    """(h, y, mean, rstd) for contiguous rows x2, r2 (N, C): h = x2 + r2 in r2's storage, y = layer_norm(h) * w + b
+    in ``y_dtype`` storage (float32 or uint16 bf16 bits); w, b (C,) of one storage, or None. The caller checked
+    :func:`add_layer_norm_nv` (and 16-byte alignment: :func:`add_layer_norm_aligned`)."""
+    cp = cupy()
+    N, C = x2.shape
+    h = cp.empty_like(r2)
+    y = cp.empty((N, C), dtype=y_dtype)
+    mean = cp.empty(N, dtype=cp.float32)
+    rstd = cp.empty(N, dtype=cp.float32)
+    wd = np.float32 if w is None and b is None else (w if w is not None else b).dtype
+    nv = add_layer_norm_nv(C, x2.dtype, r2.dtype, y_dtype, wd)
+    if N:
+        tag = "_".join(_sx(d) for d in (x2.dtype, r2.dtype, y_dtype, wd))
+        name = f"blu_add_layer_norm_forward_r{nv}_{tag}"
+        grid = full_grid(ADD_FILE, name, _WPB * 32, -(-N // _WPB))
+        launch(ADD_FILE, name, grid, _WPB * 32, (x2, r2, ptr(w), ptr(b), h, y, mean, rstd, np.int64(N), np.int32(C),
+                                                 np.float32(eps)))
+    return h, y, mean, rstd
+
+
+def add_layer_norm_aligned(*arrays) -> bool:
+    """Every given array starts on a 16-byte boundary (the fused kernels' vector loads)."""
+    return aligned16(*arrays)
+
+
+def add_layer_norm_backward(gy2, gh2, h2, w, mean, rstd, x_dtype, need_dw: bool, need_db: bool, dw_into=None,
+                            db_into=None):
+    """(dres, dx, dw, db): the gradient of the sum in h's storage (dres) and, when x's storage differs, in x's (dx,
+    else None: dres serves both); dw / db in w's storage, or added into ``dw_into`` / ``db_into`` (float32 (C,)
+    ``.grad`` buffers) when given. ``gy2`` (gradient of y) and ``gh2`` (gradient reaching h) may each be None.
+
+    The grid is the one kernels/layer_norm.cu's backward takes for these rows (same rows per warp, same partials,
+    same reduction), so dweight / dbias are bitwise those of layer_norm's backward."""
+    cp = cupy()
+    N, C = h2.shape
+    wd = np.dtype(np.float32) if w is None else w.dtype
+    want = need_dw or need_db
+    acc = want and (dw_into is not None or db_into is not None)
+    if acc:  # a wanted gradient without a buffer gets a zeroed float32 one, cast to w's storage after
+        dw = (dw_into.reshape(C) if dw_into is not None else cp.zeros(C, dtype=cp.float32)) if need_dw else None
+        db = (db_into.reshape(C) if db_into is not None else cp.zeros(C, dtype=cp.float32)) if need_db else None
+    else:
+        dw = cp.zeros(C, dtype=wd) if need_dw else None
+        db = cp.zeros(C, dtype=wd) if need_db else None
+    dx = None if np.dtype(x_dtype) == h2.dtype else cp.empty((N, C), dtype=x_dtype)
+    if gy2 is None or N == 0:  # only h got a gradient: it is the gradient of both addends; dw, db get nothing
+        dres = cp.zeros_like(h2) if gh2 is None else gh2.copy()
+        if dx is not None:  # x bf16, h float32 (autocast's mix): the float32 gradient rounded
+            from blutensor.cuda_ops.cast import to_bf16
+
+            dx = to_bf16(dres)
+        return dres, dx, _cast_back(dw, dw_into, wd), _cast_back(db, db_into, wd)
+    dres = cp.empty_like(h2)
+    nv = add_layer_norm_nv(C, x_dtype, h2.dtype, gy2.dtype, wd)
+    tag = "_".join(_sx(d) for d in (x_dtype, h2.dtype, gy2.dtype, wd))
+    name = f"blu_add_layer_norm_backward_s{nv}_{tag}"
+    smem = _WPB * 2 * C * 4
+    # the grid of layer_norm's own backward on these rows (its occupancy, not this kernel's): same partials
+    nblocks = full_grid(FILE, f"blu_layer_norm_backward_s{nv}_{_sx(h2.dtype)}", _WPB * 32, -(-N // _WPB), smem)
+    part = cp.empty((nblocks, 2 * C), dtype=cp.float32) if want else None
+    launch(ADD_FILE, name, nblocks, _WPB * 32,
+           (gy2, ptr(gh2), h2, ptr(w), mean, rstd, dres, ptr(dx), ptr(part), np.int64(N), np.int32(C), np.int32(want)),
+           shared_mem=smem)
+    if want:
+        _reduce(part, nblocks, C, dw, db, "acc" if acc else _sx(wd))
+    return dres, dx, _cast_back(dw, dw_into, wd), _cast_back(db, db_into, wd)
+
+
+def _cast_back(d, into, wd):
+    """A gradient the accumulating reduction wrote into a float32 stand-in buffer, in w's storage ``wd``."""
+    if d is None or into is not None or d.dtype == wd:
+        return d
+    from blutensor.cuda_ops.cast import to_bf16
+
+    return to_bf16(d)

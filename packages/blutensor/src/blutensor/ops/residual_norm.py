@@ -93,8 +93,8 @@ class _LayerNormKernel:
             from blutensor.cuda_ops import layer_norm as k
 
             cp = k.cupy()
-            gy = None if gy is None else cp.ascontiguousarray(gy)
-            gh = None if gh is None else cp.ascontiguousarray(gh)
+            gy = None if gy is None else cp.ascontiguousarray(_as_storage(gy, ctx.y_storage))
+            gh = None if gh is None else cp.ascontiguousarray(_as_storage(gh, h2.dtype))
             dwi = into[2] if need_dw and into[2] is not None else None
             dbi = into[3] if need_db and into[3] is not None else None
             dres, dx, dw, db = k.add_layer_norm_backward(gy, gh, h2, w, stats[0], stats[1], x_dtype, need_dw,
@@ -118,6 +118,15 @@ class _LayerNormKernel:
             dw, db = into_grad(ctx, 2, dw), into_grad(ctx, 3, db)
         return (dx.reshape(shape) if needs[0] else None, dres.reshape(shape) if needs[1] else None,
                 dw if need_dw else None, db if need_db else None)
+
+
+def _as_storage(g, storage):
+    """A CUDA gradient array in the given storage (float32 or uint16 bf16 bits): the kernels' entries are per mix."""
+    if g.dtype == storage:
+        return g
+    from blutensor.cuda_ops.cast import to_bf16, to_f32
+
+    return to_bf16(g) if storage == np.uint16 else to_f32(g)
 
 
 class _SumKernel:
@@ -241,8 +250,10 @@ def add_layer_norm(x, residual, normalized_shape: tuple, weight, bias, eps: floa
     from blutensor.ops import dispatch
 
     path = _fused_path(x, residual, (weight, bias), y_dtype)
-    if path == "cuda" and weight is not None and bias is not None and weight.dtype != bias.dtype:
-        path = None  # one reduction kernel writes both gradients: one storage for the two
+    cuda_arrays = None
+    if path == "cuda":
+        cuda_arrays = _cuda_rows(x, residual, weight, bias, normalized_shape, y_dtype)
+        path = None if cuda_arrays is None else path
     if path is None or any(_traces(o) for o in dispatch.observers):
         return _composed_ln(x, residual, normalized_shape, weight, bias, eps, y_dtype)
     n = len(normalized_shape)
@@ -256,13 +267,8 @@ def add_layer_norm(x, residual, normalized_shape: tuple, weight, bias, eps: floa
             from blutensor.cuda_ops import layer_norm as k
 
             kind = "cuda"
-            cp = k.cupy()
-            x2 = cp.ascontiguousarray(x._data).reshape(-1, C)
-            r2 = cp.ascontiguousarray(residual._data).reshape(-1, C)
-            w = None if w is None else cp.ascontiguousarray(w)
-            b = None if b is None else cp.ascontiguousarray(b)
-            y_storage = np.uint16 if y_dtype.name == "bfloat16" else np.float32
-            h2, y2, mean, rstd = k.add_layer_norm_forward(x2, r2, w, b, eps, y_storage)
+            x2, r2, w, b = cuda_arrays
+            h2, y2, mean, rstd = k.add_layer_norm_forward(x2, r2, w, b, eps, _bits(y_dtype))
             stats = (mean, rstd)
         else:
             from blutensor.cpu_ops import residual_norm as ck
@@ -285,11 +291,38 @@ def add_layer_norm(x, residual, normalized_shape: tuple, weight, bias, eps: floa
             wd = None if weight is None else (weight._data if kind == "numpy" else w)
             ctx.saved = (h2 if kind != "numpy" else h._data, wd, None if bias is None else tuple(bias.shape), stats,
                          kind, x._data.dtype, tuple(x.shape), n, tuple(normalized_shape))
+            ctx.y_storage = y2.dtype
             _record("add_layer_norm", _LayerNormKernel, ctx, inputs, h, y, shape)
         return h, y
 
     return _observed("add_layer_norm", (x, residual, weight, bias),
                      {"normalized_shape": tuple(normalized_shape), "eps": eps}, run)
+
+
+def _bits(dt):
+    """The storage dtype of a blutensor dtype on CUDA (bfloat16: uint16 bits)."""
+    return np.dtype(np.uint16) if dt.name == "bfloat16" else np.dtype(dt.np)
+
+
+def _cuda_rows(x, residual, weight, bias, normalized_shape, y_dtype):
+    """(x2, r2, w, b) as contiguous CuPy rows for the fused CUDA kernels, or None when no kernel serves the call
+    (weight and bias of different storages, a storage mix or row width without an entry, unaligned rows): the
+    op then runs as add + layer_norm (the same values)."""
+    from blutensor.cuda_ops import layer_norm as k
+
+    C = int(np.prod(normalized_shape))
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        return None
+    pd = (weight if weight is not None else bias)
+    wd = np.dtype(np.float32) if pd is None else _bits(pd.dtype)
+    if k.add_layer_norm_nv(C, _bits(x.dtype), _bits(residual.dtype), _bits(y_dtype), wd) is None:
+        return None
+    cp = k.cupy()
+    x2 = cp.ascontiguousarray(x._data).reshape(-1, C)
+    r2 = cp.ascontiguousarray(residual._data).reshape(-1, C)
+    w = None if weight is None else cp.ascontiguousarray(weight._data).reshape(C)
+    b = None if bias is None else cp.ascontiguousarray(bias._data).reshape(C)
+    return (x2, r2, w, b) if k.add_layer_norm_aligned(x2, r2, w, b) else None
 
 
 #: observers (by module prefix) that trace or rewrite ops: under them the op-by-op path runs (they see its ops)
