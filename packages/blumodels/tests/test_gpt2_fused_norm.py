@@ -82,6 +82,18 @@ def test_fused_op_runs_between_blocks_and_before_ln_f():
     assert ops.count("layer_norm") == 1
 
 
+def test_profiler_attributes_the_fused_op():
+    bluprofiler = pytest.importorskip("bluprofiler")
+    model = gpt2.build_model(ModelConfig(**CFG), seed=1)
+    idx = bt.tensor(np.zeros((2, 8), dtype=np.int64))
+    with bluprofiler.profile() as prof:
+        model(idx, idx)[1].backward()
+    spans = [(e.name, e.phase, e.kernel) for e in prof.result.events if e.name.startswith("add_layer_norm")]
+    L = CFG["n_layer"]
+    assert spans.count(("add_layer_norm", "forward", "blutensor.add_layer_norm")) == 2 * L
+    assert spans.count(("add_layer_norm", "backward", "blutensor.add_layer_norm")) == 2 * L
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_fp32_losses_and_gradients_bitwise_equal_to_the_unfused_model_cpu(checkpointing):
     _assert_bitwise(_train(True, checkpointing=checkpointing), _train(False))

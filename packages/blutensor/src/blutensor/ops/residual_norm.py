@@ -71,6 +71,7 @@ class _LayerNormKernel:
     """Backward of ``y``'s node (``add_layer_norm``): gradients of x, residual, weight and bias in one pass; the
     weight and bias gradients go into the float32 ``.grad`` buffers the engine offers (``GRAD_INTO``)."""
 
+    PLUGIN_NAME = "blutensor.add_layer_norm"  # the kernel name profilers report (one class serves every device)
     RUN_WITHOUT_GRAD = True
     GRAD_INTO = True
 
