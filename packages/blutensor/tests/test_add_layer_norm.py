@@ -397,3 +397,31 @@ def test_cuda_kernels_match_float64_and_equal_add_then_layer_norm(mode, C):
     for a, e, extra in ((got[0], H, 1), (got[1], Y, 1), (got[2], D, 4), (got[3], D, 4), (got[4], DW, 8),
                         (got[5], DB, 8)):
         np.testing.assert_allclose(a, e, rtol=tol, atol=tol * scale(e) * extra)
+
+
+def test_cuda_wrappers_bias_without_weight_take_the_bias_storage(fake_cuda):
+    k, launched, _ = fake_cuda
+    N, C = 6, 64
+    x, r, gy = (_store(rng.standard_normal((N, C)), "bf16") for _ in range(3))
+    b = _store(0.1 * rng.standard_normal(C), "bf16")
+    h, y, mean, rstd = k.add_layer_norm_forward(x, r, None, b, 1e-5, np.uint16)
+    dres, dx, dw, db = k.add_layer_norm_backward(gy, None, h, None, mean, rstd, x.dtype, False, True,
+                                                 param_dtype=b.dtype)
+    assert dw is None and dx is None and db.dtype == np.uint16
+    np.testing.assert_allclose(_f(db), _f(gy).sum(0), rtol=1e-2, atol=1e-2)
+    assert launched == ["blu_add_layer_norm_forward_r1_bf16_bf16_bf16_bf16",
+                        "blu_add_layer_norm_backward_s1_bf16_bf16_bf16_bf16", "blu_layer_norm_backward_reduce_bf16"]
+
+
+def test_bf16_storage_rounds_h_and_y_as_add_then_layer_norm_cpu():
+    """bfloat16 x and residual: h is the bf16-rounded sum and y LayerNorm of that h rounded to bf16."""
+    C = 32
+    x, r = (rng.standard_normal((5, C)).astype(np.float32) for _ in range(2))
+    w = (1 + 0.1 * rng.standard_normal(C)).astype(np.float32)
+    xt, rt, wt = (bt.tensor(a).to(bt.bfloat16) for a in (x, r, w))
+    h, y = F.add_layer_norm(xt, rt, C, wt, None, 1e-5)
+    assert h.dtype == y.dtype == bt.bfloat16
+    hb = _bf(_bf(x) + _bf(r))  # the sum of the two bf16 values, rounded to bf16
+    np.testing.assert_array_equal(h.to(bt.float32).numpy().astype(np.float64), hb)
+    _, Y, _, _, _ = _reference(hb, np.zeros_like(hb), _bf(w), None, None, None, 1e-5)
+    np.testing.assert_allclose(y.to(bt.float32).numpy(), Y, rtol=1e-2, atol=1e-2)

@@ -307,7 +307,7 @@ def add_layer_norm_aligned(*arrays) -> bool:
 
 
 def add_layer_norm_backward(gy2, gh2, h2, w, mean, rstd, x_dtype, need_dw: bool, need_db: bool, dw_into=None,
-                            db_into=None):
+                            db_into=None, param_dtype=None):
     """(dres, dx, dw, db): the gradient of the sum in h's storage (dres) and, when x's storage differs, in x's (dx,
     else None: dres serves both); dw / db in w's storage, or added into ``dw_into`` / ``db_into`` (float32 (C,)
     ``.grad`` buffers) when given. ``gy2`` (gradient of y) and ``gh2`` (gradient reaching h) may each be None.
@@ -316,7 +316,7 @@ def add_layer_norm_backward(gy2, gh2, h2, w, mean, rstd, x_dtype, need_dw: bool,
     same reduction), so dweight / dbias are bitwise those of layer_norm's backward."""
     cp = cupy()
     N, C = h2.shape
-    wd = np.dtype(np.float32) if w is None else w.dtype
+    wd = np.dtype(param_dtype if param_dtype is not None else np.float32 if w is None else w.dtype)
     want = need_dw or need_db
     acc = want and (dw_into is not None or db_into is not None)
     if acc:  # a wanted gradient without a buffer gets a zeroed float32 one, cast to w's storage after

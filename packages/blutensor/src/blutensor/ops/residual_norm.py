@@ -99,7 +99,7 @@ class _LayerNormKernel:
             dwi = into[2] if need_dw and into[2] is not None else None
             dbi = into[3] if need_db and into[3] is not None else None
             dres, dx, dw, db = k.add_layer_norm_backward(gy, gh, h2, w, stats[0], stats[1], x_dtype, need_dw,
-                                                         need_db, dwi, dbi)
+                                                         need_db, dwi, dbi, ctx.param_storage)
             dx = dres if dx is None else dx
             from blutensor.autograd.node import ACCUMULATED
 
@@ -293,6 +293,8 @@ def add_layer_norm(x, residual, normalized_shape: tuple, weight, bias, eps: floa
             ctx.saved = (h2 if kind != "numpy" else h._data, wd, None if bias is None else tuple(bias.shape), stats,
                          kind, x._data.dtype, tuple(x.shape), n, tuple(normalized_shape))
             ctx.y_storage = y2.dtype
+            pd = weight if weight is not None else bias
+            ctx.param_storage = None if pd is None else pd._data.dtype
             _record("add_layer_norm", _LayerNormKernel, ctx, inputs, h, y, shape)
         return h, y
 
