@@ -28,6 +28,8 @@ def _unfused_loss(model, idx, targets):
     """The GPT-2 forward without the fused op: every residual add, then every LayerNorm, as separate ops."""
     B, T = idx.shape
     x = model.wte(idx) + model.wpe(model._positions(T, idx.device))
+    if model.config.dropout > 0:
+        x = F.dropout(x, model.config.dropout, model.training)
     for blk in model.blocks:
         x = x + blk.attn(blk.ln_1(x))
         x = x + blk.mlp(blk.ln_2(x))
@@ -95,8 +97,10 @@ def test_profiler_attributes_the_fused_op():
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_fp32_losses_and_gradients_bitwise_equal_to_the_unfused_model_cpu(checkpointing):
-    _assert_bitwise(_train(True, checkpointing=checkpointing), _train(False))
+@pytest.mark.parametrize("extra", [{}, {"bias": False, "dropout": 0.1}])
+def test_fp32_losses_and_gradients_bitwise_equal_to_the_unfused_model_cpu(checkpointing, extra):
+    cfg = dict(CFG, **extra)
+    _assert_bitwise(_train(True, checkpointing=checkpointing, cfg=cfg), _train(False, cfg=cfg))
 
 
 def test_reference_kernels_bitwise_equal_too(monkeypatch):
