@@ -194,26 +194,28 @@ _CTYPES = {"long long": np.int64, "int": np.int32, "float": np.float32}
 
 
 def _signatures() -> dict[str, list[str]]:
-    """blu_add_layer_norm_* kernel name -> C parameter types, from add_rms_norm.cu's ADD_LN_* macros."""
+    """Register-resident kernel name (blu_add_layer_norm_* and blu_add_rms_norm_*) -> C parameter types, from
+    add_rms_norm.cu's ADD_NORM_ENTRIES / ADD_LN_* macros."""
     src = (KDIR / "add_rms_norm.cu").read_text().replace("\\\n", " ")
-    m = re.search(r"#define ADD_LN_ENTRIES\(([^)]*)\)(.*?)(?=#define|\n\n|// the storage)", src, re.S)
+    m = re.search(r"#define ADD_NORM_ENTRIES\(([^)]*)\)(.*?)(?=#define)", src, re.S)
     params = [p.strip() for p in m.group(1).split(",")]
     body = m.group(2)
     mixes = {}
-    for mm in re.finditer(r"#define (ADD_LN_\w+)\(NV\)(.*?)(?=#define|\n\n)", src, re.S):
+    for mm in re.finditer(r"#define (ADD_LN_F32H|ADD_LN_BF16H)\(NV\)(.*?)(?=#define|\n\n)", src, re.S):
         mixes[mm.group(1)] = re.findall(r"ADD_LN_ENTRIES\(([^)]*)\)", mm.group(2))
     out = {}
     for mac, nvs in sorted(set(re.findall(r"\b(ADD_LN_F32H|ADD_LN_BF16H)\((\d)\)", src))):
         for call in mixes[mac]:
             a = [s.strip() for s in call.split(",")]
-            sub = dict(zip(params, [a[0], nvs] + a[2:]))
-            for k in re.finditer(r'(blu_\w+?)##NV##_##SUF\(([^)]*)\)', body):
-                types = []
-                for p in k.group(2).split(","):
-                    t = " ".join(p.split()[:-1]).replace("const ", "")
-                    base = t.rstrip("*").strip()
-                    types.append(sub.get(base, base) + ("*" if t.endswith("*") else ""))
-                out[f"{k.group(1)}{nvs}_{sub['SUF']}"] = types
+            for kind, ln in (("layer", "true"), ("rms", "false")):
+                sub = dict(zip(params, [kind, ln, a[0], nvs] + a[2:]))
+                for k in re.finditer(r'(blu_add_)##KIND##(_norm_\w+?)##NV##_##SUF\(([^)]*)\)', body):
+                    types = []
+                    for p in k.group(3).split(","):
+                        t = " ".join(p.split()[:-1]).replace("const ", "")
+                        base = t.rstrip("*").strip()
+                        types.append(sub.get(base, base) + ("*" if t.endswith("*") else ""))
+                    out[f"{k.group(1)}{kind}{k.group(2)}{nvs}_{sub['SUF']}"] = types
     return out
 
 
@@ -251,6 +253,25 @@ def _emulate(name, args):
             part[...] = 0
             part[0, :C] = (g * hh).sum(0)
             part[0, C:] = g.sum(0)
+    elif name.startswith("blu_add_rms_norm_forward_r"):
+        x, r, w, b, h, y, mean, rstd, N, C, eps = args
+        assert nul(b) and nul(mean)
+        _put(h, _f(x) + _f(r))
+        rstd[...] = 1 / np.sqrt((_f(h) ** 2).mean(-1) + eps)
+        _put(y, _f(h) * rstd[:, None] * (1 if nul(w) else _f(w)))
+    elif name.startswith("blu_add_rms_norm_backward_s"):
+        gy, gh, h, w, mean, rstd, dres, dx, part, N, C, want = args
+        assert nul(mean)
+        hh = _f(h) * rstd[:, None]
+        g = _f(gy)
+        gw = g * (1 if nul(w) else _f(w))
+        d = rstd[:, None] * (gw - hh * (gw * hh).mean(-1, keepdims=True)) + (0 if nul(gh) else _f(gh))
+        _put(dres, d)
+        if not nul(dx):
+            _put(dx, d)
+        if want:
+            part[...] = 0
+            part[0, :C] = (g * hh).sum(0)
     elif name.startswith("blu_layer_norm_backward_reduce_"):
         part, nblocks, C, dw, db = args
         s = part[:nblocks].sum(0)
@@ -287,9 +308,14 @@ def fake_cuda(monkeypatch):
         launched.append(name)
         _emulate(name, args)
 
+    from blutensor.cuda_ops import decoder
+
     monkeypatch.setattr(k, "cupy", lambda: np)
     monkeypatch.setattr(k, "full_grid", lambda file, name, block, work, smem=0: 1)
     monkeypatch.setattr(k, "launch", launch)
+    monkeypatch.setattr(k, "add_norm_aligned", lambda *a: True)  # NumPy arrays: no device pointers to check
+    monkeypatch.setattr(decoder, "cupy", lambda: np)
+    monkeypatch.setattr(decoder, "launch", launch)
     return k, launched, sigs
 
 
@@ -306,6 +332,7 @@ def _store(a, s):
 def test_cuda_wrappers_route_data_through_the_kernels(fake_cuda, mix, into):
     k, launched, sigs = fake_cuda
     assert len([n for n in sigs if n.startswith("blu_add_layer_norm_forward_")]) == 6 * 3 + 4
+    assert len([n for n in sigs if n.startswith("blu_add_rms_norm_forward_r")]) == 6 * 3 + 4
     sx, sh, sy, sw = mix.split("_")
     N, C = 10, 64
     x, r, gy, gh = (rng.standard_normal((N, C)) for _ in range(4))
@@ -313,8 +340,8 @@ def test_cuda_wrappers_route_data_through_the_kernels(fake_cuda, mix, into):
     xs, rs_, ws, bs, gys, ghs = _store(x, sx), _store(r, sh), _store(w, sw), _store(b, sw), _store(gy, sy), \
         _store(gh, sh)
     y_dt = np.uint16 if sy == "bf16" else np.float32
-    assert k.add_layer_norm_nv(C, xs.dtype, rs_.dtype, y_dt, ws.dtype) == 1
-    assert k.add_layer_norm_nv(C + 2, xs.dtype, rs_.dtype, y_dt, ws.dtype) is None  # not whole vectors of h
+    assert k.add_norm_nv(C, xs.dtype, rs_.dtype, y_dt, ws.dtype) == 1
+    assert k.add_norm_nv(C + 2, xs.dtype, rs_.dtype, y_dt, ws.dtype) is None  # not whole vectors of h
     h, y, mean, rstd = k.add_layer_norm_forward(xs, rs_, ws, bs, 1e-5, y_dt)
     assert h.dtype == rs_.dtype and y.dtype == y_dt
     f64 = lambda a: _f(a).astype(np.float64)  # noqa: E731
@@ -425,3 +452,32 @@ def test_bf16_storage_rounds_h_and_y_as_add_then_layer_norm_cpu():
     np.testing.assert_array_equal(h.to(bt.float32).numpy().astype(np.float64), hb)
     _, Y, _, _, _ = _reference(hb, np.zeros_like(hb), _bf(w), None, None, None, 1e-5)
     np.testing.assert_allclose(y.to(bt.float32).numpy(), Y, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("mix", ["f32_f32_f32_f32", "bf16_f32_bf16_f32", "bf16_bf16_bf16_bf16"])
+def test_add_rms_norm_takes_the_shared_register_resident_entries(fake_cuda, mix):
+    """add_rms_norm's rows that fit run the template add_layer_norm shares (without the mean and the bias)."""
+    k, launched, _ = fake_cuda
+    from blutensor.cuda_ops import decoder
+
+    sx, sh, sy, sw = mix.split("_")
+    N, C = 9, 64
+    x, r, gy, gh = (rng.standard_normal((N, C)) for _ in range(4))
+    w = 1 + 0.1 * rng.standard_normal(C)
+    xs, rs_, ws, gys, ghs = _store(x, sx), _store(r, sh), _store(w, sw), _store(gy, sy), _store(gh, sh)
+    y_dt = np.uint16 if sy == "bf16" else np.float32
+    h, y, rstd = decoder.add_rms_norm_forward(xs, rs_, ws, 1e-5, y_dt)
+    dres, dx, dw = decoder.add_rms_norm_backward(gys, ghs, h, ws, rstd, xs.dtype, True)
+    f64 = lambda a: _f(a).astype(np.float64)  # noqa: E731
+    H = f64(xs) + f64(rs_)
+    rs = 1 / np.sqrt((H * H).mean(-1, keepdims=True) + 1e-5)
+    hh = H * rs
+    gw = f64(gys) * f64(ws)
+    D = rs * (gw - hh * (gw * hh).mean(-1, keepdims=True)) + f64(ghs)
+    tol = 2e-5 if sx == sy == "f32" else 3e-2
+    np.testing.assert_allclose(_f(y), hh * f64(ws), rtol=tol, atol=tol)
+    for got in (dres,) if dx is None else (dres, dx):
+        np.testing.assert_allclose(_f(got), D, rtol=tol, atol=tol * 4)
+    np.testing.assert_allclose(_f(dw), (f64(gys) * hh).sum(0), rtol=tol, atol=tol * 10)
+    assert launched == [f"blu_add_rms_norm_forward_r1_{mix}", f"blu_add_rms_norm_backward_s1_{mix}",
+                        "blu_layer_norm_backward_reduce_" + sw]

@@ -117,9 +117,27 @@ def add_rms_norm_forward(x2, r2, w, eps: float, y_dtype):
     rstd = cp.empty((N,), dtype=cp.float32)
     if N:
         tag = "_".join(_sfx(a) for a in (x2.dtype, r2.dtype, y_dtype, np.float32 if w is None else w.dtype))
+        nv = _reg_nv(x2, r2, y_dtype, w)
+        if nv is not None:  # the row in registers (the template LayerNorm shares, without the mean and bias)
+            from blutensor.cuda_ops import layer_norm as ln
+
+            name = f"blu_add_rms_norm_forward_r{nv}_{tag}"
+            grid = ln.full_grid(ln.ADD_FILE, name, _BLOCK, -(-N // (_BLOCK // 32)))
+            launch(ln.ADD_FILE, name, grid, _BLOCK, (x2, r2, ptr(w), ptr(None), h, y, ptr(None), rstd, np.int64(N),
+                                                     np.int32(C), np.float32(eps)))
+            return h, y, rstd
         launch("add_rms_norm.cu", f"blu_add_rms_norm_forward_{tag}", _row_grid(N), _BLOCK,
                (x2, r2, ptr(w), h, y, rstd, np.int64(N), np.int32(C), np.float32(eps)))
     return h, y, rstd
+
+
+def _reg_nv(x2, r2, y_dtype, w) -> int | None:
+    """NV of the register-resident add_rms_norm entries for these rows (kernels/add_rms_norm.cu's template shared
+    with add_layer_norm), or None: the warp-per-row kernels."""
+    from blutensor.cuda_ops import layer_norm as ln
+
+    nv = ln.add_norm_nv(x2.shape[1], x2.dtype, r2.dtype, y_dtype, np.float32 if w is None else w.dtype)
+    return nv if nv is not None and ln.add_norm_aligned(x2, r2, w) else None
 
 
 def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool):
@@ -133,6 +151,28 @@ def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool):
     tag = "_".join(_sfx(a) for a in (x_dtype, h2.dtype, y_dtype, w_dtype))
     dres = cp.empty_like(h2)
     dx = None if np.dtype(x_dtype) == h2.dtype else cp.empty((N, C), dtype=x_dtype)
+    nv = None
+    if gy2 is not None and N:
+        from blutensor.cuda_ops import layer_norm as ln
+
+        nv = ln.add_norm_nv(C, x_dtype, h2.dtype, gy2.dtype, w_dtype)
+        nv = nv if nv is not None and ln.add_norm_aligned(gy2, gh2, h2, w, dx) else None
+    if nv is not None:  # rows in registers; dweight from per-block partials, reduced as layer_norm's
+        from blutensor.cuda_ops import layer_norm as ln
+
+        name = f"blu_add_rms_norm_backward_s{nv}_{tag}"
+        smem = (_BLOCK // 32) * 2 * C * 4
+        nblocks = ln.full_grid(ln.ADD_FILE, name, _BLOCK, -(-N // (_BLOCK // 32)), smem)
+        want = need_dw and w is not None
+        part = cp.empty((nblocks, 2 * C), dtype=cp.float32) if want else None
+        launch(ln.ADD_FILE, name, nblocks, _BLOCK, (gy2, ptr(gh2), h2, ptr(w), ptr(None), rstd, dres, ptr(dx),
+                                                     ptr(part), np.int64(N), np.int32(C), np.int32(want)),
+               shared_mem=smem)
+        dw = None
+        if want:
+            dw = cp.empty((C,), dtype=w.dtype)
+            ln.reduce_partials(part, nblocks, C, dw, None, _sfx(w.dtype))
+        return dres, dx, dw
     if N:
         launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_{tag}", _row_grid(N), _BLOCK,
                (ptr(gy2), ptr(gh2), h2, ptr(w), rstd, dres, ptr(dx), np.int64(N), np.int32(C)))

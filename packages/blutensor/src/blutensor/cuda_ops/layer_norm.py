@@ -182,6 +182,10 @@ def _reduce(part, nblocks: int, C: int, dw, db, sfx: str) -> None:
     )
 
 
+#: the partials' reduction, for the fused residual-norm kernels (cuda_ops.decoder's add_rms_norm)
+reduce_partials = _reduce
+
+
 def _as(d, x):
     """A gradient the accumulating reduction wrote as float32 (a zeroed stand-in buffer) in ``x``'s storage dtype."""
     if d.dtype == x.dtype:
@@ -258,7 +262,8 @@ class LayerNormCuda(Kernel):
 
 
 # ------------------------------------------------------------------------- residual add + LayerNorm (F.add_layer_norm)
-#: kernels/add_rms_norm.cu's blu_add_layer_norm_* entries: file, storage mixes <x>_<h>_<y>_<w> with entries
+#: kernels/add_rms_norm.cu's register-resident entries of both norms (blu_add_layer_norm_* / blu_add_rms_norm_*
+#: *_r<NV>_* and *_s<NV>_*): file, storage mixes <x>_<h>_<y>_<w> with entries
 ADD_FILE = "add_rms_norm.cu"
 ADD_MIXES = ("f32_f32_f32_f32", "bf16_f32_bf16_f32", "f32_f32_bf16_f32", "bf16_bf16_bf16_bf16")
 
@@ -267,10 +272,11 @@ def _sx(dtype) -> str:
     return "bf16" if np.dtype(dtype) == np.uint16 else "f32"
 
 
-def add_layer_norm_nv(C: int, x_dtype, h_dtype, y_dtype, w_dtype) -> int | None:
-    """The NV of the fused register-resident entry for rows of C elements and these storages (None: no entry:
-    a row too wide, a width that is not a whole number of 16-byte vectors of h, or a storage mix without
-    kernels; the op then runs as add + layer_norm, the same values)."""
+def add_norm_nv(C: int, x_dtype, h_dtype, y_dtype, w_dtype) -> int | None:
+    """The NV of the fused register-resident entry (LayerNorm's or RMSNorm's) for rows of C elements and these
+    storages (None: no entry: a row too wide, a width that is not a whole number of 16-byte vectors of h, or a
+    storage mix without kernels; add_layer_norm then runs as add + layer_norm, the same values, and add_rms_norm
+    takes its warp-per-row kernels)."""
     mix = "_".join(_sx(d) for d in (x_dtype, h_dtype, y_dtype, w_dtype))
     if mix not in ADD_MIXES or not USE_REG_ROWS:
         return None
@@ -283,7 +289,7 @@ def add_layer_norm_nv(C: int, x_dtype, h_dtype, y_dtype, w_dtype) -> int | None:
 def add_layer_norm_forward(x2, r2, w, b, eps: float, y_dtype):
     """(h, y, mean, rstd) for contiguous rows x2, r2 (N, C): h = x2 + r2 in r2's storage, y = layer_norm(h) * w + b
     in ``y_dtype`` storage (float32 or uint16 bf16 bits); w, b (C,) of one storage, or None. The caller checked
-    :func:`add_layer_norm_nv` (and 16-byte alignment: :func:`add_layer_norm_aligned`)."""
+    :func:`add_norm_nv` (and 16-byte alignment: :func:`add_layer_norm_aligned`)."""
     cp = cupy()
     N, C = x2.shape
     h = cp.empty_like(r2)
@@ -291,7 +297,7 @@ def add_layer_norm_forward(x2, r2, w, b, eps: float, y_dtype):
     mean = cp.empty(N, dtype=cp.float32)
     rstd = cp.empty(N, dtype=cp.float32)
     wd = np.float32 if w is None and b is None else (w if w is not None else b).dtype
-    nv = add_layer_norm_nv(C, x2.dtype, r2.dtype, y_dtype, wd)
+    nv = add_norm_nv(C, x2.dtype, r2.dtype, y_dtype, wd)
     if N:
         tag = "_".join(_sx(d) for d in (x2.dtype, r2.dtype, y_dtype, wd))
         name = f"blu_add_layer_norm_forward_r{nv}_{tag}"
@@ -301,7 +307,7 @@ def add_layer_norm_forward(x2, r2, w, b, eps: float, y_dtype):
     return h, y, mean, rstd
 
 
-def add_layer_norm_aligned(*arrays) -> bool:
+def add_norm_aligned(*arrays) -> bool:
     """Every given array starts on a 16-byte boundary (the fused kernels' vector loads)."""
     return aligned16(*arrays)
 
@@ -334,7 +340,7 @@ def add_layer_norm_backward(gy2, gh2, h2, w, mean, rstd, x_dtype, need_dw: bool,
             dx = to_bf16(dres)
         return dres, dx, _cast_back(dw, dw_into, wd), _cast_back(db, db_into, wd)
     dres = cp.empty_like(h2)
-    nv = add_layer_norm_nv(C, x_dtype, h2.dtype, gy2.dtype, wd)
+    nv = add_norm_nv(C, x_dtype, h2.dtype, gy2.dtype, wd)
     tag = "_".join(_sx(d) for d in (x_dtype, h2.dtype, gy2.dtype, wd))
     name = f"blu_add_layer_norm_backward_s{nv}_{tag}"
     smem = _WPB * 2 * C * 4

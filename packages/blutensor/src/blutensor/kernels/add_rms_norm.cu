@@ -137,7 +137,9 @@ ADD_RMS_REDUCE(f32, float)
 ADD_RMS_REDUCE(bf16, bf16_t)
 
 // ---------------------------------------------------------------------------------------------------------
-// Residual add + LayerNorm (GPT-2's ln_1 / ln_2 / ln_f after a residual add). Storage per tensor as above:
+// Register-resident rows, one template for both norms (LN = true: LayerNorm, GPT-2's ln_1 / ln_2 / ln_f after a
+// residual add; LN = false: RMSNorm, the same without the mean and the bias: entries blu_add_rms_norm_*_r<NV>_* /
+// *_s<NV>_*, used for the rows they fit, the warp-per-row kernels above for the others). Storage per tensor:
 // x (the sublayer output), r and h (the residual stream), y (the normalised output, the next GEMM's input),
 // w and b (weight and bias, one storage). Entry suffix: <x>_<h>_<y>_<w>, e.g. bf16_f32_bf16_f32 (autocast).
 // Rows live in registers (lane l holds vectors l, l+32, ... of V = 16 / sizeof(h) elements, NV vectors a lane),
@@ -172,8 +174,8 @@ template <typename T, int V> __device__ __forceinline__ void store_n(T* p, const
     }
 }
 
-template <typename TX, typename TH, typename TY, typename TW, int NV>
-__device__ __forceinline__ void add_ln_forward(const TX* __restrict__ x, const TH* __restrict__ r,
+template <typename TX, typename TH, typename TY, typename TW, int NV, bool LN>
+__device__ __forceinline__ void add_norm_forward(const TX* __restrict__ x, const TH* __restrict__ r,
                                                const TW* __restrict__ w, const TW* __restrict__ b,
                                                TH* __restrict__ h, TY* __restrict__ y, float* __restrict__ mean_out,
                                                float* __restrict__ rstd_out, long long N, int C, float eps) {
@@ -197,15 +199,18 @@ __device__ __forceinline__ void add_ln_forward(const TX* __restrict__ x, const T
                 store_n<TH, V>(h + base + vi * V, v[j]);
             }
         }
-        float s = 0.f;
+        float mu = 0.f;  // RMSNorm: the "variance" below is then the mean square
+        if constexpr (LN) {
+            float s = 0.f;
 #pragma unroll
-        for (int j = 0; j < NV; ++j)
-            if (j * 32 + lane < cv) {
+            for (int j = 0; j < NV; ++j)
+                if (j * 32 + lane < cv) {
 #pragma unroll
-                for (int k = 0; k < V; ++k) s += v[j][k];
-            }
-        s = warp_sum(s);
-        const float mu = s * invC;
+                    for (int k = 0; k < V; ++k) s += v[j][k];
+                }
+            s = warp_sum(s);
+            mu = s * invC;
+        }
         float q = 0.f;
 #pragma unroll
         for (int j = 0; j < NV; ++j)
@@ -215,25 +220,32 @@ __device__ __forceinline__ void add_ln_forward(const TX* __restrict__ x, const T
             }
         q = warp_sum(q);
         const float rs = rsqrtf(q * invC + eps);
-        if (lane == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
+        if (lane == 0) {
+            if constexpr (LN) mean_out[row] = mu;
+            rstd_out[row] = rs;
+        }
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             const int vi = j * 32 + lane;
             if (vi < cv) {
                 float wv[V], bv[V];
                 if (w) load_n<TW, V>(w + vi * V, wv); else { for (int k = 0; k < V; ++k) wv[k] = 1.f; }
-                if (b) load_n<TW, V>(b + vi * V, bv); else { for (int k = 0; k < V; ++k) bv[k] = 0.f; }
+                if (LN && b) load_n<TW, V>(b + vi * V, bv); else { for (int k = 0; k < V; ++k) bv[k] = 0.f; }
 #pragma unroll
-                for (int k = 0; k < V; ++k) v[j][k] = (v[j][k] - mu) * rs * wv[k] + bv[k];
+                for (int k = 0; k < V; ++k) {
+                    if constexpr (LN) v[j][k] = (v[j][k] - mu) * rs * wv[k] + bv[k];
+                    else v[j][k] = v[j][k] * rs * wv[k];
+                }
                 store_n<TY, V>(y + base + vi * V, v[j]);
             }
         }
     }
 }
 
-// Dynamic shared memory: warps_per_block * 2 * C floats (each warp's dweight | dbias sums, k-major).
-template <typename TX, typename TH, typename TY, typename TW, int NV>
-__device__ __forceinline__ void add_ln_backward(const TY* __restrict__ gy, const TH* __restrict__ gh,
+// Dynamic shared memory: warps_per_block * 2 * C floats (each warp's dweight | dbias sums, k-major; RMSNorm's dbias
+// half stays zero). RMSNorm: mean is not read (hhat = h * rstd) and the mean(gy*w) term is absent.
+template <typename TX, typename TH, typename TY, typename TW, int NV, bool LN>
+__device__ __forceinline__ void add_norm_backward(const TY* __restrict__ gy, const TH* __restrict__ gh,
                                                 const TH* __restrict__ h, const TW* __restrict__ w,
                                                 const float* __restrict__ mean, const float* __restrict__ rstd,
                                                 TH* __restrict__ dres, TX* __restrict__ dx, float* __restrict__ part,
@@ -252,7 +264,7 @@ __device__ __forceinline__ void add_ln_backward(const TY* __restrict__ gy, const
     }
     for (long long row = (long long)blockIdx.x * wpb + warp; row < N; row += (long long)gridDim.x * wpb) {
         const long long base = row * C;
-        const float mu = mean[row], rs = rstd[row];
+        const float mu = LN ? mean[row] : 0.f, rs = rstd[row];
         float gv[NV][V], xv[NV][V];
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
@@ -270,7 +282,10 @@ __device__ __forceinline__ void add_ln_backward(const TY* __restrict__ gy, const
                 for (int k = 0; k < V; ++k) {
                     const float xh = (xv[j][k] - mu) * rs;
                     xv[j][k] = xh;
-                    if (need_dwdb) { acc[k * cv + vi] += gv[j][k] * xh; acc[C + k * cv + vi] += gv[j][k]; }
+                    if (need_dwdb) {
+                        acc[k * cv + vi] += gv[j][k] * xh;
+                        if constexpr (LN) acc[C + k * cv + vi] += gv[j][k];
+                    }
                     const float d = gv[j][k] * wv[k];
                     gv[j][k] = d;
                     s1 += d;
@@ -291,7 +306,10 @@ __device__ __forceinline__ void add_ln_backward(const TY* __restrict__ gy, const
                 float gs[V];
                 if (gh) load_n<TH, V>(gh + base + vi * V, gs); else { for (int k = 0; k < V; ++k) gs[k] = 0.f; }
 #pragma unroll
-                for (int k = 0; k < V; ++k) gs[k] += rs * (gv[j][k] - s1 - xv[j][k] * s2);
+                for (int k = 0; k < V; ++k) {
+                    if constexpr (LN) gs[k] += rs * (gv[j][k] - s1 - xv[j][k] * s2);
+                    else gs[k] += rs * (gv[j][k] - xv[j][k] * s2);
+                }
                 store_n<TH, V>(dres + base + vi * V, gs);
                 if (dx) store_n<TX, V>(dx + base + vi * V, gs);
             }
@@ -308,17 +326,19 @@ __device__ __forceinline__ void add_ln_backward(const TY* __restrict__ gy, const
     }
 }
 
-#define ADD_LN_ENTRIES(SUF, NV, TX, TH, TY, TW)                                                                    \
-extern "C" __global__ void __launch_bounds__(256) blu_add_layer_norm_forward_r##NV##_##SUF(const TX* x,            \
+#define ADD_NORM_ENTRIES(KIND, LN, SUF, NV, TX, TH, TY, TW)                                                          \
+extern "C" __global__ void __launch_bounds__(256) blu_add_##KIND##_norm_forward_r##NV##_##SUF(const TX* x,         \
         const TH* r, const TW* w, const TW* b, TH* h, TY* y, float* mean, float* rstd, long long N, int C,         \
         float eps) {                                                                                               \
-    add_ln_forward<TX, TH, TY, TW, NV>(x, r, w, b, h, y, mean, rstd, N, C, eps);                                   \
+    add_norm_forward<TX, TH, TY, TW, NV, LN>(x, r, w, b, h, y, mean, rstd, N, C, eps);                             \
 }                                                                                                                  \
-extern "C" __global__ void __launch_bounds__(256) blu_add_layer_norm_backward_s##NV##_##SUF(const TY* gy,          \
+extern "C" __global__ void __launch_bounds__(256) blu_add_##KIND##_norm_backward_s##NV##_##SUF(const TY* gy,       \
         const TH* gh, const TH* h, const TW* w, const float* mean, const float* rstd, TH* dres, TX* dx,            \
         float* part, long long N, int C, int need_dwdb) {                                                          \
-    add_ln_backward<TX, TH, TY, TW, NV>(gy, gh, h, w, mean, rstd, dres, dx, part, N, C, need_dwdb);                \
+    add_norm_backward<TX, TH, TY, TW, NV, LN>(gy, gh, h, w, mean, rstd, dres, dx, part, N, C, need_dwdb);          \
 }
+#define ADD_LN_ENTRIES(SUF, NV, TX, TH, TY, TW)                                                                    \
+ADD_NORM_ENTRIES(layer, true, SUF, NV, TX, TH, TY, TW) ADD_NORM_ENTRIES(rms, false, SUF, NV, TX, TH, TY, TW)
 
 // the storage mixes: fp32 throughout, bf16 throughout, and autocast's (bf16 sublayer output, fp32 residual
 // stream and weights, bf16 normalised output); NV as layer_norm.cu's (fp32 h: C <= 1024, bf16 h: C <= 1024)

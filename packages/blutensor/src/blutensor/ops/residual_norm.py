@@ -318,14 +318,14 @@ def _cuda_rows(x, residual, weight, bias, normalized_shape, y_dtype):
         return None
     pd = (weight if weight is not None else bias)
     wd = np.dtype(np.float32) if pd is None else _bits(pd.dtype)
-    if k.add_layer_norm_nv(C, _bits(x.dtype), _bits(residual.dtype), _bits(y_dtype), wd) is None:
+    if k.add_norm_nv(C, _bits(x.dtype), _bits(residual.dtype), _bits(y_dtype), wd) is None:
         return None
     cp = k.cupy()
     x2 = cp.ascontiguousarray(x._data).reshape(-1, C)
     r2 = cp.ascontiguousarray(residual._data).reshape(-1, C)
     w = None if weight is None else cp.ascontiguousarray(weight._data).reshape(C)
     b = None if bias is None else cp.ascontiguousarray(bias._data).reshape(C)
-    return (x2, r2, w, b) if k.add_layer_norm_aligned(x2, r2, w, b) else None
+    return (x2, r2, w, b) if k.add_norm_aligned(x2, r2, w, b) else None
 
 
 #: observers (by module prefix) that trace or rewrite ops: under them the op-by-op path runs (they see its ops)
