@@ -191,6 +191,71 @@ def test_layer_norm(benchmark, impl, storage, pass_):
     _run(benchmark, impl, fn, info, nbytes=nbytes)
 
 
+@pytest.mark.parametrize("impl", ("blutrain", "blutrain_unfused", "torch"))
+@pytest.mark.parametrize("pass_", ("fwd", "bwd"))
+def test_add_layer_norm_autocast(benchmark, impl, pass_):
+    """GPT-2's residual add + LayerNorm under bf16 autocast (bf16 sublayer output, float32 residual stream and
+    weights, bf16 normalised output): the fused op (``add_layer_norm_*``) against the sequence it replaces
+    (widening add, float32 LayerNorm, cast to bf16; backward: widening cast of the bf16 gradient, LayerNorm backward
+    with the residual gradient, bf16 rounding of the sublayer's gradient) and PyTorch's add + layer_norm + cast."""
+    N, C = 16384, 768
+    # fwd: read x (bf16) and r, write h and y (bf16); bwd: read gy (bf16), gh, h, write dres and dx (bf16)
+    nbytes = N * C * (2 + 4 + 4 + 2) if pass_ == "fwd" else N * C * (2 + 4 + 4 + 4 + 2)
+    info = dict(kernel="add_layer_norm", shape=f"{N}x{C}", dtype="bf16_f32_bf16_f32", pass_=pass_)
+    if impl == "torch":
+        torch = _torch()
+        a = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        r = torch.randn(N, C, device="cuda", requires_grad=True)
+        w = torch.randn(C, device="cuda", requires_grad=True)
+        b = torch.randn(C, device="cuda", requires_grad=True)
+
+        def fwd():
+            h = r + a
+            return h, torch.nn.functional.layer_norm(h, (C,), w, b).to(torch.bfloat16)
+
+        if pass_ == "fwd":
+            fn = fwd
+        else:
+            h, y = fwd()
+            gy, gh = torch.ones_like(y), torch.ones_like(h)
+            fn = lambda: torch.autograd.grad((h, y), (a, r, w, b), (gh, gy), retain_graph=True)  # noqa: E731
+        _run(benchmark, impl, fn, info, nbytes=nbytes)
+        return
+    from blutensor.ext import (
+        add_layer_norm_backward,
+        add_layer_norm_forward,
+        add_widen,
+        cast_to_bf16,
+        cast_to_f32,
+        layer_norm_backward,
+        layer_norm_forward,
+    )
+
+    cp = _cupy()
+    a, r = _dev(cp, (N, C), "bf16"), _dev(cp, (N, C), "f32")
+    w, b = _dev(cp, (C,), "f32"), _dev(cp, (C,), "f32")
+    gy, gh = _dev(cp, (N, C), "bf16"), _dev(cp, (N, C), "f32")
+    if impl == "blutrain":
+        h, _, mean, rstd = add_layer_norm_forward(a, r, w, b, 1e-5, np.uint16)
+        dw, db = cp.zeros(C, cp.float32), cp.zeros(C, cp.float32)
+        fn = (lambda: add_layer_norm_forward(a, r, w, b, 1e-5, np.uint16)) if pass_ == "fwd" else \
+            (lambda: add_layer_norm_backward(gy, gh, h, w, mean, rstd, np.uint16, True, True, dw, db))
+    else:
+        def fwd():
+            h = add_widen(r, a)
+            return h, cast_to_bf16(layer_norm_forward(h, w, b)[0])
+
+        h = add_widen(r, a)
+        _, mean, rstd, _ = layer_norm_forward(h, w, b)
+
+        def bwd():
+            dx, _, _ = layer_norm_backward(cast_to_f32(gy), h, w, mean, rstd, gh)
+            return dx, cast_to_bf16(dx)
+
+        fn = fwd if pass_ == "fwd" else bwd
+    _run(benchmark, impl, fn, info, nbytes=nbytes)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize("pass_", ("fwd", "bwd"))

@@ -42,7 +42,7 @@ def _train(fused: bool, device: str = "cpu", steps: int = 3, checkpointing: bool
     """Per step: the loss and every parameter gradient (host copies), AdamW stepping in between."""
     model = gpt2.build_model(ModelConfig(**cfg), device=device, seed=1)
     if checkpointing:
-        from blutensor.utils.checkpoint import checkpoint_modules
+        from blutensor.utils import checkpoint_modules
 
         assert checkpoint_modules(model, "blocks.*")
     opt = bt.optim.AdamW(model.parameters(), lr=1e-3)
@@ -103,11 +103,9 @@ def test_fp32_losses_and_gradients_bitwise_equal_to_the_unfused_model_cpu(checkp
     _assert_bitwise(_train(True, checkpointing=checkpointing, cfg=cfg), _train(False, cfg=cfg))
 
 
-def test_reference_kernels_bitwise_equal_too(monkeypatch):
-    from blutensor.cpu_ops import _build
-
-    monkeypatch.setattr(_build, "lib", lambda: None)  # the NumPy reference kernels (no C compiler)
-    _assert_bitwise(_train(True, steps=2), _train(False, steps=2))
+def test_reference_kernels_bitwise_equal_too():
+    with bt.ext.reference_kernels():  # the NumPy reference kernels (as without a C compiler)
+        _assert_bitwise(_train(True, steps=2), _train(False, steps=2))
 
 
 @pytest.mark.cuda

@@ -44,10 +44,12 @@ CUDA launch and compile helpers
     ``kernel_source(file)``, ``kernel_module(file)``, ``kernel_function(file, name)``, ``launch(...)``,
     ``compile_options(cc)``, ``num_sms()``, ``capturing()`` (whether the stream is being captured),
     ``index_flag_array()`` / ``raise_pending_index_error()`` (asynchronous index validation),
-    ``layer_norm_forward`` / ``layer_norm_backward``, ``gelu_forward`` / ``gelu_backward``,
+    ``layer_norm_forward`` / ``layer_norm_backward``, ``add_layer_norm_forward`` / ``add_layer_norm_backward``
+    (the residual add fused with LayerNorm, a storage per tensor), ``gelu_forward`` / ``gelu_backward``,
     ``cuda_cross_entropy_forward``, ``flash_attention_forward`` / ``flash_attention_backward``,
     ``multi_tensor_adamw``, ``sdpa_qkv`` (attention on a packed qkv tensor), ``pick_attention_variant``;
-    bfloat16 pieces: ``cast_to_bf16`` / ``cast_to_f32`` (CuPy float32 <-> bf16 bits), ``bf16_gemm_provider()``
+    bfloat16 pieces: ``cast_to_bf16`` / ``cast_to_f32`` (CuPy float32 <-> bf16 bits), ``add_widen(x, y)`` (float32
+    ``x`` + widened bf16 ``y`` in one kernel), ``bf16_gemm_provider()``
     (the provider that runs bf16 GEMMs), ``bf16_gemm(prov, a, b, trans_a=, trans_b=)``,
     ``bf16_bias_grad(prov, g)`` (column sums of bf16 ``g`` as a GEMV, float32 out).
 GEMM providers
@@ -125,6 +127,8 @@ _NAMES: dict[str, tuple[str, str]] = {
     "raise_pending_index_error": ("blutensor.cuda_ops.index_check", "raise_pending"),
     "layer_norm_forward": ("blutensor.cuda_ops.layer_norm", "layer_norm_forward"),
     "layer_norm_backward": ("blutensor.cuda_ops.layer_norm", "layer_norm_backward"),
+    "add_layer_norm_forward": ("blutensor.cuda_ops.layer_norm", "add_layer_norm_forward"),
+    "add_layer_norm_backward": ("blutensor.cuda_ops.layer_norm", "add_layer_norm_backward"),
     "gelu_forward": ("blutensor.cuda_ops.gelu", "gelu_forward"),
     "gelu_backward": ("blutensor.cuda_ops.gelu", "gelu_backward"),
     "cuda_cross_entropy_forward": ("blutensor.cuda_ops.cross_entropy", "cross_entropy_forward"),
@@ -134,6 +138,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "pick_attention_variant": ("blutensor.cuda_ops.sdpa", "pick_variant"),
     "cast_to_bf16": ("blutensor.cuda_ops.cast", "to_bf16"),
     "cast_to_f32": ("blutensor.cuda_ops.cast", "to_f32"),
+    "add_widen": ("blutensor.cuda_ops.cast", "add_widen"),
     "bf16_gemm_provider": ("blutensor.cuda_ops.linalg", "bf16_provider"),
     "bf16_gemm": ("blutensor.cuda_ops.linalg", "mm"),
     "bf16_bias_grad": ("blutensor.cuda_ops.linalg", "bias_grad"),
