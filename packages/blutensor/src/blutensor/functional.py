@@ -524,42 +524,16 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
     eps)`` in one fused op, forward and backward (the pre-norm of a Llama block). ``h`` has the promoted dtype of
     the two addends; inside ``autocast`` on their device ``y`` is in the autocast dtype (the next matmul's input),
     else in ``h``'s. ``eps=None`` is the dtype's machine epsilon, as in :func:`rms_norm`."""
-    from blutensor._tensor import Tensor
-    from blutensor.amp import get_autocast_dtype, is_autocast_enabled
-    from blutensor.dtypes import promote_types
     from blutensor.ops.residual_norm import add_rms_norm as _fused
 
-    for name, t in (("x", x), ("residual", residual)):
-        if not isinstance(t, Tensor):
-            raise ArgumentError(f"add_rms_norm: {name} must be a Tensor, got {type(t).__name__}")
-        _floating(t, f"add_rms_norm: {name}")
-    if tuple(x.shape) != tuple(residual.shape):
-        raise ShapeError(f"add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} must have one shape")
-    if x.device != residual.device:
-        raise ArgumentError(f"add_rms_norm: x is on {x.device}, residual on {residual.device}")
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    normalized_shape = tuple(normalized_shape)
-    n = len(normalized_shape)
-    if n == 0 or tuple(x.shape[x.ndim - n:]) != normalized_shape:
-        raise ShapeError(f"add_rms_norm: input shape {tuple(x.shape)} does not end with normalized_shape "
-                         f"{normalized_shape}")
-    if weight is not None and (not isinstance(weight, Tensor) or tuple(weight.shape) != normalized_shape
-                               or weight.device != x.device):
-        got = f"{tuple(weight.shape)} on {weight.device}" if isinstance(weight, Tensor) else type(weight).__name__
-        raise ShapeError(f"add_rms_norm: weight must be a {normalized_shape} Tensor on {x.device}, got {got}")
-    h_dtype = promote_types(x.dtype, residual.dtype)
+    x, residual, normalized_shape, h_dtype, y_dtype = _residual_norm_args("add_rms_norm", x, residual,
+                                                                         normalized_shape, (("weight", weight),))
     if eps is None:
         import numpy as np
 
         eps = float(np.finfo(np.float32 if h_dtype.name == "bfloat16" else h_dtype.np).eps)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
         raise ArgumentError(f"add_rms_norm: eps must be a non-negative number, got {eps!r}")
-    dev = x.device.type
-    y_dtype = get_autocast_dtype(dev) if is_autocast_enabled(dev) and h_dtype.name in ("float32", "bfloat16") \
-        else h_dtype
-    if h_dtype != residual.dtype:  # the fused op writes h in the residual's dtype
-        residual = residual.to(h_dtype)
     return _fused(x, residual, normalized_shape, weight, float(eps), y_dtype)
 
 
@@ -571,11 +545,11 @@ def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e
     followed by :func:`layer_norm` (and autocast's cast of its output)."""
     from blutensor.ops.residual_norm import add_layer_norm as _fused
 
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ArgumentError(f"add_layer_norm: eps must be a non-negative number, got {eps!r}")
     x, residual, normalized_shape, h_dtype, y_dtype = _residual_norm_args("add_layer_norm", x, residual,
                                                                          normalized_shape, (("weight", weight),
                                                                                             ("bias", bias)))
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
-        raise ArgumentError(f"add_layer_norm: eps must be a non-negative number, got {eps!r}")
     return _fused(x, residual, normalized_shape, weight, bias, float(eps), y_dtype)
 
 
