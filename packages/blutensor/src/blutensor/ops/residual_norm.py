@@ -149,6 +149,8 @@ def _fused_path(x, residual, params, y_dtype) -> str | None:
     dev = residual.device.type
     if dev == "cuda":
         ok = all(t is None or _storage(t) for t in (x, residual, *params)) and y_dtype.name in ("float32", "bfloat16")
+        # a tracer's arrays (blucompiler) take the op-by-op path, which it records (the kernels read device pointers)
+        ok = ok and all(t is None or type(t._data).__module__.split(".")[0] == "cupy" for t in (x, residual, *params))
         return "cuda" if ok and (x.dtype == residual.dtype or residual.dtype.name == "float32") else None
     if dev == "cpu":
         dt = residual.dtype
@@ -251,11 +253,13 @@ def add_layer_norm(x, residual, normalized_shape: tuple, weight, bias, eps: floa
     from blutensor.ops import dispatch
 
     path = _fused_path(x, residual, (weight, bias), y_dtype)
+    if path is not None and any(_traces(o) for o in dispatch.observers):
+        path = None
     cuda_arrays = None
     if path == "cuda":
         cuda_arrays = _cuda_rows(x, residual, weight, bias, normalized_shape, y_dtype)
         path = None if cuda_arrays is None else path
-    if path is None or any(_traces(o) for o in dispatch.observers):
+    if path is None:
         return _composed_ln(x, residual, normalized_shape, weight, bias, eps, y_dtype)
     n = len(normalized_shape)
 
