@@ -377,7 +377,8 @@ def _bf(a):
 @pytest.mark.parametrize("C", [64, 200, 768, 1024])
 def test_cuda_kernels_match_float64_and_equal_add_then_layer_norm(mode, C):
     """Values and gradients against the float64 reference, and bitwise against ``r + x`` then F.layer_norm (then
-    autocast's cast of y) on the same device."""
+    autocast's cast of y) on the same device (bf16 storage throughout: x's and the residual's gradients within a
+    bf16 step, see below)."""
     shape = (3, 13, C)
     x, r, gy, gh = (rng.standard_normal(shape) for _ in range(4))
     w, b = 1 + 0.1 * rng.standard_normal(C), 0.1 * rng.standard_normal(C)
@@ -413,6 +414,11 @@ def test_cuda_kernels_match_float64_and_equal_add_then_layer_norm(mode, C):
     want = run(False)[0]
     assert y_dtype == (bt.bfloat16 if low else bt.float32)
     for name, a, e in zip(("h", "y", "dx", "dresidual", "dweight", "dbias"), got, want):
+        if mode == "bf16" and name in ("dx", "dresidual"):
+            # bf16 storage throughout: the engine adds a bf16 pending gradient after layer_norm's backward (two
+            # roundings to bf16), the fused kernel adds it in float32 and rounds once: within a bf16 step
+            np.testing.assert_allclose(a, e, rtol=2 ** -7, atol=2 ** -7 * max(1.0, float(np.abs(e).max())))
+            continue
         assert np.array_equal(a, e), name  # bitwise add + layer_norm (+ cast)
     f = _bf if low else (lambda a: a.astype(np.float32).astype(np.float64))
     ref = _reference(f(x), _bf(r) if full else f(r) if not low else r.astype(np.float32).astype(np.float64),

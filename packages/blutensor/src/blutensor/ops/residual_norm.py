@@ -21,8 +21,10 @@ values).
 
 LayerNorm's arithmetic is that of the ``layer_norm`` kernels of each device (kernels/layer_norm.cu's
 register-resident rows, kernels.c's ``blu_layer_norm_*``, ``nn_ops.layer_norm_*``), so the fused op gives bitwise
-the results of ``x + residual``, ``layer_norm`` (and autocast's cast of its output); its weight and bias gradients
-are added into the float32 ``.grad`` buffers the engine offers (``GRAD_INTO``), as ``layer_norm``'s are.
+the results of ``x + residual``, ``layer_norm`` (and autocast's cast of its output) in float32 and under autocast
+(with bf16 storage throughout, the addends' gradient is rounded to bf16 once, where the op-by-op path rounds
+twice); its weight and bias gradients are added into the float32 ``.grad`` buffers the engine offers
+(``GRAD_INTO``), as ``layer_norm``'s are.
 """
 
 from __future__ import annotations
