@@ -1,7 +1,8 @@
 """A host-memory stand-in for the parts of CuPy that blublas uses, whose kernels are NumPy emulations of the
 documented kernel contract (argument list, flags, split-K layout). It checks the Python launch plumbing
 (argument order, leading dimensions, batch strides, flags, grids, shared memory) on a CPU-only machine;
-the CUDA code itself is checked by NVRTC (tests/test_nvrtc_compile.py) and on a GPU (dev/gpu_check.py)."""
+the CUDA code itself is checked by NVRTC (tests/test_nvrtc_compile.py) and on a GPU (the cuda-marked
+tests/test_gpu*.py)."""
 
 from __future__ import annotations
 
