@@ -1,9 +1,8 @@
-"""Launch-argument check without a GPU: runs gpu_check_kernels' checks against fake_cupy (NumPy stand-in,
+"""Launch-argument check without a GPU: runs tests/kernel_checks.py's checks against fake_cupy (NumPy stand-in,
 kernels are no-ops) and compares every launch's argument count and scalar types with the kernel's C
 signature (from ``nvcc -E``). Usage (repo root): python packages/blutensor/dev/launch_argcheck.py
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -11,8 +10,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 KDIR = HERE.parent / "src" / "blutensor" / "kernels"
-sys.path[:0] = [str(HERE / "fake_cupy"), str(HERE.parent / "src"), str(HERE)]
-os.environ["BLU_CHECK_ONLY"] = "1"
+sys.path[:0] = [str(HERE / "fake_cupy"), str(HERE.parent / "src"), str(HERE), str(HERE.parent / "tests")]
 import cupy  # noqa: E402  (the fake)
 
 sigs = {}
@@ -22,7 +20,7 @@ for f in sorted(KDIR.glob("*.cu")):
              r"(?:__attribute__\(\([^;{]*?\)\)\s*|__launch_bounds__\([^)]*\)\s*)*(blu_\w+)\s*\(([^)]*)\)")
     for m in re.finditer(entry, src):
         sigs[m.group(1)] = [a.strip() for a in m.group(2).split(",") if a.strip()]
-import gpu_check_kernels as gc  # noqa: E402
+import kernel_checks as gc  # noqa: E402
 
 for fn in (
     gc.check_layer_norm,
@@ -35,6 +33,11 @@ for fn in (
     gc.check_sdpa_bf16,
     gc.check_sdpa_tf32,
     gc.check_plugins,
+    gc.check_layer_norm_paths,
+    gc.check_gelu_paths,
+    gc.check_cross_entropy_paths_f32,
+    gc.check_cross_entropy_paths_bf16,
+    gc.check_grad_norm_paths,
 ):
     fn()
 
