@@ -1,17 +1,18 @@
 """One fake CUDA device behind CuPy's interface, for every package's CPU tests of its CUDA code paths.
 
 A test builds a fresh ``cupy`` stand-in with :func:`make_cupy` (or puts one into ``sys.modules`` for the test's
-duration with :func:`install`) and drives the package's CUDA branch on the CPU: device arrays are NumPy arrays of
-the :class:`ndarray` subclass whose ``.data.ptr`` is their host address (so code that passes raw pointers, such as
-NCCL calls or kernel launches, reads and writes real memory); streams run queued work in order and only when an
-event recorded after it is waited on or synchronized (the null stream runs it at once); events carry their stream,
-sequence number and a wall-clock time; kernels come from ``RawModule`` and run the emulator a test registered for
-their entry-point name (``kernels={"blu_x": fn}``), else only record the launch (``device.launches``: name, grid,
-block, argument count, shared memory, argument kinds) after checking CuPy's launch-argument rules; NCCL
-communicators (``cupy.cuda.nccl``) run each collective at call time across thread ranks; memory comes from a
-simulated device when ``memory=`` is given (e.g. bluallocator's ``FakeDeviceBackend``: malloc, free, memGetInfo,
-events and capture state delegate to it); memory hooks, NVTX ranges and the pool's used bytes are recorded for
-profilers.
+duration with :func:`install`) and drives the package's CUDA branch on the CPU: device arrays are NumPy arrays of the
+:class:`ndarray` subclass whose ``.data.ptr`` is their host address (so code that passes raw pointers, such as NCCL
+calls or kernel launches, reads and writes real memory), or with ``distinct_arrays=True`` :class:`DistinctArray`
+objects, which are not NumPy arrays (as CuPy's are not) for code that tells host from device arrays by type; streams
+run queued work in order and only when an event recorded after it is waited on or synchronized (the null stream runs
+it at once); events carry their stream, sequence number and a wall-clock time; kernels come from ``RawModule`` and run
+the emulator a test registered for their entry-point name (``kernels={"blu_x": fn}``, or a function of (module, name)
+choosing one), else only record the launch (``device.launches``: name, grid, block, argument count, shared memory,
+argument kinds) after checking CuPy's launch-argument rules; NCCL communicators (``cupy.cuda.nccl``) run each
+collective at call time across thread ranks; memory comes from a simulated device when ``memory=`` is given (e.g.
+bluallocator's ``FakeDeviceBackend``: malloc, free, memGetInfo, events and capture state delegate to it); memory
+hooks, NVTX ranges and the pool's used bytes are recorded for profilers.
 
 Nothing here imports a BluTrain package, so every package's tests can use it. Import it as ``fake_cuda`` with this
 directory on ``sys.path`` (each package's ``tests/conftest.py`` puts it there). What it checks is the Python side
@@ -34,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DeviceBuffer", "DeviceState", "Event", "Graph", "Stream", "host_view", "install", "installed", "make_cupy",
-           "modules", "ndarray"]
+__all__ = ["DeviceBuffer", "DeviceState", "DistinctArray", "Event", "Graph", "Stream", "host_view", "install",
+           "installed", "make_cupy", "modules", "ndarray"]
 
 
 # ------------------------------------------------------------------ arrays
@@ -91,6 +92,99 @@ class ndarray(np.ndarray):  # noqa: N801 - mirrors cupy.ndarray
 
 
 ndarray.__module__ = "cupy"
+
+
+class DistinctArray:
+    """A 'device' array that is not a NumPy array, as CuPy's are not (``make_cupy(distinct_arrays=True)``), for code
+    that tells host from device arrays with ``isinstance(x, numpy.ndarray)``. It wraps a NumPy array: ``.data.ptr``
+    is its host address, ``.get()`` a copy; indexing, views, ``astype``, ``fill`` and arithmetic give device arrays;
+    there is no implicit conversion to NumPy (``numpy.asarray`` of one is an object array, as a mistake shows)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    shape = property(lambda self: self._a.shape)
+    strides = property(lambda self: self._a.strides)
+    ndim = property(lambda self: self._a.ndim)
+    dtype = property(lambda self: self._a.dtype)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    device = property(lambda self: _DeviceId(0))
+    data = property(lambda self: _Ptr(self._a.__array_interface__["data"][0]))
+    T = property(lambda self: DistinctArray(self._a.T))
+
+    def get(self, stream: Any = None) -> np.ndarray:
+        return self._a.copy()
+
+    def __getitem__(self, k: Any) -> DistinctArray:
+        return DistinctArray(self._a[k])
+
+    def __setitem__(self, k: Any, v: Any) -> None:
+        self._a[k] = v._a if isinstance(v, DistinctArray) else v
+
+    def fill(self, v: Any) -> None:
+        self._a.fill(v)
+
+    def astype(self, dt: Any) -> DistinctArray:
+        return DistinctArray(self._a.astype(dt))
+
+    def view(self, dt: Any) -> DistinctArray:
+        return DistinctArray(self._a.view(dt))
+
+    def copy(self) -> DistinctArray:
+        return DistinctArray(self._a.copy())
+
+    def _bin(self, other: Any, op: Callable) -> DistinctArray:
+        return DistinctArray(op(self._a, other._a if isinstance(other, DistinctArray) else other))
+
+    def __mul__(self, o: Any) -> DistinctArray:
+        return self._bin(o, np.multiply)
+
+    def __sub__(self, o: Any) -> DistinctArray:
+        return self._bin(o, np.subtract)
+
+    def __add__(self, o: Any) -> DistinctArray:
+        return self._bin(o, np.add)
+
+    def __truediv__(self, o: Any) -> DistinctArray:
+        return self._bin(o, np.divide)
+
+    def __rshift__(self, o: Any) -> DistinctArray:
+        return self._bin(o, np.right_shift)
+
+    def __lshift__(self, o: Any) -> DistinctArray:
+        return self._bin(o, np.left_shift)
+
+    def __float__(self) -> float:
+        return float(self._a)
+
+
+DistinctArray.__module__ = "cupy"
+
+
+def _distinct_functions(cp: types.ModuleType) -> None:
+    """The module functions of a ``distinct_arrays`` fake: on :class:`DistinctArray`, NumPy's values inside."""
+
+    def unw(x: Any) -> Any:
+        return x._a if isinstance(x, DistinctArray) else x
+
+    def empty(shape: Any, dtype: Any = np.float32) -> DistinctArray:
+        dt = np.dtype(dtype)
+        return DistinctArray(np.full(shape, np.nan, dt) if dt.kind == "f" else np.zeros(shape, dt))
+
+    cp.ndarray = DistinctArray
+    cp.asarray = lambda x, dtype=None: DistinctArray(np.array(unw(x), dtype=dtype, copy=True))
+    cp.array = lambda x, copy=True, dtype=None: cp.asarray(x, dtype)
+    cp.zeros = lambda shape, dtype=np.float32: DistinctArray(np.zeros(shape, dtype))
+    cp.empty = empty
+    cp.empty_like = lambda x, dtype=None: empty(x.shape, dtype or x.dtype)
+    cp.abs = lambda x: DistinctArray(np.abs(unw(x)))
+    cp.max = lambda x: DistinctArray(np.asarray(np.max(unw(x))))
+    cp.matmul = lambda a, b: DistinctArray(unw(a) @ unw(b))
+    cp.asnumpy = lambda a, *x, **k: unw(a).copy()
+    cp.random = types.SimpleNamespace(
+        standard_normal=lambda shape, dtype=np.float32: DistinctArray(
+            np.random.default_rng(0).standard_normal(shape).astype(dtype)))
 
 
 def _wrap(x: Any) -> Any:
@@ -249,8 +343,8 @@ class Kernel:
 
     max_dynamic_shared_size_bytes = 0
 
-    def __init__(self, state: DeviceState, name: str) -> None:
-        self.state, self.name = state, name
+    def __init__(self, state: DeviceState, name: str, emulator: Callable | None = None) -> None:
+        self.state, self.name, self.emulator = state, name, emulator
         self.attributes = {"num_regs": 0, "local_size_bytes": 0, "max_threads_per_block": 1024}
 
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:
@@ -258,7 +352,7 @@ class Kernel:
             raise TypeError(f"{self.name}: grid and block must be tuples, got {grid!r}, {block!r}")
         kinds = []
         for a in args:
-            if isinstance(a, ndarray):
+            if isinstance(a, (ndarray, DistinctArray)):
                 kinds.append("ptr")
             elif isinstance(a, np.generic):
                 kinds.append(a.dtype.name)
@@ -272,21 +366,21 @@ class Kernel:
         if st.capture is not None:
             st.capture.append((self, grid, block, args, shared_mem))
             return
-        fn = self.state.kernels.get(self.name)
-        if fn is not None:
-            fn(grid, block, args, shared_mem)
+        if self.emulator is not None:
+            self.emulator(self, grid, block, args, shared_mem)
 
 
 def _raw_module_class(state: DeviceState) -> type:
     class RawModule:
         def __init__(self, code: str | None = None, options: tuple = (), path: str | None = None,
                      backend: str = "nvrtc", **kw: Any) -> None:
-            self.code, self.options = code or "", tuple(options)
+            self.code, self.options, self.path = code or "", tuple(options), path
             self.names = set(re.findall(r"(blu_\w+)", self.code))
             state.modules.append(self)
 
         def get_function(self, name: str) -> Kernel:
-            return Kernel(state, name)
+            k = state.kernels
+            return Kernel(state, name, k(self, name) if callable(k) else k.get(name))
 
     return RawModule
 
@@ -484,11 +578,13 @@ class DeviceState:
 
     def __init__(self, *, memory: Any = None, compute_capability: int = 90, sms: int = 132,
                  smem_optin: int = 232448, name: str = "fake device", null_stream_ptr: int = 0,
-                 pool_used_bytes: int = 0, kernels: dict[str, Callable] | None = None,
-                 host_array_args: bool = False) -> None:
+                 pool_used_bytes: int = 0, kernels: dict[str, Callable] | Callable | None = None,
+                 host_array_args: bool = False, runtime_version: int = 12080, distinct_arrays: bool = False) -> None:
         self.memory, self.compute_capability, self.sms, self.smem_optin = memory, compute_capability, sms, smem_optin
         self.name, self.pool_used_bytes, self.host_array_args = name, pool_used_bytes, host_array_args
-        self.kernels: dict[str, Callable] = dict(kernels or {})
+        #: emulators by entry-point name, or a function (module, name) -> emulator or None (KeyError: no such entry)
+        self.kernels: dict[str, Callable] | Callable = kernels if callable(kernels) else dict(kernels or {})
+        self.runtime_version, self.distinct_arrays = runtime_version, distinct_arrays
         self.launches: list[tuple] = []
         self.modules: list = []
         self.hooks: list = []
@@ -556,7 +652,7 @@ class Runtime:
                 "major": s.compute_capability // 10, "minor": s.compute_capability % 10}
 
     def runtimeGetVersion(self) -> int:  # noqa: N802
-        return 12080
+        return self._s.runtime_version
 
     driverGetVersion = runtimeGetVersion  # noqa: N815
 
@@ -647,6 +743,7 @@ def make_cupy(**device: Any) -> types.ModuleType:
         state.allocator = fn if fn is not None else "cupy-pool"
 
     cuda.get_allocator, cuda.set_allocator = get_allocator, set_allocator
+    cuda.compiler = types.SimpleNamespace(CompileException=RuntimeError)
     cuda.alloc_pinned_memory = lambda n: np.zeros(max(int(n), 1), np.uint8)
     cuda.PinnedMemoryPointer = None
 
@@ -708,6 +805,8 @@ def make_cupy(**device: Any) -> types.ModuleType:
 
     cp.__getattr__ = __getattr__
     cp.cupyx = _cupyx_modules()
+    if state.distinct_arrays:
+        _distinct_functions(cp)
     return cp
 
 
