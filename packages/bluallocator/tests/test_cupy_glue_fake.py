@@ -1,4 +1,4 @@
-"""CPU twins of test_cupy.py: the CuPy glue driven through the repository's fake CUDA device (testing/fake_cuda.py)
+"""CPU twins of test_cupy.py: the CuPy glue driven through the repository's fake CUDA device (testing/fake_cuda/)
 with simulated memory (bluallocator's FakeDeviceBackend): install, GC-driven frees, record_stream, the OOM retry run
 for real; only the device is simulated."""
 

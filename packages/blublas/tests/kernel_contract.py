@@ -1,5 +1,5 @@
 """NumPy emulation of blublas's kernel contract (argument list, flags, split-K layout, TMA tensor maps), run by the
-repository's fake CUDA device (testing/fake_cuda.py) for every blublas kernel launch. It checks the Python launch
+repository's fake CUDA device (testing/fake_cuda/) for every blublas kernel launch. It checks the Python launch
 plumbing (argument order, leading dimensions, batch strides, flags, grids, shared memory) on a CPU-only machine; the
 CUDA code itself is checked by NVRTC (tests/test_nvrtc_compile.py) and on a GPU (the cuda-marked tests/test_gpu*.py).
 """

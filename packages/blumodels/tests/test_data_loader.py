@@ -194,7 +194,7 @@ def test_pinned_equals_sync_on_cuda(shards, W, r):
 # ------------------------------------------------------------ the pinned path on an emulated CUDA (CPU twin)
 @pytest.fixture()
 def fake_cuda(monkeypatch):
-    """The shared fake CUDA device (testing/fake_cuda.py): copies queued on a stream run only when an event
+    """The shared fake CUDA device (testing/fake_cuda/): copies queued on a stream run only when an event
     recorded after them is waited on or synchronized; ``arr.set(host, stream)`` reads ``host`` when it runs."""
     from blumodels.data import loader as loader_mod
 

@@ -13,7 +13,7 @@ from bluprofiler.memory import MemoryTracker, make_cupy_hook
 
 
 def fake_cupy(allocator=None):
-    """The repository's fake CUDA device (testing/fake_cuda.py) as these tests want it: the current stream's handle
+    """The repository's fake CUDA device (testing/fake_cuda/) as these tests want it: the current stream's handle
     0x77, 1 KiB in CuPy's pool before the session, and ``allocator`` (when given) set as CuPy's allocator."""
     cp = fake_cuda.make_cupy(null_stream_ptr=0x77, pool_used_bytes=1024)
     if allocator is not None:

@@ -1,5 +1,5 @@
 """Launch-argument check without a GPU: runs tests/kernel_checks.py's checks on the repository's fake CUDA device
-(testing/fake_cuda.py: kernels only recorded) and compares every launch's argument count and scalar types with the
+(testing/fake_cuda/: kernels only recorded) and compares every launch's argument count and scalar types with the
 kernel's C signature (from ``nvcc -E``). Usage (repo root): python packages/blutensor/dev/launch_argcheck.py
 """
 

@@ -1,4 +1,4 @@
-"""blutensor's CUDA branch on the repository's fake CUDA device (testing/fake_cuda.py), on a machine without a GPU.
+"""blutensor's CUDA branch on the repository's fake CUDA device (testing/fake_cuda/), on a machine without a GPU.
 
 Importing this module (or loading it as a pytest plugin: ``-p fake_device_plugin``) puts the fake ``cupy`` and
 ``cupyx`` into ``sys.modules`` before blutensor imports them, turns the fused CUDA kernels off (the fake device runs

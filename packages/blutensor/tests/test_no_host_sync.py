@@ -1,7 +1,7 @@
 """The training step's device work never reads device memory on the host (no host sync).
 
 On the CPU (the GPU proof is CUDA-graph capture itself, which refuses host reads: blumodels'
-test_graph_step_cuda.py): the fake CUDA device (testing/fake_cuda.py, through tests/fake_device_plugin.py) runs
+test_graph_step_cuda.py): the fake CUDA device (testing/fake_cuda/, through tests/fake_device_plugin.py) runs
 blutensor's CUDA branch, and every way of bringing a device value to the host (``float()``, ``int()``, ``bool()``,
 ``.item()``, ``.get()``, ``.tolist()``, ``cupy.asnumpy``) is counted. clip_grad_norm_ (L2 and inf norms, with and
 without clipping) must count zero and match NumPy.

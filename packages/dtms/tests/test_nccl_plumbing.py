@@ -1,4 +1,4 @@
-"""The NCCL backend's code on CPU, against the fake CUDA device's CuPy/NCCL (testing/fake_cuda.py) with thread
+"""The NCCL backend's code on CPU, against the fake CUDA device's CuPy/NCCL (testing/fake_cuda/) with thread
 ranks: pointers, counts, dtypes, all-to-all offsets, p2p groups, sub-groups and the store bootstrap."""
 
 import threading

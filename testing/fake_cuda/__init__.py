@@ -14,17 +14,16 @@ collective at call time across thread ranks; memory comes from a simulated devic
 bluallocator's ``FakeDeviceBackend``: malloc, free, memGetInfo, events and capture state delegate to it); memory
 hooks, NVTX ranges and the pool's used bytes are recorded for profilers.
 
-Nothing here imports a BluTrain package, so every package's tests can use it. Import it as ``fake_cuda`` with this
-directory on ``sys.path`` (each package's ``tests/conftest.py`` puts it there). What it checks is the Python side
-(pointers, counts, dtypes, launch arguments, ordering); the CUDA code itself is checked by NVRTC and by the
-``cuda``-marked tests on a GPU.
+Nothing here imports a BluTrain package, so every package's tests can use it. Import it as ``fake_cuda`` with the
+repository's ``testing/`` directory on ``sys.path`` (each package's ``tests/conftest.py`` puts it there). What it
+checks is the Python side (pointers, counts, dtypes, launch arguments, ordering); the CUDA code itself is checked by
+NVRTC and by the ``cuda``-marked tests on a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import re
 import sys
 import threading
@@ -34,6 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .nccl import nccl_module
 
 __all__ = ["DeviceBuffer", "DeviceState", "DistinctArray", "Event", "Graph", "Stream", "host_view", "install",
            "installed", "make_cupy", "modules", "ndarray"]
@@ -385,115 +386,6 @@ def _raw_module_class(state: DeviceState) -> type:
     return RawModule
 
 
-# ------------------------------------------------------------------ NCCL (thread ranks)
-_NCCL_NP = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64, 6: np.float16,
-            7: np.float32, 8: np.float64}
-_NCCL_RED = {0: np.add.reduce, 1: np.multiply.reduce, 2: np.maximum.reduce, 3: np.minimum.reduce}
-
-
-def _nccl_mem(ptr: int, count: int, t: int) -> np.ndarray:
-    return host_view(ptr, _NCCL_NP[t], (count,))
-
-
-class _World:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.barrier = threading.Barrier(size, timeout=20)
-        self.slots: dict = {}
-        self.mail: dict = {}
-
-
-_worlds: dict[bytes, _World] = {}
-_worlds_lock = threading.Lock()
-_nccl_group = threading.local()
-
-
-class NcclCommunicator:
-    """One rank of a communicator; ranks are threads of this process meeting through the unique id."""
-
-    def __init__(self, size: int, uid: bytes, rank: int) -> None:
-        if not isinstance(uid, bytes):
-            raise TypeError("Argument 'commId' has incorrect type (expected bytes)")
-        with _worlds_lock:
-            self.w = _worlds.setdefault(uid, _World(size))
-        self.rank, self.size = rank, size
-        self.w.barrier.wait()
-
-    def _exchange(self, item: np.ndarray) -> list:
-        self.w.slots[self.rank] = item
-        self.w.barrier.wait()
-        items = [self.w.slots[r].copy() for r in range(self.size)]  # read everything before anyone writes
-        self.w.barrier.wait()
-        return items
-
-    def allReduce(self, s: int, r: int, count: int, t: int, op: int, stream: Any) -> None:  # noqa: N802
-        vals = self._exchange(_nccl_mem(s, count, t))
-        _nccl_mem(r, count, t)[...] = np.mean(vals, axis=0) if op == 4 else _NCCL_RED[op](np.stack(vals), axis=0)
-
-    def reduceScatter(self, s: int, r: int, recvcount: int, t: int, op: int, stream: Any) -> None:  # noqa: N802
-        vals = self._exchange(_nccl_mem(s, recvcount * self.size, t))
-        full = np.mean(vals, axis=0) if op == 4 else _NCCL_RED[op](np.stack(vals), axis=0)
-        _nccl_mem(r, recvcount, t)[...] = full[self.rank * recvcount:(self.rank + 1) * recvcount]
-
-    def allGather(self, s: int, r: int, count: int, t: int, stream: Any) -> None:  # noqa: N802
-        _nccl_mem(r, count * self.size, t)[...] = np.concatenate(self._exchange(_nccl_mem(s, count, t)))
-
-    def broadcast(self, s: int, r: int, count: int, t: int, root: int, stream: Any) -> None:
-        _nccl_mem(r, count, t)[...] = self._exchange(_nccl_mem(s, count, t))[root]
-
-    def send(self, s: int, count: int, t: int, peer: int, stream: Any) -> None:
-        self._p2p(("send", s, count, t, peer))
-
-    def recv(self, r: int, count: int, t: int, peer: int, stream: Any) -> None:
-        self._p2p(("recv", r, count, t, peer))
-
-    def _p2p(self, op: tuple) -> None:
-        ops = getattr(_nccl_group, "ops", None)
-        if ops is not None:
-            ops.append((self, op))
-        else:
-            self._run_p2p([op])
-
-    def _run_p2p(self, ops: list) -> None:
-        for kind, p, count, t, peer in ops:
-            if kind == "send":
-                n = len([1 for k in self.w.mail if k[:2] == (self.rank, peer)])
-                self.w.mail[(self.rank, peer, n)] = _nccl_mem(p, count, t).copy()
-        self.w.barrier.wait()
-        seen: dict = {}
-        for kind, p, count, t, peer in ops:
-            if kind == "recv":
-                i = seen.get(peer, 0)
-                seen[peer] = i + 1
-                _nccl_mem(p, count, t)[...] = self.w.mail[(peer, self.rank, i)]
-        self.w.barrier.wait()
-        for k in [k for k in self.w.mail if k[0] == self.rank]:
-            del self.w.mail[k]
-        self.w.barrier.wait()
-
-    def destroy(self) -> None:
-        pass
-
-
-def _nccl_module() -> types.ModuleType:
-    nccl = types.ModuleType("cupy.cuda.nccl")
-    nccl.available = True
-    nccl.NcclCommunicator = NcclCommunicator
-    nccl.get_unique_id = lambda: os.urandom(128)
-    nccl.get_version = lambda: 22000
-
-    def group_start() -> None:
-        _nccl_group.ops = []
-
-    def group_end() -> None:
-        ops, _nccl_group.ops = _nccl_group.ops, None
-        if ops:
-            ops[0][0]._run_p2p([op for _, op in ops])
-
-    nccl.groupStart, nccl.groupEnd = group_start, group_end
-    return nccl
-
-
 # ------------------------------------------------------------------ memory
 class CUDARuntimeError(RuntimeError):
     def __init__(self, status: int) -> None:
@@ -718,7 +610,7 @@ def make_cupy(**device: Any) -> types.ModuleType:
     cuda.Device, cuda.Stream, cuda.Event, cuda.Graph = _Device, Stream, Event, Graph
     cuda.get_current_stream = _current_stream
     cuda.get_elapsed_time = _elapsed
-    cuda.nccl = _nccl_module()
+    cuda.nccl = nccl_module()
     cuda.nvtx = types.SimpleNamespace(available=True, RangePush=lambda n, *a: state.nvtx_ranges.append(n),
                                       RangePop=lambda: state.nvtx_ranges.append(None))
     class Pool(MemoryPool):
