@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from bluallocator import CachingAllocator, FakeDeviceBackend
 from bluallocator.cuda_backend import cuda_available
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testing"))  # the shared fake CUDA device
 CUDA = cuda_available()
 MiB = 1 << 20
 

@@ -1,22 +1,22 @@
-"""CPU twins of test_cupy.py: the CuPy glue driven through a fake ``cupy`` module on a fake device."""
+"""CPU twins of test_cupy.py: the CuPy glue driven through the repository's fake CUDA device (testing/fake_cuda/)
+with simulated memory (bluallocator's FakeDeviceBackend): install, GC-driven frees, record_stream, the OOM retry run
+for real; only the device is simulated."""
 
 from __future__ import annotations
 
 import gc
-import sys
 
 import bluallocator
+import fake_cuda
 import pytest
-from bluallocator import OutOfMemoryError, cupy_glue
-from fake_cupy import make_fake_cupy
+from bluallocator import FakeDeviceBackend, OutOfMemoryError, cupy_glue
 
 MiB = 1 << 20
 
 
 @pytest.fixture
 def fcupy(monkeypatch):
-    mod = make_fake_cupy(256 * MiB)
-    monkeypatch.setitem(sys.modules, "cupy", mod)
+    mod = fake_cuda.install(monkeypatch, memory=FakeDeviceBackend(256 * MiB))
     monkeypatch.setattr(cupy_glue, "_allocators", {})
     monkeypatch.setattr(cupy_glue, "_state", {"installed": False, "previous": None, "alloc_fn": None,
                                               "kwargs": {}})
@@ -55,14 +55,14 @@ def test_record_stream_on_an_array_defers_reuse(fcupy):
     a = bluallocator.install()
     x = fcupy.empty(16384)
     ptr = x.data.mem.ptr
-    fcupy.backend.enqueue(77)  # stream 77 has queued work reading x
+    fcupy.device.memory.enqueue(77)  # stream 77 has queued work reading x
     bluallocator.record_stream(x, 77)
     del x
     gc.collect()
     assert a.memory_stats()["pending_free_bytes"] == 16384
     z = fcupy.empty(16384)
     assert z.data.ptr != ptr
-    fcupy.backend.synchronize(77)
+    fcupy.device.memory.synchronize(77)
     w = fcupy.empty(16384)
     assert w.data.ptr == ptr
 
@@ -72,21 +72,21 @@ def test_allocations_follow_the_current_stream(fcupy):
     x = fcupy.empty(4096)
     p = x.data.ptr
     del x
-    fcupy.use_stream(5)
+    fcupy.cuda.Stream(ptr=5).use()
     y = fcupy.empty(4096)
     assert y.data.ptr != p and a.memory_stats()["segments"] == 2
 
 
 def test_graph_pool_blocks_stay_in_the_graph_pool(fcupy):
     a = bluallocator.install()
-    fcupy.backend.begin_capture(9)
-    fcupy.use_stream(9)
+    fcupy.device.memory.begin_capture(9)
+    fcupy.cuda.Stream(ptr=9).use()
     with a.graph_pool() as pid:
         t = fcupy.empty(MiB)
         u = fcupy.empty(3 * MiB)
         del t
         out = fcupy.empty(MiB)
-    fcupy.backend.end_capture(9)
+    fcupy.device.memory.end_capture(9)
     spans = [(s["ptr"], s["ptr"] + s["size"]) for s in a.snapshot() if s["pool"] == f"private:{pid}"]
     others = [fcupy.empty(n) for n in (MiB, MiB, 3 * MiB, 1000)]
     for o in others:

@@ -1,6 +1,8 @@
-"""Turn a dev/gpu_check_wgmma.py result into the shipped table of measured best (config, splits) per GPT-2 shape
-(src/blublas/tuned_sm90.json), which launch.select consults after the user's autotune cache and before the cost
-model. Usage: python3 packages/blublas/dev/make_tuned_table.py OUT/blublas_wgmma_check.json"""
+"""Turn a benchmarks/blublas/bench_gemm_configs.py result (run on an sm_90 GPU) into the shipped table of measured
+best (config, splits) per GPT-2 shape (src/blublas/tuned_sm90.json), which launch.select consults after the user's
+autotune cache and before the cost model. Usage:
+    python3 benchmarks/blublas/bench_gemm_configs.py --precision bf16 --precision tf32 --out CONFIGS.json
+    python3 packages/blublas/dev/make_tuned_table.py CONFIGS.json"""
 
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ def main(path: str) -> None:
     from blublas.autotune import problem_key
 
     doc = json.loads(Path(path).read_text())
+    if doc.get("env", {}).get("cc") != 90:
+        sys.exit(f"{path}: measured on compute capability {doc.get('env', {}).get('cc')}, the table is for sm_90")
     table = {}
     for prec in ("bf16", "tf32"):
-        for r in doc["sections"].get(f"bench_{prec}", {}).get("rows", []):
+        for r in doc["precisions"].get(prec, {}).get("rows", []):
             ok = {k: v for k, v in r.get("candidates_ms", {}).items() if isinstance(v, float)}
             if not ok:
                 continue

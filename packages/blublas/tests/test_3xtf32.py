@@ -7,6 +7,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import replace
 
+import kernel_contract
 import numpy as np
 import pytest
 from blublas import GemmError, gemm, gemm_batched
@@ -282,28 +283,26 @@ def test_gpu_3xtf32_within_fp32_tolerance(how, provider, layout, shape, monkeypa
     assert check_case(case, cp, provider=provider) <= case.tol, case.describe()
 
 
-# ---- the real launch plumbing on fake_cupy (kernel arguments checked against the .cu signature) -----------
+# ---- the real launch plumbing on the fake CUDA device (kernel arguments checked against the .cu signature) ---
 
 
 @pytest.fixture
 def fcp(monkeypatch, tmp_path):
-    import fake_cupy
-
     monkeypatch.setenv("BLUBLAS_WGMMA", "0")
-    return fake_cupy.install(monkeypatch, tmp_path)
+    return kernel_contract.install(monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("how", ("concat", "two"))
 @pytest.mark.parametrize("layout", ("nn", "nt", "tn"))
 @pytest.mark.parametrize("shape", ((7, 5, 3), (33, 17, 65), (64, 128, 96)))
 @pytest.mark.parametrize("batch", (0, 2))
-def test_fake_cupy_3xtf32_plumbing(fcp, monkeypatch, how, layout, shape, batch):
+def test_fake_device_3xtf32_plumbing(fcp, monkeypatch, how, layout, shape, batch):
     monkeypatch.setenv("BLUBLAS_3XTF32", how)
     rng = np.random.default_rng(zlib.crc32(repr((how, layout, shape, batch)).encode()))
     case = make_case(rng, *shape, layout=layout, precision="3xtf32", bias="f32", epilogue="gelu",
                      save_preact=True, beta=0.5, batch=batch)
     assert check_case(case, fcp, provider="blublas") <= case.tol, case.describe()
-    names = [r["name"] for r in fcp.LAUNCHES]
+    names = [r["name"] for r in kernel_contract.LAUNCHES]
     splits = [n for n in names if n.startswith("blu_split_tf32")]
     assert len(splits) == 2, names
     vec = shape[0 if layout[0] == "t" else 2] % 4 == 0  # a's stored columns: M (trans_a) or K
@@ -314,7 +313,7 @@ def test_fake_cupy_3xtf32_plumbing(fcp, monkeypatch, how, layout, shape, batch):
 
 @pytest.mark.parametrize("how", ("concat", "two"))
 @pytest.mark.parametrize("layout", ("nn", "nt", "tn"))
-def test_fake_cupy_3xtf32_k_chunks_bound_the_temporaries(fcp, monkeypatch, how, layout):
+def test_fake_device_3xtf32_k_chunks_bound_the_temporaries(fcp, monkeypatch, how, layout):
     """A long K runs in chunks under BLUBLAS_3XTF32_MAX_TEMP_MB; beta, bias, GELU and preact stay exact."""
     monkeypatch.setenv("BLUBLAS_3XTF32", how)
     monkeypatch.setenv("BLUBLAS_3XTF32_MAX_TEMP_MB", "1")
@@ -326,7 +325,7 @@ def test_fake_cupy_3xtf32_k_chunks_bound_the_temporaries(fcp, monkeypatch, how, 
     kc = max(256, ((1 << 20) // (parts * 4 * (64 + 128))) // 32 * 32)
     n_chunks = -(-1000 // kc)
     assert n_chunks > 1
-    splits = [r["name"] for r in fcp.LAUNCHES if r["name"].startswith("blu_split_tf32")]
+    splits = [r["name"] for r in kernel_contract.LAUNCHES if r["name"].startswith("blu_split_tf32")]
     assert len(splits) == 2 * n_chunks, splits
 
 

@@ -1,9 +1,9 @@
 """The GPU launch path (config choice, kernel arguments, split-K workspace and reduction, epilogue flags,
-batch strides, views) run against fake_cupy, whose kernels emulate the documented kernel contract."""
+batch strides, views) run against the fake CUDA device, whose kernels emulate the documented kernel contract."""
 
 from __future__ import annotations
 
-import fake_cupy
+import kernel_contract
 import numpy as np
 import pytest
 from blublas import configs, launch, loader
@@ -13,7 +13,7 @@ from blublas.testing import check_case, make_case
 @pytest.fixture
 def fcp(monkeypatch, tmp_path):
     monkeypatch.setenv("BLUBLAS_WGMMA_PROBE", "inproc")  # fake CuPy lives in this process only
-    return fake_cupy.install(monkeypatch, tmp_path)
+    return kernel_contract.install(monkeypatch, tmp_path)
 
 
 LAYOUTS = ("nn", "nt", "tn")
@@ -62,7 +62,7 @@ def test_launch_plumbing_split_k(fcp, layout, precision, splits):
     )
     cfg = configs.configs_for(configs.VARIANT_OF_PRECISION[precision], 90)[-1].name
     assert check_case(case, fcp, config=cfg, splits=splits) <= case.tol, case.describe()
-    names = [rec["name"] for rec in fcp.LAUNCHES]
+    names = [rec["name"] for rec in kernel_contract.LAUNCHES]
     assert ("blu_gemm_splitk_reduce_v4" if n % 4 == 0 else "blu_gemm_splitk_reduce") in names
 
 
@@ -87,10 +87,10 @@ def test_launch_plumbing_views_and_vector_flag(fcp):
     b = fcp.asarray(rng.standard_normal((40, 16)).astype(np.float32))
     out = gemm(a, b, precision="tf32")
     np.testing.assert_allclose(out.get(), a.get().astype(np.float64) @ b.get(), rtol=1e-4, atol=1e-4)
-    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_tf32_")
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_tf32_")
     a2 = fcp.asarray(rng.standard_normal((64, 32)).astype(np.float32))
     gemm(a2, b[:32], precision="tf32")  # b[:32] is 16-byte aligned with ld 16
-    assert fcp.LAUNCHES[-1]["block"]
+    assert kernel_contract.LAUNCHES[-1]["block"]
 
 
 def test_autotune_measures_once_then_reuses_cache(fcp, monkeypatch):
@@ -116,10 +116,10 @@ def test_autotune_measures_once_then_reuses_cache(fcp, monkeypatch):
     gemm(a16, b16, precision="bf16", autotune=True)
     assert calls
     n = len(calls)
-    fcp.LAUNCHES.clear()
+    kernel_contract.LAUNCHES.clear()
     gemm(a16, b16, precision="bf16", autotune=True)
     assert len(calls) == n  # cached
-    assert fcp.LAUNCHES[-1]["name"] == "blu_gemm_bf16_128x128x32_w2x2_s4_nn"
+    assert kernel_contract.LAUNCHES[-1]["name"] == "blu_gemm_bf16_128x128x32_w2x2_s4_nn"
     entries = autotune.default_cache()
     assert len(entries) == 1
 
@@ -165,7 +165,7 @@ def test_cublas_fallback_epilogue_kernel_arguments(fcp, monkeypatch, precision, 
             beta=0.25,
         )
         assert check_case(case, fcp, "cublas") <= case.tol, case.describe()
-    assert fcp.LAUNCHES[-1]["name"] == "blu_gemm_epilogue_apply"
+    assert kernel_contract.LAUNCHES[-1]["name"] == "blu_gemm_epilogue_apply"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -186,10 +186,10 @@ def test_launch_plumbing_wgmma(fcp, monkeypatch, tmp_path, layout):
             rng, 136, 72, 104, layout=layout, precision="bf16", bias="f32", epilogue="gelu", save_preact=True, beta=0.5
         )
         assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
-        assert fcp.LAUNCHES[-1]["name"] == cfg.kernel_name(layout)
+        assert kernel_contract.LAUNCHES[-1]["name"] == cfg.kernel_name(layout)
     case = make_case(rng, 512, 512, 256, layout=layout, precision="bf16")
     assert check_case(case, fcp) <= case.tol
-    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
     assert built == [("gemm_wgmma_bf16.cu", "90a")]
     for cfg in configs.configs_for("wgmma_tf32", 90):
         case = make_case(
@@ -197,13 +197,13 @@ def test_launch_plumbing_wgmma(fcp, monkeypatch, tmp_path, layout):
         )
         # wgmma reads tf32 K-major only: NN/TN copy the M/N-major operands transposed, then run the NT kernel
         assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, case.describe())
-        assert fcp.LAUNCHES[-1]["name"] == cfg.kernel_name("nt")
-        copies = [x["name"] for x in fcp.LAUNCHES[-3:-1] if x["name"] == "blu_transpose_f32"]
+        assert kernel_contract.LAUNCHES[-1]["name"] == cfg.kernel_name("nt")
+        copies = [x["name"] for x in kernel_contract.LAUNCHES[-3:-1] if x["name"] == "blu_transpose_f32"]
         assert len(copies) == {"nt": 0, "nn": 1, "tn": 2}[layout]
     case = make_case(rng, 512, 512, 256, layout=layout, precision="tf32")
     assert check_case(case, fcp) <= case.tol
     if layout == "nt":  # NN/TN: the heuristic weighs the copies (this small problem may stay on mma.sync)
-        assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_tf32_")
+        assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_tf32_")
 
 
 def test_wgmma_auto_mode_self_tests_once_and_falls_back_on_failure(fcp, monkeypatch):
@@ -216,7 +216,7 @@ def test_wgmma_auto_mode_self_tests_once_and_falls_back_on_failure(fcp, monkeypa
     case = make_case(rng, 512, 512, 256, layout="nn", precision="bf16")
     assert check_case(case, fcp) <= case.tol
     assert launch._probe_results == {(0, "wgmma", "nn"): True}
-    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
 
     monkeypatch.setattr(launch, "_probe_results", {})
     monkeypatch.setattr("blublas.memo._launch_memo", {})
@@ -228,7 +228,7 @@ def test_wgmma_auto_mode_self_tests_once_and_falls_back_on_failure(fcp, monkeypa
         case = make_case(rng, 512, 512, 256, layout="nt", precision="bf16")
         assert real(case, fcp) <= case.tol
     assert launch._probe_results == {(0, "wgmma", "nt"): False}
-    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
 
 
 def test_wgmma_off_never_self_tests(fcp, monkeypatch):
@@ -237,7 +237,7 @@ def test_wgmma_off_never_self_tests(fcp, monkeypatch):
     case = make_case(rng, 512, 512, 256, layout="tn", precision="bf16")
     assert check_case(case, fcp) <= case.tol
     assert launch._probe_results == {}
-    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
 
 
 def test_launch_memo_replays_repeated_calls_and_never_a_changed_one(fcp, monkeypatch):
@@ -258,10 +258,10 @@ def test_launch_memo_replays_repeated_calls_and_never_a_changed_one(fcp, monkeyp
     b = fcp.asarray(case.b)
     out = fcp.zeros((96, 80), np.uint16)
     planned.clear()
-    n0 = len(fcp.LAUNCHES)
+    n0 = len(kernel_contract.LAUNCHES)
     for _ in range(3):
         api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4")
-    assert len(planned) == 1 and len(fcp.LAUNCHES) == n0 + 3  # planned once, launched three times
+    assert len(planned) == 1 and len(kernel_contract.LAUNCHES) == n0 + 3  # planned once, launched three times
     first = out.get().copy()
     api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4", alpha=2.0)
     assert len(planned) == 2  # alpha changed: planned again
@@ -278,11 +278,11 @@ def test_launch_memo_replays_repeated_calls_and_never_a_changed_one(fcp, monkeyp
     big_b64 = rng.standard_normal((2048, 48))
     big_b = fcp.asarray(big_b64.astype(np.float32))
     o2 = fcp.zeros((64, 48), np.float32)
-    n0 = len(fcp.LAUNCHES)
+    n0 = len(kernel_contract.LAUNCHES)
     for _ in range(2):  # split-K: GEMM into the workspace + reduction, both replayed
         api.gemm(big_a, big_b, o2, precision="fp32", splits=4, config="64x64x8_s4")
         assert np.allclose(o2.get(), big_a64 @ big_b64, rtol=1e-4, atol=1e-3)
-    assert len(planned) == 4 and len(fcp.LAUNCHES) == n0 + 4
+    assert len(planned) == 4 and len(kernel_contract.LAUNCHES) == n0 + 4
     loader.workspace(1 << 22)  # a larger GEMM grew the stream's workspace: the recorded one is stale
     api.gemm(big_a, big_b, o2, precision="fp32", splits=4, config="64x64x8_s4")
     assert len(planned) == 5 and np.allclose(o2.get(), big_a64 @ big_b64, rtol=1e-4, atol=1e-3)

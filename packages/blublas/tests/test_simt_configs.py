@@ -1,5 +1,6 @@
 """The sm_90 SIMT (fp32) choice: the register-staged 128x128x8_s2 config with the split-K counts the H200
-run measured best (dev/gpu_check_simt.py), through the heuristic the library uses when not autotuning."""
+run measured best (benchmarks/blublas/bench_gemm_configs.py), through the heuristic the library uses when not
+autotuning."""
 
 from __future__ import annotations
 

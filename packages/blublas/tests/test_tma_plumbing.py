@@ -4,7 +4,7 @@ bases, leading dimensions and batch strides) and the fall-back to the mma.sync k
 
 from __future__ import annotations
 
-import fake_cupy
+import kernel_contract
 import numpy as np
 import pytest
 from blublas import GemmError, configs, launch, selftest, tma
@@ -15,7 +15,7 @@ from blublas.testing import check_case, make_case
 @pytest.fixture
 def fcp(monkeypatch, tmp_path):
     monkeypatch.setenv("BLUBLAS_WGMMA", "1")
-    return fake_cupy.install(monkeypatch, tmp_path, sm90=True)
+    return kernel_contract.install(monkeypatch, tmp_path, sm90=True)
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
@@ -31,8 +31,8 @@ def test_every_tma_config_through_the_tensor_maps(fcp, layout, precision):
             for kw in ({"bias": "f32", "epilogue": "gelu", "save_preact": True, "beta": 0.5}, {"batch": 2}):
                 case = make_case(rng, *shape, layout=layout, precision=precision, **kw)
                 assert check_case(case, fcp, config=cfg.name) <= case.tol, (cfg.name, shape, kw)
-                assert fcp.LAUNCHES[-1]["name"] == cfg.kernel_name(layout if precision == "bf16" else "nt")
-                assert fcp.LAUNCHES[-1]["block"] == (384,)
+                assert kernel_contract.LAUNCHES[-1]["name"] == cfg.kernel_name(layout if precision == "bf16" else "nt")
+                assert kernel_contract.LAUNCHES[-1]["block"] == (384,)
         case = make_case(
             rng,
             *selftest.tma_shape(96, 200, 1500, layout, precision),
@@ -42,7 +42,7 @@ def test_every_tma_config_through_the_tensor_maps(fcp, layout, precision):
             epilogue="gelu",
         )
         assert check_case(case, fcp, config=cfg.name, splits=3) <= case.tol  # split-K: k chunks of whole tiles
-        assert fcp.LAUNCHES[-1]["name"] == "blu_gemm_splitk_reduce_v4"  # N = 200: float4 partials
+        assert kernel_contract.LAUNCHES[-1]["name"] == "blu_gemm_splitk_reduce_v4"  # N = 200: float4 partials
 
 
 def _problem(xp, layout, precision, m, n, k, batch=0):
@@ -98,12 +98,12 @@ def test_unaligned_problem_uses_mma_sync_and_forcing_tma_is_a_clear_error(fcp):
     rng = np.random.default_rng(4)
     case = make_case(rng, 512, 512, 250, layout="nt", precision="bf16")  # ld 250 bf16 = 500 bytes
     assert check_case(case, fcp) <= case.tol
-    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
     with pytest.raises(GemmError, match="reads operands through TMA"):
         check_case(case, fcp, config="128x256x64_ws_s4")
     case = make_case(rng, 512, 512, 256, layout="nt", precision="bf16")
     assert check_case(case, fcp) <= case.tol
-    assert fcp.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
 
 
 def test_tensor_maps_are_cached_and_passed_as_one_element_128_byte_arrays(fcp):
@@ -119,14 +119,14 @@ def test_vec8_epilogue_flag_only_where_16_byte_rows_allow(fcp):
         for kw in ({}, {"epilogue": "gelu", "save_preact": True, "bias": "f32", "beta": 0.5}):
             case = make_case(rng, m, n, k, layout="nt", precision="bf16", **kw)
             assert check_case(case, fcp, config="128x128x64_pp_s6") <= case.tol
-            assert bool(fcp.LAUNCHES[-1]["flags"] & launch.F_VEC8) == want, (m, n, k, kw)
+            assert bool(kernel_contract.LAUNCHES[-1]["flags"] & launch.F_VEC8) == want, (m, n, k, kw)
     case = make_case(rng, 256, 264, 2048, layout="nt", precision="bf16")
     assert check_case(case, fcp, config="128x128x64_pp_s6", splits=2) <= case.tol
-    gemm = [x for x in fcp.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
+    gemm = [x for x in kernel_contract.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
     assert gemm["flags"] & launch.F_VEC8  # split-K: fp32 partials with row stride N = 264 (16-byte rows)
     case = make_case(rng, 256, 270, 2048, layout="nt", precision="bf16")
     assert check_case(case, fcp, config="128x128x64_pp_s6", splits=2) <= case.tol
-    gemm = [x for x in fcp.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
+    gemm = [x for x in kernel_contract.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
     assert not gemm["flags"] & launch.F_VEC8  # N = 270: rows of 1080 bytes
 
 
@@ -140,7 +140,7 @@ def test_tma_store_epilogue_only_for_plain_epilogues_on_tma_addressable_outputs(
         case = make_case(rng, m, n, k, layout="nt", precision=precision, **kw)
         cfg = "128x128x64_pp_s6" if precision == "bf16" else "128x128x32_ws_s6"
         assert check_case(case, fcp, config=cfg, splits=splits) <= case.tol
-        gemm = [x for x in fcp.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
+        gemm = [x for x in kernel_contract.LAUNCHES if x["name"].startswith("blu_gemm_wgmma")][-1]
         return bool(gemm["flags"] & launch.F_TMA_STORE)
 
     assert flag(256, 264, 128)
@@ -154,7 +154,7 @@ def test_tma_store_epilogue_only_for_plain_epilogues_on_tma_addressable_outputs(
     assert not flag(256, 264, 128, beta=0.5)
     assert not flag(256, 264, 128, epilogue="gelu")
     assert not flag(256, 264, 128, epilogue="gelu", save_preact=True, bias="f32")
-    fcp.LAUNCHES.clear()
+    kernel_contract.LAUNCHES.clear()
     old = launch._TMA_STORE_ON
     try:
         launch._TMA_STORE_ON = False

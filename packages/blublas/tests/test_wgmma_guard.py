@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import subprocess
 
-import fake_cupy
+import kernel_contract
 import numpy as np
 import pytest
 from blublas import autotune, configs, launch, selftest
@@ -18,7 +18,7 @@ from blublas.api import plan
 def fcp(monkeypatch, tmp_path):
     monkeypatch.delenv("BLUBLAS_WGMMA", raising=False)
     monkeypatch.delenv("BLUBLAS_WGMMA_PROBE", raising=False)
-    return fake_cupy.install(monkeypatch, tmp_path, sm90=True)
+    return kernel_contract.install(monkeypatch, tmp_path, sm90=True)
 
 
 def _problem(xp, layout="nt", precision="bf16", m=512, n=512, k=256):

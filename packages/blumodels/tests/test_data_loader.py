@@ -1,6 +1,7 @@
 """TokenLoader: the rank-strided cursor against a NumPy reference, resume, pinned == sync."""
 
 import blutensor as bt
+import fake_cuda as fake_cuda_mod
 import numpy as np
 import pytest
 from blumodels.data.loader import TokenLoader
@@ -191,71 +192,13 @@ def test_pinned_equals_sync_on_cuda(shards, W, r):
 
 
 # ------------------------------------------------------------ the pinned path on an emulated CUDA (CPU twin)
-class _FakeStream:
-    """Copies queued on a stream run only when an event recorded after them is waited on/synchronized."""
-
-    def __init__(self, immediate=False):
-        self.pending, self.seq, self.immediate = [], 0, immediate
-
-    def enqueue(self, fn):
-        if self.immediate:
-            fn()
-        else:
-            self.seq += 1
-            self.pending.append((self.seq, fn))
-
-    def run_until(self, seq):
-        while self.pending and self.pending[0][0] <= seq:
-            self.pending.pop(0)[1]()
-
-    def wait_event(self, ev):
-        if ev.stream is not None:
-            ev.stream.run_until(ev.seq)
-
-
-class _FakeEvent:
-    def __init__(self, **kw):
-        self.stream, self.seq = None, 0
-
-    def record(self, stream):
-        self.stream, self.seq = stream, stream.seq
-
-    def synchronize(self):
-        if self.stream is not None:
-            self.stream.run_until(self.seq)
-
-
-class _FakeArray(np.ndarray):
-    def get(self, *a, **k):
-        return np.asarray(self).copy()
-
-    def set(self, arr, stream=None):  # reads ``arr`` when the copy executes, like cudaMemcpyAsync
-        (stream or _FAKE_NULL).enqueue(lambda: np.copyto(np.asarray(self), arr))
-
-
-_FAKE_NULL = _FakeStream(immediate=True)
-
-
-def _fake_cupy():
-    import contextlib
-    import types
-
-    cp = types.SimpleNamespace(int64=np.int64)
-    cp.empty = lambda shape, dtype: np.zeros(shape, dtype).view(_FakeArray)
-    cp.asarray = lambda a: np.array(a).view(_FakeArray)
-    cp.cuda = types.SimpleNamespace(
-        Device=lambda i=0: contextlib.nullcontext(), Stream=lambda **k: _FakeStream(), Event=_FakeEvent,
-        get_current_stream=lambda: _FAKE_NULL)
-    return cp
-
-
 @pytest.fixture()
 def fake_cuda(monkeypatch):
-    import sys
-
+    """The shared fake CUDA device (testing/fake_cuda/): copies queued on a stream run only when an event
+    recorded after them is waited on or synchronized; ``arr.set(host, stream)`` reads ``host`` when it runs."""
     from blumodels.data import loader as loader_mod
 
-    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    fake_cuda_mod.install(monkeypatch)
     monkeypatch.setattr(loader_mod, "_pinned_empty", lambda shape, dtype: np.zeros(shape, dtype))
     return monkeypatch
 
@@ -283,6 +226,6 @@ def test_algorithm2_emulated(shards, fake_cuda, W, r):
 def test_algorithm2_emulation_catches_missing_wait(shards, fake_cuda):
     """The emulation is strict: without "default stream waits on h2d_done" the batches are wrong."""
     d, data = shards
-    fake_cuda.setattr(_FakeStream, "wait_event", lambda self, ev: None)
+    fake_cuda.setattr(fake_cuda_mod.Stream, "wait_event", lambda self, ev: None)
     got = _take(TokenLoader(d, "train", 2, 16, device="cuda"), 10)
     assert not all(np.array_equal(g[0], w[0]) for g, w in zip(got, reference(data, 2, 16, 0, 1, 10)))

@@ -11,7 +11,7 @@ import blutensor as bt
 import pytest
 from bluprofiler import memory, profile, profiler, timing
 from blutensor import ext
-from test_fake_cuda import FakeCupy
+from test_fake_cuda import fake_cupy
 
 
 def _inner_observers(on_forward, on_backward):
@@ -78,7 +78,7 @@ class _FakeBluallocator(types.ModuleType):
 def test_bluallocator_listener_attributes_allocs_and_frees(monkeypatch):
     blu = _FakeBluallocator()
     monkeypatch.setitem(sys.modules, "bluallocator", blu)
-    monkeypatch.setattr(profiler, "cupy_or_none", lambda: FakeCupy(allocator=lambda n: None))
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake_cupy(allocator=lambda n: None))
     ptrs = iter(range(0x1000, 0x100000, 0x100))
     live = {}
 
@@ -120,7 +120,7 @@ def test_listener_ignored_when_bluallocator_is_not_installed(monkeypatch):
     blu = _FakeBluallocator()
     blu.is_installed = lambda: False
     monkeypatch.setitem(sys.modules, "bluallocator", blu)
-    monkeypatch.setattr(profiler, "cupy_or_none", lambda: FakeCupy(allocator=lambda n: None))
+    monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake_cupy(allocator=lambda n: None))
     with profile() as prof:
         assert blu.listeners == []
         bt.exp(bt.randn(4))
@@ -128,7 +128,7 @@ def test_listener_ignored_when_bluallocator_is_not_installed(monkeypatch):
 
 
 def test_event_pool_grows_is_reused_and_every_span_gets_its_own_pair(monkeypatch):
-    fake = FakeCupy()
+    fake = fake_cupy()
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     monkeypatch.setattr(timing, "POOL_START", 4)
     x = bt.randn(8, 8, requires_grad=True)

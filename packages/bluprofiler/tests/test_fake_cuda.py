@@ -4,76 +4,26 @@ so a typo there fails CI even without a GPU; the cuda-marked twins check the rea
 from __future__ import annotations
 
 import json
-import time
-import types
 
 import blutensor as bt
+import fake_cuda
 import pytest
 from bluprofiler import memory, profile, profiler
 from bluprofiler.memory import MemoryTracker, make_cupy_hook
 
 
-class _Hook:
-    def __enter__(self):
-        FakeCupy.hooks.append(self)
-        return self
-
-    def __exit__(self, *a):
-        FakeCupy.hooks.remove(self)
-
-
-class _Runtime:
-    """The raw-event subset of ``cupy.cuda.runtime``: events are ints, recording stores a time."""
-
-    def __init__(self):
-        self.times: dict[int, float] = {}
-        self.streams: dict[int, int] = {}
-        self.created = 0
-        self.records = 0
-
-    def getDevice(self):
-        return 0
-
-    def getDeviceCount(self):
-        return 1
-
-    def eventCreateWithFlags(self, flags):
-        assert flags == 0  # timing on, no blocking sync
-        self.created += 1
-        return 0x1000 + self.created
-
-    def eventRecord(self, ev, stream):
-        self.records += 1
-        self.times[ev] = time.perf_counter()
-        self.streams[ev] = stream
-
-    def eventElapsedTime(self, a, b):
-        return (self.times[b] - self.times[a]) * 1e3
-
-
-class _Pool:
-    def malloc(self, n):
-        raise AssertionError("not called")
-
-
-class FakeCupy:
-    hooks: list = []
-    pushed: list = []
-
-    def __init__(self, allocator=None):
-        pool = _Pool()
-        self.cuda = types.SimpleNamespace(
-            MemoryPool=_Pool, get_allocator=lambda: allocator or pool.malloc,
-            MemoryHook=_Hook, runtime=_Runtime(), get_current_stream=lambda: types.SimpleNamespace(ptr=0x77),
-            Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
-            nvtx=types.SimpleNamespace(available=True, RangePush=lambda n: FakeCupy.pushed.append(n),
-                                       RangePop=lambda: FakeCupy.pushed.append(None)))
-        self.get_default_memory_pool = lambda: types.SimpleNamespace(used_bytes=lambda: 1024)
+def fake_cupy(allocator=None):
+    """The repository's fake CUDA device (testing/fake_cuda/) as these tests want it: the current stream's handle
+    0x77, 1 KiB in CuPy's pool before the session, and ``allocator`` (when given) set as CuPy's allocator."""
+    cp = fake_cuda.make_cupy(null_stream_ptr=0x77, pool_used_bytes=1024)
+    if allocator is not None:
+        cp.cuda.set_allocator(allocator)
+    return cp
 
 
 def test_memory_hook_records_and_attributes(monkeypatch):
     tr = MemoryTracker()
-    hook = make_cupy_hook(FakeCupy(), tr.raw)
+    hook = make_cupy_hook(fake_cupy(), tr.raw)
     monkeypatch.setattr(memory, "OWNER", "matmul.forward")
     hook.alloc_postprocess(device_id=0, mem_size=2 << 20, mem_ptr=0x1000)
     hook.malloc_postprocess(device_id=0, size=1000, mem_size=1024, mem_ptr=0x1000, pmem_id=1)
@@ -91,14 +41,14 @@ def test_memory_hook_records_and_attributes(monkeypatch):
 
 
 def test_profiler_cuda_path_with_fake_cupy(monkeypatch, tmp_path):
-    fake = FakeCupy()
+    fake = fake_cupy()
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
-    FakeCupy.pushed.clear()
+    fake.device.nvtx_ranges.clear()
     x = bt.randn(32, 32, requires_grad=True)
     with profile(nvtx=True) as prof:
-        assert len(FakeCupy.hooks) == 1
+        assert len(fake.device.hooks) == 1
         bt.sum(bt.exp(x)).backward()
-    assert FakeCupy.hooks == []
+    assert fake.device.hooks == []
     res = prof.result
     assert res.device == "cuda" and res.gpu_timing and res.baseline_bytes == 1024
     ops = res.ops()
@@ -106,8 +56,8 @@ def test_profiler_cuda_path_with_fake_cupy(monkeypatch, tmp_path):
     for e in ops:
         assert e.stream == 0x77 and e.gpu_ms is not None and 0 <= e.gpu_ms <= e.cpu_us / 1e3 + 1.0
         assert e.gpu_start_ms >= 0 and e._ev is None
-    assert [n for n in FakeCupy.pushed if n] == [e.key for e in ops]
-    assert FakeCupy.pushed.count(None) == len(ops)
+    assert [n for n in fake.device.nvtx_ranges if n] == [e.key for e in ops]
+    assert fake.device.nvtx_ranges.count(None) == len(ops)
     assert not res.mem_events  # the fake pool allocates nothing; NumPy arrays are not tracked in CUDA mode
     tr = json.loads(json.dumps(res.chrome_trace()))
     gpu = [e for e in tr["traceEvents"] if e["ph"] == "X" and e["pid"] == 2]
@@ -115,16 +65,17 @@ def test_profiler_cuda_path_with_fake_cupy(monkeypatch, tmp_path):
     names = {e["args"]["name"] for e in tr["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert "stream 0x77" in names
     assert "host ms" in res.table()
+    assert set(fake.device.event_flags) == {0}  # timing events, no blocking sync
 
 
 def test_foreign_allocator_falls_back_to_output_tracking(monkeypatch):
     """With an allocator that is not a CuPy MemoryPool (bluallocator), pool hooks would see nothing:
     the profiler tracks op outputs instead and says so."""
-    fake = FakeCupy(allocator=lambda n: None)
+    fake = fake_cupy(allocator=lambda n: None)
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     a = bt.randn(16, 16)
     with profile() as prof:
-        assert FakeCupy.hooks == []
+        assert fake.device.hooks == []
         bt.exp(a)
     res = prof.result
     assert [(m.kind, m.owner, m.nbytes) for m in res.mem_events if m.kind == "alloc"] == [
@@ -136,7 +87,7 @@ def test_failed_start_leaves_nothing_behind(monkeypatch):
     from bluprofiler import ProfilerError, active
     from blutensor import ext
 
-    fake = FakeCupy()
+    fake = fake_cupy()
 
     def broken(ev, stream):
         raise RuntimeError("cudaEventRecord failed")
@@ -147,7 +98,7 @@ def test_failed_start_leaves_nothing_behind(monkeypatch):
         profile().start()
     except RuntimeError as e:
         assert "cudaEventRecord" in str(e)
-    assert active() is None and ext.op_observers() == () and ext.backward_observers() == () and FakeCupy.hooks == []
+    assert active() is None and ext.op_observers() == () and ext.backward_observers() == () and fake.device.hooks == []
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: None)
     with profile():
         pass
@@ -161,23 +112,23 @@ def test_failed_start_leaves_nothing_behind(monkeypatch):
 def test_nvtx_default_follows_an_attached_tool(monkeypatch):
     """nvtx=None (default): ranges only when an NVTX tool is injected (Nsight sets
     NVTX_INJECTION64_PATH); nvtx=False wins even then."""
-    fake = FakeCupy()
+    fake = fake_cupy()
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
     monkeypatch.delenv("NVTX_INJECTION32_PATH", raising=False)
     x = bt.randn(4)
-    FakeCupy.pushed.clear()
+    fake.device.nvtx_ranges.clear()
     with profile(memory=False) as prof:
         bt.exp(x)
-    assert FakeCupy.pushed == [] and prof.result.meta["nvtx"] is False
+    assert fake.device.nvtx_ranges == [] and prof.result.meta["nvtx"] is False
     monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so")
     with profile(memory=False) as prof:
         bt.exp(x)
-    assert FakeCupy.pushed == ["exp.forward", None] and prof.result.meta["nvtx"] is True
-    FakeCupy.pushed.clear()
+    assert fake.device.nvtx_ranges == ["exp.forward", None] and prof.result.meta["nvtx"] is True
+    fake.device.nvtx_ranges.clear()
     with profile(memory=False, nvtx=False):
         bt.exp(x)
-    assert FakeCupy.pushed == []
+    assert fake.device.nvtx_ranges == []
 
 
 def test_view_ops_get_host_only_spans_and_no_events(monkeypatch, tmp_path):
@@ -185,7 +136,7 @@ def test_view_ops_get_host_only_spans_and_no_events(monkeypatch, tmp_path):
     CUDA events, are listed with CUDA-event time 0 and marked host-only in table and trace; their backward
     is host-only too where it is a view (transpose always; view when the grad is contiguous), while
     expand's backward (a sum) keeps its events."""
-    fake = FakeCupy()
+    fake = fake_cupy()
     rt = fake.cuda.runtime
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     x = bt.randn(4, 6, requires_grad=True)
@@ -232,7 +183,7 @@ def test_view_ops_get_host_only_spans_and_no_events(monkeypatch, tmp_path):
 def test_view_backward_of_a_non_contiguous_grad_keeps_its_events(monkeypatch):
     """view's backward reshapes the incoming grad: a copy (a kernel) when that grad is not
     C-contiguous, so the span keeps its events then."""
-    fake = FakeCupy()
+    fake = fake_cupy()
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     x = bt.randn(4, 6, requires_grad=True)
     with profile(memory=False) as prof:
@@ -244,7 +195,7 @@ def test_view_backward_of_a_non_contiguous_grad_keeps_its_events(monkeypatch):
 
 
 def test_gpu_events_off_keeps_a_gpu_session_host_timed(monkeypatch):
-    fake = FakeCupy()
+    fake = fake_cupy()
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     with profile(memory=False, gpu_events=False) as prof:
         bt.exp(bt.randn(4))
@@ -276,7 +227,7 @@ def test_identity_backward_is_host_only_and_plugin_view_kernels_keep_events(monk
     view op may launch work, so that op keeps its events."""
     from blutensor import ext
 
-    fake = FakeCupy()
+    fake = fake_cupy()
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     real = ext.resolve_kernel
 
@@ -301,7 +252,7 @@ def test_end_only_events_chain_spans(monkeypatch):
     """gpu_events="end": one event per evented op span; a span's GPU interval runs from the latest
     event recorded before it opened (the base event for the first) to its own end event, so
     consecutive spans tile the GPU lane; regions keep their own start and end events."""
-    fake = FakeCupy()
+    fake = fake_cupy()
     rt = fake.cuda.runtime
     monkeypatch.setattr(profiler, "cupy_or_none", lambda: fake)
     x = bt.randn(8, 8, requires_grad=True)

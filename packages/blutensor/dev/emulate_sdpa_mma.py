@@ -2,7 +2,7 @@
 forward, dK/dV and dQ kernels over the 32 lanes of each warp, with mma.sync modelled by the PTX fragment
 layouts (m16n8k8 tf32 and 3xtf32, m16n8k16 bf16). It checks the tiling, masking, online softmax and the
 accumulator -> A-operand conversion against the float64 reference; the fragment layouts themselves are
-the PTX ISA's and are confirmed only by the GPU run (gpu_check_kernels.py).
+the PTX ISA's and are confirmed only by the GPU run (the cuda-marked tests/test_cuda_kernels.py).
 
 Usage: python packages/blutensor/dev/emulate_sdpa_mma.py
 """

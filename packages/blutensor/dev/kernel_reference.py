@@ -1,4 +1,4 @@
-"""NumPy float64 references of the CUDA kernels (used by tests/test_cuda_kernels.py, gpu_check_kernels.py
+"""NumPy float64 references of the CUDA kernels (used by tests/test_cuda_kernels.py, tests/kernel_checks.py
 and benchmarks) plus the tolerances each kernel is held to.
 
 Error metric everywhere: max |out - ref| / max(max |ref|, 1e-30)  ("relative to the largest value").

@@ -1,7 +1,7 @@
 """blutensor's CUDA kernels: layer_norm, gelu, fused cross-entropy, embedding, multi-tensor AdamW,
 grad norm, flash attention (f32 SIMT, tf32 and bf16 mma).
 
-GPU tests (marked ``cuda``) run the checks of dev/gpu_check_kernels.py against NumPy float64 references
+GPU tests (marked ``cuda``) run the checks of tests/kernel_checks.py against NumPy float64 references
 (dev/kernel_reference.py) at the tolerances in ``kernel_reference.TOL`` and skip without CuPy or a GPU.
 Each has a CPU twin asserting the same property of the reference against blutensor's generic CPU op, and
 the pure-Python pieces (chunk table, kernel classes, sources, registration) are tested on CPU.
@@ -486,7 +486,7 @@ def test_bad_index_clear_error_cpu_twin(monkeypatch):
 
 # ============================================================== GPU (cuda-marked): the same properties on device
 def _run_gpu_check(name: str):
-    import gpu_check_kernels as gc
+    import kernel_checks as gc
 
     gc.RESULTS["checks"].clear()
     gc.RESULTS["errors"].clear()
@@ -517,6 +517,11 @@ def _run_gpu_check(name: str):
         "check_sdpa_bf16",
         "check_sdpa_tf32",
         "check_plugins",
+        "check_layer_norm_paths",
+        "check_gelu_paths",
+        "check_cross_entropy_paths_f32",
+        "check_cross_entropy_paths_bf16",
+        "check_grad_norm_paths",
     ],
 )
 def test_cuda_kernel_matches_reference(name):

@@ -1,9 +1,9 @@
 """The training step's device work never reads device memory on the host (no host sync).
 
 On the CPU (the GPU proof is CUDA-graph capture itself, which refuses host reads: blumodels'
-test_graph_step_cuda.py): the NumPy-backed CuPy stand-in (dev/np_cupy) runs blutensor's CUDA branch,
-and every way of bringing a device value to the host (``float()``, ``int()``, ``bool()``, ``.item()``,
-``.get()``, ``.tolist()``, ``cupy.asnumpy``) is counted. clip_grad_norm_ (L2 and inf norms, with and
+test_graph_step_cuda.py): the fake CUDA device (testing/fake_cuda/, through tests/fake_device_plugin.py) runs
+blutensor's CUDA branch, and every way of bringing a device value to the host (``float()``, ``int()``, ``bool()``,
+``.item()``, ``.get()``, ``.tolist()``, ``cupy.asnumpy``) is counted. clip_grad_norm_ (L2 and inf norms, with and
 without clipping) must count zero and match NumPy.
 """
 
@@ -14,11 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEV = Path(__file__).resolve().parent.parent / "dev" / "np_cupy"
+HERE = Path(__file__).resolve().parent
 
 SCRIPT = r"""
 import numpy as np
-import npcupy_plugin  # noqa: F401  (generic CUDA branch on the stand-in)
+import fake_device_plugin  # noqa: F401  (generic CUDA branch on the fake device)
 import cupy
 import blutensor as bt
 
@@ -64,7 +64,7 @@ print("OK", reads["n"])
 def test_clip_grad_norm_never_reads_device_memory_on_host(tmp_path):
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parent.parent / "src")
-    env["PYTHONPATH"] = os.pathsep.join([str(DEV), src, env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), src, env.get("PYTHONPATH", "")])
     env["BLUTRAIN_GEMM"] = "xp"
     r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120,
                        cwd=tmp_path)

@@ -1,23 +1,18 @@
-"""The NCCL backend's code on CPU, against a fake CuPy/NCCL (tests/fake_cupy_nccl.py) with thread ranks:
-pointers, counts, dtypes, all-to-all offsets, p2p groups, sub-groups and the store bootstrap."""
+"""The NCCL backend's code on CPU, against the fake CUDA device's CuPy/NCCL (testing/fake_cuda/) with thread
+ranks: pointers, counts, dtypes, all-to-all offsets, p2p groups, sub-groups and the store bootstrap."""
 
-import sys
 import threading
 
+import fake_cuda
 import numpy as np
 import pytest
 from dtms.process_group import CollectiveError
 from dtms.store import TCPStore
-from fake_cupy_nccl import make_modules
 
 
 @pytest.fixture
 def fake_cupy(monkeypatch):
-    cp, cuda, nccl = make_modules()
-    monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
-    monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", nccl)
-    return cp
+    return fake_cuda.install(monkeypatch)
 
 
 def run_ranks(world, fn):

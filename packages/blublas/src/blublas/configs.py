@@ -207,8 +207,9 @@ ARCHS: dict[int, ArchInfo] = {
                 "64x64x32_w2x2_s4",
                 "128x256x32_w2x4_s3",
             ),
-            # sm_90 (dev/gpu_check_simt.py): the register-staged 128x128x8_s2 won every GPT-2 fp32 shape over the
-            # cp.async configs and the 128x256 / 256x128 tiles (benchmarks/results/blublas_simt_h200.json)
+            # sm_90 (benchmarks/blublas/bench_gemm_configs.py): the register-staged 128x128x8_s2 won every GPT-2
+            # fp32 shape over the cp.async configs and the 128x256 / 256x128 tiles
+            # (benchmarks/results/blublas_simt_h200.json)
             "simt": ("128x128x8_s2",),
             "wgmma": ("128x256x64_ws_s4", "128x128x64_pp_s6", "128x128x64_ws_s6"),
             "wgmma_tf32": ("128x256x32_ws_s4", "128x128x32_pp_s6", "128x128x32_ws_s6"),
@@ -216,8 +217,8 @@ ARCHS: dict[int, ArchInfo] = {
     ),
 }
 
-#: TMA kernels on the H200 (measured with dev/gpu_check_wgmma.py, least squares over the GPT-2 shapes, +-15%): seconds
-#: per k tile and fixed seconds per output tile (epilogue, pipeline refill) of one CTA
+#: TMA kernels on the H200 (benchmarks/blublas/bench_gemm_configs.py timings, least squares over the GPT-2 shapes,
+#: +-15%): seconds per k tile and fixed seconds per output tile (epilogue, pipeline refill) of one CTA
 TMA_TILE_COST = {
     "128x256x64_ws_s4": (0.640e-6, 6.7e-6),
     "128x128x64_pp_s6": (0.352e-6, 2.6e-6),

@@ -33,7 +33,8 @@ EPI_DEFAULT, EPI_BIAS, EPI_GELU, EPI_GELU_AUX, EPI_GELU_BIAS, EPI_GELU_AUX_BIAS 
 WORKSPACE_BYTES = 32 << 20
 MAX_ALGOS = 8  # heuristic candidates requested; timed once per problem (see _tune)
 TUNE_MIN_FLOPS = 2e9  # smaller problems take the heuristic's first choice untimed
-#: one record per tuned problem: {"key", "algos", "first_ms", "best_ms", "best_index"} (read by dev/gpu_check)
+#: one record per tuned problem: {"key", "algos", "first_ms", "best_ms", "best_index"} (bench_gemm_configs.py
+#: records how far the heuristic's first algorithm is from the best timed one)
 TUNING_LOG: list[dict] = []
 
 _STATUS = {

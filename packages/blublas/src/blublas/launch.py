@@ -21,7 +21,7 @@ F_VEC8 = 256  # TMA kernels only (gemm_wgmma.cuh): 16-byte stores of 8 output co
 F_TMA_STORE = 1024  # TMA kernels only: the output written by TMA stores (no beta, GELU or pre-activation)
 # BLUBLAS_WGMMA_TMA_STORE=0 (read once at import): always the staged epilogue (A/B and a kill switch)
 _TMA_STORE_ON = os.environ.get("BLUBLAS_WGMMA_TMA_STORE", "1").strip() != "0"
-# diagnostics of the TMA kernels (dev/gpu_check_wgmma.py): skip the epilogue, read once at import
+# diagnostics of the TMA kernels (main-loop time alone in bench_gemm_configs.py): skip the epilogue, read once at import
 F_NO_EPILOGUE = 512 if os.environ.get("BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE") == "1" else 0
 EPILOGUE_FILE = "gemm_epilogue.cu"
 TRANSPOSE_FILE = "transpose.cu"

@@ -1,4 +1,4 @@
-"""Test helpers shared by the CPU tests, the GPU tests and dev/gpu_check.py: random cases, the float64
+"""Test helpers shared by the CPU tests, the GPU tests and benchmarks/blublas/: random cases, the float64
 reference of a case and the normalised error metric with its per-precision tolerance."""
 
 from __future__ import annotations

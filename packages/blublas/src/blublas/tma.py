@@ -160,7 +160,7 @@ def encode(spec: TmapSpec, name: str = "operand") -> np.ndarray:
     if hit is not None:
         return hit
     check_spec(spec, name)
-    # a CuPy stand-in (tests' fake_cupy) provides its own encoder: no driver there
+    # a CuPy stand-in (the tests' fake CUDA device) provides its own encoder: no driver there
     enc = getattr(sys.modules.get("cupy"), "blublas_encode_tmap", None) or _driver_encode
     raw = enc(spec)
     if len(raw) != 128:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from blutensor.cuda_ops._loader import _raise_smem_limit, cupy, function, num_sms
 
 _cache: dict[tuple, int] = {}
-#: why a query fell back to its guess, per kernel name (for dev/gpu_check_memkern.py)
+#: why a query fell back to its guess, per kernel name (what a diagnosis of a slow launch reads)
 errors: dict[str, str] = {}
 
 

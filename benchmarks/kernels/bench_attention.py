@@ -1,0 +1,190 @@
+"""blutensor's flash attention as GPT-2 calls it (one fused qkv projection, causal) beside PyTorch SDPA.
+
+    python3 benchmarks/kernels/bench_attention.py [--shape gpt2|long ...] [--reps 5] [--out OUT.json]
+
+Shapes: ``gpt2`` one GPT-2 124M layer (B=16, H=12, T=1024, HD=64), ``long`` long context (B=2, H=12, T=16384,
+HD=64). blutensor: ``bt.ext.sdpa_qkv`` on a (B, T, 3*C) Tensor (the strided kernels read q, k, v in place),
+forward and forward + backward through autograd, per kernel variant as a user selects it: fp32 under
+``bt.set_float32_matmul_precision("highest")`` (``tf32x3``; ``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``),
+``"high"`` (``tf32``), bfloat16 (``bf16_wgmma`` on sm_90, ``BLUTRAIN_SDPA_KERNEL=mma`` the mma.sync ``bf16``), and
+for the variants with a fused backward both ``BLUTRAIN_SDPA_BWD=fused`` and ``split``. PyTorch: SDPA on (B, H, T,
+HD) views of the same layout as nanoGPT calls it, fp32, fp32 with TF32 allowed, and bf16. Times: median of
+``--reps`` CUDA-event timings after two warm-up calls. Correctness against float64 is the cuda-marked
+packages/blutensor/tests/test_sdpa_variants_cuda.py. The JSON (default
+``benchmarks/results/attention_<gpu>.json``) is rewritten after every shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPES = {"gpt2": (16, 12, 1024, 64), "long": (2, 12, 16384, 64)}
+#: (label, dtype, float32 matmul precision, environment) of each blutensor variant
+BLU_RUNS = [
+    ("f32 simt", "float32", "highest", {"BLUTRAIN_SDPA_FP32": "simt"}),
+    ("tf32x3 fused", "float32", "highest", {"BLUTRAIN_SDPA_BWD": "fused"}),
+    ("tf32x3 split", "float32", "highest", {"BLUTRAIN_SDPA_BWD": "split"}),
+    ("tf32 fused", "float32", "high", {"BLUTRAIN_SDPA_BWD": "fused"}),
+    ("tf32 split", "float32", "high", {"BLUTRAIN_SDPA_BWD": "split"}),
+    ("bf16 mma", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "mma"}),
+    ("bf16 default", "bfloat16", "highest", {}),
+]
+SWITCHES = ("BLUTRAIN_SDPA_FP32", "BLUTRAIN_SDPA_BWD", "BLUTRAIN_SDPA_KERNEL")
+
+
+def _flops(B: int, H: int, T: int, hd: int) -> float:
+    return 4.0 * B * H * T * T * hd / 2  # QK^T and PV, causal
+
+
+def _median_ms(fn, reps: int, event, sync) -> float:
+    for _ in range(2):
+        fn()
+    sync()
+    ts = []
+    for _ in range(reps):
+        a, b = event(), event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) if hasattr(a, "elapsed_time") else _cp_elapsed(a, b))
+    return float(np.median(ts))
+
+
+def _cp_elapsed(a, b) -> float:
+    import cupy
+
+    return cupy.cuda.get_elapsed_time(a, b)
+
+
+def bench_blu(shape: str, reps: int) -> list[dict]:
+    import blutensor as bt
+    import cupy as cp
+
+    B, H, T, hd = SHAPES[shape]
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((B, T, 3 * H * hd), dtype=np.float32)
+    grad = rng.standard_normal((B, T, H * hd), dtype=np.float32)
+    rows, saved = [], {k: os.environ.get(k) for k in SWITCHES}
+    for label, dtype, prec, env in BLU_RUNS:
+        for k in SWITCHES:
+            os.environ.pop(k, None)
+        os.environ.update(env)
+        bt.set_float32_matmul_precision(prec)
+        try:
+            dt = getattr(bt, dtype)
+            qkv = bt.tensor(base, device="cuda", dtype=dt, requires_grad=True)
+            g = bt.tensor(grad, device="cuda", dtype=dt)
+            variant = bt.ext.pick_attention_variant(np.uint16 if dtype == "bfloat16" else np.float32, hd)
+
+            def fwd(qkv=qkv):
+                with bt.no_grad():
+                    bt.ext.sdpa_qkv(qkv, H, is_causal=True)
+
+            def fwdbwd(qkv=qkv, g=g):
+                qkv.grad = None
+                bt.ext.sdpa_qkv(qkv, H, is_causal=True).backward(g)
+
+            tf = _median_ms(fwd, reps, cp.cuda.Event, cp.cuda.Device().synchronize)
+            tfb = _median_ms(fwdbwd, reps, cp.cuda.Event, cp.cuda.Device().synchronize)
+            row = dict(shape=shape, impl=f"blutrain {label}", variant=variant, switches=env, fwd_ms=tf,
+                       fwdbwd_ms=tfb, bwd_ms=tfb - tf)
+        except Exception as e:  # noqa: BLE001 - a variant this GPU lacks is recorded, the others still run
+            row = dict(shape=shape, impl=f"blutrain {label}", switches=env, error=f"{type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        _print(row, _flops(B, H, T, hd))
+        cp.get_default_memory_pool().free_all_blocks()
+    bt.set_float32_matmul_precision("highest")
+    for k, v in saved.items():
+        os.environ.pop(k, None)
+        if v is not None:
+            os.environ[k] = v
+    return rows
+
+
+def bench_torch(shape: str, reps: int) -> list[dict]:
+    import torch
+
+    B, H, T, hd = SHAPES[shape]
+    rng = np.random.default_rng(1)
+    base = torch.tensor(rng.standard_normal((B, T, 3, H, hd), dtype=np.float32), device="cuda")
+    dbase = torch.tensor(rng.standard_normal((B, H, T, hd), dtype=np.float32), device="cuda")
+    rows, saved = [], torch.backends.cuda.matmul.allow_tf32
+    F = torch.nn.functional
+    try:
+        for label, dt, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
+                                ("bf16", torch.bfloat16, False)):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            qkv = base.to(dt, copy=True).requires_grad_(True)
+            do = dbase.to(dt)
+
+            def fwd(qkv=qkv):
+                with torch.no_grad():
+                    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def fwdbwd(qkv=qkv, do=do):
+                qkv.grad = None
+                q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+
+            def event():
+                return torch.cuda.Event(enable_timing=True)
+
+            tf = _median_ms(fwd, reps, event, torch.cuda.synchronize)
+            tfb = _median_ms(fwdbwd, reps, event, torch.cuda.synchronize)
+            row = dict(shape=shape, impl=f"torch {label}", fwd_ms=tf, fwdbwd_ms=tfb, bwd_ms=tfb - tf)
+            rows.append(row)
+            _print(row, _flops(B, H, T, hd))
+            torch.cuda.empty_cache()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return rows
+
+
+def _print(r: dict, flops: float) -> None:
+    if "error" in r:
+        print(f"   {r['shape']:5s} {r['impl']:24s} ERROR {r['error']}", flush=True)
+        return
+    r.update(fwd_tflops=flops / r["fwd_ms"] / 1e9, bwd_tflops=2.5 * flops / max(r["bwd_ms"], 1e-9) / 1e9)
+    print(f"   {r['shape']:5s} {r['impl']:24s} fwd {r['fwd_ms']:8.3f} ms ({r['fwd_tflops']:6.1f} TF/s)  "
+          f"fwd+bwd {r['fwdbwd_ms']:8.3f} ms  bwd {r['bwd_ms']:8.3f} ms ({r['bwd_tflops']:6.1f} TF/s)", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.reps < 1:
+        ap.error("--reps must be at least 1")
+    import cupy as cp
+    import torch
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    out = args.out or ROOT / "benchmarks" / "results" / f"attention_{gpu.split()[-1].lower()}.json"
+    shapes = args.shape or ["gpt2", "long"]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    doc = dict(command="python3 benchmarks/kernels/bench_attention.py" + "".join(f" --shape {s}" for s in shapes)
+               + f" --reps {args.reps}", commit=commit, device=gpu, cupy=cp.__version__, torch=torch.__version__,
+               shapes={s: dict(zip(("B", "H", "T", "HD"), SHAPES[s])) for s in shapes}, rows=[])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for s in shapes:
+        doc["rows"] += bench_blu(s, args.reps) + bench_torch(s, args.reps)
+        out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"-> {out}")
+    return 1 if any("error" in r for r in doc["rows"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

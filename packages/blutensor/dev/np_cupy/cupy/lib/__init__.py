@@ -1,1 +1,0 @@
-"""cupy.lib of the NumPy-backed stand-in."""
