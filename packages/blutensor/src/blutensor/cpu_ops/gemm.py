@@ -107,10 +107,13 @@ def _gemm_c(a, b, bias, bounds, threads: int):
     la, lb = _layout(a), _layout(b)
     if la is None or lb is None or (bias is not None and (bias.dtype != a.dtype or bias.shape != (b.shape[1],))):
         return None
+    from blutensor.cpu_ops import _build
+
+    if _build._state.get("forked"):  # a forked child's OpenMP runs one thread: the Python pool splits its GEMMs
+        return None
     lib = _lib_for_gemm()
     if lib is None:
         return None
-    from blutensor.cpu_ops._build import omp_threads
 
     M, K = a.shape
     N = b.shape[1]
@@ -118,7 +121,7 @@ def _gemm_c(a, b, bias, bounds, threads: int):
     bias = None if bias is None else np.ascontiguousarray(bias)
     step = bounds[0][1] - bounds[0][0]
     lib.blu_gemm_rows(la[0], lb[0], M, N, K, a.ctypes.data, la[1], b.ctypes.data, lb[1], out.ctypes.data, N,
-                      None if bias is None else bias.ctypes.data, step, omp_threads(min(threads, len(bounds))))
+                      None if bias is None else bias.ctypes.data, step, min(threads, len(bounds)))
     return out
 
 
