@@ -78,15 +78,17 @@ def test_threaded_linear_matches_the_reference_and_repeats(two_threads):
 
 
 def test_threaded_copy_and_column_sum_equal_numpy(two_threads):
-    q = f32(8, 64, 3, 4, 32)  # (B, T, 3, H, hd) -> (3, B, H, T, hd), the attention layout
+    q = f32(8, 128, 3, 4, 32)  # (B, T, 3, H, hd) -> (3, B, H, T, hd), the attention layout
     for v in (q.transpose(2, 0, 3, 1, 4), q[..., ::2].transpose(2, 0, 3, 1, 4), q.transpose(4, 3, 2, 1, 0)):
+        assert v.size >= strided.MIN_ELEMENTS  # the threaded copy, not NumPy's
         got = strided.contiguous(v)
         assert got.flags.c_contiguous
         np.testing.assert_array_equal(got, np.ascontiguousarray(v))
     small = f32(4, 8).T
     np.testing.assert_array_equal(strided.contiguous(small), np.ascontiguousarray(small))
-    for shape in ((2048, 384), (1000, 67), (40000, 3)):
+    for shape in ((2048, 384), (3000, 67), (50000, 3)):
         x = f32(*shape) * 3 + 0.25
+        assert x.size >= strided.MIN_ELEMENTS
         np.testing.assert_array_equal(strided.col_sum(x), x.sum(axis=0))
         np.testing.assert_allclose(strided.col_sum(x), x.astype(np.float64).sum(axis=0), rtol=1e-4, atol=1e-2)
 
