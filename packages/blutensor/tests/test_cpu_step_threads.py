@@ -122,3 +122,23 @@ def test_freed_arrays_are_reused_without_page_faults():
     kept, faults = run(BLUTRAIN_CPU_MALLOC="0")
     assert not kept and faults > 20 * 1024, faults  # glibc's default trims the freed heap: fresh pages every round
     assert run(MALLOC_TRIM_THRESHOLD_="1000000")[0] is False  # the user's own malloc tuning is left alone
+
+
+FORK_GEMM = """
+import os, numpy as np, blutensor as bt, blutensor.nn.functional as F
+from blutensor.cpu_ops import _build
+bt.set_num_threads(2)
+r = np.random.default_rng(0)
+x, w, b = (bt.tensor(r.standard_normal(s).astype(np.float32)) for s in ((1024, 256), (384, 256), (384,)))
+want = F.linear(x, w, b).numpy()
+assert _build._state.get("sgemm")  # the parent's GEMM ran on the OpenMP threads
+pid = os.fork()
+if pid == 0:  # the child's OpenMP cannot run threads: its blocks take the Python pool, same bits, no hang
+    os._exit(0 if np.array_equal(F.linear(x, w, b).numpy(), want) else 3)
+print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_forked_child_splits_its_gemms_without_hanging():
+    r = subprocess.run([sys.executable, "-c", FORK_GEMM], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "child 0" in r.stdout, (r.stdout, r.stderr)
