@@ -100,7 +100,8 @@ def _layout(x):
 
 def _gemm_c(a, b, bias, bounds, threads: int):
     """The row-block product on the compiled kernels' threads, or None when it does not apply."""
-    if a.dtype != np.float32 or type(a) is not np.ndarray or type(b) is not np.ndarray or b.shape[1] < 2:
+    if (a.dtype != np.float32 or type(a) is not np.ndarray or type(b) is not np.ndarray or b.shape[1] < 2
+            or not (a.flags.aligned and b.flags.aligned)):
         return None
     if a.ctypes.data == b.ctypes.data:  # x.T @ x: NumPy's matmul takes its syrk path, keep its results
         return None
