@@ -11,7 +11,10 @@ at 1 thread and at all the cores this process may use (``bt.set_num_threads`` / 
 Timing on a shared machine is noisy, so the two sides run in alternating blocks (which side goes first
 alternates too), each block a few steps; reported per side: the median step time over all timed steps, and the
 BluTrain / PyTorch speed ratio as the median of the per-block ratios (torch ms / BluTrain ms, > 1: BluTrain
-faster). The load average before and after each configuration is recorded as the contention note. The first
+faster). The load average before and after each configuration is recorded as the contention note, and beside
+the wall times each side's median CPU time per step, of all its threads (``*_cpu_ms``) and of the main thread
+(``*_main_thread_ms``: with the work split evenly, about the wall time on an idle machine), which other
+processes on the machine disturb much less than the wall clock. The first
 steps' losses of both sides are recorded to show they train the same model.
 """
 
@@ -108,6 +111,8 @@ def run_config(name: str, threads: int, blocks: int, per_block: int, warmup: int
     load0 = os.getloadavg()
     first = [(blu.step(*b), tor.step(*b)) for b in batches[:warmup]]  # same weights and batches: same losses
     times = {"blutrain": [], "torch": []}
+    cpu = {"blutrain": [], "torch": []}  # process CPU time per step (all threads) and the main thread's
+    main = {"blutrain": [], "torch": []}
     ratios = []
     it = warmup
     for k in range(blocks):
@@ -116,9 +121,11 @@ def run_config(name: str, threads: int, blocks: int, per_block: int, warmup: int
         for side, obj in order:
             ts = []
             for b in batches[it:it + per_block]:
-                t0 = time.perf_counter()
+                t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
                 obj.step(*b)
                 ts.append(time.perf_counter() - t0)
+                cpu[side].append(time.process_time() - c0)
+                main[side].append(time.thread_time() - m0)
             block[side] = statistics.median(ts)
             times[side] += ts
         it += per_block
@@ -128,6 +135,8 @@ def run_config(name: str, threads: int, blocks: int, per_block: int, warmup: int
     return {"config": name, "threads": threads, **{k: v for k, v in cfg.items()},
             "blutrain_ms": round(med["blutrain"], 2), "torch_ms": round(med["torch"], 2),
             "ratio_blutrain_vs_torch": round(statistics.median(ratios), 3),
+            **{f"{s}_cpu_ms": round(statistics.median(v) * 1e3, 2) for s, v in cpu.items()},
+            **{f"{s}_main_thread_ms": round(statistics.median(v) * 1e3, 2) for s, v in main.items()},
             "block_ratios": [round(r, 3) for r in ratios],
             "first_losses": [[round(a, 6), round(b, 6)] for a, b in first],
             "loadavg_before_after": [round(load0[0], 2), round(load1[0], 2)]}
@@ -163,7 +172,8 @@ def main(argv=None) -> int:
         for n in threads:
             r = run_config(name, n, a.blocks, a.per_block, a.warmup)
             print(json.dumps({k: r[k] for k in ("config", "threads", "blutrain_ms", "torch_ms",
-                                                "ratio_blutrain_vs_torch", "loadavg_before_after")}), flush=True)
+                                                "ratio_blutrain_vs_torch", "blutrain_main_thread_ms",
+                                                "torch_main_thread_ms", "loadavg_before_after")}), flush=True)
             rows.append(r)
     from blutensor.ext import cpu_kernels_status as status
 

@@ -9,7 +9,9 @@ The C source is compiled at first use with the system C compiler and cached (``_
 ``blutensor.ops`` stay the reference: every kernel here is tested against them, calls these kernels do not cover
 (other dtypes, masks, dropout, the erf GELU) run them, and they run everywhere when the library cannot be built
 (``BLUTRAIN_CPU_KERNELS=0`` forces that; a warning says so once). Per op, ``BLUTRAIN_KERNELS=gelu=blutensor.gelu``
-selects the reference as for any kernel plugin. Thread count: :func:`blutensor.set_num_threads`.
+selects the reference as for any kernel plugin. Thread count: :func:`blutensor.set_num_threads`. The host
+GEMMs' row blocks (``gemm``), the transposing copies around attention and linear's bias gradient (``strided``)
+run on the same OpenMP threads, so the step's CPU work uses one thread pool.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ transposing copy of the projection, the compiled flash kernels (kernels.c ``blu_
 the calls the 'sdpa' op makes) run on them, and backward writes dq, dk and dv straight into one
 (3, B, H, T, hd) buffer, transposed back with one copy: one autograd node. (Kernels reading q/k/v at the
 projection's row stride were measured slower on the 2-core machine than the contiguous kernels after one copy.)
+The transposing copies split their rows over the CPU threads (``strided.contiguous``).
 Results are bit-identical to the op-by-op path: the same kernels on the same values.
 """
 
@@ -17,6 +18,7 @@ import math
 import numpy as np
 
 from blutensor.cpu_ops._build import lib as _lib
+from blutensor.cpu_ops.strided import contiguous
 
 _F32 = np.dtype(np.float32)
 
@@ -40,14 +42,14 @@ def qkv_attention_forward(qkv: np.ndarray, n_head: int, causal: bool, scale: flo
     """(y (B, T, C), saved) for the (B, T, 3C) float32 projection ``qkv``."""
     B, T, C3 = qkv.shape
     hd = C3 // (3 * n_head)
-    parts = np.ascontiguousarray(qkv.reshape(B, T, 3, n_head, hd).transpose(2, 0, 3, 1, 4))  # (3, B, H, T, hd)
+    parts = contiguous(qkv.reshape(B, T, 3, n_head, hd).transpose(2, 0, 3, 1, 4))  # (3, B, H, T, hd)
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
     BH = B * n_head
     o = np.empty((B, n_head, T, hd), _F32)
     lse = np.empty(BH * T, _F32)
     _lib().blu_sdpa_forward(parts[0].ctypes.data, parts[1].ctypes.data, parts[2].ctypes.data, o.ctypes.data,
                             lse.ctypes.data, BH, T, T, hd, hd, sc, int(bool(causal)))
-    y = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(B, T, n_head * hd)
+    y = contiguous(o.transpose(0, 2, 1, 3)).reshape(B, T, n_head * hd)
     return y, (parts, o, lse, sc, bool(causal))
 
 
@@ -55,12 +57,12 @@ def qkv_attention_backward(g: np.ndarray, saved) -> np.ndarray:
     """d(loss)/d(qkv) (B, T, 3C) from the output gradient ``g`` (B, T, C)."""
     parts, o, lse, sc, causal = saved
     _, B, H, T, hd = parts.shape
-    go = np.ascontiguousarray(g.astype(_F32, copy=False).reshape(B, T, H, hd).transpose(0, 2, 1, 3))
+    go = contiguous(g.astype(_F32, copy=False).reshape(B, T, H, hd).transpose(0, 2, 1, 3))
     d = np.empty_like(parts)
     _lib().blu_sdpa_backward(parts[0].ctypes.data, parts[1].ctypes.data, parts[2].ctypes.data, o.ctypes.data,
                              go.ctypes.data, lse.ctypes.data, d[0].ctypes.data, d[1].ctypes.data, d[2].ctypes.data,
                              B * H, T, T, hd, hd, sc, int(causal))
-    return np.ascontiguousarray(d.transpose(1, 3, 0, 2, 4)).reshape(B, T, 3 * H * hd)
+    return contiguous(d.transpose(1, 3, 0, 2, 4)).reshape(B, T, 3 * H * hd)
 
 
 def sdpa_qkv_function():

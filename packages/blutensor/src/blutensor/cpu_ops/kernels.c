@@ -17,6 +17,9 @@
 #include <omp.h>
 
 #define LANES 16
+/* below this much work (elements) a kernel runs on the calling thread: waking the sleeping threads and the barrier
+ * at the end cost ~20 us on the 2-core machine, as much as half of a 64K-element GELU; results do not depend on it */
+#define PAR_MIN 65536
 
 void blu_set_num_threads(int n) { omp_set_num_threads(n > 0 ? n : 1); }
 int blu_get_num_threads(void) { return omp_get_max_threads(); }
@@ -97,7 +100,7 @@ static inline float row_max(const float *x, long n, int *nan) {
 #define CHUNK 4096
 
 void blu_gelu_tanh_forward(const float *x, float *y, long n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n >= PAR_MIN)
     for (long c = 0; c < n; c += CHUNK) {
         long e = c + CHUNK < n ? c + CHUNK : n;
         for (long i = c; i < e; i++) {
@@ -109,7 +112,7 @@ void blu_gelu_tanh_forward(const float *x, float *y, long n) {
 }
 
 void blu_gelu_tanh_backward(const float *g, const float *x, float *dx, long n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n >= PAR_MIN)
     for (long c = 0; c < n; c += CHUNK) {
         long e = c + CHUNK < n ? c + CHUNK : n;
         for (long i = c; i < e; i++) {
@@ -124,7 +127,7 @@ void blu_gelu_tanh_backward(const float *g, const float *x, float *dx, long n) {
 /* ---------------------------------------------------------------- LayerNorm over the last dim */
 void blu_layer_norm_forward(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
                             long N, long C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
     for (long r = 0; r < N; r++) {
         const float *xr = x + r * C;
         float *yr = y + r * C;
@@ -160,7 +163,7 @@ void blu_layer_norm_backward(const float *g, const float *x, const float *w, con
                              float *gx, float *part, float *dw, float *db, long N, long C) {
     long nblk = (N + LN_BLOCK - 1) / LN_BLOCK;
     int want_p = dw != NULL || db != NULL;
-#pragma omp parallel
+#pragma omp parallel if(N * C >= PAR_MIN)
     {
         float *buf = (float *)malloc(sizeof(float) * (size_t)(2 * C));
 #pragma omp for schedule(static)
@@ -193,7 +196,7 @@ void blu_layer_norm_backward(const float *g, const float *x, const float *w, con
         free(buf);
     }
     if (!want_p) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(nblk * C >= PAR_MIN)
     for (long j = 0; j < C; j++) {
         float sw = 0.0f, sb = 0.0f;
         for (long k = 0; k < nblk; k++) {
@@ -209,7 +212,7 @@ void blu_layer_norm_backward(const float *g, const float *x, const float *w, con
 /* h = x + r, rstd[i] = 1 / sqrt(mean(h^2) + eps), y = h * rstd * w (w may be NULL); one pass over each row. */
 void blu_add_rms_norm_forward(const float *x, const float *r, const float *w, float *h, float *y, float *rstd,
                               long N, long C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
     for (long i = 0; i < N; i++) {
         const float *xr = x + i * C, *rr = r + i * C;
         float *hr = h + i * C, *yr = y + i * C;
@@ -242,7 +245,7 @@ void blu_add_rms_norm_backward(const float *gy, const float *gh, const float *h,
                                float *dsum, float *part, float *dw, long N, long C) {
     long nblk = (N + LN_BLOCK - 1) / LN_BLOCK;
     int want_p = dw != NULL && gy != NULL;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
     for (long k = 0; k < nblk; k++) {
         float *pw = part + k * C;
         if (want_p)
@@ -272,7 +275,7 @@ void blu_add_rms_norm_backward(const float *gy, const float *gh, const float *h,
         }
     }
     if (!dw) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(nblk * C >= PAR_MIN)
     for (long j = 0; j < C; j++) {
         float sw = 0.0f;
         if (want_p)
@@ -285,7 +288,7 @@ void blu_add_rms_norm_backward(const float *gy, const float *gh, const float *h,
 /* loss[r] (0 for ignored rows) and lse[r]; label smoothing ls mixes in lse - mean(z). */
 void blu_cross_entropy_forward(const float *z, const int64_t *t, float *loss, float *lse, long N, long C,
                                int64_t ignore_index, float ls) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
     for (long r = 0; r < N; r++) {
         const float *zr = z + r * C;
         int nan;
@@ -311,7 +314,7 @@ void blu_cross_entropy_forward(const float *z, const int64_t *t, float *loss, fl
 /* dz = (softmax(z) - ls/C - (1-ls) onehot(t)) * scale[r * sstride], 0 for ignored rows: one pass. */
 void blu_cross_entropy_backward(const float *z, const int64_t *t, const float *lse, const float *scale, long sstride,
                                 float *dz, long N, long C, int64_t ignore_index, float ls) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
     for (long r = 0; r < N; r++) {
         const float *zr = z + r * C;
         float *o = dz + r * C;
@@ -328,7 +331,7 @@ void blu_cross_entropy_backward(const float *z, const int64_t *t, const float *l
 /* ---------------------------------------------------------------- embedding backward */
 /* gw (V, D) = 0, then gw[idx[n]] += g[n] in token order; threads own column slices (race-free, ordered). */
 void blu_embedding_backward(const int64_t *idx, const float *g, float *gw, long Ntok, long V, long D) {
-#pragma omp parallel
+#pragma omp parallel if(Ntok * D >= PAR_MIN)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
         long step = ((D + nt - 1) / nt + 15) / 16 * 16;
@@ -432,7 +435,7 @@ static inline long block_keys(long i, long S, int causal) {
 
 void blu_sdpa_forward(const float *q, const float *k, const float *v, float *o, float *lse, long BH, long L, long S,
                       long E, long Ev, float scale, int causal) {
-#pragma omp parallel
+#pragma omp parallel if(BH > 1)
     {
         float *kT = (float *)malloc(sizeof(float) * (size_t)(E * S));
         float *s = (float *)malloc(sizeof(float) * (size_t)(RB * S));
@@ -481,7 +484,7 @@ void blu_sdpa_forward(const float *q, const float *k, const float *v, float *o, 
 void blu_sdpa_backward(const float *q, const float *k, const float *v, const float *o, const float *go,
                        const float *lse, float *dq, float *dk, float *dv, long BH, long L, long S, long E, long Ev,
                        float scale, int causal) {
-#pragma omp parallel
+#pragma omp parallel if(BH > 1)
     {
         float *kT = (float *)malloc(sizeof(float) * (size_t)(E * S));
         float *vT = (float *)malloc(sizeof(float) * (size_t)(Ev * S));
@@ -531,7 +534,7 @@ void blu_sdpa_backward(const float *q, const float *k, const float *v, const flo
  * -ffp-contract=off); the coefficients come from the caller already rounded to float32. */
 void blu_adamw(float *x, const float *g, float *m, float *v, long n, float decay, float one_m_b1, float b2,
                float one_m_b2, float bc2_sqrt, float eps, float neg_step) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n >= PAR_MIN)
     for (long c = 0; c < n; c += CHUNK) {
         long e = c + CHUNK < n ? c + CHUNK : n;
         for (long i = c; i < e; i++) {
@@ -556,7 +559,7 @@ void blu_adamw(float *x, const float *g, float *m, float *v, long n, float decay
 void blu_sum_squares(const int64_t *ptrs, const int64_t *lens, long T, double *part, double *out) {
     long nblk = 0;
     for (long t = 0; t < T; t++) nblk += (lens[t] + NORM_BLOCK - 1) / NORM_BLOCK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(nblk > 1)
     for (long b = 0; b < nblk; b++) {
         long t = 0, first = 0;
         for (;; t++) { /* the tensor of block b */
@@ -590,7 +593,7 @@ void blu_scale_(const int64_t *ptrs, const int64_t *lens, long T, float c) {
     for (long t = 0; t < T; t++) {
         float *x = (float *)(intptr_t)ptrs[t];
         long n = lens[t];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n >= PAR_MIN)
         for (long i = 0; i < n; i++) x[i] *= c;
     }
 }
@@ -685,5 +688,90 @@ void blu_add_layer_norm_backward(const float *gy, const float *gh, const float *
             }
         if (dw) dw[j] = sw;
         if (db) db[j] = sb;
+    }
+}
+
+/* ---------------------------------------------------------------- threaded GEMM over the BLAS NumPy uses */
+/* The row blocks of a host GEMM run on the OpenMP threads of the kernels above (one pool for the whole step:
+ * no hand-off to other threads, no interpreter lock), each block one single-threaded cblas_sgemm call of the
+ * BLAS library NumPy is linked with (the pointer comes from cpu_ops/gemm.py), with the same arguments NumPy's
+ * matmul passes for that block: results equal np.matmul's on the same blocks. */
+typedef void (*sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                           int64_t, float, float *, int64_t);
+typedef void (*sgemm32_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                           float *, int);
+static void *blu_sgemm_ptr = NULL;
+static int blu_sgemm_ilp64 = 0;
+
+void blu_set_sgemm(void *fn, int ilp64) {
+    blu_sgemm_ptr = fn;
+    blu_sgemm_ilp64 = ilp64;
+}
+
+static void sgemm_block(int ta, int tb, long M, long N, long K, const float *A, long lda, const float *B, long ldb,
+                        float *C, long ldc) {
+    const int row_major = 101, no_trans = 111, trans = 112;
+    if (blu_sgemm_ilp64)
+        ((sgemm64_fn)blu_sgemm_ptr)(row_major, ta ? trans : no_trans, tb ? trans : no_trans, M, N, K, 1.0f, A, lda,
+                                    B, ldb, 0.0f, C, ldc);
+    else
+        ((sgemm32_fn)blu_sgemm_ptr)(row_major, ta ? trans : no_trans, tb ? trans : no_trans, (int)M, (int)N, (int)K,
+                                    1.0f, A, (int)lda, B, (int)ldb, 0.0f, C, (int)ldc);
+}
+
+/* C (M, N), row stride ldc = op(A) @ op(B) (+ bias[N] on every row), op(X) = X or X^T (ta/tb); row blocks of
+ * `step` rows, block p on thread p of `nthreads` (the row split, hence the results, depend on step only). */
+void blu_gemm_rows(int ta, int tb, long M, long N, long K, const float *A, long lda, const float *B, long ldb,
+                   float *C, long ldc, const float *bias, long step, int nthreads) {
+    long nparts = (M + step - 1) / step;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long p = 0; p < nparts; p++) {
+        long r0 = p * step, r1 = r0 + step < M ? r0 + step : M;
+        sgemm_block(ta, tb, r1 - r0, N, K, ta ? A + r0 : A + r0 * lda, lda, B, ldb, C + r0 * ldc, ldc);
+        if (bias)
+            for (long r = r0; r < r1; r++) {
+                float *cr = C + r * ldc;
+                for (long j = 0; j < N; j++) cr[j] += bias[j];
+            }
+    }
+}
+
+/* ---------------------------------------------------------------- strided copy, column sums */
+/* dst (contiguous, shape[0..ndim)) = src read at element strides sstride: the transposing copies around the
+ * attention kernels, one row of the last dim per iteration, rows split over the threads. */
+void blu_copy_strided(const float *src, float *dst, int ndim, const int64_t *shape, const int64_t *sstride) {
+    long rows = 1;
+    for (int d = 0; d < ndim - 1; d++) rows *= shape[d];
+    long n = shape[ndim - 1], s_last = sstride[ndim - 1];
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < rows; r++) {
+        long rem = r, off = 0;
+        for (int d = ndim - 2; d >= 0; d--) {
+            off += (rem % shape[d]) * sstride[d];
+            rem /= shape[d];
+        }
+        const float *s = src + off;
+        float *o = dst + r * n;
+        if (s_last == 1)
+            memcpy(o, s, sizeof(float) * (size_t)n);
+        else
+            for (long j = 0; j < n; j++) o[j] = s[j * s_last];
+    }
+}
+
+/* out[j] = sum over rows i of x[i][j] (x (N, C) contiguous), rows added in order (NumPy's axis-0 sum of a
+ * C-contiguous array adds whole rows in order: the same float32 results); column blocks split over threads. */
+void blu_col_sum(const float *x, float *out, long N, long C) {
+    long nblk = (C + 63) / 64;
+#pragma omp parallel for schedule(static)
+    for (long k = 0; k < nblk; k++) {
+        long c0 = k * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+        float acc[64];
+        for (long j = c0; j < c1; j++) acc[j - c0] = 0.0f;
+        for (long i = 0; i < N; i++) {
+            const float *xr = x + i * C;
+            for (long j = c0; j < c1; j++) acc[j - c0] += xr[j];
+        }
+        for (long j = c0; j < c1; j++) out[j] = acc[j - c0];
     }
 }

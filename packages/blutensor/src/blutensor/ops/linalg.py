@@ -21,10 +21,19 @@ def gemm(a, b):
     return cuda_matmul(a, b)
 
 
-def _host_matmul(a, b, n):
+def _host_matmul(a, b, n, bias=None):
     from blutensor.cpu_ops.gemm import matmul
 
-    return matmul(a, b, n)
+    return matmul(a, b, n, bias)
+
+
+def _col_sum(g2):
+    """``g2.sum(axis=0)``: NumPy's on one thread, else the same sums split over the CPU threads."""
+    if _threads[0] > 1 and type(g2) is np.ndarray:
+        from blutensor.cpu_ops.strided import col_sum
+
+        return col_sum(g2)
+    return g2.sum(axis=0)
 
 
 #: the host GEMM thread count, kept current by blutensor.threads (read on every host GEMM)
@@ -94,6 +103,9 @@ def linear_forward(ctx, x, w, b=None):
         from blutensor.gemm import cuda_linear
 
         y = cuda_linear(x2, w, b)
+    elif (type(x2) is np.ndarray and type(w) is np.ndarray and type(b) is np.ndarray and _threads[0] > 1
+          and not array_providers):
+        y = _host_matmul(x2, w.T, _threads[0], b)  # the bias added by the GEMM's threads, block by block
     else:  # NumPy, or array-likes of a tracer (blucompiler): the plain formula
         y = gemm(x2, w.T)
         if b is not None:
@@ -137,10 +149,10 @@ def linear_backward(ctx, g):
             else:
                 gb = cuda_bias_grad(g2)
         elif buf is not None:
-            buf += g2.sum(axis=0)
+            buf += _col_sum(g2)
             gb = ACCUMULATED
         else:
-            gb = g2.sum(axis=0)
+            gb = _col_sum(g2)
     return gx, gw, gb
 
 
