@@ -605,3 +605,29 @@ def test_async_io_helpers_run_at_background_priority(tmp_path, monkeypatch):
     seen.clear()
     CheckpointManager(tmp_path / "s").save(1, _big(), {})
     assert seen and {nice for _, _, nice in seen} == {main}
+
+
+def test_training_state_without_copy_shares_cpu_storage_and_saves_the_same_file(tmp_path):
+    """copy=False (what the Trainer passes) hands over the CPU tensors' storage itself; the checkpoint written
+    from it is byte for byte the one written from copies, and the copies do not follow a later update."""
+    import blutensor as bt
+    from blumodels.state import training_state
+
+    model = bt.nn.Linear(8, 4)
+    opt = bt.optim.AdamW(model.parameters(), lr=0.1)
+    model(bt.randn(3, 8)).sum().backward()
+    opt.step()
+    views, meta = training_state(model, opt, 1, copy=False)
+    copies, _ = training_state(model, opt, 1)
+    w = model.weight
+    assert np.shares_memory(views["model.weight"], w.numpy()) and not np.shares_memory(copies["model.weight"],
+                                                                                       w.numpy())
+    assert set(views) == set(copies) and len(views) == 6
+    save_checkpoint(tmp_path / "v.safetensors", views, meta)
+    save_checkpoint(tmp_path / "c.safetensors", copies, meta)
+    assert (tmp_path / "v.safetensors").read_bytes() == (tmp_path / "c.safetensors").read_bytes()
+    before = copies["model.weight"].copy()
+    with bt.no_grad():
+        w.mul_(2.0)
+    np.testing.assert_array_equal(views["model.weight"], before * 2)
+    np.testing.assert_array_equal(copies["model.weight"], before)
