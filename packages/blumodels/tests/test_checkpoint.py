@@ -581,19 +581,21 @@ def test_receipt_pins_the_header_and_a_swapped_file_is_refused(tmp_path, caplog)
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
 def test_async_io_helpers_run_at_background_priority(tmp_path, monkeypatch):
-    """The async writer's I/O threads are lowered with it (and recorded, so wait() can restore them); a sync
-    save's I/O threads keep the caller's priority."""
+    """The async writer's hashing threads are lowered with it (and recorded, so wait() can restore them); a sync
+    save's keep the caller's priority."""
     from blumodels.checkpoint import chunkio
 
     _small_chunks(monkeypatch)
-    seen, real = [], chunkio.pwrite_all
+    monkeypatch.setattr(chunkio, "MAX_DEFAULT_THREADS", 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})  # three I/O threads: two hash
+    seen, real = [], chunkio._digest
 
-    def record(fd, pieces, offset):
+    def record(pieces):
         tid = threading.get_native_id()
         seen.append((threading.current_thread().name, tid, os.getpriority(os.PRIO_PROCESS, tid)))
-        real(fd, pieces, offset)
+        return real(pieces)
 
-    monkeypatch.setattr(chunkio, "pwrite_all", record)
+    monkeypatch.setattr(chunkio, "_digest", record)
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     m = CheckpointManager(tmp_path / "a", async_save=True)
     m.save(1, _big(), {})

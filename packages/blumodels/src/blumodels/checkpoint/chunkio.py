@@ -124,14 +124,15 @@ def _digest(pieces: list[memoryview]) -> str:
 
 
 class _Pool:
-    """At most ``threads`` workers (none for one thread: tasks run inline) with a bounded window of tasks in
-    flight; the first error stops the submission of more and is raised once the running ones have ended."""
+    """``workers`` hashing threads (none for 0 or one task: tasks then run inline) with a bounded window of
+    tasks in flight; the first error stops the submission of more and is raised once the running ones have
+    ended."""
 
-    def __init__(self, threads: int, tasks: int) -> None:
-        self.n = max(1, min(threads, tasks))
+    def __init__(self, workers: int, tasks: int) -> None:
+        self.n = max(1, min(workers, tasks))
         start = getattr(hooks, "on_worker_start", None)
         self.ex = ThreadPoolExecutor(self.n, thread_name_prefix="blumodels-ckpt-io",
-                                     initializer=start) if self.n > 1 else None
+                                     initializer=start) if workers >= 1 and tasks > 1 else None
         self.window: collections.deque[tuple[int, Future]] = collections.deque()
         self.results: dict[int, Any] = {}
 
@@ -162,16 +163,14 @@ class _Pool:
 
 def write_chunks(fd: int, offset: int, views: Iterable[memoryview], payload: int, threads: int,
                  chunk: int = CHUNK_BYTES) -> list[str]:
-    """Hash and write the payload at ``offset`` chunk by chunk on ``threads`` workers; the chunks' SHA-256s."""
-    def task(pieces: list[memoryview], at: int) -> str:
-        digest = _digest(pieces)
-        pwrite_all(fd, pieces, at)
-        return digest
-
+    """Write the payload at ``offset`` in order from the calling thread while ``threads - 1`` workers hash the
+    chunks (one thread: hash, then write, chunk by chunk); the chunks' SHA-256s. In-order writes from one thread
+    are what file systems append fastest (parallel writers to one file contend for its inode lock)."""
     count = n_chunks(payload, chunk)
-    with _Pool(threads, count) as pool:
+    with _Pool(threads - 1, count) as pool:
         for k, pieces in enumerate(chunks_of(views, chunk)):
-            pool.submit(k, task, pieces, offset + k * chunk)
+            pool.submit(k, _digest, pieces)
+            pwrite_all(fd, list(pieces), offset + k * chunk)
         got = pool.finish()
     if len(got) != count:  # the index was built from the same arrays: only a caller's bug gets here
         raise ValueError(f"checkpoint: the tensors filled {len(got)} chunks of {chunk} bytes, the index "
@@ -181,35 +180,40 @@ def write_chunks(fd: int, offset: int, views: Iterable[memoryview], payload: int
 
 def read_chunks(fd: int, offset: int, payload: int, digests: list[str], threads: int,
                 into: memoryview | None, fail: Callable[[str], Exception], chunk: int = CHUNK_BYTES) -> None:
-    """Read the payload at ``offset`` (into ``into``, or through reused buffers when None) and check every
-    chunk's SHA-256 against ``digests``; raises ``fail(reason)`` at the first short read or mismatch."""
+    """Read the payload at ``offset`` in order from the calling thread (into ``into``, or through reused
+    buffers when None) while ``threads - 1`` workers check every chunk's SHA-256 against ``digests``; raises
+    ``fail(reason)`` at the first short read or mismatch."""
     count = n_chunks(payload, chunk)
     free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
 
-    def task(k: int) -> None:
-        a = k * chunk
-        size = min(chunk, payload - a)
-        buf = None
-        if into is not None:
-            mv = into[a:a + size]
-        else:
-            try:
-                buf = free.get_nowait()
-            except queue.Empty:
-                buf = bytearray(chunk)
-            mv = memoryview(buf)[:size]
+    def check(k: int, mv: memoryview, buf: bytearray | None) -> None:
         try:
-            if pread_into(fd, mv, offset + a) != size:
-                raise fail(f"truncated while reading at offset {offset + a}")
             h = hashlib.sha256(mv).hexdigest()
         finally:
             if buf is not None:
                 free.put(buf)
         if h != digests[k]:
-            raise fail(f"checksum mismatch: payload bytes {a}..{a + size} (chunk {k} of {count}) sha256 "
-                       f"{h[:16]}... != recorded {digests[k][:16]}...")
+            raise fail(f"checksum mismatch: payload bytes {k * chunk}..{k * chunk + len(mv)} (chunk {k} of "
+                       f"{count}) sha256 {h[:16]}... != recorded {digests[k][:16]}...")
 
-    with _Pool(threads, count) as pool:
+    with _Pool(threads - 1, count) as pool:
+        buffers = 0
         for k in range(count):
-            pool.submit(k, task, k)
+            a = k * chunk
+            size = min(chunk, payload - a)
+            buf = None
+            if into is not None:
+                mv = into[a:a + size]
+            else:
+                try:
+                    buf = free.get_nowait()
+                except queue.Empty:
+                    if buffers < 2 * pool.n + 1:  # the window in flight, plus the one being read
+                        buf, buffers = bytearray(min(chunk, payload)), buffers + 1
+                    else:
+                        buf = free.get()
+                mv = memoryview(buf)[:size]
+            if pread_into(fd, mv, offset + a) != size:
+                raise fail(f"truncated while reading at offset {offset + a}")
+            pool.submit(k, check, k, mv, buf)
         pool.finish()
