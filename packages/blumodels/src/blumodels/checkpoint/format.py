@@ -347,7 +347,7 @@ def load_checkpoint(path: str | os.PathLike, *, threads: int | None = None) -> t
     threads = io_threads(threads)
     with _open(path) as f:
         start, index, md, payload, entries = _payload_spec(path, f, os.fstat(f.fileno()).st_size)
-        buf = bytearray(payload)
+        buf = chunkio.alloc(payload)
         _check_payload(path, f, start, md, payload, memoryview(buf), threads)
     meta = _parse_meta(path, md["meta"])
     tensors = {}

@@ -259,7 +259,10 @@ class CheckpointManager:
                     buf = self._pinned.empty(shape, dtype)
                 except Exception as e:  # bluallocator absent or no page-locked memory: plain host memory
                     log.debug("pinned snapshot buffer unavailable (%s)", e)
-            self._buffers[name] = buf = np.empty(shape, dtype) if buf is None else buf
+            if buf is None:  # pages mapped up front (chunkio.alloc): the first snapshot copies without faulting
+                n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                buf = np.frombuffer(chunkio.alloc(n), np.uint8, n).view(dtype).reshape(shape)
+            self._buffers[name] = buf
         return buf
 
     def _snapshot(self, tensors: dict[str, Any]) -> tuple[dict[str, np.ndarray], Any]:
