@@ -317,14 +317,20 @@ class CheckpointManager:
         self.prune()
 
     def _lower(self) -> None:
-        """Lower the calling thread (the writer, or an I/O helper it started) to WRITER_NICE and record it, so
-        that wait() can give it its priority back; a helper that starts once wait() has begun stays as it is."""
+        """Lower the calling thread (the writer, or an I/O helper it started) to WRITER_NICE and record it with
+        the writer's own earlier priority, so that wait() can give it back; a helper that starts once wait() has
+        begun gets it back at once (it inherited the writer's lowered priority)."""
         with self._lowered_lock:
-            if self._waiting:
-                return
-            got = _background_priority()
-            if got is not None:
-                self._lowered.append(got)
+            if self._lowered:  # an I/O helper of the lowered writer
+                entry = (threading.get_native_id(), self._lowered[0][1])
+                if self._waiting:
+                    _restore_priority([entry])
+                else:
+                    self._lowered.append(entry)
+            elif not self._waiting:
+                got = _background_priority()
+                if got is not None:
+                    self._lowered.append(got)
 
     def _write_bg(self, path: Path, tensors: dict[str, np.ndarray], meta: dict, event: Any) -> None:
         self._lower()
