@@ -121,8 +121,8 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, np.ndarray], met
                     threads: int | None = None) -> None:
     """Write ``tensors`` + JSON ``meta`` to ``path``: temp name, fsync, atomic rename, directory fsync.
 
-    The payload is written straight from the arrays' memory (no copy of a C-contiguous array) with positioned
-    writes, each ``CHUNK_BYTES`` chunk hashed as it is written, on ``threads`` I/O threads (default
+    The payload is written in file order straight from the arrays' memory (no copy of a C-contiguous array)
+    with positioned writes while ``threads - 1`` other threads hash its ``CHUNK_BYTES`` chunks (default
     :func:`~.chunkio.io_threads`: the usable cores, at most 8).
     """
     path = Path(path)
