@@ -580,7 +580,7 @@ def test_receipt_pins_the_header_and_a_swapped_file_is_refused(tmp_path, caplog)
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
-def test_async_io_helpers_run_at_background_priority(tmp_path, monkeypatch):
+def test_async_io_workers_run_at_background_priority(tmp_path, monkeypatch):
     """The async writer's hashing threads are lowered with it (and recorded, so wait() can restore them); a sync
     save's keep the caller's priority."""
     from blumodels.checkpoint import chunkio
@@ -600,9 +600,9 @@ def test_async_io_helpers_run_at_background_priority(tmp_path, monkeypatch):
     m = CheckpointManager(tmp_path / "a", async_save=True)
     m.save(1, _big(), {})
     m._thread.join()  # not wait(): that gives the threads their priority back
-    helpers = {(tid, nice) for name, tid, nice in seen if name.startswith("blumodels-ckpt-io")}
-    assert len(helpers) >= 2 and {nice for _, nice in helpers} == {max(main, mgr_mod.WRITER_NICE)}
-    assert {tid for tid, _ in helpers} <= {tid for tid, _ in m._lowered}
+    workers = {(tid, nice) for name, tid, nice in seen if name.startswith("blumodels-ckpt-io")}
+    assert len(workers) >= 2 and {nice for _, nice in workers} == {max(main, mgr_mod.WRITER_NICE)}
+    assert {tid for tid, _ in workers} <= {tid for tid, _ in m._lowered}
     m.wait()
     seen.clear()
     CheckpointManager(tmp_path / "s").save(1, _big(), {})

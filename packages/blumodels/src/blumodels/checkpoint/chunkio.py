@@ -45,7 +45,7 @@ def _iov_max() -> int:
 _IOV_MAX = _iov_max()
 
 #: per-thread hook: ``on_worker_start`` (a callable or None) runs first in every worker thread a save or load
-#: started from this thread creates (the checkpoint manager records its async writer's helpers with it)
+#: started from this thread creates (the checkpoint manager records its async writer's I/O workers with it)
 hooks = threading.local()
 
 

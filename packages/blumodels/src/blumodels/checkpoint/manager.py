@@ -14,7 +14,7 @@ written before commit records existed (no receipt, no record) is read as before:
 Async saves snapshot the tensors into reused host buffers at once (pinned, through bluallocator, for CUDA
 arrays: the device to host copies are queued on the current stream, so later in-place updates cannot leak in),
 then one background thread writes the file; at most one save is in flight, a second waits for the first. The
-writer thread and its I/O helper threads (:mod:`.chunkio`) run at the lowest CPU priority (nice 19,
+writer thread and its I/O worker threads (:mod:`.chunkio`) run at the lowest CPU priority (nice 19,
 ``WRITER_NICE``), so their hashing and copying use the cores the training step leaves idle rather than slowing the
 step (``benchmarks/checkpoint_bench.py`` measures the stall).
 """
@@ -122,7 +122,7 @@ class CheckpointManager:
         self.ranks = list(range(self.world_size)) if self.world_size is not None else [self.rank]
         self.on_saved = on_saved
         self._thread: threading.Thread | None = None
-        #: (thread id, its nice before) of the async writer and its I/O helpers while they run lowered
+        #: (thread id, its nice before) of the async writer and its I/O workers while they run lowered
         self._lowered: list[tuple[int, int]] = []
         self._lowered_lock = threading.Lock()
         self._waiting = False
@@ -317,11 +317,11 @@ class CheckpointManager:
         self.prune()
 
     def _lower(self) -> None:
-        """Lower the calling thread (the writer, or an I/O helper it started) to WRITER_NICE and record it with
-        the writer's own earlier priority, so that wait() can give it back; a helper that starts once wait() has
+        """Lower the calling thread (the writer, or an I/O worker it started) to WRITER_NICE and record it with
+        the writer's own earlier priority, so that wait() can give it back; a worker that starts once wait() has
         begun gets it back at once (it inherited the writer's lowered priority)."""
         with self._lowered_lock:
-            if self._lowered:  # an I/O helper of the lowered writer
+            if self._lowered:  # an I/O worker of the lowered writer
                 entry = (threading.get_native_id(), self._lowered[0][1])
                 if self._waiting:
                     _restore_priority([entry])
@@ -334,7 +334,7 @@ class CheckpointManager:
 
     def _write_bg(self, path: Path, tensors: dict[str, np.ndarray], meta: dict, event: Any) -> None:
         self._lower()
-        chunkio.hooks.on_worker_start = self._lower  # this thread's I/O helpers are lowered (and restored) too
+        chunkio.hooks.on_worker_start = self._lower  # this thread's I/O workers are lowered (and restored) too
         try:
             self._write(path, tensors, meta, event)
         except BaseException as e:  # reported by the next check()/save()/wait() (the Trainer checks every step)
