@@ -2,17 +2,23 @@
 and PyTorch DCP (torch.distributed.checkpoint, sync and async_save, in a one-process gloo group), on the same
 tensors in one run, and the step stall of an async save.
 
-    .venv/bin/python benchmarks/checkpoint_bench.py --device cpu --sizes 124m,350m \\
+    .venv/bin/python benchmarks/checkpoint_bench.py --device cpu --sizes 124m --repeats 3 \\
         --out benchmarks/results/checkpoint_cpu.json
-    python benchmarks/checkpoint_bench.py --device cuda --sizes 124m,350m,774m,1.5b \\
+    python benchmarks/checkpoint_bench.py --device cuda --sizes 124m,350m,774m,1.5b --repeats 1 \\
         --out benchmarks/results/checkpoint_h200.json
+
+The GPU run is sized to take about five minutes on one H200 and at most two checkpoints of a size on the disk at
+a time (1.5B + AdamW is 18.7 GB): every repeat's files are removed as soon as they are measured, the CUDA stall
+step is short (``--cuda-batch`` 1 x ``--cuda-seq`` 512 tokens, 4 steps before and after, at most 12 in flight),
+and the JSON is rewritten after every size, so a run cut short keeps the sizes that finished.
 
 What is saved is what the Trainer saves: ``blumodels.state.training_state`` of a GPT-2 preset (its parameters
 and both AdamW moments, after one optimizer step) with its metadata. Methods, per size (median of
 ``--repeats``, each into a fresh directory, files dropped from the page cache before every load):
 
-- ``blutrain_sync``: ``training_state`` + ``CheckpointManager.save`` (async off): write, fsync, rename, re-read
-  and verify (SHA-256), receipt and commit record; returns when durable.
+- ``blutrain_sync``: ``training_state(..., copy=False)`` (as the Trainer calls it) + ``CheckpointManager.save``
+  (async off): write (each 16 MiB chunk SHA-256-hashed as it is written, on the I/O threads), fsync, rename,
+  re-read and verify every chunk, receipt and commit record; returns when durable.
 - ``blutrain_async``: the same with ``async_save=True`` (the Trainer's ``train.async_checkpoint``): returns after
   ``training_state`` and the snapshot into the manager's reused host buffers; durable at ``wait()``.
 - ``blutrain_async_direct``: the parameters and moments handed to the manager as Tensors (no
@@ -32,8 +38,8 @@ Step stall: ``--stall-steps`` training-like steps without a save before and as m
 while an async save is in flight (from the moment the save returns until it is durable, or its first
 ``--stall-max-steps``; at least 3). CPU: a float32 GEMM loop sized to ~100 ms on one unloaded core (this process
 runs NumPy on one thread, as a CPU rank does; the writer thread has the other cores). CUDA: a real GPT-2 step
-(forward, backward, AdamW) of the model being checkpointed at ``--cuda-batch`` x 1024 tokens (fp32). ``stall`` =
-median step time in flight / median without (before and after) - 1 (target <= 0.05); measured for
+(forward, backward, AdamW) of the model being checkpointed at ``--cuda-batch`` x ``--cuda-seq`` tokens (fp32).
+``stall`` = median step time in flight / median without (before and after) - 1 (target <= 0.05); measured for
 ``--stall-sizes`` (default: every size on CPU, the largest on CUDA, to keep the GPU run short).
 """
 
@@ -90,13 +96,13 @@ def dir_bytes(path: Path) -> int:
 class Side:
     """One GPT-2 preset with its AdamW state on the chosen device, and the work loop for the stall test."""
 
-    def __init__(self, size: str, device: str, batch: int) -> None:
+    def __init__(self, size: str, device: str, batch: int, seq: int) -> None:
         import blutensor as bt
         from blumodels.config import load_preset
         from blumodels.families import build_model, count_params
         from blumodels.trainer import make_optimizer
 
-        self.bt, self.device, self.batch = bt, device, batch
+        self.bt, self.device, self.batch, self.seq = bt, device, batch, seq
         self.cfg = load_preset(SIZES[size])
         self.cfg.model.dropout = 0.0
         if not self.cfg.model.vocab_size:  # "tiny" takes its vocabulary from the data: the built-in BPE's
@@ -118,9 +124,10 @@ class Side:
             self.bt.cuda.synchronize()
 
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """What the Trainer hands its CheckpointManager: ``training_state(..., copy=False)``."""
         from blumodels.state import training_state
 
-        return training_state(self.model, self.opt, 1, None, self.cfg.to_dict())
+        return training_state(self.model, self.opt, 1, None, self.cfg.to_dict(), copy=False)
 
     def raw(self) -> dict[str, Any]:
         """The same tensors as ``state()`` (names included), as the live Tensors."""
@@ -134,7 +141,7 @@ class Side:
     # ---------------------------------------------------------------- the step of the stall test
     def make_step(self) -> tuple[Callable[[], None], str]:
         if self.device.startswith("cuda"):
-            bt, T = self.bt, 1024
+            bt, T = self.bt, self.seq
             rng = np.random.default_rng(0)
             x = bt.tensor(rng.integers(0, 50257, (self.batch, T)), device=self.device)
             y = bt.tensor(rng.integers(0, 50257, (self.batch, T)), device=self.device)
@@ -226,13 +233,19 @@ def stall(step: Callable[[], None], start: Callable[[], Any], busy: Callable[[An
             "stall": round(med(during) / med(plain) - 1, 4)}
 
 
+def io_threads() -> int:
+    from blumodels.checkpoint.chunkio import io_threads as threads
+
+    return threads()
+
+
 def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
     import torch
     import torch.distributed.checkpoint as dcp
     from blumodels.checkpoint.manager import CheckpointManager
     from blumodels.state import restore_training_state
 
-    side = Side(size, args.device, args.cuda_batch)
+    side = Side(size, args.device, args.cuda_batch, args.cuda_seq)
     print(f"[{size}] {side.n_params / 1e6:.0f}M parameters built in {side.build_s:.1f}s", flush=True)
     tdev = "cuda" if args.device.startswith("cuda") else "cpu"
     tensors, meta = side.state()
@@ -287,6 +300,7 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
         t_ret = time.perf_counter() - t0
         amgr.wait()
         add("blutrain_async", return_s=t_ret, durable_s=time.perf_counter() - t0)
+        amgr.remove_all()  # the disk holds one checkpoint of this size at a time
         del tensors
         gc.collect()
         # --- BluTrain, async with the Tensors handed over directly
@@ -295,6 +309,7 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
         t_ret = time.perf_counter() - t0
         dmgr.wait()
         add("blutrain_async_direct", return_s=t_ret, durable_s=time.perf_counter() - t0)
+        dmgr.remove_all()
         # --- torch.save / torch.load
         d = fresh("torch")
         f = d / "state.pt"
@@ -374,13 +389,21 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
     def dcp_start() -> Any:
         d = fresh(f"dcp-stall{len(state_holder)}")
         state_holder[len(state_holder)] = d
-        return dcp.async_save(tsd, checkpoint_id=str(d))
+        return d, dcp.async_save(tsd, checkpoint_id=str(d))
+
+    def blu_finish(m: CheckpointManager) -> None:
+        m.wait()
+        m.remove_all()  # each stall run's checkpoint goes once it is durable: one on the disk at a time
+
+    def dcp_finish(h: tuple[Path, Any]) -> None:
+        _result(h[1])
+        shutil.rmtree(h[0], ignore_errors=True)
 
     stalls = {}
     for name, start, busy, finish in (
-            ("blutrain_async", blu_start, lambda m: m.in_flight, lambda m: m.wait()),
-            ("blutrain_async_direct", blu_direct_start, lambda m: m.in_flight, lambda m: m.wait()),
-            ("dcp_async", dcp_start, lambda fu: not _done(fu), _result)):
+            ("blutrain_async", blu_start, lambda m: m.in_flight, blu_finish),
+            ("blutrain_async_direct", blu_direct_start, lambda m: m.in_flight, blu_finish),
+            ("dcp_async", dcp_start, lambda h: not _done(h[1]), dcp_finish)):
         runs = [stall(step, start, busy, finish, args.stall_steps, args.stall_max_steps)
                 for _ in range(args.stall_repeats)]
         best = sorted(runs, key=lambda r: r["stall"])[len(runs) // 2]  # the median run
@@ -410,13 +433,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="JSON result file")
     p.add_argument("--dir", default=None, help="where checkpoints are written (default: the system's temp dir)")
     p.add_argument("--repeats", type=int, default=None, help="repeats per method (default: cpu 3, cuda 1)")
-    p.add_argument("--stall-steps", type=int, default=8, help="steps without a save in the stall test")
+    p.add_argument("--stall-steps", type=int, default=None,
+                   help="steps without a save before and after each stall run (default: cpu 8, cuda 4)")
     p.add_argument("--stall-repeats", type=int, default=None, help="stall runs per method (default: cpu 3, cuda 1)")
     p.add_argument("--stall-max-steps", type=int, default=None,
-                   help="at most this many steps measured in flight (default: cpu 160, the whole save; cuda 24)")
+                   help="at most this many steps measured in flight (default: cpu 160, the whole save; cuda 12)")
     p.add_argument("--stall-sizes", default=None,
                    help="sizes whose step stall is measured (default: cpu every size, cuda the largest one)")
-    p.add_argument("--cuda-batch", type=int, default=2, help="micro-batch of the CUDA stall step (x 1024 tokens)")
+    p.add_argument("--cuda-batch", type=int, default=1, help="micro-batch of the CUDA stall step")
+    p.add_argument("--cuda-seq", type=int, default=512,
+                   help="tokens per sequence of the CUDA stall step (a short step keeps the GPU run within minutes)")
     args = p.parse_args(argv)
     sizes = [s.strip().lower() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
@@ -427,11 +453,16 @@ def main(argv: list[str] | None = None) -> int:
     if [x for x in stall_sizes if x not in sizes]:
         p.error(f"--stall-sizes: {[x for x in stall_sizes if x not in sizes]} not among --sizes {sizes}")
     args.stall_sizes = stall_sizes or (sizes if cpu else sizes[-1:])
-    args.repeats = args.repeats or (3 if cpu else 1)
-    args.stall_repeats = args.stall_repeats or (3 if cpu else 1)
-    args.stall_max_steps = args.stall_max_steps or (160 if cpu else 24)
-    if min(args.repeats, args.stall_steps, args.stall_repeats, args.cuda_batch) < 1 or args.stall_max_steps < 3:
-        p.error("--repeats, --stall-steps, --stall-repeats and --cuda-batch must be >= 1, --stall-max-steps >= 3")
+    for name, default in (("repeats", 3 if cpu else 1), ("stall_repeats", 3 if cpu else 1),
+                          ("stall_max_steps", 160 if cpu else 12), ("stall_steps", 8 if cpu else 4)):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if min(args.repeats, args.stall_steps, args.stall_repeats, args.cuda_batch, args.cuda_seq) < 1 or \
+            args.stall_max_steps < 3:
+        p.error("--repeats, --stall-steps, --stall-repeats, --cuda-batch and --cuda-seq must be >= 1, "
+                "--stall-max-steps >= 3")
+    if args.cuda_seq > 1024:
+        p.error(f"--cuda-seq {args.cuda_seq}: GPT-2's context is 1024 tokens")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not cpu:
@@ -454,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 "CheckpointManager vs torch.save/torch.load vs PyTorch DCP (sync, async_save), same tensors, "
                 "one run; seconds are medians of the repeats; stall = in-flight step / plain step - 1",
         "device": args.device, "repeats": args.repeats, "stall_steps": args.stall_steps,
+        "io_threads": io_threads(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "affinity": len(os.sched_getaffinity(0)), "python": platform.python_version(),
                     "torch": torch.__version__, "numpy": np.__version__,

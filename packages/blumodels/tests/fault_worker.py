@@ -34,7 +34,7 @@ def die() -> None:
 if kill is not None and int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == kill["rank"]:
     step, point = kill["step"], kill["point"]
     state = {"step": None}
-    orig_save, orig_load, orig_json, orig_prune = (mgr.save_checkpoint, mgr.load_checkpoint,
+    orig_save, orig_load, orig_json, orig_prune = (mgr.save_checkpoint, mgr.verify_checkpoint,
                                                    mgr.CheckpointManager._write_json, mgr.CheckpointManager.prune)
 
     def save(path, tensors, meta):
@@ -52,7 +52,7 @@ if kill is not None and int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == kill
             fmt._bytes_view = view
         return orig_save(path, tensors, meta)
 
-    def load(path):
+    def verify(path):
         if point == "verify" and state["step"] == step:
             die()
         return orig_load(path)
@@ -70,7 +70,7 @@ if kill is not None and int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == kill
             die()
         return orig_prune(self)
 
-    mgr.save_checkpoint, mgr.load_checkpoint = save, load
+    mgr.save_checkpoint, mgr.verify_checkpoint = save, verify
     mgr.CheckpointManager._write_json, mgr.CheckpointManager.prune = write_json, prune
 
 term, fail = a.get("term"), a.get("fail_save")

@@ -76,7 +76,8 @@ def test_readable_by_safetensors(tmp_path):
         np.testing.assert_array_equal(v, t[k])
     with safe_open(str(p), "np") as f:
         md = f.metadata()
-    assert md["format_version"] == "1" and json.loads(md["meta"]) == {"a": 1} and len(md["sha256"]) == 64
+    assert md["format_version"] == "2" and json.loads(md["meta"]) == {"a": 1}
+    assert len(md["chunk_sha256"]) == 64 and int(md["chunk_bytes"]) == fmt.CHUNK_BYTES  # one chunk here
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file as torch_load
 
@@ -147,7 +148,7 @@ def test_not_safetensors_and_version(tmp_path):
         load_checkpoint(p)
     q = _saved(tmp_path)
     raw = q.read_bytes()
-    q.write_bytes(raw.replace(b'"format_version":"1"', b'"format_version":"7"', 1))
+    q.write_bytes(raw.replace(b'"format_version":"2"', b'"format_version":"7"', 1))
     with pytest.raises(CheckpointError, match="unsupported format_version 7"):
         load_checkpoint(q)
     with pytest.raises(CheckpointError, match="no such file"):
@@ -284,9 +285,9 @@ def test_async_writer_runs_at_background_priority(tmp_path):
         mgr_mod.save_checkpoint = gated
         try:
             m.save(2, _tensors(), {"x": 2})
-            while m._lowered is None and time.monotonic() < deadline:
+            while not m._lowered and time.monotonic() < deadline:
                 time.sleep(0.01)
-            tid = m._lowered[0]
+            tid = m._lowered[0][0]
             assert os.getpriority(os.PRIO_PROCESS, tid) == mgr_mod.WRITER_NICE
             waiter = threading.Thread(target=m.wait)
             waiter.start()
@@ -428,3 +429,207 @@ def test_async_snapshot_of_raw_cupy_arrays_and_device_tensors_is_taken_at_save(t
     assert got["h"].dtype == ml_dtypes.bfloat16 and meta["k"] == 1
     _assert_exact(got, expect)
     m.close()
+
+
+# ------------------------------------------------------------------ chunked digests, parallel I/O
+def _small_chunks(monkeypatch, size=4096):
+    """Chunks of ``size`` bytes, so that a small checkpoint has many (the I/O threads then all take part)."""
+    monkeypatch.setattr(fmt, "CHUNK_BYTES", size)
+
+
+def _payload(p):
+    import struct
+
+    raw = p.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return raw, 8 + n, json.loads(raw[8:8 + n])["__metadata__"]
+
+
+def _big(seed=0):
+    rng = np.random.default_rng(seed)
+    return {"a": rng.standard_normal((300, 50)).astype(np.float32), "b": rng.standard_normal(1001),
+            "c": rng.standard_normal(777).astype(ml_dtypes.bfloat16), "d": np.arange(13, dtype=np.int8)}
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_recorded_digests_are_hashlib_sha256_of_each_chunk(tmp_path, monkeypatch, threads):
+    """Every recorded chunk digest equals an independent hashlib.sha256 of those bytes of the file, and the
+    header digest a receipt records is hashlib's of the file's first 8 + N bytes."""
+    import hashlib
+
+    _small_chunks(monkeypatch)
+    t = _big()
+    p = tmp_path / "c.safetensors"
+    save_checkpoint(p, t, {"step": 3}, threads=threads)
+    raw, start, md = _payload(p)
+    payload, chunk = raw[start:], int(md["chunk_bytes"])
+    assert chunk == 4096 and int(md["payload_bytes"]) == len(payload) == sum(v.nbytes for v in t.values())
+    want = [hashlib.sha256(payload[i:i + chunk]).hexdigest() for i in range(0, len(payload), chunk)]
+    assert len(want) > 4 * threads and md["chunk_sha256"] == "".join(want)
+    assert fmt.header_sha256(p) == hashlib.sha256(raw[:start]).hexdigest()
+    got, meta = load_checkpoint(p, threads=threads)
+    _assert_exact(got, t)
+    assert meta == {"step": 3} and fmt.verify_checkpoint(p, threads=threads) == {"step": 3}
+
+
+def test_a_flipped_byte_in_any_chunk_is_detected(tmp_path, monkeypatch):
+    """One bit flipped in any chunk (first, middle, last byte of the payload) fails load and verify, naming
+    the chunk; the same file unflipped loads."""
+    _small_chunks(monkeypatch)
+    p = tmp_path / "c.safetensors"
+    save_checkpoint(p, _big(), {"step": 1}, threads=3)
+    raw, start, md = _payload(p)
+    size = len(raw) - start
+    for off in sorted({0, 4095, 4096, size // 2, size - 1}):
+        b = bytearray(raw)
+        b[start + off] ^= 0x10
+        p.write_bytes(bytes(b))
+        for fn in (load_checkpoint, fmt.verify_checkpoint):
+            with pytest.raises(CheckpointError, match=rf"checksum mismatch: payload bytes {off // 4096 * 4096}\.\."
+                                                      rf".*\(chunk {off // 4096} of "):
+                fn(p, threads=3)
+    p.write_bytes(raw)
+    _assert_exact(load_checkpoint(p)[0], _big())
+
+
+def test_damaged_chunk_digests_are_refused(tmp_path):
+    p = _saved(tmp_path)
+    raw = p.read_bytes()
+    i = raw.index(b'"chunk_sha256":"') + len(b'"chunk_sha256":"')
+    for bad in (b"g", b"A"):  # not lower-case hex: named, before any payload is read
+        p.write_bytes(raw[:i] + bad + raw[i + 1:])
+        with pytest.raises(CheckpointError, match="chunk_sha256 holds"):
+            load_checkpoint(p)
+    p.write_bytes(raw[:i] + (b"1" if raw[i:i + 1] != b"1" else b"2") + raw[i + 1:])
+    with pytest.raises(CheckpointError, match=r"checksum mismatch: payload bytes 0\.\."):
+        load_checkpoint(p)
+
+
+def test_version_1_files_still_load_and_are_verified(tmp_path):
+    """A file written with one SHA-256 of the whole payload (format_version 1) loads, and a flipped byte in it
+    is still a checksum mismatch."""
+    import hashlib
+    import struct
+
+    t = _tensors()
+    index, arrays, payload = fmt._index_and_arrays(t)
+    body = b"".join(a.tobytes() for a in arrays)
+    meta_json = json.dumps(META, sort_keys=True, allow_nan=True)
+    md = {"format": fmt.FORMAT_NAME, "format_version": "1", "meta": meta_json,
+          "meta_sha256": fmt._meta_digest(meta_json, index), "payload_bytes": str(payload),
+          "sha256": hashlib.sha256(body).hexdigest()}
+    head = fmt._header_bytes(index, md)
+    p = tmp_path / "v1.safetensors"
+    p.write_bytes(struct.pack("<Q", len(head)) + head + body)
+    got, meta = load_checkpoint(p)
+    _assert_exact(got, t)
+    assert meta["text"] == "ünïcödé" and fmt.verify_checkpoint(p)["step"] == 12
+    _corrupt(p)
+    with pytest.raises(CheckpointError, match="checksum mismatch: payload sha256"):
+        fmt.verify_checkpoint(p)
+
+
+def test_threads_must_be_positive(tmp_path):
+    for bad in (0, -1, 1.5, True, "4"):
+        with pytest.raises(ValueError, match=r"threads=.* must be a positive integer"):
+            save_checkpoint(tmp_path / "x", _tensors(), {}, threads=bad)
+    assert not list(tmp_path.iterdir())
+
+
+def test_parallel_write_fails_cleanly_on_a_short_disk(tmp_path, monkeypatch):
+    """An I/O thread's OSError (disk full half-way) ends the save with that error and leaves no file; the writes
+    the other threads had in flight are finished first (no thread writes to a removed file)."""
+    import errno
+
+    from blumodels.checkpoint import chunkio
+
+    _small_chunks(monkeypatch)
+    real, calls, lock = chunkio.pwrite_all, [0], threading.Lock()
+
+    def full(fd, pieces, offset):
+        with lock:
+            calls[0] += 1
+            n = calls[0]
+        if n == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        time.sleep(0.002)
+        real(fd, pieces, offset)
+
+    monkeypatch.setattr(chunkio, "pwrite_all", full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(tmp_path / "c.safetensors", _big(), {}, threads=4)
+    assert not list(tmp_path.iterdir())
+    assert not [t for t in threading.enumerate() if t.name.startswith("blumodels-ckpt-io")]
+
+
+def test_receipt_pins_the_header_and_a_swapped_file_is_refused(tmp_path, caplog):
+    """The receipt records the file's header SHA-256; a file of the same name and size but other contents (a
+    stray rewrite) is not the committed one: latest_good falls back to the previous step."""
+    m = CheckpointManager(tmp_path, keep=None)
+    m.save(1, _tensors(1), {})
+    m.save(2, _tensors(2), {})
+    rec = json.loads(m.receipt_for(2).read_text())
+    assert rec["header_sha256"] == fmt.header_sha256(m.path_for(2)) and rec["bytes"] == m.path_for(2).stat().st_size
+    save_checkpoint(m.path_for(2), _tensors(3), {"step": 2, "rank": 0})  # same shapes: same size, verifies alone
+    assert m.path_for(2).stat().st_size == rec["bytes"]
+    with caplog.at_level(logging.WARNING, logger="blumodels.checkpoint.manager"):
+        path, tensors, meta = m.latest_good()
+    assert meta["step"] == 1 and "header's SHA-256 differs" in caplog.text
+    _assert_exact(tensors, _tensors(1))
+    assert m.good_steps() == [1]
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
+def test_async_io_workers_run_at_background_priority(tmp_path, monkeypatch):
+    """The async writer's hashing threads are lowered with it (and recorded, so wait() can restore them); a sync
+    save's keep the caller's priority."""
+    from blumodels.checkpoint import chunkio
+
+    _small_chunks(monkeypatch)
+    monkeypatch.setattr(chunkio, "MAX_DEFAULT_THREADS", 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})  # three I/O threads: two hash
+    seen, real = [], chunkio._digest
+
+    def record(pieces):
+        tid = threading.get_native_id()
+        seen.append((threading.current_thread().name, tid, os.getpriority(os.PRIO_PROCESS, tid)))
+        return real(pieces)
+
+    monkeypatch.setattr(chunkio, "_digest", record)
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    m = CheckpointManager(tmp_path / "a", async_save=True)
+    m.save(1, _big(), {})
+    m._thread.join()  # not wait(): that gives the threads their priority back
+    workers = {(tid, nice) for name, tid, nice in seen if name.startswith("blumodels-ckpt-io")}
+    assert len(workers) >= 2 and {nice for _, nice in workers} == {max(main, mgr_mod.WRITER_NICE)}
+    assert {tid for tid, _ in workers} <= {tid for tid, _ in m._lowered}
+    m.wait()
+    seen.clear()
+    CheckpointManager(tmp_path / "s").save(1, _big(), {})
+    assert seen and {nice for _, _, nice in seen} == {main}
+
+
+def test_training_state_without_copy_shares_cpu_storage_and_saves_the_same_file(tmp_path):
+    """copy=False (what the Trainer passes) hands over the CPU tensors' storage itself; the checkpoint written
+    from it is byte for byte the one written from copies, and the copies do not follow a later update."""
+    import blutensor as bt
+    from blumodels.state import training_state
+
+    model = bt.nn.Linear(8, 4)
+    opt = bt.optim.AdamW(model.parameters(), lr=0.1)
+    model(bt.randn(3, 8)).sum().backward()
+    opt.step()
+    views, meta = training_state(model, opt, 1, copy=False)
+    copies, _ = training_state(model, opt, 1)
+    w = model.weight
+    assert np.shares_memory(views["model.weight"], w.numpy()) and not np.shares_memory(copies["model.weight"],
+                                                                                       w.numpy())
+    assert set(views) == set(copies) and len(views) == 6
+    save_checkpoint(tmp_path / "v.safetensors", views, meta)
+    save_checkpoint(tmp_path / "c.safetensors", copies, meta)
+    assert (tmp_path / "v.safetensors").read_bytes() == (tmp_path / "c.safetensors").read_bytes()
+    before = copies["model.weight"].copy()
+    with bt.no_grad():
+        w.mul_(2.0)
+    np.testing.assert_array_equal(views["model.weight"], before * 2)
+    np.testing.assert_array_equal(copies["model.weight"], before)

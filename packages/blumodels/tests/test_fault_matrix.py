@@ -39,7 +39,7 @@ def _arm(monkeypatch, point, target):
             monkeypatch.undo()
             raise _Crash(point)
 
-    orig_json, orig_load, orig_save = (CheckpointManager._write_json, mgr_mod.load_checkpoint,
+    orig_json, orig_load, orig_save = (CheckpointManager._write_json, mgr_mod.verify_checkpoint,
                                        mgr_mod.save_checkpoint)
 
     def save(path, tensors, meta):
@@ -47,7 +47,7 @@ def _arm(monkeypatch, point, target):
             at("write")
         return orig_save(path, tensors, meta)
 
-    def load(path):
+    def verify(path):
         if target.rank == int(path.name.split(".rank")[1].split(".")[0]):
             at("verify")
         return orig_load(path)
@@ -65,7 +65,7 @@ def _arm(monkeypatch, point, target):
         return orig_prune(self)
 
     monkeypatch.setattr(mgr_mod, "save_checkpoint", save)
-    monkeypatch.setattr(mgr_mod, "load_checkpoint", load)
+    monkeypatch.setattr(mgr_mod, "verify_checkpoint", verify)
     monkeypatch.setattr(CheckpointManager, "_write_json", write_json)
     monkeypatch.setattr(CheckpointManager, "prune", prune)
 

@@ -180,16 +180,75 @@ def test_fields_sane_on_the_fake(fake_nvml):
     assert_fields_sane(fake_nvml, gpus, sysfs=False)  # the fake's two nodes need not exist here
 
 
+def real_nvml() -> tuple[object, int]:
+    """(the installed nvidia-ml-py, initialised; its GPU count). Skips only when the module is not installed,
+    no NVIDIA driver is loaded or NVML sees no GPU; any other NVML failure fails the test. Never the fake."""
+    mod = sys.modules.get("pynvml")
+    if mod is not None and str(FAKE) in str(getattr(mod, "__file__", "")):
+        sys.modules.pop("pynvml")  # a fake left behind by a CPU test
+    try:
+        import pynvml
+    except ImportError:
+        pytest.skip("needs nvidia-ml-py (pip install 'dtms[nvml]')")
+    assert str(FAKE) not in str(pynvml.__file__), pynvml.__file__
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        no_driver = tuple(getattr(pynvml, n) for n in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded",
+                                                       "NVMLError_NoPermission") if hasattr(pynvml, n))
+        if isinstance(e, no_driver):
+            pytest.skip(f"no NVIDIA driver ({e})")
+        raise
+    n = int(pynvml.nvmlDeviceGetCount())
+    if n == 0:
+        pytest.skip("no GPU")
+    assert pl.load_nvml() is pynvml  # what blurun itself loads
+    return pynvml, n
+
+
+@pytest.mark.cuda
+def test_real_nvml_placement_decision():
+    """The real NVML's fields for every GPU (NUMA node, ECC, retired pages, throttle reasons), then placement's
+    decision on them: healthy GPUs are placed in NVML order with their UUID
+    and their node's cores, every degraded one is excluded in the log with its reasons."""
+    nv, n = real_nvml()
+    gpus = pl.read_gpus(nv, list(range(n)))
+    assert [g.index for g in gpus] == list(range(n))
+    for g in gpus:
+        h = nv.nvmlDeviceGetHandleByIndex(g.index)
+        assert g.uuid == pl._text(nv.nvmlDeviceGetUUID(h)) and g.uuid.startswith("GPU-")
+        assert isinstance(g.throttle_reasons, int) and g.throttle_reasons >= 0, g
+        if g.numa_node is not None:
+            assert 0 <= g.numa_node < 64
+        for v in (g.ecc_uncorrected, g.ecc_corrected, g.retired_pages):
+            assert v is None or (isinstance(v, int) and v >= 0), g
+        assert g.healthy == (not g.reasons), g
+    healthy = [g for g in gpus if g.healthy]
+    said: list[str] = []
+    if not healthy:
+        with pytest.raises(pl.PlacementError) as e:
+            pl.plan(1, [str(i) for i in range(n)], nv=nv, log=said.append)
+        assert all(f"GPU {g.index}: " in str(e.value) for g in gpus)
+        return
+    out = pl.plan(len(healthy), [str(i) for i in range(n)], nv=nv, log=said.append)
+    assert [p.gpu.index for p in out] == [g.index for g in healthy]
+    for p in out:
+        env = p.env()
+        assert env["CUDA_VISIBLE_DEVICES"] == p.gpu.uuid and env["BLUTRAIN_GPU_NVML_INDEX"] == str(p.gpu.index)
+        if p.gpu.cpus:
+            assert pl.parse_cpulist(env["BLUTRAIN_CPU_AFFINITY"]) == sorted(p.gpu.cpus)
+            assert set(p.gpu.cpus) <= set(os.sched_getaffinity(0))
+    text = "\n".join(said)
+    for g in gpus:
+        if not g.healthy:
+            assert f"GPU {g.index} " in text and all(r in text for r in g.reasons), (g, text)
+
+
 @pytest.mark.cuda
 def test_real_nvml_fields_are_sane():
     """Placement against the real nvidia-ml-py: every field it reads is sane and NVML's own; UUIDs and PCI
     order agree with nvidia-smi where it is installed."""
-    nv = pl.load_nvml()
-    if nv is None:
-        pytest.skip("needs nvidia-ml-py and an NVIDIA driver")
-    n = int(nv.nvmlDeviceGetCount())
-    if n == 0:
-        pytest.skip("no GPU")
+    nv, n = real_nvml()
     gpus = pl.read_gpus(nv, list(range(n)))
     assert_fields_sane(nv, gpus)
     import shutil
@@ -204,12 +263,7 @@ def test_real_nvml_fields_are_sane():
 
 @pytest.mark.cuda
 def test_real_nvml_reads_every_gpu_against_sysfs():
-    nv = pl.load_nvml()
-    if nv is None:
-        pytest.skip("needs nvidia-ml-py and an NVIDIA driver")
-    n = int(nv.nvmlDeviceGetCount())
-    if n == 0:
-        pytest.skip("no GPU")
+    nv, n = real_nvml()
     gpus = pl.read_gpus(nv, list(range(n)))
     allowed = set(os.sched_getaffinity(0))
     for g in gpus:

@@ -21,19 +21,26 @@ class StateError(RuntimeError):
     """A checkpoint does not fit the model/optimizer it is restored into (names the tensor)."""
 
 
-def _host(t: bt.Tensor) -> np.ndarray:
-    """A host copy of a tensor's storage (bfloat16 kept as ml_dtypes.bfloat16)."""
-    return np.array(t.detach().to("cpu").numpy(), copy=True)
+def _host(t: bt.Tensor, copy: bool = True) -> np.ndarray:
+    """A host copy of a tensor's storage (bfloat16 kept as ml_dtypes.bfloat16); with ``copy=False`` a CPU
+    tensor's storage itself (a CUDA tensor is copied to the host either way)."""
+    a = t.detach().to("cpu").numpy()
+    return np.array(a, copy=True) if copy else a
 
 
 def training_state(model: bt.nn.Module, optimizer: bt.optim.Optimizer | None, step: int,
                    loader: Any = None, config: dict | None = None,
-                   extra: dict | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(tensors, meta) describing everything needed to continue training bit-exactly at ``step``."""
+                   extra: dict | None = None, copy: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(tensors, meta) describing everything needed to continue training bit-exactly at ``step``.
+
+    ``copy=False`` returns CPU tensors' storage without copying it (the arrays then change with the next
+    optimizer step): for a caller that writes them before training goes on, as ``CheckpointManager.save`` does
+    (a sync save writes them before it returns, an async one snapshots them first).
+    """
     tensors: dict[str, np.ndarray] = {}
     names = {}
     for name, p in model.named_parameters():
-        tensors[f"model.{name}"] = _host(p)
+        tensors[f"model.{name}"] = _host(p, copy)
         names[id(p)] = name
     opt_steps: dict[str, int] = {}
     if optimizer is not None:
@@ -43,7 +50,7 @@ def training_state(model: bt.nn.Module, optimizer: bt.optim.Optimizer | None, st
                 raise StateError("optimizer holds state for a parameter that is not in the model")
             for k in _MOMENTS:
                 if k in st:
-                    tensors[f"optim.{k}.{name}"] = _host(st[k])
+                    tensors[f"optim.{k}.{name}"] = _host(st[k], copy)
             opt_steps[name] = int(st.get("step", 0))
     meta: dict[str, Any] = {
         "state_format": STATE_FORMAT,

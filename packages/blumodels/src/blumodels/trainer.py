@@ -513,7 +513,7 @@ class Trainer:
                 return
         else:
             tensors, meta = training_state(self.model, self.optimizer, self.step, self.train_loader,
-                                           self.cfg.to_dict(), {"data_meta": self.meta})
+                                           self.cfg.to_dict(), {"data_meta": self.meta}, copy=False)
         self.ckpt.save(self.step, tensors, meta)  # _on_saved reports it once durable and verified
 
     # ------------------------------------------------------------------ evaluation

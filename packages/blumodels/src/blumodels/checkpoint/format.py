@@ -1,14 +1,17 @@
-"""One checkpoint file: safetensors layout, self-describing metadata, SHA-256, atomic durable write.
+"""One checkpoint file: safetensors layout, self-describing metadata, SHA-256s, atomic durable write.
 
 File = u64 little-endian header length N, N bytes of JSON header (space padded to 8 bytes), payload.
 The header maps each tensor name to ``{"dtype", "shape", "data_offsets"}`` (standard safetensors, so
 any safetensors reader opens it) and ``__metadata__`` holds strings:
 
-- ``format`` = "blutrain-checkpoint", ``format_version`` = "1"
+- ``format`` = "blutrain-checkpoint", ``format_version`` = "2"
 - ``meta``: the caller's JSON metadata (step, config, RNG states, data position, ...)
-- ``sha256``: SHA-256 of the payload bytes; ``meta_sha256``: SHA-256 of meta + the tensor index
+- ``chunk_bytes`` and ``chunk_sha256``: the payload is cut into ``chunk_bytes`` chunks (the last one shorter) and
+  ``chunk_sha256`` is the concatenation of their SHA-256 hex digests (64 characters each), so that writing and
+  verifying hash on several cores (:mod:`.chunkio`); ``meta_sha256``: SHA-256 of meta + the tensor index
 - ``payload_bytes``: payload length
 
+Version 1 files (one ``sha256`` of the whole payload instead of the chunk digests) are still read and verified.
 bfloat16 (ml_dtypes) arrays are stored with safetensors' BF16 dtype, byte for byte. Tensors are laid
 out by decreasing item size so every one is aligned. Never pickle.
 """
@@ -28,8 +31,13 @@ import numpy as np
 
 from blumodels.fsio import atomic_write
 
+from . import chunkio
+from .chunkio import CHUNK_BYTES, io_threads
+
 FORMAT_NAME = "blutrain-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: format versions this reader verifies (1: one SHA-256 of the whole payload)
+READ_VERSIONS = (1, 2)
 MAX_HEADER_BYTES = 100 << 20
 MAX_HEADER_DEPTH = 4  # {header: {tensor: {"shape": [..]}}}: anything deeper is not a safetensors header
 MAX_TENSOR_ELEMENTS = 1 << 50  # no real shape comes near it; a larger product is an overflow attack
@@ -109,29 +117,35 @@ def _header_bytes(index: dict, metadata: dict) -> bytes:
     return head + b" " * (-(len(head) + 8) % 8)
 
 
-def save_checkpoint(path: str | os.PathLike, tensors: dict[str, np.ndarray], meta: dict) -> None:
-    """Write ``tensors`` + JSON ``meta`` to ``path``: temp name, fsync, atomic rename, directory fsync."""
+def save_checkpoint(path: str | os.PathLike, tensors: dict[str, np.ndarray], meta: dict, *,
+                    threads: int | None = None) -> None:
+    """Write ``tensors`` + JSON ``meta`` to ``path``: temp name, fsync, atomic rename, directory fsync.
+
+    The payload is written in file order straight from the arrays' memory (no copy of a C-contiguous array)
+    with positioned writes while ``threads - 1`` other threads hash its ``CHUNK_BYTES`` chunks (default
+    :func:`~.chunkio.io_threads`: the usable cores, at most 8).
+    """
     path = Path(path)
+    threads = io_threads(threads)
     index, arrays, payload = _index_and_arrays(tensors)
     meta_json = json.dumps(meta, sort_keys=True, allow_nan=True)
+    chunk = CHUNK_BYTES
+    count = chunkio.n_chunks(payload, chunk)
     metadata = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION), "meta": meta_json,
                 "meta_sha256": _meta_digest(meta_json, index), "payload_bytes": str(payload),
-                "sha256": "0" * 64}
-    head = _header_bytes(index, metadata)
+                "chunk_bytes": str(chunk), "chunk_sha256": "0" * (64 * count)}
+    head = _header_bytes(index, metadata)  # placeholder digests, the same length as the real ones
     with atomic_write(path) as f:
         f.write(struct.pack("<Q", len(head)))
-        f.write(head)  # placeholder digest, same length as the real one
-        h = hashlib.sha256()
-        for a in arrays:
-            mv = _bytes_view(a)
-            for i in range(0, len(mv), _CHUNK):
-                h.update(mv[i:i + _CHUNK])
-            f.write(mv)
-        metadata["sha256"] = h.hexdigest()
+        f.write(head)
+        f.flush()
+        fd = f.fileno()
+        digests = chunkio.write_chunks(fd, 8 + len(head), (_bytes_view(a) for a in arrays), payload, threads,
+                                         chunk)
+        metadata["chunk_sha256"] = "".join(digests)
         final = _header_bytes(index, metadata)
         assert len(final) == len(head)
-        f.seek(8)
-        f.write(final)
+        chunkio.pwrite_all(fd, [memoryview(final)], 8)
 
 
 def _read_header(path: Path, f, size: int) -> tuple[int, dict, dict]:
@@ -161,9 +175,9 @@ def _read_header(path: Path, f, size: int) -> tuple[int, dict, dict]:
         raise CheckpointError(path, "not a safetensors file: __metadata__ at offset 8 is not a map of strings")
     if md.get("format") != FORMAT_NAME or "format_version" not in md:
         raise CheckpointError(path, "not a BluTrain checkpoint: metadata has no format/format_version")
-    if md["format_version"] != str(FORMAT_VERSION):
+    if md["format_version"] not in [str(v) for v in READ_VERSIONS]:
         raise CheckpointError(path, f"unsupported format_version {md['format_version']} (this reader "
-                                    f"knows {FORMAT_VERSION})")
+                                    f"knows {', '.join(map(str, READ_VERSIONS))})")
     return 8 + n, header, md
 
 
@@ -243,55 +257,122 @@ def read_checkpoint_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
-def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
-    """Read and verify ``path`` (framing, format version, sizes, SHA-256s); returns (tensors, meta).
-
-    Raises :class:`CheckpointError` naming the file and what failed. The arrays are views into one
-    buffer holding the payload.
-    """
-    path = Path(path)
+def _open(path: Path):
     try:
-        f = open(path, "rb")
+        return open(path, "rb", buffering=0)
     except FileNotFoundError:
         raise CheckpointError(path, "no such file") from None
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        start, index, md = _read_header(path, f, size)
-        try:
-            payload = int(md["payload_bytes"])
-            meta_json = md["meta"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(path, "metadata lacks payload_bytes/meta") from None
-        if payload < 0:
-            raise CheckpointError(path, f"metadata payload_bytes={payload} is negative")
-        have = size - start
-        if have < payload:
-            raise CheckpointError(path, f"truncated: header claims {payload} payload bytes at offset "
-                                        f"{start}, file has {have}")
-        if have > payload:
-            raise CheckpointError(path, f"{have - payload} trailing bytes after the payload at offset "
-                                        f"{start + payload}")
-        entries = check_index(path, index, payload)  # before reading (or allocating) the payload
-        buf = bytearray(payload)
-        mv = memoryview(buf)
-        h = hashlib.sha256()
-        for i in range(0, payload, _CHUNK):
-            chunk = mv[i:i + _CHUNK]
-            if f.readinto(chunk) != len(chunk):
-                raise CheckpointError(path, f"truncated while reading at offset {start + i}")
-            h.update(chunk)
-    if h.hexdigest() != md.get("sha256"):
-        raise CheckpointError(path, f"checksum mismatch: payload sha256 {h.hexdigest()[:16]}... != recorded "
-                                    f"{str(md.get('sha256'))[:16]}...")
-    if _meta_digest(meta_json, index) != md.get("meta_sha256"):
+
+
+def _payload_spec(path: Path, f, size: int) -> tuple[int, dict, dict, int, list]:
+    """(payload offset, index, metadata, payload bytes, index entries) after every check that needs no payload."""
+    start, index, md = _read_header(path, f, size)
+    try:
+        payload = int(md["payload_bytes"])
+        md["meta"]
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(path, "metadata lacks payload_bytes/meta") from None
+    if payload < 0:
+        raise CheckpointError(path, f"metadata payload_bytes={payload} is negative")
+    have = size - start
+    if have < payload:
+        raise CheckpointError(path, f"truncated: header claims {payload} payload bytes at offset "
+                                    f"{start}, file has {have}")
+    if have > payload:
+        raise CheckpointError(path, f"{have - payload} trailing bytes after the payload at offset "
+                                    f"{start + payload}")
+    entries = check_index(path, index, payload)  # before reading (or allocating) the payload
+    if _meta_digest(md["meta"], index) != md.get("meta_sha256"):
         raise CheckpointError(path, "checksum mismatch: metadata/tensor index differ from meta_sha256")
-    tensors = {}
-    for name, dt, shape, a in entries:
-        tensors[name] = np.frombuffer(buf, dtype=dt, count=math.prod(shape), offset=a).reshape(shape)
+    return start, index, md, payload, entries
+
+
+def _chunk_digests(path: Path, md: dict, payload: int) -> tuple[int, list[str]]:
+    """(chunk size, recorded SHA-256 per chunk) of a version 2 header."""
+    try:
+        chunk = int(md["chunk_bytes"])
+        joined = md["chunk_sha256"]
+    except (KeyError, ValueError):
+        raise CheckpointError(path, "metadata lacks chunk_bytes/chunk_sha256 (format_version 2)") from None
+    if not 0 < chunk <= 1 << 40:
+        raise CheckpointError(path, f"metadata chunk_bytes={chunk} is not a positive chunk size")
+    count = chunkio.n_chunks(payload, chunk)
+    if len(joined) != 64 * count or joined.strip("0123456789abcdef"):
+        raise CheckpointError(path, f"metadata chunk_sha256 holds {len(joined)} characters, not {count} SHA-256 "
+                                    f"hex digests of {chunk}-byte chunks")
+    return chunk, [joined[i:i + 64] for i in range(0, len(joined), 64)]
+
+
+def _check_payload(path: Path, f, start: int, md: dict, payload: int, into: memoryview | None,
+                   threads: int) -> None:
+    """Read the payload (into ``into``, or through small reused buffers) and check it against its digests."""
+    fd = f.fileno()
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, start, payload, os.POSIX_FADV_SEQUENTIAL)
+    if md["format_version"] == "1":  # one SHA-256 of the whole payload: a serial stream
+        h = hashlib.sha256()
+        scratch = None if into is not None else memoryview(bytearray(min(_CHUNK, payload)))
+        for i in range(0, payload, _CHUNK):
+            n = min(_CHUNK, payload - i)
+            mv = into[i:i + n] if into is not None else scratch[:n]
+            if chunkio.pread_into(fd, mv, start + i) != n:
+                raise CheckpointError(path, f"truncated while reading at offset {start + i}")
+            h.update(mv)
+        if h.hexdigest() != md.get("sha256"):
+            raise CheckpointError(path, f"checksum mismatch: payload sha256 {h.hexdigest()[:16]}... != recorded "
+                                        f"{str(md.get('sha256'))[:16]}...")
+        return
+    chunk, digests = _chunk_digests(path, md, payload)
+    chunkio.read_chunks(fd, start, payload, digests, threads, into, lambda why: CheckpointError(path, why), chunk)
+
+
+def _parse_meta(path: Path, meta_json: str) -> dict:
     try:
         meta = json.loads(meta_json)
     except (ValueError, RecursionError):  # verified by meta_sha256, so only a hostile writer gets here
         raise CheckpointError(path, "metadata 'meta' is not readable JSON") from None
     if not isinstance(meta, dict):
         raise CheckpointError(path, f"metadata 'meta' is a JSON {type(meta).__name__}, not an object")
+    return meta
+
+
+def load_checkpoint(path: str | os.PathLike, *, threads: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """Read and verify ``path`` (framing, format version, sizes, SHA-256s); returns (tensors, meta).
+
+    Raises :class:`CheckpointError` naming the file and what failed; nothing is returned before every byte is
+    checked. The arrays are views into one buffer holding the payload, read in place (positioned reads, each
+    chunk hashed as it arrives) on ``threads`` I/O threads (default: the usable cores, at most 8).
+    """
+    path = Path(path)
+    threads = io_threads(threads)
+    with _open(path) as f:
+        start, index, md, payload, entries = _payload_spec(path, f, os.fstat(f.fileno()).st_size)
+        buf = chunkio.alloc(payload)
+        _check_payload(path, f, start, md, payload, memoryview(buf), threads)
+    meta = _parse_meta(path, md["meta"])
+    tensors = {}
+    for name, dt, shape, a in entries:
+        tensors[name] = np.frombuffer(buf, dtype=dt, count=math.prod(shape), offset=a).reshape(shape)
     return tensors, meta
+
+
+def verify_checkpoint(path: str | os.PathLike, *, threads: int | None = None) -> dict:
+    """Check ``path`` as :func:`load_checkpoint` does (every byte against its digest) without keeping the
+    payload: it is read through a few reused chunk buffers. Returns the meta; CheckpointError when it fails."""
+    path = Path(path)
+    threads = io_threads(threads)
+    with _open(path) as f:
+        start, _, md, payload, _ = _payload_spec(path, f, os.fstat(f.fileno()).st_size)
+        _check_payload(path, f, start, md, payload, None, threads)
+    return _parse_meta(path, md["meta"])
+
+
+def header_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a checkpoint's first 8 + N bytes (length and header). The header holds the payload's digests
+    and meta_sha256, so this one digest pins the whole verified file (what a commit receipt records)."""
+    path = Path(path)
+    with _open(path) as f:
+        start, _, _ = _read_header(path, f, os.fstat(f.fileno()).st_size)
+        f.seek(0)
+        head = f.read(start)
+    return hashlib.sha256(head).hexdigest()

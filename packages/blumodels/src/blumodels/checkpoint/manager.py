@@ -3,8 +3,9 @@ loading.
 
 Files are ``step_{step:08d}.rank{rank}.safetensors`` (see :mod:`.format`); temporary files start with a
 dot and never match, so a save killed half-way is never taken as a checkpoint. A step is *committed* once every
-rank's file is written, fsynced and verified (re-read, SHA-256 checked): each rank then writes its receipt
-``step_N.rankR.ok`` (the file's size and digest), and the rank that completes the set writes the commit record
+rank's file is written, fsynced and verified (re-read, every chunk's SHA-256 checked): each rank then writes its
+receipt ``step_N.rankR.ok`` (the file's size and the SHA-256 of its header, which holds the payload's digests:
+checked again before a load uses the file), and the rank that completes the set writes the commit record
 ``step_N.commit`` last, atomically (as PyTorch DCP writes its metadata last). Pruning removes only steps older
 than the newest ``keep`` committed ones, so a save killed at any point on any rank leaves the previous committed
 step on every rank; resume takes the newest committed step. The ranks share the checkpoint directory. A directory
@@ -13,8 +14,9 @@ written before commit records existed (no receipt, no record) is read as before:
 Async saves snapshot the tensors into reused host buffers at once (pinned, through bluallocator, for CUDA
 arrays: the device to host copies are queued on the current stream, so later in-place updates cannot leak in),
 then one background thread writes the file; at most one save is in flight, a second waits for the first. The
-writer thread runs at the lowest CPU priority (nice 19, ``WRITER_NICE``), so its hashing and copying use the cores
-the training step leaves idle rather than slowing the step (``benchmarks/checkpoint_bench.py`` measures the stall).
+writer thread and its I/O worker threads (:mod:`.chunkio`) run at the lowest CPU priority (nice 19,
+``WRITER_NICE``), so their hashing and copying use the cores the training step leaves idle rather than slowing the
+step (``benchmarks/checkpoint_bench.py`` measures the stall).
 """
 
 from __future__ import annotations
@@ -33,7 +35,15 @@ import numpy as np
 
 from blumodels.fsio import atomic_write
 
-from .format import CheckpointError, CheckpointSaveError, load_checkpoint, save_checkpoint
+from . import chunkio
+from .format import (
+    CheckpointError,
+    CheckpointSaveError,
+    header_sha256,
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +90,14 @@ def _background_priority() -> tuple[int, int] | None:
         return None
 
 
-def _restore_priority(lowered: tuple[int, int] | None) -> None:
-    """Give a lowered writer thread its priority back (the training thread now waits for it). Raising a nice
+def _restore_priority(lowered: list[tuple[int, int]]) -> None:
+    """Give lowered writer threads their priority back (the training thread now waits for them). Raising a nice
     value back needs CAP_SYS_NICE or RLIMIT_NICE; without them the writer finishes at its low priority."""
-    if lowered is None:
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, *lowered)
-    except OSError:
-        pass
+    for tid, before in list(lowered):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, before)
+        except OSError:
+            pass
 
 
 class CheckpointManager:
@@ -113,7 +122,9 @@ class CheckpointManager:
         self.ranks = list(range(self.world_size)) if self.world_size is not None else [self.rank]
         self.on_saved = on_saved
         self._thread: threading.Thread | None = None
-        self._lowered: tuple[int, int] | None = None  # (writer thread id, its nice before it was lowered)
+        #: (thread id, its nice before) of the async writer and its I/O workers while they run lowered
+        self._lowered: list[tuple[int, int]] = []
+        self._lowered_lock = threading.Lock()
         self._waiting = False
         self._error: BaseException | None = None
         self._buffers: dict[str, np.ndarray] = {}
@@ -182,14 +193,9 @@ class CheckpointManager:
 
     def _commit(self, step: int, path: Path) -> None:
         """This rank's receipt for ``step``; the commit record when every rank's receipt is there."""
-        import hashlib
-
-        h = hashlib.sha256()
-        with open(path, "rb") as f:  # the bytes on disk, read back: what a resume will read
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                h.update(chunk)
         self._write_json(self.receipt_for(step), {"step": int(step), "rank": self.rank, "file": path.name,
-                                                  "bytes": path.stat().st_size, "sha256": h.hexdigest()})
+                                                  "bytes": path.stat().st_size,
+                                                  "header_sha256": header_sha256(path)})
         if self.world_size is None:
             return  # this rank alone: the receipt is the commit (no shared record another rank could overwrite)
         receipts = {}
@@ -253,7 +259,10 @@ class CheckpointManager:
                     buf = self._pinned.empty(shape, dtype)
                 except Exception as e:  # bluallocator absent or no page-locked memory: plain host memory
                     log.debug("pinned snapshot buffer unavailable (%s)", e)
-            self._buffers[name] = buf = np.empty(shape, dtype) if buf is None else buf
+            if buf is None:  # pages mapped up front (chunkio.alloc): the first snapshot copies without faulting
+                n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                buf = np.frombuffer(chunkio.alloc(n), np.uint8, n).view(dtype).reshape(shape)
+            self._buffers[name] = buf
         return buf
 
     def _snapshot(self, tensors: dict[str, Any]) -> tuple[dict[str, np.ndarray], Any]:
@@ -288,7 +297,7 @@ class CheckpointManager:
             stale.unlink(missing_ok=True)
         try:
             save_checkpoint(path, tensors, meta)
-            load_checkpoint(path)  # verified as a resume will read it, before it may count
+            verify_checkpoint(path)  # every byte read back and checked as a resume will, before it may count
             self._commit(step, path)
         except OSError as e:
             for p in (path, self.receipt_for(step)):
@@ -307,10 +316,25 @@ class CheckpointManager:
             self.on_saved(str(path), step)
         self.prune()
 
+    def _lower(self) -> None:
+        """Lower the calling thread (the writer, or an I/O worker it started) to WRITER_NICE and record it with
+        the writer's own earlier priority, so that wait() can give it back; a worker that starts once wait() has
+        begun gets it back at once (it inherited the writer's lowered priority)."""
+        with self._lowered_lock:
+            if self._lowered:  # an I/O worker of the lowered writer
+                entry = (threading.get_native_id(), self._lowered[0][1])
+                if self._waiting:
+                    _restore_priority([entry])
+                else:
+                    self._lowered.append(entry)
+            elif not self._waiting:
+                got = _background_priority()
+                if got is not None:
+                    self._lowered.append(got)
+
     def _write_bg(self, path: Path, tensors: dict[str, np.ndarray], meta: dict, event: Any) -> None:
-        self._lowered = _background_priority()
-        if self._waiting:  # wait() began before the writer lowered itself
-            _restore_priority(self._lowered)
+        self._lower()
+        chunkio.hooks.on_worker_start = self._lower  # this thread's I/O workers are lowered (and restored) too
         try:
             self._write(path, tensors, meta, event)
         except BaseException as e:  # reported by the next check()/save()/wait() (the Trainer checks every step)
@@ -330,11 +354,12 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is on disk; re-raise its error."""
         if self._thread is not None:
-            self._waiting = True
-            if self._thread.is_alive():  # the caller blocks on the writer now: it should not yield the cores
-                _restore_priority(self._lowered)
+            with self._lowered_lock:
+                self._waiting = True
+                if self._thread.is_alive():  # the caller blocks on the writer now: it should not yield the cores
+                    _restore_priority(self._lowered)
             self._thread.join()
-            self._thread, self._waiting, self._lowered = None, False, None
+            self._thread, self._waiting, self._lowered = None, False, []
         if self._error is not None:
             e, self._error = self._error, None
             raise e
@@ -362,7 +387,7 @@ class CheckpointManager:
         if key in self._good:
             return True
         try:
-            self._load_checked(path)
+            self._check_step(path, verify_checkpoint(path))
         except (CheckpointError, OSError) as e:
             log.warning("checkpoint %s is not usable (%s)", path, e)
             return False
@@ -436,12 +461,15 @@ class CheckpointManager:
             return [self.step_of(p) for p in self.list()]
         return [step for step in self.committed_steps() if self.path_for(step).is_file()]
 
-    def _load_checked(self, path: Path) -> tuple[dict[str, np.ndarray], dict]:
-        tensors, meta = load_checkpoint(path)
+    def _check_step(self, path: Path, meta: dict) -> None:
         step = meta.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0 or step != self.step_of(path):
             raise CheckpointError(path, f"metadata step {str(step)[:40]!r} is not the non-negative step "
                                         f"{self.step_of(path)} of its file name")
+
+    def _load_checked(self, path: Path) -> tuple[dict[str, np.ndarray], dict]:
+        tensors, meta = load_checkpoint(path)
+        self._check_step(path, meta)
         return tensors, meta
 
     def good_steps(self) -> list[int]:
@@ -456,15 +484,26 @@ class CheckpointManager:
         return out
 
     def _matches_receipt(self, step: int) -> bool:
-        """This rank's file of a committed ``step`` is the one its commit record names (same name and size)."""
+        """This rank's file of a committed ``step`` is the one its commit record names (same name and size, and the
+        same header SHA-256: the payload digests a load then checks every byte against)."""
         rec = self.commit_record(step)
         mine = rec["files"].get(str(self.rank), {}) if rec is not None else {}
+        path = self.path_for(step)
         try:
-            size = self.path_for(step).stat().st_size
+            size = path.stat().st_size
         except OSError:
             return False
-        if mine.get("file") == self.path_for(step).name and mine.get("bytes") == size:
-            return True
+        if mine.get("file") == path.name and mine.get("bytes") == size:
+            if "header_sha256" not in mine:  # a receipt from before header digests: name and size
+                return True
+            try:
+                if header_sha256(path) == mine["header_sha256"]:
+                    return True
+            except (CheckpointError, OSError):
+                pass
+            log.warning("checkpoint %s is not the file its commit record names (its header's SHA-256 differs)",
+                        path)
+            return False
         log.warning("checkpoint %s is not the file its commit record names (%s bytes, recorded %s)",
                     self.path_for(step), size, mine.get("bytes"))
         return False
