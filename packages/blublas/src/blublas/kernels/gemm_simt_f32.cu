@@ -2,44 +2,38 @@
 // and alignment, layouts NN/NT/TN, strided batch, split-K. Two main loops, chosen by the stage count:
 //  * stages >= 3: 4-byte cp.async multi-stage shared-memory pipeline (transposing K-major tiles on the way
 //    in so the inner loop reads float4 columns); 8x8 outputs as two 4x4 quadrants of a 16 x (NT/16) grid.
+//    This is the GEMM main loop of gemm_mainloop.cuh with the SIMT policy (BluSimtPolicy).
 //  * stages == 2 (gemm_simt_reg_body): register-staged double buffer -- 16-byte global loads of tile k+1
 //    into registers while tile k is computed, then stored (transposed where needed) into the other shared
 //    buffer; one barrier per k-tile. Warp tile 32 x 64 (lanes 4 x 8, each 2x2 sub-tiles of 4x4) so every
 //    shared load is a conflict-free float4 (a 64-byte broadcast for A, 128 contiguous bytes for B).
 // C[z] = epi(alpha * op(A) @ op(B) + beta * C[z] + bias); op(A) is M x K, op(B) is K x N, all row-major.
-#include "gemm_common.cuh"
+#include "gemm_mainloop.cuh"
 
-template <int BM, int BN, int BK, int STAGES, bool TA, bool TB>
-__device__ __forceinline__ void gemm_simt_body(BLU_GEMM_PARAMS) {
-  constexpr int TX = BN / 8, TY = BM / 8, NT = TX * TY;
-  constexpr int SLDA = BM + 4, SLDB = BN + 4;  // shared tiles are [BK][BM+4] and [BK][BN+4]
-  constexpr int A_STAGE = BK * SLDA, B_STAGE = BK * SLDB;
-  constexpr int A_PER = BM * BK / NT, B_PER = BN * BK / NT;
+// Policy of the cp.async path for blu_gemm_mainloop (gemm_mainloop.cuh): shared tiles are K-major,
+// [BK][BM+4] and [BK][BN+4] (4-byte cp.async, transposing the K-contiguous operands on the way in), so each
+// k-step reads float4 columns; 8x8 outputs a thread as two 4x4 quadrants of a 16 x (NT/16) grid.
+template <int BM_, int BN_, int BK_, int STAGES_, bool TA, bool TB>
+struct BluSimtPolicy {
+  typedef float T;
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_;
+  static constexpr int TX = BN / 8, TY = BM / 8, NT = TX * TY;
+  static constexpr int SLDA = BM + 4, SLDB = BN + 4;
+  static constexpr int A_STAGE = BK * SLDA, B_STAGE = BK * SLDB;
+  static constexpr int A_PER = BM * BK / NT, B_PER = BN * BK / NT;
   static_assert(BM * BK % NT == 0 && BN * BK % NT == 0, "tile not divisible by thread count");
-  extern __shared__ __align__(16) unsigned char blu_smem_raw[];
-  float* shA = (float*)blu_smem_raw;
-  float* shB = shA + STAGES * A_STAGE;
+  typedef float Acc[8][8];
+  struct Frags {  // the A and B values of one k-step
+    float ra[8], rb[8];
+  };
 
-  const int tid = threadIdx.x;
-  const int tx = tid % TX, ty = tid / TX;
-  const BluTile tile = blu_tile_coords<BM, BN>();
-  const int m0 = tile.m0, n0 = tile.n0;
-  const BluKRange kr = blu_k_range(K, splits, k_chunk);
-  const float* gA = (const float*)A + (i64)kr.batch * sA;
-  const float* gB = (const float*)B + (i64)kr.batch * sB;
-  const int klen = kr.k_end > kr.k_begin ? kr.k_end - kr.k_begin : 0;
-  const int ktiles = (klen + BK - 1) / BK;
+  int tx, ty;
 
-  float acc[8][8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+  __device__ __forceinline__ explicit BluSimtPolicy(int tid) : tx(tid % TX), ty(tid / TX) {}
 
-  auto load_stage = [&](int stage, int kt) {
-    const int k0 = kr.k_begin + kt * BK;
-    float* a = shA + stage * A_STAGE;
-    float* b = shB + stage * B_STAGE;
+  __device__ __forceinline__ static void load_stage(float* a, float* b, const float* gA, const float* gB, i64 lda,
+                                                    i64 ldb, int k0, int m0, int n0, int M, int N, int k_end, int tid,
+                                                    bool) {
 #pragma unroll
     for (int p = 0; p < A_PER; ++p) {
       const int i = tid + p * NT;
@@ -52,7 +46,7 @@ __device__ __forceinline__ void gemm_simt_body(BLU_GEMM_PARAMS) {
         m = i / BK;
       }
       const int gm = m0 + m, gk = k0 + k;
-      const bool ok = gm < M && gk < kr.k_end;
+      const bool ok = gm < M && gk < k_end;
       const float* src = ok ? (TA ? gA + (i64)gk * lda + gm : gA + (i64)gm * lda + gk) : gA;
       blu_cp_async4(a + k * SLDA + m, src, ok ? 4 : 0);
     }
@@ -68,31 +62,24 @@ __device__ __forceinline__ void gemm_simt_body(BLU_GEMM_PARAMS) {
         k = i / BN;
       }
       const int gn = n0 + n, gk = k0 + k;
-      const bool ok = gn < N && gk < kr.k_end;
+      const bool ok = gn < N && gk < k_end;
       const float* src = ok ? (TB ? gB + (i64)gn * ldb + gk : gB + (i64)gk * ldb + gn) : gB;
       blu_cp_async4(b + k * SLDB + n, src, ok ? 4 : 0);
     }
-  };
-
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ktiles) load_stage(s, s);
-    blu_cp_async_commit();
   }
 
-  for (int kt = 0; kt < ktiles; ++kt) {
-    blu_cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    {
-      const int nk = kt + STAGES - 1;
-      if (nk < ktiles) load_stage(nk % STAGES, nk);
-      blu_cp_async_commit();
-    }
-    const float* a = shA + (kt % STAGES) * A_STAGE;
-    const float* b = shB + (kt % STAGES) * B_STAGE;
+  __device__ __forceinline__ static void zero(Acc& acc) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+  }
+
+  __device__ __forceinline__ void compute(Acc& acc, Frags& fr, const float* a, const float* b) const {
+    float(&ra)[8] = fr.ra;
+    float(&rb)[8] = fr.rb;
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
-      float ra[8], rb[8];
       const float4 a0 = *(const float4*)(a + k * SLDA + ty * 4);
       const float4 a1 = *(const float4*)(a + k * SLDA + BM / 2 + ty * 4);
       const float4 b0 = *(const float4*)(b + k * SLDB + tx * 4);
@@ -107,19 +94,19 @@ __device__ __forceinline__ void gemm_simt_body(BLU_GEMM_PARAMS) {
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
     }
   }
-  blu_cp_async_wait<0>();
 
-  const BluEpi e = blu_make_epi(C, bias, P, ldc, ldp, sC, sP, alpha, beta, flags, M, N, blockIdx.z);
+  __device__ __forceinline__ void store(const BluEpi& e, const Acc& acc, int m0, int n0) const {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int r = m0 + (i < 4 ? ty * 4 + i : BM / 2 + ty * 4 + i - 4);
+    for (int i = 0; i < 8; ++i) {
+      const int r = m0 + (i < 4 ? ty * 4 + i : BM / 2 + ty * 4 + i - 4);
 #pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      const int c = n0 + (j < 4 ? tx * 4 + j : BN / 2 + tx * 4 + j - 4);
-      blu_epi_store2(e, r, c, acc[i][j], acc[i][j + 1]);
+      for (int j = 0; j < 8; j += 2) {
+        const int c = n0 + (j < 4 ? tx * 4 + j : BN / 2 + tx * 4 + j - 4);
+        blu_epi_store2(e, r, c, acc[i][j], acc[i][j + 1]);
+      }
     }
   }
-}
+};
 
 // One operand tile of the register-staged path: ROWS x BK (A: ROWS = BM, B: ROWS = BN), stored in shared
 // memory K-major as [BK][ROWS + 4]. KCONTIG: the operand's K index is contiguous in global memory (A in
@@ -333,7 +320,7 @@ __device__ __forceinline__ void gemm_simt_dispatch(BLU_GEMM_PARAMS) {
     else
       gemm_simt_reg_body<BM, BN, BK, TA, TB, true>(BLU_GEMM_ARGS);
   } else
-    gemm_simt_body<BM, BN, BK, ST, TA, TB>(BLU_GEMM_ARGS);
+    blu_gemm_mainloop<BluSimtPolicy<BM, BN, BK, ST, TA, TB>>(BLU_GEMM_ARGS);
 }
 
 // One extern "C" entry point per (config, layout): blu_gemm_simt_<config>_<nn|nt|tn>.

@@ -176,6 +176,125 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     }
 }
 
+// ================================================================ backward: the stanzas both kernels share
+// Both backward kernels own 64 rows (dK/dV: keys, dQ: queries), keep two tiles of them (K, V / Q, dO) and stream
+// the other side's tile pairs (Q, dO / K, V) through two shared stages, recompute P and dP per streamed tile and
+// turn them into dS; only the roles of rows and columns differ (dK/dV works on the transposes).
+// The helpers declare no local arrays: arrays declared in an inlined callee are placed before the caller's,
+// which reorders registers and changes the machine code; their scratch comes from the caller, declared where
+// the stanza used to declare it (dev/sass_diff.py shows the SASS unchanged).
+
+// lse * log2(e) and D of query rows q0 .. q0 + 63 into Ls[0 .. 63] and Ls[64 .. 127] (0 past L): the dK/dV
+// kernel's per-tile statistics (the dQ kernel loads its own once, into separate arrays)
+__device__ __forceinline__ void load_stats(float* Ls, const float* lse, const float* D, int bh, int L, int q0) {
+    for (int i = threadIdx.x; i < BR; i += blockDim.x) {
+        const bool ok = q0 + i < L;
+        Ls[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
+        Ls[BR + i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
+    }
+}
+
+// the warp's A fragments (rows r0 .. r0 + 15) of the block's own tiles A0, A1 into registers (KEEP, see
+// OwnInRegs; after a barrier that publishes the tiles); without KEEP recompute loads them per use
+template <typename X, int HD, bool KEEP, typename T>
+__device__ __forceinline__ void keep_own(u32 (*f0)[X::NA], u32 (*f1)[X::NA], const T* A0, const T* A1, int r0, int g,
+                                         int t) {
+    constexpr int KS = X::KS, LD = HD + X::PAD;
+    if constexpr (KEEP) {
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < HD / KS; ++ks) {
+            X::load_a(A0, LD, r0, ks * KS, f0[ks], g, t);
+            X::load_a(A1, LD, r0, ks * KS, f1[ks], g, t);
+        }
+    }
+}
+
+// Two shared stages of a streamed tile pair: stage s holds rows of a at S0 + s * 2 * BR * LD and the same rows
+// of b right after; rows past n read as zero. The next pair streams in (cp.async) while the current one is used
+// (BLU_SYNC_TILES: synchronous loads into stage 0). hook(r, s) runs once per pair as it is requested (the dK/dV
+// kernel stages the query statistics with it).
+// Before the loop over r = r0, r0 + 64, .. < end: request the first pair.
+template <typename X, int HD, typename T, typename F>
+__device__ __forceinline__ void stream_start(T* S0, const T* a, const T* b, int n, int sta, int stb, int r0, int end,
+                                             F&& hook) {
+    constexpr int LD = HD + X::PAD;
+#ifndef BLU_SYNC_TILES
+    if (r0 < end) {
+        load_tile_async<X, HD>(S0, a, r0, n, sta);
+        load_tile_async<X, HD>(S0 + BR * LD, b, r0, n, stb);
+        cp_async_commit();
+        hook(r0, 0);
+    }
+#endif
+}
+
+// At the top of iteration r: request pair r + 64 (if < end), wait for pair r, round it where the loaders expect
+// tf32 (prep_tile); returns its stage. The caller's barrier publishes it.
+template <typename X, int HD, typename T, typename F>
+__device__ __forceinline__ int stream_next(T* S0, const T* a, const T* b, int n, int sta, int stb, int r, int r0,
+                                           int end, F&& hook) {
+    constexpr int LD = HD + X::PAD;
+#ifndef BLU_SYNC_TILES
+    const int stage = ((r - r0) / BR) & 1;
+    if (r + BR < end) {
+        T* nx = S0 + (stage ^ 1) * 2 * BR * LD;
+        load_tile_async<X, HD>(nx, a, r + BR, n, sta);
+        load_tile_async<X, HD>(nx + BR * LD, b, r + BR, n, stb);
+        cp_async_commit();
+        hook(r + BR, stage ^ 1);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    prep_tile<X, HD>(S0 + stage * 2 * BR * LD);
+    prep_tile<X, HD>(S0 + stage * 2 * BR * LD + BR * LD);
+#else
+    const int stage = 0;
+    __syncthreads();
+    load_tile<X, HD>(S0, a, r, n, sta);
+    load_tile<X, HD>(S0 + BR * LD, b, r, n, stb);
+    hook(r, 0);
+#endif
+    return stage;
+}
+
+// the hook of a stream without per-pair work
+__device__ __forceinline__ void no_hook(int, int) {}
+
+// The two recomputed products of a warp and streamed tile: s = A0 B0^T and dp = A1 B1^T over HD, for the warp's
+// 16 own rows r0 .. (A0, A1: own tiles, fragments f0, f1 in registers when KEEP) and NT n-tiles of 8 streamed rows
+// from c0 (B0, B1). a0t, a1t (X::NA) and b (X::NB): the caller's fragment scratch.
+template <typename X, int HD, int NT, bool KEEP, typename T>
+__device__ __forceinline__ void recompute(float (*s)[4], float (*dp)[4], u32* a0t, u32* a1t, u32* b,
+                                          const u32 (*f0)[X::NA], const u32 (*f1)[X::NA], const T* A0, const T* A1,
+                                          const T* B0, const T* B1, int r0, int c0, int g, int t) {
+    constexpr int KS = X::KS, LD = HD + X::PAD;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) { s[n][e] = 0.f; dp[n][e] = 0.f; }
+#pragma unroll
+    for (int ks = 0; ks < HD / KS; ++ks) {
+        const u32* a0 = a0t;
+        const u32* a1 = a1t;
+        if constexpr (KEEP) {
+            a0 = f0[ks];
+            a1 = f1[ks];
+        } else {
+            X::load_a(A0, LD, r0, ks * KS, a0t, g, t);
+            X::load_a(A1, LD, r0, ks * KS, a1t, g, t);
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            X::load_bt(B0, LD, c0 + n * 8, ks * KS, b, g, t);
+            X::mma(s[n], a0, b);
+            X::load_bt(B1, LD, c0 + n * 8, ks * KS, b, g, t);
+            X::mma(dp[n], a1, b);
+        }
+    }
+}
+
 // ================================================================ backward: dK, dV (block owns 64 keys)
 // smem: Ks, Vs (own keys), two stages of {Qs, Os (=dO)} tiles of 64 queries, then Ls[2][64] (lse * log2 e),
 // Ds[2][64]; the next query tile streams in (cp.async) while the current one is used.
@@ -209,58 +328,18 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
     // the warp's own K and V A-fragments stay in registers where they fit (else reloaded per use)
     constexpr bool KEEP = OwnInRegs<X, HD, W == 4 ? 32 : 0>::value;
     u32 kreg[KEEP ? HD / KS : 1][X::NA], vreg[KEEP ? HD / KS : 1][X::NA];
-    if constexpr (KEEP) {
-        __syncthreads();
-#pragma unroll
-        for (int ks = 0; ks < HD / KS; ++ks) {
-            X::load_a(Ks, LD, wr * 16, ks * KS, kreg[ks], g, t);
-            X::load_a(Vs, LD, wr * 16, ks * KS, vreg[ks], g, t);
-        }
-    }
+    keep_own<X, HD, KEEP>(kreg, vreg, Ks, Vs, wr * 16, g, t);
     float dka[DT][4], dva[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; ++d)
 #pragma unroll
         for (int e = 0; e < 4; ++e) { dka[d][e] = 0.f; dva[d][e] = 0.f; }
     const int qstart = causal ? kb0 : 0;
-    auto stats = [&](int q0, int st) {  // lse * log2(e) and D of query tile q0 into stage st
-        float* Lw = L0 + st * 2 * BR;
-        for (int i = threadIdx.x; i < BR; i += blockDim.x) {
-            const bool ok = q0 + i < L;
-            Lw[i] = ok ? lse[(long long)bh * L + q0 + i] * BLU_LOG2E : 0.f;
-            Lw[BR + i] = ok ? D[(long long)bh * L + q0 + i] : 0.f;
-        }
-    };
-#ifndef BLU_SYNC_TILES
-    if (qstart < L) {
-        load_tile_async<X, HD>(Q0, qb, qstart, L, lq.st);
-        load_tile_async<X, HD>(Q0 + BR * LD, ob, qstart, L, lo.st);
-        cp_async_commit();
-        stats(qstart, 0);
-    }
-#endif
+    // lse * log2(e) and D of query tile q0 into stage st
+    auto stats = [&](int q0, int st) { load_stats(L0 + st * 2 * BR, lse, D, bh, L, q0); };
+    stream_start<X, HD>(Q0, qb, ob, L, lq.st, lo.st, qstart, L, stats);
     for (int q0 = qstart; q0 < L; q0 += BR) {
-#ifndef BLU_SYNC_TILES
-        const int stage = ((q0 - qstart) / BR) & 1;
-        if (q0 + BR < L) {
-            T* nq = Q0 + (stage ^ 1) * 2 * BR * LD;
-            load_tile_async<X, HD>(nq, qb, q0 + BR, L, lq.st);
-            load_tile_async<X, HD>(nq + BR * LD, ob, q0 + BR, L, lo.st);
-            cp_async_commit();
-            stats(q0 + BR, stage ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        prep_tile<X, HD>(Q0 + stage * 2 * BR * LD);
-        prep_tile<X, HD>(Q0 + stage * 2 * BR * LD + BR * LD);
-#else
-        const int stage = 0;
-        __syncthreads();
-        load_tile<X, HD>(Q0, qb, q0, L, lq.st);
-        load_tile<X, HD>(Q0 + BR * LD, ob, q0, L, lo.st);
-        stats(q0, 0);
-#endif
+        const int stage = stream_next<X, HD>(Q0, qb, ob, L, lq.st, lo.st, q0, qstart, L, stats);
         __syncthreads();
         const T* Qs = Q0 + stage * 2 * BR * LD;
         const T* Os = Qs + BR * LD;
@@ -270,31 +349,9 @@ __device__ void backward_dkdv(const T* __restrict__ q, const T* __restrict__ k, 
         for (int sub = half; sub < 2; sub += W / 4) {  // W = 8: this warp's half; W = 4: both halves
             const int qs0 = sub * QSUB;  // offset of the queries inside the tile
             float st[NT][4], dpt[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) { st[n][e] = 0.f; dpt[n][e] = 0.f; }
-#pragma unroll
-            for (int ks = 0; ks < HD / KS; ++ks) {
-                u32 akt[X::NA], avt[X::NA];
-                const u32* ak = akt;
-                const u32* av = avt;
-                if constexpr (KEEP) {
-                    ak = kreg[ks];
-                    av = vreg[ks];
-                } else {
-                    X::load_a(Ks, LD, wr * 16, ks * KS, akt, g, t);
-                    X::load_a(Vs, LD, wr * 16, ks * KS, avt, g, t);
-                }
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    u32 b[X::NB];
-                    X::load_bt(Qs, LD, qs0 + n * 8, ks * KS, b, g, t);
-                    X::mma(st[n], ak, b);   // S^T = K Q^T
-                    X::load_bt(Os, LD, qs0 + n * 8, ks * KS, b, g, t);
-                    X::mma(dpt[n], av, b);  // dP^T = V dO^T
-                }
-            }
+            u32 akt[X::NA], avt[X::NA], b[X::NB];  // scratch of recompute, declared here (see its note)
+            // S^T = K Q^T, dP^T = V dO^T
+            recompute<X, HD, NT, KEEP>(st, dpt, akt, avt, b, kreg, vreg, Ks, Vs, Qs, Os, wr * 16, qs0, g, t);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
 #pragma unroll
@@ -371,46 +428,15 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
     // the warp's own Q and dO A-fragments stay in registers where they fit (else reloaded per use)
     constexpr bool KEEP = OwnInRegs<X, HD, W == 4 ? 64 : 32>::value;
     u32 qreg[KEEP ? HD / KS : 1][X::NA], oreg[KEEP ? HD / KS : 1][X::NA];
-    if constexpr (KEEP) {
-        __syncthreads();
-#pragma unroll
-        for (int ks = 0; ks < HD / KS; ++ks) {
-            X::load_a(Qs, LD, wr * 16, ks * KS, qreg[ks], g, t);
-            X::load_a(Os, LD, wr * 16, ks * KS, oreg[ks], g, t);
-        }
-    }
+    keep_own<X, HD, KEEP>(qreg, oreg, Qs, Os, wr * 16, g, t);
     float dqa[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; ++d) dqa[d][0] = dqa[d][1] = dqa[d][2] = dqa[d][3] = 0.f;
     int kend = S;
     if (causal) kend = min(S, q0 + BR);
-#ifndef BLU_SYNC_TILES
-    if (kend > 0) {
-        load_tile_async<X, HD>(K0, kb, 0, S, lk.st);
-        load_tile_async<X, HD>(K0 + BR * LD, vb, 0, S, lk.st);
-        cp_async_commit();
-    }
-#endif
+    stream_start<X, HD>(K0, kb, vb, S, lk.st, lk.st, 0, kend, no_hook);
     for (int k0 = 0; k0 < kend; k0 += BR) {
-#ifndef BLU_SYNC_TILES
-        const int stage = (k0 / BR) & 1;
-        if (k0 + BR < kend) {
-            T* nk = K0 + (stage ^ 1) * 2 * BR * LD;
-            load_tile_async<X, HD>(nk, kb, k0 + BR, S, lk.st);
-            load_tile_async<X, HD>(nk + BR * LD, vb, k0 + BR, S, lk.st);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        prep_tile<X, HD>(K0 + stage * 2 * BR * LD);
-        prep_tile<X, HD>(K0 + stage * 2 * BR * LD + BR * LD);
-#else
-        const int stage = 0;
-        __syncthreads();
-        load_tile<X, HD>(K0, kb, k0, S, lk.st);
-        load_tile<X, HD>(K0 + BR * LD, vb, k0, S, lk.st);
-#endif
+        const int stage = stream_next<X, HD>(K0, kb, vb, S, lk.st, lk.st, k0, 0, kend, no_hook);
         __syncthreads();
         const T* Ks = K0 + stage * 2 * BR * LD;
         const T* Vs = Ks + BR * LD;
@@ -419,31 +445,9 @@ __device__ void backward_dq(const T* __restrict__ q, const T* __restrict__ k, co
         for (int sub = half; sub < 2; sub += W / 4) {  // W = 8: this warp's half; W = 4: both halves
             const int ks0 = sub * KSUB;  // offset of the keys inside the tile
             float s[NT][4], dp[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) { s[n][e] = 0.f; dp[n][e] = 0.f; }
-#pragma unroll
-            for (int ks = 0; ks < HD / KS; ++ks) {
-                u32 aqt[X::NA], aot[X::NA];
-                const u32* aq = aqt;
-                const u32* ao = aot;
-                if constexpr (KEEP) {
-                    aq = qreg[ks];
-                    ao = oreg[ks];
-                } else {
-                    X::load_a(Qs, LD, wr * 16, ks * KS, aqt, g, t);
-                    X::load_a(Os, LD, wr * 16, ks * KS, aot, g, t);
-                }
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    u32 b[X::NB];
-                    X::load_bt(Ks, LD, ks0 + n * 8, ks * KS, b, g, t);
-                    X::mma(s[n], aq, b);   // S = Q K^T
-                    X::load_bt(Vs, LD, ks0 + n * 8, ks * KS, b, g, t);
-                    X::mma(dp[n], ao, b);  // dP = dO V^T
-                }
-            }
+            u32 aqt[X::NA], aot[X::NA], b[X::NB];  // scratch of recompute, declared here (see its note)
+            // S = Q K^T, dP = dO V^T
+            recompute<X, HD, NT, KEEP>(s, dp, aqt, aot, b, qreg, oreg, Qs, Os, Ks, Vs, wr * 16, ks0, g, t);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
 #pragma unroll
