@@ -23,7 +23,7 @@ BLU_WGMMA_CONFIG(128x256x64_ws_s4, 128, 256, 64, 4, 0)
 BLU_WGMMA_CONFIG(128x128x64_ws_s6, 128, 128, 64, 6, 0)
 BLU_WGMMA_CONFIG(128x128x64_pp_s6, 128, 128, 64, 6, 1)
 
-// Smoke test of the TMA path alone (dev/gpu_check_wgmma.py): one thread loads one box at (c0, c1, c2)
+// Smoke test of the TMA path alone (tests/test_gpu_sweep.py): one thread loads one box at (c0, c1, c2)
 // through the tensor map into 1024-byte aligned shared memory, waits on the mbarrier, and the block copies
 // the raw (swizzled) bytes to `out` so the host can compare them with the NumPy swizzle model.
 // blu_tma_smoke: the map as a __grid_constant__ parameter; blu_tma_smoke_gmem: the map in global memory.
