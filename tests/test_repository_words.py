@@ -4,7 +4,8 @@ Every file ``git ls-files`` lists (text files; binary ones are skipped) is searc
 case-insensitive patterns of ``PATTERNS``: numbered work sessions and rounds, GPU-time bookkeeping, one machine's
 output folder and private package directory, the scratch snapshot directory and the one-off run scripts, issue
 numbers and people's roles. A hit fails the test with ``file:line: the line`` for each. Technical uses of the
-same words (a profiler session, a restart budget, GPU time attributed to an op) do not match the patterns.
+same words (a profiler session, a restart budget, kernel time attributed to an op) do not match the patterns.
+The patterns and their literals are spelled in pieces so that this file does not hit the words it looks for.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ PATTERNS: dict[str, tuple[str, ...]] = {
     r"\bsession\d": ("session",),
     r"\b(?:work|development) rounds?\b": ("round",),
     r"\bround \d+ of\b": ("round",),
-    r"\$OUT\b": ("$out",),
-    r"gpu_batch(?!ed)": ("gpu_batch",),
-    r"\bdevice[- ]time\b": ("device time", "device-time"),
-    r"\bGPU[- ]time (?:budget|left|spent|used)\b": ("gpu time", "gpu-time"),
+    r"\$O" r"UT\b": ("$o" "ut",),
+    r"gpu_" r"batch(?!ed)": ("gpu_" "batch",),
+    r"\bdevice[- ]" r"time\b": ("device " "time", "device-" "time"),
+    r"\bGPU[- ]" r"time (?:budget|left|spent|used)\b": ("gpu " "time", "gpu-" "time"),
     r"\bGPU[- ]hours?\b": ("gpu hour", "gpu-hour"),
     r"budget_left": ("budget_left",),
     r"\btime budget\b": ("time budget",),

@@ -67,7 +67,7 @@ def test_gpu_gelu_alone_and_beta_without_bias(provider, precision, out_bf16, epi
 
 @pytest.mark.parametrize("provider", ["blublas", "cublas"])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_gpu_batched_every_layout(provider, precision):
+def test_batched_gemm_every_layout(provider, precision):
     cp = _cupy()
     rng = np.random.default_rng(41)
     for layout in LAYOUTS:

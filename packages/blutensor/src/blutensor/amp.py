@@ -123,13 +123,13 @@ class restore:  # noqa: N801 - a context manager, like autocast
     """Run a block under the autocast settings :func:`state` returned (activation checkpointing's recompute
     replays the forward in the precision it first ran in)."""
 
-    def __init__(self, snap: tuple):
-        self.snap = snap
+    def __init__(self, settings: tuple):
+        self.settings = settings
         self._prev = None
 
     def __enter__(self) -> restore:
         self._prev = state()
-        dts, cache = self.snap
+        dts, cache = self.settings
         _S.dtypes.update(dts)
         _S.cache_enabled = cache
         _S.depth += 1

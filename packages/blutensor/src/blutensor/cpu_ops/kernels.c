@@ -125,34 +125,76 @@ void blu_gelu_tanh_backward(const float *g, const float *x, float *dx, long n) {
 }
 
 /* ---------------------------------------------------------------- LayerNorm over the last dim */
+/* One row of LayerNorm: mean and variance (two passes, lane-split sum of squares), y = (x - mean) * rstd * w + b
+ * (w, b may be NULL); shared by blu_layer_norm_forward and blu_add_layer_norm_forward, so the two agree bitwise. */
+static inline void ln_row(const float *xr, const float *w, const float *b, float *yr, float *mean, float *rstd,
+                          long C, float eps) {
+    float mu = row_sum(xr, C) / (float)C;
+    float acc[LANES] = {0};
+    long j = 0;
+    for (; j + LANES <= C; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float d = xr[j + l] - mu;
+            acc[l] += d * d;
+        }
+    float var = lane_sum(acc);
+    for (; j < C; j++) var += (xr[j] - mu) * (xr[j] - mu);
+    float rs = 1.0f / sqrtf(var / (float)C + eps);
+    *mean = mu;
+    *rstd = rs;
+    if (w && b)
+        for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs * w[j] + b[j];
+    else if (w)
+        for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs * w[j];
+    else if (b)
+        for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs + b[j];
+    else
+        for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs;
+}
+
+/* One row of LayerNorm's backward: xh = (x - mean) * rstd and gw = g * w into the scratch rows, the row's
+ * dweight/dbias terms added into pw/pb (when want_p), and the input gradient rstd * (gw - mean(gw) - xh *
+ * mean(gw * xh)) (+ add, when not NULL) written to o (when not NULL). */
+static inline void ln_row_backward(const float *gr, const float *xr, const float *w, float mu, float rs, float *xh,
+                                   float *gw, float *pw, float *pb, int want_p, const float *add, float *o, long C) {
+    for (long j = 0; j < C; j++) {
+        xh[j] = (xr[j] - mu) * rs;
+        gw[j] = w ? gr[j] * w[j] : gr[j];
+    }
+    if (want_p)
+        for (long j = 0; j < C; j++) {
+            pw[j] += gr[j] * xh[j];
+            pb[j] += gr[j];
+        }
+    if (!o) return;
+    float a = row_sum(gw, C) / (float)C;
+    float bb = row_dot(gw, xh, C) / (float)C;
+    if (add)
+        for (long j = 0; j < C; j++) o[j] = rs * (gw[j] - a - xh[j] * bb) + add[j];
+    else
+        for (long j = 0; j < C; j++) o[j] = rs * (gw[j] - a - xh[j] * bb);
+}
+
+/* dw/db (either may be NULL) = the per-block partials part[nblk][2][C] summed over the blocks in order (zero when
+ * there are none: have_p = 0). */
+static void ln_sum_partials(const float *part, long nblk, long C, int have_p, float *dw, float *db) {
+#pragma omp parallel for schedule(static) if(nblk * C >= PAR_MIN)
+    for (long j = 0; j < C; j++) {
+        float sw = 0.0f, sb = 0.0f;
+        if (have_p)
+            for (long k = 0; k < nblk; k++) {
+                sw += part[k * 2 * C + j];
+                sb += part[k * 2 * C + C + j];
+            }
+        if (dw) dw[j] = sw;
+        if (db) db[j] = sb;
+    }
+}
+
 void blu_layer_norm_forward(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
                             long N, long C, float eps) {
 #pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
-    for (long r = 0; r < N; r++) {
-        const float *xr = x + r * C;
-        float *yr = y + r * C;
-        float mu = row_sum(xr, C) / (float)C;
-        float acc[LANES] = {0};
-        long j = 0;
-        for (; j + LANES <= C; j += LANES)
-            for (int l = 0; l < LANES; l++) {
-                float d = xr[j + l] - mu;
-                acc[l] += d * d;
-            }
-        float var = lane_sum(acc);
-        for (; j < C; j++) var += (xr[j] - mu) * (xr[j] - mu);
-        float rs = 1.0f / sqrtf(var / (float)C + eps);
-        mean[r] = mu;
-        rstd[r] = rs;
-        if (w && b)
-            for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs * w[j] + b[j];
-        else if (w)
-            for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs * w[j];
-        else if (b)
-            for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs + b[j];
-        else
-            for (j = 0; j < C; j++) yr[j] = (xr[j] - mu) * rs;
-    }
+    for (long r = 0; r < N; r++) ln_row(x + r * C, w, b, y + r * C, mean + r, rstd + r, C, eps);
 }
 
 #define LN_BLOCK 32 /* rows per partial sum of dweight/dbias */
@@ -172,40 +214,13 @@ void blu_layer_norm_backward(const float *g, const float *x, const float *w, con
             if (want_p)
                 for (long j = 0; j < 2 * C; j++) pw[j] = 0.0f;
             long r1 = (k + 1) * LN_BLOCK < N ? (k + 1) * LN_BLOCK : N;
-            for (long r = k * LN_BLOCK; r < r1; r++) {
-                const float *gr = g + r * C, *xr = x + r * C;
-                float mu = mean[r], rs = rstd[r];
-                float *xh = buf, *gh = buf + C;
-                for (long j = 0; j < C; j++) {
-                    xh[j] = (xr[j] - mu) * rs;
-                    gh[j] = w ? gr[j] * w[j] : gr[j];
-                }
-                if (want_p)
-                    for (long j = 0; j < C; j++) {
-                        pw[j] += gr[j] * xh[j];
-                        pb[j] += gr[j];
-                    }
-                if (gx) {
-                    float a = row_sum(gh, C) / (float)C;
-                    float bb = row_dot(gh, xh, C) / (float)C;
-                    float *o = gx + r * C;
-                    for (long j = 0; j < C; j++) o[j] = rs * (gh[j] - a - xh[j] * bb);
-                }
-            }
+            for (long r = k * LN_BLOCK; r < r1; r++)
+                ln_row_backward(g + r * C, x + r * C, w, mean[r], rstd[r], buf, buf + C, pw, pb, want_p, NULL,
+                                gx ? gx + r * C : NULL, C);
         }
         free(buf);
     }
-    if (!want_p) return;
-#pragma omp parallel for schedule(static) if(nblk * C >= PAR_MIN)
-    for (long j = 0; j < C; j++) {
-        float sw = 0.0f, sb = 0.0f;
-        for (long k = 0; k < nblk; k++) {
-            sw += part[k * 2 * C + j];
-            sb += part[k * 2 * C + C + j];
-        }
-        if (dw) dw[j] = sw;
-        if (db) db[j] = sb;
-    }
+    if (want_p) ln_sum_partials(part, nblk, C, 1, dw, db);
 }
 
 /* ---------------------------------------------------------------- residual add + RMSNorm */
@@ -608,27 +623,7 @@ void blu_add_layer_norm_forward(const float *x, const float *r, const float *w, 
         const float *xr = x + i * C, *rr = r + i * C;
         float *hr = h + i * C, *yr = y + i * C;
         for (long j = 0; j < C; j++) hr[j] = xr[j] + rr[j];
-        float mu = row_sum(hr, C) / (float)C;
-        float acc[LANES] = {0};
-        long j = 0;
-        for (; j + LANES <= C; j += LANES)
-            for (int l = 0; l < LANES; l++) {
-                float d = hr[j + l] - mu;
-                acc[l] += d * d;
-            }
-        float var = lane_sum(acc);
-        for (; j < C; j++) var += (hr[j] - mu) * (hr[j] - mu);
-        float rs = 1.0f / sqrtf(var / (float)C + eps);
-        mean[i] = mu;
-        rstd[i] = rs;
-        if (w && b)
-            for (j = 0; j < C; j++) yr[j] = (hr[j] - mu) * rs * w[j] + b[j];
-        else if (w)
-            for (j = 0; j < C; j++) yr[j] = (hr[j] - mu) * rs * w[j];
-        else if (b)
-            for (j = 0; j < C; j++) yr[j] = (hr[j] - mu) * rs + b[j];
-        else
-            for (j = 0; j < C; j++) yr[j] = (hr[j] - mu) * rs;
+        ln_row(hr, w, b, yr, mean + i, rstd + i, C, eps);
     }
 }
 
@@ -655,40 +650,13 @@ void blu_add_layer_norm_backward(const float *gy, const float *gh, const float *
                     for (long j = 0; j < C; j++) o[j] = gh ? gh[i * C + j] : 0.0f;
                     continue;
                 }
-                const float *gr = gy + i * C, *hr = h + i * C;
-                float mu = mean[i], rs = rstd[i];
-                float *xh = buf, *gw = buf + C;
-                for (long j = 0; j < C; j++) {
-                    xh[j] = (hr[j] - mu) * rs;
-                    gw[j] = w ? gr[j] * w[j] : gr[j];
-                }
-                if (want_p)
-                    for (long j = 0; j < C; j++) {
-                        pw[j] += gr[j] * xh[j];
-                        pb[j] += gr[j];
-                    }
-                float a = row_sum(gw, C) / (float)C;
-                float bb = row_dot(gw, xh, C) / (float)C;
-                if (gh)
-                    for (long j = 0; j < C; j++) o[j] = rs * (gw[j] - a - xh[j] * bb) + gh[i * C + j];
-                else
-                    for (long j = 0; j < C; j++) o[j] = rs * (gw[j] - a - xh[j] * bb);
+                ln_row_backward(gy + i * C, h + i * C, w, mean[i], rstd[i], buf, buf + C, pw, pb, want_p,
+                                gh ? gh + i * C : NULL, o, C);
             }
         }
         free(buf);
     }
-    if (!dw && !db) return;
-#pragma omp parallel for schedule(static)
-    for (long j = 0; j < C; j++) {
-        float sw = 0.0f, sb = 0.0f;
-        if (want_p)
-            for (long k = 0; k < nblk; k++) {
-                sw += part[k * 2 * C + j];
-                sb += part[k * 2 * C + C + j];
-            }
-        if (dw) dw[j] = sw;
-        if (db) db[j] = sb;
-    }
+    if (dw || db) ln_sum_partials(part, nblk, C, want_p, dw, db);
 }
 
 /* ---------------------------------------------------------------- threaded GEMM over the BLAS NumPy uses */
