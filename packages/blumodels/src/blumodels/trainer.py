@@ -820,6 +820,8 @@ class Trainer:
         written = self.dist.min_int(0 if why else 1, self.device)  # every rank's part written and verified
         committed = written and (not self.dist.is_main and self.sharded or self.step in self.ckpt.committed_steps())
         if self.dist.min_int(1 if committed else 0, self.device):
+            # a rank that finished its part before the last one wrote the commit record pruned without it
+            self.ckpt.prune()
             return
         kept = [s for s in self.ckpt.committed_steps() if s < self.step]
         raise PreemptionError(self.step, why or ("another rank could not save its part" if not written else
