@@ -20,25 +20,27 @@ and both AdamW moments, after one optimizer step) with its metadata. Methods, pe
   (async off): write (each 16 MiB chunk SHA-256-hashed as it is written, on the I/O threads), fsync, rename,
   re-read and verify every chunk, receipt and commit record; returns when durable.
 - ``blutrain_async``: the same with ``async_save=True`` (the Trainer's ``train.async_checkpoint``): returns after
-  ``training_state`` and the snapshot into the manager's reused host buffers; durable at ``wait()``.
-- ``blutrain_async_direct``: the parameters and moments handed to the manager as Tensors (no
-  ``training_state`` host copy first): on CUDA the snapshot is a device-to-host copy into pinned buffers queued
-  on the current stream.
+  ``training_state`` and the snapshot into the manager's reused host buffers (on CUDA ``training_state``
+  hands over the device Tensors and the snapshot is a device-to-host copy into pinned buffers queued on the
+  current stream); durable at ``wait()``.
+- ``blutrain_async_direct``: the parameters and moments handed to the manager as the live Tensors.
 - ``blutrain_load``: ``CheckpointManager.load`` (read + verify) and ``restore_training_state`` into the model.
 - ``torch_save`` / ``torch_load``: ``torch.save`` of the same tensors as torch tensors (on the device for CUDA)
   to one file; durable after fsync of the file and its directory; ``torch.load(weights_only=True)``.
 - ``dcp_sync`` / ``dcp_async`` / ``dcp_load``: ``dcp.save`` (FileSystemWriter fsyncs), ``dcp.async_save``
   (returns after staging to CPU memory; durable at ``future.result()``), ``dcp.load`` in place.
 
-``return_s`` is the time until training may continue (a manager's first save also allocates its snapshot
-buffers: with one repeat, the stall rows' ``save_return_s`` are the warm values), ``durable_s`` until the bytes
-are fsynced (and, for BluTrain, verified and committed); ``GBps`` = bytes / durable_s (loads: bytes / load time).
+``return_s`` is the time until training may continue (the snapshot buffers are reserved once before the first save:
+``CheckpointManager.reserve``, as the Trainer does after its first step; ``reserve_s``), ``durable_s`` until the
+bytes are fsynced (and, for BluTrain, verified and committed); ``GBps`` = bytes / durable_s (loads: bytes / load
+time).
 
 Step stall: ``--stall-steps`` training-like steps without a save before and as many after, and the same steps
 while an async save is in flight (from the moment the save returns until it is durable, or its first
 ``--stall-max-steps``; at least 3). CPU: a float32 GEMM loop sized to ~100 ms on one unloaded core (this process
-runs NumPy on one thread, as a CPU rank does; the writer thread has the other cores). CUDA: a real GPT-2 step
-(forward, backward, AdamW) of the model being checkpointed at ``--cuda-batch`` x ``--cuda-seq`` tokens (fp32).
+runs NumPy on one thread, as a CPU rank does; the writer thread has the other cores). CUDA: the Trainer's GPT-2 step
+(``blumodels.step.TrainStep``: forward, backward, fused AdamW, captured in CUDA graphs as ``train.cuda_graph``
+does) of the model being checkpointed at ``--cuda-batch`` x ``--cuda-seq`` tokens (fp32).
 ``stall`` = median step time in flight / median without (before and after) - 1 (target <= 0.05); measured for
 ``--stall-sizes`` (default: every size on CPU, the largest on CUDA, to keep the GPU run short).
 """
@@ -146,14 +148,29 @@ class Side:
             x = bt.tensor(rng.integers(0, 50257, (self.batch, T)), device=self.device)
             y = bt.tensor(rng.integers(0, 50257, (self.batch, T)), device=self.device)
 
-            def step() -> None:
-                _, loss = self.model(x, y)
-                loss.backward()
-                self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
-                self.sync()
+            from blumodels.graph_step import CapturedStep, runtime_refusal
+            from blumodels.step import TrainStep
 
-            return step, f"GPT-2 step (forward, backward, AdamW), B={self.batch} T={T}"
+            # the step the Trainer runs on CUDA: its one TrainStep (fused AdamW), captured into CUDA graphs
+            lr = float(self.cfg.train.lr)
+            st = TrainStep(self.model, self.opt, list(self.model.parameters()), device=self.device,
+                           lr_schedule=[lr] * 100_000, fused=True)
+            st.seek(0)
+            why = runtime_refusal(self.device)
+            for _ in range(2):  # eager warm-up steps, as the Trainer runs before capturing
+                st.run(lambda: (x, y), lr)
+                st.read()
+            runner: Any = st
+            if why is None:
+                runner = CapturedStep(st, (self.batch, T))
+                runner.capture()
+
+            def step() -> None:
+                runner.run(lambda: (x, y), lr)
+                st.read()  # the Trainer's one host read per step (waits for the GPU)
+
+            how = "captured in CUDA graphs" if why is None else f"eager ({why})"
+            return step, f"the Trainer's GPT-2 step (forward, backward, fused AdamW) {how}, B={self.batch} T={T}"
         n = 256
         a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
         while True:  # grow the GEMM to >= 25 ms (the best of 3: a loaded machine only slows it), then repeat it
@@ -242,7 +259,7 @@ def io_threads() -> int:
 def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
     import torch
     import torch.distributed.checkpoint as dcp
-    from blumodels.checkpoint.manager import CheckpointManager
+    from blumodels.checkpoint.manager import CheckpointManager, to_host
     from blumodels.state import restore_training_state
 
     side = Side(size, args.device, args.cuda_batch, args.cuda_seq)
@@ -250,7 +267,7 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
     tdev = "cuda" if args.device.startswith("cuda") else "cpu"
     tensors, meta = side.state()
     nbytes = sum(a.nbytes for a in tensors.values())
-    tsd = {k: torch.from_numpy(np.ascontiguousarray(v)).to(tdev) for k, v in tensors.items()}
+    tsd = {k: torch.from_numpy(np.ascontiguousarray(to_host(v))).to(tdev) for k, v in tensors.items()}
     del tensors
     gc.collect()
     res: dict[str, Any] = {"size": size, "preset": SIZES[size], "params": side.n_params, "tensors": len(tsd),
@@ -272,6 +289,10 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
     # on CUDA the direct path gets its own manager: its snapshot buffers are pinned (the Trainer path's are the
     # host arrays' plain copies); on CPU both are plain host memory and one set of buffers is enough
     dmgr = amgr if tdev == "cpu" else CheckpointManager(fresh("blutrain-direct"), keep=1, async_save=True)
+    # the Trainer reserves its snapshot buffers once, after the first step: a one-time cost, reported apart
+    res["reserve_s"] = round(amgr.reserve(side.state()[0]), 4)
+    if dmgr is not amgr:
+        res["reserve_direct_s"] = round(dmgr.reserve(side.raw()), 4)
     for rep in range(args.repeats):
         # --- BluTrain, sync
         d = fresh("blutrain-sync")

@@ -410,21 +410,29 @@ def test_async_blutensor_tensors(tmp_path, device):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a CUDA GPU")
-def test_async_snapshot_of_raw_cupy_arrays_and_device_tensors_is_taken_at_save(tmp_path):
+@pytest.mark.parametrize("staged", [True, False])
+def test_async_snapshot_of_raw_cupy_arrays_and_device_tensors_is_taken_at_save(tmp_path, monkeypatch, staged):
     """A raw CuPy array and CUDA Tensors (fp32, bf16) saved asynchronously are written as they were when save()
-    returned (snapshot into pinned host memory), whatever the device does to them afterwards."""
+    returned, whatever the device does to them afterwards: through a device staging copy (its device-to-host
+    copies on a side stream) or, without room for one, copies queued on the current stream."""
     import blutensor as bt
     import cupy as cp
+    from blumodels.checkpoint import manager as mgr_mod
 
+    if not staged:
+        monkeypatch.setattr(mgr_mod, "STAGING_MARGIN", 1 << 60)
     w = bt.randn(1024, 1024, device="cuda")
     h = w.to(bt.bfloat16)
     raw = cp.arange(1 << 20, dtype=cp.float32)
     expect = {"w": w.numpy().copy(), "h": h.numpy().copy(), "raw": cp.asnumpy(raw)}
     m = CheckpointManager(tmp_path, keep=2, async_save=True)
+    assert m.reserve({"w": w, "h": h, "raw": raw}) >= 0
     m.save(1, {"w": w, "h": h, "raw": raw}, {"k": 1})
+    assert (m._staging is not None) == staged
     raw *= 0
     w._data[...] = 0
     m.wait()
+    assert m._staging is None
     got, meta = load_checkpoint(m.list()[-1])
     assert got["h"].dtype == ml_dtypes.bfloat16 and meta["k"] == 1
     _assert_exact(got, expect)
@@ -593,6 +601,7 @@ def test_async_io_workers_run_at_background_priority(tmp_path, monkeypatch):
     def record(pieces):
         tid = threading.get_native_id()
         seen.append((threading.current_thread().name, tid, os.getpriority(os.PRIO_PROCESS, tid)))
+        time.sleep(0.005)  # a chunk takes a while, so that both hashing threads get chunks on a loaded machine
         return real(pieces)
 
     monkeypatch.setattr(chunkio, "_digest", record)
@@ -633,3 +642,31 @@ def test_training_state_without_copy_shares_cpu_storage_and_saves_the_same_file(
         w.mul_(2.0)
     np.testing.assert_array_equal(views["model.weight"], before * 2)
     np.testing.assert_array_equal(copies["model.weight"], before)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not _cuda_ok(), reason="needs CuPy and a CUDA GPU")])])
+def test_training_state_without_copy_hands_device_tensors_to_the_async_snapshot(tmp_path, device):
+    """training_state(copy=False) gives CPU storage as arrays and device parameters as their Tensors (the
+    manager's snapshot copies them); reserve() allocates the buffers the first async save then reuses, and the
+    file holds the values at save time."""
+    import blutensor as bt
+    from blumodels.state import training_state
+
+    model = bt.nn.Linear(16, 8).to(device)
+    tensors, meta = training_state(model, None, 3, copy=False)
+    kinds = {type(v).__name__ for v in tensors.values()}
+    assert kinds == ({"ndarray"} if device == "cpu" else {"Tensor"})
+    expect = {k: (v.numpy() if hasattr(v, "numpy") and not isinstance(v, np.ndarray) else v).copy()
+              for k, v in tensors.items()}
+    m = CheckpointManager(tmp_path, async_save=True)
+    m.reserve(tensors)
+    bufs = {k: id(b) for k, b in m._buffers.items()}
+    m.save(3, tensors, meta)
+    assert {k: id(b) for k, b in m._buffers.items()} == bufs  # the reserved buffers were used
+    with bt.no_grad():
+        model.weight.zero_()
+    m.wait()
+    got, _ = load_checkpoint(m.list()[-1])
+    _assert_exact(got, expect)
+    m.close()

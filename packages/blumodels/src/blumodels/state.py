@@ -21,9 +21,12 @@ class StateError(RuntimeError):
     """A checkpoint does not fit the model/optimizer it is restored into (names the tensor)."""
 
 
-def _host(t: bt.Tensor, copy: bool = True) -> np.ndarray:
+def _host(t: bt.Tensor, copy: bool = True) -> Any:
     """A host copy of a tensor's storage (bfloat16 kept as ml_dtypes.bfloat16); with ``copy=False`` a CPU
-    tensor's storage itself (a CUDA tensor is copied to the host either way)."""
+    tensor's storage itself, and a device tensor as the detached Tensor (its consumer, the checkpoint manager,
+    copies it to reused pinned host buffers asynchronously instead of a blocking pageable copy here)."""
+    if not copy and t.device.type != "cpu":
+        return t.detach()
     a = t.detach().to("cpu").numpy()
     return np.array(a, copy=True) if copy else a
 
@@ -34,8 +37,9 @@ def training_state(model: bt.nn.Module, optimizer: bt.optim.Optimizer | None, st
     """(tensors, meta) describing everything needed to continue training bit-exactly at ``step``.
 
     ``copy=False`` returns CPU tensors' storage without copying it (the arrays then change with the next
-    optimizer step): for a caller that writes them before training goes on, as ``CheckpointManager.save`` does
-    (a sync save writes them before it returns, an async one snapshots them first).
+    optimizer step) and device tensors as detached Tensors: for a caller that writes them before training goes
+    on, as ``CheckpointManager.save`` does (a sync save writes them before it returns, an async one snapshots
+    them first, device tensors with queued copies into pinned buffers).
     """
     tensors: dict[str, np.ndarray] = {}
     names = {}

@@ -516,6 +516,14 @@ class Trainer:
                                            self.cfg.to_dict(), {"data_meta": self.meta}, copy=False)
         self.ckpt.save(self.step, tensors, meta)  # _on_saved reports it once durable and verified
 
+    def _reserve_snapshot(self) -> None:
+        """Page-locked snapshot buffers for the async checkpoints, allocated once after the first step (when the
+        optimizer moments exist), so a save returns after its queued device-to-host copies."""
+        tensors, _ = training_state(self.model, self.optimizer, self.step, copy=False)
+        secs = self.ckpt.reserve(tensors)
+        nbytes = sum(v.nbytes for v in tensors.values())
+        self.log(f"[blutrain] async checkpoint: {nbytes / 2**30:.2f} GiB of pinned snapshot buffers in {secs:.2f} s")
+
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, steps: int | None = None) -> float:
         """Mean validation loss over ``eval_steps`` batches from the start of the validation split."""
@@ -742,6 +750,7 @@ class Trainer:
         t_start = time.perf_counter()
         first_val = last_val = None
         preempted = False
+        start = self.step
         logf = open(self.log_path, "a") if self.dist.is_main else open(os.devnull, "w")
         try:
             while self.step < total:
@@ -757,6 +766,8 @@ class Trainer:
                     rec["val_loss"] = val
                 self.step = s + 1
                 self.history.append(rec)
+                if s == start and t.async_checkpoint and not self.sharded and self.device.startswith("cuda"):
+                    self._reserve_snapshot()
                 if s % t.log_interval == 0 or val is not None or self.step == total:
                     logf.write(json.dumps(rec) + "\n")
                     logf.flush()

@@ -92,6 +92,11 @@ class Tensor:
     def element_size(self) -> int:
         return self.dtype.itemsize
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements (numel * element_size), as PyTorch's ``Tensor.nbytes``."""
+        return self.numel() * self.dtype.itemsize
+
     def stride(self, dim: int | None = None):
         st = tuple(s // self._data.itemsize for s in self._data.strides)
         return st if dim is None else st[dim]

@@ -11,12 +11,13 @@ than the newest ``keep`` committed ones, so a save killed at any point on any ra
 step on every rank; resume takes the newest committed step. The ranks share the checkpoint directory. A directory
 written before commit records existed (no receipt, no record) is read as before: every file that verifies.
 
-Async saves snapshot the tensors into reused host buffers at once (pinned, through bluallocator, for CUDA
-arrays: the device to host copies are queued on the current stream, so later in-place updates cannot leak in),
-then one background thread writes the file; at most one save is in flight, a second waits for the first. The
-writer thread and its I/O worker threads (:mod:`.chunkio`) run at the lowest CPU priority (nice 19,
-``WRITER_NICE``), so their hashing and copying use the cores the training step leaves idle rather than slowing the
-step (``benchmarks/checkpoint_bench.py`` measures the stall).
+Async saves snapshot the tensors into reused host buffers at once (pinned, through bluallocator, for CUDA arrays: a
+device staging copy is made on the current stream, so later in-place updates cannot leak in, and the device-to-host
+copies run from it on a side stream while training goes on; without room for the staging copy the device-to-host
+copies are queued on the current stream), then one background thread writes the file; at most one save is in
+flight, a second waits for the first. The writer thread and its I/O worker threads (:mod:`.chunkio`) run at the
+lowest CPU priority (nice 19, ``WRITER_NICE``), so their hashing and copying use the cores the training step leaves
+idle rather than slowing the step (``benchmarks/checkpoint_bench.py`` measures the stall).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,9 @@ def to_host(x: Any) -> np.ndarray:
 
 
 COMMIT_FORMAT = "blutrain-checkpoint-commit"
+
+#: device memory left free beside an async snapshot's device staging copy (else the copies go straight to host)
+STAGING_MARGIN = 1 << 30
 #: nice value of the async writer thread: it hashes, writes and re-reads the whole checkpoint, CPU work that would
 #: otherwise compete with the training step for the cores; at 19 it runs on what the step leaves idle
 WRITER_NICE = 19
@@ -129,6 +134,8 @@ class CheckpointManager:
         self._error: BaseException | None = None
         self._buffers: dict[str, np.ndarray] = {}
         self._pinned: Any = None
+        self._copy_stream: Any = None  # the device-to-host copies of staged snapshots
+        self._staging: Any = None  # (device staging arrays, their copies' event) of the last snapshot
         self._good: set[tuple[str, int, int]] = set()
         self._remove_stale_temps()
 
@@ -265,21 +272,30 @@ class CheckpointManager:
             self._buffers[name] = buf
         return buf
 
+    def reserve(self, tensors: dict[str, Any]) -> float:
+        """Allocate the async snapshot buffers for ``tensors`` now (pinned for device arrays), so that the first
+        async save returns after its queued copies instead of after allocating page-locked memory; seconds
+        taken. A sync manager holds no buffers: nothing to do. Names and shapes that change later are
+        reallocated at that save."""
+        if not self.async_save:
+            return 0.0
+        t0 = time.perf_counter()
+        for name, x in tensors.items():
+            a, _ = _raw(x)
+            dtype = np.dtype(a.dtype)
+            self._host_buffer(name, tuple(a.shape), dtype, pinned=_is_device_array(a))
+        return time.perf_counter() - t0
+
     def _snapshot(self, tensors: dict[str, Any]) -> tuple[dict[str, np.ndarray], Any]:
         """Copy every tensor into this manager's reused host buffers; (snapshot, CUDA event or None)."""
+        self._release_staging()
         snap: dict[str, np.ndarray] = {}
-        event = None
+        on_device: list[tuple[Any, np.ndarray]] = []
         for name, x in tensors.items():
             a, bf16 = _raw(x)
             if _is_device_array(a):
-                import cupy as cp
-
-                a = cp.ascontiguousarray(a)
-                buf = self._host_buffer(name, a.shape, np.dtype(a.dtype), pinned=True)
-                stream = cp.cuda.get_current_stream()
-                a.get(stream=stream, out=buf, blocking=False)
-                event = cp.cuda.Event(disable_timing=True)
-                event.record(stream)
+                buf = self._host_buffer(name, tuple(a.shape), np.dtype(a.dtype), pinned=True)
+                on_device.append((a, buf))
             else:
                 a = np.asarray(a)
                 buf = self._host_buffer(name, a.shape, a.dtype, pinned=False)
@@ -287,7 +303,54 @@ class CheckpointManager:
             snap[name] = buf.view(ml_dtypes.bfloat16) if bf16 else buf
         for stale in set(self._buffers) - set(tensors):
             del self._buffers[stale]
-        return snap, event
+        return snap, (self._device_to_host(on_device) if on_device else None)
+
+    def _device_to_host(self, pairs: list[tuple[Any, np.ndarray]]) -> Any:
+        """Queue the device-to-host copies of ``pairs`` (device array, pinned buffer); the event they complete.
+
+        When the device has room for a second copy of the arrays (free memory outside the pool >= their bytes +
+        ``STAGING_MARGIN``, so the next step's own allocations still fit), they are first copied on the device
+        (stream-ordered on the current stream, so they hold the values at the save point; microseconds per
+        tensor) and the slow device-to-host copies run from those on a separate stream, overlapping the
+        following steps. Otherwise the device-to-host copies are queued on the current stream itself (the next
+        step's kernels wait for them)."""
+        import cupy as cp
+
+        cur = cp.cuda.get_current_stream()
+        nbytes = sum(int(a.nbytes) for a, _ in pairs)
+        stages = None
+        try:
+            if cp.cuda.runtime.memGetInfo()[0] >= nbytes + STAGING_MARGIN:
+                stages = [cp.array(a, copy=True, order="C") for a, _ in pairs]
+        except Exception as e:  # out of device memory after all: the stream-ordered copies below
+            log.debug("no device staging copy for the async snapshot (%s)", e)
+            stages = None
+        if stages is None:
+            for a, buf in pairs:
+                cp.ascontiguousarray(a).get(stream=cur, out=buf, blocking=False)
+            done = cp.cuda.Event(disable_timing=True)
+            done.record(cur)
+            return done
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(cur)
+        if self._copy_stream is None:
+            self._copy_stream = cp.cuda.Stream(non_blocking=True)
+        cs = self._copy_stream
+        cs.wait_event(ready)
+        for st, (_, buf) in zip(stages, pairs):
+            st.get(stream=cs, out=buf, blocking=False)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(cs)
+        self._staging = (stages, done)  # freed by the training thread once done (_release_staging)
+        return done
+
+    def _release_staging(self, wait: bool = False) -> None:
+        """Give the device staging copies of the last snapshot back to the pool once their copies are done
+        (always on the thread that made them: the pool is not shared with the writer thread)."""
+        if self._staging is not None and (wait or self._staging[1].done):
+            if wait:
+                self._staging[1].synchronize()
+            self._staging = None
 
     def _write(self, path: Path, tensors: dict[str, np.ndarray], meta: dict, event: Any) -> None:
         if event is not None:
@@ -348,11 +411,13 @@ class CheckpointManager:
 
     def check(self) -> None:
         """Re-raise the error of an async save that has failed, without waiting for one still being written."""
+        self._release_staging()
         if self._error is not None and not self.in_flight:
             self.wait()
 
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is on disk; re-raise its error."""
+        self._release_staging(wait=True)
         if self._thread is not None:
             with self._lowered_lock:
                 self._waiting = True
