@@ -67,6 +67,8 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+#: --methods groups: BluTrain sync save + load, BluTrain async saves, torch.save + load, DCP sync/async + load
+METHOD_GROUPS = ("blutrain", "async", "torch", "dcp")
 SIZES = {"tiny": "tiny", "124m": "gpt2-124m", "350m": "gpt2-350m", "774m": "gpt2-774m", "1.5b": "gpt2-1.5b",
          "2.4b": "gpt2-2.4b"}
 
@@ -294,86 +296,90 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
     if dmgr is not amgr:
         res["reserve_direct_s"] = round(dmgr.reserve(side.raw()), 4)
     for rep in range(args.repeats):
-        # --- BluTrain, sync
-        d = fresh("blutrain-sync")
-        mgr = CheckpointManager(d, keep=1, async_save=False)
-        t0 = time.perf_counter()
-        tensors, meta = side.state()
-        mgr.save(1, tensors, meta)
-        dt = time.perf_counter() - t0
-        del tensors
-        add("blutrain_sync", return_s=dt, durable_s=dt)
-        evict(d)
-        t0 = time.perf_counter()
-        _, loaded, lmeta = mgr.load(1)
-        t_load = time.perf_counter() - t0
-        restore_training_state(loaded, lmeta, side.model, side.opt)
-        side.sync()
-        t_restore = time.perf_counter() - t0 - t_load
-        add("blutrain_load", load_s=t_load, restore_s=t_restore, total_s=t_load + t_restore)
-        del loaded
-        shutil.rmtree(d)
-        gc.collect()
-        # --- BluTrain, async (the Trainer's path: training_state, then the manager's snapshot)
-        t0 = time.perf_counter()
-        tensors, meta = side.state()
-        amgr.save(2 * rep + 1, tensors, meta)
-        t_ret = time.perf_counter() - t0
-        amgr.wait()
-        add("blutrain_async", return_s=t_ret, durable_s=time.perf_counter() - t0)
-        amgr.remove_all()  # the disk holds one checkpoint of this size at a time
-        del tensors
-        gc.collect()
-        # --- BluTrain, async with the Tensors handed over directly
-        t0 = time.perf_counter()
-        dmgr.save(2 * rep + 2, side.raw(), meta)
-        t_ret = time.perf_counter() - t0
-        dmgr.wait()
-        add("blutrain_async_direct", return_s=t_ret, durable_s=time.perf_counter() - t0)
-        dmgr.remove_all()
-        # --- torch.save / torch.load
-        d = fresh("torch")
-        f = d / "state.pt"
-        t0 = time.perf_counter()
-        torch.save(tsd, f)
-        t_ret = time.perf_counter() - t0
-        fsync_path(f)
-        fsync_path(d)
-        add("torch_save", return_s=t_ret, durable_s=time.perf_counter() - t0)
-        evict(f)
-        t0 = time.perf_counter()
-        back = torch.load(f, map_location=tdev, weights_only=True)
-        if tdev == "cuda":
-            torch.cuda.synchronize()
-        t_load = time.perf_counter() - t0
-        add("torch_load", load_s=t_load, total_s=t_load)
-        del back
-        shutil.rmtree(d)
-        gc.collect()
-        # --- DCP sync / async / load
-        d = fresh("dcp-sync")
-        t0 = time.perf_counter()
-        dcp.save(tsd, checkpoint_id=str(d))
-        dt = time.perf_counter() - t0
-        add("dcp_sync", return_s=dt, durable_s=dt)
-        evict(d)
-        target = {k: torch.empty_like(v) for k, v in tsd.items()}
-        t0 = time.perf_counter()
-        dcp.load(target, checkpoint_id=str(d))
-        if tdev == "cuda":
-            torch.cuda.synchronize()
-        t_load = time.perf_counter() - t0
-        add("dcp_load", load_s=t_load, total_s=t_load)
-        del target
-        shutil.rmtree(d)
-        d = fresh("dcp-async")
-        t0 = time.perf_counter()
-        fut = dcp.async_save(tsd, checkpoint_id=str(d))
-        t_ret = time.perf_counter() - t0
-        _result(fut)
-        add("dcp_async", return_s=t_ret, durable_s=time.perf_counter() - t0)
-        shutil.rmtree(d)
-        gc.collect()
+        if "blutrain" in args.methods:
+            # --- BluTrain, sync
+            d = fresh("blutrain-sync")
+            mgr = CheckpointManager(d, keep=1, async_save=False)
+            t0 = time.perf_counter()
+            tensors, meta = side.state()
+            mgr.save(1, tensors, meta)
+            dt = time.perf_counter() - t0
+            del tensors
+            add("blutrain_sync", return_s=dt, durable_s=dt)
+            evict(d)
+            t0 = time.perf_counter()
+            _, loaded, lmeta = mgr.load(1)
+            t_load = time.perf_counter() - t0
+            restore_training_state(loaded, lmeta, side.model, side.opt)
+            side.sync()
+            t_restore = time.perf_counter() - t0 - t_load
+            add("blutrain_load", load_s=t_load, restore_s=t_restore, total_s=t_load + t_restore)
+            del loaded
+            shutil.rmtree(d)
+            gc.collect()
+        if "async" in args.methods:
+            # --- BluTrain, async (the Trainer's path: training_state, then the manager's snapshot)
+            t0 = time.perf_counter()
+            tensors, meta = side.state()
+            amgr.save(2 * rep + 1, tensors, meta)
+            t_ret = time.perf_counter() - t0
+            amgr.wait()
+            add("blutrain_async", return_s=t_ret, durable_s=time.perf_counter() - t0)
+            amgr.remove_all()  # the disk holds one checkpoint of this size at a time
+            del tensors
+            gc.collect()
+            # --- BluTrain, async with the Tensors handed over directly
+            t0 = time.perf_counter()
+            dmgr.save(2 * rep + 2, side.raw(), meta)
+            t_ret = time.perf_counter() - t0
+            dmgr.wait()
+            add("blutrain_async_direct", return_s=t_ret, durable_s=time.perf_counter() - t0)
+            dmgr.remove_all()
+        if "torch" in args.methods:
+            # --- torch.save / torch.load
+            d = fresh("torch")
+            f = d / "state.pt"
+            t0 = time.perf_counter()
+            torch.save(tsd, f)
+            t_ret = time.perf_counter() - t0
+            fsync_path(f)
+            fsync_path(d)
+            add("torch_save", return_s=t_ret, durable_s=time.perf_counter() - t0)
+            evict(f)
+            t0 = time.perf_counter()
+            back = torch.load(f, map_location=tdev, weights_only=True)
+            if tdev == "cuda":
+                torch.cuda.synchronize()
+            t_load = time.perf_counter() - t0
+            add("torch_load", load_s=t_load, total_s=t_load)
+            del back
+            shutil.rmtree(d)
+            gc.collect()
+        if "dcp" in args.methods:
+            # --- DCP sync / async / load
+            d = fresh("dcp-sync")
+            t0 = time.perf_counter()
+            dcp.save(tsd, checkpoint_id=str(d))
+            dt = time.perf_counter() - t0
+            add("dcp_sync", return_s=dt, durable_s=dt)
+            evict(d)
+            target = {k: torch.empty_like(v) for k, v in tsd.items()}
+            t0 = time.perf_counter()
+            dcp.load(target, checkpoint_id=str(d))
+            if tdev == "cuda":
+                torch.cuda.synchronize()
+            t_load = time.perf_counter() - t0
+            add("dcp_load", load_s=t_load, total_s=t_load)
+            del target
+            shutil.rmtree(d)
+            d = fresh("dcp-async")
+            t0 = time.perf_counter()
+            fut = dcp.async_save(tsd, checkpoint_id=str(d))
+            t_ret = time.perf_counter() - t0
+            _result(fut)
+            add("dcp_async", return_s=t_ret, durable_s=time.perf_counter() - t0)
+            shutil.rmtree(d)
+            gc.collect()
         print(f"[{size}] repeat {rep + 1}/{args.repeats} done", flush=True)
     methods = {}
     for m, kv in rows.items():
@@ -453,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="124m", help=f"comma-separated, of {', '.join(SIZES)}")
     p.add_argument("--out", required=True, help="JSON result file")
     p.add_argument("--dir", default=None, help="where checkpoints are written (default: the system's temp dir)")
+    p.add_argument("--methods", default=",".join(METHOD_GROUPS),
+                   help=f"comma-separated groups of methods to run, of {', '.join(METHOD_GROUPS)} (a large size can "
+                        "be split over runs); the stall runs whenever the size is among --stall-sizes")
     p.add_argument("--repeats", type=int, default=None, help="repeats per method (default: cpu 3, cuda 1)")
     p.add_argument("--stall-steps", type=int, default=None,
                    help="steps without a save before and after each stall run (default: cpu 8, cuda 4)")
@@ -465,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda-seq", type=int, default=512,
                    help="tokens per sequence of the CUDA stall step (a short step keeps the GPU run within minutes)")
     args = p.parse_args(argv)
+    args.methods = [g.strip() for g in args.methods.split(",") if g.strip()]
+    if not args.methods or [g for g in args.methods if g not in METHOD_GROUPS]:
+        p.error(f"--methods: {args.methods} (choose from {', '.join(METHOD_GROUPS)})")
     sizes = [s.strip().lower() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
     if bad or not sizes:
