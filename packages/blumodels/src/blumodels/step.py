@@ -134,6 +134,23 @@ class TrainStep:
         use_flat = static_grads and not self.oib
         self.grads, self.grad_bufs = flat_grads(self.params, device) if use_flat else ([], [])
         self.applied = 0  # updates applied so far (the host AdamW step counts follow it on the fused path)
+        if self.fused and not self.oib and xp is not np:
+            self._allocate_state()
+
+    def _allocate_state(self) -> None:
+        """Make the step's long-lived device buffers now, before any activation exists: AdamW's moments (as its
+        first update would: zeros, step 0) and the bf16 weight copies. Made lazily, they would be carved out of
+        the first step's freed activation blocks, pinning those segments in the caching allocator, so the memory
+        the warm-up steps used could not be given back before the captured graphs take their own."""
+        opt = self.optimizer
+        if isinstance(opt, bt.optim.AdamW) and not any(g.get("amsgrad") for g in opt.param_groups):
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p.requires_grad and p not in opt.state:
+                        f32 = bt.float32 if p.dtype is bt.bfloat16 else None
+                        opt.state[p] = {"step": 0, "exp_avg": bt.zeros_like(p, dtype=f32),
+                                        "exp_avg_sq": bt.zeros_like(p, dtype=f32)}
+        self._copies()
 
     @property
     def oib_on_device(self) -> bool:
