@@ -21,7 +21,8 @@ from blumodels import gemm_choice
 def policy_from_config(train: Any, device: str = "cpu") -> bt.ExecutionPolicy:
     """The execution policy of a run with train config ``train`` on ``device`` (based on ``bt.policy.current()``).
 
-    On a CUDA device ``train.gemm`` ("auto" included) is resolved to a provider now, so a missing, unavailable or
+    On a CUDA device ``train.gemm`` ("auto" included: ``BLUTRAIN_GEMM``, else the documented order) is resolved to
+    a provider now, so a missing, unavailable or
     misfitting one is a ConfigError naming ``train.gemm`` before any work; elsewhere a named provider is kept as
     named (host GEMMs use none)."""
     changes: dict[str, Any] = {"precision": train.precision, "fp32_gemm": train.fp32_gemm,

@@ -73,8 +73,8 @@ def check(train: Any) -> None:
 
 def resolve(train: Any, device: str) -> type | None:
     """The provider class this run's GEMMs use (CUDA devices only: host GEMMs use no provider, None); "auto"
-    resolves through the execution policy's ``gemm`` (``BLUTRAIN_GEMM``, read once) and the documented order. An
-    unavailable or misfitting provider is a ConfigError naming ``train.gemm``. Selects nothing."""
+    resolves through ``BLUTRAIN_GEMM`` (the execution policy's environment default, read once) and the documented
+    order. An unavailable or misfitting provider is a ConfigError naming ``train.gemm``. Selects nothing."""
     if not str(device).startswith("cuda"):
         return None
     import blutensor as bt
@@ -82,7 +82,7 @@ def resolve(train: Any, device: str) -> type | None:
 
     from blumodels.config import ConfigError
 
-    name = bt.policy.current().gemm if train.gemm == "auto" else ALIASES.get(train.gemm, train.gemm)
+    name = bt.policy.env_defaults().gemm if train.gemm == "auto" else ALIASES.get(train.gemm, train.gemm)
     try:
         prov = get_host().registry("gemm").select(None if name == "auto" else name, env=False)
     except PluginError as e:
