@@ -297,3 +297,40 @@ def test_plugins_read_the_policy_through_ext():
     assert seen and all(s[1:] == (True, "tf32") for s in seen if s[0] == "matmul")
     assert seen[-1][1:] == (False, "fp32")
     assert {s[0] for s in seen} >= {"matmul", "add", "sum"}
+
+
+def _attention_grads_f64(q, k, v, g):
+    """Causal attention's (dq, dk, dv) in float64 (NumPy), (B, H, T, HD) inputs."""
+    q, k, v, g = (a.astype(np.float64) for a in (q, k, v, g))
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    s = q @ k.swapaxes(-1, -2) * scale
+    s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dv = p.swapaxes(-1, -2) @ g
+    dp = g @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return ds @ k * scale, ds.swapaxes(-1, -2) @ q * scale, dv
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not bt.cuda.is_available(), reason="needs CuPy and a CUDA GPU")
+def test_cuda_attention_backward_follows_the_scope():
+    """GPU twin of test_attention_variants_follow_the_scope: on the device the scoped attention_backward picks the
+    kernels that run (the launches are recorded by name) and both give float64's gradients."""
+    import blutensor.nn.functional as F
+
+    rng = np.random.default_rng(4)
+    q, k, v, g = (rng.standard_normal((2, 2, 96, 64)).astype(np.float32) for _ in range(4))
+    want = _attention_grads_f64(q, k, v, g)
+    for mode, ran, not_ran in (("split", "backward_dkdv", "backward_fused"),
+                               ("fused", "backward_fused", "backward_dkdv")):
+        with bt.policy.scope(precision="fp32", attention_fp32="tf32x3", attention_backward=mode):
+            ts = [bt.tensor(a, device="cuda", requires_grad=True) for a in (q, k, v)]
+            with ext.recording_kernel_launches() as names:
+                F.scaled_dot_product_attention(*ts, is_causal=True).backward(bt.tensor(g, device="cuda"))
+        launched = " ".join(names)
+        assert ran in launched and not_ran not in launched, (mode, sorted(names))
+        for t, w in zip(ts, want):
+            err = np.abs(t.grad.numpy().astype(np.float64) - w).max() / np.abs(w).max()
+            assert err < 1e-3, (mode, err)
