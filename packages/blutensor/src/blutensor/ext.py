@@ -53,7 +53,7 @@ CUDA launch and compile helpers
     (the provider that runs bf16 GEMMs), ``bf16_gemm(prov, a, b, trans_a=, trans_b=)``,
     ``bf16_bias_grad(prov, g)`` (column sums of bf16 ``g`` as a GEMV, float32 out).
 Execution policy
-    ``current_policy()`` the active :class:`ExecutionPolicy` (``blutensor.policy``: precision, fp32 GEMM algorithm,
+    ``current_policy()`` the active ``ExecutionPolicy`` (``blutensor.policy``: precision, fp32 GEMM algorithm,
     attention and embedding variants, GEMM provider, determinism, index validation); a kernel or provider that
     chooses among variants reads the field it needs from it at call time (the ``precision=`` argument blutensor
     passes to ``matmul`` is already resolved from it), so a ``bt.policy.scope(...)`` region reaches plugins too.
