@@ -334,3 +334,22 @@ def test_cuda_attention_backward_follows_the_scope():
         for t, w in zip(ts, want):
             err = np.abs(t.grad.numpy().astype(np.float64) - w).max() / np.abs(w).max()
             assert err < 1e-3, (mode, err)
+
+
+def test_backends_allow_tf32_is_the_policy_precision():
+    """PyTorch's torch.backends.cuda.matmul.allow_tf32 and set_float32_matmul_precision are one setting, here too."""
+    m = bt.backends.cuda.matmul
+    assert m.allow_tf32 is False and bt.get_float32_matmul_precision() == "highest"
+    with bt.policy.scope():
+        m.allow_tf32 = True
+        assert bt.get_matmul_precision() == "tf32" and bt.get_float32_matmul_precision() == "high"
+        with bt.policy.scope(precision="bf16"):
+            assert m.allow_tf32 is True  # 'medium' also allows TF32, as in PyTorch
+        m.allow_tf32 = False
+        assert bt.policy.current().precision == "fp32"
+        m.allow_tf32 = True
+    assert m.allow_tf32 is False  # the scope's change ended with it
+    with pytest.raises(TypeError, match="allow_tf32 must be True or False"):
+        m.allow_tf32 = 1
+    with pytest.raises(AttributeError, match="no flag 'allow_fp16'"):
+        m.allow_fp16 = True

@@ -4,6 +4,7 @@
 """
 
 from blutensor import (  # noqa: E402,F401
+    backends,  # PyTorch's flags: bt.backends.cuda.matmul.allow_tf32 (the execution policy's precision)
     cpu_ops,  # compiled CPU kernels: status() says whether they are in use (nothing is built at import)
     cuda,  # noqa: F401
     ext,  # the supported surface for packages that extend blutensor (compilers, profilers, strategies)
@@ -189,5 +190,5 @@ __all__ = [
     "tril_indices", "triu_indices", "true_divide", "unbind",
     "get_num_threads", "set_num_threads",
     "ext",
-    "ExecutionPolicy", "policy",
+    "ExecutionPolicy", "policy", "backends",
 ]
