@@ -105,7 +105,7 @@ def blutrain(a) -> dict:
 
     cuda = a.device == "cuda"
     if a.sdpa_fp32:
-        os.environ["BLUTRAIN_SDPA_FP32"] = a.sdpa_fp32
+        bt.policy.update(attention_fp32=a.sdpa_fp32)  # the process default (BLUTRAIN_SDPA_FP32's field)
     bt.set_fp32_gemm(a.fp32_gemm)
     alloc = None
     if cuda and a.allocator == "blu":

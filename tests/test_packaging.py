@@ -87,7 +87,7 @@ def test_imports_follow_the_graph(pkg):
 PUBLIC_BLUTENSOR = {"blutensor", "blutensor.nn", "blutensor.nn.functional", "blutensor.nn.init", "blutensor.nn.utils",
                     "blutensor.optim", "blutensor.optim.lr_scheduler", "blutensor.utils", "blutensor.utils.data",
                     "blutensor.ext", "blutensor.compat", "blutensor.cuda", "blutensor.amp", "blutensor.random",
-                    "blutensor.autograd"}
+                    "blutensor.autograd", "blutensor.policy", "blutensor.backends"}
 BLUTENSOR_SRC = ROOT / "packages" / "blutensor" / "src" / "blutensor"
 PRIVATE_SUBMODULES = {p.stem if p.suffix == ".py" else p.name for p in BLUTENSOR_SRC.iterdir()
                       if (p.suffix == ".py" or (p / "__init__.py").is_file() or p.is_dir()) and p.name != "__init__.py"

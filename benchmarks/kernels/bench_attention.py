@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {"gpt2": (16, 12, 1024, 64), "long": (2, 12, 16384, 64)}
-#: (label, dtype, float32 matmul precision, environment) of each blutensor variant
+#: (label, dtype, float32 matmul precision, switches) of each blutensor variant: the switches are spelled as their
+#: environment variables and applied as an execution-policy scope (bt.policy.scope)
 BLU_RUNS = [
     ("f32 simt", "float32", "highest", {"BLUTRAIN_SDPA_FP32": "simt"}),
     ("tf32x3 fused", "float32", "highest", {"BLUTRAIN_SDPA_BWD": "fused"}),
@@ -73,12 +73,13 @@ def bench_blu(shape: str, reps: int) -> list[dict]:
     rng = np.random.default_rng(1)
     base = rng.standard_normal((B, T, 3 * H * hd), dtype=np.float32)
     grad = rng.standard_normal((B, T, H * hd), dtype=np.float32)
-    rows, saved = [], {k: os.environ.get(k) for k in SWITCHES}
+    rows = []
     for label, dtype, prec, env in BLU_RUNS:
-        for k in SWITCHES:
-            os.environ.pop(k, None)
-        os.environ.update(env)
-        bt.set_float32_matmul_precision(prec)
+        pol = bt.ExecutionPolicy.from_env(env)
+        changes = {f: getattr(pol, f) for f, var in bt.policy.ENV.items() if var in SWITCHES}
+        scope = bt.policy.scope(**changes)
+        scope.__enter__()
+        bt.set_float32_matmul_precision(prec)  # writes the scope's policy
         try:
             dt = getattr(bt, dtype)
             qkv = bt.tensor(base, device="cuda", dtype=dt, requires_grad=True)
@@ -99,14 +100,10 @@ def bench_blu(shape: str, reps: int) -> list[dict]:
                        fwdbwd_ms=tfb, bwd_ms=tfb - tf)
         except Exception as e:  # noqa: BLE001 - a variant this GPU lacks is recorded, the others still run
             row = dict(shape=shape, impl=f"blutrain {label}", switches=env, error=f"{type(e).__name__}: {e}"[:300])
+        scope.__exit__(None, None, None)
         rows.append(row)
         _print(row, _flops(B, H, T, hd))
         cp.get_default_memory_pool().free_all_blocks()
-    bt.set_float32_matmul_precision("highest")
-    for k, v in saved.items():
-        os.environ.pop(k, None)
-        if v is not None:
-            os.environ[k] = v
     return rows
 
 

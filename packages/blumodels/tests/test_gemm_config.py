@@ -1,5 +1,6 @@
 """train.gemm: a config key validated against the registered GEMM providers by what they declare (PRECISIONS,
-CAPTURE_SAFE), applied once at Trainer start on CUDA; BLUTRAIN_GEMM only feeds "auto"."""
+CAPTURE_SAFE), resolved once at Trainer start on CUDA into the run's execution policy; BLUTRAIN_GEMM only feeds
+"auto"."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def providers():
     try:
         yield host
     finally:
-        bt.set_gemm_provider(None)
+        bt.policy.reset_defaults()
         reset_host()
 
 
@@ -75,7 +76,8 @@ def test_applied_once_at_start_on_cuda_only(providers, monkeypatch):
     assert gemm_choice.apply(t, "cpu") is None  # host GEMMs use no provider
     assert gemm_choice.apply(t, "cuda:0") is Everything
     assert get_gemm_provider() is Everything
-    monkeypatch.setenv("BLUTRAIN_GEMM", "test-strict")  # feeds only "auto"
+    monkeypatch.setenv("BLUTRAIN_GEMM", "test-strict")  # feeds only "auto" (read once: reset_defaults reads it)
+    bt.policy.reset_defaults()
     assert gemm_choice.apply(t, "cuda") is Everything
     assert gemm_choice.apply(micro_config().train, "cuda") is StrictOnly
     with pytest.raises(ConfigError, match=r"train.gemm = 'auto' resolved to 'test-strict', which cannot serve this "
@@ -88,3 +90,22 @@ def test_an_unavailable_provider_names_the_key(providers, monkeypatch):
     with pytest.raises(ConfigError, match=r"train.gemm = 'test-all': gemm plugin 'test-all' is installed but not "
                                           r"available here"):
         gemm_choice.apply(micro_config(gemm="test-all").train, "cuda")
+
+
+def test_the_run_policy_holds_the_resolved_provider(providers, monkeypatch):
+    """policy_from_config resolves train.gemm on CUDA into the policy's gemm field ("auto" through BLUTRAIN_GEMM,
+    read once), keeps a named provider on CPU, and refuses a misfit by the key's name before any work."""
+    from blumodels.execution import policy_from_config
+
+    assert policy_from_config(micro_config(gemm="test-all").train, "cuda:0").gemm == "test-all"
+    assert policy_from_config(micro_config(gemm="cupy").train, "cuda").gemm == "xp"  # the alias
+    assert policy_from_config(micro_config(gemm="test-all").train, "cpu").gemm == "test-all"
+    assert policy_from_config(micro_config().train, "cpu").gemm == "auto"
+    monkeypatch.setenv("BLUTRAIN_GEMM", "test-strict")
+    bt.policy.reset_defaults()
+    p = policy_from_config(micro_config().train, "cuda")
+    assert p.gemm == "test-strict" and bt.policy.current().gemm == "test-strict"
+    with p.use():
+        assert get_gemm_provider() is StrictOnly
+    with pytest.raises(ConfigError, match=r"train.gemm = 'auto' resolved to 'test-strict', which cannot serve"):
+        policy_from_config(micro_config(precision="tf32").train, "cuda")

@@ -202,16 +202,21 @@ def test_progress_bar_only_when_asked(tmp_path, capsys):
 
 
 def test_deterministic_key_sets_the_switch(tmp_path):
-    """train.deterministic turns blutensor's deterministic-algorithms switch on (and off again for the default)."""
+    """train.deterministic turns blutensor's deterministic-algorithms switch on inside the run's methods (and off
+    for the default); the process outside the Trainer is left as it was."""
     import blutensor as bt
     from blumodels.config import ConfigError, from_dict
 
     try:
         tr = Trainer(micro_config(steps=1, deterministic=True), tmp_path / "a", quiet=True)
-        assert bt.are_deterministic_algorithms_enabled()
+        assert tr.policy.deterministic and not bt.are_deterministic_algorithms_enabled()
+        with tr.policy.use():
+            assert bt.are_deterministic_algorithms_enabled()
         tr.close()
         tr = Trainer(micro_config(steps=1), tmp_path / "b", quiet=True)
-        assert not bt.are_deterministic_algorithms_enabled()
+        assert not tr.policy.deterministic
+        with tr.policy.use():
+            assert not bt.are_deterministic_algorithms_enabled()
         tr.close()
         with pytest.raises(ConfigError, match=r"train\.deterministic"):
             from_dict({"train": {"deterministic": "sometimes"}})

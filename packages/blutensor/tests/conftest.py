@@ -30,6 +30,7 @@ def _seeded():
     bt.set_grad_enabled(True)
     yield
     bt.set_grad_enabled(prev)
+    bt.policy.reset_defaults()  # a setter or env change of one test does not reach the next
 
 
 def rng(seed: int = 0) -> np.random.Generator:

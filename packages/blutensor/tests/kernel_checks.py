@@ -420,17 +420,15 @@ def check_plugins():
     }
     # bad indices give a clear ShapeError naming the op: lazily (default: recorded on device, raised by
     # index_check.raise_pending(), which the Trainer calls after every loss read and after evaluation) and
-    # at the call with BLUTRAIN_VALIDATE_INDICES=sync, like the generic ops
-    import os
-
+    # at the call under the policy's validate_indices='sync', like the generic ops
     from blutensor.cuda_ops import index_check
     from blutensor.errors import ShapeError
 
     w = bt.tensor(RNG.standard_normal((50, 8)).astype(np.float32), device="cuda")
     index_check.flag_array().fill(0)  # start from a clear flag
-    prev = os.environ.get("BLUTRAIN_VALIDATE_INDICES")
     for mode in ("lazy", "sync"):
-        os.environ["BLUTRAIN_VALIDATE_INDICES"] = mode
+        scope = bt.policy.scope(validate_indices=mode)
+        scope.__enter__()
         for name, op, call in (
             ("embedding index 50 of 50", "embedding",
              lambda: F.embedding(bt.tensor(np.array([3, 50]), device="cuda"), w)),
@@ -447,10 +445,7 @@ def check_plugins():
                 record("plugin.bad_index", f"{name} ({mode})", 0.0 if ok else 1.0, 0.0, str(e)[:120])
             except Exception as e:
                 record("plugin.bad_index", f"{name} ({mode})", 1.0, 0.0, f"{type(e).__name__}: {e}"[:200])
-    if prev is None:
-        os.environ.pop("BLUTRAIN_VALIDATE_INDICES", None)
-    else:
-        os.environ["BLUTRAIN_VALIDATE_INDICES"] = prev
+        scope.__exit__(None, None, None)
     for dtname, dtype, tol in (("f32", None, 1e-4), ("bf16", bt.bfloat16, 4e-2)):
         for name, (fn, *arrays) in cases.items():
             try:

@@ -281,7 +281,7 @@ def test_cuda_bf16_linear_matches_widened_generic(bias):
 @pytest.fixture
 def numpy_as_cupy(monkeypatch):
     """Run cuda_ops.linalg's classes on NumPy bf16 bits (uint16) through a registered provider that declares bf16
-    and takes host arrays (blublas' NumPy reference)."""
+    and takes host arrays (a NumPy reference, found by its HOST_ARRAYS capability)."""
     from blutensor import ext
     from blutensor.backend import f32_to_bf16_bits
     from blutensor.cuda_ops import cast, linalg

@@ -385,14 +385,16 @@ def test_embedding_backward_mode_setting(monkeypatch):
     from blutensor.cuda_ops import embedding
 
     monkeypatch.delenv("BLUTRAIN_EMBEDDING_BWD", raising=False)
+    bt.policy.reset_defaults()
     assert embedding.backward_mode() == "segments"
+    with bt.policy.scope(embedding_backward="runs"):
+        assert embedding.backward_mode() == "runs"
+    assert bt.ExecutionPolicy.from_env({"BLUTRAIN_EMBEDDING_BWD": "Pieces"}).embedding_backward == "pieces"
     monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", "runs")
+    bt.policy.reset_defaults()
     assert embedding.backward_mode() == "runs"
-    monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", "Pieces")
-    assert embedding.backward_mode() == "pieces"
-    monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", "atomics")
     with pytest.raises(ValueError, match="BLUTRAIN_EMBEDDING_BWD"):
-        embedding.backward_mode()
+        bt.ExecutionPolicy.from_env({"BLUTRAIN_EMBEDDING_BWD": "atomics"})
 
 
 def test_cpu_adamw_reference():
@@ -478,9 +480,13 @@ def test_bad_index_clear_error_cpu_twin(monkeypatch):
     with pytest.raises(ShapeError, match="cross_entropy: target index 8"):
         F.cross_entropy(w[:2], bt.tensor(np.array([1, 8])))
     for v, m in (("sync", "sync"), ("eager", "sync"), ("0", "off"), ("lazy", "lazy"), ("1", "lazy")):
-        monkeypatch.setenv("BLUTRAIN_VALIDATE_INDICES", v)
-        assert index_check.mode() == m
-    monkeypatch.delenv("BLUTRAIN_VALIDATE_INDICES")
+        assert bt.ExecutionPolicy.from_env({"BLUTRAIN_VALIDATE_INDICES": v}).validate_indices == m
+        with bt.policy.scope(validate_indices=m):
+            assert index_check.mode() == m
+    with pytest.raises(ValueError, match="BLUTRAIN_VALIDATE_INDICES must be one of"):
+        bt.ExecutionPolicy.from_env({"BLUTRAIN_VALIDATE_INDICES": "sometimes"})
+    monkeypatch.delenv("BLUTRAIN_VALIDATE_INDICES", raising=False)
+    bt.policy.reset_defaults()
     assert index_check.mode() == "lazy"
 
 

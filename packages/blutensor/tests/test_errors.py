@@ -87,7 +87,7 @@ def test_view_and_reshape_errors(device):
 def test_index_range_errors(dtype, device, monkeypatch):
     """Out-of-range class targets and embedding indices (float32 on CUDA runs the fused kernels, whose default
     check is lazy -- raised by index_check.raise_pending, see test_cuda_kernels -- so here raise at the call)."""
-    monkeypatch.setenv("BLUTRAIN_VALIDATE_INDICES", "sync")
+    bt.policy.update(validate_indices="sync")  # conftest resets the policy after the test
     with pytest.raises(bt.ShapeError, match=r"cross_entropy: target index 7 out of range for 5 classes"):
         F.cross_entropy(bt.zeros(3, 5, dtype=dtype, device=device), bt.tensor([0, 7, 1], device=device))
     with pytest.raises(bt.ShapeError, match=r"embedding: index (4 )?out of range \[0, 4\)"):

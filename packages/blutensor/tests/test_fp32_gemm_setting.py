@@ -1,19 +1,20 @@
-"""bt.set_fp32_gemm / BLUTRAIN_FP32_GEMM: the fp32 GEMM algorithm (strict SGEMM or fp32-accurate 3xTF32)."""
+"""bt.set_fp32_gemm / BLUTRAIN_FP32_GEMM: the fp32 GEMM algorithm (strict SGEMM or fp32-accurate 3xTF32), the
+execution policy's ``fp32_gemm`` (the variable is read once: ``bt.policy.reset_defaults()`` reads it again)."""
 
 from __future__ import annotations
 
 import blutensor as bt
 import numpy as np
 import pytest
-from blutensor import gemm
 
 
 @pytest.fixture(autouse=True)
 def _restore(monkeypatch):
     monkeypatch.delenv("BLUTRAIN_FP32_GEMM", raising=False)
+    bt.policy.reset_defaults()
     yield
     monkeypatch.delenv("BLUTRAIN_FP32_GEMM", raising=False)
-    gemm.set_fp32_gemm(None)
+    bt.policy.reset_defaults()
 
 
 def test_default_is_strict_and_setting_round_trips():
@@ -28,15 +29,20 @@ def test_default_is_strict_and_setting_round_trips():
 def test_env_var_chooses_when_not_set(monkeypatch):
     bt.set_fp32_gemm(None)
     monkeypatch.setenv("BLUTRAIN_FP32_GEMM", "3xtf32")
+    assert bt.get_fp32_gemm() == "strict"  # read once: a later change of the environment changes nothing
+    bt.policy.reset_defaults()
+    assert bt.get_fp32_gemm() == "3xtf32"
+    bt.set_fp32_gemm("strict")
+    bt.set_fp32_gemm(None)  # back to what the environment asked for
     assert bt.get_fp32_gemm() == "3xtf32"
 
 
 def test_bad_values_name_the_setting(monkeypatch):
     with pytest.raises(ValueError, match="fp32"):
         bt.set_fp32_gemm("fast")
-    bt.set_fp32_gemm(None)
     monkeypatch.setenv("BLUTRAIN_FP32_GEMM", "tf32")
-    with pytest.raises(ValueError, match="BLUTRAIN_FP32_GEMM"):
+    bt.policy.reset_defaults()
+    with pytest.raises(ValueError, match=r"BLUTRAIN_FP32_GEMM must be one of \('strict', '3xtf32'\), got 'tf32'"):
         bt.get_fp32_gemm()
 
 
@@ -68,6 +74,7 @@ def test_3xtf32_keeps_long_reductions_strict(monkeypatch):
     from blutensor import gemm
 
     monkeypatch.delenv("BLUTRAIN_3XTF32_MAX_K", raising=False)
+    bt.policy.reset_defaults()
     bt.set_fp32_gemm("3xtf32")
     _Recorder.calls.clear()
     rng = np.random.default_rng(1)
@@ -77,12 +84,17 @@ def test_3xtf32_keeps_long_reductions_strict(monkeypatch):
     out = gemm._call(_Recorder, long_.T, long_, "3xtf32", np)
     np.testing.assert_allclose(out, long_.T.astype(np.float64) @ long_, rtol=1e-4, atol=1e-3)
     assert [c[2] for c in _Recorder.calls] == ["3xtf32", "fp32"] and _Recorder.calls[1][1] is True
+    with bt.policy.scope(max_3xtf32_k=100000):
+        gemm._call(_Recorder, long_.T, long_, "3xtf32", np)
+    assert _Recorder.calls[-1][2] == "3xtf32"
     monkeypatch.setenv("BLUTRAIN_3XTF32_MAX_K", "100000")
+    bt.policy.reset_defaults()
+    bt.set_fp32_gemm("3xtf32")
     gemm._call(_Recorder, long_.T, long_, "3xtf32", np)
     assert _Recorder.calls[-1][2] == "3xtf32"
     gemm._call(_Recorder, long_.T, long_, "tf32", np)  # other precisions are never touched
     assert _Recorder.calls[-1][2] == "tf32"
     monkeypatch.setenv("BLUTRAIN_3XTF32_MAX_K", "lots")
+    bt.policy.reset_defaults()
     with pytest.raises(ValueError, match="BLUTRAIN_3XTF32_MAX_K"):
         gemm._call(_Recorder, short, short.T, "3xtf32", np)
-    bt.set_fp32_gemm(None)

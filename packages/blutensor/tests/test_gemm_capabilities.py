@@ -74,9 +74,9 @@ def test_3xtf32_runs_only_on_providers_declaring_it(host, monkeypatch):
 
     a = np.ones((2, 3), np.float32)
     b = np.ones((3, 2), np.float32)
-    monkeypatch.setattr(gemm, "_fp32_gemm", "3xtf32")
-    for p in (provider("p-strict", ("fp32",)), provider("p-split", ("fp32", "3xtf32"))):
-        gemm.provider_matmul(p, a, b, np)
+    with bt.policy.scope(fp32_gemm="3xtf32"):
+        for p in (provider("p-strict", ("fp32",)), provider("p-split", ("fp32", "3xtf32"))):
+            gemm.provider_matmul(p, a, b, np)
     assert seen == [("p-strict", "fp32"), ("p-split", "3xtf32")]
 
 

@@ -185,9 +185,22 @@ def test_function_with_grad_into_adds_into_the_buffer():
 
 
 # ---------------------------------------------------------------- the CUDA formulas, on NumPy (fake CuPy)
+def _host_provider():
+    """An installed GEMM provider that declares bf16, ACCUMULATE (beta = 1) and HOST_ARRAYS (a NumPy reference),
+    found by those capabilities; the test skips where none is installed."""
+    from blutensor import ext
+
+    for p in ext.gemm_providers():
+        if ("bf16" in getattr(p, "PRECISIONS", ()) and getattr(p, "ACCUMULATE", False)
+                and getattr(p, "HOST_ARRAYS", False)):
+            return p
+    pytest.skip("no installed GEMM provider declares bf16 and ACCUMULATE on host arrays")
+
+
 def test_provider_matmul_into_equals_product_plus_add():
-    """The beta = 1 GEMM of blublas' provider (its NumPy reference) equals out + a @ b (fp32 and bf16 inputs)."""
-    hooks = pytest.importorskip("blublas.hooks")
+    """The beta = 1 GEMM of a host-array provider (its NumPy reference) equals out + a @ b (fp32 and bf16
+    inputs)."""
+    prov = _host_provider()
     from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
     from blutensor.gemm import provider_matmul_into
 
@@ -197,29 +210,29 @@ def test_provider_matmul_into_equals_product_plus_add():
     out0 = r.standard_normal((40, 9)).astype(np.float32)
     for prec, tol in (("fp32", 1e-5), ("tf32", 3e-3)):
         out = out0.copy()
-        provider_matmul_into(hooks.BluBLASProvider, a, b, out, np, precision=prec)
+        provider_matmul_into(prov, a, b, out, np, precision=prec)
         ref = out0.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
         np.testing.assert_allclose(out, ref, rtol=tol, atol=10 * tol)
     # bf16 operands (uint16 bits), float32 out: the transposed-A layout of a weight gradient
     ab, bb = f32_to_bf16_bits(a, np), f32_to_bf16_bits(r.standard_normal((40, 9)).astype(np.float32), np)
     w0 = r.standard_normal((24, 9)).astype(np.float32)
     out = w0.copy()
-    provider_matmul_into(hooks.BluBLASProvider, ab.T, bb, out, np)
+    provider_matmul_into(prov, ab.T, bb, out, np)
     ref = w0.astype(np.float64) + bf16_bits_to_f32(ab, np).astype(np.float64).T @ bf16_bits_to_f32(bb, np)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="provider_matmul_into"):
-        provider_matmul_into(hooks.BluBLASProvider, a, b, np.zeros((3, 3), np.float32), np)
+        provider_matmul_into(prov, a, b, np.zeros((3, 3), np.float32), np)
 
 
 @pytest.fixture
 def numpy_as_cupy(monkeypatch):
-    """cuda_ops.linalg's classes on NumPy bf16 bits through blublas' NumPy reference provider."""
-    blublas_hooks = pytest.importorskip("blublas.hooks")
+    """cuda_ops.linalg's classes on NumPy bf16 bits through a host-array provider (found by its capabilities)."""
+    prov = _host_provider()
     from blutensor.backend import f32_to_bf16_bits
     from blutensor.cuda_ops import cast, linalg
 
     monkeypatch.setattr(linalg, "cupy", lambda: np)
-    monkeypatch.setattr(linalg, "bf16_provider", lambda: blublas_hooks.BluBLASProvider)
+    monkeypatch.setattr(linalg, "bf16_provider", lambda: prov)
     monkeypatch.setattr(cast, "to_bf16", lambda a: f32_to_bf16_bits(a, np))
     monkeypatch.setattr(linalg, "_ones_bf16", lambda n: np.full((1, n), 0x3F80, dtype=np.uint16))
     return linalg

@@ -11,7 +11,7 @@ R = np.random.default_rng(11)
 
 
 class _Recorder:
-    """A provider with blublas' operand contract (2-D/3-D, unit-stride last axis) that records its calls."""
+    """A provider with the plugin operand contract (2-D/3-D, unit-stride last axis) that records its calls."""
 
     calls: list = []
 

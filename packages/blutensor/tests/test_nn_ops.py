@@ -218,7 +218,7 @@ def test_float32_nn_ops_close_to_torch(device):
 
 
 class _StrictProvider:
-    """A GEMM provider with blublas's operand contract: 2-D or 3-D, last axis contiguous, trans flags."""
+    """A GEMM provider with the plugin operand contract: 2-D or 3-D, last axis contiguous, trans flags."""
 
     calls: list = []
 

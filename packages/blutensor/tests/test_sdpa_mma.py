@@ -177,6 +177,7 @@ def device(monkeypatch):
     monkeypatch.setattr(sdpa, "_compute_capability", lambda: state["cc"])
     monkeypatch.setattr(sdpa, "smem_optin", lambda: state["smem"])
     monkeypatch.delenv("BLUTRAIN_SDPA_FP32", raising=False)
+    bt.policy.reset_defaults()
     prec = get_matmul_precision()
     yield state
     set_matmul_precision(prec)
@@ -191,21 +192,26 @@ def test_pick_variant(device, monkeypatch):
     assert sdpa.pick_variant(f32, 32) == "f32"
     assert sdpa.pick_variant(f32, 48) is None
     assert sdpa.pick_variant(u16, 64) == "bf16_wgmma"  # sm_90: the Hopper kernels (test_sdpa_wgmma.py)
-    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "TF32X3")
-    assert sdpa.pick_variant(f32, 64) == "tf32x3"
-    assert sdpa.pick_variant(f32, 128) == "tf32x3"
-    assert sdpa.pick_variant(f32, 32) == "f32"  # head dim the mma kernels lack
+    assert bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_FP32": "TF32X3"}).attention_fp32 == "tf32x3"
+    with bt.policy.scope(attention_fp32="tf32x3"):
+        assert sdpa.pick_variant(f32, 64) == "tf32x3"
+        assert sdpa.pick_variant(f32, 128) == "tf32x3"
+        assert sdpa.pick_variant(f32, 32) == "f32"  # head dim the mma kernels lack
+    with bt.policy.scope(attention_fp32="simt"):
+        assert sdpa.pick_variant(f32, 64) == "f32"
     monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "simt")
+    bt.policy.reset_defaults()
     assert sdpa.pick_variant(f32, 64) == "f32"
     monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "fast")
+    bt.policy.reset_defaults()
     with pytest.raises(ValueError, match="BLUTRAIN_SDPA_FP32"):
         sdpa.pick_variant(f32, 64)
     monkeypatch.delenv("BLUTRAIN_SDPA_FP32")
+    bt.policy.reset_defaults()
     for prec in ("tf32", "bf16"):
         set_matmul_precision(prec)
         assert sdpa.pick_variant(f32, 64) == "tf32"
     set_matmul_precision("fp32")
-    monkeypatch.setenv("BLUTRAIN_SDPA_FP32", "tf32x3")
     device["cc"] = 75  # no tf32 mma.sync before sm_80
     assert sdpa.pick_variant(f32, 64) == "f32"
     device["cc"] = 80
@@ -238,49 +244,45 @@ def test_fused_backward_choice(device, monkeypatch):
     does not fit."""
     monkeypatch.delenv("BLUTRAIN_SDPA_BWD", raising=False)
     monkeypatch.delenv("BLUTRAIN_DETERMINISTIC", raising=False)
+    bt.policy.reset_defaults()
     assert sdpa.fused_backward("tf32x3", 64) and not sdpa.fused_backward("tf32", 64)
     assert not sdpa.fused_backward("bf16", 64) and not sdpa.fused_backward("f32", 64)
-    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "fused")
-    assert sdpa.fused_backward("tf32", 128) and not sdpa.fused_backward("bf16", 64)
-    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "split")
-    assert not sdpa.fused_backward("tf32x3", 64)
-    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "atomic")
+    with bt.policy.scope(attention_backward="fused"):
+        assert sdpa.fused_backward("tf32", 128) and not sdpa.fused_backward("bf16", 64)
+    with bt.policy.scope(attention_backward="split"):
+        assert not sdpa.fused_backward("tf32x3", 64)
     with pytest.raises(ValueError, match="BLUTRAIN_SDPA_BWD"):
-        sdpa.fused_backward("tf32x3", 64)
+        bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_BWD": "atomic"})
     monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "fused")
     monkeypatch.setenv("BLUTRAIN_DETERMINISTIC", "1")
+    bt.policy.reset_defaults()
     assert not sdpa.fused_backward("tf32x3", 64)
     bt.use_deterministic_algorithms(False)  # the API call wins over the environment
-    try:
-        assert sdpa.fused_backward("tf32x3", 64)
-        device["smem"] = sdpa._mma_smem("tf32x3", 128, "fused") - 1
-        assert not sdpa.fused_backward("tf32x3", 128) and sdpa.fused_backward("tf32x3", 64)
-    finally:
-        from blutensor import determinism
-
-        determinism._reset()
+    assert sdpa.fused_backward("tf32x3", 64)
+    with bt.policy.scope(deterministic=True):
+        assert not sdpa.fused_backward("tf32x3", 64)
+    assert sdpa.fused_backward("tf32x3", 64)
+    device["smem"] = sdpa._mma_smem("tf32x3", 128, "fused") - 1
+    assert not sdpa.fused_backward("tf32x3", 128) and sdpa.fused_backward("tf32x3", 64)
 
 
 def test_deterministic_switch(monkeypatch):
     """bt.use_deterministic_algorithms / BLUTRAIN_DETERMINISTIC: off by default, the API wins, bad values named."""
-    from blutensor import determinism
-
     monkeypatch.delenv("BLUTRAIN_DETERMINISTIC", raising=False)
-    determinism._reset()
-    try:
-        assert bt.are_deterministic_algorithms_enabled() is False
-        monkeypatch.setenv("BLUTRAIN_DETERMINISTIC", "1")
-        assert bt.are_deterministic_algorithms_enabled() is True
-        bt.use_deterministic_algorithms(False)
-        assert bt.are_deterministic_algorithms_enabled() is False
-        with pytest.raises(TypeError, match="bool"):
-            bt.use_deterministic_algorithms(1)
-        determinism._reset()
-        monkeypatch.setenv("BLUTRAIN_DETERMINISTIC", "maybe")
-        with pytest.raises(ValueError, match="BLUTRAIN_DETERMINISTIC"):
-            bt.are_deterministic_algorithms_enabled()
-    finally:
-        determinism._reset()
+    bt.policy.reset_defaults()
+    assert bt.are_deterministic_algorithms_enabled() is False
+    monkeypatch.setenv("BLUTRAIN_DETERMINISTIC", "1")
+    assert bt.are_deterministic_algorithms_enabled() is False  # read once, at first use
+    bt.policy.reset_defaults()
+    assert bt.are_deterministic_algorithms_enabled() is True
+    bt.use_deterministic_algorithms(False)
+    assert bt.are_deterministic_algorithms_enabled() is False
+    with pytest.raises(TypeError, match="bool"):
+        bt.use_deterministic_algorithms(1)
+    monkeypatch.setenv("BLUTRAIN_DETERMINISTIC", "maybe")
+    bt.policy.reset_defaults()
+    with pytest.raises(ValueError, match="BLUTRAIN_DETERMINISTIC must be 0 or 1, got 'maybe'"):
+        bt.are_deterministic_algorithms_enabled()
 
 
 def test_mma_warps_mirror_the_entries():
@@ -317,7 +319,7 @@ def test_cuda_tf32x3_matches_reference(L, S, causal, mode, monkeypatch):
     (both backward modes) at the SIMT fp32 tolerances."""
     import cupy as cp
 
-    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", mode)
+    bt.policy.update(attention_backward=mode)  # reset by conftest
 
     hd = 64
     q, k, v, do = (RNG.standard_normal((2, n, hd)).astype(np.float32) for n in (L, S, S, L))

@@ -91,7 +91,7 @@ def test_cuda_strided_qkv_entries_match_float64(variant, mode, hd, causal, monke
     cp = _cupy()
     from blutensor.cuda_ops.sdpa import qkv_attention_backward, qkv_attention_forward
 
-    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", mode)
+    bt.policy.update(attention_backward=mode)  # reset by conftest
     B, H, T = 2, 3, 150
     rng = np.random.default_rng([T, hd, int(causal)])
     qkv, qkv64 = _dev(cp, rng.standard_normal((B, T, 3, H, hd)), variant)
@@ -116,7 +116,7 @@ def test_cuda_strided_qkv_entries_match_float64(variant, mode, hd, causal, monke
 def test_cuda_dense_entries_over_many_tiles_match_float64(variant, mode, hd, causal, monkeypatch):
     """1000 queries and keys: many query and key tiles, the causal diagonal crossing tile edges."""
     cp = _cupy()
-    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", mode)
+    bt.policy.update(attention_backward=mode)  # reset by conftest
     errs = _dense(cp, variant, 2, 1000, 1000, hd, causal, seed=1000 + hd + int(causal))
     _assert_within(errs, variant, f"{variant}/{mode} dense 1000 hd={hd} causal={causal}")
 
@@ -126,7 +126,7 @@ def test_cuda_dense_entries_over_many_tiles_match_float64(variant, mode, hd, cau
 def test_cuda_tf32x3_error_tracks_the_simt_fp32_kernel(hd, mode, monkeypatch):
     """fp32 on the matrix units: on the same inputs tf32x3's error is a small multiple of the SIMT kernel's."""
     cp = _cupy()
-    monkeypatch.setenv("BLUTRAIN_SDPA_BWD", mode)
+    bt.policy.update(attention_backward=mode)  # reset by conftest
     for L, S, causal in ((77, 77, True), (100, 130, False), (1000, 1000, True)):
         seed = L * 7 + S + hd + int(causal)
         e32 = max(_dense(cp, "f32", 3, L, S, hd, causal, seed).values())
@@ -141,7 +141,7 @@ def test_cuda_deterministic_backward_is_bitwise_repeatable(variant, monkeypatch)
     cp = _cupy()
     from blutensor.cuda_ops.sdpa import qkv_attention_backward, qkv_attention_forward
 
-    monkeypatch.delenv("BLUTRAIN_SDPA_BWD", raising=False)
+    bt.policy.update(attention_backward="auto")
     rng = np.random.default_rng(3)
     qkv, _ = _dev(cp, rng.standard_normal((2, 512, 3, 4, 64)), variant)
     do, _ = _dev(cp, rng.standard_normal((2, 512, 4, 64)), variant)
@@ -154,7 +154,7 @@ def test_cuda_deterministic_backward_is_bitwise_repeatable(variant, monkeypatch)
         bt.use_deterministic_algorithms(False)
     assert bool(cp.array_equal(g1, g2))
     if variant in FUSED:
-        monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "fused")
+        bt.policy.update(attention_backward="fused")  # reset by conftest
         f1, f2 = (_host(cp, qkv_attention_backward(qkv, o, lse, do, True, None, variant)) for _ in range(2))
         split = _host(cp, g1)
         assert ref.rel_err(f1, f2) <= TOL[variant]["bwd"]

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import blutensor as bt
 import numpy as np
 import pytest
 from blutensor.cuda_ops import sdpa, tma
@@ -145,6 +146,7 @@ def device(monkeypatch):
     monkeypatch.setattr(sdpa, "_compute_capability", lambda: state["cc"])
     monkeypatch.setattr(sdpa, "smem_optin", lambda: 227 * 1024)
     monkeypatch.delenv("BLUTRAIN_SDPA_KERNEL", raising=False)
+    bt.policy.reset_defaults()
     return state
 
 
@@ -152,18 +154,21 @@ def test_pick_variant_and_the_kernel_setting(device, monkeypatch):
     u16 = np.dtype(np.uint16)
     assert sdpa.pick_variant(u16, 64) == "bf16_wgmma" and sdpa.pick_variant(u16, 128) == "bf16_wgmma"
     assert sdpa.pick_variant(u16, 32) is None
-    monkeypatch.setenv("BLUTRAIN_SDPA_KERNEL", "mma")
-    assert sdpa.pick_variant(u16, 64) == "bf16"
+    with bt.policy.scope(attention="mma"):
+        assert sdpa.pick_variant(u16, 64) == "bf16"
     monkeypatch.setenv("BLUTRAIN_SDPA_KERNEL", "Wgmma")
+    bt.policy.reset_defaults()  # the variable is read once, at first use
+    assert bt.policy.current().attention == "wgmma"
     assert sdpa.pick_variant(u16, 64) == "bf16_wgmma"
     device["cc"] = 80
-    with pytest.raises(ValueError, match="BLUTRAIN_SDPA_KERNEL=wgmma needs an sm_90"):
+    with pytest.raises(ValueError, match=r"attention='wgmma' \(BLUTRAIN_SDPA_KERNEL=wgmma\) needs an sm_90"):
         sdpa.pick_variant(u16, 64)
-    monkeypatch.setenv("BLUTRAIN_SDPA_KERNEL", "auto")
-    assert sdpa.pick_variant(u16, 64) == "bf16"  # sm_80: mma.sync
-    monkeypatch.setenv("BLUTRAIN_SDPA_KERNEL", "fast")
-    with pytest.raises(ValueError, match="BLUTRAIN_SDPA_KERNEL must be one of"):
-        sdpa.pick_variant(u16, 64)
+    with bt.policy.scope(attention="auto"):
+        assert sdpa.pick_variant(u16, 64) == "bf16"  # sm_80: mma.sync
+    with pytest.raises(ValueError, match=r"BLUTRAIN_SDPA_KERNEL must be one of \('auto', 'wgmma', 'mma'\)"):
+        bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_KERNEL": "fast"})
+    with pytest.raises(ValueError, match=r"ExecutionPolicy.attention must be one of \('auto', 'wgmma', 'mma'\)"):
+        bt.policy.scope(attention="fast")
 
 
 # ---------------------------------------------------------------------------------------------------- GPU

@@ -1,5 +1,6 @@
 """cuda_ops/sort.py: the sync-free stable radix argsort equals NumPy's stable argsort (CPU reference)."""
 
+import blutensor as bt
 import numpy as np
 import pytest
 from blutensor.cuda_ops.sort import stable_argsort
@@ -68,7 +69,7 @@ def test_cuda_embedding_backward_modes(mode, monkeypatch):
     from blutensor.cuda_graph import CUDAGraph, graph
     from blutensor.cuda_ops.embedding import embedding_backward
 
-    monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", mode)
+    bt.policy.update(embedding_backward=mode)  # conftest resets the policy after the test
     rng = np.random.default_rng(1)
     idx_h = rng.integers(0, 997, size=5000)
     idx_h[rng.permutation(5000)[:1800]] = 5
@@ -97,7 +98,7 @@ def test_cuda_embedding_backward_segments_bitwise_and_accumulating(gdtype, monke
     from blutensor.cuda_ops import embedding
     from test_cuda_kernels import segments_emulation
 
-    monkeypatch.delenv("BLUTRAIN_EMBEDDING_BWD", raising=False)
+    bt.policy.update(embedding_backward="segments")
     rng = np.random.default_rng(2)
     V, C, N = 1000, 200, 5003
     idx_h = rng.integers(0, V - 10, size=N)
@@ -125,7 +126,7 @@ def test_cuda_embedding_backward_gpt2_shape_time(monkeypatch):
     cp = _cupy_with_gpu()
     from blutensor.cuda_ops.embedding import embedding_backward
 
-    monkeypatch.delenv("BLUTRAIN_EMBEDDING_BWD", raising=False)
+    bt.policy.update(embedding_backward="segments")
     rng = np.random.default_rng(3)
     N, V, C = 16384, 50257, 768
     idx_h = np.minimum(rng.zipf(1.2, size=N) - 1, V - 1)

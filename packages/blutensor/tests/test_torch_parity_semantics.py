@@ -301,7 +301,7 @@ def test_missing_ops_say_they_are_missing():
 
 
 def test_bad_arguments_of_new_ops_are_named(device, monkeypatch):
-    monkeypatch.setenv("BLUTRAIN_VALIDATE_INDICES", "sync")  # CUDA: raise at the call (CPU always does)
+    bt.policy.update(validate_indices="sync")  # CUDA: raise at the call (CPU always does); reset by conftest
     x = bt.zeros(3, 4, device=device)
     with pytest.raises(bt.ShapeError, match="gather: index 4 is out of range for dim of size 4"):
         bt.gather(x, 1, bt.tensor([[4]], device=device))
@@ -335,7 +335,7 @@ def test_gather_index_check_is_lazy_on_cuda(monkeypatch):
     """Default 'lazy' mode on CUDA: no host sync at the call; the bad index is raised by raise_pending."""
     from blutensor.cuda_ops import index_check
 
-    monkeypatch.setenv("BLUTRAIN_VALIDATE_INDICES", "lazy")
+    bt.policy.update(validate_indices="lazy")
     index_check.raise_pending()  # nothing left over from earlier tests
     x = bt.zeros(3, 4, device="cuda")
     bt.gather(x, 1, bt.tensor([[1], [9], [0]], device="cuda"))

@@ -4,7 +4,8 @@
 (cublas, blublas, xp); any other value names a registered provider (``blutrain plugins`` lists them; "cupy" is
 the built-in ``xp`` provider, CuPy's matmul). A provider is never recognised by its name: what the rest of the
 config asks of it is checked against what it declares (``PRECISIONS``, ``CAPTURE_SAFE``), at validation, so a
-misfit is a ConfigError before any work. The Trainer applies the choice once, at start, on CUDA devices.
+misfit is a ConfigError before any work. The Trainer resolves the choice once, at start, on CUDA devices, into the
+``gemm`` field of the run's execution policy (blumodels.execution.policy_from_config).
 """
 
 from __future__ import annotations
@@ -70,26 +71,36 @@ def check(train: Any) -> None:
                           + " (choose another provider or change those keys)")
 
 
-def apply(train: Any, device: str) -> type | None:
-    """Select the provider for this process (CUDA devices only; host GEMMs use no provider) and return it;
-    "auto" resolves through ``BLUTRAIN_GEMM`` and the documented order. An unavailable or misfitting provider is
-    a ConfigError naming ``train.gemm``."""
+def resolve(train: Any, device: str) -> type | None:
+    """The provider class this run's GEMMs use (CUDA devices only: host GEMMs use no provider, None); "auto"
+    resolves through ``BLUTRAIN_GEMM`` (the execution policy's environment default, read once) and the documented
+    order. An unavailable or misfitting provider is a ConfigError naming ``train.gemm``. Selects nothing."""
     if not str(device).startswith("cuda"):
         return None
     import blutensor as bt
-    from blutensor.ext import PluginError, get_gemm_provider, get_host
+    from blutensor.ext import PluginError, get_host
 
     from blumodels.config import ConfigError
 
+    name = bt.policy.env_defaults().gemm if train.gemm == "auto" else ALIASES.get(train.gemm, train.gemm)
     try:
-        if train.gemm == "auto":
-            prov = get_host().registry("gemm").select()
-        else:
-            prov = get_host().registry("gemm").select(ALIASES.get(train.gemm, train.gemm))
+        prov = get_host().registry("gemm").select(None if name == "auto" else name, env=False)
     except PluginError as e:
         raise ConfigError(f"train.gemm = {train.gemm!r}: {e}") from None
     if train.gemm == "auto" and (bad := misfits(prov, train)):
         raise ConfigError(f"train.gemm = 'auto' resolved to {prov.PLUGIN_NAME!r}, which cannot serve this run: "
                           + "; ".join(bad) + " (name a provider in train.gemm)")
+    return prov
+
+
+def apply(train: Any, device: str) -> type | None:
+    """:func:`resolve`, then select that provider for the current execution policy (the active scope's, else the
+    process default) and return it. The Trainer does not call this: its policy (blumodels.execution) holds it."""
+    prov = resolve(train, device)
+    if prov is None:
+        return None
+    import blutensor as bt
+    from blutensor.ext import get_gemm_provider
+
     bt.set_gemm_provider(prov.PLUGIN_NAME)
     return get_gemm_provider()

@@ -8,6 +8,7 @@ parameters, as nanoGPT and llm.c do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import numbers
@@ -201,6 +202,20 @@ def _eta(tr: Any, step: int, total: int) -> str:
     return f"elapsed {fmt(now - t0)}, ETA {fmt(left)}"
 
 
+def _in_policy(fn):
+    """Run a Trainer method under the run's execution policy (``self.policy``, once built)."""
+
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        pol = getattr(self, "policy", None)
+        if pol is None:
+            return fn(self, *args, **kwargs)
+        with pol.use():
+            return fn(self, *args, **kwargs)
+
+    return run
+
+
 class Trainer:
     """Trains a GPT-2 from a RunConfig into ``out_dir`` (log.jsonl, checkpoints/, loss.png).
 
@@ -246,18 +261,19 @@ class Trainer:
         if cfg.train.cuda_graph is True and not self.device.startswith("cuda"):
             raise ConfigError(f"train.cuda_graph = true needs a CUDA device; train.device={cfg.train.device!r} "
                               f"resolved to {self.device!r} (set train.cuda_graph = false or \"auto\" on CPU)")
-        bt.use_deterministic_algorithms(bool(cfg.train.deterministic))
         # CPU threads (GEMM row blocks and the compiled kernels): train.threads, else blutensor's default (an
         # earlier bt.set_num_threads call by a launcher, or the usable cores divided by the ranks on this node)
         bt.set_num_threads(cfg.train.threads or bt.get_num_threads())
-        if self.device.startswith("cuda"):
-            bt.set_matmul_precision(cfg.train.precision)
-            from blutensor import set_fp32_gemm
+        from blumodels.execution import policy_from_config
 
-            set_fp32_gemm(cfg.train.fp32_gemm)
-        from blumodels import gemm_choice
+        # precision, fp32_gemm, the GEMM provider and determinism: one policy, the one place they are chosen; the
+        # rest of the set-up and every public method run inside it (_in_policy)
+        self.policy = policy_from_config(cfg.train, self.device)
+        with self.policy.use():
+            self._init_run(cfg, resume)
 
-        gemm_choice.apply(cfg.train, self.device)  # the one place the run's GEMM provider is chosen
+    def _init_run(self, cfg: RunConfig, resume: bool) -> None:
+        """The set-up that runs under the run's execution policy: data, model, optimizer, loaders, step, resume."""
         if not cfg.data.dir:  # rank 0 prepares <out>/data when missing, the other ranks then find it prepared
             failed: BaseException | None = None
             if self.dist.is_main:
@@ -348,6 +364,7 @@ class Trainer:
     def log_path(self) -> Path:
         return self.out / "log.jsonl"
 
+    @_in_policy
     def resume(self) -> bool:
         """Restore the newest good checkpoint; returns False when there is none.
 
@@ -502,6 +519,7 @@ class Trainer:
                 keep.append(ln)
         self.log_path.write_text("".join(ln + "\n" for ln in keep))
 
+    @_in_policy
     def save_checkpoint(self) -> None:
         if getattr(self, "_saved_step", None) == self.step:
             return  # this step is committed already
@@ -525,6 +543,7 @@ class Trainer:
         self.log(f"[blutrain] async checkpoint: {nbytes / 2**30:.2f} GiB of pinned snapshot buffers in {secs:.2f} s")
 
     # ------------------------------------------------------------------ evaluation
+    @_in_policy
     def evaluate(self, steps: int | None = None) -> float:
         """Mean validation loss over ``eval_steps`` batches from the start of the validation split."""
         n = steps or self.cfg.train.eval_steps
@@ -545,6 +564,7 @@ class Trainer:
         self.model.train()
         return self.dist.mean([total / n], self.device)[0]
 
+    @_in_policy
     def sample(self, prompt: str | None = None, tokens: int | None = None, seed: int | None = None) -> str:
         from blumodels.data.tokenizer import load_tokenizer
         from blumodels.sampling import sample_text
@@ -557,6 +577,7 @@ class Trainer:
                            tokens or t.sample_tokens or 100, top_k=t.top_k, temperature=t.temperature,
                            seed=t.seed if seed is None else seed, top_p=t.top_p)
 
+    @_in_policy
     def gather_for_sample(self) -> None:
         """Sharded runs: gather the full parameters (a collective on every rank) for :meth:`sample`."""
         params, _, _ = self.dist.par.full_state(None)
@@ -590,7 +611,7 @@ class Trainer:
 
     def _autocast(self) -> bt.autocast:
         """bf16 autocast around forward + loss when train.precision is 'bf16' (fp32 masters and AdamW state)."""
-        return bt.autocast(self.device.split(":")[0], dtype=bt.bfloat16, enabled=self.cfg.train.precision == "bf16")
+        return self.policy.autocast(self.device.split(":")[0])
 
     def _build_step(self) -> None:
         """The step (step.py) and how it runs: captured after warm-up when train.cuda_graph allows it, through
@@ -665,6 +686,7 @@ class Trainer:
             self._captured = cap
         return self._captured
 
+    @_in_policy
     def train_step(self) -> dict[str, Any]:
         """One optimisation step (grad_accum micro-steps) of the one step definition (step.py), eager, captured
         or compiled; returns its log record. The host reads the step's loss, norm and verdict once, after it."""
@@ -721,6 +743,7 @@ class Trainer:
             rec["skipped"] = True
         return rec
 
+    @_in_policy
     def fit(self, steps: int | None = None, save_final: bool = True) -> dict[str, Any]:
         """Train until ``steps`` (default train.steps) steps are done, checkpoint, return a summary.
 

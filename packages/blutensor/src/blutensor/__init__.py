@@ -4,12 +4,14 @@
 """
 
 from blutensor import (  # noqa: E402,F401
+    backends,  # PyTorch's flags: bt.backends.cuda.matmul.allow_tf32 (the execution policy's precision)
     cpu_ops,  # compiled CPU kernels: status() says whether they are in use (nothing is built at import)
     cuda,  # noqa: F401
     ext,  # the supported surface for packages that extend blutensor (compilers, profilers, strategies)
     kernel_cache,  # noqa: F401  (integrity checks of on-disk compiled-kernel caches)
     nn,
     optim,
+    policy,  # the execution policy: bt.policy.current(), bt.policy.scope(...), bt.ExecutionPolicy
     utils,  # noqa: F401
 )
 from blutensor.__about__ import __version__
@@ -149,6 +151,7 @@ from blutensor.gemm import (
     set_gemm_provider,
     set_matmul_precision,
 )
+from blutensor.policy import ExecutionPolicy  # noqa: E402
 from blutensor.random import Generator, get_rng_state, initial_seed, manual_seed, randperm, set_rng_state
 from blutensor.reshaping import diagonal, t  # noqa: E402
 from blutensor.serialization import load, save
@@ -187,4 +190,5 @@ __all__ = [
     "tril_indices", "triu_indices", "true_divide", "unbind",
     "get_num_threads", "set_num_threads",
     "ext",
+    "ExecutionPolicy", "policy", "backends",
 ]

@@ -3,36 +3,24 @@
 Off by default, as in PyTorch: kernels may then take faster paths whose results vary in the last bits from run
 to run (today: the fused flash-attention backward, which adds dQ with fp32 atomics). On, or with
 ``BLUTRAIN_DETERMINISTIC=1``, every kernel gives bitwise-repeatable results (bit-exact resume, fault-recovery
-replays). The API call wins over the environment variable.
+replays). The switch is the execution policy's ``deterministic`` field (:mod:`blutensor.policy`): the API call and
+``bt.policy.scope(deterministic=...)`` win over the environment variable, which is read once.
 """
 
 from __future__ import annotations
 
-import os
-
-_STATE: dict[str, bool | None] = {"on": None}
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+from blutensor import policy as _policy
 
 
 def use_deterministic_algorithms(mode: bool) -> None:
-    """Require bitwise-repeatable kernels (True) or allow faster nondeterministic ones (False, the default)."""
+    """Require bitwise-repeatable kernels (True) or allow faster nondeterministic ones (False, the default).
+    Writes the execution policy's ``deterministic`` (the active scope's, else the process default)."""
     if not isinstance(mode, bool):
         raise TypeError(f"use_deterministic_algorithms expects a bool, got {type(mode).__name__}")
-    _STATE["on"] = mode
+    _policy.update(deterministic=mode)
 
 
 def are_deterministic_algorithms_enabled() -> bool:
-    """True when deterministic kernels are required (API call, else BLUTRAIN_DETERMINISTIC)."""
-    if _STATE["on"] is not None:
-        return bool(_STATE["on"])
-    env = os.environ.get("BLUTRAIN_DETERMINISTIC", "").strip().lower()
-    if env in _TRUE:
-        return True
-    if env in _FALSE:
-        return False
-    raise ValueError(f"BLUTRAIN_DETERMINISTIC must be 0 or 1, got {env!r}")
-
-
-def _reset() -> None:
-    """Forget the API setting (tests): the environment variable decides again."""
-    _STATE["on"] = None
+    """True when deterministic kernels are required: the current execution policy's ``deterministic``
+    (``use_deterministic_algorithms``, a policy scope, else ``BLUTRAIN_DETERMINISTIC`` read at first use)."""
+    return _policy.current().deterministic

@@ -52,6 +52,11 @@ CUDA launch and compile helpers
     ``x`` + widened bf16 ``y`` in one kernel), ``bf16_gemm_provider()``
     (the provider that runs bf16 GEMMs), ``bf16_gemm(prov, a, b, trans_a=, trans_b=)``,
     ``bf16_bias_grad(prov, g)`` (column sums of bf16 ``g`` as a GEMV, float32 out).
+Execution policy
+    ``current_policy()`` the active ``ExecutionPolicy`` (``blutensor.policy``: precision, fp32 GEMM algorithm,
+    attention and embedding variants, GEMM provider, determinism, index validation); a kernel or provider that
+    chooses among variants reads the field it needs from it at call time (the ``precision=`` argument blutensor
+    passes to ``matmul`` is already resolved from it), so a ``bt.policy.scope(...)`` region reaches plugins too.
 GEMM providers
     ``get_gemm_provider()`` the selected provider class (``matmul``, ``CAPTURE_SAFE``, ``PRECISIONS``),
     ``gemm_providers()`` every registered one, ``capture_safe_gemm_providers()``, ``XpGemm`` (the built-in
@@ -115,6 +120,9 @@ _NAMES: dict[str, tuple[str, str]] = {
     "global_grad_norm": ("blutensor.cuda_ops.norm", "global_grad_norm"),
     "grad_norm_table": ("blutensor.cuda_ops.norm", "_table"),
     "lr_warmup_cosine": ("blutensor.optim.lr_scheduler", "warmup_cosine"),
+    # execution policy
+    "current_policy": ("blutensor.policy", "current"),
+    "ExecutionPolicy": ("blutensor.policy", "ExecutionPolicy"),
     # CUDA launch and compile helpers
     "kernel_source": ("blutensor.cuda_ops._loader", "source"),
     "kernel_module": ("blutensor.cuda_ops._loader", "module"),

@@ -1,32 +1,32 @@
 """GEMM provider selection for CUDA matmuls.
 
-Providers register through ``blutrain_register_gemm_providers``; ``BLUTRAIN_GEMM`` or
-:func:`set_gemm_provider` choose one; default order: cublas, blublas, xp (CuPy's matmul). Each
+Providers register through ``blutrain_register_gemm_providers``; the execution policy's ``gemm`` field
+(:mod:`blutensor.policy`: ``BLUTRAIN_GEMM``, :func:`set_gemm_provider`, ``bt.policy.scope(gemm=...)``) chooses one;
+'auto' is the default order: cublas, blublas, xp (CuPy's matmul). Each
 provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays. A provider that declares ``ACCUMULATE``
 takes ``out=C, beta=1.0`` and adds into ``C``: weight gradients are then accumulated by the GEMM itself
 (:func:`cuda_matmul_into`).
 
-Precision 'fp32' (the default, :func:`set_matmul_precision`) means fp32-accurate GEMMs. HOW they are computed
-is :func:`set_fp32_gemm` / ``BLUTRAIN_FP32_GEMM``: 'strict' (default: FP32 FFMA, SGEMM) or '3xtf32': fp32
-emulated on the TF32 tensor cores, each operand split as hi + lo (both TF32) and hi*hi + hi*lo + lo*hi
-accumulated in fp32; its error is of the order of SGEMM's (NOT TF32's, ~1000x larger) at about twice
-SGEMM's speed. Providers that declare it in ``PRECISIONS`` (blublas, cublas) run it; others run strict.
-GEMMs whose reduction is longer than :func:`max_3xtf32_k` (``BLUTRAIN_3XTF32_MAX_K``, default 4096) run strict
-even then: the tensor cores truncate their fp32 sums, and over the 16K tokens of a weight gradient that bias
-made 3xtf32's error many times SGEMM's (a small multiple at K <= 3072), enough to double the loss drift in
-training (measured: see benchmarks/results/e2e_gpt2_fp32_h200_run1.json and e2e_gpt2_fp32_h200_run2.json).
+Precision 'fp32' (the default: the policy's ``precision``, :func:`set_matmul_precision`) means fp32-accurate
+GEMMs. HOW they are computed is the policy's ``fp32_gemm`` (:func:`set_fp32_gemm` / ``BLUTRAIN_FP32_GEMM``):
+'strict' (default: FP32 FFMA, SGEMM) or '3xtf32': fp32 emulated on the TF32 tensor cores, each operand split as
+hi + lo (both TF32) and hi*hi + hi*lo + lo*hi accumulated in fp32; its error is of the order of SGEMM's (NOT
+TF32's, ~1000x larger) at about twice SGEMM's speed. Providers that declare it in ``PRECISIONS`` (blublas, cublas)
+run it; others run strict. GEMMs whose reduction is longer than :func:`max_3xtf32_k` (the policy's
+``max_3xtf32_k``, ``BLUTRAIN_3XTF32_MAX_K``, default 4096) run strict even then: the tensor cores truncate their
+fp32 sums, and over the 16K tokens of a weight gradient that bias made 3xtf32's error many times SGEMM's (a small
+multiple at K <= 3072), enough to double the loss drift in training (measured: see
+benchmarks/results/e2e_gpt2_fp32_h200_run1.json and e2e_gpt2_fp32_h200_run2.json).
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-_provider = None
-_precision = "fp32"
-FP32_GEMMS = ("strict", "3xtf32")
-_fp32_gemm: str | None = None  # None: BLUTRAIN_FP32_GEMM, read on first use
+from blutensor import policy as _policy
+
+FP32_GEMMS = _policy.CHOICES["fp32_gemm"]
+_resolved: dict = {}  # (provider name, plugin host, registrations) -> provider class
 
 
 class XpGemm:
@@ -49,73 +49,77 @@ class XpGemm:
         return cupy.matmul(a, b)
 
 
-def set_gemm_provider(name: str | None) -> None:
-    """Choose the CUDA GEMM provider by plugin name (None: the documented default)."""
-    global _provider
+def resolve_gemm_provider(name: str = "auto") -> type:
+    """The provider class ``name`` names ('auto': the first available of the documented order); PluginError when
+    it is not registered or not available here. Cached per name and plugin host."""
     from blutensor.plugin import get_host
 
-    _provider = get_host().registry("gemm").select(name) if name else None
+    host = get_host()
+    reg = host.registry("gemm")
+    key = (name, id(host), len(reg))
+    prov = _resolved.get(key)
+    if prov is None:
+        prov = reg.select(None if name == "auto" else name, env=False)
+        if len(_resolved) >= 16:  # stale hosts or registrations (tests): start over
+            _resolved.clear()
+        _resolved[key] = prov
+    return prov
+
+
+def set_gemm_provider(name: str | None) -> None:
+    """Choose the CUDA GEMM provider by plugin name (None: back to ``BLUTRAIN_GEMM``, else the documented default).
+    Writes the execution policy's ``gemm`` (the active scope's, else the process default); an unknown or
+    unavailable provider is refused here."""
+    if name is None:
+        _policy.update(gemm=_policy.env_defaults().gemm)
+        return
+    resolve_gemm_provider(name)
+    _policy.update(gemm=name)
 
 
 def get_gemm_provider():
-    global _provider
-    if _provider is None:
-        from blutensor.plugin import get_host
-
-        _provider = get_host().registry("gemm").select()
-    return _provider
+    """The provider class the current execution policy's ``gemm`` names."""
+    return resolve_gemm_provider(_policy.current().gemm)
 
 
 def set_matmul_precision(mode: str) -> None:
-    """'fp32' (strict), 'tf32' (matrix units for fp32) or 'bf16' for CUDA GEMMs."""
-    global _precision
+    """'fp32' (strict), 'tf32' (matrix units for fp32) or 'bf16' for CUDA GEMMs (the policy's ``precision``)."""
     if mode not in ("fp32", "tf32", "bf16"):
         raise ValueError(f"matmul precision must be 'fp32', 'tf32' or 'bf16', got {mode!r}")
-    _precision = mode
+    _policy.update(precision=mode)
 
 
 def get_matmul_precision() -> str:
-    return _precision
+    """The current execution policy's ``precision``."""
+    return _policy.current().precision
 
 
 def set_fp32_gemm(mode: str | None) -> None:
     """How 'fp32' GEMMs run: 'strict' (FP32 FFMA) or '3xtf32' (split-TF32 on the tensor cores, not TF32:
     a small multiple of SGEMM's error at about twice its speed; near-fp32, see blublas' README). None: back to
-    BLUTRAIN_FP32_GEMM (default 'strict')."""
-    global _fp32_gemm
+    BLUTRAIN_FP32_GEMM (default 'strict'). Writes the execution policy's ``fp32_gemm``."""
     if mode is not None and mode not in FP32_GEMMS:
         raise ValueError(f"fp32 GEMM algorithm must be one of {FP32_GEMMS}, got {mode!r}")
-    _fp32_gemm = mode
+    _policy.update(fp32_gemm=_policy.env_defaults().fp32_gemm if mode is None else mode)
 
 
 def get_fp32_gemm() -> str:
-    """'strict' or '3xtf32' (see :func:`set_fp32_gemm`)."""
-    global _fp32_gemm
-    if _fp32_gemm is None:
-        env = os.environ.get("BLUTRAIN_FP32_GEMM", "strict").strip().lower() or "strict"
-        if env not in FP32_GEMMS:
-            raise ValueError(f"BLUTRAIN_FP32_GEMM must be one of {FP32_GEMMS}, got {env!r}")
-        _fp32_gemm = env
-    return _fp32_gemm
+    """'strict' or '3xtf32': the current execution policy's ``fp32_gemm`` (see :func:`set_fp32_gemm`)."""
+    return _policy.current().fp32_gemm
 
 
 def max_3xtf32_k() -> int:
-    """BLUTRAIN_3XTF32_MAX_K (default 4096): the longest reduction a '3xtf32' fp32 GEMM keeps; longer run strict."""
-    v = os.environ.get("BLUTRAIN_3XTF32_MAX_K", "4096").strip()
-    try:
-        k = int(v)
-    except ValueError:
-        raise ValueError(f"BLUTRAIN_3XTF32_MAX_K must be an integer, got {v!r}") from None
-    if k < 0:
-        raise ValueError(f"BLUTRAIN_3XTF32_MAX_K must be >= 0, got {k}")
-    return k
+    """The longest reduction a '3xtf32' fp32 GEMM keeps (longer run strict): the policy's ``max_3xtf32_k``
+    (``BLUTRAIN_3XTF32_MAX_K``, default 4096)."""
+    return _policy.current().max_3xtf32_k
 
 
 def _default_precision(prov) -> str:
-    """The provider precision of float32 GEMMs under the current settings."""
-    if _precision in ("tf32", "bf16"):
+    """The provider precision of float32 GEMMs under the current execution policy."""
+    pol = _policy.current()
+    if pol.precision in ("tf32", "bf16"):
         return "tf32"
-    if get_fp32_gemm() == "3xtf32" and "3xtf32" in getattr(prov, "PRECISIONS", ()):
+    if pol.fp32_gemm == "3xtf32" and "3xtf32" in getattr(prov, "PRECISIONS", ()):
         return "3xtf32"
     return "fp32"
 
@@ -301,4 +305,4 @@ def set_float32_matmul_precision(precision: str) -> None:
 
 def get_float32_matmul_precision() -> str:
     """``"highest"``, ``"high"`` or ``"medium"``: the current :func:`get_matmul_precision` in PyTorch's words."""
-    return {v: k for k, v in _TORCH_PRECISION.items()}[_precision]
+    return {v: k for k, v in _TORCH_PRECISION.items()}[get_matmul_precision()]

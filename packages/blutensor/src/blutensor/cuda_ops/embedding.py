@@ -5,7 +5,6 @@ atomics), which adds into an existing float32 gradient buffer."""
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -18,8 +17,6 @@ from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
 FILE = "embedding.cu"
-#: BLUTRAIN_EMBEDDING_SORT=radix: the sync-free radix argsort (cuda_ops/sort.py) eagerly too, not only in graphs
-_RADIX_SORT = os.environ.get("BLUTRAIN_EMBEDDING_SORT", "") == "radix"
 _STORAGE = (np.dtype(np.float32), np.dtype(np.uint16))
 
 
@@ -42,7 +39,8 @@ def embedding_forward(idx, weight):
     return out
 
 
-#: BLUTRAIN_EMBEDDING_BWD: 'segments' (default: fixed pieces of SEG_PIECE sorted positions, one block each, whole runs
+#: the policy's ``embedding_backward`` (BLUTRAIN_EMBEDDING_BWD):
+#: 'segments' (default: fixed pieces of SEG_PIECE sorted positions, one block each, whole runs
 #: added at once and runs across pieces finished by a second pass: balanced however the tokens repeat, and it adds
 #: into an existing gradient buffer), 'runs' (one block per run of an index sums it serially) or 'pieces' (runs cut
 #: into PIECE sorted positions, summed in two passes). All are bitwise deterministic.
@@ -53,11 +51,19 @@ SEG_PIECE = 16
 
 
 def backward_mode() -> str:
-    """The embedding backward's algorithm from BLUTRAIN_EMBEDDING_BWD ('segments', 'runs' or 'pieces')."""
-    m = os.environ.get("BLUTRAIN_EMBEDDING_BWD", "").strip().lower() or "segments"
-    if m not in EMBEDDING_BWD:
-        raise ValueError(f"BLUTRAIN_EMBEDDING_BWD must be one of {EMBEDDING_BWD}, got {m!r}")
-    return m
+    """The embedding backward's algorithm ('segments', 'runs' or 'pieces'): the current execution policy's
+    ``embedding_backward`` (BLUTRAIN_EMBEDDING_BWD)."""
+    from blutensor.policy import current
+
+    return current().embedding_backward
+
+
+def radix_sort() -> bool:
+    """Whether the sync-free radix argsort (cuda_ops/sort.py) runs eagerly too, not only in graphs: the policy's
+    ``embedding_sort`` is 'radix' (BLUTRAIN_EMBEDDING_SORT=radix)."""
+    from blutensor.policy import current
+
+    return current().embedding_sort == "radix"
 
 
 def _sorted(idx, num_embeddings: int, cp):
@@ -65,7 +71,7 @@ def _sorted(idx, num_embeddings: int, cp):
     cap = capturing()
     # Thrust (cupy.argsort) syncs the stream on older CuPy builds: inside a graph only where the probe (run
     # once, eagerly) showed it captures and replays correctly; the sync-free radix argsort otherwise
-    if _RADIX_SORT or (cap and not thrust_capturable(cp, probe=False)):
+    if radix_sort() or (cap and not thrust_capturable(cp, probe=False)):
         order = stable_argsort(idx, num_embeddings, cp)
     else:
         if not cap:

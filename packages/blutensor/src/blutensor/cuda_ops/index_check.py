@@ -1,15 +1,14 @@
 """Lazy index validation on CUDA: a kernel records the first out-of-range index in a device flag and the
 host reads the flag only when asked (:func:`raise_pending`, e.g. at log time), so the training step never
-waits for the GPU. ``BLUTRAIN_VALIDATE_INDICES``: 'lazy' (default), 'sync' (check and raise at the call,
-one host sync per call), '0' (off: a bad target then shows only as a NaN loss row).
+waits for the GPU. The execution policy's ``validate_indices`` (``BLUTRAIN_VALIDATE_INDICES``, or
+``bt.policy.scope(validate_indices=...)``): 'lazy' (default), 'sync' (check and raise at the call, one host sync per
+call), 'off' (``BLUTRAIN_VALIDATE_INDICES=0``: a bad target then shows only as a NaN loss row).
 
 Where the error surfaces (lazy mode): blumodels' Trainer calls :func:`raise_pending` after every step's loss
 read (eager and CUDA-graph steps) and after each evaluation, so a bad batch stops the run at the step that
 saw it, before the next checkpoint. Code driving ops directly calls it whenever it wants the check."""
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
@@ -19,13 +18,11 @@ FILE = "cross_entropy.cu"
 
 
 def mode() -> str:
-    """'lazy', 'sync' or 'off' from BLUTRAIN_VALIDATE_INDICES (read at every call: tests may change it)."""
-    v = os.environ.get("BLUTRAIN_VALIDATE_INDICES", "lazy").strip().lower()
-    if v in ("0", "false", "off", "no", ""):
-        return "off"
-    if v in ("sync", "eager"):
-        return "sync"
-    return "lazy"
+    """'lazy', 'sync' or 'off': the current execution policy's ``validate_indices`` (read at every call, so a
+    policy scope decides per region)."""
+    from blutensor.policy import current
+
+    return current().validate_indices
 
 
 _flags: dict[int, object] = {}  # device -> int64[4] flag (site, value, position, bound)
@@ -101,5 +98,6 @@ def raise_pending() -> None:
     flag_array().fill(0)
     raise ShapeError(
         f"{what}: index {value} at flat position {pos} out of range [0, {bound}) (detected on device by the "
-        f"lazy index check; set BLUTRAIN_VALIDATE_INDICES=sync to raise at the failing call)"
+        f"lazy index check; set BLUTRAIN_VALIDATE_INDICES=sync or bt.policy.scope(validate_indices='sync') to raise "
+        f"at the failing call)"
     )

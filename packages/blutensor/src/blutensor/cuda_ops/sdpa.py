@@ -7,10 +7,12 @@ OpMultiplyAddFastF32) -- what PyTorch's fp32 SDPA (the mem-efficient kernel) run
 the order of the SIMT fp32 kernel's, not TF32's (measured: see benchmarks/results/attention_h200.json; the long
 sums are staged so that the matrix units' truncating accumulation does not grow with the keys).
 'bf16_wgmma' (kernels/sdpa_wgmma.cu, cuda_ops/sdpa_wgmma.py) is the Hopper (sm_90a) bf16 kernel: TMA loads,
-wgmma, producer/consumer warpgroups, deterministic backward; ``BLUTRAIN_SDPA_KERNEL=mma`` keeps 'bf16' there.
+wgmma, producer/consumer warpgroups, deterministic backward; policy ``attention='mma'`` (``BLUTRAIN_SDPA_KERNEL=mma``)
+keeps 'bf16' there.
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16_wgmma' on sm_90, else 'bf16'; fp32 tensors use 'tf32'
 when blutensor's matmul precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared
-memory fits, as PyTorch's own fp32 SDPA does; ``BLUTRAIN_SDPA_FP32=simt`` selects the SIMT kernel 'f32' there
+memory fits, as PyTorch's own fp32 SDPA does; policy ``attention_fp32='simt'`` (``BLUTRAIN_SDPA_FP32=simt``) selects the
+SIMT kernel 'f32' there
 (the earlier default).
 Why tf32x3 is the default: in the end-to-end runs (GPT-2 124M, 50 steps from PyTorch's weights and batches) its
 loss stays as close to PyTorch fp32 eager as PyTorch fp32 on cuBLASLt instead of cuBLAS stays to itself, and it
@@ -19,14 +21,14 @@ benchmarks/results/e2e_gpt2_fp32_h200.json and e2e_gpt2_fp32_h200_run2.json). Ca
 cover (an explicit mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
 Backward (:func:`fused_backward`): 'tf32x3' runs one fused kernel (dK, dV, and dQ added with fp32 atomics: 5
 products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' has one too, opt-in, FUSED_AUTO);
-under ``bt.use_deterministic_algorithms(True)`` / ``BLUTRAIN_DETERMINISTIC=1``, or ``BLUTRAIN_SDPA_BWD=split``,
-the two deterministic kernels (dK/dV, then dQ).
+under the policy's ``deterministic`` (``bt.use_deterministic_algorithms(True)`` / ``BLUTRAIN_DETERMINISTIC=1``), or
+``attention_backward='split'`` (``BLUTRAIN_SDPA_BWD=split``), the two deterministic kernels (dK/dV, then dQ). Every
+choice reads the current execution policy (:mod:`blutensor.policy`), so a policy scope selects variants per region.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -112,23 +114,23 @@ FUSED_BWD = ("tf32", "tf32x3")
 #: (+18 KB shared) only one, so split is faster -- BLUTRAIN_SDPA_BWD=fused still selects it
 FUSED_AUTO = ("tf32x3",)
 SLD = BR + 8
-#: values of BLUTRAIN_SDPA_BWD ('' = 'auto': fused for FUSED_AUTO, unless deterministic algorithms are required)
+#: values of the policy's ``attention_backward`` (BLUTRAIN_SDPA_BWD; 'auto': fused for FUSED_AUTO, unless
+#: deterministic algorithms are required)
 SDPA_BWD = ("auto", "fused", "split")
 
 
 def fused_backward(variant: str, hd: int) -> bool:
     """Whether the backward of ``variant`` runs the fused kernel (dQ by fp32 atomics, not bitwise repeatable).
 
-    Never under ``bt.use_deterministic_algorithms(True)`` / BLUTRAIN_DETERMINISTIC=1 or BLUTRAIN_SDPA_BWD=split,
-    nor where its shared memory does not fit; else for FUSED_AUTO ('auto') or FUSED_BWD ('fused')."""
-    from blutensor.determinism import are_deterministic_algorithms_enabled
+    Never under the policy's ``deterministic`` or ``attention_backward='split'``, nor where its shared memory does
+    not fit; else for FUSED_AUTO ('auto') or FUSED_BWD ('fused')."""
+    from blutensor.policy import current
 
-    env = os.environ.get("BLUTRAIN_SDPA_BWD", "").strip().lower() or "auto"
-    if env not in SDPA_BWD:
-        raise ValueError(f"BLUTRAIN_SDPA_BWD must be one of {SDPA_BWD}, got {env!r}")
-    if env == "split" or variant not in (FUSED_BWD if env == "fused" else FUSED_AUTO):
+    pol = current()
+    mode = pol.attention_backward
+    if mode == "split" or variant not in (FUSED_BWD if mode == "fused" else FUSED_AUTO):
         return False
-    if are_deterministic_algorithms_enabled():
+    if pol.deterministic:
         return False
     return _mma_smem(variant, hd, "fused") <= smem_optin()
 
@@ -225,7 +227,7 @@ def _prepared(a, n: int, hd: int):
     return a.reshape(-1, n, hd)
 
 
-#: values of BLUTRAIN_SDPA_FP32: how strict-fp32 attention runs ('' = default 'tf32x3')
+#: values of the policy's ``attention_fp32`` (BLUTRAIN_SDPA_FP32): how strict-fp32 attention runs (default 'tf32x3')
 SDPA_FP32 = ("simt", "tf32x3")
 _cc: dict[int, int] = {}
 
@@ -240,19 +242,19 @@ def _compute_capability() -> int:
 
 
 def sdpa_fp32() -> str:
-    """'tf32x3' (default) or 'simt': the kernel of fp32 attention under strict matmul precision."""
-    env = os.environ.get("BLUTRAIN_SDPA_FP32", "").strip().lower() or "tf32x3"
-    if env not in SDPA_FP32:
-        raise ValueError(f"BLUTRAIN_SDPA_FP32 must be one of {SDPA_FP32}, got {env!r}")
-    return env
+    """'tf32x3' (default) or 'simt': the kernel of fp32 attention under strict matmul precision (the current
+    execution policy's ``attention_fp32``)."""
+    from blutensor.policy import current
+
+    return current().attention_fp32
 
 
 def pick_variant(dtype, hd: int) -> str | None:
     """Variant for storage ``dtype`` and head dim under blutensor's matmul precision (None: unsupported).
 
     bf16: 'bf16_wgmma' (kernels/sdpa_wgmma.cu: TMA, wgmma, warp specialisation) on sm_90 unless
-    BLUTRAIN_SDPA_KERNEL=mma, else the mma.sync 'bf16'.
-    fp32: 'tf32' under matmul precision 'tf32'/'bf16'; under 'fp32' 'tf32x3' on sm_80+ (BLUTRAIN_SDPA_FP32=simt:
+    the policy's ``attention`` is 'mma', else the mma.sync 'bf16'.
+    fp32: 'tf32' under matmul precision 'tf32'/'bf16'; under 'fp32' 'tf32x3' on sm_80+ (``attention_fp32='simt'``:
     the SIMT 'f32'); 'f32' wherever the matrix-unit kernels do not apply."""
     if dtype == np.uint16:
         if hd in MMA_HD and _wgmma.available(hd, _compute_capability()):

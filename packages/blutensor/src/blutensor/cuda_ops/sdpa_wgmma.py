@@ -8,14 +8,13 @@ attention merge and either backward accept it. The backward is deterministic: D 
 loads, HD / 8 threads a row), a dK/dV kernel and a dQ kernel, no atomics. The three main kernels are persistent:
 at most one CTA a multiprocessor walks the (row block, head) work tiles, heavy ones first.
 
-:func:`available` says whether the variant applies (sm_90, BLUTRAIN_SDPA_KERNEL not 'mma'); the callers in
-sdpa.py pick it through ``pick_variant`` as variant 'bf16_wgmma'.
+:func:`available` says whether the variant applies (sm_90, the execution policy's ``attention``, i.e.
+``BLUTRAIN_SDPA_KERNEL``, not 'mma'); the callers in sdpa.py pick it through ``pick_variant`` as variant 'bf16_wgmma'.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -30,27 +29,30 @@ THREADS = 384
 STAGES = {64: (3, 3), 128: (2, 2)}
 FWD_ROWS = 128  # queries per forward CTA (also keys per dK/dV CTA, queries per dQ CTA)
 BOX_ROWS_STREAM = 64  # rows of the backward's streamed tiles
-#: values of BLUTRAIN_SDPA_KERNEL ('' = 'auto': the Hopper kernels on sm_90 for bf16, the mma.sync ones elsewhere)
+#: values of the policy's ``attention`` (BLUTRAIN_SDPA_KERNEL; 'auto': the Hopper kernels on sm_90 for bf16, the
+#: mma.sync ones elsewhere)
 SDPA_KERNEL = ("auto", "wgmma", "mma")
 
 
 def kernel_setting() -> str:
-    """BLUTRAIN_SDPA_KERNEL: 'auto' (default), 'wgmma' (require the Hopper kernels for bf16) or 'mma'."""
-    env = os.environ.get("BLUTRAIN_SDPA_KERNEL", "").strip().lower() or "auto"
-    if env not in SDPA_KERNEL:
-        raise ValueError(f"BLUTRAIN_SDPA_KERNEL must be one of {SDPA_KERNEL}, got {env!r}")
-    return env
+    """The current execution policy's ``attention``: 'auto' (default), 'wgmma' (require the Hopper kernels for
+    bf16) or 'mma'."""
+    from blutensor.policy import current
+
+    return current().attention
 
 
 def available(hd: int, cc: int) -> bool:
     """Whether bf16 attention of head dim ``hd`` runs the Hopper kernels on a device of compute capability
-    ``cc``. BLUTRAIN_SDPA_KERNEL=wgmma on another device is an error (those kernels need sm_90a)."""
+    ``cc``. Policy ``attention='wgmma'`` (BLUTRAIN_SDPA_KERNEL=wgmma) on another device is an error (those kernels
+    need sm_90a)."""
     env = kernel_setting()
     if env == "mma" or hd not in HDS:
         return False
     if cc != 90:
         if env == "wgmma":
-            raise ValueError(f"BLUTRAIN_SDPA_KERNEL=wgmma needs an sm_90 (Hopper) GPU; this one is sm_{cc}")
+            raise ValueError(f"attention='wgmma' (BLUTRAIN_SDPA_KERNEL=wgmma) needs an sm_90 (Hopper) GPU; this one "
+                             f"is sm_{cc}")
         return False
     return True
 

@@ -14,7 +14,7 @@ from blutensor.ops._util import norm_dim, scatter_add, xp_of
 
 
 def _check_index(op, index, n, what="dim"):
-    """Refuse indices outside [0, n). On CUDA, ``BLUTRAIN_VALIDATE_INDICES`` decides as for embedding and
+    """Refuse indices outside [0, n). On CUDA, the policy's ``validate_indices`` decides as for embedding and
     cross_entropy: 'lazy' flags a bad index on the device (raised at ``index_check.raise_pending``; the gather
     itself wraps around, as CuPy's indexing does), 'sync' checks here (one host sync), '0' skips the check."""
     if index.size and type(index) is not np.ndarray:

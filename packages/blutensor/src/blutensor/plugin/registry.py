@@ -70,10 +70,11 @@ class Registry:
                 f"no {self.kind} plugin named {name!r}; available: {', '.join(self.names()) or 'none'}"
             ) from None
 
-    def select(self, name: str | None = None) -> type:
-        """The class chosen by ``name``, ``BLUTRAIN_<KIND>`` or the defaults, in that order."""
+    def select(self, name: str | None = None, *, env: bool = True) -> type:
+        """The class chosen by ``name``, ``BLUTRAIN_<KIND>`` (unless ``env=False``: a kind whose variable the
+        execution policy already read, such as ``gemm``) or the defaults, in that order."""
         env_key = f"BLUTRAIN_{self.kind.upper()}"
-        name = name or os.environ.get(env_key) or None
+        name = name or (os.environ.get(env_key) if env else None) or None
         if name:
             cls = self.get(name)
             avail = getattr(cls, "is_available", None)
