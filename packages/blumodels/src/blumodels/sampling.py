@@ -38,13 +38,13 @@ def _largest_key_above(key, weight, target, bits: int):
     digits = xp.arange(1, n + 1, dtype=np.int64)
     t = xp.zeros(B, dtype=np.int64)
     for shift in range(32 - bits, -1, -bits):
-        cand = t[:, None] | (digits[None, :] << shift)  # (B, n): the next digit 1..n under the fixed prefix
-        above = key[:, :, None] >= cand[:, None, :]  # (B, V, n)
+        cand = t[None, :] | (digits[:, None] << shift)  # (n, B): the next digit 1..n under the fixed prefix
+        above = key[None, :, :] >= cand[:, :, None]  # (n, B, V): the sums run over the contiguous last axis
         if weight is None:
-            s = above.sum(axis=1)
+            s = above.sum(axis=2)
         else:
-            s = xp.where(above, weight[:, :, None], 0.0).sum(axis=1)
-        d = (s > target).sum(axis=1)  # S falls with the digit: the ones that pass are 1..d
+            s = xp.where(above, weight[None, :, :], 0.0).sum(axis=2)
+        d = (s > target).sum(axis=0)  # S falls with the digit: the ones that pass are 1..d
         t = t | (d.astype(np.int64) << shift)
     return t
 
