@@ -333,6 +333,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     cfg, model, data_dir, path, step = _load_run(args)
     t = cfg.train
+    if args.cuda_graph == "true":
+        from blumodels.decode import capture_refusal
+
+        why = capture_refusal(next(iter(model.parameters())).device, model)
+        if why is not None:
+            raise ConfigError(f"--cuda-graph true cannot capture the decode step: {why} (use --cuda-graph auto)")
     tok = load_tokenizer(data_dir)
     text = sample_text(model, tok, t.sample_prompt if args.prompt is None else args.prompt, args.tokens,
                        top_k=args.top_k if args.top_k is not None else t.top_k,
