@@ -58,6 +58,28 @@ def _host_greedy(m, prompts, n, device="cpu"):
     return out
 
 
+def _host_sampled(m, prompts, n, temperature, top_k, top_p, seed):
+    """The float64 host sampler over the uncached logits with the decode loop's uniforms (row t - t0 of
+    ``bt.Generator(seed).uniform((W - t0, B))``): filter_logits, then the first token whose cumulative mass in
+    vocabulary order reaches (1 - u) of the total."""
+    V, block = m.config.vocab_size, m.config.block_size
+    lens = [len(p) for p in prompts]
+    t0, W = min(lens), max(lens) + n
+    u = bt.Generator(seed).uniform((W - t0, len(prompts)), np, np.float64)
+    rows = [list(p) for p in prompts]
+    with bt.no_grad():
+        for t in range(t0, W):
+            for i, r in enumerate(rows):
+                if t < lens[i] or t >= lens[i] + n:
+                    continue
+                logits, _ = m(bt.tensor([r[max(0, t - block):t]], dtype=bt.int64))
+                z = logits.numpy()[0, -1, :V].astype(np.float64)
+                f = filter_logits(z / temperature, top_k, top_p)
+                cdf = np.cumsum(np.exp(f - f.max()))
+                r.append(int((cdf < (1.0 - u[t - t0, i]) * cdf[-1]).sum()))
+    return rows
+
+
 # ---- the decode loop ----
 
 
@@ -84,6 +106,15 @@ def test_captured_twin_equals_eager_and_uncached(cfg, kw):
     assert all(0 <= t < 70 for r in got for t in r)
     if kw.get("top_k") == 1:
         assert got == _host_greedy(m, prompts, 8)
+
+
+@CFGS
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.8, 9, 0.85), (1.2, None, 0.7), (1.0, 5, None)])
+def test_device_sampler_equals_the_host_float64_sampler(cfg, temperature, top_k, top_p):
+    m = build_model(cfg, seed=6)
+    prompts = [[5, 1, 2], [7], [3, 3, 3, 3]]
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=9)
+    assert generate_batch(m, prompts, 10, **kw) == _host_sampled(m, prompts, 10, **kw)
 
 
 @CFGS
