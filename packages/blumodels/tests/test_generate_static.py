@@ -276,6 +276,10 @@ def test_top_p_keeps_ties_and_greedy_is_argmax():
     assert set(sample_next(np.tile(z, (400, 1)), u, top_p=0.5).tolist()) == {0, 1}
     zz = np.random.default_rng(1).standard_normal((9, 33)).astype(np.float32)
     np.testing.assert_array_equal(sample_next(zz, np.zeros(9), top_k=1), zz.argmax(axis=1))
+    with pytest.raises(ValueError, match="z must be a \\(batch, vocab\\) float array"):
+        sample_next(zz[0], np.zeros(9))
+    with pytest.raises(ValueError, match="u must hold one uniform per row, shape \\(9,\\)"):
+        sample_next(zz, np.zeros(8))
 
 
 # ---- the same on a GPU (a real CUDA graph) ----

@@ -58,6 +58,12 @@ def sample_next(z, u, temperature: float = 1.0, top_k: int | None = None, top_p:
     last one stay), then one draw by the inverse of the cumulative distribution (float64) in vocabulary order.
     ``top_k=1`` is the argmax (the first of equal maxima), no draw. :func:`blumodels.generate.filter_logits` is
     the float64 NumPy statement of the same filter."""
+    if getattr(z, "ndim", None) != 2 or getattr(z, "dtype", np.dtype(object)).kind != "f":
+        raise ValueError(f"sample_next: z must be a (batch, vocab) float array, got "
+                         f"{getattr(z, 'shape', type(z).__name__)} {getattr(z, 'dtype', '')}")
+    if tuple(getattr(u, "shape", ())) != (z.shape[0],):
+        raise ValueError(f"sample_next: u must hold one uniform per row, shape ({z.shape[0]},), got "
+                         f"{getattr(u, 'shape', type(u).__name__)}")
     xp = bt.ext.array_module(z)
     B, V = z.shape
     if top_k == 1:
