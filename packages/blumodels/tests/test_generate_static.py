@@ -199,6 +199,23 @@ def test_replays_keep_static_buffers_and_read_nothing_on_the_host(monkeypatch):
     assert int(dec.cache.device_pos[0]) == 3 + 7 - 1 and int(dec.t_dev[0]) == 3 + 7
 
 
+def test_failed_capture_is_logged_and_the_step_runs_eagerly(caplog):
+    m = build_model(GPT2, seed=8)
+
+    class Refusing(EagerCapture):
+        def capture(self, body, pool=None):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    want = generate_batch(m, [[1, 2], [3]], 7, top_k=4, seed=1, cuda_graph=False)
+    dec = _decoder(m, [[1, 2], [3]], 7, top_k=4, seed=1, make_capture=Refusing)
+    with caplog.at_level("WARNING", logger="blumodels.decode"):
+        assert dec.run() == want
+    assert not dec.captured and dec.replays == 0 and dec.decode_steps == 7  # positions 2..8 (t0 = 1)
+    assert dec.refusal == "capturing the decode step failed: RuntimeError: operation not permitted when stream is " \
+                          "capturing"
+    assert any(dec.refusal in r.getMessage() and "runs eagerly" in r.getMessage() for r in caplog.records)
+
+
 def test_family_reading_host_positions_decodes_eagerly():
     m = build_model(LLAMA, seed=4)
     want = generate_batch(m, [[1, 2], [3]], 6, temperature=0.7, seed=3)

@@ -65,6 +65,8 @@ def capture_refusal(device, model, dtype=None) -> str | None:
         return (f"the GEMM provider {getattr(prov, 'PLUGIN_NAME', prov)!r} does not declare CAPTURE_SAFE (CuPy's "
                 f"cuBLAS refuses stream capture); choose a capture-safe one ({', '.join(safe)}) with "
                 f"bt.set_gemm_provider, BLUTRAIN_GEMM or train.gemm")
+    if bt.is_autocast_enabled("cuda"):
+        return "autocast is on (the captured decode step's attention takes float32 keys/values)"
     if dtype is not None and dtype != bt.float32:
         return f"the keys/values are {dtype} (the captured decode step's attention takes float32)"
     return None
