@@ -200,6 +200,12 @@ def run_generate(a) -> dict:
     t_ours = time.perf_counter() - t0
     logging.getLogger("blumodels.decode").removeHandler(handler)
     refusal = capture_refusal(device, model)
+    n_eager = min(new, 256)  # the same step without the graph (every op launched from Python), a shorter run
+    sync()
+    t0 = time.perf_counter()
+    eager = generate_batch(model, prompts, n_eager, top_k=1, cuda_graph=False)
+    sync()
+    t_eager = time.perf_counter() - t0
     short = min(new, a.gen_check_tokens)
     equal = generate_batch(model, prompts, short, top_k=1, use_cache=False) == [r[:len(p) + short] for r, p in
                                                                               zip(ours, prompts)]
@@ -221,6 +227,8 @@ def run_generate(a) -> dict:
     return {"new_tokens": new, "batch": a.gen_batch, "prompt_len": a.gen_prompt,
             "blutrain_tokens_per_s": n / t_ours, "hf_generate_tokens_per_s": n / t_hf,
             "ratio_vs_hf": t_hf / t_ours, "cached_equals_uncached": bool(equal), "uncached_checked_tokens": short,
+            "blutrain_eager_step_tokens_per_s": a.gen_batch * n_eager / t_eager, "eager_step_tokens": n_eager,
+            "eager_step_equals_default": eager == [r[:len(p) + n_eager] for r, p in zip(ours, prompts)],
             "greedy_tokens_equal_to_hf_per_row": agree,
             "decode_step": ("cuda_graph" if cuda and refusal is None and not eager_reasons else
                             "eager_twin" if not cuda else "eager"),
