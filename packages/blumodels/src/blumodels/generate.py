@@ -15,6 +15,7 @@ When a context outgrows ``model.config.block_size`` the window slides like the u
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Sequence
 
 import blutensor as bt
@@ -127,12 +128,16 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
         if bad:
             raise ValueError(f"generate: prompt {i} holds token {bad[0]}, outside the model's vocabulary "
                              f"(0..{cfg.padded_vocab_size - 1})")
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
-                                   or not 0 < vocab_size <= cfg.padded_vocab_size):
-        raise ValueError(f"generate: vocab_size must be an integer in 1..{cfg.padded_vocab_size} (the model's "
-                         f"padded vocabulary), got {vocab_size!r}")
-    if stop_token is not None and (isinstance(stop_token, bool) or not isinstance(stop_token, int)):
-        raise ValueError(f"generate: stop_token must be an integer token id or None, got {stop_token!r}")
+    if vocab_size is not None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) \
+                or not 0 < vocab_size <= cfg.padded_vocab_size:
+            raise ValueError(f"generate: vocab_size must be an integer in 1..{cfg.padded_vocab_size} (the model's "
+                             f"padded vocabulary), got {vocab_size!r}")
+        vocab_size = int(vocab_size)
+    if stop_token is not None:
+        if isinstance(stop_token, bool) or not isinstance(stop_token, numbers.Integral):
+            raise ValueError(f"generate: stop_token must be an integer token id or None, got {stop_token!r}")
+        stop_token = int(stop_token)
     if device is None:
         device = next(iter(model.parameters())).device
     fwd = cached_forward(model) if use_cache else None
