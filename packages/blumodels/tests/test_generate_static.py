@@ -248,16 +248,28 @@ def test_order_keys_follow_the_float_order():
     assert k.min() >= 0 and k.max() < 2**32
 
 
+@pytest.mark.parametrize("bits", [1, 2, 4])
 @pytest.mark.parametrize("k", [1, 2, 7, 40, 63])
-def test_radix_top_k_cut_equals_sorting(k):
+def test_radix_top_k_cut_equals_sorting(k, bits):
     rng = np.random.default_rng(k)
     z = rng.standard_normal((6, 64)).astype(np.float32) * 4
     z[1] = np.round(z[1])  # many ties
     z[2, :10] = z[2].max()
     key = order_keys(z)
-    kth = _largest_key_above(key, None, k - 1, 4)
+    kth = _largest_key_above(key, None, k - 1, bits)
     want = np.sort(z, axis=1)[:, -k]
     np.testing.assert_array_equal(order_keys(want[:, None])[:, 0], kth)
+
+
+def test_large_batches_search_in_smaller_passes(monkeypatch):
+    import blumodels.sampling as sm
+
+    z = np.random.default_rng(3).standard_normal((16, 200)).astype(np.float32)
+    u = bt.Generator(5).uniform((16,), np, np.float64)
+    want = sample_next(z, u, 0.9, 30, 0.8)
+    monkeypatch.setattr(sm, "SEARCH_TEMP_BYTES", 16 * 200 * 3)  # top-k: 2 bits a pass, top-p: 1 bit
+    assert sm._search_bits(16, 200, 1, 4) == 2 and sm._search_bits(16, 200, 8, 2) == 1
+    np.testing.assert_array_equal(sample_next(z, u, 0.9, 30, 0.8), want)
 
 
 def _dist(z, temperature, top_k, top_p):

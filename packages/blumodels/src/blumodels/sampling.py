@@ -14,9 +14,17 @@ import blutensor as bt
 import numpy as np
 
 #: bits decided per pass of the threshold searches (top-k: counts, 15 candidates a pass; top-p: probability
-#: masses in float64, 3 candidates a pass, to keep the (rows, vocab, candidates) temporary small)
+#: masses in float64, 3 candidates a pass), fewer where the (candidates, rows, vocab) temporary of a pass would
+#: exceed SEARCH_TEMP_BYTES (large batches: more, smaller passes)
 TOP_K_BITS = 4
 TOP_P_BITS = 2
+SEARCH_TEMP_BYTES = 64 << 20
+
+
+def _search_bits(rows: int, vocab: int, itemsize: int, bits: int) -> int:
+    while bits > 1 and ((1 << bits) - 1) * rows * vocab * itemsize > SEARCH_TEMP_BYTES:
+        bits //= 2
+    return bits
 
 
 def order_keys(z):
@@ -72,13 +80,13 @@ def sample_next(z, u, temperature: float = 1.0, top_k: int | None = None, top_p:
     key = None
     if top_k is not None and 0 < top_k < V:
         key = order_keys(z)
-        kth = _largest_key_above(key, None, top_k - 1, TOP_K_BITS)  # count(key >= t) >= k: the k-th largest
+        kth = _largest_key_above(key, None, top_k - 1, _search_bits(B, V, 1, TOP_K_BITS))  # the k-th largest
         zz = xp.where(key >= kth[:, None], zz, -np.inf)
     e = xp.exp(zz - zz.max(axis=1, keepdims=True))  # the filtered-out tokens: 0
     if top_p is not None and top_p < 1.0:
         key = order_keys(z) if key is None else key
         p = e / e.sum(axis=1, keepdims=True)
-        last = _largest_key_above(key, p, top_p, TOP_P_BITS)  # the key of the nucleus's least likely token
+        last = _largest_key_above(key, p, top_p, _search_bits(B, V, 8, TOP_P_BITS))  # the nucleus's last key
         e = xp.where(key >= last[:, None], e, 0.0)
     cdf = xp.cumsum(e, axis=1)
     x = (1.0 - u) * cdf[:, -1]  # in (0, total]: the first token whose cumulative mass reaches x has mass > 0
