@@ -1,6 +1,7 @@
 """Llama ~1B (the llama-1b preset) training step: BluTrain and the same model in PyTorch (Hugging Face's
 LlamaForCausalLM, eager and torch.compile) side by side, bf16 autocast with fp32 master weights; plus generation
-(1,024 new tokens with the key/value cache vs ``transformers``' ``generate()``) and a loss curve from shared
+(1,024 new tokens through ``generate_batch``: static key/value cache, the decode step captured in a CUDA
+graph; vs ``transformers``' ``generate()``) and a loss curve from shared
 initial weights.
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) \\
@@ -166,9 +167,14 @@ def run_torch(a) -> dict:
 
 
 def run_generate(a) -> dict:
-    """Greedy generation of --gen-tokens tokens for --gen-batch prompts: BluTrain (cached; and uncached over a
-    shorter run, whose tokens must equal the cached ones) and transformers' generate() on the same weights."""
+    """Greedy generation of --gen-tokens tokens for --gen-batch prompts: BluTrain's ``generate_batch`` as users
+    call it (static key/value cache, decode step captured in a CUDA graph by default, on the CPU its eager twin;
+    and uncached over a shorter run, whose tokens must equal the cached ones) and transformers' generate() on the
+    same weights. Recorded: whether the decode step was captured (else the logged reason it ran eagerly)."""
+    import logging
+
     import torch
+    from blumodels.decode import capture_refusal
     from blumodels.generate import generate_batch
 
     device = a.device
@@ -178,12 +184,28 @@ def run_generate(a) -> dict:
     new = min(a.gen_tokens, cfg.block_size - a.gen_prompt)
     model = blutrain_model(a, device)
     sync = (lambda: __import__("cupy").cuda.Device().synchronize()) if cuda else (lambda: None)
-    generate_batch(model, prompts, 4, top_k=1)  # warm-up (kernel compilation)
+    eager_reasons: list[str] = []
+
+    class _Reasons(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            eager_reasons.append(record.getMessage())
+
+    handler = _Reasons(logging.WARNING)
+    logging.getLogger("blumodels.decode").addHandler(handler)
+    generate_batch(model, prompts, 8, top_k=1)  # warm-up (kernel compilation; the capture runs after 2 steps)
     sync()
     t0 = time.perf_counter()
     ours = generate_batch(model, prompts, new, top_k=1)
     sync()
     t_ours = time.perf_counter() - t0
+    logging.getLogger("blumodels.decode").removeHandler(handler)
+    refusal = capture_refusal(device, model)
+    n_eager = min(new, 256)  # the same step without the graph (every op launched from Python), a shorter run
+    sync()
+    t0 = time.perf_counter()
+    eager = generate_batch(model, prompts, n_eager, top_k=1, cuda_graph=False)
+    sync()
+    t_eager = time.perf_counter() - t0
     short = min(new, a.gen_check_tokens)
     equal = generate_batch(model, prompts, short, top_k=1, use_cache=False) == [r[:len(p) + short] for r, p in
                                                                               zip(ours, prompts)]
@@ -205,7 +227,12 @@ def run_generate(a) -> dict:
     return {"new_tokens": new, "batch": a.gen_batch, "prompt_len": a.gen_prompt,
             "blutrain_tokens_per_s": n / t_ours, "hf_generate_tokens_per_s": n / t_hf,
             "ratio_vs_hf": t_hf / t_ours, "cached_equals_uncached": bool(equal), "uncached_checked_tokens": short,
-            "greedy_tokens_equal_to_hf_per_row": agree}
+            "blutrain_eager_step_tokens_per_s": a.gen_batch * n_eager / t_eager, "eager_step_tokens": n_eager,
+            "eager_step_equals_default": eager == [r[:len(p) + n_eager] for r, p in zip(ours, prompts)],
+            "greedy_tokens_equal_to_hf_per_row": agree,
+            "decode_step": ("cuda_graph" if cuda and refusal is None and not eager_reasons else
+                            "eager_twin" if not cuda else "eager"),
+            "decode_eager_reasons": eager_reasons or ([refusal] if cuda and refusal else [])}
 
 
 def summarize(r: dict, a) -> dict:

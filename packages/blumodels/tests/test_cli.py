@@ -30,7 +30,12 @@ def test_train_resume_sample_eval(tmp_path, capsys):
     assert main(["train", "--out", str(out), "--resume", "--steps", "6", "--quiet"]) == 0
     assert [r["step"] for r in _log(out)] == list(range(6))
     assert main(["sample", "--out", str(out), "--tokens", "5", "--prompt", "def "]) == 0
-    assert capsys.readouterr().out.startswith("def ")
+    first = capsys.readouterr().out
+    assert first.startswith("def ")
+    assert main(["sample", "--out", str(out), "--tokens", "5", "--prompt", "def ", "--cuda-graph", "false"]) == 0
+    assert capsys.readouterr().out == first  # the eager decode step: the same tokens
+    assert main(["sample", "--out", str(out), "--tokens", "5", "--cuda-graph", "true"]) == 2
+    assert "--cuda-graph true cannot capture the decode step: the model is on 'cpu'" in capsys.readouterr().err
     assert main(["eval", "--out", str(out), "--batches", "2"]) == 0
     ev = json.loads(capsys.readouterr().out)
     assert ev["step"] == 6 and ev["val_loss"] > 0

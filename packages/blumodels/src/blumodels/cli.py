@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (train.top_p)")
     p.add_argument("--temperature", type=_positive(float), default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cuda-graph", choices=("auto", "true", "false"), default="auto",
+                   help="CUDA: capture the decode step into a CUDA graph (auto: wherever it can, else eager with "
+                   "the reason logged; true: required; false: eager)")
 
     p = sub.add_parser("eval", help="validation loss of a run's newest good checkpoint")
     _add_common(p)
@@ -330,11 +333,18 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     cfg, model, data_dir, path, step = _load_run(args)
     t = cfg.train
+    if args.cuda_graph == "true":
+        from blumodels.decode import capture_refusal
+
+        why = capture_refusal(next(iter(model.parameters())).device, model)
+        if why is not None:
+            raise ConfigError(f"--cuda-graph true cannot capture the decode step: {why} (use --cuda-graph auto)")
     tok = load_tokenizer(data_dir)
     text = sample_text(model, tok, t.sample_prompt if args.prompt is None else args.prompt, args.tokens,
                        top_k=args.top_k if args.top_k is not None else t.top_k,
                        temperature=args.temperature if args.temperature is not None else t.temperature,
-                       seed=args.seed, top_p=args.top_p if args.top_p is not None else t.top_p)
+                       seed=args.seed, top_p=args.top_p if args.top_p is not None else t.top_p,
+                       cuda_graph={"auto": "auto", "true": True, "false": False}[args.cuda_graph])
     print(f"[blutrain] {path} (step {step}):", file=sys.stderr)
     print(text)
     return 0

@@ -107,10 +107,8 @@ class Attention(nn.Module):
         p = self.dropout if self.training else 0.0
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=True)
-        else:  # generation: keys/values of earlier positions come from the cache
-            k, v, mask = cache.update(layer, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-                                               enable_gqa=True)
+        else:  # generation: keys/values of earlier positions come from the cache (host or device positions)
+            y = cache.attend(layer, q, k, v)
         y = self.o_proj(y.transpose(1, 2).reshape(B, T, H * hd))
         return F.dropout(y, p, self.training) if p > 0 else y
 
@@ -155,8 +153,12 @@ class Llama(nn.Module):
     """Llama language model; ``forward(idx, targets=None, cache=None) -> (logits, loss)``.
 
     Without targets only the last position's logits are computed (generation). ``cache`` (a
-    ``blumodels.generate.KVCache``) makes the call process ``idx`` as the positions after the cached ones.
+    ``blumodels.generate.KVCache``) makes the call process ``idx`` as the positions after the cached ones; at the
+    cache's device positions (one token per call) the RoPE angles are read at the device position, so the decode
+    step holds no host value (``decode_on_device``: what ``blumodels.decode`` captures into a CUDA graph).
     """
+
+    decode_on_device = True  # the cached forward reads positions through KVCache.rows / attend
 
     block_pattern = "layers.*"  # the repeated blocks (what train.activation_checkpointing recomputes)
     lean_logits = False  # CUDA training: the loss writes the logits' gradient over them (set by the Trainer)
@@ -203,10 +205,15 @@ class Llama(nn.Module):
         B, T = idx.shape
         if targets is not None and tuple(targets.shape) != (B, T):
             raise ValueError(f"Llama: targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
-        start = cache.pos if cache is not None else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"Llama: positions up to {start + T} exceed model.block_size={self.config.block_size}")
-        cos, sin = self.rope(start, T, idx.device)
+        if cache is not None and cache.on_device:  # one position, read on the device
+            cos, sin = self.rope(0, self.config.block_size, idx.device)
+            cos, sin = cache.rows(cos, T), cache.rows(sin, T)
+        else:
+            start = cache.pos if cache is not None else 0
+            if start + T > self.config.block_size:
+                raise ValueError(f"Llama: positions up to {start + T} exceed model.block_size="
+                                 f"{self.config.block_size}")
+            cos, sin = self.rope(start, T, idx.device)
         x = self.embed_tokens(idx)
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
