@@ -110,7 +110,8 @@ MBAR_SPIN_LIMIT = "(1u << 24)"
 
 @pytest.fixture(scope="module")
 def mbarrier_watchdog():
-    """sdpa_wgmma.cu built with BLU_MBAR_SPIN_LIMIT for this module's tests (fresh module caches, restored after)."""
+    """sdpa_wgmma.cu built with BLU_MBAR_SPIN_LIMIT for this module's tests (fresh module, function and shared-memory
+    opt-in caches, the earlier ones restored after)."""
     from blutensor.cuda_ops import _loader
 
     plain = _loader.source
@@ -123,6 +124,7 @@ def mbarrier_watchdog():
         mp.setattr(_loader, "source", watched)
         mp.setattr(_loader, "_modules", {})
         mp.setattr(_loader, "_functions", {})
+        mp.setattr(_loader, "_smem_set", {})  # the new functions' shared-memory opt-in is set again
         yield
 
 
