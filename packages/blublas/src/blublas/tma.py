@@ -37,9 +37,9 @@ def use_encoder(module: Any) -> None:
     module without the encoder's interface lacks."""
     _check_interface(module)
     _install(module)
-    from . import memo
-
-    memo.clear()  # launches planned without an encoder took the mma.sync kernels
+    memo = sys.modules.get(__package__ + ".memo")
+    if memo is not None:  # launches planned without an encoder took the mma.sync kernels
+        memo.clear()
 
 
 def _check_interface(module: Any) -> None:
