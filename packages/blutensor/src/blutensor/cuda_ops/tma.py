@@ -1,7 +1,8 @@
 """Host-side TMA tensor maps (CUtensorMap): the one encoder of blutensor's sm_90a kernels (kernels/sdpa_wgmma.cu)
 and of BluBLAS's TMA GEMMs. Public as ``blutensor.ext.tma``; BluBLAS, which does not import blutensor, receives
-this module from the plugin host through the ``blutrain_tma_encoder`` hook and describes its operands as rank-3
-specs (``blublas/tma.py``).
+this module from the plugin host through the ``blutrain_tma_encoder`` hook (or, in a process without a host, loads
+it from the ``blutrain.tma_encoder`` entry point blutensor registers) and describes its operands as rank-3 specs
+(``blublas/tma.py``).
 
 A map describes a tensor of rank 2-5 (dims innermost first, the innermost contiguous; byte strides of the
 outer dims, in any order: a (B, T, 3, H, HD) fused projection read as (HD, T, H, B) is fine) and the box one
@@ -170,6 +171,7 @@ def encode(spec: TmapSpec, name: str = "tensor", encoder=None) -> np.ndarray:
 
 
 def clear_cache() -> None:
-    """Forget every encoded map (a test that swaps the encoder; freed memory is not tracked: maps are keyed by
-    pointer, dims, strides and box, so a reused address with the same geometry encodes the same bytes)."""
+    """Forget every encoded map, e.g. after switching between the driver and a stand-in encoder (maps are cached by
+    pointer, dims, strides and box alone; freed memory needs no clearing: a reused address with the same geometry
+    encodes the same bytes)."""
     _cache.clear()
