@@ -1,17 +1,23 @@
 """blutensor's flash attention as GPT-2 calls it (one fused qkv projection, causal) beside PyTorch SDPA.
 
-    python3 benchmarks/kernels/bench_attention.py [--shape gpt2|long ...] [--reps 5] [--out OUT.json]
+    python3 benchmarks/kernels/bench_attention.py [--shape gpt2|hd128|long ...] [--rows all|bf16] [--reps 5]
+        [--out OUT.json]
 
-Shapes: ``gpt2`` one GPT-2 124M layer (B=16, H=12, T=1024, HD=64), ``long`` long context (B=2, H=12, T=16384,
-HD=64). blutensor: ``bt.ext.sdpa_qkv`` on a (B, T, 3*C) Tensor (the strided kernels read q, k, v in place),
-forward and forward + backward through autograd, per kernel variant as a user selects it: fp32 under
-``bt.set_float32_matmul_precision("highest")`` (``tf32x3``; ``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``),
-``"high"`` (``tf32``), bfloat16 (``bf16_wgmma`` on sm_90, ``BLUTRAIN_SDPA_KERNEL=mma`` the mma.sync ``bf16``), and
-for the variants with a fused backward both ``BLUTRAIN_SDPA_BWD=fused`` and ``split``. PyTorch: SDPA on (B, H, T,
-HD) views of the same layout as nanoGPT calls it, fp32, fp32 with TF32 allowed, and bf16. Times: median of
-``--reps`` CUDA-event timings after two warm-up calls. Correctness against float64 is the cuda-marked
-packages/blutensor/tests/test_sdpa_variants_cuda.py. The JSON (default
-``benchmarks/results/attention_<gpu>.json``) is rewritten after every shape.
+Shapes: ``gpt2`` one GPT-2 124M layer (B=16, H=12, T=1024, HD=64), ``hd128`` head dim 128 at T=2048 (B=4, H=32),
+``long`` long context (B=2, H=12, T=16384, HD=64). blutensor: ``bt.ext.sdpa_qkv`` on a (B, T, 3*C) Tensor (the
+strided kernels read q, k, v in place), forward and forward + backward through autograd, per kernel variant as a
+user selects it: fp32 under ``bt.set_float32_matmul_precision("highest")`` (``tf32x3``;
+``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``), ``"high"`` (``tf32``), bfloat16 (the default: ``bf16_wgmma`` on
+sm_90; ``BLUTRAIN_SDPA_KERNEL=wgmma`` the Hopper kernel, an error row elsewhere; ``BLUTRAIN_SDPA_KERNEL=mma`` the
+mma.sync ``bf16``), and for the variants with a fused backward both ``BLUTRAIN_SDPA_BWD=fused`` and ``split``.
+PyTorch: SDPA on (B, H, T, HD) views of the same layout as nanoGPT calls it, fp32, fp32 with TF32 allowed, bf16
+(PyTorch's choice of backend), and bf16 pinned to the cuDNN and to the flash backend
+(``torch.nn.attention.sdpa_kernel``; a backend this build or GPU lacks is an error row). ``--rows bf16`` runs
+only the bfloat16 rows (wgmma, mma.sync, PyTorch cuDNN / flash / default). Times: median of ``--reps``
+CUDA-event timings after two warm-up calls. Correctness against float64 is the cuda-marked
+packages/blutensor/tests/test_sdpa_variants_cuda.py and test_sdpa_wgmma_vs_mma.py (wgmma beside mma.sync). The
+JSON (default ``benchmarks/results/attention_<gpu>.json``; it records the command and the commit) is rewritten
+after every shape.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPES = {"gpt2": (16, 12, 1024, 64), "long": (2, 12, 16384, 64)}
+SHAPES = {"gpt2": (16, 12, 1024, 64), "hd128": (4, 32, 2048, 128), "long": (2, 12, 16384, 64)}
 #: (label, dtype, float32 matmul precision, switches) of each blutensor variant: the switches are spelled as their
 #: environment variables and applied as an execution-policy scope (bt.policy.scope)
 BLU_RUNS = [
@@ -34,9 +40,19 @@ BLU_RUNS = [
     ("tf32x3 split", "float32", "highest", {"BLUTRAIN_SDPA_BWD": "split"}),
     ("tf32 fused", "float32", "high", {"BLUTRAIN_SDPA_BWD": "fused"}),
     ("tf32 split", "float32", "high", {"BLUTRAIN_SDPA_BWD": "split"}),
+    ("bf16 wgmma", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma"}),
     ("bf16 mma", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "mma"}),
     ("bf16 default", "bfloat16", "highest", {}),
 ]
+#: (label, dtype name, TF32 allowed, torch.nn.attention.SDPBackend member or None for PyTorch's own choice)
+TORCH_RUNS = [
+    ("fp32", "float32", False, None),
+    ("tf32", "float32", True, None),
+    ("bf16", "bfloat16", False, None),
+    ("bf16 cudnn", "bfloat16", False, "CUDNN_ATTENTION"),
+    ("bf16 flash", "bfloat16", False, "FLASH_ATTENTION"),
+]
+ROW_SETS = ("all", "bf16")
 SWITCHES = ("BLUTRAIN_SDPA_FP32", "BLUTRAIN_SDPA_BWD", "BLUTRAIN_SDPA_KERNEL")
 
 
@@ -65,7 +81,7 @@ def _cp_elapsed(a, b) -> float:
     return cupy.cuda.get_elapsed_time(a, b)
 
 
-def bench_blu(shape: str, reps: int) -> list[dict]:
+def bench_blu(shape: str, reps: int, rows_set: str = "all") -> list[dict]:
     import blutensor as bt
     import cupy as cp
 
@@ -75,6 +91,8 @@ def bench_blu(shape: str, reps: int) -> list[dict]:
     grad = rng.standard_normal((B, T, H * hd), dtype=np.float32)
     rows = []
     for label, dtype, prec, env in BLU_RUNS:
+        if rows_set == "bf16" and dtype != "bfloat16":
+            continue
         pol = bt.ExecutionPolicy.from_env(env)
         changes = {f: getattr(pol, f) for f, var in bt.policy.ENV.items() if var in SWITCHES}
         scope = bt.policy.scope(**changes)
@@ -107,7 +125,9 @@ def bench_blu(shape: str, reps: int) -> list[dict]:
     return rows
 
 
-def bench_torch(shape: str, reps: int) -> list[dict]:
+def bench_torch(shape: str, reps: int, rows_set: str = "all") -> list[dict]:
+    import contextlib
+
     import torch
 
     B, H, T, hd = SHAPES[shape]
@@ -117,28 +137,44 @@ def bench_torch(shape: str, reps: int) -> list[dict]:
     rows, saved = [], torch.backends.cuda.matmul.allow_tf32
     F = torch.nn.functional
     try:
-        for label, dt, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
-                                ("bf16", torch.bfloat16, False)):
+        for label, dname, tf32, backend in TORCH_RUNS:
+            if rows_set == "bf16" and dname != "bfloat16":
+                continue
+            dt = getattr(torch, dname)
             torch.backends.cuda.matmul.allow_tf32 = tf32
             qkv = base.to(dt, copy=True).requires_grad_(True)
             do = dbase.to(dt)
 
-            def fwd(qkv=qkv):
-                with torch.no_grad():
+            def pinned(backend=backend):
+                if backend is None:
+                    return contextlib.nullcontext()
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                return sdpa_kernel(getattr(SDPBackend, backend))
+
+            def fwd(qkv=qkv, pinned=pinned):
+                with torch.no_grad(), pinned():
                     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
                     F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-            def fwdbwd(qkv=qkv, do=do):
+            def fwdbwd(qkv=qkv, do=do, pinned=pinned):
                 qkv.grad = None
-                q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+                with pinned():
+                    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                y.backward(do)
 
             def event():
                 return torch.cuda.Event(enable_timing=True)
 
-            tf = _median_ms(fwd, reps, event, torch.cuda.synchronize)
-            tfb = _median_ms(fwdbwd, reps, event, torch.cuda.synchronize)
-            row = dict(shape=shape, impl=f"torch {label}", fwd_ms=tf, fwdbwd_ms=tfb, bwd_ms=tfb - tf)
+            try:
+                tf = _median_ms(fwd, reps, event, torch.cuda.synchronize)
+                tfb = _median_ms(fwdbwd, reps, event, torch.cuda.synchronize)
+                row = dict(shape=shape, impl=f"torch {label}", backend=backend or "auto", fwd_ms=tf, fwdbwd_ms=tfb,
+                           bwd_ms=tfb - tf)
+            except Exception as e:  # noqa: BLE001 - a backend this build or GPU lacks is recorded, the rest run
+                row = dict(shape=shape, impl=f"torch {label}", backend=backend or "auto",
+                           error=f"{type(e).__name__}: {e}"[:300])
             rows.append(row)
             _print(row, _flops(B, H, T, hd))
             torch.cuda.empty_cache()
@@ -159,6 +195,8 @@ def _print(r: dict, flops: float) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    ap.add_argument("--rows", choices=ROW_SETS, default="all",
+                    help="all: every variant; bf16: wgmma, mma.sync and PyTorch's bf16 backends only")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -170,14 +208,15 @@ def main() -> int:
     props = cp.cuda.runtime.getDeviceProperties(0)
     gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     out = args.out or ROOT / "benchmarks" / "results" / f"attention_{gpu.split()[-1].lower()}.json"
-    shapes = args.shape or ["gpt2", "long"]
+    shapes = args.shape or ["gpt2", "hd128", "long"]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     doc = dict(command="python3 benchmarks/kernels/bench_attention.py" + "".join(f" --shape {s}" for s in shapes)
-               + f" --reps {args.reps}", commit=commit, device=gpu, cupy=cp.__version__, torch=torch.__version__,
+               + f" --rows {args.rows} --reps {args.reps}" + (f" --out {args.out}" if args.out else ""),
+               commit=commit, device=gpu, cupy=cp.__version__, torch=torch.__version__,
                shapes={s: dict(zip(("B", "H", "T", "HD"), SHAPES[s])) for s in shapes}, rows=[])
     out.parent.mkdir(parents=True, exist_ok=True)
     for s in shapes:
-        doc["rows"] += bench_blu(s, args.reps) + bench_torch(s, args.reps)
+        doc["rows"] += bench_blu(s, args.reps, args.rows) + bench_torch(s, args.reps, args.rows)
         out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(f"-> {out}")
     return 1 if any("error" in r for r in doc["rows"]) else 0

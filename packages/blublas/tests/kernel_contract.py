@@ -28,14 +28,19 @@ def install(monkeypatch, tmp_path, sm90: bool = False):
 
     cp = fake_cuda.install(monkeypatch, kernels=_resolve, host_array_args=True, runtime_version=13000,
                            name="FakeGPU", distinct_arrays=True)
-    cp.blublas_encode_tmap = blublas_encode_tmap  # blublas.tma's encoder on a CuPy stand-in (no driver here)
+    cp.blublas_encode_tmap = blublas_encode_tmap  # the driver's encoding on a CuPy stand-in (no driver here)
     monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
     for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
         monkeypatch.setattr(loader, name, {})
     monkeypatch.setattr(loader, "_cubin_with_nvrtc", lambda f, a: tmp_path / f"{f}.cubin")
     monkeypatch.setattr(launch, "_probe_results", {})
     monkeypatch.setattr("blublas.memo._launch_memo", {})
-    monkeypatch.setattr(tma, "_cache", {})
+    import blutensor.ext as bt_ext
+
+    monkeypatch.setattr(tma, "_encoder", bt_ext.tma)  # blutensor's encoder, as the plugin host hands it over
+    monkeypatch.setattr(tma, "_searched", True)
+    monkeypatch.setattr(tma, "_checked", set())
+    bt_ext.tma.clear_cache()
     if sm90:
         monkeypatch.setattr(loader, "compute_capability", lambda device_id=None: 90)
         monkeypatch.setattr(loader, "sm_count", lambda device_id=None: 132)
@@ -81,7 +86,7 @@ _TMAP_FMT = "<QQQQQQQQQQ"  # ptr, dims[3], strides[2], box[3], itemsize
 
 
 def blublas_encode_tmap(spec) -> bytes:
-    """Stand-in for cuTensorMapEncodeTiled (blublas.tma looks this up on the CuPy module): the spec's fields
+    """Stand-in for cuTensorMapEncodeTiled (blublas.tma hands it to blutensor's encoder): the spec's fields
     packed into the 128 bytes, so the emulated TMA kernels below read the operands through the map."""
     import struct
 

@@ -1,9 +1,11 @@
 """The TMA (sm_90a) launch path on fake CuPy: tensor-map specs (dims, byte strides, boxes) that the emulated
 kernel reads the operands through, the persistent grid, which problems TMA can serve (16-byte aligned
-bases, leading dimensions and batch strides) and the fall-back to the mma.sync kernels for the others."""
+bases, leading dimensions and batch strides) and the fall-back to the mma.sync kernels for the others; the maps are
+encoded by blutensor's encoder (blutensor.ext.tma), which the plugin host hands to blublas."""
 
 from __future__ import annotations
 
+import blutensor as bt
 import kernel_contract
 import numpy as np
 import pytest
@@ -71,16 +73,17 @@ def test_tensor_map_specs_of_every_layout(fcp):
     cfg = configs.ALL_CONFIGS["wgmma"]["128x256x64_ws_s4"]
     p = _problem(fcp, "nn", "bf16", 300, 264, 136)
     a, b = launch.tma_specs(p, cfg)
-    assert (a.dims, a.strides, a.box, a.dtype) == ((136, 300, 1), (272, 272 * 300), (64, 128, 1), tma.DTYPE_BF16)
+    assert (a.dims, a.strides, a.box, a.dtype) == ((136, 300, 1), (272, 272 * 300), (64, 128, 1), bt.ext.tma.DTYPE_BF16)
     assert (b.dims, b.strides, b.box) == ((264, 136, 1), (528, 528 * 136), (64, 64, 1))  # N-major: 64-col atoms
     p = _problem(fcp, "tn", "bf16", 304, 264, 99, batch=3)
     a, b = launch.tma_specs(p, cfg)
     assert (a.dims, a.strides, a.box) == ((304, 99, 3), (608, 608 * 99), (64, 64, 1))
     p = _problem(fcp, "nt", "tf32", 130, 70, 100)
     a, b = launch.tma_specs(p, configs.ALL_CONFIGS["wgmma_tf32"]["128x256x32_ws_s4"])
-    assert (a.dims, a.box, a.dtype) == ((100, 130, 1), (32, 128, 1), tma.DTYPE_F32)
+    assert (a.dims, a.box, a.dtype) == ((100, 130, 1), (32, 128, 1), bt.ext.tma.DTYPE_F32)
     assert (b.dims, b.strides, b.box) == ((100, 70, 1), (400, 400 * 70), (32, 256, 1))
-    assert tma.encode_args(b)[7:] == (tma.INTERLEAVE_NONE, tma.SWIZZLE_128B, tma.L2_PROMOTION_256B, 0)
+    enc = bt.ext.tma
+    assert enc.encode_args(b)[7:] == (enc.INTERLEAVE_NONE, enc.SWIZZLE_128B, enc.L2_PROMOTION_256B, 0)
 
 
 def test_tma_rejects_what_the_driver_would(fcp):
@@ -92,6 +95,66 @@ def test_tma_rejects_what_the_driver_would(fcp):
     assert "16-byte aligned" in tma.spec_problem(spec)
     with pytest.raises(GemmError, match="cannot be read by TMA"):
         tma.check_spec(spec, "a")
+
+
+def test_gemm_operand_rules_beyond_the_drivers(fcp):
+    """Rows that overlap (ld < cols) or batch entries that overlap are refused before the driver sees them."""
+    assert "shorter than a row" in tma.spec_problem(tma.operand_spec(1 << 20, 10, 72, 64, 0, 0, 2, 128))
+    assert "overlaps" in tma.spec_problem(tma.operand_spec(1 << 20, 10, 64, 64, 2, 64 * 8, 2, 128))
+    assert tma.spec_problem(tma.operand_spec(1 << 20, 10, 64, 64, 2, 64 * 10, 2, 128)) == ""
+
+
+def test_without_an_encoder_sm90_runs_mma_sync_and_a_forced_tma_config_says_why(fcp, monkeypatch):
+    monkeypatch.setattr(tma, "_encoder", None)
+    monkeypatch.setattr(tma, "_searched", True)  # as in a process where no encoder is installed
+    assert not tma.available()
+    p = _problem(fcp, "nt", "bf16", 130, 70, 104)
+    assert "tensor-map encoder" in launch.tma_ok(p)
+    rng = np.random.default_rng(5)
+    case = make_case(rng, 512, 512, 256, layout="nt", precision="bf16")
+    assert check_case(case, fcp) <= case.tol
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_bf16_")
+    with pytest.raises(GemmError, match="use_encoder"):
+        check_case(case, fcp, config="128x256x64_ws_s4")
+    with pytest.raises(GemmError, match="use_encoder"):
+        tma.operand_spec(1 << 20, 64, 64, 64, 0, 0, 2, 128)
+    tma.use_encoder(bt.ext.tma)  # as the plugin host does when it loads blublas
+    assert launch.tma_ok(p) == ""  # no verdict of the encoder-less state is kept
+    assert check_case(case, fcp) <= case.tol
+    assert kernel_contract.LAUNCHES[-1]["name"].startswith("blu_gemm_wgmma_")
+
+
+def test_use_encoder_refuses_a_module_without_the_encoders_interface(monkeypatch):
+    monkeypatch.setattr(tma, "_encoder", tma._encoder)
+    with pytest.raises(GemmError, match="not a TMA tensor-map encoder: it lacks tensor_spec"):
+        tma.use_encoder(np)
+
+
+def test_an_installed_encoder_is_found_through_its_entry_point(monkeypatch):
+    monkeypatch.setattr(tma, "_encoder", None)
+    monkeypatch.setattr(tma, "_searched", False)
+    assert tma.available() and tma.encoder() is bt.ext.tma  # blutensor registers blutensor.ext:tma
+    import importlib.metadata as md
+
+    monkeypatch.setattr(tma, "_encoder", None)
+    monkeypatch.setattr(tma, "_searched", False)
+    bad = md.EntryPoint("broken", "numpy:ndarray", tma.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(md, "entry_points", lambda group: [bad] if group == tma.ENTRY_POINT_GROUP else [])
+    with pytest.warns(UserWarning, match="entry point broken = numpy:ndarray unusable .*lacks tensor_spec"):
+        assert not tma.available()
+    assert "blutrain.tma_encoder" in tma.missing_reason()
+
+
+def test_the_plugin_host_hands_blutensors_encoder_to_blublas(monkeypatch):
+    monkeypatch.setattr(tma, "_encoder", None)
+    monkeypatch.setattr(tma, "_searched", True)
+    bt.ext.reset_host()
+    try:
+        host = bt.ext.get_host()
+        assert "blublas" in host.registry("gemm")
+        assert tma.encoder() is bt.ext.tma
+    finally:
+        bt.ext.reset_host()
 
 
 def test_unaligned_problem_uses_mma_sync_and_forcing_tma_is_a_clear_error(fcp):

@@ -151,3 +151,31 @@ def test_hung_self_test_child_is_a_failure(fcp, monkeypatch):
     monkeypatch.setattr(selftest.subprocess, "run", run)
     ok, why = selftest.probe("wgmma", "tn", "bf16", 90, 0)
     assert not ok and "TimeoutExpired" in why
+
+
+def test_self_test_child_encodes_with_the_parents_tensor_map_encoder(fcp, monkeypatch):
+    """The probe's child process is handed the import name of the encoder this process was given (blutensor's,
+    from the plugin host), and its main() installs that module before probing."""
+    import blutensor as bt
+    from blublas import tma
+
+    runs = []
+
+    def run(cmd, **kw):
+        runs.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout='BLUBLAS_SELFTEST {"ok": true, "why": ""}\n')
+
+    monkeypatch.setattr(selftest.subprocess, "run", run)
+    assert selftest.probe_subprocess("wgmma", "nt", "bf16", 90, 0) == (True, "")
+    assert runs[-1][-2:] == ["--tma-encoder", bt.ext.tma.__name__]
+    seen = []
+    monkeypatch.setattr(selftest, "probe_inproc", lambda *a: (seen.append((a, tma.encoder())), (True, ""))[1])
+    monkeypatch.setattr(tma, "_encoder", None)
+    monkeypatch.setattr(tma, "_searched", True)
+    assert selftest.main(["wgmma", "nt", "bf16", "90", "--tma-encoder", bt.ext.tma.__name__]) == 0
+    assert seen == [(("wgmma", "nt", "bf16", 90), bt.ext.tma)]
+    monkeypatch.setattr(tma, "_encoder", None)
+    monkeypatch.setattr(tma, "_searched", True)
+    runs.clear()
+    selftest.probe_subprocess("wgmma", "nt", "bf16", 90, 0)
+    assert "--tma-encoder" not in runs[-1]

@@ -115,3 +115,11 @@ def blutrain_kernel_cache(cache: Any) -> None:
     from .loader import use_kernel_cache
 
     use_kernel_cache(cache)
+
+
+@hookimpl
+def blutrain_tma_encoder(tma: Any) -> None:
+    """blutensor's TMA tensor-map encoder (blutensor.ext.tma): the sm_90a GEMMs encode their operand maps with it."""
+    from .tma import use_encoder
+
+    use_encoder(tma)

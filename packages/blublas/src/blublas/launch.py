@@ -74,8 +74,10 @@ def tma_ok(p: Problem, cfg: configs.TileConfig | None = None) -> str:
     Memoized per operand geometry (it runs on every call)."""
     if p.K < 1:
         return "K = 0"
+    from . import tma
+
     A, B = p.A, p.B
-    key = (p.precision, p.trans_a, p.trans_b, p.K, cfg.name if cfg is not None else None)
+    key = (tma.available(), p.precision, p.trans_a, p.trans_b, p.K, cfg.name if cfg is not None else None)
     key += (A.ptr, A.rows, A.cols, A.ld, A.batch, A.bstride, B.ptr, B.rows, B.cols, B.ld, B.batch, B.bstride)
     why = _tma_ok_memo.get(key)
     if why is None:
@@ -92,6 +94,8 @@ _tma_ok_memo: dict[tuple, str] = {}
 def _tma_ok(p: Problem, cfg: configs.TileConfig | None) -> str:
     from . import tma
 
+    if not tma.available():
+        return tma.missing_reason()
     tf32 = p.precision != "bf16"
     if cfg is None:
         cfg = next(iter(configs.ALL_CONFIGS["wgmma_tf32" if tf32 else "wgmma"].values()))

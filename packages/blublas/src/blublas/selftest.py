@@ -124,6 +124,10 @@ def probe_subprocess(variant: str, layout: str, precision: str, cc: int, device_
     env["PYTHONPATH"] = os.pathsep.join([src_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["CUDA_VISIBLE_DEVICES"] = _visible_device(device_id)
     cmd = [sys.executable, "-m", "blublas.selftest", variant, layout, precision, str(cc)]
+    from . import tma
+
+    if tma.available():  # the child encodes its tensor maps with the module this process was given
+        cmd += ["--tma-encoder", tma.encoder().__name__]
     try:
         timeout = float(os.environ.get("BLUBLAS_SELFTEST_TIMEOUT", PROBE_TIMEOUT_S))
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -162,6 +166,17 @@ def probe(variant: str, layout: str, precision: str, cc: int, device_id: int) ->
 
 
 def main(argv: list[str]) -> int:
+    """``variant layout precision cc [--tma-encoder MODULE]``: one probe, its verdict printed as a JSON line;
+    MODULE (importable name) is the TMA tensor-map encoder the parent process uses (blutensor.ext.tma's module)."""
+    argv = list(argv)
+    if "--tma-encoder" in argv:
+        import importlib
+
+        from . import tma
+
+        i = argv.index("--tma-encoder")
+        tma.use_encoder(importlib.import_module(argv[i + 1]))
+        del argv[i : i + 2]
     variant, layout, precision, cc = argv[0], argv[1], argv[2], int(argv[3])
     ok, why = probe_inproc(variant, layout, precision, cc)
     print("BLUBLAS_SELFTEST " + json.dumps({"ok": ok, "why": why}), flush=True)

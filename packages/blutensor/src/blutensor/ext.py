@@ -63,7 +63,9 @@ GEMM providers
     CuPy provider), ``FP32_GEMMS``, ``provider_matmul``, ``max_3xtf32_k``.
 Plugins and device memory
     ``kernel_cache`` the integrity-checked on-disk cache of compiled kernels (``safe_directory``, ``store``,
-    ``verified``, ``check_stored``: SHA-256 records, private directories);
+    ``verified``, ``check_stored``: SHA-256 records, private directories); ``tma`` the TMA tensor-map encoder of
+    the sm_90a kernels (``tensor_spec``, ``spec_problem``, ``encode``, ``encode_args``, ``clear_cache``,
+    ``TmaError``; cached 128-byte ``CUtensorMap`` kernel arguments from ``cuTensorMapEncodeTiled``);
     ``get_host()`` / ``reset_host()`` the plugin host (registries by kind: backend, kernel, gemm, allocator,
     parallel, compiler, profiler_sink, model_family), ``hookimpl``, ``BlutrainSpecs``, ``PluginError``,
     ``PluginHost``; ``allocator_plugins()`` the registered device allocators (``install()`` plugs one into
@@ -159,6 +161,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     # plugins and device memory
     "get_host": ("blutensor.plugin.manager", "get_host"),
     "kernel_cache": ("blutensor", "kernel_cache"),
+    "tma": ("blutensor.cuda_ops.tma", ""),
     "reset_host": ("blutensor.plugin.manager", "reset_host"),
     "PluginHost": ("blutensor.plugin.manager", "PluginHost"),
     "hookimpl": ("blutensor.plugin.specs", "hookimpl"),
@@ -379,7 +382,7 @@ def __getattr__(name: str) -> Any:
         mod, attr = _NAMES[name]
     except KeyError:
         raise AttributeError(f"module 'blutensor.ext' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(mod), attr)
+    value = getattr(importlib.import_module(mod), attr) if attr else importlib.import_module(mod)
     globals()[name] = value
     return value
 

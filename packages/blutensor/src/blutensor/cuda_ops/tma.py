@@ -1,6 +1,8 @@
-"""Host-side TMA tensor maps (CUtensorMap) for blutensor's sm_90a kernels (kernels/sdpa_wgmma.cu).
-
-BluBLAS, which depends on NumPy alone, keeps its own rank-3 encoder for its GEMMs (``blublas/tma.py``).
+"""Host-side TMA tensor maps (CUtensorMap): the one encoder of blutensor's sm_90a kernels (kernels/sdpa_wgmma.cu)
+and of BluBLAS's TMA GEMMs. Public as ``blutensor.ext.tma``; BluBLAS, which does not import blutensor, receives
+this module from the plugin host through the ``blutrain_tma_encoder`` hook (or, in a process without a host, loads
+it from the ``blutrain.tma_encoder`` entry point blutensor registers) and describes its operands as rank-3 specs
+(``blublas/tma.py``).
 
 A map describes a tensor of rank 2-5 (dims innermost first, the innermost contiguous; byte strides of the
 outer dims, in any order: a (B, T, 3, H, HD) fused projection read as (HD, T, H, B) is fine) and the box one
@@ -151,7 +153,7 @@ _CACHE_MAX = 4096
 def encode(spec: TmapSpec, name: str = "tensor", encoder=None) -> np.ndarray:
     """The encoded map of ``spec`` as a kernel argument passed by value: a one-element array of the 128-byte
     TMAP_DTYPE (cached). Raises TmaError naming ``name`` when TMA cannot read the tensor as described.
-    ``encoder`` (spec -> 128 bytes) replaces the driver, e.g. in tests without a GPU."""
+    ``encoder`` (spec -> 128 bytes) replaces the driver, e.g. the fake CUDA device's in tests without a GPU."""
     hit = _cache.get(spec)
     if hit is not None:
         return hit
@@ -166,3 +168,10 @@ def encode(spec: TmapSpec, name: str = "tensor", encoder=None) -> np.ndarray:
         _cache.clear()
     _cache[spec] = val
     return val
+
+
+def clear_cache() -> None:
+    """Forget every encoded map, e.g. after switching between the driver and a stand-in encoder (maps are cached by
+    pointer, dims, strides and box alone; freed memory needs no clearing: a reused address with the same geometry
+    encodes the same bytes)."""
+    _cache.clear()

@@ -6,9 +6,11 @@
 // Backward is deterministic: each block accumulates dweight/dbias for its rows (registers or one shared
 // slice per warp, fixed order), writes a per-block partial, and a second kernel sums the partials in a
 // fixed order (column-parallel, sliced over blocks). No float atomics anywhere.
-// Shared bf16/vector helpers come from bf16_vec.cuh (inlined by the loader).
+// The register-resident entries are norm_rows.cuh's row templates (norm_rows_forward / norm_rows_backward, shared
+// with add_rms_norm.cu's fused add + norm) with the residual optional at run time; bf16/vector helpers from
+// bf16_vec.cuh (both inlined by the loader).
 
-#include "bf16_vec.cuh"
+#include "norm_rows.cuh"
 
 // merge (nb, mb, m2b) into (n, m, m2): Chan et al.
 __device__ __forceinline__ void chan_merge(float& n, float& m, float& m2, float nb, float mb, float m2b) {
@@ -214,213 +216,28 @@ __device__ void ln_reduce(const float* __restrict__ part, int nblocks, int C, T*
     else if (db) db[c - C] = from_f<T>(t);
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// Register-resident rows (vec path, C/V <= 32*NV vectors): lane l holds vectors l, l+32, ... of its row, so
-// the row crosses HBM once in each direction (no second pass over global memory) and the statistics are an
-// exact two-pass mean/variance over registers (more accurate than Welford, same fp32 arithmetic). One warp
-// per row, rows grid-strided over a grid sized to fill the SMs. One entry per NV so that each gets its own
-// register allocation (a switch inside one kernel would give every width the widest one's registers).
-template <typename T, int NV>
-__device__ __forceinline__ void ln_forward_reg(const T* __restrict__ x, const T* __restrict__ resid,
-                                               T* __restrict__ sum_out, const T* __restrict__ w,
-                                               const T* __restrict__ b, T* __restrict__ y,
-                                               float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                               long long N, int C, float eps) {
-    constexpr int V = VecN<T>::N;
-    const int lane = threadIdx.x & 31;
-    const int wpb = blockDim.x >> 5;
-    const int cv = C / V;
-    const float invC = 1.f / (float)C;
-    for (long long row = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); row < N; row += (long long)gridDim.x * wpb) {
-        const long long base = row * C;
-        float v[NV][V];
-#pragma unroll
-        for (int j = 0; j < NV; ++j) {
-            const int vi = j * 32 + lane;
-            if (vi < cv) load_vec(x + base + vi * V, v[j]);
-        }
-        if (resid) {
-#pragma unroll
-            for (int j = 0; j < NV; ++j) {
-                const int vi = j * 32 + lane;
-                if (vi < cv) {
-                    float r[V];
-                    load_vec(resid + base + vi * V, r);
-#pragma unroll
-                    for (int k = 0; k < V; ++k) v[j][k] = to_f(from_f<T>(v[j][k] + r[k]));
-                    if (sum_out) store_vec(sum_out + base + vi * V, v[j]);
-                }
-            }
-        }
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < NV; ++j)
-            if (j * 32 + lane < cv) {
-#pragma unroll
-                for (int k = 0; k < V; ++k) s += v[j][k];
-            }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        const float mu = s * invC;
-        float q = 0.f;
-#pragma unroll
-        for (int j = 0; j < NV; ++j)
-            if (j * 32 + lane < cv) {
-#pragma unroll
-                for (int k = 0; k < V; ++k) { const float d = v[j][k] - mu; q += d * d; }
-            }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) q += __shfl_xor_sync(0xffffffffu, q, off);
-        const float rs = rsqrtf(q * invC + eps);
-        if (lane == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
-#pragma unroll
-        for (int j = 0; j < NV; ++j) {
-            const int vi = j * 32 + lane;
-            if (vi < cv) {
-                float wv[V], bv[V];
-                if (w) load_vec(w + vi * V, wv); else { for (int k = 0; k < V; ++k) wv[k] = 1.f; }
-                if (b) load_vec(b + vi * V, bv); else { for (int k = 0; k < V; ++k) bv[k] = 0.f; }
-#pragma unroll
-                for (int k = 0; k < V; ++k) v[j][k] = (v[j][k] - mu) * rs * wv[k] + bv[k];
-                store_vec(y + base + vi * V, v[j]);
-            }
-        }
-    }
-}
-
-// Backward with register-resident rows: g and x of a row are loaded once; each lane owns the same columns in
-// every row, so dweight/dbias accumulate in registers across the warp's rows, then the block's warps add theirs
-// into one shared buffer in warp order (deterministic) and write the block's partial part[blockIdx.x][0:2C].
-// Dynamic shared memory: 2 * C floats.
-template <typename T, int NV, bool SACC>
-__device__ __forceinline__ void ln_backward_reg(const T* __restrict__ g, const T* __restrict__ x,
-                                                const T* __restrict__ w, const float* __restrict__ mean,
-                                                const float* __restrict__ rstd, const T* __restrict__ g_sum,
-                                                T* __restrict__ dx, float* __restrict__ part, long long N, int C,
-                                                int need_dx, int need_dwdb) {
-    extern __shared__ float smem[];
-    constexpr int V = VecN<T>::N;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int wpb = blockDim.x >> 5;
-    const int cv = C / V;
-    const float invC = 1.f / (float)C;
-    float adw[NV][V], adb[NV][V];
-#pragma unroll
-    for (int j = 0; j < NV; ++j)
-#pragma unroll
-        for (int k = 0; k < V; ++k) { adw[j][k] = 0.f; adb[j][k] = 0.f; }
-    // SACC: this warp's dweight/dbias sums live in its own shared slice instead (k-major: element e of vector vi
-    // at e * cv + vi, so a warp's lanes hit consecutive words), freeing 2*NV*V registers for more rows in flight
-    float* acc = smem + (size_t)warp * 2 * C;
-    if (SACC && need_dwdb) {
-        for (int c = lane; c < 2 * C; c += 32) acc[c] = 0.f;
-        __syncwarp();
-    }
-    for (long long row = (long long)blockIdx.x * wpb + warp; row < N; row += (long long)gridDim.x * wpb) {
-        const long long base = row * C;
-        const float mu = mean[row], rs = rstd[row];
-        float gv[NV][V], xv[NV][V];
-#pragma unroll
-        for (int j = 0; j < NV; ++j) {
-            const int vi = j * 32 + lane;
-            if (vi < cv) { load_vec(g + base + vi * V, gv[j]); load_vec(x + base + vi * V, xv[j]); }
-        }
-        float s1 = 0.f, s2 = 0.f;
-#pragma unroll
-        for (int j = 0; j < NV; ++j) {
-            const int vi = j * 32 + lane;
-            if (vi < cv) {
-                float wv[V];
-                if (w) load_vec(w + vi * V, wv); else { for (int k = 0; k < V; ++k) wv[k] = 1.f; }
-#pragma unroll
-                for (int k = 0; k < V; ++k) {
-                    const float xh = (xv[j][k] - mu) * rs;
-                    xv[j][k] = xh;
-                    if (SACC) {
-                        if (need_dwdb) { acc[k * cv + vi] += gv[j][k] * xh; acc[C + k * cv + vi] += gv[j][k]; }
-                    } else {
-                        adw[j][k] += gv[j][k] * xh;
-                        adb[j][k] += gv[j][k];
-                    }
-                    const float d = gv[j][k] * wv[k];
-                    gv[j][k] = d;
-                    s1 += d;
-                    s2 += d * xh;
-                }
-            }
-        }
-        if (need_dx) {
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                s1 += __shfl_xor_sync(0xffffffffu, s1, off);
-                s2 += __shfl_xor_sync(0xffffffffu, s2, off);
-            }
-            s1 *= invC; s2 *= invC;
-#pragma unroll
-            for (int j = 0; j < NV; ++j) {
-                const int vi = j * 32 + lane;
-                if (vi < cv) {
-                    float gs[V];
-                    if (g_sum) load_vec(g_sum + base + vi * V, gs); else { for (int k = 0; k < V; ++k) gs[k] = 0.f; }
-#pragma unroll
-                    for (int k = 0; k < V; ++k) gs[k] += rs * (gv[j][k] - s1 - xv[j][k] * s2);
-                    store_vec(dx + base + vi * V, gs);
-                }
-            }
-        }
-    }
-    if (!need_dwdb) return;
-    if (SACC) {  // sum the warps' slices in warp order (deterministic)
-        __syncthreads();
-        for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-            const int cc = c < C ? c : c - C;
-            const int idx = (c < C ? 0 : C) + (cc % V) * cv + cc / V;
-            float t = 0.f;
-            for (int k = 0; k < wpb; ++k) t += smem[(size_t)k * 2 * C + idx];
-            part[(size_t)blockIdx.x * 2 * C + c] = t;
-        }
-        return;
-    }
-    // warps add their columns into smem[0:2C] one after another (fixed order: bitwise reproducible)
-    for (int k = 0; k < wpb; ++k) {
-        if (warp == k) {
-#pragma unroll
-            for (int j = 0; j < NV; ++j) {
-                const int vi = j * 32 + lane;
-                if (vi < cv) {
-#pragma unroll
-                    for (int e = 0; e < V; ++e) {
-                        const int c = vi * V + e;
-                        smem[c] = k ? smem[c] + adw[j][e] : adw[j][e];
-                        smem[C + c] = k ? smem[C + c] + adb[j][e] : adb[j][e];
-                    }
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) part[(size_t)blockIdx.x * 2 * C + c] = smem[c];
-}
-
+// Register-resident rows (vec path, C/V <= 32*NV vectors): norm_rows.cuh's templates with one storage type, the
+// residual optional (resid null: the plain norm; sum_out, when given, receives x + resid).
 #define LN_REG_FWD(SUF, T, NV)                                                                               \
-extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_forward_r##NV##_##SUF(const T* x,          \
+extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_forward_r##NV##_##SUF(const T* x,           \
         const T* resid, T* sum_out, const T* w, const T* b, T* y, float* mean, float* rstd, long long N,     \
         int C, float eps) {                                                                                  \
-    ln_forward_reg<T, NV>(x, resid, sum_out, w, b, y, mean, rstd, N, C, eps);                                \
+    norm_rows_forward<T, T, T, T, NV, true, NORM_RES_OPT>(x, resid, w, b, sum_out, y, mean, rstd, N, C, eps); \
 }
 #define LN_REG_BWD(SUF, T, NV)                                                                               \
-extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_backward_r##NV##_##SUF(const T* g,         \
+extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_backward_r##NV##_##SUF(const T* g,          \
         const T* x, const T* w, const float* mean, const float* rstd, const T* g_sum, T* dx, float* part,    \
         long long N, int C, int need_dx, int need_dwdb) {                                                    \
-    ln_backward_reg<T, NV, false>(g, x, w, mean, rstd, g_sum, dx, part, N, C, need_dx, need_dwdb);           \
+    norm_rows_backward<T, T, T, T, NV, true, false, false>(g, g_sum, x, w, mean, rstd, dx, nullptr, part, N, C, \
+        need_dx, need_dwdb);                                                                                 \
 }
 // the same with dweight/dbias accumulated in shared memory (dynamic shared memory: warps * 2 * C floats)
 #define LN_SMEM_BWD(SUF, T, NV)                                                                              \
-extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_backward_s##NV##_##SUF(const T* g,         \
+extern "C" __global__ void __launch_bounds__(256) blu_layer_norm_backward_s##NV##_##SUF(const T* g,          \
         const T* x, const T* w, const float* mean, const float* rstd, const T* g_sum, T* dx, float* part,    \
         long long N, int C, int need_dx, int need_dwdb) {                                                    \
-    ln_backward_reg<T, NV, true>(g, x, w, mean, rstd, g_sum, dx, part, N, C, need_dx, need_dwdb);            \
+    norm_rows_backward<T, T, T, T, NV, true, true, false>(g, g_sum, x, w, mean, rstd, dx, nullptr, part, N, C, \
+        need_dx, need_dwdb);                                                                                 \
 }
 
 // NV = 16-byte vectors per lane: forward up to 8 (fp32 C <= 1024, bf16 C <= 2048); backward up to 32 elements a

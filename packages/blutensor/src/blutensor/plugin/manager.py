@@ -107,6 +107,11 @@ class PluginHost:
                 from blutensor import kernel_cache
 
                 give_cache(cache=kernel_cache)
+            give_tma = getattr(plugin, "blutrain_tma_encoder", None)
+            if give_tma is not None:  # the one TMA tensor-map encoder, for plugins that cannot import blutensor
+                from blutensor import ext
+
+                give_tma(tma=ext.tma)
             for kind, hook in KIND_HOOKS.items():
                 impl = getattr(plugin, hook, None)
                 if impl is None:

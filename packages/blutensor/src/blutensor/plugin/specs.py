@@ -82,6 +82,12 @@ class BlutrainSpecs:
         a plugin that keeps compiled kernels on disk applies before loading one (for plugins that do not import
         blutensor, such as blublas)."""
 
+    @hookspec
+    def blutrain_tma_encoder(self, tma: Any) -> None:
+        """Called once per plugin when the host loads it, with ``blutensor.ext.tma``: the TMA tensor-map encoder
+        (``cuTensorMapEncodeTiled`` specs, checks, cached 128-byte kernel arguments) for plugins that launch sm_90a
+        kernels and do not import blutensor (blublas's TMA GEMMs)."""
+
 
 #: plugin kind -> the registration hook that provides it
 KIND_HOOKS: dict[str, str] = {
