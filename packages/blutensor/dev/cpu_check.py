@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.threads:
         bt.set_num_threads(a.threads)
-    st = bt.cpu_ops.status()
+    st = bt.backends.numpy.status()
     print(f"compiled CPU kernels: {st}; threads {bt.get_num_threads()}")
     rows, failed = [], 0
     for sname, shape in SHAPES.items():

@@ -35,7 +35,7 @@ CONFIGS = [  # (BH, L, S, HD, causal)
 
 
 def _setup():
-    from blutensor.cuda_ops import _loader
+    from blutensor.backends.cupy import _loader
 
     src = _loader.source
 
@@ -82,7 +82,7 @@ RESULTS: list[dict] = []
 
 
 def part_fwd_bwd(with_bwd: bool) -> bool:
-    from blutensor.cuda_ops import sdpa
+    from blutensor.backends.cupy import sdpa
 
     ok_all = True
     for i, (BH, L, S, hd, causal) in enumerate(CONFIGS):
@@ -119,7 +119,7 @@ def part_fwd_bwd(with_bwd: bool) -> bool:
 
 def part_qkv() -> bool:
     import cupy as cp
-    from blutensor.cuda_ops import sdpa
+    from blutensor.backends.cupy import sdpa
 
     ok_all = True
     for B, T, H, hd, causal in ((2, 1000, 3, 64, True), (3, 77, 2, 128, True), (1, 300, 5, 64, False)):
@@ -164,7 +164,7 @@ def _ms(fn, n=20):
 
 def _time_config(B, T, H, hd, causal):
     import torch
-    from blutensor.cuda_ops import sdpa
+    from blutensor.backends.cupy import sdpa
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     qkv, tqkv = _bf16((B, T, 3, H, hd), 7)

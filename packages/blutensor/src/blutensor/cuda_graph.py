@@ -28,7 +28,7 @@ DEFAULT_MODE = "relaxed"
 
 
 def _cp():
-    from blutensor.backend import require_cuda
+    from blutensor.backends import require_cuda
 
     return require_cuda()
 

@@ -751,7 +751,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     """
     if enable_gqa:
         if getattr(q, "device", None) is not None and q.device.type == "cuda" and not dropout_p:
-            from blutensor.cuda_ops import sdpa_gqa
+            from blutensor.backends.cupy import sdpa_gqa
 
             variant = sdpa_gqa.applies(q, k, v, attn_mask, dropout_p)
             if variant is not None:  # shapes and dtypes checked there
@@ -841,7 +841,7 @@ class _ToDevice:
 def _move(arr, dt, src, dst):
     import numpy as np
 
-    from blutensor.backend import xp_of
+    from blutensor.backends import xp_of
 
     if src == dst:
         return arr

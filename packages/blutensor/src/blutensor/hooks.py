@@ -24,7 +24,7 @@ class CudaBackend:
 
     @classmethod
     def is_available(cls) -> bool:
-        from blutensor.backend import cuda_available
+        from blutensor.backends import cuda_available
 
         return cuda_available()
 
@@ -36,8 +36,8 @@ def blutrain_register_backends():
 
 @hookimpl
 def blutrain_register_kernels():
-    from blutensor.cpu_ops import kernel_classes as cpu_kernel_classes
-    from blutensor.cuda_ops import bf16_kernel_classes, kernel_classes
+    from blutensor.backends.numpy import kernel_classes as cpu_kernel_classes
+    from blutensor.backends.cupy import bf16_kernel_classes, kernel_classes
     from blutensor.ops.table import builtin_kernels
 
     # the CUDA classes import no CuPy and serve only backend 'cuda': registered everywhere, so the

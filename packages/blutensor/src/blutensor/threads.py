@@ -70,7 +70,7 @@ def _apply(n: int) -> None:
         # the BLAS runs single-threaded, GEMMs are split into row blocks on blutensor's threads (cpu_ops/gemm.py)
         threadpool_limits(limits=1, user_api="blas")
         linalg._threads[0] = n
-    from blutensor.cpu_ops import _build
+    from blutensor.backends.numpy import _build
 
     lib = _build._state.get("lib")
     if lib is not None:

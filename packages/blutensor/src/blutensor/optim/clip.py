@@ -33,11 +33,11 @@ def _fused_cuda(params, max_norm: float):
     dev = grads[0].device
     if dev.type != "cuda" or any(g.device != dev or g.dtype.name not in ("float32", "bfloat16") for g in grads):
         return None
-    from blutensor.cuda_ops import cupy_installed
+    from blutensor.backends.cupy import cupy_installed
 
     if not cupy_installed() or any(not g._data.flags.c_contiguous for g in grads):
         return None
-    from blutensor.cuda_ops.norm import clip_grads_
+    from blutensor.backends.cupy.norm import clip_grads_
 
     return clip_grads_([g._data for g in grads], float(max_norm))
 
@@ -47,7 +47,7 @@ def _fused_cpu(params, max_norm: float):
     when the gradients are not all contiguous fp32 host arrays (or the kernels are unavailable)."""
     if any(p.grad.device.type != "cpu" or p.grad.dtype.name != "float32" for p in params):
         return None
-    from blutensor.cpu_ops.optim import clip_grads_
+    from blutensor.backends.numpy.optim import clip_grads_
 
     r = clip_grads_([p.grad._data for p in params], max_norm)
     if r is None:
@@ -155,7 +155,7 @@ def get_total_norm(tensors, norm_type: float = 2.0):
     dev, p_ = ts[0].device, float(norm_type)
     if (p_ == 2.0 and dev.type == "cuda" and all(t.device == dev and t.dtype.name in ("float32", "bfloat16")
                                                   and t._data.flags.c_contiguous for t in ts)):
-        from blutensor.cuda_ops.norm import global_grad_norm
+        from blutensor.backends.cupy.norm import global_grad_norm
 
         return Tensor._from_data(global_grad_norm([t._data for t in ts]), None, dev)
     xp = xp_of(ts[0]._data)

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from blutensor.cuda_ops._loader import cupy, launch, suffix
+from blutensor.backends.cupy._loader import cupy, launch, suffix
 
 
 def plan(B: int, Hq: int, Hkv: int, L: int, S: int, E: int) -> dict:
@@ -37,7 +37,7 @@ def _lay(H: int, lq, lk, lo) -> tuple:
 
 def gqa_forward(q, k, v, causal: bool, scale: float, variant: str):
     """(o (B, Hq, L, E), lse (B*Hq, L)) for contiguous, 16-byte aligned q (B, Hq, L, E) and k, v (B, Hkv, S, E)."""
-    from blutensor.cuda_ops.sdpa import _fwd_rows, _mma_smem, _names
+    from blutensor.backends.cupy.sdpa import _fwd_rows, _mma_smem, _names
 
     cp = cupy()
     B, Hq, L, E = q.shape
@@ -57,8 +57,8 @@ def gqa_forward(q, k, v, causal: bool, scale: float, variant: str):
 
 def gqa_backward(q, k, v, o, lse, do, causal: bool, scale: float, variant: str):
     """(dq, dk, dv) of :func:`gqa_forward` (``do`` contiguous like o)."""
-    from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
-    from blutensor.cuda_ops.sdpa import BR, _mma_smem, _names
+    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.backends.cupy.sdpa import BR, _mma_smem, _names
 
     cp = cupy()
     B, Hq, L, E = q.shape
@@ -104,7 +104,7 @@ def _aligned(a, cp):
 def applies(q, k, v, attn_mask, dropout_p) -> str | None:
     """The kernel variant when q (B, Hq, L, E), k/v (B, Hkv, S, E) with Hkv < Hq run here, else None."""
     from blutensor._tensor import Tensor
-    from blutensor.cuda_ops.sdpa import SdpaCuda, _rewrites_sdpa, device_arrays, pick_variant
+    from blutensor.backends.cupy.sdpa import SdpaCuda, _rewrites_sdpa, device_arrays, pick_variant
     from blutensor.ops import dispatch
     from blutensor.ops.dispatch import resolve
 
@@ -135,7 +135,7 @@ STRIDED = ("f32", "tf32", "tf32x3", "bf16")
 def strided_variant(variant: str | None, dtype, hd: int) -> str | None:
     """``variant`` when it has strided entries; bf16 variants without them (the Hopper kernel) run the mma.sync
     'bf16' kernels here."""
-    from blutensor.cuda_ops.sdpa import MMA_HD
+    from blutensor.backends.cupy.sdpa import MMA_HD
 
     if variant is None or variant in STRIDED:
         return variant

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blutensor.cpu_ops._build import lib as _lib
+from blutensor.backends.numpy._build import lib as _lib
 
 _F32 = np.dtype(np.float32)
 #: below this many elements NumPy's single-threaded call is as fast (memory-bound copy; waking threads ~20 us)

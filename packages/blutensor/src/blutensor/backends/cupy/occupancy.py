@@ -6,7 +6,7 @@ occupancy; sizing the grid to ``num_sms() * resident_blocks(...)`` keeps every b
 
 from __future__ import annotations
 
-from blutensor.cuda_ops._loader import _raise_smem_limit, cupy, function, num_sms
+from blutensor.backends.cupy._loader import _raise_smem_limit, cupy, function, num_sms
 
 _cache: dict[tuple, int] = {}
 #: why a query fell back to its guess, per kernel name (what a diagnosis of a slow launch reads)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import cupy, launch, num_sms, ptr, suffix
+from blutensor.backends.cupy import _fallback
+from blutensor.backends.cupy._loader import cupy, launch, num_sms, ptr, suffix
 from blutensor.ops import decoder_ops as ref
 from blutensor.ops.table import Kernel
 
@@ -119,7 +119,7 @@ def add_rms_norm_forward(x2, r2, w, eps: float, y_dtype):
         tag = "_".join(_sfx(a) for a in (x2.dtype, r2.dtype, y_dtype, np.float32 if w is None else w.dtype))
         nv = _reg_nv(x2, r2, y_dtype, w)
         if nv is not None:  # the row in registers (the template LayerNorm shares, without the mean and bias)
-            from blutensor.cuda_ops import layer_norm as ln
+            from blutensor.backends.cupy import layer_norm as ln
 
             name = f"blu_add_rms_norm_forward_r{nv}_{tag}"
             grid = ln.full_grid(ln.ADD_FILE, name, _BLOCK, -(-N // (_BLOCK // 32)))
@@ -134,7 +134,7 @@ def add_rms_norm_forward(x2, r2, w, eps: float, y_dtype):
 def _reg_nv(x2, r2, y_dtype, w) -> int | None:
     """NV of the register-resident add_rms_norm entries for these rows (kernels/add_rms_norm.cu's template shared
     with add_layer_norm), or None: the warp-per-row kernels."""
-    from blutensor.cuda_ops import layer_norm as ln
+    from blutensor.backends.cupy import layer_norm as ln
 
     nv = ln.add_norm_nv(x2.shape[1], x2.dtype, r2.dtype, y_dtype, np.float32 if w is None else w.dtype)
     return nv if nv is not None and ln.add_norm_aligned(x2, r2, w) else None
@@ -153,12 +153,12 @@ def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool):
     dx = None if np.dtype(x_dtype) == h2.dtype else cp.empty((N, C), dtype=x_dtype)
     nv = None
     if gy2 is not None and N:
-        from blutensor.cuda_ops import layer_norm as ln
+        from blutensor.backends.cupy import layer_norm as ln
 
         nv = ln.add_norm_nv(C, x_dtype, h2.dtype, gy2.dtype, w_dtype)
         nv = nv if nv is not None and ln.add_norm_aligned(gy2, gh2, h2, w, dx) else None
     if nv is not None:  # rows in registers; dweight from per-block partials, reduced as layer_norm's
-        from blutensor.cuda_ops import layer_norm as ln
+        from blutensor.backends.cupy import layer_norm as ln
 
         name = f"blu_add_rms_norm_backward_s{nv}_{tag}"
         smem = (_BLOCK // 32) * 2 * C * 4

@@ -7,9 +7,9 @@ import math
 import numpy as np
 
 from blutensor.autograd.node import ACCUMULATED, Summed
-from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms, ptr, suffix
-from blutensor.cuda_ops.occupancy import full_grid
+from blutensor.backends.cupy import _fallback
+from blutensor.backends.cupy._loader import aligned16, cupy, launch, num_sms, ptr, suffix
+from blutensor.backends.cupy.occupancy import full_grid
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
@@ -190,7 +190,7 @@ def _as(d, x):
     """A gradient the accumulating reduction wrote as float32 (a zeroed stand-in buffer) in ``x``'s storage dtype."""
     if d.dtype == x.dtype:
         return d
-    from blutensor.cuda_ops.cast import to_bf16
+    from blutensor.backends.cupy.cast import to_bf16
 
     return to_bf16(d)
 
@@ -335,7 +335,7 @@ def add_layer_norm_backward(gy2, gh2, h2, w, mean, rstd, x_dtype, need_dw: bool,
     if gy2 is None or N == 0:  # only h got a gradient: it is the gradient of both addends; dw, db get nothing
         dres = cp.zeros_like(h2) if gh2 is None else gh2.copy()
         if dx is not None:  # x bf16, h float32 (autocast's mix): the float32 gradient rounded
-            from blutensor.cuda_ops.cast import to_bf16
+            from blutensor.backends.cupy.cast import to_bf16
 
             dx = to_bf16(dres)
         return dres, dx, _cast_back(dw, dw_into, wd), _cast_back(db, db_into, wd)
@@ -359,6 +359,6 @@ def _cast_back(d, into, wd):
     """A gradient the accumulating reduction wrote into a float32 stand-in buffer, in w's storage ``wd``."""
     if d is None or into is not None or d.dtype == wd:
         return d
-    from blutensor.cuda_ops.cast import to_bf16
+    from blutensor.backends.cupy.cast import to_bf16
 
     return to_bf16(d)

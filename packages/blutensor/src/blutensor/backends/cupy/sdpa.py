@@ -30,9 +30,9 @@ import os
 
 import numpy as np
 
-from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops import sdpa_wgmma as _wgmma
-from blutensor.cuda_ops._loader import cupy, launch, smem_optin, suffix
+from blutensor.backends.cupy import _fallback
+from blutensor.backends.cupy import sdpa_wgmma as _wgmma
+from blutensor.backends.cupy._loader import cupy, launch, smem_optin, suffix
 from blutensor.errors import ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
@@ -560,7 +560,7 @@ def sdpa_qkv(qkv, n_head: int, is_causal: bool = True, dropout_p: float = 0.0, s
         if dispatch.observers:
             return _observed(fn, qkv, {"n_head": int(n_head), "is_causal": bool(is_causal), "scale": scale})
         return fn()
-    from blutensor.cpu_ops import attention as cpu_attention
+    from blutensor.backends.numpy import attention as cpu_attention
 
     if cpu_attention.usable(qkv, n_head, dropout_p) and not any(_rewrites_sdpa(o) for o in dispatch_observers()):
         if not _SDPA_QKV_CPU:

@@ -14,15 +14,15 @@ import importlib.util
 
 def kernel_classes() -> list[type]:
     """The CUDA op kernel classes (importing them does not import CuPy)."""
-    from blutensor.cuda_ops.cross_entropy import CrossEntropyCuda
-    from blutensor.cuda_ops.decoder import RmsNormCuda, RopeCuda, SwigluCuda
-    from blutensor.cuda_ops.embedding import EmbeddingCuda
-    from blutensor.cuda_ops.gelu import GeluCuda
-    from blutensor.cuda_ops.layer_norm import LayerNormCuda
+    from blutensor.backends.cupy.cross_entropy import CrossEntropyCuda
+    from blutensor.backends.cupy.decoder import RmsNormCuda, RopeCuda, SwigluCuda
+    from blutensor.backends.cupy.embedding import EmbeddingCuda
+    from blutensor.backends.cupy.gelu import GeluCuda
+    from blutensor.backends.cupy.layer_norm import LayerNormCuda
 
     classes = [LayerNormCuda, GeluCuda, CrossEntropyCuda, EmbeddingCuda, RmsNormCuda, RopeCuda, SwigluCuda]
     try:
-        from blutensor.cuda_ops.sdpa import SdpaCuda
+        from blutensor.backends.cupy.sdpa import SdpaCuda
 
         classes.append(SdpaCuda)
     except ImportError:
@@ -32,8 +32,8 @@ def kernel_classes() -> list[type]:
 
 def bf16_kernel_classes() -> list[type]:
     """CUDA kernel classes of the bf16 (autocast) path: fp32 <-> bf16 cast, bf16 linear/matmul/bmm."""
-    from blutensor.cuda_ops.cast import AddWidenCuda, CastCuda
-    from blutensor.cuda_ops.linalg import BmmCuda, LinearCuda, MatmulCuda
+    from blutensor.backends.cupy.cast import AddWidenCuda, CastCuda
+    from blutensor.backends.cupy.linalg import BmmCuda, LinearCuda, MatmulCuda
 
     return [CastCuda, AddWidenCuda, LinearCuda, MatmulCuda, BmmCuda]
 

@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from blutensor.cpu_ops._build import lib as _lib
-from blutensor.cpu_ops.strided import contiguous
+from blutensor.backends.numpy._build import lib as _lib
+from blutensor.backends.numpy.strided import contiguous
 
 _F32 = np.dtype(np.float32)
 
@@ -30,7 +30,7 @@ def usable(qkv, n_head: int, dropout_p: float) -> bool:
     if (type(d) is not np.ndarray or d.dtype != _F32 or dropout_p or qkv.ndim != 3 or d.size == 0
             or qkv.shape[-1] % (3 * n_head) or _lib() is None):
         return False
-    from blutensor.cpu_ops.nn import SdpaCpu
+    from blutensor.backends.numpy.nn import SdpaCpu
     from blutensor.ops import dispatch
 
     if dispatch.autocast_hook is not None:

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from blutensor.cpu_ops._build import lib as _lib
+from blutensor.backends.numpy._build import lib as _lib
 
 _F32 = np.dtype(np.float32)
 

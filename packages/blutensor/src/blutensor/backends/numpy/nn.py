@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from blutensor.cpu_ops._build import lib as _lib
+from blutensor.backends.numpy._build import lib as _lib
 from blutensor.ops._util import into_grad, sum_pending
 from blutensor.ops.table import OPS
 

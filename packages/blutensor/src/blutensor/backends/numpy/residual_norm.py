@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blutensor.cpu_ops._build import lib as _lib
+from blutensor.backends.numpy._build import lib as _lib
 
 _F32 = np.dtype(np.float32)
 BLOCK = 32  # rows per dweight partial (LN_BLOCK in kernels.c)

@@ -72,7 +72,7 @@ def _numpy_sgemm():
 
 def _lib_for_gemm():
     """The kernel library with NumPy's sgemm registered, or None (then the Python pool runs the blocks)."""
-    from blutensor.cpu_ops import _build
+    from blutensor.backends.numpy import _build
 
     lib = _build.lib()
     if lib is None:
@@ -108,7 +108,7 @@ def _gemm_c(a, b, bias, bounds, threads: int):
     la, lb = _layout(a), _layout(b)
     if la is None or lb is None or (bias is not None and (bias.dtype != a.dtype or bias.shape != (b.shape[1],))):
         return None
-    from blutensor.cpu_ops import _build
+    from blutensor.backends.numpy import _build
 
     if _build._state.get("forked"):  # a forked child's OpenMP runs one thread: the Python pool splits its GEMMs
         return None

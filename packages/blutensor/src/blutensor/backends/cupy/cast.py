@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blutensor.cuda_ops._loader import aligned16, cupy, launch, num_sms
+from blutensor.backends.cupy._loader import aligned16, cupy, launch, num_sms
 from blutensor.ops import elementwise as ew
 from blutensor.ops.table import OPS, Kernel
 
@@ -55,7 +55,7 @@ class _MultiTable:
     """Device table of one list of float32 sources for :func:`multi_to_bf16` (built once per address list)."""
 
     def __init__(self, arrays):
-        from blutensor.cuda_ops.multi_tensor import build_chunk_table
+        from blutensor.backends.cupy.multi_tensor import build_chunk_table
 
         cp = cupy()
         numels = [a.size for a in arrays]

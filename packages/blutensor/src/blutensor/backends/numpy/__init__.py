@@ -21,21 +21,21 @@ import contextlib
 
 def kernel_classes() -> list[type]:
     """The CPU op kernel classes (importing them builds nothing: the library is built at the first call)."""
-    from blutensor.cpu_ops.nn import CrossEntropyCpu, EmbeddingCpu, GeluCpu, LayerNormCpu, SdpaCpu
+    from blutensor.backends.numpy.nn import CrossEntropyCpu, EmbeddingCpu, GeluCpu, LayerNormCpu, SdpaCpu
 
     return [GeluCpu, LayerNormCpu, CrossEntropyCpu, EmbeddingCpu, SdpaCpu]
 
 
 def available() -> bool:
     """True when the compiled kernels are in use (building them on the first call if needed)."""
-    from blutensor.cpu_ops._build import lib
+    from blutensor.backends.numpy._build import lib
 
     return lib() is not None
 
 
 def status() -> dict:
     """``available``, ``reason`` (why not), ``path`` of the cached library, ``build_s`` (None: loaded from cache)."""
-    from blutensor.cpu_ops._build import status as st
+    from blutensor.backends.numpy._build import status as st
 
     return st()
 
@@ -44,7 +44,7 @@ def status() -> dict:
 def reference_kernels():
     """Run the NumPy reference kernels (and unsplit single-thread host GEMMs) inside the block, whatever is
     installed: for comparing against the reference bit for bit (blucompiler's interpreter, a new kernel)."""
-    from blutensor.cpu_ops import _build
+    from blutensor.backends.numpy import _build
     from blutensor.ops import linalg
 
     _build._reference_depth[0] += 1

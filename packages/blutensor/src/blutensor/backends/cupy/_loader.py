@@ -12,7 +12,7 @@ import numpy as np
 
 from blutensor.errors import BluTensorError
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 NULL = np.uint64(0)  # null pointer argument
 
 _modules: dict[tuple[str, int], object] = {}
@@ -261,7 +261,7 @@ def first_bad_index(idx, lo: int, hi: int, allowed=None, what: str = "index"):
 
     Lazy mode (default) never syncs: it records a bad index on device and returns None; 'sync' mode (and
     only it) waits for the GPU."""
-    from blutensor.cuda_ops import index_check
+    from blutensor.backends.cupy import index_check
 
     m = index_check.mode()
     if m == "off" or idx.size == 0:

@@ -40,7 +40,7 @@ def _site(what: str) -> int:
 
 def flag_array():
     """The device's error flag (allocated once, zeroed; stays at a fixed address, so graphs may capture it)."""
-    from blutensor.cuda_ops._loader import cupy
+    from blutensor.backends.cupy._loader import cupy
 
     cp = cupy()
     dev = cp.cuda.runtime.getDevice()
@@ -52,7 +52,7 @@ def flag_array():
 
 def check_async(idx, lo: int, hi: int, what: str, allowed: int | None = None) -> None:
     """Record on device whether int64 ``idx`` has an element outside [lo, hi) (other than ``allowed``)."""
-    from blutensor.cuda_ops._loader import launch, num_sms
+    from blutensor.backends.cupy._loader import launch, num_sms
 
     n = int(idx.size)
     if n == 0:
@@ -80,7 +80,7 @@ def pending() -> tuple[str, int, int, int] | None:
     """(what, index, position, bound) of a recorded bad index on the current device, or None; host sync."""
     if not _flags:
         return None
-    from blutensor.cuda_ops._loader import cupy
+    from blutensor.backends.cupy._loader import cupy
 
     dev = cupy().cuda.runtime.getDevice()
     f = _flags.get(dev)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from blutensor.cuda_ops._loader import cupy, launch
-from blutensor.cuda_ops.multi_tensor import table_for
+from blutensor.backends.cupy._loader import cupy, launch
+from blutensor.backends.cupy.multi_tensor import table_for
 from blutensor.errors import DTypeError
 
 FILE = "grad_norm.cu"

@@ -10,9 +10,9 @@ import os
 import numpy as np
 
 from blutensor.autograd.node import ACCUMULATED
-from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import aligned16, capturing, cupy, first_bad_index, launch, num_sms, suffix
-from blutensor.cuda_ops.sort import stable_argsort, thrust_capturable
+from blutensor.backends.cupy import _fallback
+from blutensor.backends.cupy._loader import aligned16, capturing, cupy, first_bad_index, launch, num_sms, suffix
+from blutensor.backends.cupy.sort import stable_argsort, thrust_capturable
 from blutensor.errors import ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import NULL, aligned16, cupy, first_bad_index, launch, num_sms, smem_optin, suffix
-from blutensor.cuda_ops.occupancy import full_grid
+from blutensor.backends.cupy import _fallback
+from blutensor.backends.cupy._loader import NULL, aligned16, cupy, first_bad_index, launch, num_sms, smem_optin, suffix
+from blutensor.backends.cupy.occupancy import full_grid
 from blutensor.errors import AutogradError, ShapeError
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
@@ -87,7 +87,7 @@ def cross_entropy_forward(
             )
     if reduction == "none":
         if logits.dtype == np.uint16 and not float_loss:
-            from blutensor.backend import f32_to_bf16_bits
+            from blutensor.backends import f32_to_bf16_bits
 
             return f32_to_bf16_bits(loss_rows, cp), grad, lse
         return loss_rows, grad, lse
@@ -210,7 +210,7 @@ class CrossEntropyCuda(Kernel):
         ctx.ce_done = True
         cp = cupy()
         if g.dtype != grad.dtype and grad.dtype == np.uint16:  # float_loss: fp32 upstream grad, bf16 buffer
-            from blutensor.cuda_ops.cast import to_bf16
+            from blutensor.backends.cupy.cast import to_bf16
 
             g = to_bf16(g)
         g = cp.ascontiguousarray(g, dtype=grad.dtype)

@@ -19,8 +19,8 @@ import os
 
 import numpy as np
 
-from blutensor.cuda_ops import tma
-from blutensor.cuda_ops._loader import cupy, launch, num_sms
+from blutensor.backends.cupy import tma
+from blutensor.backends.cupy._loader import cupy, launch, num_sms
 from blutensor.errors import ShapeError
 
 FILE = "sdpa_wgmma.cu"

@@ -7,15 +7,15 @@ import numpy as np
 
 
 def _widen(a):
-    from blutensor.backend import bf16_bits_to_f32
-    from blutensor.cuda_ops._loader import cupy
+    from blutensor.backends import bf16_bits_to_f32
+    from blutensor.backends.cupy._loader import cupy
 
     return bf16_bits_to_f32(a, cupy())
 
 
 def _narrow(a):
-    from blutensor.backend import f32_to_bf16_bits
-    from blutensor.cuda_ops._loader import cupy
+    from blutensor.backends import f32_to_bf16_bits
+    from blutensor.backends.cupy._loader import cupy
 
     return f32_to_bf16_bits(a, cupy())
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from blutensor.autograd.node import ACCUMULATED
-from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import cupy
+from blutensor.backends.cupy import _fallback
+from blutensor.backends.cupy._loader import cupy
 from blutensor.ops import linalg as la
 from blutensor.ops.table import Kernel
 
@@ -71,7 +71,7 @@ def _ones_bf16(n: int):
 
 def bias_grad(prov, g2):
     """Column sums of bf16 g2 (M, N) as bf16 (N,): ones(1, M) @ g2 with fp32 accumulation and output."""
-    from blutensor.cuda_ops.cast import to_bf16
+    from blutensor.backends.cupy.cast import to_bf16
 
     cp = cupy()
     out = cp.empty((1, g2.shape[1]), dtype=cp.float32)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blutensor.cuda_ops import _fallback
-from blutensor.cuda_ops._loader import aligned16, cupy, launch, suffix
-from blutensor.cuda_ops.occupancy import full_grid
+from blutensor.backends.cupy import _fallback
+from blutensor.backends.cupy._loader import aligned16, cupy, launch, suffix
+from blutensor.backends.cupy.occupancy import full_grid
 from blutensor.ops import nn_ops
 from blutensor.ops.table import Kernel
 
