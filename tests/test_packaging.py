@@ -82,12 +82,12 @@ def test_imports_follow_the_graph(pkg):
 
 
 #: blutensor's documented modules: what other packages (their src/, dev/ and tests/, the root benchmarks/ and
-#: tests/) may import; everything else (``blutensor._*``, ``ops``, ``cuda_ops``, ``plugin``, ``gemm``, ...) is
+#: tests/) may import; everything else (``blutensor._*``, ``ops``, ``backends.cupy``, ``plugin``, ``gemm``, ...) is
 #: private and reached through ``blutensor.ext``
 PUBLIC_BLUTENSOR = {"blutensor", "blutensor.nn", "blutensor.nn.functional", "blutensor.nn.init", "blutensor.nn.utils",
                     "blutensor.optim", "blutensor.optim.lr_scheduler", "blutensor.utils", "blutensor.utils.data",
                     "blutensor.ext", "blutensor.compat", "blutensor.cuda", "blutensor.amp", "blutensor.random",
-                    "blutensor.autograd"}
+                    "blutensor.autograd", "blutensor.backends"}
 BLUTENSOR_SRC = ROOT / "packages" / "blutensor" / "src" / "blutensor"
 PRIVATE_SUBMODULES = {p.stem if p.suffix == ".py" else p.name for p in BLUTENSOR_SRC.iterdir()
                       if (p.suffix == ".py" or (p / "__init__.py").is_file() or p.is_dir()) and p.name != "__init__.py"

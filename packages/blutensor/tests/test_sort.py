@@ -65,8 +65,8 @@ def test_cuda_embedding_backward_modes(mode, monkeypatch):
     """GPU twin of test_cpu_embedding_backward_pieces_emulation: both backward algorithms against float64 with a
     very frequent token, bitwise repeatable, and equal inside a CUDA graph."""
     cp = _cupy_with_gpu()
-    from blutensor.cuda_graph import CUDAGraph, graph
     from blutensor.backends.cupy.embedding import embedding_backward
+    from blutensor.cuda_graph import CUDAGraph, graph
 
     monkeypatch.setenv("BLUTRAIN_EMBEDDING_BWD", mode)
     rng = np.random.default_rng(1)
@@ -157,9 +157,9 @@ def test_cuda_embedding_backward_gpt2_shape_time(monkeypatch):
 def test_embedding_backward_in_a_graph_equals_eager():
     """GPU: the probe's answer (Thrust or radix inside the graph) gives the eager result bit for bit."""
     cp = _cupy_with_gpu()
-    from blutensor.cuda_graph import CUDAGraph, graph
     from blutensor.backends.cupy.embedding import embedding_backward
     from blutensor.backends.cupy.sort import thrust_capturable
+    from blutensor.cuda_graph import CUDAGraph, graph
 
     rng = np.random.default_rng(0)
     idx = cp.asarray(rng.integers(0, 1000, size=4099), dtype=cp.int64)

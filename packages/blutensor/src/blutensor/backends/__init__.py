@@ -1,64 +1,144 @@
-"""Array backends: NumPy for ``cpu``, CuPy for ``cuda``; bfloat16 <-> float32 conversion on both."""
+"""Array backends: where a device's arrays, kernels and memory come from.
+
+Each device type has one backend, a plugin of the host's ``backend`` kind (``blutrain_register_backends``), a
+subclass of :class:`Backend`:
+
+- ``cpu``, :mod:`blutensor.backends.numpy`: NumPy arrays, the compiled C kernels of the training step
+  (``kernels.c``, built at first use); host memory is NumPy's, no allocator plugin;
+- ``cuda``, :mod:`blutensor.backends.cupy`: CuPy arrays (CuPy imported on first use), the CUDA kernels
+  (``kernels/*.cu``), and the device allocator hook (CuPy's pool, or an allocator plugin such as
+  bluallocator's ``caching``).
+
+blutensor registers both through its own ``blutrain_register_backends`` hook exactly as a third-party package
+registers one (an entry point in the ``blutrain`` group); ``blutrain plugins`` lists them. :func:`get` finds a
+backend by name or device (``bt.backends.get("cuda")``, ``bt.backends.get(t.device)``), :func:`for_array` the one
+an array belongs to. The array lookup the ops use on every call (:func:`array_module`, :func:`xp_of`) asks the
+two built-in backends directly, without a registry lookup; bfloat16 <-> float32 conversion works on both.
+"""
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 
-from blutensor.device import device
-from blutensor.errors import DeviceError
-
-_cupy = None
-_cupy_error: str | None = None
-INSTALL_HINT = ("install CuPy for your CUDA version: pip install 'blutensor[cuda12]' (CUDA 12) "
-                "or 'blutensor[cuda13]' (CUDA 13)")
+from blutensor.device import as_device, device
+from blutensor.errors import ArgumentError, DeviceError
 
 
-def cupy_module():
-    """CuPy, imported on first use; None when it is not installed."""
-    global _cupy, _cupy_error
-    if _cupy is None and _cupy_error is None:
-        try:
-            import cupy
+class Backend:
+    """What a backend provides, as class methods (a backend is a class, never instantiated; the host registers it).
 
-            _cupy = cupy
-        except Exception as e:  # ImportError, or a broken CUDA install
-            _cupy_error = f"{type(e).__name__}: {e}"
-    return _cupy
+    Subclasses set ``PLUGIN_NAME`` (the name :func:`get` and ``blutrain plugins`` use) and ``DEVICE_TYPE`` (the
+    device type whose arrays it holds) and implement :meth:`is_available`, :meth:`module`, :meth:`owns` and
+    :meth:`device_of`; the host refuses a backend class that lacks one of them. :meth:`kernel_classes` lists the
+    backend's op kernels (registered through the host's ``kernel`` kind, ``BACKEND`` = ``DEVICE_TYPE``); the
+    allocator methods are for backends whose device memory can come from an allocator plugin.
+    """
+
+    PLUGIN_NAME: ClassVar[str] = ""
+    DEVICE_TYPE: ClassVar[str] = ""
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """True when this backend can hold arrays here (its library imports and its device exists); never raises."""
+        raise NotImplementedError(f"backend {cls.PLUGIN_NAME!r} does not implement is_available()")
+
+    @classmethod
+    def module(cls, dev: device | None = None) -> Any:
+        """The array module (NumPy's interface) for ``dev`` (this backend's default device when None), imported on
+        first use; a :class:`~blutensor.DeviceError` saying what is missing when it cannot be used."""
+        raise NotImplementedError(f"backend {cls.PLUGIN_NAME!r} does not implement module()")
+
+    @classmethod
+    def owns(cls, arr: Any) -> bool:
+        """True when ``arr`` is one of this backend's arrays."""
+        raise NotImplementedError(f"backend {cls.PLUGIN_NAME!r} does not implement owns()")
+
+    @classmethod
+    def device_of(cls, arr: Any) -> device:
+        """The device ``arr`` lives on (an :class:`~blutensor.ArgumentError` when it is not this backend's)."""
+        raise NotImplementedError(f"backend {cls.PLUGIN_NAME!r} does not implement device_of()")
+
+    @classmethod
+    def kernel_classes(cls) -> list[type]:
+        """The backend's op kernel classes (importing them loads no device library)."""
+        return []
+
+    @classmethod
+    def install_allocator(cls, name: str, **kwargs: Any) -> Any:
+        """Make this backend allocate through the allocator plugin ``name``; backends without device allocators
+        refuse (NumPy allocates host memory itself)."""
+        raise DeviceError(f"backend {cls.PLUGIN_NAME!r} ({cls.DEVICE_TYPE} arrays) takes no allocator plugin; "
+                          f"allocator {name!r} not installed")
+
+    @classmethod
+    def allocator_plugin(cls) -> type | None:
+        """The allocator plugin installed through :meth:`install_allocator` (None: the backend's own memory)."""
+        return None
+
+    @classmethod
+    def memory_stats(cls) -> dict[str, Any] | None:
+        """The backend's device memory statistics (``allocated_bytes``, ``reserved_bytes``, ...); None where the
+        backend keeps none (host memory)."""
+        return None
+
+    @classmethod
+    def _not_mine(cls, arr: Any) -> ArgumentError:
+        return ArgumentError(f"backend {cls.PLUGIN_NAME!r} holds {cls.DEVICE_TYPE} arrays, not a "
+                             f"{type(arr).__module__}.{type(arr).__qualname__}")
 
 
-def cuda_available() -> bool:
-    """True when CuPy imports and sees at least one GPU."""
-    cp = cupy_module()
-    if cp is None:
-        return False
-    try:
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+def _registry():
+    from blutensor.plugin.manager import get_host
+
+    return get_host().registry("backend")
 
 
-def require_cuda(dev: device | None = None):
-    """CuPy, or a DeviceError that says how to install it."""
-    cp = cupy_module()
-    if cp is None:
-        raise DeviceError(f"device {dev or 'cuda'} requested but CuPy is not available ({_cupy_error}); "
-                          f"{INSTALL_HINT}")
-    try:
-        n = cp.cuda.runtime.getDeviceCount()
-    except Exception as e:
-        raise DeviceError(f"device {dev or 'cuda'} requested but no CUDA driver/GPU is usable: {e}") from None
-    if n == 0:
-        raise DeviceError(f"device {dev or 'cuda'} requested but this machine has no CUDA GPU")
-    if dev is not None and dev.index is not None and dev.index >= n:
-        raise DeviceError(f"device {dev} requested but only {n} CUDA device(s) exist")
-    return cp
+def names() -> list[str]:
+    """The names of the registered backends (``["cpu", "cuda"]`` plus any installed backend plugin)."""
+    return _registry().names()
+
+
+def get(name: str | device) -> type[Backend]:
+    """The registered backend named ``name`` (``"cpu"``, ``"cuda"`` or a plugin's ``PLUGIN_NAME``), or the backend
+    of a device (``"cuda:1"``, a :class:`~blutensor.device`): blutensor's own for ``cpu`` and ``cuda``. A
+    ``PluginError`` lists the registered names when there is none."""
+    from blutensor.plugin.registry import PluginError
+
+    reg = _registry()
+    if isinstance(name, str) and name in reg:
+        return reg.get(name)
+    if isinstance(name, device) or (isinstance(name, str) and ":" in name):
+        dtype = as_device(name).type  # a malformed device string is a ValueError naming it
+    elif isinstance(name, str):
+        dtype = name
+    else:
+        raise ArgumentError(f"backends.get() takes a backend name or a device, got {type(name).__name__} {name!r}")
+    for rec in reg:
+        if getattr(rec.cls, "DEVICE_TYPE", None) == dtype:
+            return rec.cls
+    raise PluginError(f"no backend named {name!r} and none for device type {dtype!r}; registered: "
+                      + ", ".join(f"{r.name} (device {r.cls.DEVICE_TYPE})" for r in reg))
+
+
+def for_array(arr: Any) -> type[Backend]:
+    """The registered backend ``arr`` belongs to (:meth:`Backend.owns`); an ArgumentError naming its type when no
+    backend holds such arrays."""
+    reg = _registry()
+    for rec in reg:
+        if rec.cls.owns(arr):
+            return rec.cls
+    raise ArgumentError(f"no backend holds arrays of type {type(arr).__module__}.{type(arr).__qualname__}; "
+                        f"registered backends: {', '.join(reg.names())}")
 
 
 def xp_of(dev: device):
-    """The array module for a device."""
+    """The array module for a device: NumPy for ``cpu``, else the CuPy backend's module (a DeviceError saying how to
+    install CuPy when it cannot be used)."""
     if dev.type == "cpu":
         return np
-    return require_cuda(dev)
+    return CupyBackend.module(dev)
 
 
 #: providers of array types other than NumPy's and CuPy's (a tracer's traced arrays): ``(array_type, provider)``
@@ -90,6 +170,7 @@ def array_module(arr):
 
 
 def is_cuda_array(arr) -> bool:
+    """True for a CuPy array (the ``cuda`` backend's; told by its type's module, so CuPy is not imported)."""
     return not isinstance(arr, np.ndarray | np.generic) and type(arr).__module__.startswith("cupy")
 
 
@@ -107,3 +188,11 @@ def f32_to_bf16_bits(x, xp):
     nan = (u & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
     out = xp.where(nan, (u >> 16) | xp.uint32(0x40), rounded)
     return out.astype(xp.uint16)
+
+
+from blutensor.backends import cupy, numpy  # noqa: E402  (the built-in backends; neither imports CuPy here)
+from blutensor.backends.cupy import CupyBackend, cupy_module  # noqa: E402
+from blutensor.backends.numpy import NumpyBackend  # noqa: E402
+
+__all__ = ["Backend", "CupyBackend", "NumpyBackend", "array_module", "bf16_bits_to_f32", "cupy", "f32_to_bf16_bits",
+           "for_array", "get", "is_cuda_array", "names", "numpy", "xp_of"]

@@ -1,7 +1,11 @@
-"""Compiled CPU kernels of the training step (``kernels.c``), the CPU counterpart of ``cuda_ops``.
+"""The ``cpu`` backend: NumPy arrays, host memory from NumPy, and the compiled CPU kernels of the training step
+(``kernels.c``), the CPU counterpart of the CUDA kernels in :mod:`blutensor.backends.cupy`.
 
-Fused and threaded the way the CUDA kernels are, float32 throughout: tanh-GELU forward/backward (also the
-recompute of GPT-2's GELU + c_proj), LayerNorm forward/backward (dweight/dbias from fixed row blocks), softmax
+:class:`NumpyBackend` is what the plugin host registers (``bt.backends.get("cpu")``); :func:`status`,
+:func:`available` and :func:`reference_kernels` are about the compiled kernels.
+
+The kernels are fused and threaded the way the CUDA kernels are, float32 throughout: tanh-GELU forward/backward
+(also the recompute of GPT-2's GELU + c_proj), LayerNorm forward/backward (dweight/dbias from fixed row blocks), softmax
 cross-entropy whose backward writes the logits gradient in one pass, flash-style attention (one score row at a
 time, log-sum-exp saved, no L x S buffer), embedding backward, AdamW and the gradient norm over all parameters.
 
@@ -17,6 +21,13 @@ run on the same OpenMP threads, so the step's CPU work uses one thread pool.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
+
+import numpy as np
+
+from blutensor.backends import Backend
+from blutensor.device import CPU, device
+from blutensor.errors import DeviceError
 
 
 def kernel_classes() -> list[type]:
@@ -54,3 +65,38 @@ def reference_kernels():
     finally:
         _build._reference_depth[0] -= 1
         linalg._threads[0] = threads
+
+
+class NumpyBackend(Backend):
+    """NumPy arrays on the host (device ``cpu``): always available; memory comes from NumPy, so no allocator plugin
+    is installed; op kernels: the compiled C kernels (:func:`kernel_classes`), the NumPy references everywhere
+    else."""
+
+    PLUGIN_NAME = "cpu"
+    DEVICE_TYPE = "cpu"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def module(cls, dev: device | None = None) -> Any:
+        """NumPy (``dev`` must be the CPU when given)."""
+        if dev is not None and dev.type != "cpu":
+            raise DeviceError(f"the cpu backend holds no arrays of device {dev}")
+        return np
+
+    @classmethod
+    def owns(cls, arr: Any) -> bool:
+        return isinstance(arr, np.ndarray | np.generic)
+
+    @classmethod
+    def device_of(cls, arr: Any) -> device:
+        if not cls.owns(arr):
+            raise cls._not_mine(arr)
+        return CPU
+
+    @classmethod
+    def kernel_classes(cls) -> list[type]:
+        """The compiled CPU kernels' op classes (registered for backend ``cpu``; nothing is built here)."""
+        return kernel_classes()
