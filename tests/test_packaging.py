@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,12 @@ def test_blumodels_pulls_blutensor_by_its_range(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(house),
                     str(ROOT / "packages" / "blutensor"), str(ROOT / "packages" / "blumodels")],
                    check=True, timeout=600)
+    src = ROOT / "packages" / "blutensor" / "src"  # the kernel sources ship where the backends load them from
+    kernels = {p.relative_to(src).as_posix() for pat in ("*.cu", "*.cuh", "*.c") for p in src.rglob(pat)}
+    with zipfile.ZipFile(next(house.glob("blutensor-*.whl"))) as whl:
+        missing = kernels - set(whl.namelist())
+    assert {"blutensor/backends/numpy/kernels.c", "blutensor/backends/cupy/kernels/sdpa.cu"} <= kernels
+    assert not missing, f"the blutensor wheel lacks {sorted(missing)}"
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = str(env_dir / "bin" / "python")

@@ -1,4 +1,4 @@
-"""Check every compiled CPU kernel (src/blutensor/cpu_ops/kernels.c) against its float64 NumPy reference.
+"""Check every compiled CPU kernel (src/blutensor/backends/numpy/kernels.c) against its float64 NumPy reference.
 
     .venv/bin/python packages/blutensor/dev/cpu_check.py [OUT_DIR] [--threads N]
 

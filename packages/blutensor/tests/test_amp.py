@@ -280,7 +280,7 @@ def test_cuda_bf16_linear_matches_widened_generic(bias):
 
 @pytest.fixture
 def numpy_as_cupy(monkeypatch):
-    """Run cuda_ops.linalg's classes on NumPy bf16 bits (uint16) through a registered provider that declares bf16
+    """Run backends.cupy.linalg's classes on NumPy bf16 bits (uint16) through a registered provider that declares bf16
     and takes host arrays (blublas' NumPy reference)."""
     from blutensor import ext
     from blutensor.backends import f32_to_bf16_bits

@@ -1,6 +1,6 @@
 """rms_norm, rope, swiglu and GQA attention against float64 NumPy references, fp32 and bf16, forward and backward.
 
-The ``cuda`` cases run the fused kernels of cuda_ops/decoder.py (kernels/rms_norm.cu, rope.cu, swiglu.cu) and
+The ``cuda`` cases run the fused kernels of backends/cupy/decoder.py (kernels/rms_norm.cu, rope.cu, swiglu.cu) and
 skip without CuPy or a GPU; the ``cpu`` cases are their twins (same assertions on blutensor's generic ops). The
 kernel classes and their entry points are checked on CPU too.
 """
@@ -223,7 +223,7 @@ def _emulate(name, args):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """cuda_ops.decoder with NumPy as its array module and each launch checked against the kernel's C signature
+    """backends.cupy.decoder with NumPy as its array module and each launch checked against the kernel's C signature
     (argument count, scalar types, pointers), then emulated."""
     from blutensor.backends.cupy import decoder
 

@@ -213,7 +213,7 @@ def test_provider_matmul_into_equals_product_plus_add():
 
 @pytest.fixture
 def numpy_as_cupy(monkeypatch):
-    """cuda_ops.linalg's classes on NumPy bf16 bits through blublas' NumPy reference provider."""
+    """backends.cupy.linalg's classes on NumPy bf16 bits through blublas' NumPy reference provider."""
     blublas_hooks = pytest.importorskip("blublas.hooks")
     from blutensor.backends import f32_to_bf16_bits
     from blutensor.backends.cupy import cast, linalg

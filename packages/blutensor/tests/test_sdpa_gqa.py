@@ -1,4 +1,4 @@
-"""Grouped-query flash attention (cuda_ops/sdpa_gqa.py): K/V heads read in place, never repeated.
+"""Grouped-query flash attention (backends/cupy/sdpa_gqa.py): K/V heads read in place, never repeated.
 
 CPU: the launches of gqa_forward / gqa_backward run on a NumPy emulation of the strided flash kernels that follows
 their address math (struct Lay: base(bh) = (bh / H) * sb + (bh % H) * sh; lse and D rows at bh * L), so the

@@ -1,4 +1,4 @@
-"""Fused-qkv attention (cuda_ops/sdpa.py ``sdpa_qkv``): strided q/k/v views of the qkv projection.
+"""Fused-qkv attention (backends/cupy/sdpa.py ``sdpa_qkv``): strided q/k/v views of the qkv projection.
 
 CPU: the layout triples (sb, sh, st) handed to the strided kernels address exactly q/k/v/o/dO through the
 kernels' formula  base(bh) = (bh / H) * sb + (bh % H) * sh,  row offset = row * st  (struct Lay); the

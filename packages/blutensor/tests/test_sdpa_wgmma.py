@@ -1,4 +1,4 @@
-"""The Hopper flash attention (kernels/sdpa_wgmma.cu, cuda_ops/sdpa_wgmma.py, cuda_ops/tma.py).
+"""The Hopper flash attention (kernels/sdpa_wgmma.cu, backends/cupy/sdpa_wgmma.py, backends/cupy/tma.py).
 
 CPU: the generated wgmma wrappers are current; NVRTC compiles every entry for sm_90a (wgmma, TMA, setmaxnreg in
 the PTX) and, as trapping stubs, for sm_80; the NumPy model of the kernel's swizzled shared-memory descriptors and

@@ -1,4 +1,4 @@
-"""cuda_ops/sort.py: the sync-free stable radix argsort equals NumPy's stable argsort (CPU reference)."""
+"""backends/cupy/sort.py: the sync-free stable radix argsort equals NumPy's stable argsort (CPU reference)."""
 
 import numpy as np
 import pytest

@@ -3,7 +3,7 @@ strategies, GEMM libraries, model code with fused kernels).
 
 User code needs only ``import blutensor as bt`` and its documented modules (``nn``, ``optim``, ``utils``,
 ``cuda``, ``amp``, ``random``, ``autograd``). What a sibling package needs beyond that is here, so that
-blutensor's private modules (``blutensor._*``, ``ops.*``, ``cuda_ops.*``, ``plugin.manager``, ``gemm``) can
+blutensor's private modules (``blutensor._*``, ``ops.*``, ``backends.cupy.*``, ``plugin.manager``, ``gemm``) can
 change without breaking it; ``tests/test_packaging.py`` forbids other packages to import them. Each name is
 the object blutensor itself uses (not a copy), imported on first access.
 

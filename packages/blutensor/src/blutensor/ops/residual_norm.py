@@ -14,7 +14,7 @@ depends on ``y``, so the engine runs it first; ``y``'s node runs even when no gr
 
 Array paths: the fused CUDA kernels (kernels/add_rms_norm.cu, the residual-norm kernels of both norms; fp32/bf16
 storage per tensor, so autocast's bf16 sublayer output, fp32 residual stream and bf16 normalised output need no
-casts) and, on CPU, the compiled kernels for float32 (``cpu_ops/residual_norm.py``, kernels.c) or the NumPy
+casts) and, on CPU, the compiled kernels for float32 (``backends/numpy/residual_norm.py``, kernels.c) or the NumPy
 reference (``decoder_ops.add_rms_norm_rows`` / ``add_layer_norm_rows``; float64, or without a C compiler). Any
 other combination runs as ``x + residual`` then ``rms_norm`` / ``layer_norm`` through the ordinary ops (the same
 values).

@@ -182,7 +182,7 @@ def _reduce(part, nblocks: int, C: int, dw, db, sfx: str) -> None:
     )
 
 
-#: the partials' reduction, for the fused residual-norm kernels (cuda_ops.decoder's add_rms_norm)
+#: the partials' reduction, for the fused residual-norm kernels (backends.cupy.decoder's add_rms_norm)
 reduce_partials = _reduce
 
 

@@ -190,7 +190,7 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
-#: > 0 inside cpu_ops.reference_kernels(): lib() answers None (the NumPy references run)
+#: > 0 inside backends.numpy.reference_kernels(): lib() answers None (the NumPy references run)
 _reference_depth = [0]
 
 

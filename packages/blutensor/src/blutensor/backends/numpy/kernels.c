@@ -1,6 +1,6 @@
 /* blutensor CPU kernels of the training step: float32, vectorised by the compiler, threaded with OpenMP.
  *
- * Built by cpu_ops/_build.py at first use (cc -O3 -march=native -fopenmp -ffp-contract=off) and cached.
+ * Built by backends/numpy/_build.py at first use (cc -O3 -march=native -fopenmp -ffp-contract=off) and cached.
  * Every kernel has a NumPy reference in blutensor.ops (nn_ops, optim) and a test against it.
  *
  * Determinism: elementwise and per-row work is independent of the thread count; reductions across rows
@@ -662,7 +662,7 @@ void blu_add_layer_norm_backward(const float *gy, const float *gh, const float *
 /* ---------------------------------------------------------------- threaded GEMM over the BLAS NumPy uses */
 /* The row blocks of a host GEMM run on the OpenMP threads of the kernels above (one pool for the whole step:
  * no hand-off to other threads, no interpreter lock), each block one single-threaded cblas_sgemm call of the
- * BLAS library NumPy is linked with (the pointer comes from cpu_ops/gemm.py), with the same arguments NumPy's
+ * BLAS library NumPy is linked with (the pointer comes from backends/numpy/gemm.py), with the same arguments NumPy's
  * matmul passes for that block: results equal np.matmul's on the same blocks. */
 typedef void (*sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                            int64_t, float, float *, int64_t);

@@ -1,5 +1,5 @@
 // bfloat16 as raw 16-bit storage and 128-bit vector loads/stores: the helpers every fused kernel shares.
-// Inlined into each kernel file by blutensor/cuda_ops/_loader.py (quoted includes are expanded before NVRTC
+// Inlined into each kernel file by blutensor/backends/cupy/_loader.py (quoted includes are expanded before NVRTC
 // sees the source, so CuPy's cache key covers this header too).
 typedef unsigned short bf16_t;
 

@@ -2,7 +2,7 @@
 // 128-byte-swizzled shared memory completing on mbarriers, mbarrier waits, wgmma descriptors / fence / commit /
 // wait, operand fences, setmaxnreg and named barriers. Everything exists only when compiled for sm_90a
 // (BLU_HAVE_WGMMA); a file including this header declares "blu-nvrtc-archs: 90a" and gives its kernels a
-// trapping body elsewhere. The tensor maps (CUtensorMap) are encoded on the host (blutensor/cuda_ops/tma.py)
+// trapping body elsewhere. The tensor maps (CUtensorMap) are encoded on the host (blutensor/backends/cupy/tma.py)
 // and passed by value as __grid_constant__ kernel parameters; TMA zero-fills every element outside the tensor.
 // BLU_MBAR_SPIN_LIMIT (debug builds): a wait that polls that many times traps instead of hanging.
 

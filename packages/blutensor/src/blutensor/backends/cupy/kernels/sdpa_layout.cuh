@@ -1,5 +1,5 @@
 // Strided layouts of flash attention's tensors, shared by kernels/sdpa.cu (SIMT) and kernels/sdpa_mma.cu (matrix
-// units); inlined into each by blutensor/cuda_ops/_loader.py.
+// units); inlined into each by blutensor/backends/cupy/_loader.py.
 // Element (b, h, row, :) of a tensor is at  b * sb + h * sh + row * st  with bh = b * H + h (contiguous (BH, n, HD):
 // H = 1, sb = n * HD, st = HD). q/dq share one layout, k/v/dk/dv one, o/dO one, so q, k, v may be views of one fused
 // (B, T, 3, H, HD) qkv tensor and o may be written as (B, T, H, HD). Rows must stay 16-byte aligned

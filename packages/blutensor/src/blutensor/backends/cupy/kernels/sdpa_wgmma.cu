@@ -509,7 +509,7 @@ __device__ __forceinline__ void preprocess(const bf16_t* __restrict__ dout, cons
 
 }  // namespace wg
 
-// Entries per head dim: forward, dK/dV and dQ. Tensor maps (blutensor/cuda_ops/tma.py, 4-D: head dim, row,
+// Entries per head dim: forward, dK/dV and dQ. Tensor maps (blutensor/backends/cupy/tma.py, 4-D: head dim, row,
 // head, batch; boxes of 64 elements x 128 rows, the dK/dV kernel's Q/dO and the dQ kernel's K/V maps 64 rows);
 // H heads; the output layouts as (sb, sh, st) (dK and dV share one). FST / BST: stages of the ring.
 #define BLU_TM const __grid_constant__ BluTmap
