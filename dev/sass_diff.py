@@ -26,7 +26,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_DIRS = ("packages/blutensor/src/blutensor/kernels", "packages/blublas/src/blublas/kernels")
+KERNEL_DIRS = ("packages/blutensor/src/blutensor/backends/cupy/kernels", "packages/blublas/src/blublas/kernels")
+#: where a kernel directory was at earlier revisions (blutensor's CUDA kernels moved under its cupy backend)
+FORMER_DIRS = {"packages/blutensor/src/blutensor/backends/cupy/kernels": ("packages/blutensor/src/blutensor/kernels",)}
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
 _FUNC = re.compile(r"\s*Function : (\S+)")
 
@@ -63,21 +65,32 @@ def sass(src: str, arch: str, work: Path, cuobjdump: str) -> dict[str, list[str]
     return funcs
 
 
-def extract_rev(rev: str, tmp: Path) -> None:
+def extract_rev(rev: str, tmp: Path) -> dict[str, str]:
     """The kernel directories at ``rev`` under ``tmp/old``: git archive piped into tar, no shell, and ``rev``
-    checked to name a commit first (so an argument such as ``; rm -rf ~`` or ``--output=x`` is only a bad rev)."""
+    checked to name a commit first (so an argument such as ``; rm -rf ~`` or ``--output=x`` is only a bad rev).
+    Returns each of KERNEL_DIRS -> the path it had at ``rev`` (FORMER_DIRS for a revision before a move)."""
     ok = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", "--end-of-options",
                          f"{rev}^{{commit}}"], capture_output=True, text=True)
     if ok.returncode != 0:
         raise SystemExit(f"sass_diff: {rev!r} is not a commit of {ROOT}")
     commit = ok.stdout.strip()
     (tmp / "old").mkdir()
-    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", commit, "--", *KERNEL_DIRS],
+    at_rev = {}
+    for kdir in KERNEL_DIRS:
+        for cand in (kdir, *FORMER_DIRS.get(kdir, ())):
+            if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:{cand}"],
+                              capture_output=True).returncode == 0:
+                at_rev[kdir] = cand
+                break
+        else:
+            raise SystemExit(f"sass_diff: {commit} has no {kdir} (nor an earlier place of it)")
+    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", commit, "--", *at_rev.values()],
                                stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", str(tmp / "old")], stdin=archive.stdout, check=True)
     archive.stdout.close()
     if archive.wait() != 0:
         raise SystemExit(f"sass_diff: git archive of {commit} failed")
+    return at_rev
 
 
 def main() -> int:
@@ -93,10 +106,10 @@ def main() -> int:
     differ = 0
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
-        extract_rev(a.rev, Path(tmp))
+        at_rev = extract_rev(a.rev, Path(tmp))
         for kdir in KERNEL_DIRS:
             for new_cu in sorted((ROOT / kdir).glob("*.cu")):
-                old_cu = old / kdir / new_cu.name
+                old_cu = old / at_rev[kdir] / new_cu.name
                 if not old_cu.exists():
                     print(f"{new_cu.name}: new file")
                     continue

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_imports_follow_the_graph(pkg):
 
 
 #: blutensor's documented modules: what other packages (their src/, dev/ and tests/, the root benchmarks/ and
-#: tests/) may import; everything else (``blutensor._*``, ``ops``, ``cuda_ops``, ``plugin``, ``gemm``, ...) is
+#: tests/) may import; everything else (``blutensor._*``, ``ops``, ``backends.cupy``, ``plugin``, ``gemm``, ...) is
 #: private and reached through ``blutensor.ext``
 PUBLIC_BLUTENSOR = {"blutensor", "blutensor.nn", "blutensor.nn.functional", "blutensor.nn.init", "blutensor.nn.utils",
                     "blutensor.optim", "blutensor.optim.lr_scheduler", "blutensor.utils", "blutensor.utils.data",
@@ -202,6 +203,12 @@ def test_blumodels_pulls_blutensor_by_its_range(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(house),
                     str(ROOT / "packages" / "blutensor"), str(ROOT / "packages" / "blumodels")],
                    check=True, timeout=600)
+    src = ROOT / "packages" / "blutensor" / "src"  # the kernel sources ship where the backends load them from
+    kernels = {p.relative_to(src).as_posix() for pat in ("*.cu", "*.cuh", "*.c") for p in src.rglob(pat)}
+    with zipfile.ZipFile(next(house.glob("blutensor-*.whl"))) as whl:
+        missing = kernels - set(whl.namelist())
+    assert {"blutensor/backends/numpy/kernels.c", "blutensor/backends/cupy/kernels/sdpa.cu"} <= kernels
+    assert not missing, f"the blutensor wheel lacks {sorted(missing)}"
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = str(env_dir / "bin" / "python")

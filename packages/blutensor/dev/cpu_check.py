@@ -1,4 +1,4 @@
-"""Check every compiled CPU kernel (src/blutensor/cpu_ops/kernels.c) against its float64 NumPy reference.
+"""Check every compiled CPU kernel (src/blutensor/backends/numpy/kernels.c) against its float64 NumPy reference.
 
     .venv/bin/python packages/blutensor/dev/cpu_check.py [OUT_DIR] [--threads N]
 
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.threads:
         bt.set_num_threads(a.threads)
-    st = bt.cpu_ops.status()
+    st = bt.backends.numpy.status()
     print(f"compiled CPU kernels: {st}; threads {bt.get_num_threads()}")
     rows, failed = [], 0
     for sname, shape in SHAPES.items():

@@ -1,4 +1,4 @@
-"""Generates the wgmma wrappers of src/blutensor/kernels/hopper.cuh (64 or 128 accumulator operands per
+"""Generates the wgmma wrappers of src/blutensor/backends/cupy/kernels/hopper.cuh (64 or 128 accumulator operands per
 instruction are too many to write by hand). Run: python3 packages/blutensor/dev/gen_hopper.py > /tmp/w.cuh and
 paste between the GENERATED markers of hopper.cuh (tests/test_sdpa_wgmma.py checks that they agree).
 

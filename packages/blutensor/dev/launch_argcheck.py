@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-KDIR = HERE.parent / "src" / "blutensor" / "kernels"
+KDIR = HERE.parent / "src" / "blutensor" / "backends" / "cupy" / "kernels"
 sys.path[:0] = [str(HERE.parents[2] / "testing"), str(HERE.parent / "src"), str(HERE), str(HERE.parent / "tests")]
 import fake_cuda  # noqa: E402
 

@@ -31,7 +31,7 @@ def main() -> None:
         torch.cuda.synchronize()
         return
     import cupy as cp
-    from blutensor.cuda_ops.sdpa import qkv_attention_backward, qkv_attention_forward
+    from blutensor.backends.cupy.sdpa import qkv_attention_backward, qkv_attention_forward
 
     variant = sys.argv[2] if len(sys.argv) > 2 else "tf32x3"
     qkv, do = cp.asarray(qkv_h), cp.asarray(do_h)

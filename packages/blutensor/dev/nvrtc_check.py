@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cuda.bindings import nvrtc
 
-KDIR = Path(__file__).resolve().parents[1] / "src" / "blutensor" / "kernels"
+KDIR = Path(__file__).resolve().parents[1] / "src" / "blutensor" / "backends" / "cupy" / "kernels"
 ARCHS = (80, 86, 89, 90)
 
 
@@ -18,7 +18,7 @@ def compile_one(path: Path, arch: int) -> str | None:
     """None on success, else the NVRTC log. The text is the loader's (local .cuh includes inlined), so what is
     compiled here is what the GPU compiles."""
     sys.path.insert(0, str(KDIR.parents[1]))
-    from blutensor.cuda_ops._loader import source
+    from blutensor.backends.cupy._loader import source
 
     src = source(path.name).encode()
     err, prog = nvrtc.nvrtcCreateProgram(src, path.name.encode(), 0, [], [])

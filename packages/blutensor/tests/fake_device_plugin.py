@@ -17,8 +17,8 @@ import fake_cuda  # noqa: E402
 cupy = fake_cuda.make_cupy()
 sys.modules.update(fake_cuda.modules(cupy))
 
-import blutensor.backend as be  # noqa: E402
-import blutensor.cuda_ops as co  # noqa: E402
+import blutensor.backends as be  # noqa: E402
+import blutensor.backends.cupy as co  # noqa: E402
 import blutensor.ops._util as u  # noqa: E402
 
 co.cupy_installed = lambda: False  # the fused kernels need a real GPU; test the generic CUDA branch

@@ -81,7 +81,7 @@ RNG = np.random.default_rng(20261129)
 # ------------------------------------------------------------------ checks
 @guarded
 def check_layer_norm():
-    from blutensor.cuda_ops.layer_norm import layer_norm_backward, layer_norm_forward
+    from blutensor.backends.cupy.layer_norm import layer_norm_backward, layer_norm_forward
 
     for storage in ("f32", "bf16"):
         for N, C, resid in ((7, 771, False), (33, 768, True), (130, 1600, False), (5, 37, True)):
@@ -117,7 +117,7 @@ def check_layer_norm():
 
 @guarded
 def check_gelu():
-    from blutensor.cuda_ops.gelu import gelu_backward, gelu_forward
+    from blutensor.backends.cupy.gelu import gelu_backward, gelu_forward
 
     for storage in ("f32", "bf16"):
         for approx in ("tanh", "none"):
@@ -149,7 +149,7 @@ def check_gelu():
 
 @guarded
 def check_cross_entropy():
-    from blutensor.cuda_ops.cross_entropy import cross_entropy_forward, scale_grad_
+    from blutensor.backends.cupy.cross_entropy import cross_entropy_forward, scale_grad_
 
     cp = cp_mod()
     for storage in ("f32", "bf16"):
@@ -187,7 +187,7 @@ def check_cross_entropy():
                     "" if same else "NOT IN PLACE",
                 )
             if C % 8 == 0:  # also the two-pass kernel (rows re-read from L2) on a vectorisable width
-                import blutensor.cuda_ops.cross_entropy as ce_mod
+                import blutensor.backends.cupy.cross_entropy as ce_mod
 
                 ce_mod.USE_SMEM_ROW = False
                 try:
@@ -205,7 +205,7 @@ def check_cross_entropy():
 
 @guarded
 def check_embedding():
-    from blutensor.cuda_ops.embedding import embedding_backward, embedding_forward
+    from blutensor.backends.cupy.embedding import embedding_backward, embedding_forward
 
     cp = cp_mod()
     for storage in ("f32", "bf16"):
@@ -225,7 +225,7 @@ def check_embedding():
 
 @guarded
 def check_adamw():
-    from blutensor.cuda_ops.adamw import multi_tensor_adamw
+    from blutensor.backends.cupy.adamw import multi_tensor_adamw
 
     cp = cp_mod()
     sizes = [768, 1, 300_001, 2304 * 768, 65536, 65537, 3]
@@ -284,7 +284,7 @@ def check_adamw():
 
 @guarded
 def check_grad_norm():
-    from blutensor.cuda_ops.norm import clip_grads_, global_grad_norm
+    from blutensor.backends.cupy.norm import clip_grads_, global_grad_norm
 
     sizes = [768, 1, 300_001, 2304 * 768, 65537]
     for storage in ("f32", "bf16"):
@@ -298,7 +298,7 @@ def check_grad_norm():
 
 
 def _sdpa_case(variant, B, H, L, S, hd, causal, with_bwd=True):
-    from blutensor.cuda_ops.sdpa import flash_attention_backward, flash_attention_forward
+    from blutensor.backends.cupy.sdpa import flash_attention_backward, flash_attention_forward
 
     storage = "bf16" if variant == "bf16" else "f32"
     q, q64 = dev(RNG.standard_normal((B * H, L, hd)), storage)
@@ -340,7 +340,7 @@ def _sdpa_mma_checks(variant):
     _sdpa_checks(variant)
     if all(c["passed"] for c in RESULTS["checks"][n0:]):
         return
-    from blutensor.cuda_ops import _loader
+    from blutensor.backends.cupy import _loader
 
     cp = cp_mod()
     d = cp.cuda.runtime.getDevice()
@@ -421,7 +421,7 @@ def check_plugins():
     # bad indices give a clear ShapeError naming the op: lazily (default: recorded on device, raised by
     # index_check.raise_pending(), which the Trainer calls after every loss read and after evaluation) and
     # at the call under the policy's validate_indices='sync', like the generic ops
-    from blutensor.cuda_ops import index_check
+    from blutensor.backends.cupy import index_check
     from blutensor.errors import ShapeError
 
     w = bt.tensor(RNG.standard_normal((50, 8)).astype(np.float32), device="cuda")
@@ -473,7 +473,7 @@ PATHS_RNG = np.random.default_rng(5150)
 
 @guarded
 def check_layer_norm_paths():
-    from blutensor.cuda_ops import layer_norm as ln
+    from blutensor.backends.cupy import layer_norm as ln
 
     cp = cp_mod()
     cases = [(3, 8), (129, 36), (1000, 768), (33, 1000), (517, 768), (65, 1032), (40, 1600), (7, 771), (700, 96)]
@@ -529,7 +529,7 @@ def check_layer_norm_paths():
 
 @guarded
 def check_gelu_paths():
-    from blutensor.cuda_ops import gelu as ge
+    from blutensor.backends.cupy import gelu as ge
 
     for storage in ("f32", "bf16"):
         for approx in ("tanh", "none"):
@@ -594,8 +594,8 @@ def check_gelu_paths():
 
 
 def _cross_entropy_paths(storages: tuple[str, ...]) -> None:
-    from blutensor.cuda_ops import cross_entropy as ce
-    from blutensor.cuda_ops.occupancy import full_grid
+    from blutensor.backends.cupy import cross_entropy as ce
+    from blutensor.backends.cupy.occupancy import full_grid
 
     cp = cp_mod()
     for storage in storages:
@@ -649,7 +649,7 @@ def check_cross_entropy_paths_bf16():
 
 @guarded
 def check_grad_norm_paths():
-    from blutensor.cuda_ops.norm import clip_grads_, global_grad_norm
+    from blutensor.backends.cupy.norm import clip_grads_, global_grad_norm
 
     for storage in ("f32", "bf16"):
         for sizes in ([1], [7, 8, 16384, 16385, 16391], [3 * 16384 + 5, 1, 100_000, 2_359_296]):

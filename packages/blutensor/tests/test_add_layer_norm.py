@@ -19,7 +19,7 @@ import blutensor.nn.functional as F
 import numpy as np
 import pytest
 
-KDIR = Path(bt.__file__).resolve().parent / "kernels"
+KDIR = Path(bt.__file__).resolve().parent / "backends" / "cupy" / "kernels"
 rng = np.random.default_rng(11)
 
 
@@ -77,7 +77,7 @@ def test_matches_float64_reference_cpu(dtype, grads, affine):
     bt_ = None if b is None else bt.tensor(b.astype(dtype), requires_grad=True)
     h, y = F.add_layer_norm(xt, rt, C, wt, bt_, 1e-5)
     assert (h.grad_fn.op, y.grad_fn.op) == ("add_layer_norm_sum", "add_layer_norm")  # the fused path ran
-    from blutensor.cpu_ops import available
+    from blutensor.backends.numpy import available
 
     assert y.grad_fn.ctx.saved[4] == ("c" if dtype == "float32" and available() else "numpy")
     assert h.dtype.name == y.dtype.name == dtype
@@ -115,7 +115,7 @@ def _run(fused, x, r, w, b, gy, gh, grad_buffers=False):
 @pytest.mark.parametrize("kernels", ["compiled", "numpy"])
 @pytest.mark.parametrize("grad_buffers", [False, True])
 def test_bitwise_equal_to_add_then_layer_norm_cpu(monkeypatch, kernels, grad_buffers):
-    from blutensor.cpu_ops import _build
+    from blutensor.backends.numpy import _build
 
     if kernels == "numpy":
         monkeypatch.setattr(_build, "lib", lambda: None)
@@ -285,7 +285,7 @@ def _emulate(name, args):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    from blutensor.cuda_ops import layer_norm as k
+    from blutensor.backends.cupy import layer_norm as k
 
     sigs = _signatures()
     launched = []
@@ -308,7 +308,7 @@ def fake_cuda(monkeypatch):
         launched.append(name)
         _emulate(name, args)
 
-    from blutensor.cuda_ops import decoder
+    from blutensor.backends.cupy import decoder
 
     monkeypatch.setattr(k, "cupy", lambda: np)
     monkeypatch.setattr(k, "full_grid", lambda file, name, block, work, smem=0: 1)
@@ -464,7 +464,7 @@ def test_bf16_storage_rounds_h_and_y_as_add_then_layer_norm_cpu():
 def test_add_rms_norm_takes_the_shared_register_resident_entries(fake_cuda, mix):
     """add_rms_norm's rows that fit run the template add_layer_norm shares (without the mean and the bias)."""
     k, launched, _ = fake_cuda
-    from blutensor.cuda_ops import decoder
+    from blutensor.backends.cupy import decoder
 
     sx, sh, sy, sw = mix.split("_")
     N, C = 9, 64

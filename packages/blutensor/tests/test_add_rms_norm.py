@@ -16,7 +16,7 @@ import blutensor.nn.functional as F
 import numpy as np
 import pytest
 
-KDIR = Path(bt.__file__).resolve().parent / "kernels"
+KDIR = Path(bt.__file__).resolve().parent / "backends" / "cupy" / "kernels"
 rng = np.random.default_rng(3)
 
 
@@ -85,8 +85,8 @@ def test_matches_float64_reference_cpu(dtype, grads, weight):
 
 @pytest.mark.parametrize("grads", ["both", "y", "h"])
 def test_compiled_cpu_kernels_equal_the_numpy_reference(monkeypatch, grads):
-    from blutensor.cpu_ops import available
-    from blutensor.cpu_ops import residual_norm as ck
+    from blutensor.backends.numpy import available
+    from blutensor.backends.numpy import residual_norm as ck
 
     if not available():
         pytest.skip("no C compiler: the compiled CPU kernels are not built")
@@ -231,7 +231,7 @@ def _emulate(name, args):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    from blutensor.cuda_ops import decoder
+    from blutensor.backends.cupy import decoder
 
     sigs = _signatures()
     launched = []
@@ -251,7 +251,7 @@ def fake_cuda(monkeypatch):
         launched.append(name)
         _emulate(name, args)
 
-    from blutensor.cuda_ops import layer_norm
+    from blutensor.backends.cupy import layer_norm
 
     monkeypatch.setattr(layer_norm, "USE_REG_ROWS", False)  # the warp-per-row kernels (the register-resident
     # entries are checked with add_layer_norm's in test_add_layer_norm.py)

@@ -242,8 +242,8 @@ def test_gpt2_bf16_autocast_matches_torch(device):
 @needs_gpu
 def test_cuda_cast_kernel_matches_reference_rounding():
     import cupy
-    from blutensor.backend import f32_to_bf16_bits
-    from blutensor.cuda_ops.cast import to_bf16, to_f32
+    from blutensor.backends import f32_to_bf16_bits
+    from blutensor.backends.cupy.cast import to_bf16, to_f32
 
     v = rng(3).standard_normal(1000 * 8 + 5).astype(np.float32) * 100
     v[:4] = [np.inf, -np.inf, 0.0, -0.0]
@@ -280,11 +280,11 @@ def test_cuda_bf16_linear_matches_widened_generic(bias):
 
 @pytest.fixture
 def numpy_as_cupy(monkeypatch):
-    """Run cuda_ops.linalg's classes on NumPy bf16 bits (uint16) through a registered provider that declares bf16
+    """Run backends.cupy.linalg's classes on NumPy bf16 bits (uint16) through a registered provider that declares bf16
     and takes host arrays (a NumPy reference, found by its HOST_ARRAYS capability)."""
     from blutensor import ext
-    from blutensor.backend import f32_to_bf16_bits
-    from blutensor.cuda_ops import cast, linalg
+    from blutensor.backends import f32_to_bf16_bits
+    from blutensor.backends.cupy import cast, linalg
 
     host = [p for p in ext.gemm_providers() if "bf16" in getattr(p, "PRECISIONS", ()) and getattr(p, "HOST_ARRAYS",
                                                                                                    False)]
@@ -305,13 +305,13 @@ class _Ctx:
 
 
 def _bits(a):
-    from blutensor.backend import f32_to_bf16_bits
+    from blutensor.backends import f32_to_bf16_bits
 
     return f32_to_bf16_bits(np.ascontiguousarray(a, dtype=np.float32), np)
 
 
 def _val(bits):
-    from blutensor.backend import bf16_bits_to_f32
+    from blutensor.backends import bf16_bits_to_f32
 
     return bf16_bits_to_f32(np.asarray(bits), np).astype(np.float64)
 

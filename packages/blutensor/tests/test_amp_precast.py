@@ -61,7 +61,7 @@ def test_precast_outside_a_region_or_without_cache_does_nothing():
 
 
 def test_pack_layout_aligned_and_disjoint():
-    from blutensor.cuda_ops.cast import PACK_ALIGN, pack_layout
+    from blutensor.backends.cupy.cast import PACK_ALIGN, pack_layout
 
     sizes = [1, 64, 65, 0, 1000, 7]
     offs, total = pack_layout(sizes)
@@ -75,7 +75,7 @@ def test_pack_layout_aligned_and_disjoint():
 @needs_gpu
 def test_cuda_multi_cast_matches_single_casts():
     import cupy
-    from blutensor.cuda_ops.cast import multi_to_bf16, to_bf16
+    from blutensor.backends.cupy.cast import multi_to_bf16, to_bf16
 
     r = rng(2)
     big = cupy.asarray(r.standard_normal(40000).astype(np.float32) * 100)
@@ -93,7 +93,7 @@ def test_precast_cuda_nodes_on_numpy(monkeypatch, accumulate):
     nodes (CastCuda's backward) must deliver the same float32 master gradients as per-weight casts."""
     import ml_dtypes
     from blutensor import amp
-    from blutensor.cuda_ops import cast as cast_mod
+    from blutensor.backends.cupy import cast as cast_mod
     from blutensor.ops import dispatch
 
     ps = _params("cpu")
@@ -149,7 +149,7 @@ def test_cuda_precast_accumulate_equals_plain():
     bit, and the gradients within bf16 rounding: the precast weights' wgrad GEMMs add their float32 products
     straight into the fp32 buffers, where casts on first use round each weight gradient to bf16 first."""
     import cupy
-    from blutensor.cuda_ops.cast import accumulate_bf16, to_bf16
+    from blutensor.backends.cupy.cast import accumulate_bf16, to_bf16
 
     ps = _params("cuda")
     x = bt.tensor(rng(1).standard_normal((4, 8)).astype(np.float32), device="cuda")
@@ -179,7 +179,7 @@ def test_cuda_precast_accumulate_equals_plain():
 def test_weight_copies_bookkeeping_cpu():
     """WeightCopies: a copy is current only at the version and storage it was written for; refresh writes the
     bf16 rounding of every weight (NumPy here, one launch on CUDA) into 128-byte-aligned views of one buffer."""
-    from blutensor.backend import f32_to_bf16_bits
+    from blutensor.backends import f32_to_bf16_bits
 
     ps = _params("cpu")
     wc = bt.amp.WeightCopies(ps + [ps[0]])  # a tied parameter once
@@ -206,8 +206,8 @@ def test_cuda_fused_adamw_writes_the_bf16_copies():
     """GPU twin: the fused AdamW with copies updates params and moments exactly as without, and leaves each copy
     equal, bit for bit, to the cast of the updated weight; precast then uses the copies without a launch."""
     import cupy
-    from blutensor.cuda_ops import cast as cast_mod
-    from blutensor.cuda_ops.adamw import fused_step
+    from blutensor.backends.cupy import cast as cast_mod
+    from blutensor.backends.cupy.adamw import fused_step
 
     def run(with_copies):
         ps = [bt.nn.Parameter(bt.tensor(rng(4).standard_normal(s).astype(np.float32), device="cuda"))

@@ -1,4 +1,4 @@
-"""The compiled CPU kernels (blutensor.cpu_ops) against the NumPy reference kernels in float64.
+"""The compiled CPU kernels (blutensor.backends.numpy) against the NumPy reference kernels in float64.
 
 Every kernel class runs forward and backward on float32 inputs and is compared with the reference op
 (blutensor.ops.nn_ops, optim) run on the same values in float64; AdamW must equal the reference bitwise.
@@ -17,8 +17,8 @@ import blutensor as bt
 import numpy as np
 import pytest
 from blutensor.autograd.node import Ctx
-from blutensor.cpu_ops import available
-from blutensor.cpu_ops import nn as cpu_nn
+from blutensor.backends.numpy import available
+from blutensor.backends.numpy import nn as cpu_nn
 from blutensor.ops import dispatch, nn_ops
 
 pytestmark = pytest.mark.skipif(not available(), reason="compiled CPU kernels unavailable (no C compiler)")
@@ -148,7 +148,7 @@ def test_sdpa_mask_and_dropout_run_the_reference():
 
 
 def test_adamw_is_bitwise_the_reference(monkeypatch):
-    from blutensor.cpu_ops import optim as cpu_optim
+    from blutensor.backends.numpy import optim as cpu_optim
     from blutensor.optim import adamw
 
     x0 = f32(1000, 3)
@@ -245,7 +245,7 @@ def test_set_num_threads_api(monkeypatch):
 
 
 def test_threaded_host_gemm_matches_numpy():
-    from blutensor.cpu_ops.gemm import matmul
+    from blutensor.backends.numpy.gemm import matmul
 
     a, b = f32(517, 130), f32(130, 257)
     want = a.astype(np.float64) @ b.astype(np.float64)
@@ -272,7 +272,7 @@ x = bt.tensor(np.linspace(-3, 3, 50, dtype=np.float32), requires_grad=True)
 y = bt.nn.functional.gelu(x, approximate="tanh")
 y.sum().backward()
 y2 = bt.nn.functional.gelu(x, approximate="tanh")
-from blutensor.cpu_ops import status
+from blutensor.backends.numpy import status
 print("available", status()["available"], float(y.numpy().sum()))
 """
 
@@ -292,7 +292,7 @@ def test_without_the_library_the_reference_runs_and_says_so_once(tmp_path):
 
 
 def test_the_library_is_built_once_into_the_cache(tmp_path):
-    code = "from blutensor.cpu_ops import status; s = status(); print(s['available'], s['build_s'] is not None)"
+    code = "from blutensor.backends.numpy import status; s = status(); print(s['available'], s['build_s'] is not None)"
     first = _run(code, BLUTRAIN_CPU_CACHE=str(tmp_path))
     second = _run(code, BLUTRAIN_CPU_CACHE=str(tmp_path))
     assert first.stdout.split() == ["True", "True"], first.stderr
@@ -357,7 +357,7 @@ def _qkv_float64(x, g, H, causal, scale):
 def test_sdpa_qkv_reads_qkv_in_place_bitwise_the_op_path_and_float64(B, T, H, hd, causal, scale):
     """The host sdpa_qkv (q/k/v read in place, no copies) equals the op-by-op path bit for bit, and NumPy float64
     within float32 rounding; a profiler observer sees it as 'sdpa_qkv'."""
-    from blutensor.cuda_ops.sdpa import sdpa_qkv
+    from blutensor.backends.cupy.sdpa import sdpa_qkv
 
     xa, ga = f32(B, T, 3 * H * hd), f32(B, T, H * hd)
     outs = []
@@ -388,7 +388,7 @@ def test_sdpa_qkv_reads_qkv_in_place_bitwise_the_op_path_and_float64(B, T, H, hd
 
 
 def test_sdpa_qkv_with_dropout_takes_the_op_path():
-    from blutensor.cuda_ops.sdpa import sdpa_qkv
+    from blutensor.backends.cupy.sdpa import sdpa_qkv
 
     x = bt.tensor(f32(2, 8, 3 * 2 * 8), requires_grad=True)
     assert sdpa_qkv(x, 2, dropout_p=0.5).grad_fn.op != "SdpaQkvCpu"

@@ -12,7 +12,7 @@ import sys
 import blutensor as bt
 import numpy as np
 import pytest
-from blutensor.cpu_ops import _build, available, gemm, strided
+from blutensor.backends.numpy import _build, available, gemm, strided
 
 pytestmark = pytest.mark.skipif(not available(), reason="compiled CPU kernels unavailable (no C compiler)")
 
@@ -95,7 +95,7 @@ def test_threaded_copy_and_column_sum_equal_numpy(two_threads):
 
 FAULTS = """
 import resource, numpy as np
-from blutensor.cpu_ops import status
+from blutensor.backends.numpy import status
 s = status()
 r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(20):  # temporaries of a few MB made and freed together, as in a training step
@@ -126,7 +126,7 @@ def test_freed_arrays_are_reused_without_page_faults():
 
 FORK_GEMM = """
 import os, numpy as np, blutensor as bt, blutensor.nn.functional as F
-from blutensor.cpu_ops import _build
+from blutensor.backends.numpy import _build
 bt.set_num_threads(2)
 r = np.random.default_rng(0)
 x, w, b = (bt.tensor(r.standard_normal(s).astype(np.float32)) for s in ((1024, 256), (384, 256), (384,)))

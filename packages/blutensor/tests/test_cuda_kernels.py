@@ -19,13 +19,13 @@ from pathlib import Path
 import blutensor as bt
 import numpy as np
 import pytest
-from blutensor.cuda_ops.multi_tensor import build_chunk_table
+from blutensor.backends.cupy.multi_tensor import build_chunk_table
 
 DEV = Path(__file__).resolve().parents[1] / "dev"
 sys.path.insert(0, str(DEV))
 import kernel_reference as ref  # noqa: E402
 
-KDIR = Path(bt.__file__).resolve().parent / "kernels"
+KDIR = Path(bt.__file__).resolve().parent / "backends" / "cupy" / "kernels"
 
 
 def _cuda_ok() -> bool:
@@ -78,7 +78,7 @@ def test_gpt2_chunk_balance():
 
 
 def _kernel_classes():
-    from blutensor.cuda_ops import kernel_classes
+    from blutensor.backends.cupy import kernel_classes
 
     return kernel_classes()
 
@@ -117,8 +117,8 @@ def test_kernel_classes_win_dispatch_on_cuda_only():
 
 def test_importing_kernel_classes_does_not_import_cupy():
     code = (
-        "import sys, blutensor, blutensor.cuda_ops as c; c.kernel_classes(); "
-        "import blutensor.cuda_ops.adamw, blutensor.cuda_ops.norm; print('cupy' in sys.modules)"
+        "import sys, blutensor, blutensor.backends.cupy as c; c.kernel_classes(); "
+        "import blutensor.backends.cupy.adamw, blutensor.backends.cupy.norm; print('cupy' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -133,7 +133,7 @@ def test_registration_hook_appends_cuda_kernels():
     names = {k.PLUGIN_NAME for k in hooks.blutrain_register_kernels()}
     assert {"blutensor.cuda.layer_norm", "blutensor.cuda.sdpa", "blutensor.layer_norm"} <= names
     if "cupy" not in sys.modules:
-        from blutensor.cuda_ops import kernel_classes
+        from blutensor.backends.cupy import kernel_classes
 
         kernel_classes()
         assert "cupy" not in sys.modules
@@ -194,7 +194,7 @@ def _entries(src: str) -> set[str]:
 
 @pytest.mark.parametrize("file", sorted(EXPECTED_ENTRIES))
 def test_kernel_sources_are_self_contained_with_blu_entries(file):
-    from blutensor.cuda_ops._loader import source
+    from blutensor.backends.cupy._loader import source
 
     src = source(file)  # what NVRTC compiles: the loader inlines the package's own headers
     assert "#include" not in src  # no include paths needed: NVRTC compiles it anywhere
@@ -298,7 +298,7 @@ def _pieces_emulation(sorted_idx, order, g, V, piece):
 def test_cpu_embedding_backward_pieces_emulation():
     """CPU twin of the balanced embedding backward (BLUTRAIN_EMBEDDING_BWD=pieces): a run of 700 rows of one index
     (22 pieces of 32, the last partial), runs shorter than a piece and unused rows, against float64."""
-    from blutensor.cuda_ops import embedding
+    from blutensor.backends.cupy import embedding
 
     V, C, N = 50, 24, 1500
     idx = RNG.integers(0, V - 5, N)
@@ -359,7 +359,7 @@ def test_cpu_embedding_backward_segments_emulation():
     """CPU twin of the default embedding backward (BLUTRAIN_EMBEDDING_BWD=segments): runs of every length (one
     token 700 times: 44 pieces, runs shorter than, equal to and across piece boundaries), added into a buffer that
     already holds a gradient, against float64."""
-    from blutensor.cuda_ops import embedding
+    from blutensor.backends.cupy import embedding
 
     V, C, N = 50, 24, 1500
     idx = RNG.integers(0, V - 5, N)
@@ -382,7 +382,7 @@ def test_cpu_embedding_backward_segments_emulation():
 
 
 def test_embedding_backward_mode_setting(monkeypatch):
-    from blutensor.cuda_ops import embedding
+    from blutensor.backends.cupy import embedding
 
     monkeypatch.delenv("BLUTRAIN_EMBEDDING_BWD", raising=False)
     bt.policy.reset_defaults()
@@ -470,7 +470,7 @@ def test_reference_tolerances_are_documented():
 def test_bad_index_clear_error_cpu_twin(monkeypatch):
     """CPU twin of check_plugins' bad-index part: the op named in a ShapeError (raised at the call on CPU; on
     CUDA lazily by index_check.raise_pending, or at the call with BLUTRAIN_VALIDATE_INDICES=sync)."""
-    from blutensor.cuda_ops import index_check
+    from blutensor.backends.cupy import index_check
     from blutensor.errors import ShapeError
 
     F = bt.nn.functional
@@ -497,7 +497,7 @@ def _run_gpu_check(name: str):
     gc.RESULTS["checks"].clear()
     gc.RESULTS["errors"].clear()
     getattr(gc, name)()
-    from blutensor.cuda_ops import index_check
+    from blutensor.backends.cupy import index_check
 
     left = index_check.pending()  # a check must not leave a recorded bad index for later code to trip on
     if left is not None:
@@ -592,7 +592,7 @@ def test_cpu_emulated_simt_flash_attention(hd, L, S, causal):
 
 def test_loader_inlines_the_shared_header_once():
     """CuPy compiles the loader's text: local headers inlined (its cache key then covers them), each once."""
-    from blutensor.cuda_ops._loader import KERNEL_DIR, source
+    from blutensor.backends.cupy._loader import KERNEL_DIR, source
 
     for path in sorted(KERNEL_DIR.glob("*.cu")):
         text = source(path.name)

@@ -1,6 +1,6 @@
 """rms_norm, rope, swiglu and GQA attention against float64 NumPy references, fp32 and bf16, forward and backward.
 
-The ``cuda`` cases run the fused kernels of cuda_ops/decoder.py (kernels/rms_norm.cu, rope.cu, swiglu.cu) and
+The ``cuda`` cases run the fused kernels of backends/cupy/decoder.py (kernels/rms_norm.cu, rope.cu, swiglu.cu) and
 skip without CuPy or a GPU; the ``cpu`` cases are their twins (same assertions on blutensor's generic ops). The
 kernel classes and their entry points are checked on CPU too.
 """
@@ -29,7 +29,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
                                               pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a GPU")])]
 DTYPES = ["float32", "bfloat16"]
 TOL = {"float32": 2e-5, "bfloat16": 3e-2}
-KDIR = Path(bt.__file__).resolve().parent / "kernels"
+KDIR = Path(bt.__file__).resolve().parent / "backends" / "cupy" / "kernels"
 rng = np.random.default_rng(0)
 
 
@@ -140,7 +140,7 @@ def test_gqa_attention(device, dtype):
 
 
 def test_kernel_classes_registered_and_entries_exist():
-    from blutensor.cuda_ops import kernel_classes
+    from blutensor.backends.cupy import kernel_classes
 
     ops = {c.OP: c for c in kernel_classes()}
     for op, file, names in (("rms_norm", "rms_norm.cu", ("forward", "backward", "backward_dw", "backward_reduce")),
@@ -223,9 +223,9 @@ def _emulate(name, args):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """cuda_ops.decoder with NumPy as its array module and each launch checked against the kernel's C signature
+    """backends.cupy.decoder with NumPy as its array module and each launch checked against the kernel's C signature
     (argument count, scalar types, pointers), then emulated."""
-    from blutensor.cuda_ops import decoder
+    from blutensor.backends.cupy import decoder
 
     sigs = _signatures()
     launched = []

@@ -82,7 +82,7 @@ def test_array_provider_routes_module_gemm_scatter_add_and_erf():
     finally:
         ext.unregister_array_provider(_Boxed, prov)
     assert prov.calls == ["module", "gemm", "scatter_add", "erf"]
-    from blutensor.backend import array_providers
+    from blutensor.backends import array_providers
 
     assert array_providers == []
 

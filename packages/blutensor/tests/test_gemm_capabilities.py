@@ -16,7 +16,7 @@ def _provider(name: str, precisions: tuple[str, ...], available: bool = True, ca
 
 @pytest.fixture
 def host():
-    from blutensor.cuda_ops import linalg
+    from blutensor.backends.cupy import linalg
 
     h = ext.reset_host(autoload=False)
     linalg._provider_cache.clear()
@@ -38,7 +38,7 @@ def _register(h, *provs):
 
 
 def test_bf16_gemms_go_to_the_first_available_provider_declaring_bf16(host):
-    from blutensor.cuda_ops.linalg import bf16_provider
+    from blutensor.backends.cupy.linalg import bf16_provider
 
     strict = _provider("p-strict", ("fp32",))
     gone = _provider("p-gone", ("fp32", "bf16"), available=False)
@@ -52,7 +52,7 @@ def test_bf16_gemms_go_to_the_first_available_provider_declaring_bf16(host):
 
 
 def test_without_a_bf16_provider_the_bf16_path_has_none(host):
-    from blutensor.cuda_ops.linalg import bf16_provider
+    from blutensor.backends.cupy.linalg import bf16_provider
 
     _register(host, _provider("p-strict", ("fp32",)))
     bt.set_gemm_provider("p-strict")

@@ -201,7 +201,7 @@ def test_provider_matmul_into_equals_product_plus_add():
     """The beta = 1 GEMM of a host-array provider (its NumPy reference) equals out + a @ b (fp32 and bf16
     inputs)."""
     prov = _host_provider()
-    from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
     from blutensor.gemm import provider_matmul_into
 
     r = rng(3)
@@ -226,10 +226,10 @@ def test_provider_matmul_into_equals_product_plus_add():
 
 @pytest.fixture
 def numpy_as_cupy(monkeypatch):
-    """cuda_ops.linalg's classes on NumPy bf16 bits through a host-array provider (found by its capabilities)."""
+    """backends.cupy.linalg's classes on NumPy bf16 bits through a host-array provider (found by its capabilities)."""
     prov = _host_provider()
-    from blutensor.backend import f32_to_bf16_bits
-    from blutensor.cuda_ops import cast, linalg
+    from blutensor.backends import f32_to_bf16_bits
+    from blutensor.backends.cupy import cast, linalg
 
     monkeypatch.setattr(linalg, "cupy", lambda: np)
     monkeypatch.setattr(linalg, "bf16_provider", lambda: prov)
@@ -242,7 +242,7 @@ def test_bf16_linear_backward_adds_into_float32_masters(numpy_as_cupy):
     """LinearCuda (bf16) backward with offered float32 buffers: dW and db land in them through beta = 1, equal to
     the same GEMMs into a zeroed float32 output added separately (bit for bit on the reference provider)."""
     from blutensor.autograd.node import ACCUMULATED, Ctx
-    from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
 
     r = rng(5)
 
@@ -273,7 +273,7 @@ def test_bf16_linear_backward_adds_into_float32_masters(numpy_as_cupy):
 
 def test_cast_forwards_only_float32_to_bfloat16():
     from blutensor.autograd.node import Ctx
-    from blutensor.cuda_ops.cast import CastCuda
+    from blutensor.backends.cupy.cast import CastCuda
 
     ctx = Ctx()
     ctx.saved = (bt.float32, bt.bfloat16)
@@ -327,7 +327,7 @@ def test_provider_without_accumulate_gets_no_buffer(numpy_as_cupy, monkeypatch):
     """A GEMM provider that does not declare ACCUMULATE may ignore out/beta: the bf16 linear then returns its
     gradients (the engine adds them) and leaves the offered buffers alone."""
     from blutensor.autograd.node import ACCUMULATED, Ctx
-    from blutensor.backend import f32_to_bf16_bits
+    from blutensor.backends import f32_to_bf16_bits
     from blutensor.gemm import accumulates
 
     base = numpy_as_cupy.bf16_provider()

@@ -8,7 +8,7 @@ import blutensor as bt
 import numpy as np
 import pytest
 from blutensor import kernel_cache as kc
-from blutensor.cpu_ops import _build
+from blutensor.backends.numpy import _build
 
 
 def test_store_verify_and_damage(tmp_path):

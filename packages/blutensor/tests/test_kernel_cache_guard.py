@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from blutensor.cuda_ops import _loader
+from blutensor.backends.cupy import _loader
 
 
 def test_private_cache_is_used(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ def test_gelu_launch_variants_have_entries():
 
 def _ptx(file: str, arch: int) -> str:
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
-    from blutensor.cuda_ops._loader import source
+    from blutensor.backends.cupy._loader import source
 
     err, prog = nvrtc.nvrtcCreateProgram(source(file).encode(), file.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
@@ -49,7 +49,7 @@ def test_memkern_files_compile_with_nvrtc(file, arch):
 
 def test_layer_norm_register_entries_match_the_launcher():
     """Every register-resident width the launcher may pick has its entry in layer_norm.cu."""
-    from blutensor.cuda_ops import layer_norm as ln
+    from blutensor.backends.cupy import layer_norm as ln
 
     have = _entries(_ptx("layer_norm.cu", 90))
     want = {f"blu_layer_norm_forward_r{nv}_{s}" for nv in ln._FWD_NV for s in ("f32", "bf16")}
@@ -72,7 +72,7 @@ def _lane_columns(C: int, V: int, NV: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("C", [4, 8, 36, 128, 768, 1000, 1024, 1600, 2048])
 @pytest.mark.parametrize("itemsize", [4, 2])
 def test_layer_norm_register_rows_cover_each_column_once(C, itemsize):
-    from blutensor.cuda_ops import layer_norm as ln
+    from blutensor.backends.cupy import layer_norm as ln
 
     V = 16 // itemsize
     if C % V:
@@ -175,7 +175,7 @@ def test_gelu_fast_tanh_form_meets_fp32_tolerance():
 def test_grad_norm_vector_steps_cover_the_chunk_once(n, per):
     """blu_grad_norm_partial: 16-byte vectors j0 + k*blockDim (k < 8) per step, then the scalar tail from
     start + nvec*per: every element of every chunk exactly once."""
-    from blutensor.cuda_ops.multi_tensor import CHUNK, build_chunk_table
+    from blutensor.backends.cupy.multi_tensor import CHUNK, build_chunk_table
 
     bd, U = 512, 8
     _, starts = build_chunk_table([n])
@@ -210,7 +210,7 @@ def test_occupancy_query_reaches_the_driver_with_the_function_handle(monkeypatch
     the fallback guess is used only when the query raises."""
     from types import SimpleNamespace
 
-    from blutensor.cuda_ops import occupancy as occ
+    from blutensor.backends.cupy import occupancy as occ
 
     asked = []
 

@@ -103,7 +103,7 @@ def test_the_environment_is_read_once_at_first_use(monkeypatch):
         assert bt.policy.current().attention_backward == "split"
     monkeypatch.setenv("BLUTRAIN_SDPA_BWD", "fused")  # later changes of the environment change nothing
     assert bt.policy.current().attention_backward == "split"
-    from blutensor.cuda_ops import sdpa
+    from blutensor.backends.cupy import sdpa
 
     assert not sdpa.fused_backward("tf32x3", 64)
     assert len(reads) == 1
@@ -252,7 +252,7 @@ def test_gemm_precision_and_fp32_mode_follow_the_scope(recorder_host):
 
 
 def test_attention_variants_follow_the_scope(monkeypatch):
-    from blutensor.cuda_ops import sdpa
+    from blutensor.backends.cupy import sdpa
 
     monkeypatch.setattr(sdpa, "_compute_capability", lambda: 90)
     monkeypatch.setattr(sdpa, "smem_optin", lambda: 227 * 1024)
@@ -271,7 +271,7 @@ def test_attention_variants_follow_the_scope(monkeypatch):
 
 
 def test_embedding_and_index_checks_follow_the_scope():
-    from blutensor.cuda_ops import embedding, index_check
+    from blutensor.backends.cupy import embedding, index_check
 
     assert (embedding.backward_mode(), embedding.radix_sort(), index_check.mode()) == ("segments", False, "lazy")
     with bt.policy.scope(embedding_backward="pieces", embedding_sort="radix", validate_indices="sync"):

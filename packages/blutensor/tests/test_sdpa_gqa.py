@@ -1,4 +1,4 @@
-"""Grouped-query flash attention (cuda_ops/sdpa_gqa.py): K/V heads read in place, never repeated.
+"""Grouped-query flash attention (backends/cupy/sdpa_gqa.py): K/V heads read in place, never repeated.
 
 CPU: the launches of gqa_forward / gqa_backward run on a NumPy emulation of the strided flash kernels that follows
 their address math (struct Lay: base(bh) = (bh / H) * sb + (bh % H) * sh; lse and D rows at bh * L), so the
@@ -100,7 +100,7 @@ def _emulate(name, grid, args):
 @pytest.mark.parametrize("B, Hq, Hk, L, E, causal", [(2, 4, 2, 5, 64, True), (1, 6, 2, 7, 64, False),
                                                      (1, 8, 1, 4, 64, True)])
 def test_gqa_launches_address_the_groups(monkeypatch, B, Hq, Hk, L, E, causal):
-    from blutensor.cuda_ops import sdpa_gqa
+    from blutensor.backends.cupy import sdpa_gqa
 
     launched = []
 
@@ -128,7 +128,7 @@ def test_gqa_launches_address_the_groups(monkeypatch, B, Hq, Hk, L, E, causal):
 
 
 def test_variants_without_strided_entries_run_mma():
-    from blutensor.cuda_ops.sdpa_gqa import strided_variant
+    from blutensor.backends.cupy.sdpa_gqa import strided_variant
 
     assert strided_variant("bf16_wgmma", np.uint16, 64) == "bf16"  # the Hopper kernel has no GQA layout
     assert strided_variant("tf32x3", np.float32, 64) == "tf32x3" and strided_variant(None, np.float32, 64) is None

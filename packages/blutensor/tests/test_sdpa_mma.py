@@ -16,14 +16,14 @@ from pathlib import Path
 import blutensor as bt
 import numpy as np
 import pytest
-from blutensor.cuda_ops import sdpa
+from blutensor.backends.cupy import sdpa
 
 DEV = Path(__file__).resolve().parents[1] / "dev"
 sys.path.insert(0, str(DEV))
 import emulate_sdpa_mma as em  # noqa: E402
 import kernel_reference as ref  # noqa: E402
 
-KDIR = Path(bt.__file__).resolve().parent / "kernels"
+KDIR = Path(bt.__file__).resolve().parent / "backends" / "cupy" / "kernels"
 RNG = np.random.default_rng(11)
 
 
@@ -142,7 +142,7 @@ def test_tf32x3_staged_accumulation_contains_the_truncation_bias(monkeypatch):
 def test_sdpa_mma_compiles_with_nvrtc():
     """Every entry of sdpa_mma.cu (tf32, tf32x3, bf16; dense and strided; HD 64/128) compiles with NVRTC."""
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
-    from blutensor.cuda_ops._loader import source
+    from blutensor.backends.cupy._loader import source
 
     err, prog = nvrtc.nvrtcCreateProgram(source("sdpa_mma.cu").encode(), b"sdpa_mma.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
@@ -230,7 +230,7 @@ def test_mma_smem_sizes():
         assert sdpa._mma_smem("tf32x3", hd, "bwd") == 6 * 64 * (hd + 4) * 4 + 4 * 64 * 4
         assert sdpa._mma_smem("tf32", hd, "fused") == sdpa._mma_smem("tf32", hd, "bwd") + 64 * 72 * 4
         assert sdpa._mma_smem("tf32x3", hd, "fused") <= 227 * 1024  # fits an H100/H200 block
-    from blutensor.cuda_ops._loader import source
+    from blutensor.backends.cupy._loader import source
 
     src = source("sdpa_mma.cu")  # with sdpa_mma_frag.cuh inlined, as NVRTC sees it
     assert "constexpr int BR = 64;" in src and sdpa.BR == 64

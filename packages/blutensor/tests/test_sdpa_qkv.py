@@ -1,4 +1,4 @@
-"""Fused-qkv attention (cuda_ops/sdpa.py ``sdpa_qkv``): strided q/k/v views of the qkv projection.
+"""Fused-qkv attention (backends/cupy/sdpa.py ``sdpa_qkv``): strided q/k/v views of the qkv projection.
 
 CPU: the layout triples (sb, sh, st) handed to the strided kernels address exactly q/k/v/o/dO through the
 kernels' formula  base(bh) = (bh / H) * sb + (bh % H) * sh,  row offset = row * st  (struct Lay); the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import blutensor as bt
 import numpy as np
 import pytest
-from blutensor.cuda_ops.sdpa import layout, sdpa_qkv
+from blutensor.backends.cupy.sdpa import layout, sdpa_qkv
 
 
 def _gather(flat, lay, H, shape, offset):
@@ -137,7 +137,7 @@ def test_cuda_sdpa_qkv_matches_reference(causal, precision, hd, T):
 
 
 def test_sdpa_rewriting_observers_are_recognised():
-    from blutensor.cuda_ops.sdpa import _observed, _rewrites_sdpa
+    from blutensor.backends.cupy.sdpa import _observed, _rewrites_sdpa
 
     class Ring:  # stands for dtms' context-parallel observer
         def __call__(self, op, inputs, attrs, run):

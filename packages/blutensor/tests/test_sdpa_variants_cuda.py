@@ -65,7 +65,7 @@ def _host(cp, a) -> np.ndarray:
 
 def _dense(cp, variant: str, n: int, L: int, S: int, hd: int, causal: bool, seed: int):
     """Errors of (o, lse, dq, dk, dv) of the dense (BH, L, HD) entries against float64."""
-    from blutensor.cuda_ops.sdpa import flash_attention_backward, flash_attention_forward
+    from blutensor.backends.cupy.sdpa import flash_attention_backward, flash_attention_forward
 
     rng = np.random.default_rng(seed)
     (q, q64), (k, k64), (v, v64), (do, do64) = (_dev(cp, rng.standard_normal((n, m, hd)), variant)
@@ -89,7 +89,7 @@ def _assert_within(errs: dict, variant: str, what: str) -> None:
 def test_cuda_strided_qkv_entries_match_float64(variant, mode, hd, causal, monkeypatch):
     """The fused-qkv entries read q, k, v in place from (B, T, 3, H, HD) and write o as (B, T, H, HD)."""
     cp = _cupy()
-    from blutensor.cuda_ops.sdpa import qkv_attention_backward, qkv_attention_forward
+    from blutensor.backends.cupy.sdpa import qkv_attention_backward, qkv_attention_forward
 
     bt.policy.update(attention_backward=mode)  # reset by conftest
     B, H, T = 2, 3, 150
@@ -139,7 +139,7 @@ def test_cuda_deterministic_backward_is_bitwise_repeatable(variant, monkeypatch)
     """Under bt.use_deterministic_algorithms(True) the default backward ('auto') runs the split kernels: two runs
     give the same bits. The fused kernel (atomic dQ) may differ run to run, but only within the tolerance."""
     cp = _cupy()
-    from blutensor.cuda_ops.sdpa import qkv_attention_backward, qkv_attention_forward
+    from blutensor.backends.cupy.sdpa import qkv_attention_backward, qkv_attention_forward
 
     bt.policy.update(attention_backward="auto")
     rng = np.random.default_rng(3)

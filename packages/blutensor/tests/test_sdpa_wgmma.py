@@ -1,4 +1,4 @@
-"""The Hopper flash attention (kernels/sdpa_wgmma.cu, cuda_ops/sdpa_wgmma.py, cuda_ops/tma.py).
+"""The Hopper flash attention (kernels/sdpa_wgmma.cu, backends/cupy/sdpa_wgmma.py, backends/cupy/tma.py).
 
 CPU: the generated wgmma wrappers are current; NVRTC compiles every entry for sm_90a (wgmma, TMA, setmaxnreg in
 the PTX) and, as trapping stubs, for sm_80; the NumPy model of the kernel's swizzled shared-memory descriptors and
@@ -19,15 +19,15 @@ from types import SimpleNamespace
 import blutensor as bt
 import numpy as np
 import pytest
-from blutensor.cuda_ops import sdpa, tma
-from blutensor.cuda_ops import sdpa_wgmma as wg
+from blutensor.backends.cupy import sdpa, tma
+from blutensor.backends.cupy import sdpa_wgmma as wg
 
 DEV = Path(__file__).resolve().parents[1] / "dev"
 sys.path.insert(0, str(DEV))
 import emulate_sdpa_wgmma as em  # noqa: E402
 import gen_hopper  # noqa: E402
 
-KDIR = Path(sdpa.__file__).resolve().parents[1] / "kernels"
+KDIR = Path(sdpa.__file__).resolve().parent / "kernels"
 ENTRIES = {f"blu_sdpa_wgmma_bf16_hd{d}_{k}" for k in ("fwd", "bwd_dkdv", "bwd_dq", "preprocess") for d in (64, 128)}
 
 
@@ -38,7 +38,7 @@ def test_generated_wgmma_wrappers_are_current():
 
 def _ptx(arch: str) -> bytes:
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
-    from blutensor.cuda_ops._loader import source
+    from blutensor.backends.cupy._loader import source
 
     err, prog = nvrtc.nvrtcCreateProgram(source("sdpa_wgmma.cu").encode(), b"sdpa_wgmma.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
@@ -71,7 +71,7 @@ def test_other_architectures_get_trapping_stubs():
 
 
 def test_loader_builds_the_file_for_sm90a_only():
-    from blutensor.cuda_ops._loader import arch_target
+    from blutensor.backends.cupy._loader import arch_target
 
     assert arch_target("sdpa_wgmma.cu", "90") == "90a"
     assert arch_target("sdpa_wgmma.cu", "80") == "80"
@@ -260,7 +260,7 @@ def test_cuda_wgmma_fused_qkv_matches_float64(B, T, H, hd, causal):
 def test_loader_compiles_marked_files_to_an_sm90a_cubin(monkeypatch, tmp_path):
     """On an sm_90 device a file marked 'blu-nvrtc-archs: 90a' is compiled for sm_90a (CuPy's own RawModule
     compile would add -arch=sm_90) and loaded from a cubin cached by source hash."""
-    from blutensor.cuda_ops import _loader
+    from blutensor.backends.cupy import _loader
 
     built, loaded = [], []
 

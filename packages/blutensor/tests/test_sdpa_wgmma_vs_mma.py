@@ -112,7 +112,7 @@ MBAR_SPIN_LIMIT = "(1u << 24)"
 def mbarrier_watchdog():
     """sdpa_wgmma.cu built with BLU_MBAR_SPIN_LIMIT for this module's tests (fresh module, function and shared-memory
     opt-in caches, the earlier ones restored after)."""
-    from blutensor.cuda_ops import _loader
+    from blutensor.backends.cupy import _loader
 
     plain = _loader.source
 

@@ -1,9 +1,9 @@
-"""cuda_ops/sort.py: the sync-free stable radix argsort equals NumPy's stable argsort (CPU reference)."""
+"""backends/cupy/sort.py: the sync-free stable radix argsort equals NumPy's stable argsort (CPU reference)."""
 
 import blutensor as bt
 import numpy as np
 import pytest
-from blutensor.cuda_ops.sort import stable_argsort
+from blutensor.backends.cupy.sort import stable_argsort
 
 
 @pytest.mark.parametrize("n, V", [(0, 5), (1, 5), (17, 3), (1000, 256), (4096, 257), (16384, 50304), (3000, 1 << 20)])
@@ -31,7 +31,7 @@ class _FakeCp:
 def test_thrust_capturable_inside_a_capture_never_probes(monkeypatch):
     """Inside a capture (probe=False) an unprobed device answers False (the radix sort); a cached answer is
     returned as it is, and nothing is captured."""
-    from blutensor.cuda_ops import sort
+    from blutensor.backends.cupy import sort
 
     monkeypatch.setattr(sort, "_thrust_ok", {})
     assert sort.thrust_capturable(_FakeCp, probe=False) is False
@@ -42,7 +42,7 @@ def test_thrust_capturable_inside_a_capture_never_probes(monkeypatch):
 
 def test_thrust_capturable_probe_failure_means_radix(monkeypatch):
     """A probe that cannot capture (here: no CuPy graph support at all) caches False instead of raising."""
-    from blutensor.cuda_ops import sort
+    from blutensor.backends.cupy import sort
 
     monkeypatch.setattr(sort, "_thrust_ok", {})
     assert sort.thrust_capturable(_FakeCp) is False
@@ -66,8 +66,8 @@ def test_cuda_embedding_backward_modes(mode, monkeypatch):
     """GPU twin of test_cpu_embedding_backward_pieces_emulation: both backward algorithms against float64 with a
     very frequent token, bitwise repeatable, and equal inside a CUDA graph."""
     cp = _cupy_with_gpu()
+    from blutensor.backends.cupy.embedding import embedding_backward
     from blutensor.cuda_graph import CUDAGraph, graph
-    from blutensor.cuda_ops.embedding import embedding_backward
 
     bt.policy.update(embedding_backward=mode)  # conftest resets the policy after the test
     rng = np.random.default_rng(1)
@@ -94,8 +94,8 @@ def test_cuda_embedding_backward_segments_bitwise_and_accumulating(gdtype, monke
     """GPU twin of test_cpu_embedding_backward_segments_emulation: the default backward, added into a float32
     buffer that already holds a gradient, equals the NumPy transliteration of its adds bit for bit."""
     cp = _cupy_with_gpu()
-    from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
-    from blutensor.cuda_ops import embedding
+    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.backends.cupy import embedding
     from test_cuda_kernels import segments_emulation
 
     bt.policy.update(embedding_backward="segments")
@@ -124,7 +124,7 @@ def test_cuda_embedding_backward_gpt2_shape_time(monkeypatch):
     into the tied gradient buffer: deterministic, equal to float64 NumPy, and no slower than 0.8 ms (median of 20,
     CUDA events; a regression bound, benchmarks/step_profile.py reports the time in the step)."""
     cp = _cupy_with_gpu()
-    from blutensor.cuda_ops.embedding import embedding_backward
+    from blutensor.backends.cupy.embedding import embedding_backward
 
     bt.policy.update(embedding_backward="segments")
     rng = np.random.default_rng(3)
@@ -158,9 +158,9 @@ def test_cuda_embedding_backward_gpt2_shape_time(monkeypatch):
 def test_embedding_backward_in_a_graph_equals_eager():
     """GPU: the probe's answer (Thrust or radix inside the graph) gives the eager result bit for bit."""
     cp = _cupy_with_gpu()
+    from blutensor.backends.cupy.embedding import embedding_backward
+    from blutensor.backends.cupy.sort import thrust_capturable
     from blutensor.cuda_graph import CUDAGraph, graph
-    from blutensor.cuda_ops.embedding import embedding_backward
-    from blutensor.cuda_ops.sort import thrust_capturable
 
     rng = np.random.default_rng(0)
     idx = cp.asarray(rng.integers(0, 1000, size=4099), dtype=cp.int64)

@@ -333,7 +333,7 @@ def test_bad_arguments_of_new_ops_are_named(device, monkeypatch):
 @pytest.mark.skipif(not bt.cuda.is_available(), reason="needs CuPy and a CUDA GPU")
 def test_gather_index_check_is_lazy_on_cuda(monkeypatch):
     """Default 'lazy' mode on CUDA: no host sync at the call; the bad index is raised by raise_pending."""
-    from blutensor.cuda_ops import index_check
+    from blutensor.backends.cupy import index_check
 
     bt.policy.update(validate_indices="lazy")
     index_check.raise_pending()  # nothing left over from earlier tests

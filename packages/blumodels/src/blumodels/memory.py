@@ -5,7 +5,8 @@ and the peak allocated/reserved bytes that go into every log record.
 step 0's request sizes and, after the first step of the process, applies the chosen rounding and returns
 the start-up cache (init temporaries, step-0-only buffers) to the driver. ``"cupy"`` keeps CuPy's pool.
 Any other name is an allocator plugin (``blutrain_register_allocators``; "caching" and "cupy-default" are
-bluallocator's two, the same as "blu" and "cupy"): its ``install()`` runs and its ``memory_stats()`` gives the
+bluallocator's two, the same as "blu" and "cupy"): the cuda backend installs it
+(``bt.backends.get("cuda").install_allocator(name)``) and its ``memory_stats()`` gives the
 numbers. On the CPU nothing is installed and the peaks are None.
 """
 
@@ -38,10 +39,11 @@ class DeviceMemory:
         self.flushed: dict[str, Any] | None = None
         self.note = ""
         if device.startswith("cuda") and allocator not in ALLOCATORS:
-            from blutensor.ext import get_host
+            import blutensor as bt
 
-            self.plugin = get_host().registry("allocator").select(allocator)  # PluginError if unavailable
-            self.plugin.install()
+            cuda = bt.backends.get("cuda")  # the cuda backend's allocator hook installs it
+            cuda.install_allocator(allocator)  # PluginError naming it when missing or unavailable
+            self.plugin = cuda.allocator_plugin()
             return
         if device.startswith("cuda") and allocator == "blu":
             try:

@@ -4,8 +4,8 @@
 """
 
 from blutensor import (  # noqa: E402,F401
-    backends,  # PyTorch's flags: bt.backends.cuda.matmul.allow_tf32 (the execution policy's precision)
-    cpu_ops,  # compiled CPU kernels: status() says whether they are in use (nothing is built at import)
+    backends,  # array backends (NumPy, CuPy) and their kernels (backends.get(name)); PyTorch's flags
+    # bt.backends.cuda.matmul.allow_tf32 (the execution policy's precision)
     cuda,  # noqa: F401
     ext,  # the supported surface for packages that extend blutensor (compilers, profilers, strategies)
     kernel_cache,  # noqa: F401  (integrity checks of on-disk compiled-kernel caches)
@@ -167,7 +167,7 @@ __all__ = [
     "ShapeError", "Tensor",
     "abs", "add", "amax", "amp", "autocast", "compile", "compiler_backends", "get_autocast_dtype",
     "is_autocast_enabled",
-    "amin", "arange", "argmax", "argmin", "autograd", "backend", "bfloat16",
+    "amin", "arange", "argmax", "argmin", "autograd", "backends", "bfloat16",
     "bmm", "bool", "bool_", "cat", "chunk", "clamp", "cos", "creation", "cuda", "device", "div",
     "double", "dtype", "dtypes", "empty", "empty_like", "enable_grad", "errors", "exp", "flatten",
     "float", "float16", "float32", "float64", "from_numpy", "full", "full_like", "functional", "gemm",

@@ -14,7 +14,7 @@ from blutensor import functional as F
 from blutensor.autograd.grad_mode import STATE
 from blutensor.autograd.node import AccumulateGrad
 from blutensor.autograd.version import Version as _Version
-from blutensor.backend import xp_of
+from blutensor.backends import xp_of
 from blutensor.device import CPU, as_device, device
 from blutensor.dtypes import as_dtype, bfloat16, dtype, float32, float64, from_numpy_dtype, int32, int64
 from blutensor.errors import ArgumentError, AutogradError, BluTensorError, DeviceError, DTypeError, ShapeError

@@ -176,14 +176,14 @@ class WeightCopies:
     Autocast casts every weight to bf16 in each region (PyTorch re-casts each step too). With a ``WeightCopies``
     the casts are made once: :func:`precast` (``copies=``) uses a copy as the weight's cast while it is current
     (the parameter's version and storage unchanged since it was written) and refreshes all copies in one
-    multi-tensor launch otherwise; the fused AdamW kernel (``cuda_ops.adamw.fused_step(copies=)``) writes each
+    multi-tensor launch otherwise; the fused AdamW kernel (``backends.cupy.adamw.fused_step(copies=)``) writes each
     updated weight's bf16 copy as it writes the weight, so a training step needs no cast pass over the weights at
     all. A copy is the weight rounded to nearest even, bit for bit what the cast would give. (Host parameters
     keep the same bookkeeping, with NumPy-made copies; only the CUDA precast and AdamW use them.)
     """
 
     def __init__(self, params) -> None:
-        from blutensor.cuda_ops.cast import pack_layout
+        from blutensor.backends.cupy.cast import pack_layout
 
         seen: dict = {}
         for i, p in enumerate(params):
@@ -206,12 +206,12 @@ class WeightCopies:
 
             self.buf = np.empty(max(total, 1), dtype=np.uint16)
         elif self.device.index:
-            from blutensor.cuda_ops._loader import cupy
+            from blutensor.backends.cupy._loader import cupy
 
             with cupy().cuda.Device(self.device.index):
                 self.buf = cupy().empty(max(total, 1), dtype=cupy().uint16)
         else:
-            from blutensor.cuda_ops._loader import cupy
+            from blutensor.backends.cupy._loader import cupy
 
             self.buf = cupy().empty(max(total, 1), dtype=cupy().uint16)
         self._views = {id(p): self.buf[int(o):int(o) + p._data.size].reshape(p._data.shape)
@@ -248,13 +248,13 @@ class WeightCopies:
         if not self.cuda:
             import numpy as np
 
-            from blutensor.backend import f32_to_bf16_bits
+            from blutensor.backends import f32_to_bf16_bits
 
             for p in self.params:
                 self._views[id(p)][...] = f32_to_bf16_bits(p._data, np)
             self.mark(self.params)
             return
-        from blutensor.cuda_ops.cast import multi_to_bf16
+        from blutensor.backends.cupy.cast import multi_to_bf16
 
         arrays = [p._data for p in self.params]
         if self.device.index:
@@ -277,7 +277,7 @@ class WeightCopies:
 def precast(params, accumulate: bool = False, copies: WeightCopies | None = None) -> int:
     """Put the low-precision casts of all float32 ``params`` into the weight cast cache now (inside a region).
 
-    On CUDA the casts of one device run as ONE multi-tensor launch (cuda_ops.cast.multi_to_bf16) instead of one
+    On CUDA the casts of one device run as ONE multi-tensor launch (backends.cupy.cast.multi_to_bf16) instead of one
     launch per weight; each cached copy keeps its own differentiable ``cast`` node, so gradients reach the
     float32 masters exactly as with casts made on first use. Elsewhere (CPU) the casts are made one by one.
     Casts of parameters no op then lowers are unused (a few small extra copies). Returns how many were cast.
@@ -314,7 +314,7 @@ def precast(params, accumulate: bool = False, copies: WeightCopies | None = None
 def _precast_cuda(ps, dev, low, grad_on, T, accumulate: bool = False, copies: WeightCopies | None = None) -> bool:
     """The CUDA half of :func:`precast`; False when the built-in cast kernel is not the one dispatch uses."""
     from blutensor.autograd.node import Ctx, Node
-    from blutensor.cuda_ops import cast as cast_mod
+    from blutensor.backends.cupy import cast as cast_mod
 
     kernel = dispatch.resolve("cast", "cuda", "float32")
     if kernel is not cast_mod.CastCuda or low is not bfloat16 or any(not p._data.flags.c_contiguous for p in ps):
@@ -363,7 +363,7 @@ def _fused_ce(dev_type: str) -> bool:
         r = False
         if dev_type == "cuda":
             try:
-                from blutensor.cuda_ops.cross_entropy import CrossEntropyCuda
+                from blutensor.backends.cupy.cross_entropy import CrossEntropyCuda
 
                 r = issubclass(dispatch.resolve("cross_entropy", "cuda", "bfloat16"), CrossEntropyCuda)
             except Exception:  # noqa: BLE001 - no CUDA kernels: widen like PyTorch

@@ -8,7 +8,7 @@ import operator
 import numpy as np
 
 from blutensor import random as _random
-from blutensor.backend import xp_of
+from blutensor.backends import xp_of
 from blutensor.device import as_device
 from blutensor.dtypes import as_dtype, bfloat16, bool_, from_numpy_dtype, get_default_dtype, int64
 from blutensor.errors import ArgumentError, DTypeError, ShapeError
@@ -227,7 +227,7 @@ def _store(arr, dt, xp):
     if dt is bfloat16:
         if xp is np:
             return arr.astype(bfloat16.np)
-        from blutensor.backend import f32_to_bf16_bits
+        from blutensor.backends import f32_to_bf16_bits
 
         return f32_to_bf16_bits(arr, xp)
     return arr.astype(dt.np, copy=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blutensor.backend import INSTALL_HINT, cuda_available, cupy_module, require_cuda
+from blutensor.backends.cupy import INSTALL_HINT, cuda_available, cupy_module, require_cuda
 
 
 def is_available() -> bool:

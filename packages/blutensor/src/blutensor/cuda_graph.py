@@ -28,7 +28,7 @@ DEFAULT_MODE = "relaxed"
 
 
 def _cp():
-    from blutensor.backend import require_cuda
+    from blutensor.backends.cupy import require_cuda
 
     return require_cuda()
 
@@ -43,21 +43,10 @@ def _mode(cp, name: str) -> int:
 
 
 def _graph_allocator():
-    """An installed allocator plugin's graph-capable allocator (``graph_pool()``), found through the plugin host
-    (bluallocator registers ``caching``); None when no such allocator is installed."""
-    from blutensor.plugin.manager import get_host
+    """The cuda backend's graph-capable allocator (an installed allocator plugin's), None without one."""
+    from blutensor.backends.cupy import CupyBackend
 
-    for rec in get_host().registry("allocator"):
-        get = getattr(rec.cls, "graph_allocator", None)
-        if get is None:
-            continue
-        try:
-            alloc = get()
-        except Exception:  # noqa: BLE001 - a broken plugin must not break capture: fall back to a private CuPy pool
-            alloc = None
-        if alloc is not None and hasattr(alloc, "graph_pool"):
-            return alloc
-    return None
+    return CupyBackend.graph_allocator()
 
 
 class _Pool:

@@ -3,7 +3,7 @@ strategies, GEMM libraries, model code with fused kernels).
 
 User code needs only ``import blutensor as bt`` and its documented modules (``nn``, ``optim``, ``utils``,
 ``cuda``, ``amp``, ``random``, ``autograd``). What a sibling package needs beyond that is here, so that
-blutensor's private modules (``blutensor._*``, ``ops.*``, ``cuda_ops.*``, ``plugin.manager``, ``gemm``) can
+blutensor's private modules (``blutensor._*``, ``ops.*``, ``backends.cupy.*``, ``plugin.manager``, ``gemm``) can
 change without breaking it; ``tests/test_packaging.py`` forbids other packages to import them. Each name is
 the object blutensor itself uses (not a copy), imported on first access.
 
@@ -84,15 +84,15 @@ from typing import Any, Protocol
 #: name -> (module, attribute): the objects blutensor itself uses, imported on first access
 _NAMES: dict[str, tuple[str, str]] = {
     # array modules
-    "array_module": ("blutensor.backend", "array_module"),
+    "array_module": ("blutensor.backends", "array_module"),
     "gemm": ("blutensor.ops.linalg", "gemm"),
     "scatter_add": ("blutensor.ops._util", "scatter_add"),
     "erf": ("blutensor.ops.elementwise", "erf"),
-    "bf16_bits_to_f32": ("blutensor.backend", "bf16_bits_to_f32"),
-    "f32_to_bf16_bits": ("blutensor.backend", "f32_to_bf16_bits"),
+    "bf16_bits_to_f32": ("blutensor.backends", "bf16_bits_to_f32"),
+    "f32_to_bf16_bits": ("blutensor.backends", "f32_to_bf16_bits"),
     "as_device": ("blutensor.device", "as_device"),
-    "array_module_for": ("blutensor.backend", "xp_of"),
-    "is_cuda_array": ("blutensor.backend", "is_cuda_array"),
+    "array_module_for": ("blutensor.backends", "xp_of"),
+    "is_cuda_array": ("blutensor.backends", "is_cuda_array"),
     # ops and kernels
     "Kernel": ("blutensor.ops.table", "Kernel"),
     "apply": ("blutensor.ops.dispatch", "apply"),
@@ -116,42 +116,42 @@ _NAMES: dict[str, tuple[str, str]] = {
     "run_backward": ("blutensor.autograd.engine", "run_backward"),
     # optimizer steps
     "adamw_update": ("blutensor.optim.adamw", "adamw_update"),
-    "fused_adamw_step": ("blutensor.cuda_ops.adamw", "fused_step"),
-    "prepare_adamw_group": ("blutensor.cuda_ops.adamw", "prepare_group"),
-    "multi_tensor_adamw": ("blutensor.cuda_ops.adamw", "multi_tensor_adamw"),
-    "global_grad_norm": ("blutensor.cuda_ops.norm", "global_grad_norm"),
-    "grad_norm_table": ("blutensor.cuda_ops.norm", "_table"),
+    "fused_adamw_step": ("blutensor.backends.cupy.adamw", "fused_step"),
+    "prepare_adamw_group": ("blutensor.backends.cupy.adamw", "prepare_group"),
+    "multi_tensor_adamw": ("blutensor.backends.cupy.adamw", "multi_tensor_adamw"),
+    "global_grad_norm": ("blutensor.backends.cupy.norm", "global_grad_norm"),
+    "grad_norm_table": ("blutensor.backends.cupy.norm", "_table"),
     "lr_warmup_cosine": ("blutensor.optim.lr_scheduler", "warmup_cosine"),
     # execution policy
     "current_policy": ("blutensor.policy", "current"),
     "ExecutionPolicy": ("blutensor.policy", "ExecutionPolicy"),
     # CUDA launch and compile helpers
-    "kernel_source": ("blutensor.cuda_ops._loader", "source"),
-    "kernel_module": ("blutensor.cuda_ops._loader", "module"),
-    "kernel_function": ("blutensor.cuda_ops._loader", "function"),
-    "launch": ("blutensor.cuda_ops._loader", "launch"),
-    "compile_options": ("blutensor.cuda_ops._loader", "compile_options"),
-    "num_sms": ("blutensor.cuda_ops._loader", "num_sms"),
-    "capturing": ("blutensor.cuda_ops._loader", "capturing"),
-    "index_flag_array": ("blutensor.cuda_ops.index_check", "flag_array"),
-    "raise_pending_index_error": ("blutensor.cuda_ops.index_check", "raise_pending"),
-    "layer_norm_forward": ("blutensor.cuda_ops.layer_norm", "layer_norm_forward"),
-    "layer_norm_backward": ("blutensor.cuda_ops.layer_norm", "layer_norm_backward"),
-    "add_layer_norm_forward": ("blutensor.cuda_ops.layer_norm", "add_layer_norm_forward"),
-    "add_layer_norm_backward": ("blutensor.cuda_ops.layer_norm", "add_layer_norm_backward"),
-    "gelu_forward": ("blutensor.cuda_ops.gelu", "gelu_forward"),
-    "gelu_backward": ("blutensor.cuda_ops.gelu", "gelu_backward"),
-    "cuda_cross_entropy_forward": ("blutensor.cuda_ops.cross_entropy", "cross_entropy_forward"),
-    "flash_attention_forward": ("blutensor.cuda_ops.sdpa", "flash_attention_forward"),
-    "flash_attention_backward": ("blutensor.cuda_ops.sdpa", "flash_attention_backward"),
-    "sdpa_qkv": ("blutensor.cuda_ops.sdpa", "sdpa_qkv"),
-    "pick_attention_variant": ("blutensor.cuda_ops.sdpa", "pick_variant"),
-    "cast_to_bf16": ("blutensor.cuda_ops.cast", "to_bf16"),
-    "cast_to_f32": ("blutensor.cuda_ops.cast", "to_f32"),
-    "add_widen": ("blutensor.cuda_ops.cast", "add_widen"),
-    "bf16_gemm_provider": ("blutensor.cuda_ops.linalg", "bf16_provider"),
-    "bf16_gemm": ("blutensor.cuda_ops.linalg", "mm"),
-    "bf16_bias_grad": ("blutensor.cuda_ops.linalg", "bias_grad"),
+    "kernel_source": ("blutensor.backends.cupy._loader", "source"),
+    "kernel_module": ("blutensor.backends.cupy._loader", "module"),
+    "kernel_function": ("blutensor.backends.cupy._loader", "function"),
+    "launch": ("blutensor.backends.cupy._loader", "launch"),
+    "compile_options": ("blutensor.backends.cupy._loader", "compile_options"),
+    "num_sms": ("blutensor.backends.cupy._loader", "num_sms"),
+    "capturing": ("blutensor.backends.cupy._loader", "capturing"),
+    "index_flag_array": ("blutensor.backends.cupy.index_check", "flag_array"),
+    "raise_pending_index_error": ("blutensor.backends.cupy.index_check", "raise_pending"),
+    "layer_norm_forward": ("blutensor.backends.cupy.layer_norm", "layer_norm_forward"),
+    "layer_norm_backward": ("blutensor.backends.cupy.layer_norm", "layer_norm_backward"),
+    "add_layer_norm_forward": ("blutensor.backends.cupy.layer_norm", "add_layer_norm_forward"),
+    "add_layer_norm_backward": ("blutensor.backends.cupy.layer_norm", "add_layer_norm_backward"),
+    "gelu_forward": ("blutensor.backends.cupy.gelu", "gelu_forward"),
+    "gelu_backward": ("blutensor.backends.cupy.gelu", "gelu_backward"),
+    "cuda_cross_entropy_forward": ("blutensor.backends.cupy.cross_entropy", "cross_entropy_forward"),
+    "flash_attention_forward": ("blutensor.backends.cupy.sdpa", "flash_attention_forward"),
+    "flash_attention_backward": ("blutensor.backends.cupy.sdpa", "flash_attention_backward"),
+    "sdpa_qkv": ("blutensor.backends.cupy.sdpa", "sdpa_qkv"),
+    "pick_attention_variant": ("blutensor.backends.cupy.sdpa", "pick_variant"),
+    "cast_to_bf16": ("blutensor.backends.cupy.cast", "to_bf16"),
+    "cast_to_f32": ("blutensor.backends.cupy.cast", "to_f32"),
+    "add_widen": ("blutensor.backends.cupy.cast", "add_widen"),
+    "bf16_gemm_provider": ("blutensor.backends.cupy.linalg", "bf16_provider"),
+    "bf16_gemm": ("blutensor.backends.cupy.linalg", "mm"),
+    "bf16_bias_grad": ("blutensor.backends.cupy.linalg", "bias_grad"),
     # GEMM providers
     "get_gemm_provider": ("blutensor.gemm", "get_gemm_provider"),
     "XpGemm": ("blutensor.gemm", "XpGemm"),
@@ -161,14 +161,14 @@ _NAMES: dict[str, tuple[str, str]] = {
     # plugins and device memory
     "get_host": ("blutensor.plugin.manager", "get_host"),
     "kernel_cache": ("blutensor", "kernel_cache"),
-    "tma": ("blutensor.cuda_ops.tma", ""),
+    "tma": ("blutensor.backends.cupy.tma", ""),
     "reset_host": ("blutensor.plugin.manager", "reset_host"),
     "PluginHost": ("blutensor.plugin.manager", "PluginHost"),
     "hookimpl": ("blutensor.plugin.specs", "hookimpl"),
     "BlutrainSpecs": ("blutensor.plugin.specs", "BlutrainSpecs"),
     "PluginError": ("blutensor.plugin.registry", "PluginError"),
-    "cpu_kernels_status": ("blutensor.cpu_ops", "status"),
-    "reference_kernels": ("blutensor.cpu_ops", "reference_kernels"),
+    "cpu_kernels_status": ("blutensor.backends.numpy", "status"),
+    "reference_kernels": ("blutensor.backends.numpy", "reference_kernels"),
 }
 
 
@@ -193,7 +193,7 @@ def register_array_provider(array_type: type, provider: ArrayProvider) -> None:
     """From now on, raw arrays of ``array_type`` (and its subclasses) inside op kernels use ``provider``'s array
     module, ``gemm``, ``scatter_add`` and ``erf``; the newest registration for a type wins. A tracer registers
     its traced-array type for the length of one trace. NumPy and CuPy arrays are never affected."""
-    from blutensor.backend import array_providers
+    from blutensor.backends import array_providers
 
     if not isinstance(array_type, type):
         raise TypeError(f"register_array_provider: array_type must be a class, got {array_type!r}")
@@ -205,7 +205,7 @@ def register_array_provider(array_type: type, provider: ArrayProvider) -> None:
 
 def unregister_array_provider(array_type: type, provider: ArrayProvider | None = None) -> None:
     """Remove the newest registration of ``array_type`` (of ``provider`` when given); no error when none."""
-    from blutensor.backend import array_providers
+    from blutensor.backends import array_providers
 
     for i in range(len(array_providers) - 1, -1, -1):
         typ, prov = array_providers[i]
@@ -289,12 +289,12 @@ def recording_kernel_launches() -> Iterator[Counter]:
     launches a step makes (per-parameter launches show as counts that grow with the model)."""
     import pkgutil
 
-    import blutensor.cuda_ops as co
+    import blutensor.backends.cupy as co
 
     names: Counter = Counter()
     saved = []
     for m in pkgutil.iter_modules(co.__path__):
-        mod = importlib.import_module(f"blutensor.cuda_ops.{m.name}")
+        mod = importlib.import_module(f"blutensor.backends.cupy.{m.name}")
         real = getattr(mod, "launch", None)
         if callable(real):
             def rec(f, name, *a, _r=real, **k):
@@ -346,7 +346,7 @@ def autocast_active() -> bool:
 def cast_tables() -> list:
     """The device tables of the multi-tensor bf16 weight cast built so far (hold them while captured graphs that
     launch the cast replay)."""
-    from blutensor.cuda_ops import cast
+    from blutensor.backends.cupy import cast
 
     return list(cast._multi.values())
 

@@ -747,11 +747,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     ``enable_gqa=True`` (grouped-query attention, PyTorch's flag): k and v may have fewer heads (dim -3) than q,
     a divisor of q's; each K/V head serves ``Hq // Hkv`` consecutive query heads. The heads are repeated here
     (a differentiable expand + reshape whose backward sums the group), so every attention kernel sees equal heads --
-    except on CUDA, where the flash kernels read each group's K/V head in place (``cuda_ops.sdpa_gqa``).
+    except on CUDA, where the flash kernels read each group's K/V head in place (``backends.cupy.sdpa_gqa``).
     """
     if enable_gqa:
         if getattr(q, "device", None) is not None and q.device.type == "cuda" and not dropout_p:
-            from blutensor.cuda_ops import sdpa_gqa
+            from blutensor.backends.cupy import sdpa_gqa
 
             variant = sdpa_gqa.applies(q, k, v, attn_mask, dropout_p)
             if variant is not None:  # shapes and dtypes checked there
@@ -841,7 +841,7 @@ class _ToDevice:
 def _move(arr, dt, src, dst):
     import numpy as np
 
-    from blutensor.backend import xp_of
+    from blutensor.backends import xp_of
 
     if src == dst:
         return arr

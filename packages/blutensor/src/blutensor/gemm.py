@@ -204,7 +204,7 @@ def cuda_matmul_into(a, b, out) -> None:
 
     prov = get_gemm_provider()
     if a.dtype == np.uint16 and b.dtype == np.uint16:
-        from blutensor.cuda_ops.linalg import bf16_provider
+        from blutensor.backends.cupy.linalg import bf16_provider
 
         prov = bf16_provider()
     elif a.dtype != np.float32 or b.dtype != np.float32:
@@ -220,7 +220,7 @@ def _bf16_product(a, b):
     """a @ b of bf16 bits in float32 (the no-provider fallback)."""
     import cupy
 
-    from blutensor.backend import bf16_bits_to_f32
+    from blutensor.backends import bf16_bits_to_f32
 
     return cupy.matmul(bf16_bits_to_f32(a, cupy), bf16_bits_to_f32(b, cupy))
 

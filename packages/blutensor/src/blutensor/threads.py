@@ -1,7 +1,7 @@
 """CPU threads: ``set_num_threads`` / ``get_num_threads`` (PyTorch's names) for GEMM and blutensor's kernels.
 
 One setting serves both kinds of CPU work in a step: the GEMMs (split into row blocks on blutensor's threads,
-the BLAS library itself limited to one thread through threadpoolctl, see ``cpu_ops/gemm.py``) and blutensor's
+the BLAS library itself limited to one thread through threadpoolctl, see ``backends/numpy/gemm.py``) and blutensor's
 compiled CPU kernels (OpenMP). The default is ``OMP_NUM_THREADS`` when set (PyTorch's rule), else the cores this
 process may run on (``os.sched_getaffinity``) divided by the ranks sharing this node (``LOCAL_WORLD_SIZE``, as
 set by torchrun-style launchers and dtms blurun, or Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``), at least 1, so
@@ -67,10 +67,10 @@ def _apply(n: int) -> None:
     except ImportError:  # without threadpoolctl the BLAS keeps its own setting (OPENBLAS_NUM_THREADS etc.)
         linalg._threads[0] = 1
     else:
-        # the BLAS runs single-threaded, GEMMs are split into row blocks on blutensor's threads (cpu_ops/gemm.py)
+        # the BLAS runs single-threaded, GEMMs are split into row blocks on blutensor's threads (backends/numpy/gemm.py)
         threadpool_limits(limits=1, user_api="blas")
         linalg._threads[0] = n
-    from blutensor.cpu_ops import _build
+    from blutensor.backends.numpy import _build
 
     lib = _build._state.get("lib")
     if lib is not None:

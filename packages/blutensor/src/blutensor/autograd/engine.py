@@ -244,7 +244,7 @@ def _sum(a, b):
     """a + b for gradient arrays; bfloat16 kept as raw uint16 bits (CUDA) is added in float32."""
     if a.dtype != np.uint16:
         return a + b
-    from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
     from blutensor.ops._util import xp_of
 
     xp = xp_of(a)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 
 import numpy as np
-from blutensor.backend import array_module, array_provider, array_providers
+from blutensor.backends import array_module, array_provider, array_providers
 
 
 def xp_of(a):

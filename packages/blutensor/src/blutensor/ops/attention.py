@@ -4,7 +4,7 @@ attention (context parallelism merges the blocks' outputs with their LSEs).
 ``attention_block_forward(q, k, v, is_causal, scale) -> (o, lse)`` and
 ``attention_block_backward(q, k, v, o, lse, do, is_causal, scale) -> (dq, dk, dv)`` work on arrays of
 shape (..., L, E) / (..., S, E) (NumPy or CuPy). On CUDA, float32/bfloat16 inputs of a head size the flash
-kernels support run those kernels (blutensor.cuda_ops.sdpa, which compute the LSE anyway); elsewhere a tiled
+kernels support run those kernels (blutensor.backends.cupy.sdpa, which compute the LSE anyway); elsewhere a tiled
 implementation with the same online softmax runs, holding one (query tile x key tile) block of scores at a
 time: memory O(L + S) beyond the inputs, never the (L x S) scores. ``is_causal`` masks key j > query i
 (top-left aligned, as ``scaled_dot_product_attention``). The backward takes the *final* ``o`` and ``lse`` of
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from blutensor.backend import array_module, is_cuda_array
+from blutensor.backends import array_module, is_cuda_array
 from blutensor.errors import ShapeError
 from blutensor.ops.linalg import gemm
 
@@ -35,7 +35,7 @@ def _flash_variant(q, k, v):
     """The CUDA flash kernel variant for these arrays, or None (then the tiled path runs)."""
     if not is_cuda_array(q) or k.shape != v.shape or not (q.dtype == k.dtype == v.dtype):
         return None
-    from blutensor.cuda_ops.sdpa import pick_variant
+    from blutensor.backends.cupy.sdpa import pick_variant
 
     return pick_variant(q.dtype, q.shape[-1])
 
@@ -48,7 +48,7 @@ def attention_block_forward(q, k, v, is_causal: bool = False, scale: float | Non
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     variant = _flash_variant(q, k, v)
     if variant is not None:
-        from blutensor.cuda_ops.sdpa import _prepared, flash_attention_forward
+        from blutensor.backends.cupy.sdpa import _prepared, flash_attention_forward
 
         L, S, hd = q.shape[-2], k.shape[-2], q.shape[-1]
         o, lse = flash_attention_forward(_prepared(q, L, hd), _prepared(k, S, hd), _prepared(v, S, hd),
@@ -66,7 +66,7 @@ def attention_block_backward(q, k, v, o, lse, do, is_causal: bool = False, scale
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     variant = _flash_variant(q, k, v)
     if variant is not None:
-        from blutensor.cuda_ops.sdpa import _prepared, flash_attention_backward
+        from blutensor.backends.cupy.sdpa import _prepared, flash_attention_backward
 
         xp = array_module(q)
         L, S, hd = q.shape[-2], k.shape[-2], q.shape[-1]

@@ -1,7 +1,7 @@
 """Ops of Llama-style decoder blocks: RMSNorm, rotary position embedding (RoPE), SiLU and SwiGLU.
 
 These are the array-level references (NumPy on CPU, CuPy on CUDA when no fused kernel serves the call); the
-fused CUDA kernels in ``blutensor.cuda_ops`` are checked against them. Math is done in the input's dtype
+fused CUDA kernels in ``blutensor.backends.cupy`` are checked against them. Math is done in the input's dtype
 (float32/float64; bfloat16 inputs are widened to float32 by dispatch around these functions).
 """
 

@@ -15,7 +15,7 @@ import os
 import numpy as np
 from blutensor.autograd.grad_mode import STATE
 from blutensor.autograd.node import Ctx, Node
-from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
+from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
 from blutensor.errors import BluTensorError, DeviceError, DTypeError, ShapeError, describe
 
 _cache: dict = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from blutensor.backend import array_provider, array_providers
+from blutensor.backends import array_provider, array_providers
 from blutensor.ops._util import shape_of, unbroadcast, xp_of
 
 # ---- binary arithmetic ----
@@ -388,7 +388,7 @@ def _convert(a, src, dst, xp):
     """Convert storage of blutensor dtype ``src`` to ``dst`` (bfloat16 is raw bits on CUDA)."""
     if xp is np:
         return a.astype(dst.np)
-    from blutensor.backend import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
 
     if src.name == "bfloat16":
         a = bf16_bits_to_f32(a, xp)

@@ -18,13 +18,13 @@ def _check_index(op, index, n, what="dim"):
     cross_entropy: 'lazy' flags a bad index on the device (raised at ``index_check.raise_pending``; the gather
     itself wraps around, as CuPy's indexing does), 'sync' checks here (one host sync), '0' skips the check."""
     if index.size and type(index) is not np.ndarray:
-        from blutensor import cuda_ops
-        from blutensor.cuda_ops import index_check
+        from blutensor.backends import cupy as cupy_backend
+        from blutensor.backends.cupy import index_check
 
         m = index_check.mode()
         if m == "off":
             return
-        if m == "lazy" and cuda_ops.cupy_installed():
+        if m == "lazy" and cupy_backend.cupy_installed():
             idx = xp_of(index).ascontiguousarray(index.reshape(-1), dtype=np.int64)
             index_check.check_async(idx, 0, n, f"{op} ({what} of size {n})")
             return

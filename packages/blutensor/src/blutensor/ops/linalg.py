@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from blutensor.autograd.node import ACCUMULATED
-from blutensor.backend import array_provider, array_providers, is_cuda_array
+from blutensor.backends import array_provider, array_providers, is_cuda_array
 from blutensor.errors import ShapeError
 from blutensor.ops._util import unbroadcast
 
@@ -22,7 +22,7 @@ def gemm(a, b):
 
 
 def _host_matmul(a, b, n, bias=None):
-    from blutensor.cpu_ops.gemm import matmul
+    from blutensor.backends.numpy.gemm import matmul
 
     return matmul(a, b, n, bias)
 
@@ -30,7 +30,7 @@ def _host_matmul(a, b, n, bias=None):
 def _col_sum(g2):
     """``g2.sum(axis=0)``: NumPy's on one thread, else the same sums split over the CPU threads."""
     if _threads[0] > 1 and type(g2) is np.ndarray:
-        from blutensor.cpu_ops.strided import col_sum
+        from blutensor.backends.numpy.strided import col_sum
 
         return col_sum(g2)
     return g2.sum(axis=0)

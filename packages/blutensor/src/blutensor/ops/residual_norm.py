@@ -14,7 +14,7 @@ depends on ``y``, so the engine runs it first; ``y``'s node runs even when no gr
 
 Array paths: the fused CUDA kernels (kernels/add_rms_norm.cu, the residual-norm kernels of both norms; fp32/bf16
 storage per tensor, so autocast's bf16 sublayer output, fp32 residual stream and bf16 normalised output need no
-casts) and, on CPU, the compiled kernels for float32 (``cpu_ops/residual_norm.py``, kernels.c) or the NumPy
+casts) and, on CPU, the compiled kernels for float32 (``backends/numpy/residual_norm.py``, kernels.c) or the NumPy
 reference (``decoder_ops.add_rms_norm_rows`` / ``add_layer_norm_rows``; float64, or without a C compiler). Any
 other combination runs as ``x + residual`` then ``rms_norm`` / ``layer_norm`` through the ordinary ops (the same
 values).
@@ -50,7 +50,7 @@ class _NormKernel:
         if gy is None and gh is None:
             return None, None, None
         if path == "cuda":
-            from blutensor.cuda_ops import decoder
+            from blutensor.backends.cupy import decoder
 
             cp = decoder.cupy()
             gy = None if gy is None else cp.ascontiguousarray(gy)
@@ -58,7 +58,7 @@ class _NormKernel:
             dres, dx, dw = decoder.add_rms_norm_backward(gy, gh, h2, w, rstd, x_dtype, bool(needs[2]))
             dx = dres if dx is None else dx
         elif path == "c":
-            from blutensor.cpu_ops import residual_norm as ck
+            from blutensor.backends.numpy import residual_norm as ck
 
             dres, dw = ck.backward(gy, gh, h2, w, rstd, bool(needs[2]))
             dx = dres
@@ -93,7 +93,7 @@ class _LayerNormKernel:
         need_dw, need_db = bool(needs[2]) and w is not None, bool(needs[3]) and b_shape is not None
         into = tuple(getattr(ctx, "grad_into", None) or ()) + (None,) * 4
         if path == "cuda":
-            from blutensor.cuda_ops import layer_norm as k
+            from blutensor.backends.cupy import layer_norm as k
 
             cp = k.cupy()
             gy = None if gy is None else cp.ascontiguousarray(_as_storage(gy, ctx.y_storage))
@@ -109,7 +109,7 @@ class _LayerNormKernel:
             db = ACCUMULATED if dbi is not None and db is not None else None if db is None else db.reshape(nshape)
         else:
             if path == "c":
-                from blutensor.cpu_ops import residual_norm as ck
+                from blutensor.backends.numpy import residual_norm as ck
 
                 dres, dw, db = ck.ln_backward(gy, gh, h2, w, stats[0], stats[1], need_dw, need_db)
                 dx = dres
@@ -127,7 +127,7 @@ def _as_storage(g, storage):
     """A CUDA gradient array in the given storage (float32 or uint16 bf16 bits): the kernels' entries are per mix."""
     if g.dtype == storage:
         return g
-    from blutensor.cuda_ops.cast import to_bf16, to_f32
+    from blutensor.backends.cupy.cast import to_bf16, to_f32
 
     return to_bf16(g) if storage == np.uint16 else to_f32(g)
 
@@ -215,7 +215,7 @@ def add_rms_norm(x, residual, normalized_shape: tuple, weight, eps: float, y_dty
         shape = tuple(residual.shape)
         w = None if weight is None else weight._data.reshape(C)
         if path == "cuda":
-            from blutensor.cuda_ops import decoder
+            from blutensor.backends.cupy import decoder
 
             kind = "cuda"
             cp = decoder.cupy()
@@ -225,7 +225,7 @@ def add_rms_norm(x, residual, normalized_shape: tuple, weight, eps: float, y_dty
             y_storage = np.uint16 if y_dtype.name == "bfloat16" else np.float32
             h2, y2, rstd = decoder.add_rms_norm_forward(x2, r2, w, eps, y_storage)
         else:
-            from blutensor.cpu_ops import residual_norm as ck
+            from blutensor.backends.numpy import residual_norm as ck
 
             x2, r2 = x._data.reshape(-1, C), residual._data.reshape(-1, C)
             if ck.usable(x2, r2, w):  # the compiled kernels (float32)
@@ -271,14 +271,14 @@ def add_layer_norm(x, residual, normalized_shape: tuple, weight, bias, eps: floa
         w = None if weight is None else weight._data.reshape(C)
         b = None if bias is None else bias._data.reshape(C)
         if path == "cuda":
-            from blutensor.cuda_ops import layer_norm as k
+            from blutensor.backends.cupy import layer_norm as k
 
             kind = "cuda"
             x2, r2, w, b = cuda_arrays
             h2, y2, mean, rstd = k.add_layer_norm_forward(x2, r2, w, b, eps, _bits(y_dtype))
             stats = (mean, rstd)
         else:
-            from blutensor.cpu_ops import residual_norm as ck
+            from blutensor.backends.numpy import residual_norm as ck
 
             x2, r2 = x._data.reshape(-1, C), residual._data.reshape(-1, C)
             if n == 1 and x2.size and ck.usable(x2, r2, w, b):  # the compiled kernels (float32)
@@ -317,7 +317,7 @@ def _cuda_rows(x, residual, weight, bias, normalized_shape, y_dtype):
     """(x2, r2, w, b) as contiguous CuPy rows for the fused CUDA kernels, or None when no kernel serves the call
     (weight and bias of different storages, a storage mix or row width without an entry, unaligned rows): the
     op then runs as add + layer_norm (the same values)."""
-    from blutensor.cuda_ops import layer_norm as k
+    from blutensor.backends.cupy import layer_norm as k
 
     C = int(np.prod(normalized_shape))
     if weight is not None and bias is not None and weight.dtype != bias.dtype:

@@ -51,7 +51,7 @@ class AdamW(Optimizer):
                 adam_group_step(self, g, decoupled=True)
                 continue
             if self.fused and any(p.device.type == "cuda" for p in g["params"]):
-                from blutensor.cuda_ops.adamw import fused_step
+                from blutensor.backends.cupy.adamw import fused_step
 
                 fused_step(self, g)  # one multi-tensor launch for the whole group
                 continue
@@ -82,7 +82,7 @@ def adamw_update(p, m, v, step: int, lr: float, b1: float, b2: float, eps: float
         from blutensor.ops.elementwise import _convert
 
         gr = _convert(gr, p.grad.dtype, float32, xp_of(gr))
-    from blutensor.cpu_ops.optim import adamw_
+    from blutensor.backends.numpy.optim import adamw_
 
     if adamw_(x, gr, m, v, step, lr, b1, b2, eps, wd):  # host float32: the compiled kernel, bit-identical
         if write is not None:

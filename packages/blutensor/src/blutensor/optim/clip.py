@@ -2,7 +2,7 @@
 
 The scale min(1, max_norm / (norm + 1e-6)) is computed and applied on the gradients' device (as PyTorch
 does), so a CUDA training step never waits for the GPU here and the call can be captured in a CUDA graph.
-fp32/bf16 CUDA gradients with the L2 norm go through the fused multi-tensor kernels (cuda_ops/norm.py).
+fp32/bf16 CUDA gradients with the L2 norm go through the fused multi-tensor kernels (backends/cupy/norm.py).
 """
 
 from __future__ import annotations
@@ -33,21 +33,21 @@ def _fused_cuda(params, max_norm: float):
     dev = grads[0].device
     if dev.type != "cuda" or any(g.device != dev or g.dtype.name not in ("float32", "bfloat16") for g in grads):
         return None
-    from blutensor.cuda_ops import cupy_installed
+    from blutensor.backends.cupy import cupy_installed
 
     if not cupy_installed() or any(not g._data.flags.c_contiguous for g in grads):
         return None
-    from blutensor.cuda_ops.norm import clip_grads_
+    from blutensor.backends.cupy.norm import clip_grads_
 
     return clip_grads_([g._data for g in grads], float(max_norm))
 
 
 def _fused_cpu(params, max_norm: float):
-    """The norm (0-d fp32 array) after clipping through the compiled CPU kernels (cpu_ops/optim.py), or None
+    """The norm (0-d fp32 array) after clipping through the compiled CPU kernels (backends/numpy/optim.py), or None
     when the gradients are not all contiguous fp32 host arrays (or the kernels are unavailable)."""
     if any(p.grad.device.type != "cpu" or p.grad.dtype.name != "float32" for p in params):
         return None
-    from blutensor.cpu_ops.optim import clip_grads_
+    from blutensor.backends.numpy.optim import clip_grads_
 
     r = clip_grads_([p.grad._data for p in params], max_norm)
     if r is None:
@@ -137,7 +137,7 @@ def _generic(params, max_norm: float, p_: float):
 def get_total_norm(tensors, norm_type: float = 2.0):
     """The norm of the norms of ``tensors`` (typically gradients) as a 0-d tensor on their device, computed
     without a host read and without touching them (PyTorch's ``get_total_norm``). CUDA fp32/bf16 with the L2
-    norm is one multi-tensor kernel (cuda_ops/norm.py), so a captured training step can log the norm."""
+    norm is one multi-tensor kernel (backends/cupy/norm.py), so a captured training step can log the norm."""
     from blutensor._tensor import Tensor
     from blutensor.ops._util import xp_of
 
@@ -155,7 +155,7 @@ def get_total_norm(tensors, norm_type: float = 2.0):
     dev, p_ = ts[0].device, float(norm_type)
     if (p_ == 2.0 and dev.type == "cuda" and all(t.device == dev and t.dtype.name in ("float32", "bfloat16")
                                                   and t._data.flags.c_contiguous for t in ts)):
-        from blutensor.cuda_ops.norm import global_grad_norm
+        from blutensor.backends.cupy.norm import global_grad_norm
 
         return Tensor._from_data(global_grad_norm([t._data for t in ts]), None, dev)
     xp = xp_of(ts[0]._data)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pluggy
 
-from blutensor.plugin.registry import KernelRegistry, PluginError, PluginRecord, Registry
+from blutensor.plugin.registry import BackendRegistry, KernelRegistry, PluginError, PluginRecord, Registry
 from blutensor.plugin.specs import KIND_HOOKS, PROJECT, BlutrainSpecs
 
 #: documented "best available" defaults per kind
@@ -41,7 +41,8 @@ class PluginHost:
             autoload = os.environ.get("BLUTRAIN_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true", "yes")
         self.autoload = autoload
         self.registries: dict[str, Registry] = {
-            kind: (KernelRegistry(kind) if kind == "kernel" else Registry(kind, DEFAULTS.get(kind, ())))
+            kind: (KernelRegistry(kind) if kind == "kernel" else BackendRegistry(kind) if kind == "backend"
+                   else Registry(kind, DEFAULTS.get(kind, ())))
             for kind in KIND_HOOKS
         }
         self._collected: set[int] = set()

@@ -95,6 +95,22 @@ class Registry:
         raise PluginError(f"no available {self.kind} plugin (set {env_key} or install one)")
 
 
+class BackendRegistry(Registry):
+    """Array backends keyed by ``PLUGIN_NAME``; each must carry ``DEVICE_TYPE`` and the methods of
+    ``blutensor.backends.Backend`` (``is_available``, ``module``, ``owns``, ``device_of``), checked when it
+    registers so a malformed backend is refused by name instead of failing at its first array."""
+
+    REQUIRED = ("is_available", "module", "owns", "device_of")
+
+    def register(self, cls: type, package: str = "?", version: str = "?") -> None:
+        missing = [] if isinstance(getattr(cls, "DEVICE_TYPE", None), str) and cls.DEVICE_TYPE else ["DEVICE_TYPE"]
+        missing += [m for m in self.REQUIRED if not callable(getattr(cls, m, None))]
+        if missing:
+            raise PluginError(f"backend plugin {cls!r} from {package} lacks {', '.join(missing)} "
+                              "(subclass blutensor.backends.Backend)")
+        super().register(cls, package, version)
+
+
 class KernelRegistry(Registry):
     """Op kernels keyed by ``PLUGIN_NAME`` and looked up by (op, backend, dtype)."""
 

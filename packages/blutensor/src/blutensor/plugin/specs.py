@@ -22,7 +22,8 @@ class BlutrainSpecs:
     # --- registration hooks: each returns a class or list of classes with PLUGIN_NAME ---
     @hookspec
     def blutrain_register_backends(self) -> list[type]:
-        """Device backends (class attrs: PLUGIN_NAME, DEVICE_TYPE; ``is_available()``)."""
+        """Array backends: subclasses of ``blutensor.backends.Backend`` (PLUGIN_NAME, DEVICE_TYPE; ``is_available()``,
+        ``module(dev)``, ``owns(arr)``, ``device_of(arr)``; optional ``kernel_classes()`` and allocator hooks)."""
 
     @hookspec
     def blutrain_register_kernels(self) -> list[type]:

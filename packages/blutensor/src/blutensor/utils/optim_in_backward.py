@@ -120,7 +120,7 @@ class OptimizerInBackward:
 
             adamw_update(p, m, v, int(self._step[0]), float(self._lr[0]), b1, b2, eps, wd)
         else:
-            from blutensor.cuda_ops.adamw import adamw_tensor_
+            from blutensor.backends.cupy.adamw import adamw_tensor_
 
             adamw_tensor_(p._data, p.grad._data, m, v, self._lr, self._step, b1, b2, eps, wd)
         p._version.v += 1

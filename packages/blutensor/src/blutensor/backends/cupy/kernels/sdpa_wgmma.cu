@@ -1,0 +1,541 @@
+// Flash attention for Hopper (sm_90a), bf16 storage, fp32 accumulation and softmax, head dims 64 and 128:
+// wgmma.mma_async on operands that TMA loads into 128-byte-swizzled shared memory, warp-specialised CTAs.
+// blu-nvrtc-archs: 90a   (the bodies exist only when compiled for sm_90a; elsewhere the kernels trap)
+// Conventions as kernels/sdpa_mma.cu: q (BH, L, HD), k/v (BH, S, HD) read through 4-D tensor maps (head dim,
+// row, head, batch: dense tensors are H = 1, fused qkv views are (B, T, 3, H, HD) strides); o, dq, dk, dv written
+// through struct Lay; lse (BH, L) fp32 natural log (-inf for an empty row); causal = query i sees keys j <= i.
+// Every kernel: 384 threads, warpgroup 0 the producer (one thread issues the TMA loads, its registers given
+// back with setmaxnreg.dec), warpgroups 1 and 2 the consumers (setmaxnreg.inc), 64 rows each. A ring of
+// stages guarded by full (TMA bytes arrived) and empty (every consumer warp done) mbarriers.
+// Forward: 128 queries a CTA; Q loaded once, K/V tiles of 128 keys streamed. S = Q K^T by SS wgmma; the online
+// softmax (exp2, scale folded) in registers; P packed to bf16 in registers is the A operand of O += P V (RS
+// wgmma, V as an MN-major B operand). Pipelined: tile i's Q K^T and tile i-1's P V are issued together, the
+// softmax of tile i runs while P V is in flight, then O is rescaled. Causal: tiles past the diagonal skipped,
+// the diagonal one masked; heavy (late) query blocks scheduled first.
+// Backward (deterministic, no atomics), after D = rowsum(dO * O) (kernels/sdpa.cu's preprocess):
+// dK/dV kernel: 128 keys a CTA, K and V loaded once, Q/dO tiles of 64 queries streamed; S^T = K Q^T and
+// dP^T = V dO^T (SS), P^T and dS^T = P^T (dP^T - D) in registers, dV += P^T dO and dK += dS^T Q (RS).
+// dQ kernel: 128 queries a CTA, Q and dO loaded once, K/V tiles of 64 keys; S = Q K^T, dP = dO V^T (SS),
+// dQ += dS K (RS).
+// Fragment layout (m64nN accumulators, warp w of the warpgroup, lane 4 g + t): element i of a thread is row
+// 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1); the A fragment of k-step kk (16 columns) is
+// registers 8 kk .. 8 kk + 7 packed in pairs (dev/emulate_sdpa_wgmma.py checks this index math on the CPU).
+
+#include "bf16_vec.cuh"
+#include "sdpa_layout.cuh"
+#include "hopper.cuh"
+
+#define BLU_NEG_INF (-__int_as_float(0x7f800000))
+#define BLU_LOG2E 1.4426950408889634f
+#define BLU_LN2 0.6931471805599453f
+
+namespace wg {
+
+constexpr int THREADS = 384;
+#if BLU_HAVE_WGMMA
+constexpr int BOX = 64;  // head-dim elements of one TMA box: 128 bytes, the swizzle span
+
+// Descriptor of a K-major operand (rows of `rows_box` x 128 B per box, HD / 64 boxes): k-step j (16 elements)
+__device__ __forceinline__ unsigned long long kmajor(unsigned base, int rows_box, int row0, int j) {
+  return blu_desc(base + (unsigned)((j >> 2) * rows_box * 128 + row0 * 128 + (j & 3) * 32), 16, 1024);
+}
+// Descriptor of an MN-major B operand (k rows of 128 B, the N = head dim in boxes of `rows_box` rows): k-step kk
+__device__ __forceinline__ unsigned long long mnmajor(unsigned base, int rows_box, int kk) {
+  return blu_desc(base + (unsigned)(kk * 2048), (unsigned)(rows_box * 128), 1024);
+}
+
+// SS product acc (64 x N) = A (64 x HD) B^T, N rows of B; HD / 16 k-steps, the first overwriting acc
+template <int N, int HD>
+__device__ __forceinline__ void ss_product(float* acc, unsigned a, int a_rows_box, int a_row0, unsigned b,
+                                           int b_rows_box) {
+#pragma unroll
+  for (int j = 0; j < HD / 16; ++j) {
+    const unsigned long long da = kmajor(a, a_rows_box, a_row0, j), db = kmajor(b, b_rows_box, 0, j);
+    if constexpr (N == 128)
+      blu_wgmma_ss_m64n128k16<0, 0>(acc, da, db, j > 0);
+    else
+      blu_wgmma_ss_m64n64k16<0, 0>(acc, da, db, j > 0);
+  }
+}
+// RS product acc (64 x HD) += P (64 x K, registers p: K / 16 k-steps of 4) B, B K rows x HD (MN-major)
+template <int K, int HD>
+__device__ __forceinline__ void rs_product(float* acc, const unsigned* p, unsigned b, int b_rows_box) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    const unsigned long long db = mnmajor(b, b_rows_box, kk);
+    if constexpr (HD == 128)
+      blu_wgmma_rs_m64n128k16<1>(acc, p + 4 * kk, db, 1);
+    else
+      blu_wgmma_rs_m64n64k16<1>(acc, p + 4 * kk, db, 1);
+  }
+}
+// 2^x on the multi-function unit (flush-to-zero: probabilities below 2^-126 are 0, as in fp32 softmax kernels)
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+template <int N>
+__device__ __forceinline__ void pack_p(const float* s, unsigned* p) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) p[i] = blu_pack_bf16x2(s[2 * i], s[2 * i + 1]);
+}
+// Rows (warp w, lane g): element i's column inside the tile and whether it is the second row (g + 8)
+__device__ __forceinline__ int fcol(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }
+__device__ __forceinline__ bool frow8(int i) { return (i & 2) != 0; }
+
+// store a 64 x HD accumulator block (times `mul` per row pair) as bf16 rows row_base + r, guarded by n
+template <int HD>
+__device__ __forceinline__ void store_rows(bf16_t* out, long long base, int st, const float* acc, int r0, int n,
+                                           float mul0, float mul1, int t) {
+  const int r1 = r0 + 8;
+#pragma unroll
+  for (int i = 0; i < HD / 2; i += 4) {
+    const int c = fcol(i, t);
+    if (r0 < n)
+      *reinterpret_cast<unsigned*>(out + base + (long long)r0 * st + c) =
+          blu_pack_bf16x2(acc[i] * mul0, acc[i + 1] * mul0);
+    if (r1 < n)
+      *reinterpret_cast<unsigned*>(out + base + (long long)r1 * st + c) =
+          blu_pack_bf16x2(acc[i + 2] * mul1, acc[i + 3] * mul1);
+  }
+}
+#endif
+
+// ================================================================ forward
+// Persistent: a CTA walks work tiles t = blockIdx.x, + gridDim.x, ... (query block, head), heavy (causal: late)
+// query blocks first; Q is double-buffered, so the next tile's Q and first K/V stages load while this tile runs.
+// smem (1024-aligned): Q[2] (HD / 64 boxes of 128 rows x 128 B each), then ST stages of {K, V} (same shape),
+// then the barriers: qfull[2], qempty[2], full[ST], empty[ST].
+template <int HD, int ST>
+struct Fwd {
+  static constexpr int BM = 128, BN = 128;
+  static constexpr int TILE = BN * HD * 2;  // bytes of one K (or V, or Q) tile
+  static constexpr int SMEM = 1024 + TILE * (2 + 2 * ST) + 8 * (4 + 2 * ST);
+};
+
+template <int HD, int ST>
+__device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, const BluTmap* tmV, bf16_t* o,
+                                        float* lse, int L, int S, float scale, int causal, int H, int BH, Lay lo) {
+#if BLU_HAVE_WGMMA
+  using F = Fwd<HD, ST>;
+  constexpr int BM = F::BM, BN = F::BN, TILE = F::TILE;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = blu_smem_u32(smem_raw);
+  const unsigned sQ0 = raw + ((1024u - (raw & 1023u)) & 1023u);  // Q buffer b at sQ0 + b TILE
+  const unsigned sKV = sQ0 + 2 * TILE;  // stage s: K at sKV + 2 s TILE, V at + TILE
+  const unsigned qfull = sKV + 2 * ST * TILE, qempty = qfull + 16, full = qempty + 16, empty = full + 8 * ST;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2;
+  const int nmb = (L + BM - 1) / BM, total = nmb * BH;
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      blu_mbar_init(qfull + 8 * b, 1);
+      blu_mbar_init(qempty + 8 * b, 8);
+    }
+    for (int s = 0; s < ST; ++s) {
+      blu_mbar_init(full + 8 * s, 1);
+      blu_mbar_init(empty + 8 * s, 8);  // one arrive per consumer warp
+    }
+    blu_mbar_init_fence();
+  }
+  __syncthreads();
+  if (wgi == 0) {  // ---- producer ----
+    blu_setmaxnreg_dec<40>();
+    if (tid == 0) {
+      blu_tma_prefetch(tmQ);
+      blu_tma_prefetch(tmK);
+      blu_tma_prefetch(tmV);
+      int kv = 0, n = 0;  // K/V stages and work tiles this CTA has loaded
+      for (int wt = blockIdx.x; wt < total; wt += gridDim.x, ++n) {
+        const int q0 = (nmb - 1 - wt / BH) * BM, bh = wt % BH, hh = bh % H, bb = bh / H;
+        const int nt = ((causal ? min(S, q0 + BM) : S) + BN - 1) / BN;
+        const int qb = n & 1;
+        blu_mbar_wait(qempty + 8 * qb, ((n >> 1) & 1) ^ 1);
+        blu_mbar_expect_tx(qfull + 8 * qb, TILE);
+#pragma unroll
+        for (int b = 0; b < HD / BOX; ++b)
+          blu_tma_load4(sQ0 + qb * TILE + b * BM * 128, tmQ, b * BOX, q0, hh, bb, qfull + 8 * qb);
+        for (int it = 0; it < nt; ++it, ++kv) {
+          const int s = kv % ST;
+          blu_mbar_wait(empty + 8 * s, ((kv / ST) & 1) ^ 1);
+          blu_mbar_expect_tx(full + 8 * s, 2 * TILE);
+          const unsigned k = sKV + 2 * s * TILE;
+#pragma unroll
+          for (int b = 0; b < HD / BOX; ++b) {
+            blu_tma_load4(k + b * BN * 128, tmK, b * BOX, it * BN, hh, bb, full + 8 * s);
+            blu_tma_load4(k + TILE + b * BN * 128, tmV, b * BOX, it * BN, hh, bb, full + 8 * s);
+          }
+        }
+      }
+    }
+    return;
+  }
+  // ---- consumers: warpgroup cw owns queries q0 + 64 cw .. + 63 ----
+  blu_setmaxnreg_inc<232>();
+  const int cw = wgi - 1, w = warp & 3, g = lane >> 2, t = lane & 3;
+  const float c = scale * BLU_LOG2E;
+  int kv = 0, n = 0;
+  for (int wt = blockIdx.x; wt < total; wt += gridDim.x, ++n) {
+    const int q0 = (nmb - 1 - wt / BH) * BM, bh = wt % BH;
+    const int nt = ((causal ? min(S, q0 + BM) : S) + BN - 1) / BN;
+    const int qb = n & 1;
+    const unsigned sQ = sQ0 + qb * TILE;
+    const int r0 = q0 + cw * 64 + w * 16 + g, r1 = r0 + 8;
+    float oacc[HD / 2], s[BN / 2];
+    unsigned p[BN / 4];
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) oacc[i] = 0.f;
+    float m0 = BLU_NEG_INF, m1 = BLU_NEG_INF, l0 = 0.f, l1 = 0.f;
+    blu_mbar_wait(qfull + 8 * qb, (n >> 1) & 1);
+
+    // softmax of the tile at key k0 in s (raw scores in, probabilities out); alpha and row sums out
+    auto softmax = [&](int k0, float& al0, float& al1, float& rs0, float& rs1) {
+      const bool mask = k0 + BN > S || (causal && k0 + BN - 1 > q0 + cw * 64);
+      float mx0 = m0, mx1 = m1;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        float x = s[i] * c;
+        if (mask) {
+          const int key = k0 + fcol(i, t);
+          if (key >= S || (causal && key > (frow8(i) ? r1 : r0))) x = BLU_NEG_INF;
+        }
+        s[i] = x;
+        if (frow8(i)) mx1 = fmaxf(mx1, x); else mx0 = fmaxf(mx0, x);
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float mu0 = mx0 == BLU_NEG_INF ? 0.f : mx0, mu1 = mx1 == BLU_NEG_INF ? 0.f : mx1;
+      al0 = ex2(m0 - mu0);
+      al1 = ex2(m1 - mu1);
+      rs0 = 0.f;
+      rs1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        const float e = ex2(s[i] - (frow8(i) ? mu1 : mu0));
+        s[i] = e;
+        if (frow8(i)) rs1 += e; else rs0 += e;
+      }
+      m0 = mx0;
+      m1 = mx1;
+    };
+
+    float al0, al1, rs0, rs1;
+    // tile 0: S = Q K0^T, softmax
+    blu_mbar_wait(full + 8 * (kv % ST), (kv / ST) & 1);
+    blu_wgmma_fence();
+    ss_product<BN, HD>(s, sQ, BM, cw * 64, sKV + 2 * (kv % ST) * TILE, BN);
+    blu_wgmma_commit();
+    blu_wgmma_wait<0>();
+    blu_fence_f<BN / 2>(s);
+    softmax(0, al0, al1, rs0, rs1);
+    l0 = rs0;
+    l1 = rs1;
+    pack_p<BN / 2>(s, p);
+    for (int it = 1; it < nt; ++it) {
+      const int st = (kv + it) % ST, pst = (kv + it - 1) % ST;
+      blu_mbar_wait(full + 8 * st, ((kv + it) / ST) & 1);
+      blu_wgmma_fence();
+      ss_product<BN, HD>(s, sQ, BM, cw * 64, sKV + 2 * st * TILE, BN);  // S_i = Q K_i^T
+      blu_wgmma_commit();
+      rs_product<BN, HD>(oacc, p, sKV + 2 * pst * TILE + TILE, BN);  // O += P_{i-1} V_{i-1}
+      blu_wgmma_commit();
+      blu_wgmma_wait<1>();
+      blu_fence_f<BN / 2>(s);
+      softmax(it * BN, al0, al1, rs0, rs1);
+      blu_wgmma_wait<0>();
+      blu_fence_f<HD / 2>(oacc);
+      blu_fence_u<BN / 4>(p);
+      if (lane == 0) blu_mbar_arrive(empty + 8 * pst);
+#pragma unroll
+      for (int i = 0; i < HD / 2; ++i) oacc[i] *= frow8(i) ? al1 : al0;
+      l0 = l0 * al0 + rs0;
+      l1 = l1 * al1 + rs1;
+      pack_p<BN / 2>(s, p);
+    }
+    {
+      const int pst = (kv + nt - 1) % ST;
+      blu_wgmma_fence();
+      rs_product<BN, HD>(oacc, p, sKV + 2 * pst * TILE + TILE, BN);
+      blu_wgmma_commit();
+      blu_wgmma_wait<0>();
+      blu_fence_f<HD / 2>(oacc);
+      blu_fence_u<BN / 4>(p);
+      if (lane == 0) {
+        blu_mbar_arrive(empty + 8 * pst);
+        blu_mbar_arrive(qempty + 8 * qb);  // every product reading this Q buffer is done
+      }
+    }
+    kv += nt;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    store_rows<HD>(o, lo.base(bh), lo.st, oacc, r0, L, i0, i1, t);
+    if (t == 0) {
+      if (r0 < L) lse[(long long)bh * L + r0] = l0 > 0.f ? (m0 + log2f(l0)) * BLU_LN2 : BLU_NEG_INF;
+      if (r1 < L) lse[(long long)bh * L + r1] = l1 > 0.f ? (m1 + log2f(l1)) * BLU_LN2 : BLU_NEG_INF;
+    }
+  }  // work tiles
+#else
+  asm volatile("trap;");
+#endif
+}
+
+// ================================================================ backward
+// Persistent like the forward: work tiles (own block, head), dK/dV: early key blocks first (most query tiles
+// under causal), dQ: late query blocks first. smem (1024-aligned): two buffers of {own A, own B} (HD / 64 boxes
+// of 128 rows x 128 B each: K, V for dK/dV; Q, dO for dQ), then ST stages of {X, Y} tiles of 64 rows (Q, dO for
+// dK/dV; K, V for dQ), then ofull[2], oempty[2], full[ST], empty[ST]. A tile's last products (dV, dK or dQ) stay
+// in flight while the next streamed tile is awaited and its S, dP issued.
+template <int HD, int ST>
+struct Bwd {
+  static constexpr int OWN = 128 * HD * 2, TILE = 64 * HD * 2;
+  static constexpr int SMEM = 1024 + 4 * OWN + 2 * ST * TILE + 8 * (4 + 2 * ST);
+};
+
+// DKDV true: dK/dV kernel (own = 128 keys, streamed = query tiles); false: dQ kernel (own = 128 queries).
+template <int HD, int ST, bool DKDV>
+__device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB, const BluTmap* tmX,
+                                         const BluTmap* tmY, const float* __restrict__ lse,
+                                         const float* __restrict__ Dv, bf16_t* out0, bf16_t* out1, int L, int S,
+                                         float scale, int causal, int H, int BH, Lay lout) {
+#if BLU_HAVE_WGMMA
+  using B = Bwd<HD, ST>;
+  constexpr int OWN = B::OWN, TILE = B::TILE, NB = HD / BOX;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = blu_smem_u32(smem_raw);
+  const unsigned sO = raw + ((1024u - (raw & 1023u)) & 1023u);  // own buffer b: A at sO + 2 b OWN, B at + OWN
+  const unsigned sX = sO + 4 * OWN;
+  const unsigned ofull = sX + 2 * ST * TILE, oempty = ofull + 16, full = oempty + 16, empty = full + 8 * ST;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2;
+  const int nob = ((DKDV ? S : L) + 127) / 128, total = nob * BH;
+  // work tile wt: own rows own0 .. own0 + 127 of head bh; streamed rows [first, end) in tiles of 64
+  auto decode = [&](int wt, int& own0, int& bh, int& first, int& nt) {
+    const int blk = DKDV ? wt / BH : nob - 1 - wt / BH;
+    own0 = blk * 128;
+    bh = wt % BH;
+    int end;
+    first = 0;
+    if (DKDV) {
+      first = causal ? own0 : 0;
+      end = L;
+    } else {
+      end = causal ? min(S, own0 + 128) : S;
+    }
+    nt = end > first ? (end - first + 63) / 64 : 0;
+  };
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      blu_mbar_init(ofull + 8 * b, 1);
+      blu_mbar_init(oempty + 8 * b, 8);
+    }
+    for (int s = 0; s < ST; ++s) {
+      blu_mbar_init(full + 8 * s, 1);
+      blu_mbar_init(empty + 8 * s, 8);
+    }
+    blu_mbar_init_fence();
+  }
+  __syncthreads();
+  if (wgi == 0) {  // ---- producer ----
+    blu_setmaxnreg_dec<40>();
+    if (tid == 0) {
+      blu_tma_prefetch(tmA);
+      blu_tma_prefetch(tmB);
+      blu_tma_prefetch(tmX);
+      blu_tma_prefetch(tmY);
+      int kv = 0, n = 0;
+      for (int wt = blockIdx.x; wt < total; wt += gridDim.x, ++n) {
+        int own0, bh, first, nt;
+        decode(wt, own0, bh, first, nt);
+        const int hh = bh % H, bb = bh / H, ob = n & 1;
+        const unsigned a = sO + 2 * ob * OWN;
+        blu_mbar_wait(oempty + 8 * ob, ((n >> 1) & 1) ^ 1);
+        blu_mbar_expect_tx(ofull + 8 * ob, 2 * OWN);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          blu_tma_load4(a + b * 128 * 128, tmA, b * BOX, own0, hh, bb, ofull + 8 * ob);
+          blu_tma_load4(a + OWN + b * 128 * 128, tmB, b * BOX, own0, hh, bb, ofull + 8 * ob);
+        }
+        for (int it = 0; it < nt; ++it, ++kv) {
+          const int s = kv % ST;
+          blu_mbar_wait(empty + 8 * s, ((kv / ST) & 1) ^ 1);
+          blu_mbar_expect_tx(full + 8 * s, 2 * TILE);
+          const unsigned x = sX + 2 * s * TILE;
+#pragma unroll
+          for (int b = 0; b < NB; ++b) {
+            blu_tma_load4(x + b * 64 * 128, tmX, b * BOX, first + it * 64, hh, bb, full + 8 * s);
+            blu_tma_load4(x + TILE + b * 64 * 128, tmY, b * BOX, first + it * 64, hh, bb, full + 8 * s);
+          }
+        }
+      }
+    }
+    return;
+  }
+  // ---- consumers: warpgroup cw owns rows own0 + 64 cw .. + 63 ----
+  blu_setmaxnreg_inc<232>();
+  const int cw = wgi - 1, w = warp & 3, g = lane >> 2, t = lane & 3;
+  const float c = scale * BLU_LOG2E;
+  int kv = 0, n = 0;
+  for (int wt = blockIdx.x; wt < total; wt += gridDim.x, ++n) {
+    int own0, bh, first, nt;
+    decode(wt, own0, bh, first, nt);
+    const int ob = n & 1;
+    const unsigned sA = sO + 2 * ob * OWN, sB = sA + OWN;
+    const int r0 = own0 + cw * 64 + w * 16 + g, r1 = r0 + 8;  // own rows (keys for dK/dV, queries for dQ)
+    const long long rowoff = (long long)bh * L;
+    float acc0[HD / 2], acc1[HD / 2];  // dK/dV: dK, dV; dQ: dQ (acc1 unused)
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) acc0[i] = acc1[i] = 0.f;
+    float sv[32], dp[32];
+    unsigned pp[16], ds[16];
+    float lq0 = 0.f, lq1 = 0.f, dq0 = 0.f, dq1 = 0.f;  // dQ: this thread's two rows' lse * log2 e and D
+    if (!DKDV) {
+      if (r0 < L) lq0 = lse[rowoff + r0] * BLU_LOG2E, dq0 = Dv[rowoff + r0];
+      if (r1 < L) lq1 = lse[rowoff + r1] * BLU_LOG2E, dq1 = Dv[rowoff + r1];
+    }
+    blu_mbar_wait(ofull + 8 * ob, (n >> 1) & 1);
+    int pending = -1;  // stage whose last products are still in flight
+    for (int it = 0; it < nt; ++it) {
+      const int st = (kv + it) % ST;
+      const int x0 = first + it * 64;  // first streamed row of the tile
+      const unsigned x = sX + 2 * st * TILE, y = x + TILE;
+      // tiles this warpgroup's rows cannot see under causal: no work (dK/dV: all queries before its first key;
+      // dQ: all keys after its last query)
+      const bool skip = causal && (DKDV ? x0 + 63 < own0 + cw * 64 : x0 > own0 + cw * 64 + 63);
+      // dK/dV: the streamed queries' lse and D for this thread's columns, loaded while the tile arrives
+      float lc[16], dc[16];
+      if (DKDV && !skip) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int q = x0 + 8 * (j >> 1) + 2 * t + (j & 1);
+          lc[j] = q < L ? lse[rowoff + q] * BLU_LOG2E : 0.f;
+          dc[j] = q < L ? Dv[rowoff + q] : 0.f;
+        }
+      }
+      blu_mbar_wait(full + 8 * st, ((kv + it) / ST) & 1);
+      if (skip) {
+        if (lane == 0) blu_mbar_arrive(empty + 8 * st);
+        continue;
+      }
+      blu_wgmma_fence();
+      ss_product<64, HD>(sv, sA, 128, cw * 64, x, 64);  // dK/dV: S^T = K Q^T; dQ: S = Q K^T
+      ss_product<64, HD>(dp, sB, 128, cw * 64, y, 64);  // dK/dV: dP^T = V dO^T; dQ: dP = dO V^T
+      blu_wgmma_commit();
+      if (pending >= 0) {  // the previous tile's products: done before their operands are rewritten
+        blu_wgmma_wait<1>();
+        blu_fence_f<HD / 2>(acc0);
+        if (DKDV) blu_fence_f<HD / 2>(acc1);
+        blu_fence_u<16>(pp);
+        blu_fence_u<16>(ds);
+        if (lane == 0) blu_mbar_arrive(empty + 8 * pending);
+      }
+      blu_wgmma_wait<0>();
+      blu_fence_f<32>(sv);
+      blu_fence_f<32>(dp);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int col = x0 + fcol(i, t), row = frow8(i) ? r1 : r0;
+        float pv, dsv;
+        if (DKDV) {  // row = key, col = query
+          const int j = 2 * (i >> 2) + (i & 1);
+          pv = ex2(sv[i] * c - lc[j]);
+          if (col >= L || (causal && row > col)) pv = 0.f;
+          dsv = pv * (dp[i] - dc[j]);
+        } else {  // row = query, col = key
+          pv = ex2(sv[i] * c - (frow8(i) ? lq1 : lq0));
+          if (row >= L || col >= S || (causal && col > row)) pv = 0.f;
+          dsv = pv * (dp[i] - (frow8(i) ? dq1 : dq0));
+        }
+        sv[i] = pv;
+        dp[i] = dsv;
+      }
+      pack_p<32>(sv, pp);
+      pack_p<32>(dp, ds);
+      blu_wgmma_fence();
+      if (DKDV) {
+        rs_product<64, HD>(acc1, pp, y, 64);  // dV += P^T dO
+        rs_product<64, HD>(acc0, ds, x, 64);  // dK += dS^T Q
+      } else {
+        rs_product<64, HD>(acc0, ds, x, 64);  // dQ += dS K
+      }
+      blu_wgmma_commit();
+      pending = st;
+    }
+    blu_wgmma_wait<0>();
+    blu_fence_f<HD / 2>(acc0);
+    if (DKDV) blu_fence_f<HD / 2>(acc1);
+    blu_fence_u<16>(pp);
+    blu_fence_u<16>(ds);
+    if (lane == 0) {
+      if (pending >= 0) blu_mbar_arrive(empty + 8 * pending);
+      blu_mbar_arrive(oempty + 8 * ob);  // this own buffer is free
+    }
+    kv += nt;
+    const int rows = DKDV ? S : L;
+    store_rows<HD>(out0, lout.base(bh), lout.st, acc0, r0, rows, scale, scale, t);
+    if (DKDV) store_rows<HD>(out1, lout.base(bh), lout.st, acc1, r0, rows, 1.f, 1.f, t);
+  }
+#else
+  asm volatile("trap;");
+#endif
+}
+
+// ================================================================ backward preprocess
+// D[row] = sum_d dO[row, d] * O[row, d] (fp32), row = bh * L + i: HD / 8 adjacent threads a row, 16-byte loads of
+// 8 bf16 each, a shuffle reduction inside the group (plain CUDA: runs on any architecture).
+template <int HD>
+__device__ __forceinline__ void preprocess(const bf16_t* __restrict__ dout, const bf16_t* __restrict__ o,
+                                           float* __restrict__ D, long long rows, int L, Lay lo) {
+  constexpr int G = HD / 8;  // threads per row
+  const long long nthr = (long long)gridDim.x * blockDim.x;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < rows * G; idx += nthr) {
+    const long long row = idx / G;
+    const int part = (int)(idx % G);
+    const long long off = lo.base((int)(row / L)) + (row % L) * lo.st + part * 8;
+    float a[8], b[8];
+    load_vec(dout + off, a);
+    load_vec(o + off, b);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum += a[j] * b[j];
+#pragma unroll
+    for (int m = G / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(__activemask(), sum, m);  // whole groups
+    if (part == 0) D[row] = sum;
+  }
+}
+
+}  // namespace wg
+
+// Entries per head dim: forward, dK/dV and dQ. Tensor maps (blutensor/backends/cupy/tma.py, 4-D: head dim, row,
+// head, batch; boxes of 64 elements x 128 rows, the dK/dV kernel's Q/dO and the dQ kernel's K/V maps 64 rows);
+// H heads; the output layouts as (sb, sh, st) (dK and dV share one). FST / BST: stages of the ring.
+#define BLU_TM const __grid_constant__ BluTmap
+#define WGMMA_ENTRIES(HD, FST, BST)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_fwd(                    \
+      BLU_TM tmQ, BLU_TM tmK, BLU_TM tmV, bf16_t* o, float* lse, int L, int S, float scale, int causal, int H,        \
+      int BH, long long o_sb, long long o_sh, int o_st) {                                                            \
+    wg::forward<HD, FST>(&tmQ, &tmK, &tmV, o, lse, L, S, scale, causal, H, BH, lay(o_sb, o_sh, o_st, H));           \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dkdv(              \
+      BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, const float* lse, const float* D, bf16_t* dk, bf16_t* dv,     \
+      int L, int S, float scale, int causal, int H, int BH, long long k_sb, long long k_sh, int k_st) {              \
+    wg::backward<HD, BST, true>(&tmK, &tmV, &tmQ, &tmO, lse, D, dk, dv, L, S, scale, causal, H, BH,                 \
+                                lay(k_sb, k_sh, k_st, H));                                                           \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dq(                \
+      BLU_TM tmQ, BLU_TM tmO, BLU_TM tmK, BLU_TM tmV, const float* lse, const float* D, bf16_t* dq, int L, int S,   \
+      float scale, int causal, int H, int BH, long long q_sb, long long q_sh, int q_st) {                            \
+    wg::backward<HD, BST, false>(&tmQ, &tmO, &tmK, &tmV, lse, D, dq, dq, L, S, scale, causal, H, BH,                \
+                                 lay(q_sb, q_sh, q_st, H));                                                          \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256) blu_sdpa_wgmma_bf16_hd##HD##_preprocess(                     \
+      const bf16_t* dout, const bf16_t* o, float* D, long long rows, int L, int H, long long o_sb, long long o_sh,  \
+      int o_st) {                                                                                                    \
+    wg::preprocess<HD>(dout, o, D, rows, L, lay(o_sb, o_sh, o_st, H));                                              \
+  }
+
+WGMMA_ENTRIES(64, 3, 3)
+WGMMA_ENTRIES(128, 2, 2)

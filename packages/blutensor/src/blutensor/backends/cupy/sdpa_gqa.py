@@ -1,0 +1,194 @@
+"""Grouped-query flash attention on CUDA: k/v with fewer heads than q, read in place (no repeated K/V).
+
+The strided flash kernels (kernels/sdpa.cu, sdpa_mma.cu: ``*_strided_*`` entries, struct Lay) address head ``bh``
+of a tensor at ``(bh / H) * sb + (bh % H) * sh``. With H = G = Hq / Hkv (query heads per key/value head), query
+head ``bh = b * Hq + h`` splits as ``(b * Hkv + h / G) * G + h % G``, so a dense q (B, Hq, L, E) is the layout
+``(G*L*E, L*E, E)`` and a dense k/v (B, Hkv, S, E) the layout ``(S*E, 0, E)``: each query head reads its group's
+key/value head, and the forward and the dQ kernel run over all B*Hq heads unchanged.
+
+dK/dV sum over the G query heads of a group. The dK/dV kernel writes (not adds) one key/value head per block, so it
+runs once per group member g over the B*Hkv heads (q, dO at element offset g*L*E with the layout ``(G*L*E, 0, E)``;
+that member's log-sum-exp and D rows gathered, B*Hkv*L floats) into its own dense slice, and the G slices are summed
+in fp32: G times the size of dK/dV in scratch, never G copies of K/V.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blutensor.backends.cupy._loader import cupy, launch, suffix
+
+
+def plan(B: int, Hq: int, Hkv: int, L: int, S: int, E: int) -> dict:
+    """The launch geometry: element layouts (sb, sh, st) per kernel and the group size (see the module notes)."""
+    G = Hq // Hkv
+    return {"G": G, "q": (G * L * E, L * E, E), "k": (S * E, 0, E), "q_member": (G * L * E, 0, E),
+            "member_offset": L * E, "heads": B * Hq, "kv_heads": B * Hkv}
+
+
+def _lay(H: int, lq, lk, lo) -> tuple:
+    out = [np.int32(H)]
+    for sb, sh, st in (lq, lk, lo):
+        out += [np.int64(sb), np.int64(sh), np.int32(st)]
+    return tuple(out)
+
+
+def gqa_forward(q, k, v, causal: bool, scale: float, variant: str):
+    """(o (B, Hq, L, E), lse (B*Hq, L)) for contiguous, 16-byte aligned q (B, Hq, L, E) and k, v (B, Hkv, S, E)."""
+    from blutensor.backends.cupy.sdpa import _fwd_rows, _mma_smem, _names
+
+    cp = cupy()
+    B, Hq, L, E = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    p = plan(B, Hq, Hkv, L, S, E)
+    o = cp.empty_like(q)
+    lse = cp.empty((B * Hq, L), dtype=cp.float32)
+    if B * Hq == 0 or L == 0:
+        return o, lse
+    file, tag, threads = _names(variant, E)
+    smem = 0 if variant == "f32" else _mma_smem(variant, E, "fwd")
+    launch(file, f"blu_sdpa_forward_strided_{tag}", (math.ceil(L / _fwd_rows(variant, E)), p["heads"]), threads,
+           (q, k, v, o, lse, np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)))
+           + _lay(p["G"], p["q"], p["k"], p["q"]), shared_mem=smem)
+    return o, lse
+
+
+def gqa_backward(q, k, v, o, lse, do, causal: bool, scale: float, variant: str):
+    """(dq, dk, dv) of :func:`gqa_forward` (``do`` contiguous like o)."""
+    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.backends.cupy.sdpa import BR, _mma_smem, _names
+
+    cp = cupy()
+    B, Hq, L, E = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    p = plan(B, Hq, Hkv, L, S, E)
+    G = p["G"]
+    dq = cp.empty_like(q)
+    if B * Hq == 0 or L == 0 or S == 0:
+        dq.fill(0)
+        return dq, cp.zeros_like(k), cp.zeros_like(v)
+    rows = B * Hq * L
+    D = cp.empty((B * Hq, L), dtype=cp.float32)
+    launch("sdpa.cu", f"blu_sdpa_backward_preprocess_{suffix(q)}", min(math.ceil(rows / 8), 65535 * 8), 256,
+           (do, o, D, np.int64(rows), np.int32(E)))
+    file, tag, threads = _names(variant, E, "bwd")
+    smem = 0 if variant == "f32" else _mma_smem(variant, E, "bwd")
+    tail = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)))
+    launch(file, f"blu_sdpa_backward_dq_strided_{tag}", (math.ceil(L / BR), p["heads"]), threads,
+           (q, k, v, do, lse, D, dq) + tail + _lay(G, p["q"], p["k"], p["q"]), shared_mem=smem)
+    dk_parts = cp.empty((G,) + k.shape, dtype=k.dtype)
+    dv_parts = cp.empty((G,) + v.shape, dtype=v.dtype)
+    lse_g = lse.reshape(B * Hkv, G, L)
+    D_g = D.reshape(B * Hkv, G, L)
+    qf, dof = q.reshape(-1), do.reshape(-1)
+    off = p["member_offset"]
+    for g in range(G):
+        launch(file, f"blu_sdpa_backward_dkdv_strided_{tag}", (math.ceil(S / BR), p["kv_heads"]), threads,
+               (qf[g * off:], k, v, dof[g * off:], cp.ascontiguousarray(lse_g[:, g]), cp.ascontiguousarray(D_g[:, g]),
+                dk_parts[g], dv_parts[g]) + tail + _lay(1, p["q_member"], p["k"], p["q_member"]), shared_mem=smem)
+    if k.dtype == np.uint16:
+        dk = f32_to_bf16_bits(bf16_bits_to_f32(dk_parts, cp).sum(0), cp)
+        dv = f32_to_bf16_bits(bf16_bits_to_f32(dv_parts, cp).sum(0), cp)
+    else:
+        dk, dv = dk_parts.sum(0), dv_parts.sum(0)
+    return dq, dk, dv
+
+
+def _aligned(a, cp):
+    a = cp.ascontiguousarray(a)
+    return a if a.data.ptr % 16 == 0 else a.copy()
+
+
+def applies(q, k, v, attn_mask, dropout_p) -> str | None:
+    """The kernel variant when q (B, Hq, L, E), k/v (B, Hkv, S, E) with Hkv < Hq run here, else None."""
+    from blutensor._tensor import Tensor
+    from blutensor.backends.cupy.sdpa import SdpaCuda, _rewrites_sdpa, device_arrays, pick_variant
+    from blutensor.ops import dispatch
+    from blutensor.ops.dispatch import resolve
+
+    if not all(isinstance(t, Tensor) and t.device.type == "cuda" and t.ndim == 4 for t in (q, k, v)):
+        return None
+    if attn_mask is not None or dropout_p or tuple(k.shape) != tuple(v.shape) or q.shape[0] != k.shape[0]:
+        return None
+    Hq, Hkv = q.shape[1], k.shape[1]
+    if Hkv >= Hq or Hq % Hkv or q.shape[-1] != k.shape[-1] or not (q.dtype == k.dtype == v.dtype):
+        return None
+    if any(_rewrites_sdpa(o) for o in dispatch.observers) or not device_arrays(q, k, v):
+        return None  # context parallelism's ring attention and the compiler's tracer see plain sdpa
+    dt = q.dtype.name
+    if dispatch.autocast_hook is not None and dt == "float32":
+        from blutensor.amp import is_autocast_enabled
+
+        if is_autocast_enabled("cuda"):
+            return None  # autocast lowers sdpa to bf16 on the op path
+    if dt not in ("float32", "bfloat16") or resolve("sdpa", "cuda", dt).PLUGIN_NAME != SdpaCuda.PLUGIN_NAME:
+        return None  # another sdpa kernel was chosen (BLUTRAIN_KERNELS / use_kernel): honour it
+    return strided_variant(pick_variant(q._data.dtype, q.shape[-1]), q._data.dtype, q.shape[-1])
+
+
+#: variants with strided entries (sdpa.cu, sdpa_mma.cu), the ones this module launches
+STRIDED = ("f32", "tf32", "tf32x3", "bf16")
+
+
+def strided_variant(variant: str | None, dtype, hd: int) -> str | None:
+    """``variant`` when it has strided entries; bf16 variants without them (the Hopper kernel) run the mma.sync
+    'bf16' kernels here."""
+    from blutensor.backends.cupy.sdpa import MMA_HD
+
+    if variant is None or variant in STRIDED:
+        return variant
+    return "bf16" if np.dtype(dtype) == np.uint16 and hd in MMA_HD else None
+
+
+_FN = []
+
+
+def _function():
+    from blutensor._tensor import Tensor
+    from blutensor.autograd.function import Function
+
+    class SdpaGqa(Function):
+        """Flash attention with grouped key/value heads (no repeated K/V)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale, variant):
+            cp = cupy()
+            qa, ka, va = (_aligned(t._data, cp) for t in (q, k, v))
+            sc = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+            o, lse = gqa_forward(qa, ka, va, causal, sc, variant)
+            ctx.saved = (qa, ka, va, o, lse, causal, sc, variant)
+            return Tensor._from_data(o, q.dtype, q.device)
+
+        @staticmethod
+        def backward(ctx, g):
+            qa, ka, va, o, lse, causal, sc, variant = ctx.saved
+            do = _aligned(g._data.astype(o.dtype, copy=False), cupy())
+            dq, dk, dv = gqa_backward(qa, ka, va, o, lse, do, causal, sc, variant)
+            wrap = lambda a: Tensor._from_data(a, g.dtype, g.device)  # noqa: E731
+            return wrap(dq), wrap(dk), wrap(dv), None, None, None
+
+    return SdpaGqa
+
+
+def sdpa_gqa(q, k, v, is_causal: bool, scale: float | None, variant: str):
+    """Grouped-query attention through the strided flash kernels; dispatch observers (profilers) see op
+    'sdpa_gqa'. Call only where :func:`applies` gave ``variant``."""
+    from blutensor.ops import dispatch
+
+    if not _FN:
+        _FN.append(_function())
+
+    def fn():
+        return _FN[0].apply(q, k, v, bool(is_causal), scale, variant)
+
+    obs = list(dispatch.observers)
+    if not obs:
+        return fn()
+    attrs = {"is_causal": bool(is_causal), "scale": scale}
+
+    def call(i):
+        return fn() if i == len(obs) else obs[i]("sdpa_gqa", (q, k, v), attrs, lambda: call(i + 1))
+
+    return call(0)

@@ -1,0 +1,172 @@
+"""Host side of the Hopper flash attention (kernels/sdpa_wgmma.cu: sm_90a, bf16, head dims 64 and 128).
+
+q, k, v (and o, dO for the backward) are read by TMA through 4-D tensor maps (head dim, row, head, batch) built
+from each array's strides, so the dense (BH, n, HD) arrays and the strided q/k/v views of a fused
+(B, T, 3, H, HD) projection take the same kernels; outputs are written through (sb, sh, st) layouts as in
+kernels/sdpa_mma.cu, and the log-sum-exp convention is the same (lse (BH, L) fp32, natural log), so the ring
+attention merge and either backward accept it. The backward is deterministic: D = rowsum(dO * O) (16-byte
+loads, HD / 8 threads a row), a dK/dV kernel and a dQ kernel, no atomics. The three main kernels are persistent:
+at most one CTA a multiprocessor walks the (row block, head) work tiles, heavy ones first.
+
+:func:`available` says whether the variant applies (sm_90, the execution policy's ``attention``, i.e.
+``BLUTRAIN_SDPA_KERNEL``, not 'mma'); the callers in sdpa.py pick it through ``pick_variant`` as variant 'bf16_wgmma'.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blutensor.backends.cupy import tma
+from blutensor.backends.cupy._loader import cupy, launch, num_sms
+from blutensor.errors import ShapeError
+
+FILE = "sdpa_wgmma.cu"
+HDS = (64, 128)
+THREADS = 384
+#: ring stages (forward, backward) per head dim: FST / BST of WGMMA_ENTRIES in sdpa_wgmma.cu
+STAGES = {64: (3, 3), 128: (2, 2)}
+FWD_ROWS = 128  # queries per forward CTA (also keys per dK/dV CTA, queries per dQ CTA)
+BOX_ROWS_STREAM = 64  # rows of the backward's streamed tiles
+#: values of the policy's ``attention`` (BLUTRAIN_SDPA_KERNEL; 'auto': the Hopper kernels on sm_90 for bf16, the
+#: mma.sync ones elsewhere)
+SDPA_KERNEL = ("auto", "wgmma", "mma")
+
+
+def kernel_setting() -> str:
+    """The current execution policy's ``attention``: 'auto' (default), 'wgmma' (require the Hopper kernels for
+    bf16) or 'mma'."""
+    from blutensor.policy import current
+
+    return current().attention
+
+
+def available(hd: int, cc: int) -> bool:
+    """Whether bf16 attention of head dim ``hd`` runs the Hopper kernels on a device of compute capability
+    ``cc``. Policy ``attention='wgmma'`` (BLUTRAIN_SDPA_KERNEL=wgmma) on another device is an error (those kernels
+    need sm_90a)."""
+    env = kernel_setting()
+    if env == "mma" or hd not in HDS:
+        return False
+    if cc != 90:
+        if env == "wgmma":
+            raise ValueError(f"attention='wgmma' (BLUTRAIN_SDPA_KERNEL=wgmma) needs an sm_90 (Hopper) GPU; this one "
+                             f"is sm_{cc}")
+        return False
+    return True
+
+
+def fwd_smem(hd: int) -> int:
+    """Dynamic shared memory of the forward (struct Fwd in sdpa_wgmma.cu)."""
+    st = STAGES[hd][0]
+    tile = FWD_ROWS * hd * 2
+    return 1024 + tile * (2 + 2 * st) + 8 * (4 + 2 * st)
+
+
+def bwd_smem(hd: int) -> int:
+    """Dynamic shared memory of both backward kernels (struct Bwd in sdpa_wgmma.cu)."""
+    st = STAGES[hd][1]
+    own, tile = FWD_ROWS * hd * 2, BOX_ROWS_STREAM * hd * 2
+    return 1024 + 4 * own + 2 * st * tile + 8 * (4 + 2 * st)
+
+
+def grid(rows: int, BH: int) -> int:
+    """CTAs of a persistent launch over ceil(rows / 128) x BH work tiles: at most one per multiprocessor."""
+    return max(1, min(math.ceil(rows / FWD_ROWS) * BH, num_sms()))
+
+
+def _view4(a, name: str):
+    """(ptr, n, H, B, (st, sh, sb) element strides) of ``a``: (BH, n, HD) contiguous or a (B, n, H, HD) view."""
+    es = a.itemsize
+    if any(s % es for s in a.strides):
+        raise ShapeError(f"flash attention (wgmma): {name} strides {a.strides} are not whole elements")
+    if a.ndim == 3:
+        BH, n, hd = a.shape
+        sbh, st, sd = (s // es for s in a.strides)
+        if sd != 1:
+            raise ShapeError(f"flash attention (wgmma): {name}'s head dim must be contiguous")
+        return a.data.ptr, n, 1, BH, (st, st * max(n, 1), sbh)
+    if a.ndim == 4:
+        B, n, H, hd = a.shape
+        sb, st, sh, sd = (s // es for s in a.strides)
+        if sd != 1:
+            raise ShapeError(f"flash attention (wgmma): {name}'s head dim must be contiguous")
+        return a.data.ptr, n, H, B, (st, sh, sb)
+    raise ShapeError(f"flash attention (wgmma): {name} must be (BH, n, HD) or (B, n, H, HD), got {a.shape}")
+
+
+def tmap(a, name: str, box_rows: int):
+    """The tensor map of ``a`` (bf16, see _view4) with boxes of 64 head-dim elements x ``box_rows`` rows."""
+    ptr, n, H, B, (st, sh, sb) = _view4(a, name)
+    hd = a.shape[-1]
+    es = a.itemsize
+    spec = tma.tensor_spec(ptr, es, (hd, n, H, B), (st * es, sh * es, sb * es), (64, box_rows, 1, 1))
+    enc = getattr(__import__("sys").modules.get("cupy"), "blutensor_encode_tmap", None)
+    return tma.encode(spec, f"flash attention (wgmma) {name}", encoder=enc)
+
+
+def _out_lay(a) -> tuple:
+    """(H, sb, sh, st) kernel arguments of an output written like ``a`` (see _view4)."""
+    _, _, H, _, (st, sh, sb) = _view4(a, "output")
+    return (np.int32(H), np.int64(sb), np.int64(sh), np.int32(st))
+
+
+def _check(arrays, hd: int):
+    if hd not in HDS:
+        raise ShapeError(f"flash attention (wgmma): head dim {hd} not supported (64 or 128)")
+    for name, a in arrays:
+        if a.dtype != np.uint16:
+            raise ShapeError(f"flash attention (wgmma): {name} must be bf16 (uint16 storage), got {a.dtype}")
+
+
+def forward(q, k, v, o, lse, causal: bool, scale: float | None):
+    """Write o (like q) and lse (BH, L) for q/k/v given as (BH, n, HD) arrays or (B, n, H, HD) views."""
+    hd = q.shape[-1]
+    _check((("q", q), ("k", k), ("v", v), ("o", o)), hd)
+    L, S = q.shape[1], k.shape[1]
+    BH = q.shape[0] if q.ndim == 3 else q.shape[0] * q.shape[2]
+    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    if BH == 0 or L == 0:
+        return
+    if S == 0:  # no keys: PyTorch's math path gives NaN rows; the flash kernels' convention is zeros and -inf
+        o.fill(0)
+        lse.fill(-np.inf)
+        return
+    maps = (tmap(q, "q", FWD_ROWS), tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS))
+    lay = _out_lay(o)
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_fwd", grid(L, BH), THREADS,
+           maps + (o, lse, np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)), lay[0], np.int32(BH))
+           + lay[1:], shared_mem=fwd_smem(hd))
+
+
+def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None):
+    """Write dq, dk, dv (laid out like q, k, k) from the saved q, k, v, o, lse and the gradient do (like o).
+    Deterministic: D = rowsum(dO * O), then the dK/dV and dQ kernels."""
+    cp = cupy()
+    hd = q.shape[-1]
+    _check((("q", q), ("k", k), ("v", v), ("o", o), ("do", do), ("dq", dq), ("dk", dk), ("dv", dv)), hd)
+    L, S = q.shape[1], k.shape[1]
+    BH = q.shape[0] if q.ndim == 3 else q.shape[0] * q.shape[2]
+    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    if BH == 0 or L == 0 or S == 0:
+        for a in (dq, dk, dv):
+            a.fill(0)
+        return
+    D = cp.empty((BH, L), dtype=cp.float32)
+    rows = BH * L
+    _, _, H, _, (st, sh, sb) = _view4(o, "o")
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_preprocess", min(math.ceil(rows * (hd // 8) / 256), 16 * num_sms()),
+           256, (do, o, D, np.int64(rows), np.int32(L), np.int32(H), np.int64(sb), np.int64(sh), np.int32(st)))
+    tail = (lse, D)
+    flags = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
+    smem = bwd_smem(hd)
+    lk, lq = _out_lay(dk), _out_lay(dq)
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_dkdv", grid(S, BH), THREADS,
+           (tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS), tmap(q, "q", BOX_ROWS_STREAM),
+            tmap(do, "do", BOX_ROWS_STREAM)) + tail + (dk, dv) + flags + (lk[0], np.int32(BH)) + lk[1:],
+           shared_mem=smem)
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_dq", grid(L, BH), THREADS,
+           (tmap(q, "q", FWD_ROWS), tmap(do, "do", FWD_ROWS), tmap(k, "k", BOX_ROWS_STREAM),
+            tmap(v, "v", BOX_ROWS_STREAM)) + tail + (dq,) + flags + (lq[0], np.int32(BH)) + lq[1:],
+           shared_mem=smem)
