@@ -1,4 +1,4 @@
-"""The one TMA tensor-map encoder (backends/cupy/tma.py, public as blutensor.ext.tma) on the CPU: the values it passes to
+"""The one TMA tensor-map encoder (backends/cupy/tma.py, public as blutensor.ext.tma) on the CPU: what it passes to
 cuTensorMapEncodeTiled and the 128 descriptor bytes it returns, through a fake driver entry point that records its
 arguments and writes a descriptor made of them; the same for a blublas GEMM operand's rank-3 spec."""
 

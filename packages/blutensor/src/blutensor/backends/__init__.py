@@ -193,8 +193,8 @@ def f32_to_bf16_bits(x, xp):
 
 from blutensor.backends import cupy, numpy  # noqa: E402  (the built-in backends; neither imports CuPy here)
 from blutensor.backends.cupy import CupyBackend, cupy_module  # noqa: E402
-from blutensor.backends.numpy import NumpyBackend  # noqa: E402
 from blutensor.backends.flags import cuda  # noqa: E402  (PyTorch's bt.backends.cuda.matmul.allow_tf32)
+from blutensor.backends.numpy import NumpyBackend  # noqa: E402
 
 __all__ = ["Backend", "CupyBackend", "NumpyBackend", "array_module", "bf16_bits_to_f32", "cuda", "cupy",
            "f32_to_bf16_bits", "for_array", "get", "is_cuda_array", "names", "numpy", "xp_of"]
