@@ -198,8 +198,9 @@ def test_captured_steps_reserve_no_second_copy_of_the_activations(tmp_path, prec
     the memory the eager warm-up steps used is given back before the captured graphs take their own: the peak
     reserved of the captured run stays near the eager warm-up's instead of adding the graphs' activations."""
     cfg = micro_config(device="cuda", steps=5, eval_interval=0, checkpoint_interval=0, precision=precision,
-                       batch_tokens=2048, micro_batch=8, seq_len=128)
-    cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.model.block_size = 4, 256, 4, 128
+                       batch_tokens=1024, micro_batch=8)
+    cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head = 4, 256, 4
+    cfg.model.block_size = cfg.train.seq_len = 128
     tr = Trainer(cfg, tmp_path / precision, quiet=True)
     assert all(p in tr.optimizer.state for p in tr.params.values() if p.requires_grad)  # before any step
     tr.fit(save_final=False)
