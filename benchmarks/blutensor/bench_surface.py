@@ -3,7 +3,8 @@ wrappers and Tensor methods (the Python layer above the dispatcher, which the op
 
     python benchmarks/blutensor/bench_surface.py [--calls 100000] [--repeats 5] [--json PATH]
 
-Each case runs ``--calls`` calls ``--repeats`` times; the best run is reported in microseconds per call.
+Each case runs ``--calls`` calls ``--repeats`` times; the best run is reported in microseconds per call of
+process CPU time (on a shared machine, time spent descheduled is not the code's).
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ def cases():
 def measure(fn, calls: int, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for _ in range(calls):
             fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best / calls * 1e6
 
 

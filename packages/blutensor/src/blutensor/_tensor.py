@@ -2,6 +2,15 @@
 
 Kept thin: every computation goes through :func:`blutensor.ops.dispatch.apply`; methods are
 PyTorch-named conveniences over :mod:`blutensor.functional`.
+
+The op methods, their in-place ``_`` forms and the operators (``+``, ``*``, ``**``, ``==``, ``~``, ...) are
+generated from the op table's rows (``ops/table.py``, ``api=``) and installed by ``_bind_methods``. Written out
+here are the ones with a quirk: ``__rsub__`` (``number - t`` as ``-t + number``), ``__matmul__`` /
+``__rmatmul__`` (a non-Tensor operand is refused), ``__iadd__`` & co. (they call the overridable in-place
+method), ``div_`` / ``clamp_`` / ``masked_fill_`` (their functions have argument logic: ``div``'s rounding
+modes, ``clamp``'s bound checks, ``masked_fill``'s bool mask), ``view`` (a dtype argument is refused), the
+fills (``fill_``, ``zero_``, ``copy_``, ``normal_``, ``uniform_``: storage writes, not ops), indexing, and the
+metadata, conversion and autograd methods. Methods bound from hand-written functions are ``_METHOD_NAMES``.
 """
 
 from __future__ import annotations

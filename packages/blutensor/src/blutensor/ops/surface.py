@@ -37,6 +37,7 @@ Tensor (ops whose integer result would be silently wrong or truncated).
 from __future__ import annotations
 
 import keyword
+import linecache
 import numbers
 from dataclasses import dataclass, field
 
@@ -292,7 +293,12 @@ def _source(pyname: str, op: str, a: Api, self_name: str | None, defaults: list)
 
     if omit is not None:
         p, pname, di = omit
-        test = f"{pname} is not None" if p.default is None else f"{pname} != _d{di}"
+        if p.default is None:
+            test = f"{pname} is not None"
+        elif type(p.default) in (bool, int, str) or (type(p.default) is float and p.default == p.default):
+            test = f"{pname} != {p.default!r}"  # a literal, as a hand-written wrapper has it
+        else:
+            test = f"{pname} != _d{di}"
         body.append(f"if {test}:\n        return {call(None)}")
         body.append(f"return {call(p.name)}")
     else:
@@ -300,13 +306,16 @@ def _source(pyname: str, op: str, a: Api, self_name: str | None, defaults: list)
     return f"def {pyname}(" + ", ".join(sig) + "):\n    " + "\n    ".join(body) + "\n"
 
 
-def _compile(src: str, pyname: str, defaults: list, cells: dict | None = None):
-    """Compile ``src`` (one ``def``) with defaults ``_d0, _d1, ...`` and closure values ``cells``."""
+def _compile(src: str, pyname: str, defaults: list, cells: dict | None = None, qualname: str = ""):
+    """Compile ``src`` (one ``def``) with defaults ``_d0, _d1, ...`` and closure values ``cells``; the source is
+    registered with ``linecache`` so that tracebacks and ``inspect.getsource`` show the generated lines."""
     free = list(cells or {})
     args = [f"_d{i}" for i in range(len(defaults))] + free
     wrapper = f"def _make({', '.join(args)}):\n" + "".join(f"    {ln}\n" for ln in src.splitlines()) + \
         f"    return {pyname}\n"
-    code = compile(wrapper, f"<blutensor op table: {pyname}>", "exec")
+    filename = f"<blutensor op table: {qualname or pyname}>"
+    linecache.cache[filename] = (len(wrapper), None, wrapper.splitlines(True), filename)
+    code = compile(wrapper, filename, "exec")
     scope: dict = {}
     exec(code, _NS, scope)  # noqa: S102 - source built from the op table's validated signatures
     return scope["_make"](*defaults, *(cells or {}).values())
@@ -339,7 +348,7 @@ def functional(op: str, a: Api) -> dict:
     for pyname in a.functional:
         defaults: list = []
         src = _source(pyname, op, a, None, defaults)
-        fn = _compile(src, pyname, defaults)
+        fn = _compile(src, pyname, defaults, qualname=f"functional.{pyname}")
         out[pyname] = _finish(fn, pyname, pyname, "blutensor.functional", a.doc, a, None)
     return out
 
@@ -351,13 +360,13 @@ def methods(op: str, a: Api, fns: dict) -> dict:
     for pyname in a.methods:
         defaults: list = []
         src = _source(pyname, op, a, "self", defaults)
-        fn = _compile(src, pyname, defaults)
+        fn = _compile(src, pyname, defaults, qualname=f"Tensor.{pyname}")
         out[pyname] = _finish(fn, pyname, f"Tensor.{pyname}", "blutensor._tensor", a.doc, a, "self")
     if a.inplace:
         base = fns.get(a.functional[0]) if a.functional else None
         if base is None:  # an in-place variant of an op without a functional entry
             defaults = []
-            base = _compile(_source(op, op, a, None, defaults), op, defaults)
+            base = _compile(_source(op, op, a, None, defaults), op, defaults, qualname=f"{op} (in place)")
         for pyname in a.inplace:
             sig, call, defaults = ["self"], [], []
             star = False
@@ -373,7 +382,7 @@ def methods(op: str, a: Api, fns: dict) -> dict:
                 call.append(f"{p.name}={p.name}" if p.kwonly else p.name)
             src = (f"def {pyname}(" + ", ".join(sig) + "):\n    return _inplace(self, " + repr(pyname)
                    + ", _fn" + "".join(f", {c}" for c in call) + ")\n")
-            fn = _compile(src, pyname, defaults, {"_fn": base})
+            fn = _compile(src, pyname, defaults, {"_fn": base}, qualname=f"Tensor.{pyname}")
             doc = f"In-place ``{base.__name__}``: the result is written into this tensor."
             out[pyname] = _finish(fn, pyname, f"Tensor.{pyname}", "blutensor._tensor", doc, a, "self")
     unary = sum(not p.has_default for p in a.params) == 1
@@ -385,7 +394,7 @@ def methods(op: str, a: Api, fns: dict) -> dict:
         else:
             src = (f"def {pyname}(self, other):\n    return apply({op!r}, self, other if isinstance(other, Tensor) "
                    f"else _scalar(other))\n")
-        fn = _compile(src, pyname, [])
+        fn = _compile(src, pyname, [], qualname=f"Tensor.{pyname}")
         out[pyname] = _finish(fn, pyname, f"Tensor.{pyname}", "blutensor._tensor", a.doc, a, "self")
     return out
 
