@@ -629,7 +629,7 @@ def _storage_scalar(value, dt: dtype, dev):
 _METHOD_NAMES = (
     "sum max min var std clamp reshape permute expand expand_as contiguous flatten split chunk masked_fill softmax "
     "log_softmax where tril triu gelu norm div view_as square prod allclose true_divide divide flip roll diagonal "
-    "repeat repeat_interleave unbind movedim t sort argsort topk cumsum cumprod cummax cummin logcumsumexp scatter"
+    "repeat repeat_interleave unbind movedim t sort topk cumsum cumprod cummax cummin scatter"
 ).split()
 
 

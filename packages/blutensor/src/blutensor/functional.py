@@ -4,7 +4,7 @@ Most functions here are generated from the op table (``ops/table.py``): a row's 
 signature, docstring and public names, and :mod:`blutensor.ops.surface` compiles the wrapper that calls
 :func:`blutensor.ops.dispatch.apply` (add, sub, mul, pow, the comparisons, exp/log/tanh/sqrt/..., mean, amax,
 argmax, all/any, logsumexp, transpose, squeeze/unsqueeze, clone, matmul, bmm, linear, rope, swiglu, gather,
-index_select, ...). The functions written out below have logic a table row does not express:
+index_select, argsort, logcumsumexp, ...). The functions written out below have logic a table row does not express:
 
 - ``div`` (``rounding_mode`` picks another op), ``clamp`` (checks of Tensor-or-number bounds),
   ``where`` / ``masked_fill`` (bool-condition checks, value normalisation), ``cast`` (no-op for the same dtype),
@@ -730,12 +730,10 @@ from blutensor.reshaping import (  # noqa: E402,F401  (diagonal and t: from blut
     unbind,
 )
 from blutensor.sorting import (  # noqa: E402,F401
-    argsort,
     cummax,
     cummin,
     cumprod,
     cumsum,
-    logcumsumexp,
     multinomial,
     sort,
     topk,

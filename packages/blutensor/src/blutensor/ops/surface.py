@@ -24,6 +24,8 @@ Signature language (parameters separated by commas, in the order of the Python s
     an integer attribute (a dim): a non-int raises DTypeError (None passes when it is the default);
 ``x:f=default``
     a real-number attribute, passed as float;
+``x:b=default``
+    a flag, passed as ``bool(x)``;
 ``x?=default``
     any of the above, left out of the op call while it equals its default (one per row; the kernel's own
     default then applies, and the common call passes no keyword);
@@ -44,10 +46,10 @@ from dataclasses import dataclass, field
 from blutensor.errors import ArgumentError, DTypeError
 from blutensor.ops.dispatch import apply
 
-_KINDS = ("", "s", "t", "T", "idx", "a", "i", "f")
+_KINDS = ("", "s", "t", "T", "idx", "a", "i", "f", "b")
 _INPUT_KINDS = ("", "s", "t", "T", "idx")
 _ANNOTATION = {"": "Tensor", "s": "Tensor | float", "t": "Tensor | None", "T": "Tensor", "idx": "Tensor",
-               "i": "int", "f": "float"}
+               "i": "int", "f": "float", "b": "bool"}
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,8 @@ def _arg_expr(p: Param, op: str, first: str) -> str:
         return f"_int({op!r}, {p.name!r}, {v})"
     if p.kind == "f":
         return f"_real({op!r}, {p.name!r}, {v})"
+    if p.kind == "b":
+        return f"bool({v})"
     return v
 
 

@@ -236,9 +236,12 @@ op("any",           rd.any_forward,
            method=True))
 op("cumsum",        sc.cumsum_forward,      sc.cumsum_backward)
 op("cumprod",       sc.cumprod_forward,     sc.cumprod_backward,   saves=(0,))
-op("logcumsumexp",  sc.logcumsumexp_forward, sc.logcumsumexp_backward, saves=(0,), dtypes=FLOAT)
+op("logcumsumexp",  sc.logcumsumexp_forward, sc.logcumsumexp_backward, saves=(0,), dtypes=FLOAT,
+   api=api("a:T, dim:i", "log(cumsum(exp(a))) along ``dim`` without overflow.", method=True))
 op("cumext_indices", sc.cumext_indices_forward)
-op("argsort",       sc.argsort_forward)
+op("argsort",       sc.argsort_forward,
+   api=api("a:T, dim:i=-1, descending:b=False, stable:b=False",
+           "Indices (int64) that sort ``a`` along ``dim``; NaN counts as the largest value.", method=True))
 op("topk_indices",  sc.topk_indices_forward)
 # index ops along a dim
 op("gather",        ga.gather_forward,      ga.gather_backward,
