@@ -43,6 +43,9 @@ def test_generated_functions_match_torch():
     x = ta.clone()
     assert x.add_(tb, alpha=-1) is x
     np.testing.assert_allclose(x.numpy(), (pa - pb).numpy(), rtol=1e-12)
+    y = ta.clone()  # an activation row's inplace=True flag writes into the input, as torch.nn.functional's
+    assert F.leaky_relu(y, 0.2, inplace=True) is y
+    np.testing.assert_allclose(y.numpy(), torch.nn.functional.leaky_relu(pa, 0.2).numpy(), rtol=1e-12)
 
 
 def test_generated_checks_name_the_argument():

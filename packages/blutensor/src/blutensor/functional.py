@@ -4,7 +4,8 @@ Most functions here are generated from the op table (``ops/table.py``): a row's 
 signature, docstring and public names, and :mod:`blutensor.ops.surface` compiles the wrapper that calls
 :func:`blutensor.ops.dispatch.apply` (add, sub, mul, pow, the comparisons, exp/log/tanh/sqrt/..., mean, amax,
 argmax, all/any, logsumexp, transpose, squeeze/unsqueeze, clone, matmul, bmm, linear, rope, swiglu, gather,
-index_select, argsort, logcumsumexp, ...). The functions written out below have logic a table row does not express:
+index_select, argsort, logcumsumexp, the activations silu, elu, softplus, ...). The functions written out below
+have logic a table row does not express:
 
 - ``div`` (``rounding_mode`` picks another op), ``clamp`` (checks of Tensor-or-number bounds),
   ``where`` / ``masked_fill`` (bool-condition checks, value normalisation), ``cast`` (no-op for the same dtype),
@@ -702,20 +703,12 @@ def to_device(t, dev):
 
 import builtins as _b  # noqa: E402
 
-from blutensor.activations import (  # noqa: E402,F401  (elementwise activations under their PyTorch names)
+from blutensor.activations import (  # noqa: E402,F401  (compositions of the activation rows)
     celu,
-    elu,
     glu,
-    hardsigmoid,
-    hardswish,
     hardtanh,
-    leaky_relu,
-    logsigmoid,
-    mish,
     relu6,
     selu,
-    silu,
-    softplus,
     softsign,
     tanhshrink,
 )

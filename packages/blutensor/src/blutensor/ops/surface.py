@@ -26,6 +26,9 @@ Signature language (parameters separated by commas, in the order of the Python s
     a real-number attribute, passed as float;
 ``x:b=default``
     a flag, passed as ``bool(x)``;
+``inplace:inplace=False``
+    ``torch.nn.functional``'s ``inplace`` flag of activations: not passed to the op; when true and neither the
+    input nor the result needs a gradient, the result is written into the input, which is returned;
 ``x?=default``
     any of the above, left out of the op call while it equals its default (one per row; the kernel's own
     default then applies, and the common call passes no keyword);
@@ -46,10 +49,10 @@ from dataclasses import dataclass, field
 from blutensor.errors import ArgumentError, DTypeError
 from blutensor.ops.dispatch import apply
 
-_KINDS = ("", "s", "t", "T", "idx", "a", "i", "f", "b")
+_KINDS = ("", "s", "t", "T", "idx", "a", "i", "f", "b", "inplace")
 _INPUT_KINDS = ("", "s", "t", "T", "idx")
 _ANNOTATION = {"": "Tensor", "s": "Tensor | float", "t": "Tensor | None", "T": "Tensor", "idx": "Tensor",
-               "i": "int", "f": "float", "b": "bool"}
+               "i": "int", "f": "float", "b": "bool", "inplace": "bool"}
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,8 @@ def parse_signature(sig: str, where: str = "api") -> tuple[Param, ...]:
         params.append(Param(name, kind, has_default, default, kwonly, omit))
     if sum(p.omit_default for p in params) > 1:
         raise ArgumentError(f"{where}: at most one parameter may be marked '?', got signature {sig!r}")
+    if sum(p.kind == "inplace" for p in params) > (0 if any(p.omit_default for p in params) else 1):
+        raise ArgumentError(f"{where}: one 'inplace' parameter at most, and not together with a '?' one")
     if not params or not params[0].is_input or params[0].kind not in ("", "T"):
         raise ArgumentError(f"{where}: the first parameter of {sig!r} must be a Tensor input (it is the "
                             f"tensor a method is called on)")
@@ -221,6 +226,16 @@ def tensor_arg(op: str, name: str, v):
     return v
 
 
+def inplace_result(x, out, inplace):
+    """``out``, or ``x`` with ``out`` written into it when ``inplace`` and neither needs a gradient (the
+    ``inplace=True`` of ``torch.nn.functional``'s activations)."""
+    if inplace and not x.requires_grad and not out.requires_grad:
+        x._data[...] = out._data
+        x._version.v += 1
+        return x
+    return out
+
+
 def _inplace_unbound(self, name, fn, *args, **kwargs):
     raise RuntimeError("blutensor._tensor has not bound the in-place helper yet")
 
@@ -230,7 +245,7 @@ def _inplace_unbound(self, name, fn, *args, **kwargs):
 _NS: dict = {
     "__name__": "blutensor.ops.surface", "apply": apply, "Tensor": None, "_scalar": None,
     "_inplace": _inplace_unbound, "_floating": require_floating, "_index": index_tensor, "_int": int_arg,
-    "_real": real_arg, "_tensor": tensor_arg,
+    "_real": real_arg, "_tensor": tensor_arg, "_done": inplace_result,
 }
 
 
@@ -266,7 +281,7 @@ def _source(pyname: str, op: str, a: Api, self_name: str | None, defaults: list)
     """Source text of one generated function (``self_name``: the first parameter's name in a method)."""
     sig, call_in, call_attr = [], [], []
     star = False
-    omit = None
+    omit = done = None
     for i, p in enumerate(a.params):
         pname = self_name if (i == 0 and self_name) else p.name
         if p.kwonly and not star:
@@ -278,7 +293,9 @@ def _source(pyname: str, op: str, a: Api, self_name: str | None, defaults: list)
         else:
             sig.append(pname)
         expr = _arg_expr(p, pyname, pname if pname != p.name else "")
-        if p.is_input:
+        if p.kind == "inplace":
+            done = pname
+        elif p.is_input:
             call_in.append(expr)
         else:
             call_attr.append(f"{p.name}={expr}")
@@ -305,6 +322,8 @@ def _source(pyname: str, op: str, a: Api, self_name: str | None, defaults: list)
             test = f"{pname} != _d{di}"
         body.append(f"if {test}:\n        return {call(None)}")
         body.append(f"return {call(p.name)}")
+    elif done is not None:
+        body.append(f"return _done({first}, {call(None)}, {done})")
     else:
         body.append(f"return {call(None)}")
     return f"def {pyname}(" + ", ".join(sig) + "):\n    " + "\n    ".join(body) + "\n"

@@ -214,15 +214,25 @@ op("isclose",       ew.isclose_forward,     same_dtype=BIN,
    api=api("a, b:s, rtol=1e-05, atol=1e-08, equal_nan=False",
            "|a - b| <= atol + rtol * |b| elementwise (bool Tensor); inf equals inf of the same sign.", method=True))
 # activations
-op("silu",          ac.silu_forward,        ac.silu_backward,      saves=(0,), dtypes=FLOAT)
-op("softplus",      ac.softplus_forward,    ac.softplus_backward,  saves=(0,), dtypes=FLOAT)
+op("silu",          ac.silu_forward,        ac.silu_backward,      saves=(0,), dtypes=FLOAT,
+   api=api("input, inplace:inplace=False", "x * sigmoid(x).", floating=True))
+op("softplus",      ac.softplus_forward,    ac.softplus_backward,  saves=(0,), dtypes=FLOAT,
+   api=api("input, beta:f=1.0, threshold:f=20.0", "log(1 + exp(beta x)) / beta; linear where beta x > threshold.",
+           floating=True))
 op("hardtanh",      ac.hardtanh_forward,    ac.hardtanh_backward,  saves=(0,), dtypes=FLOAT)
-op("elu",           ac.elu_forward,         ac.elu_backward,       saves=(0,), dtypes=FLOAT)
-op("leaky_relu",    ac.leaky_relu_forward,  ac.leaky_relu_backward, saves=(0,), dtypes=FLOAT)
-op("hardsigmoid",   ac.hardsigmoid_forward, ac.hardsigmoid_backward, saves=(0,), dtypes=FLOAT)
-op("hardswish",     ac.hardswish_forward,   ac.hardswish_backward, saves=(0,), dtypes=FLOAT)
-op("mish",          ac.mish_forward,        ac.mish_backward,      saves=(0,), dtypes=FLOAT)
-op("logsigmoid",    ac.logsigmoid_forward,  ac.logsigmoid_backward, saves=(0,), dtypes=FLOAT)
+op("elu",           ac.elu_forward,         ac.elu_backward,       saves=(0,), dtypes=FLOAT,
+   api=api("input, alpha:f=1.0, inplace:inplace=False", "x where x > 0, else alpha (exp(x) - 1).", floating=True))
+op("leaky_relu",    ac.leaky_relu_forward,  ac.leaky_relu_backward, saves=(0,), dtypes=FLOAT,
+   api=api("input, negative_slope:f=0.01, inplace:inplace=False", "x where x >= 0, else negative_slope x.",
+           floating=True))
+op("hardsigmoid",   ac.hardsigmoid_forward, ac.hardsigmoid_backward, saves=(0,), dtypes=FLOAT,
+   api=api("input, inplace:inplace=False", "relu6(x + 3) / 6.", floating=True))
+op("hardswish",     ac.hardswish_forward,   ac.hardswish_backward, saves=(0,), dtypes=FLOAT,
+   api=api("input, inplace:inplace=False", "x relu6(x + 3) / 6.", floating=True))
+op("mish",          ac.mish_forward,        ac.mish_backward,      saves=(0,), dtypes=FLOAT,
+   api=api("input, inplace:inplace=False", "x * tanh(softplus(x)).", floating=True))
+op("logsigmoid",    ac.logsigmoid_forward,  ac.logsigmoid_backward, saves=(0,), dtypes=FLOAT,
+   api=api("input", "log(sigmoid(x)), without overflow.", floating=True))
 # reductions and scans
 op("prod",          rd.prod_forward,        rd.prod_backward,      saves=(0,))
 op("logsumexp",     rd.logsumexp_forward,   rd.logsumexp_backward, saves=(0,), dtypes=FLOAT,
