@@ -59,6 +59,21 @@ def test_generated_checks_name_the_argument():
         F.scatter_add(bt.zeros(2), 0, bt.tensor([0]), 1)
     with pytest.raises(bt.DTypeError, match="add_: result type float32 cannot be cast"):  # as in PyTorch
         bt.zeros(3, dtype=bt.int64).add_(0.5)
+    with pytest.raises(bt.DTypeError, match="div_: result type float32 cannot be cast"):
+        bt.tensor([5, 7]).div_(2)
+
+
+def test_inplace_div_and_clamp_take_their_functions_arguments():
+    v = np.array([5.0, -7.0, 3.5])
+    for mode in (None, "trunc", "floor"):
+        x = bt.tensor(v)
+        assert x.div_(2, rounding_mode=mode) is x
+        np.testing.assert_array_equal(x.numpy(), torch.tensor(v).div_(2, rounding_mode=mode).numpy())
+    x = bt.tensor(v)
+    x.clamp_(min=bt.tensor([6.0, 0.0, 0.0]), max=4.0)
+    np.testing.assert_array_equal(x.numpy(), np.minimum(np.maximum(v, [6.0, 0.0, 0.0]), 4.0))
+    with pytest.raises(bt.DTypeError, match="clamp: min must be a number"):
+        bt.tensor(v).clamp_("a")
 
 
 def _cube_forward(ctx, a, scale=1.0):

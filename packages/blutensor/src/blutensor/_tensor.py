@@ -7,7 +7,7 @@ The op methods, their in-place ``_`` forms and the operators (``+``, ``*``, ``**
 generated from the op table's rows (``ops/table.py``, ``api=``) and installed by ``_bind_methods``. Written out
 here are the ones with a quirk: ``__rsub__`` (``number - t`` as ``-t + number``), ``__matmul__`` /
 ``__rmatmul__`` (a non-Tensor operand is refused), ``__iadd__`` & co. (they call the overridable in-place
-method), ``div_`` / ``clamp_`` / ``masked_fill_`` (their functions have argument logic: ``div``'s rounding
+method), ``div_`` / ``clamp_`` / ``masked_fill_`` (in-place forms of hand-written functions: ``div``'s rounding
 modes, ``clamp``'s bound checks, ``masked_fill``'s bool mask), ``view`` (a dtype argument is refused), the
 fills (``fill_``, ``zero_``, ``copy_``, ``normal_``, ``uniform_``: storage writes, not ops), indexing, and the
 metadata, conversion and autograd methods. Methods bound from hand-written functions are ``_METHOD_NAMES``.
@@ -377,11 +377,13 @@ class Tensor:
                              f"{self._desc()}")
         self._data[...] = arr
 
-    def div_(self, other) -> Tensor:
-        return self._inplace("div", _scalar(other))
+    def div_(self, other, *, rounding_mode: str | None = None) -> Tensor:
+        """In-place ``div`` (``rounding_mode`` None, "trunc" or "floor"): the result is written into this tensor."""
+        return _inplace_call(self, "div_", F.div, other, rounding_mode=rounding_mode)
 
     def clamp_(self, min=None, max=None) -> Tensor:  # noqa: A002
-        return self._inplace("clamp", min=min, max=max)
+        """In-place ``clamp``: the result is written into this tensor."""
+        return _inplace_call(self, "clamp_", F.clamp, min, max)
 
     def masked_fill_(self, mask, value) -> Tensor:
         F.bool_mask("masked_fill_", mask)
