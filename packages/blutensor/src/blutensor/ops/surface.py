@@ -35,6 +35,8 @@ Signature language (parameters separated by commas, in the order of the Python s
 ``*``
     the following parameters are keyword-only.
 
+Defaults are Python literals without commas (numbers, strings, True/False/None).
+
 ``floating=True`` makes the generated function raise DTypeError unless its first argument is a floating-point
 Tensor (ops whose integer result would be silently wrong or truncated).
 """
@@ -44,7 +46,7 @@ from __future__ import annotations
 import keyword
 import linecache
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from blutensor.errors import ArgumentError, DTypeError
 from blutensor.ops.dispatch import apply
@@ -83,7 +85,6 @@ class Api:
     operators: tuple[str, ...] = ()
     reflected: tuple[str, ...] = ()
     floating: bool = False
-    annotations: dict = field(default_factory=dict, compare=False)
 
 
 def _literal(text: str, where: str):
@@ -139,27 +140,26 @@ def parse_signature(sig: str, where: str = "api") -> tuple[Param, ...]:
 
 def api(sig: str, doc: str = "", *, functional: bool | str | tuple[str, ...] = True,
         method: bool | str | tuple[str, ...] = False, inplace: bool | str = False,
-        operators: tuple[str, ...] = (), reflected: tuple[str, ...] = (), floating: bool = False,
-        name: str | None = None) -> Api:
+        operators: tuple[str, ...] = (), reflected: tuple[str, ...] = (), floating: bool = False) -> Api:
     """The public surface of an op-table row.
 
     ``sig`` the Python signature (module docstring); ``doc`` the docstring of the generated functions;
-    ``functional`` True (the op's name, or ``name``), a name or names in ``blutensor.functional``, or False;
+    ``functional`` True (the op's name), a name or names in ``blutensor.functional``, or False;
     ``method`` likewise for Tensor methods; ``inplace`` True (``<method>_``) or the in-place method's name;
     ``operators`` operator methods ``op(self, other)`` (``"__add__"``) and ``reflected`` ones ``op(other,
     self)`` (``"__rtruediv__"``), for unary or binary ops; ``floating`` refuse non-floating first arguments.
-    ``name`` is the default public name when it differs from the op's (filled in by :func:`attach`)."""
+    The op's name fills the default names when the row is recorded (:func:`attach`)."""
     params = parse_signature(sig, f"api({sig!r})")
 
-    def names(v, what):
+    def names(v):
         if v is True:
-            return (name,) if name else ("",)
+            return ("",)
         if not v:
             return ()
         return (v,) if isinstance(v, str) else tuple(v)
 
-    fn = names(functional, "functional")
-    meth = names(method, "method")
+    fn = names(functional)
+    meth = names(method)
     if inplace is True:
         inp = ("",)
     elif inplace:
@@ -438,8 +438,3 @@ def generate(apis: dict) -> tuple[dict, dict]:
                 owner[kind, n] = op
                 into[n] = fn
     return fns, meths
-
-
-def public_names(a: Api) -> list[str]:
-    """Every functional and Tensor attribute name the surface ``a`` defines."""
-    return [*a.functional, *a.methods, *a.inplace, *a.operators, *a.reflected]
