@@ -323,7 +323,8 @@ def _source(pyname: str, op: str, a: Api, self_name: str | None, defaults: list)
         body.append(f"if {test}:\n        return {call(None)}")
         body.append(f"return {call(p.name)}")
     elif done is not None:
-        body.append(f"return _done({first}, {call(None)}, {done})")
+        body.append(f"if {done}:\n        return _done({first}, {call(None)}, True)")
+        body.append(f"return {call(None)}")
     else:
         body.append(f"return {call(None)}")
     return f"def {pyname}(" + ", ".join(sig) + "):\n    " + "\n    ".join(body) + "\n"
