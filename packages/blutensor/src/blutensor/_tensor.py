@@ -627,7 +627,7 @@ def _storage_scalar(value, dt: dtype, dev):
 
 
 #: Tensor methods that are hand-written functions of ``functional`` / ``reshaping`` / ``sorting`` (argument logic
-#: a table row does not express); the op table's rows generate the rest (``functional.generated_methods``)
+#: a table row does not express); the op table's rows generate the rest (``functional._generated_methods``)
 _METHOD_NAMES = (
     "sum max min var std clamp reshape permute expand expand_as contiguous flatten split chunk masked_fill softmax "
     "log_softmax where tril triu gelu norm div view_as square prod allclose true_divide divide flip roll diagonal "
@@ -727,7 +727,7 @@ def _inplace_method(op_name, fn_name):
 def _bind_methods() -> None:
     from blutensor import reshaping
 
-    for name, fn in F.generated_methods.items():
+    for name, fn in F._generated_methods.items():
         setattr(Tensor, name, fn)
     for name in _METHOD_NAMES:
         setattr(Tensor, name, getattr(F, name, None) or getattr(reshaping, name))

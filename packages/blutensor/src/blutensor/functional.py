@@ -42,7 +42,7 @@ from blutensor.ops.surface import require_floating as _floating
 from blutensor.ops.table import API as _API
 
 #: the functions and Tensor methods generated from the op table's rows (``_tensor`` installs the methods)
-_generated_functions, generated_methods = _generate(_API)
+_generated_functions, _generated_methods = _generate(_API)
 globals().update(_generated_functions)
 # the generated functions that the hand-written ones below call, by name (for readers and linters)
 abs, amax, gather, ge, isclose, lt, maximum, minimum, ne, sqrt, unsqueeze = (  # noqa: A001
