@@ -2,6 +2,15 @@
 
 Kept thin: every computation goes through :func:`blutensor.ops.dispatch.apply`; methods are
 PyTorch-named conveniences over :mod:`blutensor.functional`.
+
+The op methods, their in-place ``_`` forms and the operators (``+``, ``*``, ``**``, ``==``, ``~``, ...) are
+generated from the op table's rows (``ops/table.py``, ``api=``) and installed by ``_bind_methods``. Written out
+here are the ones with a quirk: ``__rsub__`` (``number - t`` as ``-t + number``), ``__matmul__`` /
+``__rmatmul__`` (a non-Tensor operand is refused), ``__iadd__`` & co. (they call the overridable in-place
+method), ``div_`` / ``clamp_`` / ``masked_fill_`` (in-place forms of hand-written functions: ``div``'s rounding
+modes, ``clamp``'s bound checks, ``masked_fill``'s bool mask), ``view`` (a dtype argument is refused), the
+fills (``fill_``, ``zero_``, ``copy_``, ``normal_``, ``uniform_``: storage writes, not ops), indexing, and the
+metadata, conversion and autograd methods. Methods bound from hand-written functions are ``_METHOD_NAMES``.
 """
 
 from __future__ import annotations
@@ -373,20 +382,13 @@ class Tensor:
                              f"{self._desc()}")
         self._data[...] = arr
 
-    def add_(self, other, alpha=1) -> Tensor:
-        return self._inplace("add", _scalar(other), alpha=alpha)
-
-    def sub_(self, other) -> Tensor:
-        return self._inplace("sub", _scalar(other))
-
-    def mul_(self, other) -> Tensor:
-        return self._inplace("mul", _scalar(other))
-
-    def div_(self, other) -> Tensor:
-        return self._inplace("div", _scalar(other))
+    def div_(self, other, *, rounding_mode: str | None = None) -> Tensor:
+        """In-place ``div`` (``rounding_mode`` None, "trunc" or "floor"): the result is written into this tensor."""
+        return _inplace_call(self, "div_", F.div, other, rounding_mode=rounding_mode)
 
     def clamp_(self, min=None, max=None) -> Tensor:  # noqa: A002
-        return self._inplace("clamp", min=min, max=max)
+        """In-place ``clamp``: the result is written into this tensor."""
+        return _inplace_call(self, "clamp_", F.clamp, min, max)
 
     def masked_fill_(self, mask, value) -> Tensor:
         F.bool_mask("masked_fill_", mask)
@@ -476,51 +478,9 @@ class Tensor:
             return apply("getitem", self, index=split[0])[split[1]]
         return apply("index", self, index=_device_index(index, self.device))
 
-    # ---- arithmetic ----
-    def __add__(self, o):
-        return apply("add", self, o if isinstance(o, Tensor) else _scalar(o))
-
-    def __radd__(self, o):
-        return apply("add", self, o if isinstance(o, Tensor) else _scalar(o))
-
-    def __sub__(self, o):
-        return apply("sub", self, o if isinstance(o, Tensor) else _scalar(o))
-
+    # ---- operators: most are generated from the op table's rows (``_bind_methods``); these have a quirk ----
     def __rsub__(self, o):
         return apply("sub", _scalar(o), self) if isinstance(o, Tensor) else apply("add", apply("neg", self), o)
-
-    def __mul__(self, o):
-        return apply("mul", self, o if isinstance(o, Tensor) else _scalar(o))
-
-    def __rmul__(self, o):
-        return apply("mul", self, o if isinstance(o, Tensor) else _scalar(o))
-
-    def __truediv__(self, o):
-        return apply("div", self, o if isinstance(o, Tensor) else _scalar(o))
-
-    def __rtruediv__(self, o):
-        return apply("div", _scalar(o), self)
-
-    def __floordiv__(self, o):
-        return apply("floor_divide", self, o if isinstance(o, Tensor) else _scalar(o))
-
-    def __rfloordiv__(self, o):
-        return apply("floor_divide", _scalar(o), self)
-
-    def __mod__(self, o):
-        return apply("remainder", self, o if isinstance(o, Tensor) else _scalar(o))
-
-    def __rmod__(self, o):
-        return apply("remainder", _scalar(o), self)
-
-    def __pow__(self, o):
-        return apply("pow", self, o if isinstance(o, Tensor) else _scalar(o))
-
-    def __rpow__(self, o):
-        return apply("pow", _scalar(o), self)
-
-    def __neg__(self):
-        return apply("neg", self)
 
     def __matmul__(self, o):
         return apply("matmul", self, o if isinstance(o, Tensor) else _operand("matmul", o))
@@ -539,27 +499,6 @@ class Tensor:
 
     def __itruediv__(self, o):
         return self.div_(o)
-
-    def __eq__(self, o):  # type: ignore[override]
-        return apply("eq", self, _scalar(o))
-
-    def __ne__(self, o):  # type: ignore[override]
-        return apply("ne", self, _scalar(o))
-
-    def __lt__(self, o):
-        return apply("lt", self, _scalar(o))
-
-    def __le__(self, o):
-        return apply("le", self, _scalar(o))
-
-    def __gt__(self, o):
-        return apply("gt", self, _scalar(o))
-
-    def __ge__(self, o):
-        return apply("ge", self, _scalar(o))
-
-    def __invert__(self):
-        return apply("logical_not", self)
 
     def __and__(self, o):
         return Tensor._from_data(self._data & _raw(o), None, self.device)
@@ -692,14 +631,12 @@ def _storage_scalar(value, dt: dtype, dev):
     return value
 
 
+#: Tensor methods that are hand-written functions of ``functional`` / ``reshaping`` / ``sorting`` (argument logic
+#: a table row does not express); the op table's rows generate the rest (``functional._generated_methods``)
 _METHOD_NAMES = (
-    "sum mean max min amax amin argmax argmin var std exp log tanh sqrt rsqrt sin cos abs sigmoid relu "
-    "clamp pow reshape transpose permute expand expand_as contiguous squeeze unsqueeze flatten split "
-    "chunk masked_fill matmul softmax log_softmax clone where maximum minimum tril triu gelu norm "
-    "add sub mul div neg view_as all any square eq ne lt le gt ge bmm "
-    "prod logsumexp isclose allclose floor_divide remainder fmod true_divide divide flip roll diagonal repeat "
-    "repeat_interleave unbind movedim t sort argsort topk cumsum cumprod cummax cummin logcumsumexp gather "
-    "scatter scatter_add index_select index_add take_along_dim"
+    "sum max min var std clamp reshape permute expand expand_as contiguous flatten split chunk masked_fill softmax "
+    "log_softmax where tril triu gelu norm div view_as square prod allclose true_divide divide flip roll diagonal "
+    "repeat repeat_interleave unbind movedim t sort topk cumsum cumprod cummax cummin scatter"
 ).split()
 
 
@@ -744,42 +681,50 @@ def _new_tensor(self, data, dtype=None, device=None, requires_grad: bool = False
     return tensor(data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
 
 
+def _inplace_call(self, op_name: str, fn, *args, **kwargs) -> Tensor:
+    """``self.<op_name>(*args, **kwargs)``: ``fn(self, *args, **kwargs)`` written into this tensor's storage. With
+    the graph recorded, ``fn`` runs on a copy and this tensor takes the result's grad_fn (PyTorch's rebase); a
+    result type that cannot be cast to this tensor's dtype (float into int) raises, as in PyTorch."""
+    graph = STATE.enabled and (self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad
+                                                            for o in args))
+    if graph:
+        if self.requires_grad and self.grad_fn is None:
+            raise AutogradError(f"a leaf tensor that requires grad ({self._desc()}) is used in an in-place "
+                                f"op '{op_name}'; wrap it in no_grad() or clone() it first")
+        if self._base is not None:
+            raise AutogradError(f"in-place op '{op_name}' that needs a gradient on a view ({self._desc()}) is "
+                                f"not supported; clone() the view, or write into the base tensor directly")
+        alias = Tensor._from_data(self._data.copy(), self.dtype, self.device)
+        alias.grad_fn, alias.requires_grad = self.grad_fn, self.requires_grad
+        res = fn(alias, *args, **kwargs)
+    else:
+        prev, STATE.enabled = STATE.enabled, False
+        try:
+            res = fn(self, *args, **kwargs)
+        finally:
+            STATE.enabled = prev
+    if res.dtype is not self.dtype:
+        from blutensor.dtypes import _category
+
+        if _category(res.dtype) > _category(self.dtype):
+            raise DTypeError(f"{op_name}: result type {res.dtype.name} cannot be cast to the in-place "
+                             f"output {self._desc()}")
+        res = res.to(self.dtype)
+    self._write(res._data)
+    if graph:
+        self.grad_fn, self.requires_grad = res.grad_fn, res.requires_grad
+    self._version.v += 1
+    return self
+
+
 def _inplace_method(op_name, fn_name):
     fn = getattr(F, fn_name)
 
     def method(self, *args, **kwargs):
-        graph = STATE.enabled and (self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad
-                                                                for o in args))
-        if graph:
-            if self.requires_grad and self.grad_fn is None:
-                raise AutogradError(f"a leaf tensor that requires grad ({self._desc()}) is used in an in-place "
-                                    f"op '{op_name}'; wrap it in no_grad() or clone() it first")
-            if self._base is not None:
-                raise AutogradError(f"in-place op '{op_name}' that needs a gradient on a view ({self._desc()}) is "
-                                    f"not supported; clone() the view, or write into the base tensor directly")
-            alias = Tensor._from_data(self._data.copy(), self.dtype, self.device)
-            alias.grad_fn, alias.requires_grad = self.grad_fn, self.requires_grad
-            res = fn(alias, *args, **kwargs)
-        else:
-            prev, STATE.enabled = STATE.enabled, False
-            try:
-                res = fn(self, *args, **kwargs)
-            finally:
-                STATE.enabled = prev
-        if res.dtype is not self.dtype:
-            from blutensor.dtypes import _category
-
-            if _category(res.dtype) > _category(self.dtype):
-                raise DTypeError(f"{op_name}: result type {res.dtype.name} cannot be cast to the in-place "
-                                 f"output {self._desc()}")
-            res = res.to(self.dtype)
-        self._write(res._data)
-        if graph:
-            self.grad_fn, self.requires_grad = res.grad_fn, res.requires_grad
-        self._version.v += 1
-        return self
+        return _inplace_call(self, op_name, fn, *args, **kwargs)
 
     method.__name__ = op_name
+    method.__qualname__ = f"Tensor.{op_name}"
     method.__doc__ = f"In-place ``{fn_name}``: the result is written into this tensor."
     return method
 
@@ -787,18 +732,19 @@ def _inplace_method(op_name, fn_name):
 def _bind_methods() -> None:
     from blutensor import reshaping
 
+    for name, fn in F._generated_methods.items():
+        setattr(Tensor, name, fn)
     for name in _METHOD_NAMES:
         setattr(Tensor, name, getattr(F, name, None) or getattr(reshaping, name))
     for name in ("zeros", "ones", "empty"):
         setattr(Tensor, f"new_{name}", _new_like(name))
     Tensor.new_full = _new_full
     Tensor.new_tensor = _new_tensor
-    for name in ("scatter", "scatter_add", "index_add", "floor_divide", "remainder", "pow", "clamp_min",
-                 "clamp_max", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "neg", "abs"):
-        if hasattr(F, name):
-            setattr(Tensor, f"{name}_", _inplace_method(f"{name}_", name))
+    Tensor.scatter_ = _inplace_method("scatter_", "scatter")
 
 
 from blutensor.creation import tensor  # noqa: E402  (creation imports Tensor lazily)
+from blutensor.ops import surface as _surface  # noqa: E402
 
+_surface.bind(Tensor=Tensor, _scalar=_scalar, _inplace=_inplace_call)
 _bind_methods()

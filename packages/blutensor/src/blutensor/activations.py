@@ -1,8 +1,10 @@
 """Activation functions under PyTorch's ``torch.nn.functional`` names and signatures.
 
-The elementwise ones are op-table rows (``ops/activation.py``) with their own backward; relu6, selu, celu,
-softsign, tanhshrink and glu are compositions of those. ``inplace=True`` is accepted (PyTorch code passes it)
-and computes out of place: the result is returned, the input is left as it is only when it needs no grad.
+The elementwise ones (silu, softplus, elu, leaky_relu, hardsigmoid, hardswish, mish, logsigmoid) are op-table rows
+(``ops/activation.py``) whose functions are generated into ``blutensor.functional``; written out here are hardtanh
+(``min_val <= max_val`` check) and the compositions relu6, selu, celu, softsign, tanhshrink and glu.
+``inplace=True`` (PyTorch code passes it) writes the result into the input when neither needs a gradient and
+returns the input; otherwise the result is computed out of place and returned.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import numbers
 
 from blutensor.errors import ArgumentError, DTypeError, ShapeError
 from blutensor.ops.dispatch import apply
+from blutensor.ops.surface import inplace_result
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
@@ -29,25 +32,7 @@ def _num(op: str, name: str, v) -> float:
     return float(v)
 
 
-def _done(x, out, inplace):
-    if inplace and not x.requires_grad and not out.requires_grad:
-        x._data[...] = out._data
-        x._version.v += 1
-        return x
-    return out
-
-
-def silu(input, inplace: bool = False):  # noqa: A002
-    """x * sigmoid(x)."""
-    _float("silu", input)
-    return _done(input, apply("silu", input), inplace)
-
-
-def softplus(input, beta: float = 1.0, threshold: float = 20.0):  # noqa: A002
-    """log(1 + exp(beta x)) / beta; linear where beta x > threshold."""
-    _float("softplus", input)
-    return apply("softplus", input, beta=_num("softplus", "beta", beta), threshold=_num("softplus", "threshold",
-                                                                                      threshold))
+_done = inplace_result
 
 
 def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):  # noqa: A002
@@ -62,11 +47,6 @@ def relu6(input, inplace: bool = False):  # noqa: A002
     return hardtanh(input, 0.0, 6.0, inplace)
 
 
-def elu(input, alpha: float = 1.0, inplace: bool = False):  # noqa: A002
-    _float("elu", input)
-    return _done(input, apply("elu", input, alpha=_num("elu", "alpha", alpha)), inplace)
-
-
 def celu(input, alpha: float = 1.0, inplace: bool = False):  # noqa: A002
     """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
     _float("celu", input)
@@ -79,33 +59,6 @@ def celu(input, alpha: float = 1.0, inplace: bool = False):  # noqa: A002
 def selu(input, inplace: bool = False):  # noqa: A002
     _float("selu", input)
     return _done(input, apply("elu", input, alpha=_SELU_ALPHA, scale=_SELU_SCALE), inplace)
-
-
-def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):  # noqa: A002
-    _float("leaky_relu", input)
-    return _done(input, apply("leaky_relu", input, negative_slope=_num("leaky_relu", "negative_slope",
-                                                                       negative_slope)), inplace)
-
-
-def hardsigmoid(input, inplace: bool = False):  # noqa: A002
-    _float("hardsigmoid", input)
-    return _done(input, apply("hardsigmoid", input), inplace)
-
-
-def hardswish(input, inplace: bool = False):  # noqa: A002
-    _float("hardswish", input)
-    return _done(input, apply("hardswish", input), inplace)
-
-
-def mish(input, inplace: bool = False):  # noqa: A002
-    """x * tanh(softplus(x))."""
-    _float("mish", input)
-    return _done(input, apply("mish", input), inplace)
-
-
-def logsigmoid(input):  # noqa: A002
-    _float("logsigmoid", input)
-    return apply("logsigmoid", input)
 
 
 def softsign(input):  # noqa: A002

@@ -22,7 +22,10 @@ Ops and kernels
     the built-in rule of ``op`` runs other formulas (tracers that must avoid a host read);
     ``apply(op, *inputs, **attrs)`` run an op through the dispatcher; ``resolve_kernel(op, backend, dtype)``
     the kernel the dispatcher picks (priority, then ``BLUTRAIN_KERNELS`` / ``use_kernel``); ``kernel_for``
-    (cached); ``use_kernel``; ``clear_kernel_cache``; ``linear_backward``; ``attention_block_forward`` /
+    (cached); ``use_kernel``; ``clear_kernel_cache``; ``define_op(name, forward, backward, api=op_api(...),
+    **flags)`` adds an op (its row, kernel, ``blutensor.functional`` function and Tensor methods; see the README's
+    "Adding an op"), ``remove_op(name)`` removes one so added, ``op_api(sig, doc, method=, inplace=, ...)`` the
+    public surface of a row; ``linear_backward``; ``attention_block_forward`` /
     ``attention_block_backward`` (blockwise attention with its log-sum-exp, for context parallelism).
 Observers
     ``recording_leaf_adds(offers=True)`` / ``recording_kernel_launches()``: contexts that record the engine's
@@ -100,6 +103,9 @@ _NAMES: dict[str, tuple[str, str]] = {
     "kernel_for": ("blutensor.ops.dispatch", "kernel_for"),
     "use_kernel": ("blutensor.ops.dispatch", "use_kernel"),
     "clear_kernel_cache": ("blutensor.ops.dispatch", "clear_cache"),
+    "define_op": ("blutensor.ops.define", "define_op"),
+    "remove_op": ("blutensor.ops.define", "remove_op"),
+    "op_api": ("blutensor.ops.surface", "api"),
     "linear_backward": ("blutensor.ops.linalg", "linear_backward"),
     "attention_block_forward": ("blutensor.ops.attention", "attention_block_forward"),
     "attention_block_backward": ("blutensor.ops.attention", "attention_block_backward"),

@@ -1,5 +1,29 @@
-"""The functional API (``blutensor.nn.functional`` re-exports the NN part): thin wrappers that
-turn arguments into op attributes and call :func:`blutensor.ops.dispatch.apply`."""
+"""The functional API (``blutensor.nn.functional`` re-exports the NN part).
+
+Most functions here are generated from the op table (``ops/table.py``): a row's ``api=api(...)`` gives the
+signature, docstring and public names, and :mod:`blutensor.ops.surface` compiles the wrapper that calls
+:func:`blutensor.ops.dispatch.apply` (add, sub, mul, pow, the comparisons, exp/log/tanh/sqrt/..., mean, amax,
+argmax, all/any, logsumexp, transpose, squeeze/unsqueeze, clone, matmul, bmm, linear, rope, swiglu, gather,
+index_select, argsort, logcumsumexp, the activations silu, elu, softplus, ...). The functions written out below
+have logic a table row does not express:
+
+- ``div`` (``rounding_mode`` picks another op), ``clamp`` (checks of Tensor-or-number bounds),
+  ``where`` / ``masked_fill`` (bool-condition checks, value normalisation), ``cast`` (no-op for the same dtype),
+  ``square`` (``mul(a, a)``), ``allclose`` (a Python bool);
+- ``sum`` / ``prod`` (``dtype=`` casts first), ``max`` / ``min`` (PyTorch's three overloads, a (values, indices)
+  pair along a dim), ``var`` / ``std`` (``unbiased`` -> ``correction``), ``norm`` (p-norm composition);
+- ``view`` / ``reshape`` / ``permute`` / ``expand`` (``*shape`` or one sequence; reshape views when it can),
+  ``view_as`` / ``expand_as``, ``flatten`` (shape inference), ``contiguous`` (no copy when contiguous),
+  ``split`` / ``chunk`` (section sizes, several outputs), ``cat`` / ``stack`` (a sequence of tensors, type
+  promotion), ``tril`` / ``triu`` (matrix-rank check);
+- ``softmax`` / ``log_softmax`` (a ``dim`` is required and checked), ``layer_norm`` / ``rms_norm`` (an int
+  ``normalized_shape``, the dtype's epsilon), ``add_rms_norm`` / ``add_layer_norm`` (fused pair, autocast
+  output dtype), ``gelu`` (``approximate`` check), ``cross_entropy`` (PyTorch's target forms, weights,
+  label smoothing), ``embedding`` (index and weight checks), ``dropout`` / ``scaled_dot_product_attention``
+  (random draw offsets, grouped-query heads, shape checks), ``to_device`` (a device copy, not an op).
+
+``activations``, ``indexing`` (``scatter``), ``reshaping`` and ``sorting`` hold the rest under PyTorch's names.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +37,17 @@ from blutensor.autograd.node import Ctx, Node
 from blutensor.errors import ArgumentError, DTypeError, ShapeError
 from blutensor.ops._util import norm_dim
 from blutensor.ops.dispatch import apply
+from blutensor.ops.surface import generate as _generate
+from blutensor.ops.surface import require_floating as _floating
+from blutensor.ops.table import API as _API
+
+#: the functions and Tensor methods generated from the op table's rows (``_tensor`` installs the methods)
+_generated_functions, _generated_methods = _generate(_API)
+globals().update(_generated_functions)
+# the generated functions that the hand-written ones below call, by name (for readers and linters)
+abs, amax, gather, ge, isclose, lt, maximum, minimum, ne, sqrt, unsqueeze = (  # noqa: A001
+    _generated_functions[n] for n in ("abs", "amax", "gather", "ge", "isclose", "lt", "maximum", "minimum", "ne",
+                                      "sqrt", "unsqueeze"))
 
 # ---- elementwise ----
 
@@ -21,18 +56,6 @@ def _s(o):
     from blutensor._tensor import _scalar
 
     return _scalar(o)
-
-
-def add(a, b, alpha=1):
-    return apply("add", a, _s(b), alpha=alpha) if alpha != 1 else apply("add", a, _s(b))
-
-
-def sub(a, b):
-    return apply("sub", a, _s(b))
-
-
-def mul(a, b):
-    return apply("mul", a, _s(b))
 
 
 def div(a, b, *, rounding_mode=None):
@@ -48,81 +71,12 @@ def div(a, b, *, rounding_mode=None):
 true_divide = divide = div
 
 
-def floor_divide(a, b):
-    """a / b rounded down (PyTorch's floor_divide and ``//``)."""
-    return apply("floor_divide", a, _s(b))
-
-
-def remainder(a, b):
-    """Python's modulo (sign of the divisor): PyTorch's remainder and ``%``."""
-    return apply("remainder", a, _s(b))
-
-
-def fmod(a, b):
-    """C's fmod (sign of the dividend)."""
-    return apply("fmod", a, _s(b))
-
-
-def isclose(a, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False):
-    """|a - b| <= atol + rtol * |b| elementwise (bool Tensor); inf equals inf of the same sign."""
-    return apply("isclose", a, _s(b), rtol=rtol, atol=atol, equal_nan=equal_nan)
-
-
 def allclose(a, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
     return bool(isclose(a, b, rtol, atol, equal_nan).all())
 
 
-def neg(a):
-    return apply("neg", a)
-
-
-def pow(a, b):  # noqa: A001 - PyTorch's name
-    return apply("pow", a, _s(b))
-
-
 def square(a):
     return apply("mul", a, a)
-
-
-def exp(a):
-    return apply("exp", a)
-
-
-def log(a):
-    return apply("log", a)
-
-
-def tanh(a):
-    return apply("tanh", a)
-
-
-def sqrt(a):
-    return apply("sqrt", a)
-
-
-def rsqrt(a):
-    return apply("rsqrt", a)
-
-
-def sin(a):
-    return apply("sin", a)
-
-
-def cos(a):
-    return apply("cos", a)
-
-
-def abs(a):  # noqa: A001
-    return apply("abs", a)
-
-
-def sigmoid(a):
-    _floating(a, "sigmoid")  # an integer result would be silently truncated
-    return apply("sigmoid", a)
-
-
-def relu(a):
-    return apply("relu", a)
 
 
 def clamp(a, min=None, max=None):  # noqa: A002
@@ -130,14 +84,6 @@ def clamp(a, min=None, max=None):  # noqa: A002
         if v is not None and not isinstance(v, numbers.Real) and not hasattr(v, "_data"):
             raise DTypeError(f"clamp: {name} must be a number, a Tensor or None, got {type(v).__name__} {v!r:.40}")
     return apply("clamp", a, min=min, max=max)
-
-
-def maximum(a, b):
-    return apply("maximum", a, _s(b))
-
-
-def minimum(a, b):
-    return apply("minimum", a, _s(b))
 
 
 def where(cond, a, b):
@@ -163,30 +109,6 @@ def masked_fill(a, mask, value):
     return apply("masked_fill", a, mask, value=float(value) if not isinstance(value, bool) else value)
 
 
-def eq(a, b):
-    return apply("eq", a, _s(b))
-
-
-def ne(a, b):
-    return apply("ne", a, _s(b))
-
-
-def lt(a, b):
-    return apply("lt", a, _s(b))
-
-
-def le(a, b):
-    return apply("le", a, _s(b))
-
-
-def gt(a, b):
-    return apply("gt", a, _s(b))
-
-
-def ge(a, b):
-    return apply("ge", a, _s(b))
-
-
 def cast(a, dtype):
     if a.dtype is dtype:
         return a
@@ -204,27 +126,6 @@ def sum(a, dim=None, keepdim=False, dtype=None):  # noqa: A001
 
         a = cast(a, as_dtype(dtype))
     return apply("sum", a, dim=dim, keepdim=keepdim)
-
-
-def _floating(a, op: str) -> None:
-    """Raise unless ``a`` is a floating-point Tensor (ops whose integer result would be wrong or truncated)."""
-    dt = getattr(a, "dtype", None)
-    if not getattr(dt, "is_floating_point", False):
-        got = a._desc() if hasattr(a, "_desc") else type(a).__name__
-        raise DTypeError(f"{op}: needs a floating-point tensor, got {got} (convert with .float())")
-
-
-def mean(a, dim=None, keepdim=False):
-    _floating(a, "mean")
-    return apply("mean", a, dim=dim, keepdim=keepdim)
-
-
-def amax(a, dim=None, keepdim=False):
-    return apply("amax", a, dim=dim, keepdim=keepdim)
-
-
-def amin(a, dim=None, keepdim=False):
-    return apply("amin", a, dim=dim, keepdim=keepdim)
 
 
 def _is_tensor(x) -> bool:
@@ -250,14 +151,6 @@ def min(a, dim=None, keepdim=False):  # noqa: A001
     return MaxMin(apply("min_dim", a, dim=dim, keepdim=keepdim), apply("argmin", a, dim=dim, keepdim=keepdim))
 
 
-def argmax(a, dim=None, keepdim=False):
-    return apply("argmax", a, dim=dim, keepdim=keepdim)
-
-
-def argmin(a, dim=None, keepdim=False):
-    return apply("argmin", a, dim=dim, keepdim=keepdim)
-
-
 def var(a, dim=None, keepdim=False, correction=1, unbiased=None):
     if unbiased is not None:
         correction = 1 if unbiased else 0
@@ -279,16 +172,6 @@ def norm(a, p=2, dim=None, keepdim=False):
     return sqrt(sum(a * a, dim=dim, keepdim=keepdim))
 
 
-def all(a, dim=None, keepdim=False):  # noqa: A001
-    """Whether every element (along ``dim``) is nonzero: a bool Tensor, as in PyTorch (``bool(t.all())``)."""
-    return apply("all", a, dim=dim, keepdim=keepdim)
-
-
-def any(a, dim=None, keepdim=False):  # noqa: A001
-    """Whether some element (along ``dim``) is nonzero: a bool Tensor."""
-    return apply("any", a, dim=dim, keepdim=keepdim)
-
-
 def prod(a, dim=None, keepdim=False, dtype=None):
     """Product of the elements (along ``dim``); integer and bool inputs give int64, as in PyTorch."""
     if dtype is not None:
@@ -296,12 +179,6 @@ def prod(a, dim=None, keepdim=False, dtype=None):
 
         a = cast(a, as_dtype(dtype))
     return apply("prod", a, dim=dim, keepdim=keepdim)
-
-
-def logsumexp(a, dim, keepdim=False):
-    """log(sum(exp(a))) along ``dim`` without overflow."""
-    _floating(a, "logsumexp")
-    return apply("logsumexp", a, dim=dim, keepdim=keepdim)
 
 
 # ---- shape ----
@@ -337,10 +214,6 @@ def flatten(a, start_dim=0, end_dim=-1):
     return reshape(a, new)
 
 
-def transpose(a, dim0, dim1):
-    return apply("transpose", a, dim0=dim0, dim1=dim1)
-
-
 def permute(a, *dims):
     return apply("permute", a, dims=_size(dims))
 
@@ -355,18 +228,6 @@ def expand_as(a, other):
 
 def contiguous(a):
     return a if a.is_contiguous() else apply("contiguous", a)
-
-
-def clone(a):
-    return apply("clone", a)
-
-
-def squeeze(a, dim=None):
-    return apply("squeeze", a, dim=dim)
-
-
-def unsqueeze(a, dim):
-    return apply("unsqueeze", a, dim=dim)
 
 
 def split(a, split_size_or_sections, dim=0):
@@ -461,19 +322,6 @@ def triu(a, diagonal=0):
 
 
 # ---- linear algebra ----
-
-
-def matmul(a, b):
-    return apply("matmul", a, b)
-
-
-def bmm(a, b):
-    return apply("bmm", a, b)
-
-
-def linear(x, weight, bias=None):
-    """x @ weight^T + bias."""
-    return apply("linear", x, weight, bias) if bias is not None else apply("linear", x, weight)
 
 
 # ---- neural-network ops ----
@@ -587,24 +435,6 @@ def _residual_norm_args(op: str, x, residual, normalized_shape, params):
     if h_dtype != residual.dtype:  # the fused op writes h in the residual's dtype
         residual = residual.to(h_dtype)
     return x, residual, normalized_shape, h_dtype, y_dtype
-
-
-def rope(x, cos, sin, transpose: bool = False):
-    """Rotary position embedding of ``x`` (..., T, H, D) with angle tables cos/sin (T, D/2), in the
-    rotate-half layout of Hugging Face's Llama: the pair (i, i + D/2) of each head is rotated by angle[t, i].
-    The tables stay float32 whatever the dtype of ``x``; no gradient flows into them. ``transpose=True``
-    returns the result as a contiguous (..., H, T, D), the layout attention reads (on CUDA one kernel rotates and
-    transposes, each way: ``rope(x).transpose(-3, -2).contiguous()`` without the copy)."""
-    _floating(x, "rope")
-    if transpose:
-        return apply("rope", x, cos, sin, transpose=True)
-    return apply("rope", x, cos, sin)
-
-
-def swiglu(gate, up):
-    """silu(gate) * up in one op (Llama's gated MLP): saves the two inputs, not the intermediate product."""
-    _floating(gate, "swiglu")
-    return apply("swiglu", gate, up)
 
 
 def gelu(x, approximate="none"):
@@ -873,31 +703,16 @@ def to_device(t, dev):
 
 import builtins as _b  # noqa: E402
 
-from blutensor.activations import (  # noqa: E402,F401  (elementwise activations under their PyTorch names)
+from blutensor.activations import (  # noqa: E402,F401  (compositions of the activation rows)
     celu,
-    elu,
     glu,
-    hardsigmoid,
-    hardswish,
     hardtanh,
-    leaky_relu,
-    logsigmoid,
-    mish,
     relu6,
     selu,
-    silu,
-    softplus,
     softsign,
     tanhshrink,
 )
-from blutensor.indexing import (  # noqa: E402,F401
-    gather,
-    index_add,
-    index_select,
-    scatter,
-    scatter_add,
-    take_along_dim,
-)
+from blutensor.indexing import scatter  # noqa: E402,F401
 from blutensor.reshaping import (  # noqa: E402,F401  (diagonal and t: from blutensor.reshaping)
     einsum,
     flip,
@@ -908,12 +723,10 @@ from blutensor.reshaping import (  # noqa: E402,F401  (diagonal and t: from blut
     unbind,
 )
 from blutensor.sorting import (  # noqa: E402,F401
-    argsort,
     cummax,
     cummin,
     cumprod,
     cumsum,
-    logcumsumexp,
     multinomial,
     sort,
     topk,

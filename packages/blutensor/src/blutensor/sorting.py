@@ -1,5 +1,6 @@
-"""Sorting, selection, scans and sampling: sort, argsort, topk, cumsum, cumprod, cummax, cummin, logcumsumexp,
-multinomial (PyTorch's names, signatures and result types).
+"""Sorting, selection, scans and sampling: sort, topk, cumsum, cumprod, cummax, cummin, multinomial (PyTorch's
+names, signatures and result types: (values, indices) pairs, ``dtype=`` casts, several ops per call).
+``argsort`` and ``logcumsumexp`` are op-table rows, generated into ``blutensor.functional``.
 
 Values come from ``take_along_dim`` with the sorting indices, so their gradient flows back to the chosen
 elements; the index ops themselves have no gradient.
@@ -7,11 +8,11 @@ elements; the index ops themselves have no gradient.
 
 from __future__ import annotations
 
-import numbers
 from collections import namedtuple
 
 from blutensor.errors import ArgumentError, DTypeError, ShapeError
 from blutensor.ops.dispatch import apply
+from blutensor.ops.surface import int_arg as _int
 
 #: (values, indices) results, as PyTorch's torch.return_types
 SortResult = namedtuple("sort", ["values", "indices"])
@@ -24,16 +25,6 @@ def _tensor(op: str, a) -> None:
         raise DTypeError(f"{op}: expected a Tensor, got {type(a).__name__}")
 
 
-def _int(op: str, name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise DTypeError(f"{op}: {name} must be an int, got {type(v).__name__} {v!r}")
-    return int(v)
-
-
-def argsort(a, dim: int = -1, descending: bool = False, stable: bool = False):
-    """Indices (int64) that sort ``a`` along ``dim``; NaN counts as the largest value."""
-    _tensor("argsort", a)
-    return apply("argsort", a, dim=_int("argsort", "dim", dim), descending=bool(descending), stable=bool(stable))
 
 
 def _take(a, idx, dim):
@@ -44,6 +35,8 @@ def _take(a, idx, dim):
 
 def sort(a, dim: int = -1, descending: bool = False, stable: bool = False) -> SortResult:
     """(values, indices) of ``a`` sorted along ``dim`` (ascending unless ``descending``)."""
+    from blutensor.functional import argsort  # generated from the op table's row
+
     idx = argsort(a, dim, descending, stable)
     return SortResult(_take(a, idx, dim), idx)
 
@@ -84,11 +77,6 @@ def cummin(a, dim: int) -> CumResult:
     _tensor("cummin", a)
     idx = apply("cumext_indices", a, dim=_int("cummin", "dim", dim), greater=False)
     return CumResult(_take(a, idx, dim), idx)
-
-
-def logcumsumexp(a, dim: int):
-    _tensor("logcumsumexp", a)
-    return apply("logcumsumexp", a, dim=_int("logcumsumexp", "dim", dim))
 
 
 def multinomial(input, num_samples: int, replacement: bool = False, *, generator=None):  # noqa: A002

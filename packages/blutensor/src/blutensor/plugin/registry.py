@@ -50,6 +50,11 @@ class Registry:
     def key(self, cls: type) -> str:
         return cls.PLUGIN_NAME
 
+    def unregister(self, name: str) -> None:
+        """Forget the plugin registered as ``name`` (PluginError when there is none)."""
+        if self._records.pop(name, None) is None:
+            raise PluginError(f"no {self.kind} plugin named {name!r} to unregister")
+
     def __contains__(self, name: str) -> bool:
         return name in self._records
 
