@@ -10,5 +10,5 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=$(ls -d packages/*/src | paste -sd:):/tmp/blutrain-site
 fi
 mkdir -p /tmp/ckpt
-out=$1; shift
-python3 benchmarks/checkpoint_bench.py --device cuda --dir /tmp/ckpt --out "$out" ${@:---sizes 774m,1.5b}
+result=$1; shift
+python3 benchmarks/checkpoint_bench.py --device cuda --dir /tmp/ckpt --out "$result" ${@:---sizes 774m,1.5b}
