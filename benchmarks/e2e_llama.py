@@ -16,7 +16,13 @@ model) and the same batches (bytes of the Python standard library's source as to
 tokens/s (median of the timed steps), step ms, peak memory, per-step losses; ratios BluTrain / PyTorch come from
 this one run. BluTrain's row is the Trainer's step (blumodels.step.TrainStep), captured in a CUDA graph after two
 eager steps. The curve run (``--curve-steps``, default 500, on ``--curve-preset`` llama-125m at 8x1024 so that it
-fits beside the rest) compares the mean loss of the last 100 steps of BluTrain (captured) and PyTorch eager.
+fits beside the rest) compares the mean loss of the last 100 steps of BluTrain (captured) and PyTorch eager, beside
+the same difference between PyTorch eager and PyTorch itself (``--curve-floor``: eager from weights nudged by about
+one float32 rounding, and torch.compile). That noise floor says how far rounding alone moves this run's curve: at a
+learning rate where the dynamics amplify rounding (loss spikes), two correct implementations drift apart by block
+means of either sign, and the criterion is honest only beside the floor. ``--curve-precision fp32`` trains the
+curve in fp32 throughout, where correct implementations agree to ~1e-6 per step for as long as the dynamics let
+them (the check of the semantics: schedule, AdamW, clipping, softmax columns, RoPE, norms).
 """
 
 from __future__ import annotations
@@ -61,9 +67,18 @@ def blutrain_model(a, device):
     return build_model(model_config(a), device=device, seed=0)
 
 
+def perturb(state: dict, seed: int) -> dict:
+    """Every weight times (1 + 1e-7 z), z ~ N(0, 1) drawn from ``seed``: a change of about one float32 rounding,
+    the size of the difference two correct implementations make in each op. Training from these weights measures
+    how far rounding alone moves the loss curve (the criterion's noise floor)."""
+    rng = np.random.default_rng(seed)
+    return {k: (v * (1.0 + 1e-7 * rng.standard_normal(v.shape))).astype(np.float32) for k, v in state.items()}
+
+
 def torch_model(a, device, padded_vocab: bool = True):
     """The BluTrain llama's initial weights in LlamaForCausalLM. Training keeps the padded vocabulary rows (the
-    softmax over the same columns as BluTrain's); generation takes the real export (``vocab_size`` rows)."""
+    softmax over the same columns as BluTrain's); generation takes the real export (``vocab_size`` rows).
+    ``--perturb SEED`` (the noise-floor curve) nudges every weight by about one rounding (:func:`perturb`)."""
     import torch
     import transformers
     from blumodels.llama.hf import to_hf
@@ -71,15 +86,17 @@ def torch_model(a, device, padded_vocab: bool = True):
     src = blutrain_model(a, device)  # the same seed and device as the BluTrain run: the same initial weights
     state, config = to_hf(src, padded_vocab=padded_vocab)
     del src
+    if getattr(a, "perturb", 0):
+        state = perturb(state, a.perturb)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
     hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)  # tied: lm_head is shared
     return hf.to(device)
 
 
 def run_blutrain(a) -> dict:
-    """The Trainer's step (blumodels.step.TrainStep: bf16 autocast, fused AdamW, clip 1.0): 2 eager warm-up steps,
-    then the whole step captured in a CUDA graph and replayed (on the CPU the capture's twin, EagerCapture, runs the
-    same code path)."""
+    """The Trainer's step (blumodels.step.TrainStep: bf16 autocast -- none with ``--precision fp32`` --, fused
+    AdamW, clip 1.0): 2 eager warm-up steps, then the whole step captured in a CUDA graph and replayed (on the CPU
+    the capture's twin, EagerCapture, runs the same code path)."""
     import blutensor as bt
     from blumodels.graph_step import CapturedStep, CudaCapture, EagerCapture
     from blumodels.step import TrainStep
@@ -96,8 +113,9 @@ def run_blutrain(a) -> dict:
     opt = bt.optim.AdamW(model.param_groups(0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=cuda or None)
     sync = (lambda: __import__("cupy").cuda.Device().synchronize()) if cuda else (lambda: None)
     dev_type = device.split(":")[0]
+    autocast = (lambda: bt.autocast(dev_type, dtype=bt.bfloat16)) if a.precision == "bf16" else None
     step = TrainStep(model, opt, list(model.parameters()), device=device, lr_schedule=[LR] * a.steps, grad_clip=1.0,
-                     autocast=lambda: bt.autocast(dev_type, dtype=bt.bfloat16), fused=cuda)
+                     autocast=autocast, fused=cuda)
     step.precast_accumulate = True
     losses, times, cap = [], [], None
     for s, (x, y) in enumerate(batches(a.batch, a.seq, a.steps)):
@@ -135,7 +153,7 @@ def run_torch(a) -> dict:
     V = model.config.vocab_size
 
     def step(x, y):
-        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             logits = model(x).logits
         loss = torch.nn.functional.cross_entropy(logits.float().view(-1, V), y.view(-1))
         loss.backward()
@@ -233,10 +251,15 @@ RUNS = [("blutrain_bf16", "blutrain", []), ("torch_eager_bf16", "torch", []),
         ("torch_compile_bf16", "torch", ["--compile"]), ("generate", "generate", [])]
 
 
+#: the noise-floor curves: name -> (key in the JSON, extra child flags of the PyTorch run)
+FLOORS = {"perturb": ("torch_perturbed", ["--perturb", "1"]), "compile": ("torch_compile", ["--compile"])}
+
+
 def _child_args(a, framework: str, extra: list[str], steps: int, curve: bool = False) -> list[str]:
     preset, batch, seq = (a.curve_preset, a.curve_batch, a.curve_seq) if curve else (a.preset, a.batch, a.seq)
     args = [sys.executable, __file__, "--child", "--framework", framework, "--device", a.device, "--batch",
             str(batch), "--seq", str(seq), "--steps", str(steps), "--warmup", str(a.warmup), "--preset", preset,
+            "--precision", a.curve_precision if curve else "bf16",
             "--gen-tokens", str(a.gen_tokens), "--gen-batch", str(a.gen_batch), "--gen-prompt", str(a.gen_prompt),
             "--gen-check-tokens", str(a.gen_check_tokens)] + extra
     return args + (["--small"] if a.small else [])
@@ -277,7 +300,16 @@ def main() -> None:
     p.add_argument("--curve-steps", type=int, default=None,
                    help="loss-curve steps of BluTrain (captured) and PyTorch eager (default 500; --small 20)")
     p.add_argument("--curve-compile", action="store_true",
-                   help="also a torch.compile curve: PyTorch eager vs compiled is the criterion's noise floor")
+                   help="also a torch.compile curve (the same as adding 'compile' to --curve-floor)")
+    p.add_argument("--curve-floor", default=None,
+                   help="comma-separated noise-floor curves of PyTorch against its own eager curve: 'perturb' (eager "
+                   "from weights nudged by ~1 float32 rounding), 'compile' (torch.compile), or 'none' (default: "
+                   "perturb,compile; --small: perturb)")
+    p.add_argument("--curve-precision", choices=("bf16", "fp32"), default="bf16",
+                   help="the curve's precision: bf16 autocast with fp32 masters (the GPU run), or fp32 throughout "
+                   "(where correct implementations agree to ~1e-5 until the dynamics amplify rounding)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help=argparse.SUPPRESS)
+    p.add_argument("--perturb", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--gen-tokens", type=int, default=1024, help="new tokens of the generation run")
     p.add_argument("--gen-batch", type=int, default=1)
     p.add_argument("--gen-prompt", type=int, default=32, help="prompt length of each generated row")
@@ -302,6 +334,11 @@ def main() -> None:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if a.warmup < 0 or a.curve_steps < 0:
         p.error("--warmup and --curve-steps must not be negative")
+    floors = [f for f in (a.curve_floor or ("perturb" if small else "perturb,compile")).split(",") if f]
+    if set(floors) - {"perturb", "compile", "none"}:
+        p.error(f"--curve-floor: unknown floor(s) {', '.join(sorted(set(floors) - {'perturb', 'compile', 'none'}))}; "
+                "known: perturb, compile, none")
+    a.curve_floor = [f for f in FLOORS if f in floors or (f == "compile" and a.curve_compile)]
     if a.child:
         return child(a)
     only = {s for s in a.only.split(",") if s}
@@ -342,28 +379,58 @@ def main() -> None:
         res["max_loss_diff_vs_torch_eager"] = float(np.max(np.abs(np.subtract(ours["losses"],
                                                                              runs["torch_eager_bf16"]["losses"]))))
     if a.curve_steps and (not only or "curve" in only):
-        curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps, curve=True), a.timeout)
-                 for fw in ("blutrain", "torch")}
-        if a.curve_compile:  # PyTorch against itself: the noise floor of the criterion
-            curve["torch_compile"] = _run_child(_child_args(a, "torch", ["--compile"], a.curve_steps, curve=True),
-                                                a.timeout)
-        ok = all("losses" in c for c in curve.values())
-        tail = min(100, a.curve_steps)
-        res["curve"] = {"steps": a.curve_steps, "preset": "small" if small else a.curve_preset,
-                        "batch": a.curve_batch, "seq": a.curve_seq,
-                        "blutrain_losses": curve["blutrain"].get("losses"),
-                        "torch_eager_losses": curve["torch"].get("losses"),
-                        "errors": {k: v["error"] for k, v in curve.items() if "error" in v}}
-        if ok:
-            d = abs(np.mean(curve["blutrain"]["losses"][-tail:]) - np.mean(curve["torch"]["losses"][-tail:]))
-            res["curve"].update({f"mean_last_{tail}_diff": float(d), "within_3e-3": bool(d <= 3e-3)})
-            if "torch_compile" in curve:
-                tc = curve["torch_compile"]["losses"]
-                res["curve"]["torch_compile_losses"] = tc
-                res["curve"][f"torch_compile_vs_eager_mean_last_{tail}_diff"] = float(
-                    abs(np.mean(tc[-tail:]) - np.mean(curve["torch"]["losses"][-tail:])))
+        res["curve"] = run_curve(a)
     _write(a.out, res, t_start)
     print(f"wrote {a.out} ({res['wall_s']} s)")
+
+
+def curve_pair(ours: list[float], ref: list[float], tail: int) -> dict:
+    """How two loss curves of the same run differ: the mean of the last ``tail`` losses (signed: ours - ref), the
+    first step whose losses differ by more than 1e-3, and the mean difference of each 50-step block (a systematic
+    difference keeps one sign; amplified rounding wanders)."""
+    d = np.subtract(ours, ref)
+    above = np.flatnonzero(np.abs(d) > 1e-3)
+    return {f"mean_last_{tail}_diff": float(np.mean(ours[-tail:]) - np.mean(ref[-tail:])),
+            "max_abs_step_diff": float(np.max(np.abs(d))) if d.size else 0.0,
+            "first_step_above_1e-3": int(above[0]) if above.size else None,
+            "block_50_mean_diffs": [float(np.mean(d[i:i + 50])) for i in range(0, d.size, 50)]}
+
+
+def run_curve(a) -> dict:
+    """The loss curve of BluTrain (captured) and PyTorch eager from the same weights on the same batches, beside
+    the noise floor: PyTorch eager against PyTorch from weights nudged by one rounding (``perturb``) and against
+    torch.compile (``compile``). Where the floor is as large as our difference, the two curves differ by what
+    rounding alone does to this run (its dynamics amplify it), not by a difference of semantics."""
+    curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps, curve=True), a.timeout)
+             for fw in ("blutrain", "torch")}
+    for f in a.curve_floor:
+        key, extra = FLOORS[f]
+        curve[key] = _run_child(_child_args(a, "torch", extra, a.curve_steps, curve=True), a.timeout)
+    tail = min(100, a.curve_steps)
+    out = {"steps": a.curve_steps, "preset": "small" if a.small else a.curve_preset, "batch": a.curve_batch,
+           "seq": a.curve_seq, "precision": a.curve_precision, "lr": LR,
+           "criterion": f"|mean of the last {tail} losses, BluTrain - PyTorch eager| <= 3e-3, or no more than the "
+                        "noise floor (the same quantity for PyTorch eager against its perturbed-weights and "
+                        "torch.compile curves: what rounding alone does to this run)",
+           "errors": {k: v["error"] for k, v in curve.items() if "error" in v}}
+    for k, c in curve.items():
+        out[f"{'torch_eager' if k == 'torch' else k}_losses"] = c.get("losses")
+    ref = curve["torch"].get("losses")
+    if ref is None:
+        return out
+    pairs = {k: curve_pair(c["losses"], ref, tail) for k, c in curve.items() if k != "torch" and "losses" in c}
+    out["vs_torch_eager"] = pairs
+    if "blutrain" in pairs:
+        d = abs(pairs["blutrain"][f"mean_last_{tail}_diff"])
+        out.update({f"mean_last_{tail}_diff": d, "within_3e-3": bool(d <= 3e-3)})
+        floor = {k: abs(v[f"mean_last_{tail}_diff"]) for k, v in pairs.items() if k != "blutrain"}
+        if floor:
+            out["noise_floor"] = {**floor, "max": max(floor.values())}
+            out["within_noise_floor"] = bool(d <= max(floor.values()))
+        out["meets_criterion"] = bool(out["within_3e-3"] or out.get("within_noise_floor", False))
+        if "torch_compile" in floor:  # the key earlier results carry
+            out[f"torch_compile_vs_eager_mean_last_{tail}_diff"] = floor["torch_compile"]
+    return out
 
 
 def _write(out: str, res: dict, t_start: float) -> None:
