@@ -17,12 +17,12 @@ tokens/s (median of the timed steps), step ms, peak memory, per-step losses; rat
 this one run. BluTrain's row is the Trainer's step (blumodels.step.TrainStep), captured in a CUDA graph after two
 eager steps. The curve run (``--curve-steps``, default 500, on ``--curve-preset`` llama-125m at 8x1024 so that it
 fits beside the rest) compares the mean loss of the last 100 steps of BluTrain (captured) and PyTorch eager, beside
-the same difference between PyTorch eager and PyTorch itself (``--curve-floor``: eager from weights nudged by about
-one float32 rounding, and torch.compile). That noise floor says how far rounding alone moves this run's curve: at a
-learning rate where the dynamics amplify rounding (loss spikes), two correct implementations drift apart by block
-means of either sign, and the criterion is honest only beside the floor. ``--curve-precision fp32`` trains the
-curve in fp32 throughout, where correct implementations agree to ~1e-6 per step for as long as the dynamics let
-them (the check of the semantics: schedule, AdamW, clipping, softmax columns, RoPE, norms).
+the same difference between PyTorch eager and PyTorch itself (``--curve-floor``: eager with every step's gradients
+nudged by about one float32 rounding, and torch.compile). That noise floor says how far rounding alone moves this
+run's curve: at a learning rate where the dynamics amplify rounding (loss spikes), two correct implementations
+drift apart, and the criterion is honest only beside the floor. ``--curve-precision fp32`` trains the curve in fp32
+throughout, where correct implementations agree to ~1e-6 per step for as long as the dynamics let them (the check
+of the semantics: schedule, AdamW, clipping, softmax columns, RoPE, norms).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from e2e_gpt2 import corpus_tokens  # noqa: E402  (the benchmarks' shared token source)
 
-LR = 3e-4
+LR = 3e-4  # constant: the training rows' and (unless --curve-lr) the curve's
 
 
 def batches(B: int, T: int, steps: int):
@@ -67,18 +67,34 @@ def blutrain_model(a, device):
     return build_model(model_config(a), device=device, seed=0)
 
 
-def perturb(state: dict, seed: int) -> dict:
-    """Every weight times (1 + 1e-7 z), z ~ N(0, 1) drawn from ``seed``: a change of about one float32 rounding,
-    the size of the difference two correct implementations make in each op. Training from these weights measures
-    how far rounding alone moves the loss curve (the criterion's noise floor)."""
-    rng = np.random.default_rng(seed)
-    return {k: (v * (1.0 + 1e-7 * rng.standard_normal(v.shape))).astype(np.float32) for k, v in state.items()}
+#: relative size of the noise-floor run's nudge to each gradient: about the difference of two correct float32
+#: backward passes (each against a float64 one: 0.3-4e-6 relative, per parameter, in a 2-layer llama)
+NUDGE = 1e-6
+
+
+def nudge_grads(params, seed: int, step: int) -> None:
+    """Add NUDGE * rms(g) * z to every gradient g, z ~ N(0, 1) drawn from (seed, step): at every step, a change of
+    the size by which two correct implementations' gradients differ (other summation orders, other kernels).
+    Training so measures how far rounding alone moves the loss curve: the criterion's noise floor. (A nudge of the
+    initial weights only is weaker: the runs share every later step's rounding and stay near each other.)"""
+    import torch
+
+    gens: dict = {}
+    with torch.no_grad():
+        for p in params:
+            g = p.grad
+            if g is None or not g.numel():
+                continue
+            gen = gens.get(g.device)
+            if gen is None:
+                gen = gens[g.device] = torch.Generator(device=g.device).manual_seed(seed * 1_000_003 + step)
+            z = torch.randn(g.shape, generator=gen, device=g.device, dtype=torch.float32)
+            g.add_((z * (NUDGE * g.float().pow(2).mean().sqrt())).to(g.dtype))
 
 
 def torch_model(a, device, padded_vocab: bool = True):
     """The BluTrain llama's initial weights in LlamaForCausalLM. Training keeps the padded vocabulary rows (the
-    softmax over the same columns as BluTrain's); generation takes the real export (``vocab_size`` rows).
-    ``--perturb SEED`` (the noise-floor curve) nudges every weight by about one rounding (:func:`perturb`)."""
+    softmax over the same columns as BluTrain's); generation takes the real export (``vocab_size`` rows)."""
     import torch
     import transformers
     from blumodels.llama.hf import to_hf
@@ -86,8 +102,6 @@ def torch_model(a, device, padded_vocab: bool = True):
     src = blutrain_model(a, device)  # the same seed and device as the BluTrain run: the same initial weights
     state, config = to_hf(src, padded_vocab=padded_vocab)
     del src
-    if getattr(a, "perturb", 0):
-        state = perturb(state, a.perturb)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
     hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)  # tied: lm_head is shared
     return hf.to(device)
@@ -110,11 +124,11 @@ def run_blutrain(a) -> dict:
         alloc = bluallocator.install()
     model = blutrain_model(a, device)
     model.lean_logits = True
-    opt = bt.optim.AdamW(model.param_groups(0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=cuda or None)
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda or None)
     sync = (lambda: __import__("cupy").cuda.Device().synchronize()) if cuda else (lambda: None)
     dev_type = device.split(":")[0]
     autocast = (lambda: bt.autocast(dev_type, dtype=bt.bfloat16)) if a.precision == "bf16" else None
-    step = TrainStep(model, opt, list(model.parameters()), device=device, lr_schedule=[LR] * a.steps, grad_clip=1.0,
+    step = TrainStep(model, opt, list(model.parameters()), device=device, lr_schedule=[a.lr] * a.steps, grad_clip=1.0,
                      autocast=autocast, fused=cuda)
     step.precast_accumulate = True
     losses, times, cap = [], [], None
@@ -127,7 +141,7 @@ def run_blutrain(a) -> dict:
             cap.capture()
             sync()
             t0 = time.perf_counter()
-        (cap or step).run(lambda b=(xi, yi): b, LR)
+        (cap or step).run(lambda b=(xi, yi): b, a.lr)
         losses.append(step.read().loss)  # the one host read per step (it synchronises)
         sync()
         times.append(time.perf_counter() - t0)
@@ -149,7 +163,7 @@ def run_torch(a) -> dict:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     other = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
     V = model.config.vocab_size
 
     def step(x, y):
@@ -169,6 +183,8 @@ def run_torch(a) -> dict:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = fn(xt, yt)
+        if a.perturb:  # the noise-floor run: every step's gradients nudged by about one rounding
+            nudge_grads(model.parameters(), a.perturb, len(losses))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -259,7 +275,7 @@ def _child_args(a, framework: str, extra: list[str], steps: int, curve: bool = F
     preset, batch, seq = (a.curve_preset, a.curve_batch, a.curve_seq) if curve else (a.preset, a.batch, a.seq)
     args = [sys.executable, __file__, "--child", "--framework", framework, "--device", a.device, "--batch",
             str(batch), "--seq", str(seq), "--steps", str(steps), "--warmup", str(a.warmup), "--preset", preset,
-            "--precision", a.curve_precision if curve else "bf16",
+            "--precision", a.curve_precision if curve else "bf16", "--lr", str(a.curve_lr if curve else LR),
             "--gen-tokens", str(a.gen_tokens), "--gen-batch", str(a.gen_batch), "--gen-prompt", str(a.gen_prompt),
             "--gen-check-tokens", str(a.gen_check_tokens)] + extra
     return args + (["--small"] if a.small else [])
@@ -303,12 +319,16 @@ def main() -> None:
                    help="also a torch.compile curve (the same as adding 'compile' to --curve-floor)")
     p.add_argument("--curve-floor", default=None,
                    help="comma-separated noise-floor curves of PyTorch against its own eager curve: 'perturb' (eager "
-                   "from weights nudged by ~1 float32 rounding), 'compile' (torch.compile), or 'none' (default: "
+                   "with each step's gradients nudged by ~1e-6, a float32 rounding's worth), 'compile' "
+                   "(torch.compile), or 'none' (default: "
                    "perturb,compile; --small: perturb)")
     p.add_argument("--curve-precision", choices=("bf16", "fp32"), default="bf16",
                    help="the curve's precision: bf16 autocast with fp32 masters (the GPU run), or fp32 throughout "
                    "(where correct implementations agree to ~1e-5 until the dynamics amplify rounding)")
+    p.add_argument("--curve-lr", type=float, default=LR,
+                   help=f"the curve's constant learning rate (default {LR}, that of the training rows)")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help=argparse.SUPPRESS)
+    p.add_argument("--lr", type=float, default=LR, help=argparse.SUPPRESS)
     p.add_argument("--perturb", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--gen-tokens", type=int, default=1024, help="new tokens of the generation run")
     p.add_argument("--gen-batch", type=int, default=1)
@@ -334,6 +354,8 @@ def main() -> None:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if a.warmup < 0 or a.curve_steps < 0:
         p.error("--warmup and --curve-steps must not be negative")
+    if not (a.curve_lr > 0 and np.isfinite(a.curve_lr)):
+        p.error(f"--curve-lr must be a positive number, got {a.curve_lr}")
     floors = [f for f in (a.curve_floor or ("perturb" if small else "perturb,compile")).split(",") if f]
     if set(floors) - {"perturb", "compile", "none"}:
         p.error(f"--curve-floor: unknown floor(s) {', '.join(sorted(set(floors) - {'perturb', 'compile', 'none'}))}; "
@@ -398,7 +420,7 @@ def curve_pair(ours: list[float], ref: list[float], tail: int) -> dict:
 
 def run_curve(a) -> dict:
     """The loss curve of BluTrain (captured) and PyTorch eager from the same weights on the same batches, beside
-    the noise floor: PyTorch eager against PyTorch from weights nudged by one rounding (``perturb``) and against
+    the noise floor: PyTorch eager against PyTorch with gradients nudged by one rounding (``perturb``) and against
     torch.compile (``compile``). Where the floor is as large as our difference, the two curves differ by what
     rounding alone does to this run (its dynamics amplify it), not by a difference of semantics."""
     curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps, curve=True), a.timeout)
@@ -408,9 +430,9 @@ def run_curve(a) -> dict:
         curve[key] = _run_child(_child_args(a, "torch", extra, a.curve_steps, curve=True), a.timeout)
     tail = min(100, a.curve_steps)
     out = {"steps": a.curve_steps, "preset": "small" if a.small else a.curve_preset, "batch": a.curve_batch,
-           "seq": a.curve_seq, "precision": a.curve_precision, "lr": LR,
+           "seq": a.curve_seq, "precision": a.curve_precision, "lr": a.curve_lr,
            "criterion": f"|mean of the last {tail} losses, BluTrain - PyTorch eager| <= 3e-3, or no more than the "
-                        "noise floor (the same quantity for PyTorch eager against its perturbed-weights and "
+                        "noise floor (the same quantity for PyTorch eager against its nudged-gradients and "
                         "torch.compile curves: what rounding alone does to this run)",
            "errors": {k: v["error"] for k, v in curve.items() if "error" in v}}
     for k, c in curve.items():

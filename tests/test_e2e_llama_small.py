@@ -38,7 +38,7 @@ def test_e2e_llama_bad_arguments():
 
 def test_e2e_llama_small_fp32_curve_reports_its_noise_floor(tmp_path):
     """The curve in fp32 (--curve-precision fp32): BluTrain's captured step and PyTorch eager agree per step to
-    float32 rounding, and the JSON sets the difference beside the noise floor (PyTorch from perturbed weights)."""
+    float32 rounding, and the JSON sets the difference beside the noise floor (PyTorch with nudged gradients)."""
     pytest.importorskip("transformers")
     out = tmp_path / "curve.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "e2e_llama.py"), "--small", "--only", "curve",
@@ -50,7 +50,7 @@ def test_e2e_llama_small_fp32_curve_reports_its_noise_floor(tmp_path):
     ours, ref, pert = (np.array(c[k]) for k in ("blutrain_losses", "torch_eager_losses", "torch_perturbed_losses"))
     assert ours.shape == ref.shape == pert.shape == (6,) and ref[-1] < ref[0]
     np.testing.assert_allclose(ours, ref, rtol=1e-5)  # same semantics: only float32 rounding apart
-    assert np.max(np.abs(pert - ref)) < 1e-4  # weights nudged by one rounding: a curve within rounding
+    assert np.max(np.abs(pert - ref)) < 1e-4  # gradients nudged by one rounding: a curve within rounding
     pair = c["vs_torch_eager"]["blutrain"]
     assert pair["mean_last_6_diff"] == pytest.approx(ours.mean() - ref.mean(), abs=1e-7)
     assert pair["first_step_above_1e-3"] is None and len(pair["block_50_mean_diffs"]) == 1
