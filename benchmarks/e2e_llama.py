@@ -17,7 +17,13 @@ model) and the same batches (bytes of the Python standard library's source as to
 tokens/s (median of the timed steps), step ms, peak memory, per-step losses; ratios BluTrain / PyTorch come from
 this one run. BluTrain's row is the Trainer's step (blumodels.step.TrainStep), captured in a CUDA graph after two
 eager steps. The curve run (``--curve-steps``, default 500, on ``--curve-preset`` llama-125m at 8x1024 so that it
-fits beside the rest) compares the mean loss of the last 100 steps of BluTrain (captured) and PyTorch eager.
+fits beside the rest) compares the mean loss of the last 100 steps of BluTrain (captured) and PyTorch eager, beside
+the same difference between PyTorch eager and PyTorch itself (``--curve-floor``: eager with every step's gradients
+nudged by about one float32 rounding, and torch.compile). That noise floor says how far rounding alone moves this
+run's curve: at a learning rate where the dynamics amplify rounding (loss spikes), two correct implementations
+drift apart, and the criterion is honest only beside the floor. ``--curve-precision fp32`` trains the curve in fp32
+throughout, where correct implementations agree to ~1e-6 per step for as long as the dynamics let them (the check
+of the semantics: schedule, AdamW, clipping, softmax columns, RoPE, norms).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from e2e_gpt2 import corpus_tokens  # noqa: E402  (the benchmarks' shared token source)
 
-LR = 3e-4
+LR = 3e-4  # constant: the training rows' and (unless --curve-lr) the curve's
 
 
 def batches(B: int, T: int, steps: int):
@@ -62,6 +68,31 @@ def blutrain_model(a, device):
     return build_model(model_config(a), device=device, seed=0)
 
 
+#: relative size of the noise-floor run's nudge to each gradient: about the difference of two correct float32
+#: backward passes (each against a float64 one: 0.3-4e-6 relative, per parameter, in a 2-layer llama)
+NUDGE = 1e-6
+
+
+def nudge_grads(params, seed: int, step: int) -> None:
+    """Add NUDGE * rms(g) * z to every gradient g, z ~ N(0, 1) drawn from (seed, step): at every step, a change of
+    the size by which two correct implementations' gradients differ (other summation orders, other kernels).
+    Training so measures how far rounding alone moves the loss curve: the criterion's noise floor. (A nudge of the
+    initial weights only is weaker: the runs share every later step's rounding and stay near each other.)"""
+    import torch
+
+    gens: dict = {}
+    with torch.no_grad():
+        for p in params:
+            g = p.grad
+            if g is None or not g.numel():
+                continue
+            gen = gens.get(g.device)
+            if gen is None:
+                gen = gens[g.device] = torch.Generator(device=g.device).manual_seed(seed * 1_000_003 + step)
+            z = torch.randn(g.shape, generator=gen, device=g.device, dtype=torch.float32)
+            g.add_((z * (NUDGE * g.float().pow(2).mean().sqrt())).to(g.dtype))
+
+
 def torch_model(a, device, padded_vocab: bool = True):
     """The BluTrain llama's initial weights in LlamaForCausalLM. Training keeps the padded vocabulary rows (the
     softmax over the same columns as BluTrain's); generation takes the real export (``vocab_size`` rows)."""
@@ -78,9 +109,9 @@ def torch_model(a, device, padded_vocab: bool = True):
 
 
 def run_blutrain(a) -> dict:
-    """The Trainer's step (blumodels.step.TrainStep: bf16 autocast, fused AdamW, clip 1.0): 2 eager warm-up steps,
-    then the whole step captured in a CUDA graph and replayed (on the CPU the capture's twin, EagerCapture, runs the
-    same code path)."""
+    """The Trainer's step (blumodels.step.TrainStep: bf16 autocast -- none with ``--precision fp32`` --, fused
+    AdamW, clip 1.0): 2 eager warm-up steps, then the whole step captured in a CUDA graph and replayed (on the CPU
+    the capture's twin, EagerCapture, runs the same code path)."""
     import blutensor as bt
     from blumodels.graph_step import CapturedStep, CudaCapture, EagerCapture
     from blumodels.step import TrainStep
@@ -94,11 +125,12 @@ def run_blutrain(a) -> dict:
         alloc = bluallocator.install()
     model = blutrain_model(a, device)
     model.lean_logits = True
-    opt = bt.optim.AdamW(model.param_groups(0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=cuda or None)
+    opt = bt.optim.AdamW(model.param_groups(0.1), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda or None)
     sync = (lambda: __import__("cupy").cuda.Device().synchronize()) if cuda else (lambda: None)
     dev_type = device.split(":")[0]
-    step = TrainStep(model, opt, list(model.parameters()), device=device, lr_schedule=[LR] * a.steps, grad_clip=1.0,
-                     autocast=lambda: bt.autocast(dev_type, dtype=bt.bfloat16), fused=cuda)
+    autocast = (lambda: bt.autocast(dev_type, dtype=bt.bfloat16)) if a.precision == "bf16" else None
+    step = TrainStep(model, opt, list(model.parameters()), device=device, lr_schedule=[a.lr] * a.steps, grad_clip=1.0,
+                     autocast=autocast, fused=cuda)
     step.precast_accumulate = True
     losses, times, cap = [], [], None
     for s, (x, y) in enumerate(batches(a.batch, a.seq, a.steps)):
@@ -110,7 +142,7 @@ def run_blutrain(a) -> dict:
             cap.capture()
             sync()
             t0 = time.perf_counter()
-        (cap or step).run(lambda b=(xi, yi): b, LR)
+        (cap or step).run(lambda b=(xi, yi): b, a.lr)
         losses.append(step.read().loss)  # the one host read per step (it synchronises)
         sync()
         times.append(time.perf_counter() - t0)
@@ -132,11 +164,11 @@ def run_torch(a) -> dict:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     other = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
     V = model.config.vocab_size
 
     def step(x, y):
-        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             logits = model(x).logits
         loss = torch.nn.functional.cross_entropy(logits.float().view(-1, V), y.view(-1))
         loss.backward()
@@ -152,6 +184,8 @@ def run_torch(a) -> dict:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = fn(xt, yt)
+        if a.perturb:  # the noise-floor run: every step's gradients nudged by about one rounding
+            nudge_grads(model.parameters(), a.perturb, len(losses))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -260,10 +294,15 @@ RUNS = [("blutrain_bf16", "blutrain", []), ("torch_eager_bf16", "torch", []),
         ("torch_compile_bf16", "torch", ["--compile"]), ("generate", "generate", [])]
 
 
+#: the noise-floor curves: name -> (key in the JSON, extra child flags of the PyTorch run)
+FLOORS = {"perturb": ("torch_perturbed", ["--perturb", "1"]), "compile": ("torch_compile", ["--compile"])}
+
+
 def _child_args(a, framework: str, extra: list[str], steps: int, curve: bool = False) -> list[str]:
     preset, batch, seq = (a.curve_preset, a.curve_batch, a.curve_seq) if curve else (a.preset, a.batch, a.seq)
     args = [sys.executable, __file__, "--child", "--framework", framework, "--device", a.device, "--batch",
             str(batch), "--seq", str(seq), "--steps", str(steps), "--warmup", str(a.warmup), "--preset", preset,
+            "--precision", a.curve_precision if curve else "bf16", "--lr", str(a.curve_lr if curve else LR),
             "--gen-tokens", str(a.gen_tokens), "--gen-batch", str(a.gen_batch), "--gen-prompt", str(a.gen_prompt),
             "--gen-check-tokens", str(a.gen_check_tokens)] + extra
     return args + (["--small"] if a.small else [])
@@ -304,7 +343,20 @@ def main() -> None:
     p.add_argument("--curve-steps", type=int, default=None,
                    help="loss-curve steps of BluTrain (captured) and PyTorch eager (default 500; --small 20)")
     p.add_argument("--curve-compile", action="store_true",
-                   help="also a torch.compile curve: PyTorch eager vs compiled is the criterion's noise floor")
+                   help="also a torch.compile curve (the same as adding 'compile' to --curve-floor)")
+    p.add_argument("--curve-floor", default=None,
+                   help="comma-separated noise-floor curves of PyTorch against its own eager curve: 'perturb' (eager "
+                   "with each step's gradients nudged by ~1e-6, a float32 rounding's worth), 'compile' "
+                   "(torch.compile), or 'none' (default: "
+                   "perturb,compile; --small: perturb)")
+    p.add_argument("--curve-precision", choices=("bf16", "fp32"), default="bf16",
+                   help="the curve's precision: bf16 autocast with fp32 masters (the GPU run), or fp32 throughout "
+                   "(where correct implementations agree to ~1e-5 until the dynamics amplify rounding)")
+    p.add_argument("--curve-lr", type=float, default=LR,
+                   help=f"the curve's constant learning rate (default {LR}, that of the training rows)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help=argparse.SUPPRESS)
+    p.add_argument("--lr", type=float, default=LR, help=argparse.SUPPRESS)
+    p.add_argument("--perturb", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--gen-tokens", type=int, default=1024, help="new tokens of the generation run")
     p.add_argument("--gen-batch", type=int, default=1)
     p.add_argument("--gen-prompt", type=int, default=32, help="prompt length of each generated row")
@@ -329,6 +381,13 @@ def main() -> None:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if a.warmup < 0 or a.curve_steps < 0:
         p.error("--warmup and --curve-steps must not be negative")
+    if not (a.curve_lr > 0 and np.isfinite(a.curve_lr)):
+        p.error(f"--curve-lr must be a positive number, got {a.curve_lr}")
+    floors = [f for f in (a.curve_floor or ("perturb" if small else "perturb,compile")).split(",") if f]
+    if set(floors) - {"perturb", "compile", "none"}:
+        p.error(f"--curve-floor: unknown floor(s) {', '.join(sorted(set(floors) - {'perturb', 'compile', 'none'}))}; "
+                "known: perturb, compile, none")
+    a.curve_floor = [f for f in FLOORS if f in floors or (f == "compile" and a.curve_compile)]
     if a.child:
         return child(a)
     only = {s for s in a.only.split(",") if s}
@@ -369,28 +428,58 @@ def main() -> None:
         res["max_loss_diff_vs_torch_eager"] = float(np.max(np.abs(np.subtract(ours["losses"],
                                                                              runs["torch_eager_bf16"]["losses"]))))
     if a.curve_steps and (not only or "curve" in only):
-        curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps, curve=True), a.timeout)
-                 for fw in ("blutrain", "torch")}
-        if a.curve_compile:  # PyTorch against itself: the noise floor of the criterion
-            curve["torch_compile"] = _run_child(_child_args(a, "torch", ["--compile"], a.curve_steps, curve=True),
-                                                a.timeout)
-        ok = all("losses" in c for c in curve.values())
-        tail = min(100, a.curve_steps)
-        res["curve"] = {"steps": a.curve_steps, "preset": "small" if small else a.curve_preset,
-                        "batch": a.curve_batch, "seq": a.curve_seq,
-                        "blutrain_losses": curve["blutrain"].get("losses"),
-                        "torch_eager_losses": curve["torch"].get("losses"),
-                        "errors": {k: v["error"] for k, v in curve.items() if "error" in v}}
-        if ok:
-            d = abs(np.mean(curve["blutrain"]["losses"][-tail:]) - np.mean(curve["torch"]["losses"][-tail:]))
-            res["curve"].update({f"mean_last_{tail}_diff": float(d), "within_3e-3": bool(d <= 3e-3)})
-            if "torch_compile" in curve:
-                tc = curve["torch_compile"]["losses"]
-                res["curve"]["torch_compile_losses"] = tc
-                res["curve"][f"torch_compile_vs_eager_mean_last_{tail}_diff"] = float(
-                    abs(np.mean(tc[-tail:]) - np.mean(curve["torch"]["losses"][-tail:])))
+        res["curve"] = run_curve(a)
     _write(a.out, res, t_start)
     print(f"wrote {a.out} ({res['wall_s']} s)")
+
+
+def curve_pair(ours: list[float], ref: list[float], tail: int) -> dict:
+    """How two loss curves of the same run differ: the mean of the last ``tail`` losses (signed: ours - ref), the
+    first step whose losses differ by more than 1e-3, and the mean difference of each 50-step block (a systematic
+    difference keeps one sign; amplified rounding wanders)."""
+    d = np.subtract(ours, ref)
+    above = np.flatnonzero(np.abs(d) > 1e-3)
+    return {f"mean_last_{tail}_diff": float(np.mean(ours[-tail:]) - np.mean(ref[-tail:])),
+            "max_abs_step_diff": float(np.max(np.abs(d))) if d.size else 0.0,
+            "first_step_above_1e-3": int(above[0]) if above.size else None,
+            "block_50_mean_diffs": [float(np.mean(d[i:i + 50])) for i in range(0, d.size, 50)]}
+
+
+def run_curve(a) -> dict:
+    """The loss curve of BluTrain (captured) and PyTorch eager from the same weights on the same batches, beside
+    the noise floor: PyTorch eager against PyTorch with gradients nudged by one rounding (``perturb``) and against
+    torch.compile (``compile``). Where the floor is as large as our difference, the two curves differ by what
+    rounding alone does to this run (its dynamics amplify it), not by a difference of semantics."""
+    curve = {fw: _run_child(_child_args(a, fw, [], a.curve_steps, curve=True), a.timeout)
+             for fw in ("blutrain", "torch")}
+    for f in a.curve_floor:
+        key, extra = FLOORS[f]
+        curve[key] = _run_child(_child_args(a, "torch", extra, a.curve_steps, curve=True), a.timeout)
+    tail = min(100, a.curve_steps)
+    out = {"steps": a.curve_steps, "preset": "small" if a.small else a.curve_preset, "batch": a.curve_batch,
+           "seq": a.curve_seq, "precision": a.curve_precision, "lr": a.curve_lr,
+           "criterion": f"|mean of the last {tail} losses, BluTrain - PyTorch eager| <= 3e-3, or no more than the "
+                        "noise floor (the same quantity for PyTorch eager against its nudged-gradients and "
+                        "torch.compile curves: what rounding alone does to this run)",
+           "errors": {k: v["error"] for k, v in curve.items() if "error" in v}}
+    for k, c in curve.items():
+        out[f"{'torch_eager' if k == 'torch' else k}_losses"] = c.get("losses")
+    ref = curve["torch"].get("losses")
+    if ref is None:
+        return out
+    pairs = {k: curve_pair(c["losses"], ref, tail) for k, c in curve.items() if k != "torch" and "losses" in c}
+    out["vs_torch_eager"] = pairs
+    if "blutrain" in pairs:
+        d = abs(pairs["blutrain"][f"mean_last_{tail}_diff"])
+        out.update({f"mean_last_{tail}_diff": d, "within_3e-3": bool(d <= 3e-3)})
+        floor = {k: abs(v[f"mean_last_{tail}_diff"]) for k, v in pairs.items() if k != "blutrain"}
+        if floor:
+            out["noise_floor"] = {**floor, "max": max(floor.values())}
+            out["within_noise_floor"] = bool(d <= max(floor.values()))
+        out["meets_criterion"] = bool(out["within_3e-3"] or out.get("within_noise_floor", False))
+        if "torch_compile" in floor:  # the key earlier results carry
+            out[f"torch_compile_vs_eager_mean_last_{tail}_diff"] = floor["torch_compile"]
+    return out
 
 
 def _write(out: str, res: dict, t_start: float) -> None:

@@ -139,3 +139,35 @@ def test_padded_vocab_export_has_our_loss(tie):
 
     assert abs(hf_loss(True) - float(loss.item())) < 1e-5
     assert abs(hf_loss(False) - float(loss.item())) > 1e-4
+
+
+ROPE_CASES = {  # (head_dim, theta, positions, llama3 scaling or None): the shipped presets' shapes and odd ones
+    "llama-125m": (64, 10000.0, 1024, None),
+    "llama3-8b": (128, 500000.0, 8192, (8.0, 1.0, 4.0, 8192)),
+    "llama-1b-long": (64, 500000.0, 16384, (32.0, 1.0, 4.0, 8192)),
+    "odd-factors": (96, 1e6, 4096, (5.0, 1.5, 3.3, 512)),
+}
+
+
+@pytest.mark.parametrize("case", list(ROPE_CASES))
+def test_rope_tables_are_transformers(case):
+    """The rotary tables equal LlamaRotaryEmbedding's to one rounding of cos/sin at every position: the same float32
+    inverse frequencies, bit for bit (Llama 3 scaling in its op order), and float32 angles. Angles taken in float64
+    instead differ from theirs by up to 3.6e-5 at position 1024 and 2.4e-4 at 8192, a different function that a
+    checkpoint trained with theirs, or a PyTorch run beside ours, sees."""
+    from blumodels.llama.model import inv_frequencies, rope_tables
+
+    D, theta, T, l3 = ROPE_CASES[case]
+    kw = {} if l3 is None else dict(rope_scaling="llama3", rope_factor=l3[0], rope_low_freq_factor=l3[1],
+                                    rope_high_freq_factor=l3[2], rope_original_max_len=l3[3])
+    cfg = ModelConfig(family="llama", n_layer=1, n_head=4, n_kv_heads=4, d_model=4 * D, block_size=T, vocab_size=64,
+                      rope_theta=theta, **kw)
+    hc = {k: v for k, v in hf_config(cfg).items() if k not in ("architectures", "model_type")}
+    rot = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(transformers.LlamaConfig(**hc))
+    np.testing.assert_array_equal(inv_frequencies(cfg), rot.inv_freq.numpy())
+    cos, sin = rot(torch.zeros(1), torch.arange(T)[None])
+    c, s = rope_tables(cfg, T)
+    assert c.dtype == s.dtype == np.float32 and c.shape == (T, D // 2)
+    np.testing.assert_allclose(c, cos[0, :, :D // 2].numpy(), rtol=0, atol=1.2e-7)
+    np.testing.assert_allclose(s, sin[0, :, :D // 2].numpy(), rtol=0, atol=1.2e-7)
+    np.testing.assert_array_equal(cos[0, :, D // 2:].numpy(), cos[0, :, :D // 2].numpy())  # rotate-half layout

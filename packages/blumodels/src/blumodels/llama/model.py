@@ -36,24 +36,37 @@ def kv_heads(cfg: ModelConfig) -> int:
 
 
 def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
-    """RoPE inverse frequencies (head_dim/2,) in float64, with Llama 3's scaling when rope_scaling='llama3':
+    """RoPE inverse frequencies (head_dim/2,) in float32 as Llama's reference code and ``transformers`` compute them
+    (1 / theta ** (2i / head_dim), each op rounded to float32), with Llama 3's scaling when rope_scaling='llama3':
     wavelengths longer than original_max_len/low_freq_factor are divided by rope_factor, shorter than
-    original_max_len/high_freq_factor kept, and those between interpolated smoothly (Llama 3.1's recipe)."""
+    original_max_len/high_freq_factor kept, and those between interpolated smoothly (Llama 3.1's recipe, in its
+    float32 op order). The checkpoints of the family were trained with these rounded frequencies; the power itself
+    is taken in float64 and rounded once (the value of PyTorch's float32 power)."""
+    f32 = np.float32
     D = cfg.head_dim
-    inv = 1.0 / cfg.rope_theta ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    expo = np.arange(0, D, 2).astype(f32) / f32(D)
+    inv = f32(1.0) / (float(cfg.rope_theta) ** expo.astype(np.float64)).astype(f32)
     if cfg.rope_scaling == "llama3":
-        f, lo, hi, L = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_max_len
-        wavelen = 2 * math.pi / inv
-        scaled = np.where(wavelen > L / lo, inv / f, inv)
-        smooth = (L / wavelen - lo) / (hi - lo)
-        medium = (wavelen >= L / hi) & (wavelen <= L / lo)
-        inv = np.where(medium, (1 - smooth) * scaled / f + smooth * scaled, scaled)
-    return inv
+        f, lo = f32(cfg.rope_factor), f32(cfg.rope_low_freq_factor)
+        span = f32(cfg.rope_high_freq_factor - cfg.rope_low_freq_factor)
+        L = cfg.rope_original_max_len
+        wavelen = (f32(1.0) / inv) * f32(2 * math.pi)  # scalar / tensor in PyTorch: reciprocal, then product
+        scaled = np.where(wavelen > f32(L / cfg.rope_low_freq_factor), inv / f, inv)
+        smooth = ((f32(1.0) / wavelen) * f32(L) - lo) / span
+        smoothed = (f32(1.0) - smooth) * scaled / f + smooth * scaled
+        medium = ~(wavelen < f32(L / cfg.rope_high_freq_factor)) & ~(wavelen > f32(L / cfg.rope_low_freq_factor))
+        inv = np.where(medium, smoothed, scaled)
+    return inv.astype(f32)
 
 
 def rope_tables(cfg: ModelConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin (n, head_dim/2) float32 of the angles position * inv_frequency, positions 0..n-1."""
-    ang = np.outer(np.arange(n, dtype=np.float64), inv_frequencies(cfg))
+    """cos and sin (n, head_dim/2) float32 of the angles position * inv_frequency, positions 0..n-1.
+
+    The angles are float32 products, as in Llama's reference code and ``transformers`` (at position p the angle
+    is p * inv rounded to float32: off the exact angle by up to half an ulp of p * inv, 3e-5 rad at p = 1024,
+    2e-4 at 8192), so these tables equal theirs to one rounding of cos/sin; a pretrained checkpoint sees the
+    rotations it was trained with, and a model trained here beside PyTorch runs the same function."""
+    ang = (np.arange(n, dtype=np.float32)[:, None] * inv_frequencies(cfg)[None, :]).astype(np.float64)
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
