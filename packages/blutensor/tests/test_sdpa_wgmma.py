@@ -19,6 +19,9 @@ from types import SimpleNamespace
 import blutensor as bt
 import numpy as np
 import pytest
+from attention_reference import bf16_round as _bf16
+from attention_reference import bf16_to_f64 as _f64
+from attention_reference import sdpa_reference
 from blutensor.backends.cupy import sdpa, tma
 from blutensor.backends.cupy import sdpa_wgmma as wg
 
@@ -181,30 +184,10 @@ def _sm90() -> bool:
         return False
 
 
-def _bf16(x):
-    """float -> (bf16 bits as uint16, the float64 values they hold)."""
-    u = np.asarray(x, np.float32).view(np.uint32)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return u, (u.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
-def _f64(bits):
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
 def _reference(q, k, v, do, causal, sc):
-    """float64 (o, lse, dq, dk, dv) of softmax(q k^T sc [causal]) v, q (BH, L, D)."""
-    s = q @ k.transpose(0, 2, 1) * sc
-    if causal:
-        s = np.where(np.triu(np.ones(s.shape[1:], bool), 1), -np.inf, s)
-    m = s.max(-1, keepdims=True)
-    e = np.exp(s - m)
-    lse = (np.log(e.sum(-1, keepdims=True)) + m)[..., 0]
-    p = e / e.sum(-1, keepdims=True)
-    o = p @ v
-    dp = do @ v.transpose(0, 2, 1)
-    ds = p * (dp - (do * o).sum(-1, keepdims=True))
-    return o, lse, ds @ k * sc, ds.transpose(0, 2, 1) @ q * sc, p.transpose(0, 2, 1) @ do
+    """float64 (o, lse, dq, dk, dv): attention_reference.sdpa_reference as a tuple."""
+    return tuple(sdpa_reference(q, k, v, do, causal, sc).values())
+
 
 
 TOL = {"o": 2e-2, "lse": 1e-2, "dq": 5e-2, "dk": 5e-2, "dv": 5e-2}  # bf16 storage of O(1) values

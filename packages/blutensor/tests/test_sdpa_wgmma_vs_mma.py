@@ -24,6 +24,9 @@ import blutensor as bt
 import blutensor.nn.functional as F
 import numpy as np
 import pytest
+from attention_reference import bf16_round as _bf16
+from attention_reference import bf16_to_f64 as _f64
+from attention_reference import sdpa_reference as _reference
 
 #: bf16 storage of O(1) values: max |got - ref| / max(1, max |ref|)
 TOL = {"o": 2e-2, "lse": 1e-2, "dq": 5e-2, "dk": 5e-2, "dv": 5e-2}
@@ -32,33 +35,6 @@ DENSE = [(6, 1000, 1000, 64, True), (6, 1000, 1000, 64, False), (5, 77, 77, 128,
          (7, 333, 333, 128, True), (3, 200, 300, 64, False), (2, 300, 200, 128, True)]
 #: (B, T, H, HD, causal): fused qkv projections
 QKV = [(2, 1000, 3, 64, True), (3, 77, 2, 128, True), (1, 300, 5, 64, False)]
-
-
-def _bf16(x):
-    """float -> (bf16 bits as uint16, the float64 values they hold), round to nearest even."""
-    u = np.asarray(x, np.float32).view(np.uint32)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return u, (u.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
-def _f64(bits):
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
-def _reference(q, k, v, do, causal, sc):
-    """float64 (o, lse, dq, dk, dv) of softmax(q k^T sc [causal: key j <= query i]) v, q (BH, L, D)."""
-    s = q @ k.transpose(0, 2, 1) * sc
-    if causal:
-        s = np.where(np.triu(np.ones(s.shape[1:], bool), 1), -np.inf, s)
-    m = s.max(-1, keepdims=True)
-    e = np.exp(s - m)
-    lse = (np.log(e.sum(-1, keepdims=True)) + m)[..., 0]
-    p = e / e.sum(-1, keepdims=True)
-    o = p @ v
-    dp = do @ v.transpose(0, 2, 1)
-    ds = p * (dp - (do * o).sum(-1, keepdims=True))
-    return {"o": o, "lse": lse, "dq": ds @ k * sc, "dk": ds.transpose(0, 2, 1) @ q * sc,
-            "dv": p.transpose(0, 2, 1) @ do}
 
 
 def _dense_inputs(BH, L, S, hd):
