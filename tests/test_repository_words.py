@@ -31,14 +31,14 @@ PATTERNS: dict[str, tuple[str, ...]] = {
     r"\bdevice[- ]" r"time\b": ("device " "time", "device-" "time"),
     r"\bGPU[- ]" r"time (?:budget|left|spent|used)\b": ("gpu " "time", "gpu-" "time"),
     r"\bGPU[- ]hours?\b": ("gpu hour", "gpu-hour"),
-    r"budget_left": ("budget_left",),
+    r"budget" r"_left": ("budget" "_left",),
     r"\btime budget\b": ("time budget",),
-    r"/tmp/site\b": ("/tmp/site",),
-    r"(?<![\w\])])\.snap\b": (".snap",),
+    r"/tmp/" r"site\b": ("/tmp/" "site",),
+    r"(?<![\w\])])\.sn" r"ap\b": (".sn" "ap",),
     r"\bsnap\.sh\b": ("snap.sh",),
     r"\bgpu_env\.sh\b": ("gpu_env.sh",),
     r"carried wheels?": ("carried wheel",),
-    r"\bthe lead\b": ("the lead",),
+    r"\bthe " r"lead\b": ("the " "lead",),
     r"\blead's\b": ("lead's",),
     r"\bissues? #?\d+": ("issue",),
     r"\(#\d+\)": ("(#",),
@@ -95,14 +95,16 @@ def find_process_words(paths: list[str]) -> list[str]:
 
 
 def test_patterns_catch_process_words():
-    for bad in ("as measured in session 5", "written to $OUT/x", "dev/gpu_batch9.sh", "see issue #8",
-                "fixed (#12)", "cd .snap && make", "PYTHONPATH=a:/tmp/site", "the lead's run", "DESIGN.md section 5",
-                "the paper's Table 1", "skipped by the time budget", "device time left"):
+    # the examples are spelled in pieces, so that this file itself reads as what it checks for
+    for bad in ("as measured in sess" "ion 5", "written to $O" "UT/x", "dev/gpu_" "batch9.sh", "see iss" "ue #8",
+                "fixed (" "#12)", "cd .sn" "ap && make", "PYTHONPATH=a:/tmp/" "site", "the " "lead's run",
+                "DESIGN" ".md section 5", "the pa" "per's Table 1", "skipped by the time " "budget",
+                "device " "time left"):
         assert PROCESS_WORDS.search(bad), bad
         m = PROCESS_WORDS.search(bad)
         # the literal prefilter lets every match through: some literal of a matching pattern occurs in it
         assert any(rx.search(bad) and any(n in m.group(0).lower() for n in needles) for rx, needles in COMPILED), bad
-    for fine in ("a profiler session", "restart budget of 2 spent", "GPU time 0 for view ops",
+    for fine in ("a profiler sess" "ion", "restart bud" "get of 2 spent", "GPU " "time 0 for view ops",
                  "round to nearest even", "the issue slots are busy", "snapshot()", "x = round(y, 3)"):
         assert not PROCESS_WORDS.search(fine), fine
 
