@@ -144,12 +144,7 @@ class TrainStep:
         the warm-up steps used could not be given back before the captured graphs take their own."""
         opt = self.optimizer
         if isinstance(opt, bt.optim.AdamW) and not any(g.get("amsgrad") for g in opt.param_groups):
-            for g in opt.param_groups:
-                for p in g["params"]:
-                    if p.requires_grad and p not in opt.state:
-                        f32 = bt.float32 if p.dtype is bt.bfloat16 else None
-                        opt.state[p] = {"step": 0, "exp_avg": bt.zeros_like(p, dtype=f32),
-                                        "exp_avg_sq": bt.zeros_like(p, dtype=f32)}
+            opt.init_state()
         self._copies()
 
     @property

@@ -25,6 +25,17 @@ def _f32(p):
         Ellipsis, _convert(v, float32, p.dtype, xp_of(d)))
 
 
+def adamw_state(optimizer: Optimizer, p) -> dict:
+    """``p``'s AdamW state, made as its first update makes it when missing: step 0 and zero moments (float32 for
+    bfloat16 parameters)."""
+    st = optimizer.state.get(p)
+    if st is None:
+        f32 = "float32" if p.dtype.name == "bfloat16" else None
+        st = optimizer.state[p] = {"step": 0, "exp_avg": zeros_like(p, dtype=f32),
+                                   "exp_avg_sq": zeros_like(p, dtype=f32)}
+    return st
+
+
 class AdamW(Optimizer):
     """AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
     maximize=False, fused=None). Groups with amsgrad or maximize take the general Adam step (not the fused
@@ -40,6 +51,14 @@ class AdamW(Optimizer):
 
     def _check_group(self, group: dict) -> None:
         check_adam_group("AdamW", group)
+
+    def init_state(self) -> None:
+        """Make every trainable parameter's state now, as its first update would (step 0, zero moments): a
+        caller that keeps long-lived device buffers together allocates them before the first activations."""
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.requires_grad:
+                    adamw_state(self, p)
 
     @no_grad()
     def step(self, closure=None):
@@ -60,12 +79,7 @@ class AdamW(Optimizer):
             for p in g["params"]:
                 if p.grad is None:
                     continue
-                st = self.state.get(p)
-                if st is None:
-                    st = self.state[p] = {"step": 0, "exp_avg": zeros_like(p, dtype="float32"
-                                          if p.dtype.name == "bfloat16" else None),
-                                          "exp_avg_sq": zeros_like(p, dtype="float32"
-                                          if p.dtype.name == "bfloat16" else None)}
+                st = adamw_state(self, p)
                 st["step"] += 1
                 adamw_update(p, st["exp_avg"]._data, st["exp_avg_sq"]._data, st["step"], lr, b1, b2, eps, wd)
                 p._version.v += 1

@@ -123,21 +123,14 @@ def fused_step(optimizer, group, lr_dev=None, step_dev=None, found_inf=None, cop
     where it holds every float32 parameter of a launch, the kernel also writes their bf16 copies, which are then
     current for the next autocast region's :func:`bt.amp.precast`.
     """
-    from blutensor.creation import zeros_like
+    from blutensor.optim.adamw import adamw_state
 
     lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
     by_step: dict[int, list] = {}
     for p in group["params"]:
         if p.grad is None:
             continue
-        st = optimizer.state.get(p)
-        if st is None:
-            f32 = "float32" if p.dtype.name == "bfloat16" else None
-            st = optimizer.state[p] = {
-                "step": 0,
-                "exp_avg": zeros_like(p, dtype=f32),
-                "exp_avg_sq": zeros_like(p, dtype=f32),
-            }
+        st = adamw_state(optimizer, p)
         st["step"] += 1
         by_step.setdefault(st["step"], []).append((p, st))
     cp = cupy()
