@@ -286,15 +286,28 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
         d.mkdir(parents=True)
         return d
 
-    amgr_dir = fresh("blutrain-async")
-    amgr = CheckpointManager(amgr_dir, keep=1, async_save=True)
-    # on CUDA the direct path gets its own manager: its snapshot buffers are pinned (the Trainer path's are the
-    # host arrays' plain copies); on CPU both are plain host memory and one set of buffers is enough
-    dmgr = amgr if tdev == "cpu" else CheckpointManager(fresh("blutrain-direct"), keep=1, async_save=True)
-    # the Trainer reserves its snapshot buffers once, after the first step: a one-time cost, reported apart
-    res["reserve_s"] = round(amgr.reserve(side.state()[0]), 4)
-    if dmgr is not amgr:
-        res["reserve_direct_s"] = round(dmgr.reserve(side.raw()), 4)
+    managers: list[CheckpointManager] = []
+
+    def async_managers() -> tuple[CheckpointManager, CheckpointManager]:
+        """The async managers, made (and their snapshot buffers reserved) on first use: a run of the sync groups
+        alone holds no pinned copies of the state."""
+        if not managers:
+            amgr = CheckpointManager(fresh("blutrain-async"), keep=1, async_save=True)
+            # on CUDA the direct path gets its own manager: its snapshot buffers are pinned (the Trainer path's
+            # are the host arrays' plain copies); on CPU both are plain host memory and one set is enough
+            dmgr = amgr if tdev == "cpu" else CheckpointManager(fresh("blutrain-direct"), keep=1, async_save=True)
+            # the Trainer reserves its snapshot buffers once, after the first step: a one-time cost, reported apart
+            res["reserve_s"] = round(amgr.reserve(side.state()[0]), 4)
+            if dmgr is not amgr:
+                res["reserve_direct_s"] = round(dmgr.reserve(side.raw()), 4)
+            managers.extend([amgr] if dmgr is amgr else [amgr, dmgr])
+        return managers[0], managers[-1]
+
+    def close_managers() -> None:
+        for m in managers:
+            m.close()
+            shutil.rmtree(m.directory, ignore_errors=True)
+
     for rep in range(args.repeats):
         if "blutrain" in args.methods:
             # --- BluTrain, sync
@@ -319,6 +332,7 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
             gc.collect()
         if "async" in args.methods:
             # --- BluTrain, async (the Trainer's path: training_state, then the manager's snapshot)
+            amgr, dmgr = async_managers()
             t0 = time.perf_counter()
             tensors, meta = side.state()
             amgr.save(2 * rep + 1, tensors, meta)
@@ -392,12 +406,10 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
 
     # --- step stall of an async save in flight
     if size not in args.stall_sizes:
-        amgr.close()
-        dmgr.close()
-        shutil.rmtree(amgr_dir, ignore_errors=True)
-        shutil.rmtree(dmgr.directory, ignore_errors=True)
+        close_managers()
         res["stall"] = {}
         return res
+    amgr, dmgr = async_managers()
     step, what = side.make_step()
     res["stall_step"] = what
     state_holder: dict[str, Any] = {}
@@ -437,9 +449,8 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict:
         stalls[name] = {**best, "stall_runs": [r["stall"] for r in runs]}
         print(f"[{size}] {name}: stall {best['stall']:+.3f} ({best['inflight_steps']} steps in flight)", flush=True)
     res["stall"] = stalls
-    amgr.close()
-    dmgr.close()
-    for d in [amgr_dir, dmgr.directory, *[v for v in state_holder.values() if v is not None]]:
+    close_managers()
+    for d in [v for v in state_holder.values() if v is not None]:
         shutil.rmtree(d, ignore_errors=True)
     return res
 
@@ -469,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-max-steps", type=int, default=None,
                    help="at most this many steps measured in flight (default: cpu 160, the whole save; cuda 12)")
     p.add_argument("--stall-sizes", default=None,
-                   help="sizes whose step stall is measured (default: cpu every size, cuda the largest one)")
+                   help="sizes whose step stall is measured (default: cpu every size, cuda the largest one; "
+                        "'none': no stall runs)")
     p.add_argument("--cuda-batch", type=int, default=1, help="micro-batch of the CUDA stall step")
     p.add_argument("--cuda-seq", type=int, default=512,
                    help="tokens per sequence of the CUDA stall step (a short step keeps the GPU run within minutes)")
@@ -483,9 +495,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sizes: unknown size(s) {bad} (choose from {', '.join(SIZES)})")
     cpu = args.device == "cpu"
     stall_sizes = [x.strip().lower() for x in (args.stall_sizes or "").split(",") if x.strip()]
-    if [x for x in stall_sizes if x not in sizes]:
+    if stall_sizes == ["none"]:
+        args.stall_sizes = []
+    elif [x for x in stall_sizes if x not in sizes]:
         p.error(f"--stall-sizes: {[x for x in stall_sizes if x not in sizes]} not among --sizes {sizes}")
-    args.stall_sizes = stall_sizes or (sizes if cpu else sizes[-1:])
+    else:
+        args.stall_sizes = stall_sizes or (sizes if cpu else sizes[-1:])
     for name, default in (("repeats", 3 if cpu else 1), ("stall_repeats", 3 if cpu else 1),
                           ("stall_max_steps", 160 if cpu else 12), ("stall_steps", 8 if cpu else 4)):
         if getattr(args, name) is None:
