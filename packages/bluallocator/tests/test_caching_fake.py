@@ -230,3 +230,22 @@ def test_capture_never_returns_memory_to_the_driver():
         a.free(p)
     be.end_capture(5)
     assert a.empty_cache() == 40 * MiB
+
+
+@pytest.mark.parametrize("second_stream", [5, 6])
+def test_graphs_sharing_a_pool_reuse_its_blocks_only_on_one_capture_stream(second_stream):
+    """Two captures into one pool (a micro-step graph and the last-step graph) never have their activations alive
+    at once: captured on one stream the second reuses the first's blocks; on another stream it cannot (free lists
+    are per stream), and the pool reserves a second copy. Hence one default capture stream in blutensor."""
+    be = FakeDeviceBackend()
+    a = CachingAllocator(be)
+    sizes = (3 * MiB, 12 * MiB, 700_000, 40 * MiB)
+    with a.graph_pool() as pid:
+        for p in [a.malloc(n, 5) for n in sizes]:
+            a.free(p)
+    one = a.memory_stats()["reserved_bytes"]
+    with a.graph_pool(pid):
+        for p in [a.malloc(n, second_stream) for n in sizes]:
+            a.free(p)
+    both = a.memory_stats()["reserved_bytes"]
+    assert both == (one if second_stream == 5 else 2 * one)

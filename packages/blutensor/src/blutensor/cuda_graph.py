@@ -76,6 +76,17 @@ class _Pool:
         return int(self.cupy_pool.total_bytes()) if self.cupy_pool is not None else -1
 
 
+_CAPTURE_STREAMS: dict[int, Any] = {}
+
+
+def _capture_stream(cp: Any) -> Any:
+    """The current device's default capture stream (made once)."""
+    dev = cp.cuda.Device().id
+    if dev not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[dev] = cp.cuda.Stream(non_blocking=True)
+    return _CAPTURE_STREAMS[dev]
+
+
 class CUDAGraph:
     """One captured CUDA graph: ``capture_begin()``/``capture_end()`` (or :class:`graph`), then ``replay()``."""
 
@@ -86,11 +97,13 @@ class CUDAGraph:
         self._capturing = False
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = DEFAULT_MODE, stream: Any = None) -> None:
-        """Start capturing the current thread's launches on ``stream`` (default: a new side stream)."""
+        """Start capturing the current thread's launches on ``stream`` (default: the device's one capture side
+        stream, shared by every capture as in PyTorch: a caching allocator keeps free blocks per stream, so graphs
+        sharing a pool reuse each other's memory only when they were captured on the same stream)."""
         cp = _cp()
         if self._graph is not None or self._capturing:
             raise BluTensorError("CUDAGraph.capture_begin: this graph was already captured; make a new CUDAGraph")
-        self._stream = stream if stream is not None else cp.cuda.Stream(non_blocking=True)
+        self._stream = stream if stream is not None else _capture_stream(cp)
         self._pool = pool if isinstance(pool, _Pool) else _Pool(cp)
         prev = cp.cuda.get_current_stream()
         self._stream.wait_event(prev.record())  # the capture sees everything queued before it
