@@ -127,20 +127,91 @@ def test_gqa_launches_address_the_groups(monkeypatch, B, Hq, Hk, L, E, causal):
     assert launched[0][1][1] == B * Hq and launched[-1][1][1] == B * Hk  # K/V blocks over the kv heads only
 
 
+def _hopper_views(log):
+    """NumPy stand-ins for sdpa_wgmma.forward / backward: dense attention over (B, n, H, E) views (any strides),
+    writing o / lse / dq / dk / dv through the views they are given, as the TMA kernels do."""
+
+    def heads(a):
+        return a.transpose(0, 2, 1, 3).astype(np.float64)  # (B, H, n, E)
+
+    def scores(q, k, causal, scale):
+        s = heads(q) @ heads(k).swapaxes(-1, -2) * scale
+        if causal:
+            s = s + np.triu(np.full(s.shape[-2:], -np.inf), 1)
+        return s
+
+    def forward(q, k, v, o, lse, causal, scale):
+        log.append(("forward", q, k, v))
+        s = scores(q, k, causal, scale)
+        m = s.max(-1, keepdims=True)
+        ls = m[..., 0] + np.log(np.exp(s - m).sum(-1))
+        o[...] = (np.exp(s - ls[..., None]) @ heads(v)).transpose(0, 2, 1, 3)
+        lse[...] = ls.reshape(lse.shape)
+
+    def backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale):
+        log.append(("backward", q, k, v))
+        s = scores(q, k, causal, scale)
+        P = np.exp(s - lse.reshape(s.shape[:-1])[..., None])
+        dO = heads(do)
+        dS = P * (dO @ heads(v).swapaxes(-1, -2) - (dO * heads(o)).sum(-1, keepdims=True))
+        dq[...] = (dS @ heads(k) * scale).transpose(0, 2, 1, 3)
+        dk[...] = (dS.swapaxes(-1, -2) @ heads(q) * scale).transpose(0, 2, 1, 3)
+        dv[...] = (P.swapaxes(-1, -2) @ dO).transpose(0, 2, 1, 3)
+
+    return forward, backward
+
+
+@pytest.mark.parametrize("B, Hq, Hk, L, S, causal", [(2, 4, 2, 5, 5, True), (1, 6, 2, 7, 9, False),
+                                                     (1, 8, 1, 4, 4, True)])
+def test_hopper_gqa_runs_each_group_member_on_kv_in_place(monkeypatch, B, Hq, Hk, L, S, causal):
+    """Variant 'bf16_wgmma': one dense Hopper launch per group member over the B*Hkv heads, its queries the
+    strided view q[:, g::G], k and v the caller's arrays (views, never copies); dK/dV summed over the members."""
+    from blutensor.backends.cupy import sdpa_gqa
+
+    log = []
+    fwd, bwd = _hopper_views(log)
+    monkeypatch.setattr(sdpa_gqa, "cupy", lambda: np)
+    monkeypatch.setattr(sdpa_gqa._wgmma, "forward", fwd)
+    monkeypatch.setattr(sdpa_gqa._wgmma, "backward", bwd)
+    E = 64
+    q = rng.standard_normal((B, Hq, L, E)).astype(np.float32)
+    k, v = (rng.standard_normal((B, Hk, S, E)).astype(np.float32) for _ in range(2))
+    do = rng.standard_normal((B, Hq, L, E)).astype(np.float32)
+    sc = 1 / np.sqrt(E)
+    o, lse = sdpa_gqa.gqa_forward(q, k, v, causal, sc, "bf16_wgmma")
+    dq, dk, dv = sdpa_gqa.gqa_backward(q, k, v, o, lse, do, causal, sc, "bf16_wgmma")
+    want = _reference(*(a.astype(np.float64) for a in (q, k, v, do)), causal, sc)
+    for got, ref in zip((o, dq, dk, dv), want):
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    G = Hq // Hk
+    assert [c[0] for c in log] == ["forward"] * G + ["backward"] * G
+    for _, qg, kg, vg in log:
+        assert qg.shape == (B, L, Hk, E) and np.shares_memory(qg, q)
+        assert np.shares_memory(kg, k) and np.shares_memory(vg, v)  # K/V read in place
+
+
 def test_variants_without_strided_entries_run_mma():
     from blutensor.backends.cupy.sdpa_gqa import strided_variant
 
-    assert strided_variant("bf16_wgmma", np.uint16, 64) == "bf16"  # the Hopper kernel has no GQA layout
+    assert strided_variant("bf16_wgmma", np.uint16, 64) == "bf16"  # 'auto': grouped attention stays on mma.sync
+    with bt.policy.scope(attention="wgmma"):
+        assert strided_variant("bf16_wgmma", np.uint16, 64) == "bf16_wgmma"  # the Hopper kernel, member by member
     assert strided_variant("tf32x3", np.float32, 64) == "tf32x3" and strided_variant(None, np.float32, 64) is None
-    assert strided_variant("bf16_wgmma", np.uint16, 96) is None
+    assert strided_variant("bf16_fancy", np.uint16, 64) == "bf16"
+    assert strided_variant("bf16_fancy", np.uint16, 96) is None
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _cuda_ok(), reason="needs CuPy and a GPU")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cuda_gqa_reads_kv_in_place(dtype):
+@pytest.mark.parametrize("dtype, attention", [("float32", "auto"), ("bfloat16", "auto"), ("bfloat16", "wgmma")])
+def test_cuda_gqa_reads_kv_in_place(dtype, attention):
+    from blutensor.backends.cupy import sdpa_gqa
+    from blutensor.backends.cupy.sdpa import _compute_capability
     from blutensor.ops import dispatch
 
+    if attention == "wgmma" and _compute_capability() != 90:
+        pytest.skip("the Hopper kernels need sm_90")
     B, Hq, Hk, T, E = 2, 8, 2, 70, 64
     q, k, v, do = (rng.standard_normal((B, h, T, E)) for h in (Hq, Hk, Hk, Hq))
 
@@ -156,15 +227,18 @@ def test_cuda_gqa_reads_kv_in_place(dtype):
         ops.append(op)
         return run()
 
-    dispatch.add_observer(record)
-    try:
-        y = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
-    finally:
-        dispatch.remove_observer(record)
+    gt = bt.tensor(do.astype(np.float32), device="cuda").to(getattr(bt, dtype))
+    with bt.policy.scope(attention=attention):
+        if attention == "wgmma":
+            assert sdpa_gqa.applies(qt, kt, vt, None, 0.0) == "bf16_wgmma"
+        dispatch.add_observer(record)
+        try:
+            y = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+        finally:
+            dispatch.remove_observer(record)
+        (y * gt).sum().to(bt.float32).backward()
     assert ops == ["sdpa_gqa"], ops  # no expand / reshape / repeat_interleave of k or v
     r = lambda t: t.detach().to(bt.float32).to("cpu").numpy().astype(np.float64)  # noqa: E731
-    gt = bt.tensor(do.astype(np.float32), device="cuda").to(getattr(bt, dtype))
-    (y * gt).sum().to(bt.float32).backward()
     o, dq, dk, dv = _reference(r(qt), r(kt), r(vt), r(gt), True, 1 / np.sqrt(E))
     tol = 2e-3 if dtype == "float32" else 3e-2
     for got, want in ((y, o), (qt.grad, dq), (kt.grad, dk), (vt.grad, dv)):

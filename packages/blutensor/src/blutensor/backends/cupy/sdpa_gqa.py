@@ -10,6 +10,12 @@ dK/dV sum over the G query heads of a group. The dK/dV kernel writes (not adds) 
 runs once per group member g over the B*Hkv heads (q, dO at element offset g*L*E with the layout ``(G*L*E, 0, E)``;
 that member's log-sum-exp and D rows gathered, B*Hkv*L floats) into its own dense slice, and the G slices are summed
 in fp32: G times the size of dK/dV in scratch, never G copies of K/V.
+
+The Hopper kernels (sdpa_wgmma.cu, variant 'bf16_wgmma') read q, k, v through 4-D tensor maps of any strides, so
+a group member g is a plain dense problem over the B*Hkv key/value heads: its queries are the strided view
+``q[:, g::G]`` (query heads j*G + g, as (B, L, Hkv, E)), k and v are read in place, o, dQ and dO go through the
+same member views, and each member's log-sum-exp is its own (B*Hkv, L) slice of a (G, B*Hkv, L) buffer. dK/dV
+are the sum of the G members' slices, as above.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import math
 
 import numpy as np
 
+from blutensor.backends.cupy import sdpa_wgmma as _wgmma
 from blutensor.backends.cupy._loader import cupy, launch, suffix
 
 
@@ -35,10 +42,61 @@ def _lay(H: int, lq, lk, lo) -> tuple:
     return tuple(out)
 
 
+def _members(a, G: int) -> list:
+    """The G group-member views of a dense (B, Hq, n, E) array as the Hopper kernels' (B, n, Hkv, E) views:
+    member g holds query heads j*G + g, the ones key/value head j serves."""
+    return [a[:, g::G].transpose(0, 2, 1, 3) for g in range(G)]
+
+
+def _heads_last(a):
+    """A dense (B, H, n, E) array as the Hopper kernels' (B, n, H, E) view (no copy)."""
+    return a.transpose(0, 2, 1, 3)
+
+
+def _sum_members(parts, cp):
+    """The sum over axis 0 of the members' dK or dV slices, accumulated in fp32 (bf16 storage stays bf16)."""
+    if parts.dtype == np.uint16:
+        from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
+
+        return f32_to_bf16_bits(bf16_bits_to_f32(parts, cp).sum(0), cp)
+    return parts.sum(0)
+
+
+def _wgmma_forward(q, k, v, causal: bool, scale: float):
+    """(o, lse (G, B*Hkv, L)): one dense Hopper forward per group member over the B*Hkv heads."""
+    cp = cupy()
+    B, Hq, L, E = q.shape
+    G = Hq // k.shape[1]
+    o = cp.empty_like(q)
+    lse = cp.empty((G, B * k.shape[1], L), dtype=cp.float32)
+    kv = (_heads_last(k), _heads_last(v))
+    for g, (qg, og) in enumerate(zip(_members(q, G), _members(o, G))):
+        _wgmma.forward(qg, *kv, og, lse[g], causal, scale)
+    return o, lse
+
+
+def _wgmma_backward(q, k, v, o, lse, do, causal: bool, scale: float):
+    """(dq, dk, dv) of :func:`_wgmma_forward`: per member the Hopper backward (dQ into its member view, dK/dV into
+    its own slice), then the slices summed."""
+    cp = cupy()
+    G = q.shape[1] // k.shape[1]
+    dq = cp.empty_like(q)
+    dk_parts = cp.empty((G,) + k.shape, dtype=k.dtype)
+    dv_parts = cp.empty((G,) + v.shape, dtype=v.dtype)
+    kv = (_heads_last(k), _heads_last(v))
+    for g, (qg, og, dog, dqg) in enumerate(zip(*(_members(a, G) for a in (q, o, do, dq)))):
+        _wgmma.backward(qg, *kv, og, lse[g], dog, dqg, _heads_last(dk_parts[g]), _heads_last(dv_parts[g]),
+                        causal, scale)
+    return dq, _sum_members(dk_parts, cp), _sum_members(dv_parts, cp)
+
+
 def gqa_forward(q, k, v, causal: bool, scale: float, variant: str):
-    """(o (B, Hq, L, E), lse (B*Hq, L)) for contiguous, 16-byte aligned q (B, Hq, L, E) and k, v (B, Hkv, S, E)."""
+    """(o (B, Hq, L, E), lse) for contiguous, 16-byte aligned q (B, Hq, L, E) and k, v (B, Hkv, S, E); lse is
+    (B*Hq, L), or member-major (G, B*Hkv, L) for 'bf16_wgmma' (the layout its backward reads)."""
     from blutensor.backends.cupy.sdpa import _fwd_rows, _mma_smem, _names
 
+    if variant == "bf16_wgmma":
+        return _wgmma_forward(q, k, v, causal, scale)
     cp = cupy()
     B, Hq, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -57,9 +115,10 @@ def gqa_forward(q, k, v, causal: bool, scale: float, variant: str):
 
 def gqa_backward(q, k, v, o, lse, do, causal: bool, scale: float, variant: str):
     """(dq, dk, dv) of :func:`gqa_forward` (``do`` contiguous like o)."""
-    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
     from blutensor.backends.cupy.sdpa import BR, _mma_smem, _names
 
+    if variant == "bf16_wgmma":
+        return _wgmma_backward(q, k, v, o, lse, do, causal, scale)
     cp = cupy()
     B, Hq, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -88,12 +147,7 @@ def gqa_backward(q, k, v, o, lse, do, causal: bool, scale: float, variant: str):
         launch(file, f"blu_sdpa_backward_dkdv_strided_{tag}", (math.ceil(S / BR), p["kv_heads"]), threads,
                (qf[g * off:], k, v, dof[g * off:], cp.ascontiguousarray(lse_g[:, g]), cp.ascontiguousarray(D_g[:, g]),
                 dk_parts[g], dv_parts[g]) + tail + _lay(1, p["q_member"], p["k"], p["q_member"]), shared_mem=smem)
-    if k.dtype == np.uint16:
-        dk = f32_to_bf16_bits(bf16_bits_to_f32(dk_parts, cp).sum(0), cp)
-        dv = f32_to_bf16_bits(bf16_bits_to_f32(dv_parts, cp).sum(0), cp)
-    else:
-        dk, dv = dk_parts.sum(0), dv_parts.sum(0)
-    return dq, dk, dv
+    return dq, _sum_members(dk_parts, cp), _sum_members(dv_parts, cp)
 
 
 def _aligned(a, cp):
@@ -128,15 +182,18 @@ def applies(q, k, v, attn_mask, dropout_p) -> str | None:
     return strided_variant(pick_variant(q._data.dtype, q.shape[-1]), q._data.dtype, q.shape[-1])
 
 
-#: variants with strided entries (sdpa.cu, sdpa_mma.cu), the ones this module launches
-STRIDED = ("f32", "tf32", "tf32x3", "bf16")
+#: variants this module launches: the strided entries of sdpa.cu / sdpa_mma.cu, and the Hopper kernels per member
+STRIDED = ("f32", "tf32", "tf32x3", "bf16", "bf16_wgmma")
 
 
 def strided_variant(variant: str | None, dtype, hd: int) -> str | None:
-    """``variant`` when it has strided entries; bf16 variants without them (the Hopper kernel) run the mma.sync
-    'bf16' kernels here."""
+    """``variant`` when this module runs it; another bf16 variant runs the mma.sync 'bf16' kernels here. The
+    Hopper kernels run grouped attention member by member only under the policy's ``attention = 'wgmma'``; with
+    'auto' grouped attention keeps the mma.sync kernels, whose grouped timing is the measured one."""
     from blutensor.backends.cupy.sdpa import MMA_HD
 
+    if variant == "bf16_wgmma" and _wgmma.kernel_setting() != "wgmma":
+        variant = "bf16"
     if variant is None or variant in STRIDED:
         return variant
     return "bf16" if np.dtype(dtype) == np.uint16 and hd in MMA_HD else None
