@@ -69,19 +69,25 @@ def test_ddp_resume_bit_exact(tmp_path):
     assert b["params"] == ref["params"]
 
 
-def test_ddp_accumulation_launches_buckets_during_backward_at_every_step(tmp_path):
+@pytest.mark.parametrize("mode", ["eager", "capture"])
+def test_ddp_accumulation_launches_buckets_during_backward_at_every_step(tmp_path, mode):
     """2 ranks, 2 micro-steps per step, small buckets: at EVERY step the first bucket's all-reduce is launched
     while backward still has nodes to run (the gradient-ready hooks fire in reverse topological order at every
-    backward, not only the first), and the losses equal the single-process run on the same global batch."""
+    backward, not only the first), and the losses equal the single-process run on the same global batch. 'capture':
+    the same through the Trainer's captured path (CPU capture twin; on CUDA the all-reduces are NCCL's, recorded
+    into the graphs), steps 2 and 3 replayed."""
     worker = Path(__file__).parent / "ddp_order_worker.py"
     cmd = mpiexec_command(2, [sys.executable, str(worker), str(micro_data()), str(tmp_path / "ddp"),
-                              str(tmp_path / "r.json")])
+                              str(tmp_path / "r.json"), mode])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=mpiexec_env(),
                        cwd=str(Path(__file__).parent))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads((tmp_path / "r.json").read_text())
+    captured = [bool(r.get("cuda_graph")) for r in res["history"]]
+    assert captured == ([False, False, True, True] if mode == "capture" else [False] * 4), captured
+    assert res["captures"] == (1 if mode == "capture" else 0)
     for s, st in enumerate(res["steps"]):
-        print(f"step {s}: bucket launches after backward node {st['launches']} of {st['nodes']}")
+        print(f"step {s} ({mode}): bucket launches after backward node {st['launches']} of {st['nodes']}")
         assert len(st["launches"]) > 1, st
         assert st["launches"][0] < st["nodes"], f"step {s}: every bucket waited for the end of backward: {st}"
     cfg = micro_config(micro_batch=8, batch_tokens=8 * 32 * 2, steps=4, eval_interval=0, checkpoint_interval=0)

@@ -21,7 +21,7 @@ Dropout draws at the default generator's device counter (``TrainStep(device_rng=
 draws new masks, equal to the eager step's; the host counter moves by the graph's draws after each replay.
 
 What cannot be captured is refused by name (``train.cuda_graph = true``) or, with ``"auto"``, named in one log
-line while the step runs eagerly: see :func:`capture_refusal`.
+line while the step runs eagerly: see :func:`config_refusal` and :func:`runtime_refusal`.
 
 ``capture`` is pluggable: :class:`CudaCapture` (real) or :class:`EagerCapture`, the CPU twin whose replay runs
 the recorded body, so the capture logic (static buffers, device schedule, no host reads) is tested on CPU.
@@ -53,7 +53,8 @@ def config_refusal(cfg) -> str | None:
         return ("a [parallel] fsdp/tp/cp layout: its collectives and the mesh's gradient norm are issued on the "
                 "host around each op")
     if getattr(t, "compile", False):
-        return "train.compile = true: the compiled step is captured by the compiler's own cuda_graph option"
+        return ("train.compile = true: the micro-step runs as the compiler plugin's traced program, which the Trainer "
+                "does not record into its graphs")
     return None
 
 
