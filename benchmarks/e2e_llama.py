@@ -16,8 +16,10 @@ Every variant runs in its own subprocess (torch.compile caches, device memory) f
 model) and the same batches (bytes of the Python standard library's source as tokens). Reported per variant:
 tokens/s (median of the timed steps), step ms, peak memory, per-step losses; ratios BluTrain / PyTorch come from
 this one run. BluTrain's row is the Trainer's step (blumodels.step.TrainStep), captured in a CUDA graph after two
-eager steps. The curve run (``--curve-steps``, default 500, on ``--curve-preset`` llama-125m at 8x1024 so that it
-fits beside the rest) compares the mean loss of the last 100 steps of BluTrain (captured) and PyTorch eager, beside
+eager steps; ``blutrain_bf16_gqa_wgmma`` is the same step with grouped-query attention on the Hopper kernels (the
+policy's ``attention = 'wgmma'``; the default keeps mma.sync for it). The curve run (``--curve-steps``, default
+500, on ``--curve-preset`` llama-125m at 8x1024 so that it fits beside the rest) compares the mean loss of the
+last 100 steps of BluTrain (captured) and PyTorch eager, beside
 the same difference between PyTorch eager and PyTorch itself (``--curve-floor``: eager with every step's gradients
 nudged by about one float32 rounding, and torch.compile). That noise floor says how far rounding alone moves this
 run's curve: at a learning rate where the dynamics amplify rounding (loss spikes), two correct implementations
@@ -281,6 +283,10 @@ def summarize(r: dict, a) -> dict:
 def child(a) -> None:
     try:
         fn = {"blutrain": run_blutrain, "torch": run_torch, "generate": run_generate}[a.framework]
+        if a.attention != "auto":  # the execution policy's attention variant for this run (BLUTRAIN_SDPA_KERNEL)
+            import blutensor as bt
+
+            bt.policy.set_default(bt.policy.current().replace(attention=a.attention))
         r = summarize(fn(a), a)
     except Exception as e:  # noqa: BLE001 - the driver records the failure
         import traceback
@@ -290,8 +296,9 @@ def child(a) -> None:
 
 
 #: (name, framework, extra child flags)
-RUNS = [("blutrain_bf16", "blutrain", []), ("torch_eager_bf16", "torch", []),
-        ("torch_compile_bf16", "torch", ["--compile"]), ("generate", "generate", [])]
+RUNS = [("blutrain_bf16", "blutrain", []), ("blutrain_bf16_gqa_wgmma", "blutrain", ["--attention", "wgmma"]),
+        ("torch_eager_bf16", "torch", []), ("torch_compile_bf16", "torch", ["--compile"]),
+        ("generate", "generate", [])]
 
 
 #: the noise-floor curves: name -> (key in the JSON, extra child flags of the PyTorch run)
@@ -329,6 +336,7 @@ def main() -> None:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--framework", default="blutrain", help=argparse.SUPPRESS)
     p.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--attention", choices=("auto", "wgmma", "mma"), default="auto", help=argparse.SUPPRESS)
     p.add_argument("--small", action="store_true", help="a 2-layer d_model 64 llama on the CPU (checks the script)")
     p.add_argument("--device", default=None, help="default: cuda, or cpu with --small")
     p.add_argument("--preset", default="llama-1b", help="model of the training rows and the generation run")
@@ -424,6 +432,9 @@ def main() -> None:
     for ref in ("torch_eager_bf16", "torch_compile_bf16"):
         if "tokens_per_s" in ours and "tokens_per_s" in runs.get(ref, {}):
             res[f"speedup_vs_{ref}"] = ours["tokens_per_s"] / runs[ref]["tokens_per_s"]
+        hop = runs.get("blutrain_bf16_gqa_wgmma", {})
+        if "tokens_per_s" in hop and "tokens_per_s" in runs.get(ref, {}):  # grouped attention on the Hopper kernels
+            res[f"gqa_wgmma_speedup_vs_{ref}"] = hop["tokens_per_s"] / runs[ref]["tokens_per_s"]
     if "losses" in ours and "losses" in runs.get("torch_eager_bf16", {}):
         res["max_loss_diff_vs_torch_eager"] = float(np.max(np.abs(np.subtract(ours["losses"],
                                                                              runs["torch_eager_bf16"]["losses"]))))
