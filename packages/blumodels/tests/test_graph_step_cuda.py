@@ -88,7 +88,8 @@ def test_compiled_trainer_matches_eager(tmp_path):
 
 def test_ddp_over_one_rank_nccl_is_captured(tmp_path, monkeypatch):
     """DDP (small buckets) over a one-rank NCCL group: the last micro-step's bucket all-reduces are recorded in
-    the captured graph and the captured steps equal the eager ones."""
+    the captured graph (issued on the host while capturing, never while replaying) and the captured steps equal
+    the eager ones."""
     dtms = pytest.importorskip("dtms")
     from blumodels.graph_step import CapturedStep
     from blumodels.step import TrainStep
@@ -105,6 +106,17 @@ def test_ddp_over_one_rank_nccl_is_captured(tmp_path, monkeypatch):
             tr = Trainer(micro_config(device="cuda", steps=6, eval_interval=0, checkpoint_interval=0,
                                       cuda_graph=False, batch_tokens=256), tmp_path / f"g{graph}", quiet=True)
             ddp = DistributedDataParallel(tr.model, pg, bucket_cap_mb=0.01)
+            calls: list[str] = []
+            phase = ["eager"]
+            launch = ddp.pg.all_reduce
+
+            def recording(buf, *a, _launch=launch, _calls=calls, _phase=phase, **k):
+                _calls.append(_phase[0])
+                return _launch(buf, *a, **k)
+
+            proxy = {"all_reduce": staticmethod(recording),
+                     "__getattr__": lambda s, name, _l=launch: getattr(_l.__self__, name)}
+            object.__setattr__(ddp, "pg", type("PG", (), proxy)())
             st = TrainStep(ddp, tr.optimizer, list(tr.params.values()), device=tr.device,
                            lr_schedule=[1e-3] * 6, accum=2, grad_clip=1.0, no_sync=lambda s, d=ddp: d.no_sync() if s
                            else _Null(), fused=True)
@@ -112,10 +124,18 @@ def test_ddp_over_one_rank_nccl_is_captured(tmp_path, monkeypatch):
             for s in range(6):
                 if graph and s == 2:
                     cap = CapturedStep(st, (4, 32))
+                    phase[0] = "capture"
                     cap.capture()
+                    phase[0] = "replay"
                 (cap or st).run(tr.train_loader.next_batch, 1e-3)
                 losses.append(st.read().loss)
             assert len(ddp.buckets) > 1
+            # the bucket all-reduces of one synchronised backward, issued by the eager steps and, captured, only
+            # while recording the graph: the replays launch them from the graph
+            per = calls.count("capture") if graph else len(calls) // 6
+            assert per >= len(ddp.buckets), calls
+            want = ["eager"] * (2 * per) + ["capture"] * per if graph else ["eager"] * (6 * per)
+            assert calls == want, calls
             res.append(losses)
             tr.close()
         np.testing.assert_allclose(res[1], res[0], rtol=2e-6)
