@@ -84,6 +84,32 @@ def test_version_counter(device):
     assert t._version.v == 6
 
 
+@pytest.mark.parametrize("dtype", [bt.float32, bt.bfloat16, bt.int64], ids=lambda d: d.name)
+def test_copy_from_a_host_tensor_lands_in_the_destination(dtype, device):
+    """copy_ of a CPU tensor into a tensor on ``device`` writes the destination's own memory (on CUDA a contiguous
+    destination of the same dtype and shape takes one host-to-device copy), from a contiguous or a strided source,
+    into a strided destination, and with a dtype conversion, all equal to NumPy."""
+    rng = np.random.default_rng(3)
+    ref = np.round(rng.standard_normal((6, 5)) * 10)
+    dst = bt.zeros(6, 5, dtype=dtype, device=device)
+    storage = dst._data
+    dst.copy_(bt.tensor(ref, dtype=dtype))
+    assert dst._data is storage and dst._version.v == 1
+    np.testing.assert_array_equal(host(dst).astype(np.float64), ref)
+    src = bt.tensor(ref.T.copy(), dtype=dtype).t()  # a strided host source
+    dst.zero_()
+    dst.copy_(src)
+    np.testing.assert_array_equal(host(dst).astype(np.float64), ref)
+    wide = bt.zeros(6, 10, dtype=dtype, device=device)
+    wide[:, ::2].copy_(bt.tensor(ref, dtype=dtype))  # a strided destination
+    np.testing.assert_array_equal(host(wide).astype(np.float64)[:, ::2], ref)
+    assert not host(wide).astype(np.float64)[:, 1::2].any()
+    dst.copy_(bt.tensor(ref + 0.5, dtype=bt.float64))  # converted to the destination's dtype
+    want = (ref + 0.5).astype(np.float32) if dtype is bt.float32 else None
+    if want is not None:
+        np.testing.assert_array_equal(host(dst), want)
+
+
 def test_to_dtype_and_device(device):
     x = bt.tensor([1.5, -2.25], device="cpu")
     y = x.to(device)

@@ -132,7 +132,7 @@ def restore_training_state(tensors: dict[str, np.ndarray], meta: dict[str, Any],
     params = dict(model.named_parameters())
     with bt.no_grad():
         for n, p in params.items():
-            p.copy_(bt.tensor(tensors[f"model.{n}"], dtype=p.dtype, device=p.device))
+            p.copy_(_host_source(tensors[f"model.{n}"], p))
     if optimizer is not None:
         optimizer.state = {}
         for n, st_step in meta.get("optim_steps", {}).items():
@@ -146,6 +146,19 @@ def restore_training_state(tensors: dict[str, np.ndarray], meta: dict[str, Any],
     if loader is not None and meta.get("loader") is not None:
         loader.load_state_dict(meta["loader"])
     return step
+
+
+def _host_source(arr: Any, p: bt.Tensor) -> bt.Tensor:
+    """``arr`` as a CPU tensor for ``p.copy_``: shared with ``arr`` when the dtypes agree (then a CUDA parameter
+    takes one host-to-device copy into its own memory), else converted to ``p``'s dtype."""
+    if isinstance(arr, np.ndarray):
+        try:
+            t = bt.from_numpy(np.ascontiguousarray(arr))
+        except bt.DTypeError:
+            t = None
+        if t is not None and t.dtype == p.dtype:
+            return t
+    return bt.tensor(arr, dtype=p.dtype)
 
 
 def sharded_training_state(par: Any, optimizer: bt.optim.Optimizer | None, step: int, loader: Any = None,

@@ -410,6 +410,13 @@ class Tensor:
 
     def copy_(self, src: Tensor) -> Tensor:
         self._check_plain_inplace("copy_")
+        if (isinstance(src, Tensor) and src.device.type == "cpu" and self.device.type == "cuda"
+                and src.dtype == self.dtype and src.shape == self.shape and self._data.flags.c_contiguous):
+            # host to device straight into this tensor's memory: one copy, no device temporary (a checkpoint
+            # restore of a large model copies every parameter this way)
+            self._data.set(np.ascontiguousarray(src._data))
+            self._version.v += 1
+            return self
         s = src.to(self.device).to(self.dtype) if isinstance(src, Tensor) else tensor(src, dtype=self.dtype,
                                                                                         device=self.device)
         try:
