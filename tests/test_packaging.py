@@ -114,7 +114,10 @@ def _first_private(dotted: str) -> str | None:
     obj: object = importlib.import_module("blutensor")
     for n in range(2, len(parts) + 1):
         prefix = ".".join(parts[:n])
-        nxt = getattr(obj, parts[n - 1], None)
+        try:
+            nxt = getattr(obj, parts[n - 1], None)
+        except Exception:  # a lazy name whose import needs CuPy (blutensor.ext's): a documented name, not a module
+            return None
         if nxt is None and isinstance(obj, types.ModuleType):
             path = BLUTENSOR_SRC.joinpath(*parts[1:n])
             if not (path.with_suffix(".py").is_file() or path.is_dir()):
@@ -132,9 +135,9 @@ def _first_private(dotted: str) -> str | None:
 
 
 #: calls whose first argument is a module name or a dotted path into a module, and the callee names they go by
-#: (``pytest.importorskip``, ``importlib.import_module``, ``__import__``, ``monkeypatch.setattr``/``delattr``,
-#: ``mock.patch``/``patch``)
-_STRING_IMPORTERS = {"importorskip", "import_module", "__import__", "setattr", "delattr", "patch"}
+#: (``pytest.importorskip``, ``importlib.import_module``, ``__import__``, ``importlib.util.find_spec``,
+#: ``monkeypatch.setattr``/``delattr``, ``mock.patch``/``patch``)
+_STRING_IMPORTERS = {"importorskip", "import_module", "__import__", "find_spec", "setattr", "delattr", "patch"}
 
 
 def _string_target(node: ast.Call) -> str | None:
