@@ -248,12 +248,13 @@ def test_private_use_check_sees_module_names_in_strings_and_private_submodules(t
                  "from blutensor.nn import functional as F\n"
                  "import blutensor.backends.numpy\nbt.backends.cupy.sdpa\nbt.backends.get('cuda')\n"
                  "bt.kernel_cache.store\nbt.nn.functional.relu\nF.relu\n"
-                 "pytest.importorskip('blutensor.ext')\n")
+                 "pytest.importorskip('blutensor.ext')\nimportlib.util.find_spec('blutensor.gemm')\n")
     assert sorted(_private_uses(f)) == sorted([
         "'blutensor.kernel_cache' (line 5)", "'blutensor.backends.cupy.sdpa' (line 6)", "'blutensor.ops' (line 7)",
         "'blutensor.backends.cupy._loader.cupy' (line 9)", "'blutensor.gemm.get_gemm_provider' (line 10)",
         "from blutensor.backends import cupy", "from blutensor import kernel_cache",
-        "import blutensor.backends.numpy", "bt.backends.cupy (line 18)", "bt.kernel_cache (line 20)"])
+        "import blutensor.backends.numpy", "bt.backends.cupy (line 18)", "bt.kernel_cache (line 20)",
+        "'blutensor.gemm' (line 24)"])
 
 
 def _imported_tops(f: Path) -> set[str]:
