@@ -90,9 +90,6 @@ PUBLIC_BLUTENSOR = {"blutensor", "blutensor.nn", "blutensor.nn.functional", "blu
                     "blutensor.ext", "blutensor.compat", "blutensor.cuda", "blutensor.amp", "blutensor.random",
                     "blutensor.autograd", "blutensor.policy", "blutensor.backends"}
 BLUTENSOR_SRC = ROOT / "packages" / "blutensor" / "src" / "blutensor"
-PRIVATE_SUBMODULES = {p.stem if p.suffix == ".py" else p.name for p in BLUTENSOR_SRC.iterdir()
-                      if (p.suffix == ".py" or (p / "__init__.py").is_file() or p.is_dir()) and p.name != "__init__.py"
-                      and f"blutensor.{p.stem}" not in PUBLIC_BLUTENSOR and not p.name.startswith("__")}
 
 
 def _consumer_files():
@@ -104,42 +101,119 @@ def _consumer_files():
         yield from (ROOT / d).rglob("*.py")
 
 
+def _first_private(dotted: str) -> str | None:
+    """The shortest prefix of ``dotted`` (``blutensor.x.y...``) that is one of blutensor's private modules, else
+    None: what an import, a module name given as a string or an attribute chain such as ``bt.backends.cupy.sdpa`` or
+    ``"blutensor.backends.cupy._loader.cupy"`` (a monkeypatch target) reaches into. The prefixes are resolved on
+    blutensor itself: a name that is a class or function there (``bt.device``, ``bt.compile``) or a module
+    re-exported under a documented name (``blutensor.ext.kernel_cache``) is public, whatever file shares its name."""
+    import importlib
+    import types
+
+    parts = dotted.split(".")
+    obj: object = importlib.import_module("blutensor")
+    for n in range(2, len(parts) + 1):
+        prefix = ".".join(parts[:n])
+        try:
+            nxt = getattr(obj, parts[n - 1], None)
+        except Exception:  # a lazy name whose import needs CuPy (blutensor.ext's): a documented name, not a module
+            return None
+        if nxt is None and isinstance(obj, types.ModuleType):
+            path = BLUTENSOR_SRC.joinpath(*parts[1:n])
+            if not (path.with_suffix(".py").is_file() or path.is_dir()):
+                return None
+            try:
+                nxt = importlib.import_module(prefix)
+            except ImportError:  # a module that needs CuPy: private all the same, unless documented
+                return None if prefix in PUBLIC_BLUTENSOR else prefix
+        if not isinstance(nxt, types.ModuleType) or nxt.__name__ != prefix:
+            return None  # a function, class or value, or a module re-exported under a documented name
+        if prefix not in PUBLIC_BLUTENSOR:
+            return prefix
+        obj = nxt
+    return None
+
+
+#: calls whose first argument is a module name or a dotted path into a module, and the callee names they go by
+#: (``pytest.importorskip``, ``importlib.import_module``, ``__import__``, ``importlib.util.find_spec``,
+#: ``monkeypatch.setattr``/``delattr``, ``mock.patch``/``patch``)
+_STRING_IMPORTERS = {"importorskip", "import_module", "__import__", "find_spec", "setattr", "delattr", "patch"}
+
+
+def _string_target(node: ast.Call) -> str | None:
+    """The blutensor dotted name a call such as ``importorskip("blutensor.x")`` or ``monkeypatch.setattr(
+    "blutensor.x.y", v)`` names, else None (builtin ``setattr(obj, ...)`` takes an object, not a string)."""
+    f = node.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    if name not in _STRING_IMPORTERS or not node.args:
+        return None
+    a = node.args[0]
+    if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.split(".")[0] == "blutensor":
+        return a.value
+    return None
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` of an attribute chain on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
 def _private_uses(f: Path) -> list[str]:
-    """Imports of blutensor's private modules in ``f``, and attribute reads of them through an alias of blutensor
-    (``bt.ops.dispatch``); ``from blutensor.autograd import X`` must name a documented (``__all__``) part."""
+    """Uses of blutensor's private modules in ``f``: imports (``import``, ``from ... import``, also of a private
+    submodule by name from a documented package: ``from blutensor.backends import cupy``), module names given as
+    strings (``importorskip``, ``import_module``, ``__import__``, ``monkeypatch.setattr``/``mock.patch``
+    targets), and attribute reads of them through an alias of blutensor (``bt.ops.dispatch``,
+    ``bt.backends.cupy``); ``from blutensor.autograd import X`` must name a documented (``__all__``) part."""
     import blutensor.autograd
 
     tree = ast.parse(f.read_text(), str(f))
-    aliases, bad = set(), []
+    aliases: dict[str, str] = {}  # local name -> the documented blutensor module it is bound to
+    bad = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.split(".")[0] == "blutensor":
-                    if a.name not in PUBLIC_BLUTENSOR:
+                    if _first_private(a.name):
                         bad.append(f"import {a.name}")
-                    elif a.asname is None or a.name == "blutensor":
-                        aliases.add(a.asname or "blutensor")
+                    elif a.asname is None:
+                        aliases["blutensor"] = "blutensor"
+                    else:
+                        aliases[a.asname] = a.name
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
                 and node.module.split(".")[0] == "blutensor":
             if node.module not in PUBLIC_BLUTENSOR:
                 bad.append(f"from {node.module} import ...")
-            elif node.module == "blutensor":
-                bad += [f"from blutensor import {a.name}" for a in node.names if a.name in PRIVATE_SUBMODULES]
-            elif node.module == "blutensor.autograd":
+                continue
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if _first_private(full):
+                    bad.append(f"from {node.module} import {a.name}")
+                elif full in PUBLIC_BLUTENSOR:
+                    aliases[a.asname or a.name] = full
+            if node.module == "blutensor.autograd":
                 bad += [f"from blutensor.autograd import {a.name}" for a in node.names
                         if a.name not in blutensor.autograd.__all__]
+        elif isinstance(node, ast.Call) and (target := _string_target(node)) is not None:
+            if _first_private(target):
+                bad.append(f"{target!r} (line {node.lineno})")
+    seen = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
-                and node.attr in PRIVATE_SUBMODULES and isinstance(getattr(_blutensor(), node.attr, None),
-                                                                    type(ast)):
-            bad.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
+        if isinstance(node, ast.Attribute) and (chain := _dotted(node)) is not None:
+            head, _, rest = chain.partition(".")
+            if head not in aliases or not rest:
+                continue
+            mod = _first_private(f"{aliases[head]}.{rest}")
+            if mod is not None and (node.lineno, mod) not in seen:
+                seen.add((node.lineno, mod))
+                shown = head + mod[len(aliases[head]):]
+                bad.append(f"{shown} (line {node.lineno})")
     return bad
-
-
-def _blutensor():
-    import blutensor
-
-    return blutensor
 
 
 def test_other_packages_use_only_blutensors_documented_modules():
@@ -154,6 +228,33 @@ def test_private_use_check_sees_imports_and_attribute_reads(tmp_path):
                  "bt.device('cpu')\nfrom blutensor.autograd import Function\n")
     assert _private_uses(f) == ["from blutensor.ops import ...", "from blutensor import gemm",
                                 "from blutensor.autograd.node import ...", "bt.ops (line 6)"]
+
+
+def test_private_use_check_sees_module_names_in_strings_and_private_submodules(tmp_path):
+    """Module names given as strings (importorskip, import_module, __import__, monkeypatch and mock.patch targets)
+    and private submodules named from a documented package count as imports; documented ones do not."""
+    f = tmp_path / "m.py"
+    f.write_text("import importlib\nimport pytest\nfrom unittest import mock\nimport blutensor as bt\n"
+                 "kc = pytest.importorskip('blutensor.kernel_cache')\n"
+                 "importlib.import_module('blutensor.backends.cupy.sdpa')\n"
+                 "__import__('blutensor.ops')\n"
+                 "def test_x(monkeypatch):\n"
+                 "    monkeypatch.setattr('blutensor.backends.cupy._loader.cupy', None)\n"
+                 "    with mock.patch('blutensor.gemm.get_gemm_provider'):\n"
+                 "        pass\n"
+                 "    monkeypatch.setattr('blutensor.ext.kernel_cache', None)\n"
+                 "    setattr(bt, 'x', 1)\n"
+                 "from blutensor.backends import cupy, get\nfrom blutensor import nn, kernel_cache as k\n"
+                 "from blutensor.nn import functional as F\n"
+                 "import blutensor.backends.numpy\nbt.backends.cupy.sdpa\nbt.backends.get('cuda')\n"
+                 "bt.kernel_cache.store\nbt.nn.functional.relu\nF.relu\n"
+                 "pytest.importorskip('blutensor.ext')\nimportlib.util.find_spec('blutensor.gemm')\n")
+    assert sorted(_private_uses(f)) == sorted([
+        "'blutensor.kernel_cache' (line 5)", "'blutensor.backends.cupy.sdpa' (line 6)", "'blutensor.ops' (line 7)",
+        "'blutensor.backends.cupy._loader.cupy' (line 9)", "'blutensor.gemm.get_gemm_provider' (line 10)",
+        "from blutensor.backends import cupy", "from blutensor import kernel_cache",
+        "import blutensor.backends.numpy", "bt.backends.cupy (line 18)", "bt.kernel_cache (line 20)",
+        "'blutensor.gemm' (line 24)"])
 
 
 def _imported_tops(f: Path) -> set[str]:

@@ -241,6 +241,7 @@ class Stream:
         self.pending: list[tuple[int, Callable]] = []
         self.seq, self.immediate = 0, immediate
         self.capture: list | None = None
+        self.captures = 0  # how many captures began on this stream
         self._prev: list = []
 
     def enqueue(self, fn: Callable) -> None:
@@ -262,10 +263,17 @@ class Stream:
         if ev.stream is not None:
             ev.stream.run_until(ev.seq)
 
+    def record(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new one when None) at this stream's current position, as CuPy's ``Stream.record``."""
+        ev = event if event is not None else Event()
+        ev.record(self)
+        return ev
+
     def is_capturing(self) -> bool:
         return self.capture is not None
 
     def begin_capture(self, mode: Any = None) -> None:
+        self.captures += 1
         self.capture = []
 
     def end_capture(self) -> Graph:
@@ -479,6 +487,7 @@ class DeviceState:
         self.runtime_version, self.distinct_arrays = runtime_version, distinct_arrays
         self.launches: list[tuple] = []
         self.modules: list = []
+        self.streams: list[Stream] = []  # every stream made through cupy.cuda.Stream, in order
         self.hooks: list = []
         self.nvtx_ranges: list[str | None] = []  # RangePush names, None for each RangePop
         self.null_stream = Stream(immediate=True, ptr=null_stream_ptr)
@@ -520,6 +529,7 @@ class Runtime:
 
     CUDARuntimeError = CUDARuntimeError
     eventDisableTiming = 2  # noqa: N815 - CuPy's name
+    streamCaptureModeGlobal, streamCaptureModeThreadLocal, streamCaptureModeRelaxed = 0, 1, 2  # noqa: N815
 
     def __init__(self, state: DeviceState) -> None:
         self._s = state
@@ -607,7 +617,14 @@ def make_cupy(**device: Any) -> types.ModuleType:
 
     cuda = types.ModuleType("cupy.cuda")
     cuda.runtime = Runtime(state)
-    cuda.Device, cuda.Stream, cuda.Event, cuda.Graph = _Device, Stream, Event, Graph
+    class DeviceStream(Stream):
+        """A :class:`Stream` the device records in ``device.streams`` when made."""
+
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            state.streams.append(self)
+
+    cuda.Device, cuda.Stream, cuda.Event, cuda.Graph = _Device, DeviceStream, Event, Graph
     cuda.get_current_stream = _current_stream
     cuda.get_elapsed_time = _elapsed
     cuda.nccl = nccl_module()
@@ -634,7 +651,17 @@ def make_cupy(**device: Any) -> types.ModuleType:
     def set_allocator(fn: Any = None) -> None:
         state.allocator = fn if fn is not None else "cupy-pool"
 
-    cuda.get_allocator, cuda.set_allocator = get_allocator, set_allocator
+    @contextlib.contextmanager
+    def using_allocator(fn: Any = None):
+        """CuPy's ``cupy.cuda.using_allocator``: ``fn`` is the allocator inside the block, the previous one after."""
+        prev = state.allocator
+        state.allocator = fn if fn is not None else "cupy-pool"
+        try:
+            yield
+        finally:
+            state.allocator = prev
+
+    cuda.get_allocator, cuda.set_allocator, cuda.using_allocator = get_allocator, set_allocator, using_allocator
     cuda.compiler = types.SimpleNamespace(CompileException=RuntimeError)
     cuda.alloc_pinned_memory = lambda n: np.zeros(max(int(n), 1), np.uint8)
     cuda.PinnedMemoryPointer = None

@@ -1,7 +1,7 @@
 """Cost of the profiler: nothing when off (same code path, measured), bounded when on (measured).
 
 Times are process CPU time over interleaved blocks (robust on a shared CI machine); the precise
-numbers for the README come from dev/overhead_cpu.py.
+numbers for the README come from benchmarks/bluprofiler/overhead_cpu.py.
 """
 
 from __future__ import annotations

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 
 from blutensor import cuda_graph
 from blutensor.plugin.manager import reset_host
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testing"))
+import fake_cuda  # noqa: E402
 
 
 class _FakeAlloc:
@@ -69,78 +74,26 @@ def test_pool_routes_capture_allocations_to_the_graph_pool():
         reset_host()
 
 
-class _FakeStream:
-    def __init__(self):
-        self.captures = 0
-
-    def wait_event(self, ev):
-        pass
-
-    def record(self):
-        return object()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def begin_capture(self, mode=None):
-        self.captures += 1
-
-    def end_capture(self):
-        return object()
-
-    def synchronize(self):
-        pass
-
-
-class _FakeCuda:
-    class runtime:  # noqa: N801 - CuPy's name
-        streamCaptureModeRelaxed = 2  # noqa: N815
-
-    def __init__(self):
-        self.made = []
-        self.current = _FakeStream()
-
-    def Stream(self, non_blocking=False):  # noqa: N802 - CuPy's name
-        s = _FakeStream()
-        self.made.append(s)
-        return s
-
-    def Device(self):  # noqa: N802 - CuPy's name
-        return type("Dev", (), {"id": 0})()
-
-    def get_current_stream(self):
-        return self.current
-
-    def MemoryPool(self):  # noqa: N802 - CuPy's name
-        return type("Pool", (), {"malloc": None, "total_bytes": lambda self: 0})()
-
-    @contextlib.contextmanager
-    def using_allocator(self, fn):
-        yield
-
-
 def test_captures_share_one_default_side_stream(monkeypatch):
     """Graphs sharing a pool reuse each other's blocks only on one stream (the allocator keeps free lists per
     stream), so every capture without an explicit stream uses the device's one capture stream, as PyTorch does."""
-    fake = type("cp", (), {})()
-    fake.cuda = _FakeCuda()
-    monkeypatch.setattr(cuda_graph, "_cp", lambda: fake)
+    cp = fake_cuda.make_cupy()  # the shared fake device: streams with capture, Device().id, MemoryPool
+    monkeypatch.setattr(cuda_graph, "_cp", lambda: cp)
     monkeypatch.setattr(cuda_graph, "_CAPTURE_STREAMS", {})
-    host = reset_host(autoload=False)
+    reset_host(autoload=False)
     try:
         first, second, own = cuda_graph.CUDAGraph(), cuda_graph.CUDAGraph(), cuda_graph.CUDAGraph()
         with cuda_graph.graph(first):
-            pass
+            inside = cp.device.allocator
         with cuda_graph.graph(second, pool=first.pool()):
             pass
-        explicit = _FakeStream()
+        assert len(cp.device.streams) == 1, "one capture stream for the device, made once"
+        explicit = cp.cuda.Stream(non_blocking=True)
         with cuda_graph.graph(own, stream=explicit):
             pass
-        assert len(fake.cuda.made) == 1, "one capture stream for the device, made once"
-        assert first._stream is second._stream is fake.cuda.made[0]
+        assert first._stream is second._stream is cp.device.streams[0]
         assert first._stream.captures == 2 and own._stream is explicit and explicit.captures == 1
+        assert inside == first.pool().cupy_pool.malloc, "allocations inside the capture go to its pool"
+        assert cp.device.allocator == "cupy-pool" and not first._stream.is_capturing()
     finally:
         reset_host()

@@ -1,9 +1,14 @@
 """Compiled kernels are never loaded from a kernel cache another user can write (CPU: the check alone)."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from blutensor.backends.cupy import _loader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testing"))
+import fake_cuda  # noqa: E402
 
 
 def test_private_cache_is_used(tmp_path, monkeypatch):
@@ -46,23 +51,14 @@ def test_shared_or_tampered_cache_is_refused(tmp_path, monkeypatch, how):
 def test_module_checks_the_cache_before_compiling(tmp_path, monkeypatch):
     """The guard runs before CuPy's RawModule (a fake CuPy records the order)."""
     order = []
+    cp = fake_cuda.make_cupy()  # the shared fake device
+    fake_module = cp.RawModule
 
-    class Fake:
-        class cuda:
-            class runtime:
-                @staticmethod
-                def getDevice():
-                    return 0
+    def raw_module(*a, **k):
+        order.append(("compile", os.environ.get("CUPY_CACHE_IN_MEMORY")))
+        return fake_module(*a, **k)
 
-            class Device:
-                def __init__(self, i):
-                    self.compute_capability = "90"
-
-        @staticmethod
-        def RawModule(code, options):
-            order.append(("compile", os.environ.get("CUPY_CACHE_IN_MEMORY")))
-            return object()
-
+    cp.RawModule = raw_module
     d = tmp_path / "shared"
     d.mkdir()
     os.chmod(d, 0o777)
@@ -70,8 +66,8 @@ def test_module_checks_the_cache_before_compiling(tmp_path, monkeypatch):
     monkeypatch.delenv("CUPY_CACHE_IN_MEMORY", raising=False)
     monkeypatch.setattr(_loader, "_cache_checked", {})
     monkeypatch.setattr(_loader, "_modules", {})
-    monkeypatch.setattr(_loader, "cupy", lambda: Fake)
+    monkeypatch.setattr(_loader, "cupy", lambda: cp)
     name = sorted(p.name for p in _loader.KERNEL_DIR.glob("*.cu"))[0]
     with pytest.warns(RuntimeWarning):
         _loader.module(name)
-    assert order == [("compile", "1")]
+    assert order == [("compile", "1")] and len(cp.device.modules) == 1

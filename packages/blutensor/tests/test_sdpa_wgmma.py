@@ -27,7 +27,9 @@ from blutensor.backends.cupy import sdpa_wgmma as wg
 
 DEV = Path(__file__).resolve().parents[1] / "dev"
 sys.path.insert(0, str(DEV))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testing"))
 import emulate_sdpa_wgmma as em  # noqa: E402
+import fake_cuda  # noqa: E402
 import gen_hopper  # noqa: E402
 
 KDIR = Path(sdpa.__file__).resolve().parent / "kernels"
@@ -103,16 +105,14 @@ def _fake(shape, strides_el, ptr=0x10000, dtype=np.uint16):
                            dtype=np.dtype(dtype), data=SimpleNamespace(ptr=ptr))
 
 
-def test_tensor_maps_of_dense_and_fused_qkv_layouts():
+def test_tensor_maps_of_dense_and_fused_qkv_layouts(monkeypatch):
     seen = []
 
     def enc(spec):
         seen.append(spec)
         return bytes(128)
 
-    sys.modules.setdefault("cupy", SimpleNamespace())
-    cp = sys.modules["cupy"]
-    old = getattr(cp, "blutensor_encode_tmap", None)
+    cp = fake_cuda.install(monkeypatch)  # the shared fake device, removed from sys.modules after the test
     cp.blutensor_encode_tmap = enc
     tma._cache.clear()
     try:
@@ -130,10 +130,6 @@ def test_tensor_maps_of_dense_and_fused_qkv_layouts():
         with pytest.raises(tma.TmaError, match="strides"):
             wg.tmap(_fake((2, 10, 3, 64), (10 * 3 * 72 + 4, 3 * 72, 72, 1)), "q", 64)
     finally:
-        if old is None:
-            del cp.blutensor_encode_tmap
-        else:
-            cp.blutensor_encode_tmap = old
         tma._cache.clear()
 
 
@@ -245,15 +241,9 @@ def test_loader_compiles_marked_files_to_an_sm90a_cubin(monkeypatch, tmp_path):
     compile would add -arch=sm_90) and loaded from a cubin cached by source hash."""
     from blutensor.backends.cupy import _loader
 
-    built, loaded = [], []
-
-    class Dev:
-        def __init__(self, i=0):
-            self.compute_capability = "90"
-
-    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=lambda: 0), Device=Dev),
-                           RawModule=lambda **kw: loaded.append(kw) or kw)
-    monkeypatch.setattr(_loader, "cupy", lambda: fake)
+    built = []
+    cp = fake_cuda.make_cupy(compute_capability=90)  # the shared fake device records every RawModule
+    monkeypatch.setattr(_loader, "cupy", lambda: cp)
     monkeypatch.setattr(_loader, "_cubin", lambda code, file, arch: built.append((file, arch)) or b"cubin")
     monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(_loader, "_modules", {})
@@ -261,7 +251,9 @@ def test_loader_compiles_marked_files_to_an_sm90a_cubin(monkeypatch, tmp_path):
     _loader.module("sdpa_wgmma.cu")
     _loader.module("sdpa_wgmma.cu")  # cached: built once
     assert built == [("sdpa_wgmma.cu", "90a")]
-    (path,) = [kw["path"] for kw in loaded]
+    (path,) = [m.path for m in cp.device.modules]
     assert Path(path).parent == tmp_path and "sm90a" in Path(path).name and Path(path).read_bytes() == b"cubin"
     _loader.module("sdpa.cu")  # unmarked: CuPy compiles it from source for sm_90
-    assert loaded[-1]["options"] == ("-std=c++17", "-arch=sm_90") and built == [("sdpa_wgmma.cu", "90a")]
+    last = cp.device.modules[-1]
+    assert last.path is None and "blu_" in last.code and last.options == ("-std=c++17", "-arch=sm_90")
+    assert built == [("sdpa_wgmma.cu", "90a")]

@@ -1,7 +1,7 @@
 """Measure the profiler's cost on CPU: step time with bluprofiler never used, after a session
 (profiler off), and with a session running (timing+memory, and timing only).
 
-    python packages/bluprofiler/dev/overhead_cpu.py [preset=small] [reps=7]
+    python benchmarks/bluprofiler/overhead_cpu.py [preset=small] [reps=7]
 
 Prints min/median step ms (process CPU time, one BLAS thread) per mode and the ratios of the
 minima; the modes are interleaved so drift hits all of them alike.

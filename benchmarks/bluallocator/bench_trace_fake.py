@@ -1,5 +1,5 @@
 """CPU benchmark on the fake device: memory reserved for transformer-like traces, with and without the
-step-0 alignment profile and start-up flush. Usage: python bench_trace_fake.py [out_dir]."""
+step-0 alignment profile and start-up flush. Usage: python benchmarks/bluallocator/bench_trace_fake.py [out_dir]."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "packages", "bluallocator", "dev"))  # alloc_trace: the trace generator
 from alloc_trace import replay, transformer_trace  # noqa: E402
 from bluallocator import CachingAllocator, FakeDeviceBackend  # noqa: E402
 
