@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checkpoint benchmark on one CUDA GPU: benchmarks/checkpoint_cuda.sh OUT.json [checkpoint_bench.py args]
-# (default sizes 774m,1.5b; checkpoints go to a fresh directory under /tmp). Wheels in .whl/ are installed into
-# a private directory first, as benchmarks/gpu_suite.sh does.
+# (default sizes 774m,1.5b; checkpoints go to /tmp/ckpt). On a machine without a package index, wheels in .whl/
+# (dev/gpu_wheels.sh builds them) are installed into a private directory first, as benchmarks/gpu_suite.sh does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then

@@ -16,7 +16,7 @@ run it; others run strict. GEMMs whose reduction is longer than :func:`max_3xtf3
 ``max_3xtf32_k``, ``BLUTRAIN_3XTF32_MAX_K``, default 4096) run strict even then: the tensor cores truncate their
 fp32 sums, and over the 16K tokens of a weight gradient that bias made 3xtf32's error many times SGEMM's (a small
 multiple at K <= 3072), enough to double the loss drift in training (measured: see
-benchmarks/results/e2e_gpt2_fp32_h200_run1.json and e2e_gpt2_fp32_h200_run2.json).
+benchmarks/results/e2e_gpt2_fp32_h200_3xtf32_all_gemms.json and e2e_gpt2_fp32_h200_3xtf32_k4096.json).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ SIMT kernel 'f32' there
 Why tf32x3 is the default: in the end-to-end runs (GPT-2 124M, 50 steps from PyTorch's weights and batches) its
 loss stays as close to PyTorch fp32 eager as PyTorch fp32 on cuBLASLt instead of cuBLAS stays to itself, and it
 is faster than PyTorch's fp32 attention where the SIMT kernel is slower (measured: see
-benchmarks/results/e2e_gpt2_fp32_h200.json and e2e_gpt2_fp32_h200_run2.json). Calls the kernels do not
+benchmarks/results/e2e_gpt2_fp32_h200.json and e2e_gpt2_fp32_h200_3xtf32_k4096.json). Calls the kernels do not
 cover (an explicit mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
 Backward (:func:`fused_backward`): 'tf32x3' runs one fused kernel (dK, dV, and dQ added with fp32 atomics: 5
 products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' has one too, opt-in, FUSED_AUTO);

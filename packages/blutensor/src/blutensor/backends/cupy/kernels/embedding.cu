@@ -40,8 +40,9 @@ __device__ void emb_forward(const long long* __restrict__ idx, const T* __restri
 
 // Backward grids are (N, ceil(C / blockDim.x)): block (j, y) looks at sorted position j. BLU_RUN_OWNER declares j,
 // the weight row v and the column c, and returns unless this block sits at the first position of a run of one
-// in-range index and c < C. (A macro, not a function: the default backward then compiles to exactly the machine
-// code that was measured on the H200; a bool helper reorders its branches.)
+// in-range index and c < C. (A macro, not a function: its early returns stay in the kernel body in this order,
+// the cheap owner test first; a bool helper lets the compiler reorder the branches and changes the default
+// backward's machine code.)
 #define BLU_RUN_OWNER                                                                                            \
     const long long j = blockIdx.x;                                                                              \
     const long long v = sorted_idx[j];                                                                           \
