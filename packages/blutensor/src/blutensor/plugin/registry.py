@@ -25,8 +25,8 @@ class PluginRecord:
 class Registry:
     """Plugin classes of one kind, keyed by ``PLUGIN_NAME``.
 
-    ``select(kind)`` resolves an explicit name, else the env var ``BLUTRAIN_<KIND>``,
-    else the first available name in ``defaults`` (the documented "best available").
+    ``select(name)`` resolves an explicit name, else the first available name in ``defaults`` (the documented
+    "best available"); it reads no environment variable (the execution policy's fields carry those).
     """
 
     def __init__(self, kind: str, defaults: tuple[str, ...] = ()):
