@@ -98,3 +98,16 @@ def test_blublas_reads_no_environment_variable_outside_settings():
         text = f.read_text()
         assert not re.search(r"environ(\.get)?\(?\[?[\"']BLUBLAS_", text), f.name
         assert not re.search(r"getenv\([\"']BLUBLAS_", text), f.name
+
+
+def test_a_bad_switch_fails_the_first_gemm_even_on_the_cpu(monkeypatch):
+    import numpy as np
+    from blublas import gemm
+
+    a = np.ones((2, 3), np.float32)
+    monkeypatch.setenv("BLUBLAS_WGMMA", "maybe")
+    with pytest.raises(GemmError, match="BLUBLAS_WGMMA must be auto, 1 \\(on\\) or 0 \\(off\\), got 'maybe'"):
+        gemm(a, a, trans_b=True)
+    monkeypatch.delenv("BLUBLAS_WGMMA")
+    settings.reset()
+    np.testing.assert_allclose(gemm(a, a, trans_b=True), np.full((2, 2), 3.0))
