@@ -10,7 +10,7 @@ from dataclasses import replace
 import kernel_contract
 import numpy as np
 import pytest
-from blublas import GemmError, gemm, gemm_batched
+from blublas import GemmError, gemm, gemm_batched, settings
 from blublas.api import MatInfo, plan
 from blublas.reference import concat_3xtf32, gemm_reference, split_tf32, tf32_round
 from blublas.split_tf32 import plans_3xtf32, split_geometry
@@ -336,8 +336,12 @@ def test_max_temp_setting_is_validated(monkeypatch):
     with pytest.raises(GemmError, match="BLUBLAS_3XTF32_MAX_TEMP_MB"):
         max_temp_bytes()
     monkeypatch.setenv("BLUBLAS_3XTF32_MAX_TEMP_MB", "0")
+    settings.reset()
     with pytest.raises(GemmError, match="> 0"):
         max_temp_bytes()
+    monkeypatch.setenv("BLUBLAS_3XTF32_MAX_TEMP_MB", "3")
+    settings.reset()
+    assert max_temp_bytes() == 3 << 20
 
 
 def _gpu_rel_err(cp, out, a, b, ta, tb, rows):
@@ -366,6 +370,7 @@ def test_gpu_3xtf32_error_on_gpt2_gemms_is_fp32_level(name, layout, m, n, k, mon
                             ("tf32", "tf32", None)):
         if how:
             monkeypatch.setenv("BLUBLAS_3XTF32", how)
+            settings.reset()  # read once: the new split mode counts from the next GEMM on
         gemm(a, b, out, trans_a=ta, trans_b=tb, precision=prec, provider="cublas")
         cp.cuda.Device().synchronize()
         err[meth] = _gpu_rel_err(cp, out, a, b, ta, tb, rows)

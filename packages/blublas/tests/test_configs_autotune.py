@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from blublas import autotune, configs, loader
+from blublas import autotune, configs, loader, settings
 from blublas.errors import GemmError, ProviderUnavailable
 
 MACRO = re.compile(r"^BLU_(SIMT|TF32|BF16|WGMMA|WGMMA_TF32)_CONFIG\((\w+),\s*([\d,\s]+)\)", re.M)
@@ -147,9 +147,12 @@ def test_wgmma_only_on_sm90_and_only_when_enabled(monkeypatch):
     monkeypatch.setenv("BLUBLAS_WGMMA", "0")
     assert configs.variants_for("bf16", 90) == ["bf16"]
     monkeypatch.delenv("BLUBLAS_WGMMA")
+    assert configs.wgmma_mode() == "off"  # read once: unchanged until blublas.settings.reset()
+    settings.reset()
     assert configs.wgmma_mode() == "auto"  # considered, used once the on-device self-test passed
     assert configs.variants_for("bf16", 90) == ["bf16", "wgmma"]
     monkeypatch.setenv("BLUBLAS_WGMMA", "1")
+    settings.reset()
     assert configs.wgmma_mode() == "on"
     assert configs.variants_for("bf16", 90) == ["bf16", "wgmma"]
     assert configs.variants_for("bf16", 100) == ["bf16"]  # sm_90a code does not run on sm_100

@@ -6,7 +6,7 @@ from __future__ import annotations
 import kernel_contract
 import numpy as np
 import pytest
-from blublas import configs, launch, loader
+from blublas import configs, launch, loader, settings
 from blublas.testing import check_case, make_case
 
 
@@ -271,8 +271,13 @@ def test_launch_memo_replays_repeated_calls_and_never_a_changed_one(fcp, monkeyp
     assert not np.array_equal(doubled, first)
     monkeypatch.setenv("BLUBLAS_LAUNCH_MEMO", "0")
     api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4")
-    assert len(planned) == 3
+    assert len(planned) == 2  # the switches were read at the first GEMM: still memoized
+    settings.reset()  # read again: memo off (and the recorded launches forgotten)
+    api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4")
+    api.gemm(a, b, out, trans_b=True, precision="bf16", config="128x128x32_w2x2_s4")
+    assert len(planned) == 4
     monkeypatch.delenv("BLUBLAS_LAUNCH_MEMO")
+    settings.reset()
     big_a64 = rng.standard_normal((64, 2048))
     big_a = fcp.asarray(big_a64.astype(np.float32))
     big_b64 = rng.standard_normal((2048, 48))
@@ -282,10 +287,10 @@ def test_launch_memo_replays_repeated_calls_and_never_a_changed_one(fcp, monkeyp
     for _ in range(2):  # split-K: GEMM into the workspace + reduction, both replayed
         api.gemm(big_a, big_b, o2, precision="fp32", splits=4, config="64x64x8_s4")
         assert np.allclose(o2.get(), big_a64 @ big_b64, rtol=1e-4, atol=1e-3)
-    assert len(planned) == 4 and len(kernel_contract.LAUNCHES) == n0 + 4
+    assert len(planned) == 5 and len(kernel_contract.LAUNCHES) == n0 + 4
     loader.workspace(1 << 22)  # a larger GEMM grew the stream's workspace: the recorded one is stale
     api.gemm(big_a, big_b, o2, precision="fp32", splits=4, config="64x64x8_s4")
-    assert len(planned) == 5 and np.allclose(o2.get(), big_a64 @ big_b64, rtol=1e-4, atol=1e-3)
+    assert len(planned) == 6 and np.allclose(o2.get(), big_a64 @ big_b64, rtol=1e-4, atol=1e-3)
 
 
 def test_launch_memo_leaves_bad_arguments_to_the_planner(fcp):

@@ -9,7 +9,7 @@ import blutensor as bt
 import kernel_contract
 import numpy as np
 import pytest
-from blublas import GemmError, configs, launch, selftest, tma
+from blublas import GemmError, configs, launch, selftest, settings, tma
 from blublas.api import plan
 from blublas.testing import check_case, make_case
 
@@ -193,7 +193,7 @@ def test_vec8_epilogue_flag_only_where_16_byte_rows_allow(fcp):
     assert not gemm["flags"] & launch.F_VEC8  # N = 270: rows of 1080 bytes
 
 
-def test_tma_store_epilogue_only_for_plain_epilogues_on_tma_addressable_outputs(fcp):
+def test_tma_store_epilogue_only_for_plain_epilogues_on_tma_addressable_outputs(fcp, monkeypatch):
     """The output goes through the TMA-store map (the emulated kernel checks the map describes the output)
     for alpha/bias epilogues on 16-byte-row outputs, split-K partials included; beta, GELU or a pre-activation,
     or rows that are not 16-byte multiples, take the staged epilogue; BLUBLAS_WGMMA_TMA_STORE=0 turns it off."""
@@ -218,12 +218,10 @@ def test_tma_store_epilogue_only_for_plain_epilogues_on_tma_addressable_outputs(
     assert not flag(256, 264, 128, epilogue="gelu")
     assert not flag(256, 264, 128, epilogue="gelu", save_preact=True, bias="f32")
     kernel_contract.LAUNCHES.clear()
-    old = launch._TMA_STORE_ON
-    try:
-        launch._TMA_STORE_ON = False
-        assert not flag(256, 264, 128)
-    finally:
-        launch._TMA_STORE_ON = old
+    monkeypatch.setenv("BLUBLAS_WGMMA_TMA_STORE", "0")
+    assert flag(256, 264, 128)  # read at the first GEMM: unchanged until blublas.settings.reset()
+    settings.reset()
+    assert not flag(256, 264, 128)
 
 
 def test_shipped_h200_table_sets_the_default_for_the_gpt2_shapes(fcp):

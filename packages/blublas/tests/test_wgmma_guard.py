@@ -10,7 +10,7 @@ import subprocess
 import kernel_contract
 import numpy as np
 import pytest
-from blublas import autotune, configs, launch, selftest
+from blublas import autotune, configs, launch, selftest, settings
 from blublas.api import plan
 
 
@@ -98,6 +98,7 @@ def test_off_mode_never_probes_and_on_mode_forces(fcp, monkeypatch):
     p = _problem(fcp, "nt", "bf16", m=16384, n=2304, k=768)
     assert launch.usable_variants(p, 90, fcp.cuda.get_current_stream()) == ["bf16"] and calls == []
     monkeypatch.setenv("BLUBLAS_WGMMA", "1")
+    settings.reset()
     assert launch.usable_variants(p, 90, fcp.cuda.get_current_stream()) == ["bf16", "wgmma"] and calls == []
 
 

@@ -100,3 +100,24 @@ def test_presets_load_and_match_table():
         (3072, 20, 24, 2, 1024)
     with pytest.raises(ConfigError, match="unknown preset 'gpt5'"):
         load_preset("gpt5")
+
+
+def test_precision_names_are_the_execution_policys_one_list(monkeypatch):
+    """train.precision / train.fp32_gemm accept exactly the policy's CHOICES (blutensor.policy), and refuse the rest
+    naming them; the old module constant reads the same list."""
+    import blumodels.config as config
+    import blutensor as bt
+
+    assert config.precisions() == config.PRECISIONS == bt.policy.CHOICES["precision"]
+    assert config.fp32_gemms() == bt.policy.CHOICES["fp32_gemm"]
+    for p in bt.policy.PRECISIONS:
+        assert from_dict({"train": {"precision": p}}).train.precision == p
+    with pytest.raises(ConfigError, match=r"train\.precision must be 'fp32', 'tf32' or 'bf16', got 'bf61'; did you "
+                                          r"mean 'bf16'"):
+        from_dict({"train": {"precision": "bf61"}})
+    with pytest.raises(ConfigError, match=r"train\.fp32_gemm must be 'strict' or '3xtf32'"):
+        from_dict({"train": {"fp32_gemm": "fast"}})
+    monkeypatch.setattr(bt.policy, "PRECISIONS", ("fp32", "tf32", "bf16", "fp8"))  # one list: a new name is seen
+    assert "fp8" in config.precisions()
+    with pytest.raises(ConfigError, match=r"must be 'fp32', 'tf32', 'bf16' or 'fp8'"):
+        from_dict({"train": {"precision": "fp16"}})

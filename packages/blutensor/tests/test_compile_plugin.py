@@ -92,3 +92,22 @@ def test_bad_input_names_the_culprit(fresh):
         bt.compile(3, backend="testcomp.identity")
     with pytest.raises(TypeError, match="backend must be a plugin name"):
         bt.compile(step, backend=Identity)
+
+
+def test_compiler_is_a_policy_field_read_once_and_scoped(fresh, monkeypatch):
+    """BLUTRAIN_COMPILER feeds the policy's ``compiler`` (read once: a later change needs reset_defaults); a scope
+    chooses the compiler of bt.compile for a region; an unknown name is refused naming it."""
+    fresh.register(Plugin(), name="testcomp")
+    monkeypatch.setenv("BLUTRAIN_COMPILER", "testcomp.double")
+    bt.policy.reset_defaults()
+    x = bt.tensor([2.0])
+    np.testing.assert_allclose(host(bt.compile(step)(x)), 8.0)
+    monkeypatch.setenv("BLUTRAIN_COMPILER", "testcomp.identity")  # not read again ...
+    np.testing.assert_allclose(host(bt.compile(step)(x)), 8.0)
+    with bt.policy.scope(compiler="testcomp.identity"):  # ... but a scope chooses for its region
+        np.testing.assert_allclose(host(bt.compile(step)(x)), 4.0)
+    bt.policy.reset_defaults()
+    assert bt.policy.current().compiler == "testcomp.identity"
+    np.testing.assert_allclose(host(bt.compile(step)(x)), 4.0)
+    with bt.policy.scope(compiler="nope"), pytest.raises(PluginError, match=r"no compiler plugin named 'nope'"):
+        bt.compile(step)

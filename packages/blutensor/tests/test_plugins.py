@@ -96,12 +96,21 @@ def test_explicit_selection_overrides_priority(fresh, monkeypatch):
     x.exp()
     assert CALLS["forward"] == 0
     dispatch.use_kernel("exp", None)
+    x.exp()
+    assert CALLS["forward"] == 1  # back to automatic: the plugin's PRIORITY wins
     monkeypatch.setenv("BLUTRAIN_KERNELS", "exp=blutensor.exp")
     dispatch.clear_cache()
     x.exp()
-    assert CALLS["forward"] == 0
+    assert CALLS["forward"] == 2  # read once, at the first op: a later change is not seen ...
+    bt.policy.reset_defaults()  # ... until the defaults are read again
+    x.exp()
+    assert CALLS["forward"] == 2
+    dispatch.use_kernel("exp", "testplug.exp")  # use_kernel wins over the variable
+    x.exp()
+    assert CALLS["forward"] == 3
+    dispatch.use_kernel("exp", None)
     monkeypatch.setenv("BLUTRAIN_KERNELS", "exp=nope.exp")
-    dispatch.clear_cache()
+    bt.policy.reset_defaults()
     with pytest.raises(bt.BluTensorError, match=r"kernel 'nope.exp' configured for op 'exp' does not exist"):
         x.exp()
 

@@ -14,7 +14,7 @@ from blutensor.policy import CHOICES, ENV, ExecutionPolicy
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for var in ENV.values():
+    for var in [*ENV.values(), bt.policy.KERNELS_ENV]:
         monkeypatch.delenv(var, raising=False)
     bt.policy.reset_defaults()
     yield
@@ -41,6 +41,8 @@ def test_other_fields_are_checked_too():
         ExecutionPolicy(max_3xtf32_k="8")
     with pytest.raises(ValueError, match=r"ExecutionPolicy.gemm must be 'auto' or a registered GEMM provider"):
         ExecutionPolicy(gemm="")
+    with pytest.raises(ValueError, match=r"ExecutionPolicy.compiler must be 'auto' or a registered compiler"):
+        ExecutionPolicy(compiler=3)
     with pytest.raises(ValueError, match=r"ExecutionPolicy has no field 'fp32_gem'; fields: precision, fp32_gemm"):
         ExecutionPolicy().replace(fp32_gem="3xtf32")
     with pytest.raises(ValueError, match=r"ExecutionPolicy.precision must be one of"):
@@ -66,6 +68,7 @@ def test_other_fields_are_checked_too():
     ("BLUTRAIN_GEMM", "xp", "gemm", "xp"),
     ("BLUTRAIN_DETERMINISTIC", "1", "deterministic", True),
     ("BLUTRAIN_VALIDATE_INDICES", "0", "validate_indices", "off"),
+    ("BLUTRAIN_COMPILER", "testcomp.identity", "compiler", "testcomp.identity"),
 ])
 def test_each_variable_sets_its_field(var, raw, field, want):
     assert ENV[field] == var
@@ -109,6 +112,41 @@ def test_the_environment_is_read_once_at_first_use(monkeypatch):
     assert len(reads) == 1
     bt.policy.reset_defaults()  # tests: read it again
     assert bt.policy.current().attention_backward == "fused" and len(reads) == 2
+
+
+def test_one_list_of_precision_names():
+    """The policy's CHOICES are the one list: the public PRECISIONS / FP32_GEMMS, bt.set_matmul_precision's check
+    and blutensor.gemm's (blumodels' config reads the same: packages/blumodels/tests/test_config.py)."""
+    from blutensor import gemm
+
+    assert bt.policy.PRECISIONS is CHOICES["precision"] is gemm.PRECISIONS
+    assert bt.policy.FP32_GEMMS is CHOICES["fp32_gemm"] is gemm.FP32_GEMMS is ext.FP32_GEMMS
+    with pytest.raises(ValueError, match=r"matmul precision must be one of \('fp32', 'tf32', 'bf16'\), got 'fp16'"):
+        bt.set_matmul_precision("fp16")
+    for p in bt.policy.PRECISIONS:
+        bt.set_matmul_precision(p)
+        assert bt.get_matmul_precision() == p
+
+
+def test_kernel_overrides_are_read_once_and_again_after_reset(monkeypatch):
+    monkeypatch.setenv("BLUTRAIN_KERNELS", " relu = example.relu , gelu=blutensor.gelu,")
+    assert bt.policy.env_kernels() == {"relu": "example.relu", "gelu": "blutensor.gelu"}
+    monkeypatch.setenv("BLUTRAIN_KERNELS", "relu=other.relu")  # later changes of the environment change nothing
+    assert bt.policy.env_kernels() == {"relu": "example.relu", "gelu": "blutensor.gelu"}
+    bt.policy.env_kernels()["relu"] = "mutated"  # a copy: the read-once table stays as read
+    assert bt.policy.env_kernels()["relu"] == "example.relu"
+    bt.policy.reset_defaults()
+    assert bt.policy.env_kernels() == {"relu": "other.relu"}
+
+
+@pytest.mark.parametrize("spec", ["relu", "relu=", "=example.relu", "relu=a.relu,gelu"])
+def test_a_bad_kernel_override_is_named_at_first_use(monkeypatch, spec):
+    monkeypatch.setenv("BLUTRAIN_KERNELS", spec)
+    bt.policy.reset_defaults()
+    with pytest.raises(ValueError, match=r"BLUTRAIN_KERNELS entry '.*' is not of the form op=plugin"):
+        bt.tensor([1.0, -1.0]).exp()  # the first op reads it
+    with pytest.raises(ValueError, match="BLUTRAIN_KERNELS"):  # every use, not only the first
+        bt.policy.env_kernels()
 
 
 def test_a_bad_variable_fails_at_first_use_naming_it(monkeypatch):

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from . import settings as _settings
 from .errors import GemmError
 from .reference import bf16_bits_to_f32, concat_3xtf32, f32_to_bf16_bits, gemm_reference
 
@@ -354,7 +355,10 @@ def _dispatch(
 def _planned_gemm(a, b, out, batched, trans_a, trans_b, alpha, beta, bias, epilogue, save_preact, precision,
                   stream, provider, config, splits, autotune):
     """The one body of :func:`gemm` and :func:`gemm_batched`: validate into a plan, then dispatch it. A CuPy
-    call repeated with the same arrays and options replays its recorded launch (blublas.memo)."""
+    call repeated with the same arrays and options replays its recorded launch (blublas.memo). The switches
+    (blublas.settings) are read, and a bad one refused by name, at the first call, whichever the device."""
+    if _settings._current is None:
+        _settings.get()
     key = None
     if provider == "blublas" and precision != "3xtf32" and out is not None and not isinstance(a, np.ndarray):
         from . import memo

@@ -20,8 +20,9 @@ _lock = threading.Lock()
 
 def cache_dir() -> Path:
     """Where the autotune cache lives (``BLUBLAS_CACHE_DIR`` overrides ``~/.cache/blublas``)."""
-    env = os.environ.get("BLUBLAS_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "blublas"
+    from . import settings
+
+    return settings.get().cache_dir
 
 
 def problem_key(cc: int, variant: str, layout: str, m: int, n: int, k: int, batch: int, out_dtype: str) -> str:
@@ -96,20 +97,20 @@ def shipped(key: str) -> dict[str, Any] | None:
 _default_cache: AutotuneCache | None = None
 
 
-_default_env: str | None = None
-
-
 def default_cache() -> AutotuneCache:
-    """The process-wide cache at ``cache_dir()`` (re-created when BLUBLAS_CACHE_DIR changes; the path is only
-    rebuilt then: it is looked up on every GEMM call)."""
-    global _default_cache, _default_env
-    env = os.environ.get("BLUBLAS_CACHE_DIR")
-    if _default_cache is None or env != _default_env:
-        path = cache_dir() / "autotune.json"
-        if _default_cache is None or _default_cache.path != path:
-            _default_cache = AutotuneCache(path)
-        _default_env = env
-    return _default_cache
+    """The process-wide cache at ``cache_dir()`` (made once; blublas.settings.reset forgets it, so a changed
+    BLUBLAS_CACHE_DIR is honoured after a reset: it is looked up on every GEMM call)."""
+    global _default_cache
+    c = _default_cache
+    if c is None:
+        c = _default_cache = AutotuneCache(cache_dir() / "autotune.json")
+    return c
+
+
+def forget_default_cache() -> None:
+    """Drop the process-wide cache handle (blublas.settings.reset: the next use opens ``cache_dir()`` again)."""
+    global _default_cache
+    _default_cache = None
 
 
 def tune(

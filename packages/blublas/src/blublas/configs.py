@@ -9,9 +9,9 @@ autotuner (autotune.py) replaces that guess by a measurement when asked.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
+from . import settings as _settings
 from .errors import GemmError, ProviderUnavailable
 
 #: precision -> kernel variant -> source file
@@ -246,14 +246,10 @@ def arch_info(cc: int) -> ArchInfo:
 
 
 def wgmma_mode() -> str:
-    """BLUBLAS_WGMMA: '1' use the sm_90a wgmma kernels, '0' never, unset/'auto' use them once a quick
-    on-device self-test against float64 has passed (see launch.usable_variants)."""
-    v = os.environ.get("BLUBLAS_WGMMA", "auto").strip().lower()
-    if v in ("1", "on", "true", "yes"):
-        return "on"
-    if v in ("0", "off", "false", "no"):
-        return "off"
-    return "auto"
+    """BLUBLAS_WGMMA (blublas.settings, read once): 'on' (``1``) use the sm_90a wgmma kernels, 'off' (``0``)
+    never, 'auto' (unset) use them once a quick on-device self-test against float64 has passed (see
+    launch.usable_variants)."""
+    return _settings.get().wgmma
 
 
 def wgmma_enabled() -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import settings
 from .errors import ProviderUnavailable
 
 # enum values from cublasLt.h / library_types.h (stable across CUDA 11-13)
@@ -66,7 +67,7 @@ def _candidate_paths(major: int | None) -> list[str]:
     names = [f"libcublasLt.so.{major}"] if major else []
     names += ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
     paths: list[str] = []
-    env = os.environ.get("BLUBLAS_CUBLASLT")
+    env = settings.get().cublaslt
     if env:
         paths.append(env)
     try:  # whatever CuPy (or anything else) already loaded into this process
@@ -406,7 +407,7 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
 
 def tune_enabled() -> bool:
     """BLUBLAS_CUBLASLT_TUNE (default on): time cuBLASLt's top heuristic algorithms once per problem."""
-    return os.environ.get("BLUBLAS_CUBLASLT_TUNE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return settings.get().cublaslt_tune
 
 
 def _is_capturing(stream: Any) -> bool:

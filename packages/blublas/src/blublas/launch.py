@@ -5,7 +5,6 @@ is skipped while the stream is capturing (the heuristic or a cached choice is us
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -13,16 +12,16 @@ import numpy as np
 from . import autotune as _at
 from . import configs, loader
 from . import memo as _memo
+from . import settings as _settings
 from .api import Problem
 from .errors import GemmError
 
 F_BIAS, F_BIAS_BF16, F_GELU, F_PREACT, F_OUT_BF16, F_BETA, F_VEC, F_PAIR = 1, 2, 4, 8, 16, 32, 64, 128
 F_VEC8 = 256  # TMA kernels only (gemm_wgmma.cuh): 16-byte stores of 8 output columns
 F_TMA_STORE = 1024  # TMA kernels only: the output written by TMA stores (no beta, GELU or pre-activation)
-# BLUBLAS_WGMMA_TMA_STORE=0 (read once at import): always the staged epilogue (A/B and a kill switch)
-_TMA_STORE_ON = os.environ.get("BLUBLAS_WGMMA_TMA_STORE", "1").strip() != "0"
-# diagnostics of the TMA kernels (main-loop time alone in bench_gemm_configs.py): skip the epilogue, read once at import
-F_NO_EPILOGUE = 512 if os.environ.get("BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE") == "1" else 0
+# diagnostics of the TMA kernels (main-loop time alone in bench_gemm_configs.py): skip the epilogue, set only under
+# BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE=1 (blublas.settings: debug_no_epilogue)
+F_NO_EPILOGUE = 512
 EPILOGUE_FILE = "gemm_epilogue.cu"
 TRANSPOSE_FILE = "transpose.cu"
 MAX_GRID_Z = 65535
@@ -186,7 +185,7 @@ def tma_store_map(ptr: int, rows: int, cols: int, ld: int, nz: int, bstride: int
     address (base, leading dimension or batch stride not 16-byte aligned)."""
     from . import tma
 
-    if not _TMA_STORE_ON or flags & (F_BETA | F_GELU | F_PREACT | F_NO_EPILOGUE):
+    if not _settings.get().wgmma_tma_store or flags & (F_BETA | F_GELU | F_PREACT | F_NO_EPILOGUE):
         return None
     spec = tma.operand_spec(ptr, rows, cols, ld, nz if nz > 1 else 0, bstride, itemsize, 64)
     if tma.spec_problem(spec):
@@ -209,7 +208,7 @@ def _is_capturing(stream: Any) -> bool:
 def _autotune_enabled(flag: bool | None) -> bool:
     if flag is not None:
         return flag
-    return os.environ.get("BLUBLAS_AUTOTUNE", "0") not in ("", "0", "false", "False")
+    return _settings.get().autotune
 
 
 def launch(
@@ -269,7 +268,8 @@ def _launch_body(
         vec8 = vec8_ok(cptr, ldc, sc, p.batch, osz) and (preact is None or vec8_ok(pptr, ldp, sp, p.batch, osz))
         if vec8:
             flags |= F_VEC8
-        flags |= F_NO_EPILOGUE
+        if _settings.get().debug_no_epilogue:
+            flags |= F_NO_EPILOGUE
     extra: tuple = ()
     tma_store = 0
     grid = (gx, gy, gz)

@@ -138,11 +138,12 @@ def use_kernel_cache(cache: Any) -> None:
 def cubin_dir() -> Path:
     """Where arch-specific cubins are cached: BLUBLAS_CACHE_DIR/kernels (default ~/.cache/blublas/kernels) when
     blutensor's kernel-cache checks are installed and pass, else a private directory of this process."""
-    import os
     import tempfile
 
     global _private_dir
-    base = Path(os.environ.get("BLUBLAS_CACHE_DIR") or Path.home() / ".cache" / "blublas") / "kernels"
+    from . import settings
+
+    base = settings.get().cache_dir / "kernels"
     if _kernel_cache is not None:
         return _kernel_cache.safe_directory(base, "blublas cubins")
     if _private_dir is None:

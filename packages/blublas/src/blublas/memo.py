@@ -5,15 +5,16 @@ microseconds of Python, as much as a small GEMM's kernel. launch.launch records 
 under its key; the next identical call (api._planned_gemm) replays them without planning. Nothing is recorded
 while capturing (launch.run_blublas); launches that use the stream's workspace (split-K partials, K-major copies)
 replay only while that buffer is unchanged; every switch that changes the plan is part of the key.
-``BLUBLAS_LAUNCH_MEMO=0`` turns it off; :func:`clear` forgets everything.
+``BLUBLAS_LAUNCH_MEMO=0`` turns it off; :func:`clear` forgets everything (and so does blublas.settings.reset: the
+switches are read once, so a recorded plan stays valid until they are read again).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from . import loader
+from . import settings as _settings
 
 _launch_memo: dict[tuple, tuple] = {}
 _MEMO_MAX = 4096
@@ -33,17 +34,13 @@ def _arr_key(x: Any) -> tuple | None:
 
 def key(a: Any, b: Any, out: Any, bias: Any, save_preact: Any, stream: Any, opts: tuple) -> tuple | None:
     """The memo key of a CuPy GEMM call (None: do not memoize); ``opts``: every scalar argument."""
-    if os.environ.get("BLUBLAS_LAUNCH_MEMO", "1") == "0":
+    if not _settings.get().launch_memo:
         return None
     import cupy
 
-    from . import launch
-
     st = stream if stream is not None else cupy.cuda.get_current_stream()
-    switches = (launch._TMA_STORE_ON, launch.F_NO_EPILOGUE, os.environ.get("BLUBLAS_WGMMA"),
-                os.environ.get("BLUBLAS_AUTOTUNE"))
     try:
-        k = (st.ptr, _arr_key(a), _arr_key(b), _arr_key(out), _arr_key(bias), _arr_key(save_preact), opts, switches)
+        k = (st.ptr, _arr_key(a), _arr_key(b), _arr_key(out), _arr_key(bias), _arr_key(save_preact), opts)
         hash(k)
     except (AttributeError, TypeError):  # not arrays / unhashable options: plan() names what is wrong
         return None

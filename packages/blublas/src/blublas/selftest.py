@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import settings
+
 #: problems every config must pass: aligned (16-byte cp.async path), odd edges (element path), and enough k
 #: tiles to wrap every pipeline stage (the last stage ends at the end of the shared-memory allocation)
 PROBE_SHAPES = ((200, 264, 136), (130, 70, 99), (257, 129, 330))
@@ -35,7 +37,7 @@ def tma_shape(m: int, n: int, k: int, layout: str, precision: str) -> tuple[int,
     n2 = n if tb else up(n)
     k2 = up(k) if (not ta or tb) else k
     return m2, n2, k2
-PROBE_TIMEOUT_S = 300  # BLUBLAS_SELFTEST_TIMEOUT overrides; a hung child counts as a failure
+PROBE_TIMEOUT_S = settings.Settings.selftest_timeout  # BLUBLAS_SELFTEST_TIMEOUT overrides; a hung child fails
 
 
 def probe_inproc(variant: str, layout: str, precision: str, cc: int) -> tuple[bool, str]:
@@ -129,7 +131,7 @@ def probe_subprocess(variant: str, layout: str, precision: str, cc: int, device_
     if tma.available():  # the child encodes its tensor maps with the module this process was given
         cmd += ["--tma-encoder", tma.encoder().__name__]
     try:
-        timeout = float(os.environ.get("BLUBLAS_SELFTEST_TIMEOUT", PROBE_TIMEOUT_S))
+        timeout = settings.get().selftest_timeout
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"self-test process failed: {type(exc).__name__}: {exc}"
@@ -152,7 +154,7 @@ def _visible_device(device_id: int) -> str:
 
 def probe(variant: str, layout: str, precision: str, cc: int, device_id: int) -> tuple[bool, str]:
     """Cached verdict, else run the self-test (subprocess by default) and cache it."""
-    inproc = os.environ.get("BLUBLAS_WGMMA_PROBE", "subprocess").strip().lower() == "inproc"
+    inproc = settings.get().wgmma_probe == "inproc"
     key = cache_key(variant, layout, device_id)
     hit = _read_cache().get(key)
     if isinstance(hit, dict) and "ok" in hit:

@@ -17,38 +17,29 @@ the caller's stream (stream-ordered reuse), nothing synchronises the host: usabl
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from . import settings as _settings
 from .api import MatInfo, Problem
-from .errors import GemmError
 
 KERNEL_FILE = "split_tf32.cu"
-MODES = ("concat", "two")
+MODES = _settings.SPLIT_MODES
 MIN_CHUNK_K = 256
 
 
 def max_temp_bytes() -> int:
-    """BLUBLAS_3XTF32_MAX_TEMP_MB (default 1024): cap on the split operands of one GEMM; longer K runs in chunks."""
-    v = os.environ.get("BLUBLAS_3XTF32_MAX_TEMP_MB", "1024").strip()
-    try:
-        mb = int(v)
-    except ValueError:
-        raise GemmError(f"BLUBLAS_3XTF32_MAX_TEMP_MB must be an integer number of MiB, got {v!r}") from None
-    if mb <= 0:
-        raise GemmError(f"BLUBLAS_3XTF32_MAX_TEMP_MB must be > 0, got {mb}")
-    return mb << 20
+    """BLUBLAS_3XTF32_MAX_TEMP_MB (default 1024; blublas.settings, read once): cap on the split operands of one
+    GEMM, in bytes; longer K runs in chunks."""
+    return _settings.get().max_3xtf32_temp_bytes
 
 
 def mode() -> str:
-    """BLUBLAS_3XTF32 (default 'two'): 'two' GEMMs (2K, then K with beta = 1), or one GEMM over 3K ('concat')."""
-    m = os.environ.get("BLUBLAS_3XTF32", "two").strip().lower() or "two"
-    if m not in MODES:
-        raise GemmError(f"BLUBLAS_3XTF32 must be one of {MODES}, got {m!r}")
-    return m
+    """BLUBLAS_3XTF32 (default 'two'; blublas.settings, read once): 'two' GEMMs (2K, then K with beta = 1), or
+    one GEMM over 3K ('concat')."""
+    return _settings.get().split_3xtf32
 
 
 def split_geometry(info: MatInfo, k_along_cols: bool, parts: int) -> tuple[int, int, int, int]:

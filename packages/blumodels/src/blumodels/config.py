@@ -38,15 +38,30 @@ def model_families() -> tuple[str, ...]:
     return tuple(model_registry().names())
 
 
+def precisions() -> tuple[str, ...]:
+    """What ``train.precision`` may be: the execution policy's one list (``bt.policy.PRECISIONS``)."""
+    from blutensor import policy
+
+    return policy.PRECISIONS
+
+
+def fp32_gemms() -> tuple[str, ...]:
+    """What ``train.fp32_gemm`` may be: the execution policy's one list (``bt.policy.FP32_GEMMS``)."""
+    from blutensor import policy
+
+    return policy.FP32_GEMMS
+
+
 def __getattr__(name: str) -> Any:
     if name == "MODEL_FAMILIES":  # what the Trainer builds, read from the plugin registry when asked
         return model_families()
+    if name == "PRECISIONS":  # train.precision's values: the execution policy's, read when asked
+        return precisions()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 TOKENIZERS = ("auto", "gpt2", "bpe")  # data.tokenizer (blumodels.data.prepare.TOKENIZER_CHOICES)
 BUILTIN_CORPORA = ("pydocs",)  # data.corpus (blumodels.data.corpus.BUILTIN_CORPORA; not imported: no NumPy here)
-PRECISIONS = ("fp32", "tf32", "bf16")  # train.precision
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 MAX_PATH_CHARS = 4096  # PATH_MAX: a longer data.dir cannot be opened
 MAX_TOML_BYTES = 16 << 20  # a config file larger than this is not a config
@@ -350,12 +365,13 @@ class RunConfig:
         if t.nan_policy not in ("stop", "skip"):
             raise ConfigError(f"train.nan_policy must be 'stop' or 'skip', got {t.nan_policy!r}"
                               f"{_did_you_mean(t.nan_policy, ('stop', 'skip'))}")
-        if t.precision not in PRECISIONS:
-            raise ConfigError(f"train.precision must be 'fp32', 'tf32' or 'bf16', got {t.precision!r}"
-                              f"{_did_you_mean(t.precision, PRECISIONS)}")
-        if t.fp32_gemm not in ("strict", "3xtf32"):
-            raise ConfigError(f"train.fp32_gemm must be 'strict' or '3xtf32' (fp32-accurate split-TF32 GEMMs), "
-                              f"got {t.fp32_gemm!r}{_did_you_mean(t.fp32_gemm, ('strict', '3xtf32'))}")
+        precs, fp32_gemms_ = precisions(), fp32_gemms()
+        if t.precision not in precs:
+            raise ConfigError(f"train.precision must be {_one_of(precs)}, got {t.precision!r}"
+                              f"{_did_you_mean(t.precision, precs)}")
+        if t.fp32_gemm not in fp32_gemms_:
+            raise ConfigError(f"train.fp32_gemm must be {_one_of(fp32_gemms_)} ('3xtf32': fp32-accurate "
+                              f"split-TF32 GEMMs), got {t.fp32_gemm!r}{_did_you_mean(t.fp32_gemm, fp32_gemms_)}")
         from blumodels import gemm_choice
 
         gemm_choice.check(t)  # a registered provider that declares what precision / cuda_graph ask of it
@@ -445,6 +461,12 @@ def _shown(v: Any) -> str:
     """repr() of a value for an error message, cut to 60 characters (a 5,000-character value is not echoed)."""
     r = repr(v)
     return r if len(r) <= 60 else f"{r[:40]}...({len(r)} characters)"
+
+
+def _one_of(choices: Any) -> str:
+    """"'a', 'b' or 'c'" for an error message."""
+    q = [repr(str(c)) for c in choices]
+    return q[0] if len(q) == 1 else f"{', '.join(q[:-1])} or {q[-1]}"
 
 
 def _did_you_mean(word: str, choices: Any, prefix: str = "") -> str:

@@ -84,7 +84,7 @@ def resolve(train: Any, device: str) -> type | None:
 
     name = bt.policy.env_defaults().gemm if train.gemm == "auto" else ALIASES.get(train.gemm, train.gemm)
     try:
-        prov = get_host().registry("gemm").select(None if name == "auto" else name, env=False)
+        prov = get_host().registry("gemm").select(None if name == "auto" else name)
     except PluginError as e:
         raise ConfigError(f"train.gemm = {train.gemm!r}: {e}") from None
     if train.gemm == "auto" and (bad := misfits(prov, train)):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from blutensor import policy as _policy
 from blutensor.plugin import PluginError, get_host
 
 __all__ = ["compile", "compiler_backends"]
@@ -18,6 +19,10 @@ def compiler_backends() -> list[str]:
 
 
 def _backend(name: str | None) -> type:
+    """The compiler plugin ``name`` names, else the execution policy's ``compiler`` ('auto': the defaults)."""
+    if name is None:
+        name = _policy.current().compiler
+        name = None if name == "auto" else name
     reg = get_host().registry("compiler")
     if name is None and not len(reg):
         raise PluginError("bt.compile: no compiler plugin is installed (pip install blucompiler, or register "
@@ -28,7 +33,8 @@ def _backend(name: str | None) -> type:
 def compile(fn: Callable | None = None, *, backend: str | None = None,  # noqa: A001 - PyTorch's name
             options: Mapping[str, Any] | None = None) -> Any:
     """Compile ``fn`` (typically a whole training step) with the compiler plugin ``backend``: by default
-    ``$BLUTRAIN_COMPILER``, else the first available of the host's defaults ("blucompiler"). ``options`` are
+    the execution policy's ``compiler`` (``bt.policy.scope(compiler=...)``; its default ``BLUTRAIN_COMPILER``, read
+    once), 'auto' being the first available of the host's defaults ("blucompiler"). ``options`` are
     passed to that plugin's ``compile`` (blucompiler: ``backend``, ``cuda_graph``, ``force_eager``, ``dump``).
     Without ``fn`` it returns a decorator: ``@bt.compile(options={...})``."""
     if backend is not None and not isinstance(backend, str):

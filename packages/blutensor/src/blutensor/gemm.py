@@ -25,7 +25,8 @@ import numpy as np
 
 from blutensor import policy as _policy
 
-FP32_GEMMS = _policy.CHOICES["fp32_gemm"]
+FP32_GEMMS = _policy.FP32_GEMMS
+PRECISIONS = _policy.PRECISIONS
 _resolved: dict = {}  # (provider name, plugin host, registrations) -> provider class
 
 
@@ -59,7 +60,7 @@ def resolve_gemm_provider(name: str = "auto") -> type:
     key = (name, id(host), len(reg))
     prov = _resolved.get(key)
     if prov is None:
-        prov = reg.select(None if name == "auto" else name, env=False)
+        prov = reg.select(None if name == "auto" else name)
         if len(_resolved) >= 16:  # stale hosts or registrations (tests): start over
             _resolved.clear()
         _resolved[key] = prov
@@ -84,8 +85,8 @@ def get_gemm_provider():
 
 def set_matmul_precision(mode: str) -> None:
     """'fp32' (strict), 'tf32' (matrix units for fp32) or 'bf16' for CUDA GEMMs (the policy's ``precision``)."""
-    if mode not in ("fp32", "tf32", "bf16"):
-        raise ValueError(f"matmul precision must be 'fp32', 'tf32' or 'bf16', got {mode!r}")
+    if mode not in PRECISIONS:
+        raise ValueError(f"matmul precision must be one of {PRECISIONS}, got {mode!r}")
     _policy.update(precision=mode)
 
 

@@ -15,10 +15,13 @@ variables or module globals, so one object says what a run does and a region of 
         ...
     bt.policy.set_default(p)                     # process-wide (what code outside any scope sees)
 
-Defaults come from the environment variables of :data:`ENV` (``BLUTRAIN_FP32_GEMM``, ``BLUTRAIN_SDPA_KERNEL``, ...;
-the table with every variable is ``docs/environment.md``), read ONCE, at the first use of the policy: changing
-``os.environ`` later changes nothing (:func:`reset_defaults` reads them again, for tests). A bad value is a
-ValueError naming the variable and the values it accepts.
+Defaults come from the environment variables of :data:`ENV` (``BLUTRAIN_FP32_GEMM``, ``BLUTRAIN_SDPA_KERNEL``,
+``BLUTRAIN_COMPILER``, ...; the table with every variable is ``docs/environment.md``), read ONCE, at the first use of
+the policy: changing ``os.environ`` later changes nothing (:func:`reset_defaults` reads them again, for tests). A bad
+value is a ValueError naming the variable and the values it accepts. ``BLUTRAIN_KERNELS`` (the dispatcher's op ->
+kernel plugin overrides, :func:`env_kernels`) is read once too, at the first op, and again after :func:`reset_defaults`.
+The allowed values of the string fields are :data:`CHOICES` (:data:`PRECISIONS`, :data:`FP32_GEMMS`): the one list
+that ``bt.set_matmul_precision`` and blumodels' config check against.
 
 Scopes nest and restore on exit (a :class:`contextvars.ContextVar`: each thread, and each asyncio task, has its
 own stack; a new thread starts at the process default). The older setters (``bt.set_matmul_precision``,
@@ -59,7 +62,15 @@ ENV: dict[str, str] = {
     "gemm": "BLUTRAIN_GEMM",
     "deterministic": "BLUTRAIN_DETERMINISTIC",
     "validate_indices": "BLUTRAIN_VALIDATE_INDICES",
+    "compiler": "BLUTRAIN_COMPILER",
 }
+#: the variable of the kernel override table (op -> kernel plugin; :func:`env_kernels`), read with :data:`ENV`
+KERNELS_ENV = "BLUTRAIN_KERNELS"
+
+#: the values of ``precision`` (what ``bt.set_matmul_precision`` and blumodels' ``train.precision`` accept)
+PRECISIONS: tuple[str, ...] = CHOICES["precision"]
+#: the values of ``fp32_gemm`` (``bt.set_fp32_gemm``, blumodels' ``train.fp32_gemm``)
+FP32_GEMMS: tuple[str, ...] = CHOICES["fp32_gemm"]
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 #: spellings of BLUTRAIN_VALIDATE_INDICES -> validate_indices
@@ -86,6 +97,9 @@ class ExecutionPolicy:
     - ``gemm``: the CUDA GEMM provider: 'auto' (blutensor's documented order: cublas, blublas, xp) or a registered
       provider's ``PLUGIN_NAME`` (resolved, and refused when unknown or unavailable, where it is used: the plugin
       registry may change after the policy is made).
+    - ``compiler``: the compiler plugin of ``bt.compile`` when its ``backend`` is not given: 'auto' (the host's
+      default, blucompiler, or the first available) or a registered compiler plugin's ``PLUGIN_NAME`` (resolved
+      where used, like ``gemm``).
     - ``deterministic``: require bitwise-repeatable kernels (``bt.use_deterministic_algorithms``).
     - ``validate_indices``: CUDA index checks: 'lazy' (a device flag read at log time), 'sync' (raise at the call)
       or 'off'.
@@ -102,6 +116,7 @@ class ExecutionPolicy:
     embedding_backward: str = "segments"
     embedding_sort: str = "auto"
     max_3xtf32_k: int = 4096
+    compiler: str = "auto"
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():
@@ -113,6 +128,9 @@ class ExecutionPolicy:
         if not isinstance(self.gemm, str) or not self.gemm:
             raise ValueError(f"ExecutionPolicy.gemm must be 'auto' or a registered GEMM provider's name, got "
                              f"{self.gemm!r}")
+        if not isinstance(self.compiler, str) or not self.compiler:
+            raise ValueError(f"ExecutionPolicy.compiler must be 'auto' or a registered compiler plugin's name, got "
+                             f"{self.compiler!r}")
         k = self.max_3xtf32_k
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"ExecutionPolicy.max_3xtf32_k must be an integer >= 0, got {k!r}")
@@ -139,7 +157,7 @@ class ExecutionPolicy:
                     raise ValueError(f"{var} must be an integer, got {raw!r}") from None
                 if kw[name] < 0:
                     raise ValueError(f"{var} must be >= 0, got {kw[name]}")
-            elif name == "gemm":
+            elif name in ("gemm", "compiler"):
                 if v:
                     kw[name] = v
             elif name == "validate_indices":
@@ -182,6 +200,7 @@ class ExecutionPolicy:
 _CURRENT: ContextVar[ExecutionPolicy | None] = ContextVar("blutensor_execution_policy", default=None)
 _lock = threading.Lock()
 _env: ExecutionPolicy | None = None  # what the environment asked for, read once
+_env_kernels: dict[str, str] | None = None  # BLUTRAIN_KERNELS, read once
 _default: ExecutionPolicy | None = None  # the process default (None: _env)
 
 
@@ -216,6 +235,30 @@ def env_defaults() -> ExecutionPolicy:
     return p
 
 
+def parse_kernels(spec: str, var: str = KERNELS_ENV) -> dict[str, str]:
+    """``"op=plugin,op2=plugin2"`` as {op: kernel plugin name}; a malformed entry is a ValueError naming ``var``."""
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        op, eq, name = (s.strip() for s in item.partition("="))
+        if not eq or not op or not name:
+            raise ValueError(f"{var} entry {item!r} is not of the form op=plugin (e.g. relu=example.relu)")
+        out[op] = name
+    return out
+
+
+def env_kernels() -> dict[str, str]:
+    """The kernel overrides ``BLUTRAIN_KERNELS`` asked for ({op: kernel plugin name}), read once at the first op
+    (a copy: ``bt.ext.use_kernel`` overrides it per op; :func:`reset_defaults` reads it again)."""
+    global _env_kernels
+    k = _env_kernels
+    if k is None:
+        with _lock:
+            if _env_kernels is None:
+                _env_kernels = parse_kernels(os.environ.get(KERNELS_ENV, ""))
+            k = _env_kernels
+    return dict(k)
+
+
 def get_default() -> ExecutionPolicy:
     """The process-wide policy: what :func:`set_default` set, else :func:`env_defaults`."""
     p = _default
@@ -231,11 +274,16 @@ def set_default(policy: ExecutionPolicy) -> None:
 
 
 def reset_defaults() -> None:
-    """Forget the process default and read the environment variables again at the next use (tests)."""
-    global _env, _default
+    """Forget the process default and read the environment variables (:data:`ENV` and ``BLUTRAIN_KERNELS``) again
+    at the next use, forgetting the kernel choices made under the old ones (tests)."""
+    global _env, _default, _env_kernels
     with _lock:
         _env = None
         _default = None
+        _env_kernels = None
+    from blutensor.ops import dispatch
+
+    dispatch.clear_cache()
 
 
 def current() -> ExecutionPolicy:
@@ -267,5 +315,6 @@ def update(**changes: Any) -> ExecutionPolicy:
     return p
 
 
-__all__ = ["CHOICES", "ENV", "ExecutionPolicy", "current", "env_defaults", "get_default", "reset_defaults",
-           "scope", "set_default", "update"]
+__all__ = ["CHOICES", "ENV", "FP32_GEMMS", "KERNELS_ENV", "PRECISIONS", "ExecutionPolicy", "current",
+           "env_defaults", "env_kernels", "get_default", "parse_kernels", "reset_defaults", "scope", "set_default",
+           "update"]

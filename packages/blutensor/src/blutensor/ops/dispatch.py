@@ -1,8 +1,9 @@
 """Dispatch: pick the kernel for (op, backend, dtype), run it, record the graph node.
 
-Selection: ``BLUTRAIN_KERNELS="op=plugin,..."`` or :func:`use_kernel`, else the highest PRIORITY
+Selection: :func:`use_kernel`, else ``BLUTRAIN_KERNELS="op=plugin,..."`` (read once, at the first op:
+``blutensor.policy.env_kernels``; ``bt.policy.reset_defaults()`` reads it again), else the highest PRIORITY
 among matching kernels (ties go to blutensor's built-in). The choice is cached per
-(op, backend, dtype); the cache is cleared whenever the plugin host or an override changes.
+(op, backend, dtype); the cache is cleared whenever the plugin host, an override or those defaults change.
 
 This is the hot path of every op: keep it free of per-call allocations beyond the Ctx, the
 result Tensor and (when recording) the Node.
@@ -10,9 +11,8 @@ result Tensor and (when recording) the Node.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+from blutensor import policy as _policy
 from blutensor.autograd.grad_mode import STATE
 from blutensor.autograd.node import Ctx, Node
 from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
@@ -58,17 +58,6 @@ def use_kernel(op: str, plugin_name: str | None) -> None:
     clear_cache()
 
 
-def _env_overrides() -> dict[str, str]:
-    spec = os.environ.get("BLUTRAIN_KERNELS", "")
-    out = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        if "=" not in item:
-            raise BluTensorError(f"BLUTRAIN_KERNELS entry {item!r} is not of the form op=plugin")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
-
-
 def kernel_for(op: str, backend: str, dtype: str):
     """:func:`resolve`, cached with the dispatcher's own choices (and cleared with them): for code that calls a
     kernel class directly on a hot path (GPT-2's fused GELU + c_proj backward)."""
@@ -106,7 +95,7 @@ def resolve(op: str, backend: str, dtype: str):
             raise DTypeError(f"{op}: no kernel for dtype {dtype} (kernels serve {', '.join(served)}); convert "
                              f"the input with .to(dtype) / .float()")
         raise BluTensorError(f"no kernel implements op '{op}' for backend {backend} and dtype {dtype}")
-    want = {**_env_overrides(), **_overrides}.get(op)
+    want = _overrides.get(op) or _policy.env_kernels().get(op)
     if want:
         chosen = [r for r in cands if r.name == want]
         if not chosen:

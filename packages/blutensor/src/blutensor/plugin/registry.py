@@ -1,8 +1,8 @@
-"""Registries that collect plugin classes by ``PLUGIN_NAME`` and choose one by config or env."""
+"""Registries that collect plugin classes by ``PLUGIN_NAME`` and choose one by name (the caller passes it: a config
+key or an execution-policy field), else by the documented defaults."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,8 +25,8 @@ class PluginRecord:
 class Registry:
     """Plugin classes of one kind, keyed by ``PLUGIN_NAME``.
 
-    ``select(kind)`` resolves an explicit name, else the env var ``BLUTRAIN_<KIND>``,
-    else the first available name in ``defaults`` (the documented "best available").
+    ``select(name)`` resolves an explicit name, else the first available name in ``defaults`` (the documented
+    "best available"); it reads no environment variable (the execution policy's fields carry those).
     """
 
     def __init__(self, kind: str, defaults: tuple[str, ...] = ()):
@@ -75,11 +75,11 @@ class Registry:
                 f"no {self.kind} plugin named {name!r}; available: {', '.join(self.names()) or 'none'}"
             ) from None
 
-    def select(self, name: str | None = None, *, env: bool = True) -> type:
-        """The class chosen by ``name``, ``BLUTRAIN_<KIND>`` (unless ``env=False``: a kind whose variable the
-        execution policy already read, such as ``gemm``) or the defaults, in that order."""
-        env_key = f"BLUTRAIN_{self.kind.upper()}"
-        name = name or (os.environ.get(env_key) if env else None) or None
+    def select(self, name: str | None = None) -> type:
+        """The class registered as ``name``, else (None) the first available of the defaults, else the first
+        available plugin. No environment variable is read here: the ones that choose a plugin
+        (``BLUTRAIN_GEMM``, ``BLUTRAIN_COMPILER``) feed the execution policy's fields, read once, and the caller
+        passes the field's value (``bt.policy.current().gemm`` / ``.compiler``)."""
         if name:
             cls = self.get(name)
             avail = getattr(cls, "is_available", None)
@@ -97,7 +97,8 @@ class Registry:
             avail = getattr(rec.cls, "is_available", None)
             if avail is None or avail():
                 return rec.cls
-        raise PluginError(f"no available {self.kind} plugin (set {env_key} or install one)")
+        raise PluginError(f"no available {self.kind} plugin (install one, or register one through the "
+                          f"plugin host)")
 
 
 class BackendRegistry(Registry):
