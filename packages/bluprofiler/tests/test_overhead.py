@@ -32,6 +32,10 @@ def test_off_is_the_untouched_code_path_and_measures_the_same():
         step()
     assert Node.apply is apply_fn and list(ext.op_observers()) == obs == [] and ext.backward_observers() == ()
     off = _block(step, 60)
+    for _ in range(3):  # a residue of the session would slow every later block; a burst of load on a shared
+        if min(off) / min(never) < 1.3:  # machine slows one of them: another block rules it out
+            break
+        off += _block(step, 60)
     ratio = min(off) / min(never)
     print(f"profiler off vs never attached: {ratio:.3f}")
     # identical code path (asserted above); the bound only catches gross regressions on a noisy CI box
