@@ -270,12 +270,14 @@ class TrainStep:
                     st["step"] = self.applied
         return StepResult(loss, gn, bad)
 
-    def run(self, batches: Callable[[], tuple], lr: float) -> None:
-        """The whole step eagerly: ``batches()`` gives each micro-step's (x, y)."""
+    def run(self, batches: Callable[[], tuple], lr: float, micro: Callable[..., None] | None = None) -> None:
+        """The whole step eagerly: ``batches()`` gives each micro-step's (x, y). ``micro`` stands in for
+        :meth:`micro` (same arguments: x, y, sync), e.g. the compiler plugin's traced micro-step."""
+        micro = self.micro if micro is None else micro
         self.begin(lr)
         for i in range(self.accum):
             x, y = batches()
-            self.micro(x, y, sync=i == self.accum - 1)
+            micro(x, y, i == self.accum - 1)
         self.finish()
 
 

@@ -700,11 +700,7 @@ class Trainer:
         t0 = time.perf_counter()
         runner = self._runner()
         if self._compiled is not None:  # the compiled micro-step inside the eager step's phases
-            st.begin(lr)
-            for i in range(accum):
-                x, y = self.train_loader.next_batch()
-                self._compiled(x, y, i == accum - 1)
-            st.finish()
+            st.run(self.train_loader.next_batch, lr, micro=self._compiled)
             self._report_compile()
         else:
             runner.run(self.train_loader.next_batch, lr)
