@@ -163,10 +163,11 @@ def test_patterns_catch_process_words():
 
 
 def test_hits_name_file_and_line(tmp_path):
-    (tmp_path / "notes.txt").write_text("clean line\nmeasured in session 3 on the H200\nclean again\n")
-    (tmp_path / "blob.bin").write_bytes(b"\0\0session 3")
+    word = "sess" + "ion 3"  # spelled in pieces, as the examples above
+    (tmp_path / "notes.txt").write_text(f"clean line\nmeasured in {word} on the H200\nclean again\n")
+    (tmp_path / "blob.bin").write_bytes(b"\0\0" + word.encode())
     hits = find_process_words([str(tmp_path / "notes.txt"), str(tmp_path / "blob.bin"), str(tmp_path / "gone.txt")])
-    assert hits == [f"{tmp_path / 'notes.txt'}:2: [session 3] measured in session 3 on the H200"]
+    assert hits == [f"{tmp_path / 'notes.txt'}:2: [{word}] measured in {word} on the H200"]
 
 
 def test_file_names_are_checked():
