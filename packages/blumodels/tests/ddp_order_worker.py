@@ -11,7 +11,7 @@ import sys
 import blumodels.dist as bdist
 from blumodels.trainer import Trainer
 from blutensor.ext import add_backward_observer
-from models_helpers import micro_config
+from models_helpers import micro_config, record_all_reduces
 
 data, out, result = sys.argv[1], sys.argv[2], sys.argv[3]
 capture = len(sys.argv) > 4 and sys.argv[4] == "capture"
@@ -27,14 +27,7 @@ def wrap(self, model, cfg=None):  # DDP with ~8 KB buckets: a 2-layer d_model 32
     from dtms.parallel.ddp import DistributedDataParallel
 
     ddp = DistributedDataParallel(model, self.pg, bucket_cap_mb=0.008)
-    launch = ddp.pg.all_reduce
-
-    def recording(buf, *a, **k):
-        events.append("launch")
-        return launch(buf, *a, **k)
-
-    object.__setattr__(ddp, "pg", type("PG", (), {"all_reduce": staticmethod(recording),
-                                                  "__getattr__": lambda s, n: getattr(launch.__self__, n)})())
+    record_all_reduces(ddp, lambda: events.append("launch"))
     return ddp
 
 

@@ -32,3 +32,16 @@ def micro_config(data_dir: Path | None = None, **train):
         "train": t,
         "data": {"dir": str(data_dir or micro_data())},
     })
+
+
+def record_all_reduces(ddp, on_launch) -> None:
+    """Make ``ddp`` (a dtms DistributedDataParallel) call ``on_launch()`` before each bucket all-reduce it issues
+    on the host; everything else of its process group is passed through."""
+    launch = ddp.pg.all_reduce
+
+    def recording(buf, *a, **k):
+        on_launch()
+        return launch(buf, *a, **k)
+
+    proxy = {"all_reduce": staticmethod(recording), "__getattr__": lambda s, name: getattr(launch.__self__, name)}
+    object.__setattr__(ddp, "pg", type("PG", (), proxy)())

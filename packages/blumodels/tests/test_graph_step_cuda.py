@@ -13,7 +13,7 @@ import blutensor as bt
 import numpy as np
 import pytest
 from blumodels.trainer import Trainer
-from models_helpers import micro_config
+from models_helpers import micro_config, record_all_reduces
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not bt.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -108,15 +108,7 @@ def test_ddp_over_one_rank_nccl_is_captured(tmp_path, monkeypatch):
             ddp = DistributedDataParallel(tr.model, pg, bucket_cap_mb=0.01)
             calls: list[str] = []
             phase = ["eager"]
-            launch = ddp.pg.all_reduce
-
-            def recording(buf, *a, _launch=launch, _calls=calls, _phase=phase, **k):
-                _calls.append(_phase[0])
-                return _launch(buf, *a, **k)
-
-            proxy = {"all_reduce": staticmethod(recording),
-                     "__getattr__": lambda s, name, _l=launch: getattr(_l.__self__, name)}
-            object.__setattr__(ddp, "pg", type("PG", (), proxy)())
+            record_all_reduces(ddp, lambda _c=calls, _p=phase: _c.append(_p[0]))
             st = TrainStep(ddp, tr.optimizer, list(tr.params.values()), device=tr.device,
                            lr_schedule=[1e-3] * 6, accum=2, grad_clip=1.0, no_sync=lambda s, d=ddp: d.no_sync() if s
                            else _Null(), fused=True)
