@@ -413,8 +413,9 @@ class Tensor:
         if (isinstance(src, Tensor) and src.device.type == "cpu" and self.device.type == "cuda"
                 and src.dtype == self.dtype and src.shape == self.shape and self._data.flags.c_contiguous):
             # host to device straight into this tensor's memory: one copy, no device temporary (a checkpoint
-            # restore of a large model copies every parameter this way)
-            self._data.set(np.ascontiguousarray(src._data))
+            # restore of a large model copies every parameter this way); bf16's host ml_dtypes storage goes as the
+            # device's raw 16-bit storage
+            self._data.set(np.ascontiguousarray(src._data).view(self._data.dtype))
             self._version.v += 1
             return self
         s = src.to(self.device).to(self.dtype) if isinstance(src, Tensor) else tensor(src, dtype=self.dtype,
