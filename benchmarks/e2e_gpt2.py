@@ -2,9 +2,10 @@
 
     pip install packages/blutensor[cuda13] packages/blublas packages/bluallocator packages/blumodels
     python3 benchmarks/e2e_gpt2.py --out benchmarks/results/e2e_gpt2_h200.json          # single-step harness
-    blutrain prepare --out /tmp/gpt2data --corpus pydocs --tokenizer bpe --max-bytes 12000000
-    python3 benchmarks/e2e_gpt2.py --suite recipe --data /tmp/gpt2data \
-        --out benchmarks/results/e2e_gpt2_recipe_h200.json
+    blutrain prepare --out /tmp/gpt2data --corpus pydocs --tokenizer bpe --vocab-size 4096 --max-bytes 12000000
+    python3 benchmarks/e2e_gpt2.py --suite recipe --data /tmp/gpt2data --recipe-steps 5 \
+        --only trainer_tf32,blutrain_tf32_graph,torch_eager_tf32_accum,torch_compile_tf32_accum \
+        --out benchmarks/results/e2e_gpt2_recipe_tf32_h200.json           # likewise fp32, bf16
 
 Every configuration runs in its own subprocess (CuPy reads CUPY_TF32 at import; torch.compile caches),
 from the same initial weights (BluTrain's, copied into the PyTorch model) and the same batches (bytes of
