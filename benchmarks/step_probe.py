@@ -1,6 +1,6 @@
 """Where a GPT-2 124M step's time goes on the GPU: host enqueue time vs GPU step time, and a bluprofiler table.
 
-    python3 dev/step_probe.py OUT_DIR [fp32|tf32] [batch]
+    python3 benchmarks/step_probe.py OUT_DIR [fp32|tf32] [batch]
 
 Host enqueue = wall time until the Python step returns (no sync); if it is close to the synced step time the
 step is launch-bound (a CUDA graph would help); if it is much smaller the GPU is the bottleneck.
