@@ -5,6 +5,7 @@
 #   BLUTRAIN_TEST_TARGETS=blutensor,dtms benchmarks/gpu_suite.sh tests   # some packages only
 #   benchmarks/gpu_suite.sh recipe DATA OUT.json  # benchmarks/e2e_gpt2.py --suite recipe (the shipped recipe)
 #   benchmarks/gpu_suite.sh profile OUT.json      # benchmarks/step_profile.py: kernel time per mode vs torch.compile
+#                                                 # (--model llama-1b: the llama preset's step)
 #   benchmarks/gpu_suite.sh llama OUT.json        # benchmarks/e2e_llama.py (llama-1b step, generation, curve)
 #
 # Packages come from the environment; on a machine without a package index, wheels in .whl/ (dev/gpu_wheels.sh

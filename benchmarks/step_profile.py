@@ -1,8 +1,10 @@
-"""GPU kernel time of one GPT-2 124M training step per precision mode, bucketed into GEMM / attention / other, beside
-torch.compile's step of the same model (B=16, T=1024, same weights and batches).
+"""GPU kernel time of one training step per precision mode, bucketed into GEMM / attention / other, beside
+torch.compile's step of the same model from the same weights and batches: GPT-2 124M (B=16, T=1024) or the llama-1b
+preset (B=4, T=2048, as benchmarks/e2e_llama.py trains it; PyTorch runs transformers' LlamaForCausalLM).
 
     python3 benchmarks/step_profile.py --out benchmarks/results/step_profile_h200.json            # bf16 and tf32
     python3 benchmarks/step_profile.py --modes bf16,tf32,fp32 --steps 3 --out /tmp/profile.json
+    python3 benchmarks/step_profile.py --model llama-1b --modes bf16 --out /tmp/profile_llama.json
 
 BluTrain runs the Trainer's step (blumodels.step.TrainStep: fused AdamW, clipping at 1.0, bf16 autocast reading
 the bf16 weight copies the AdamW kernel writes) captured into a CUDA graph after two eager warm-up steps
@@ -28,14 +30,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-CATS = (("attention", ("sdpa", "fmha", "attention", "flash")),
+CATS = (("attention", ("sdpa", "fmha", "attention", "flash", "dot_do_o")),
         ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "splitk", "blu_gemm", "cublas", "sm90_", "sm80_")))
 #: kernel-name fragments of dtype conversions (BluTrain's cast kernels, PyTorch's copy/convert kernels)
 CAST_KEYS = ("blu_cast", "bf16_bits", "to_bf16", "to_f32", "convert", "copy_kernel")
 #: kernel-name fragments of standalone elementwise adds (gradient accumulation outside the kernels)
 ADD_KEYS = ("cupy_add", "add_kernel", "addkernel")
 MODES = ("bf16", "tf32", "fp32")
-B, T, LR = 16, 1024, 6e-4
+#: model -> (micro-batch, sequence length, learning rate) of the profiled step
+MODELS = {"gpt2-124m": (16, 1024, 6e-4), "llama-1b": (4, 2048, 3e-4)}
+
+
+def _llama_args(model: str):
+    """The arguments benchmarks/e2e_llama.py's model builders read, for the preset ``model``."""
+    return argparse.Namespace(small=False, preset=model, lr=MODELS[model][2])
+
+
+def _batches(model: str, steps: int) -> list:
+    """``steps`` (x, y) int arrays of the model's shape, from the benchmarks' shared token source."""
+    B, T, _ = MODELS[model]
+    if model.startswith("llama"):
+        from e2e_llama import batches
+    else:
+        from e2e_gpt2 import batches
+    return list(batches(B, T, steps))
 
 
 def category(name: str) -> str:
@@ -68,21 +86,28 @@ def _profile(step, n: int) -> dict:
     return rows
 
 
-def blutrain_step(mode: str, steps: int):
+def blutrain_step(mode: str, steps: int, model_name: str = "gpt2-124m"):
     import blutensor as bt
     import cupy
-    from blumodels.gpt2 import build_model
     from blumodels.graph_step import CapturedStep
     from blumodels.step import TrainStep
-    from e2e_gpt2 import batches, config
 
+    B, T, LR = MODELS[model_name]
     bt.set_matmul_precision("tf32" if mode == "tf32" else "fp32")
     bt.set_gemm_provider("cublas")
-    model = build_model(config(12), device="cuda", seed=0)
+    if model_name.startswith("llama"):
+        from e2e_llama import blutrain_model
+
+        model = blutrain_model(_llama_args(model_name), "cuda")
+    else:
+        from blumodels.gpt2 import build_model
+        from e2e_gpt2 import config
+
+        model = build_model(config(12), device="cuda", seed=0)
     model.lean_logits = True  # as the Trainer sets it on CUDA
     opt = bt.optim.AdamW(model.param_groups(0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=True)
     amp = (lambda: bt.autocast("cuda", dtype=bt.bfloat16)) if mode == "bf16" else None
-    data = [(bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")) for x, y in batches(B, T, steps + 4)]
+    data = [(bt.tensor(x, device="cuda"), bt.tensor(y, device="cuda")) for x, y in _batches(model_name, steps + 4)]
     st = TrainStep(model, opt, list(model.parameters()), device="cuda", lr_schedule=[LR] * (steps + 4),
                    grad_clip=1.0, autocast=amp, fused=True)
     st.precast_accumulate = True  # the Trainer's setting on CUDA with static gradients
@@ -106,21 +131,37 @@ def blutrain_step(mode: str, steps: int):
     return step, read
 
 
-def torch_step(mode: str, steps: int):
+def torch_step(mode: str, steps: int, model_name: str = "gpt2-124m"):
     import torch
-    from blumodels.gpt2 import build_model
-    from e2e_gpt2 import batches, config
-    from torch_gpt2 import from_blutrain
 
+    B, T, LR = MODELS[model_name]
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     torch.backends.cudnn.allow_tf32 = mode == "tf32"
-    model = from_blutrain(build_model(config(12), device="cpu", seed=0))
+    llama = model_name.startswith("llama")
+    if llama:  # transformers' LlamaForCausalLM with BluTrain's initial weights, loss as e2e_llama.py's torch rows
+        from e2e_llama import torch_model
+
+        model = torch_model(_llama_args(model_name), "cuda")
+        model.train()
+        V = model.config.vocab_size
+
+        def forward_loss(x, y):
+            logits = model(x).logits
+            return torch.nn.functional.cross_entropy(logits.float().view(-1, V), y.view(-1))
+
+        sm = torch.compile(forward_loss)
+    else:
+        from blumodels.gpt2 import build_model
+        from e2e_gpt2 import config
+        from torch_gpt2 import from_blutrain
+
+        model = from_blutrain(build_model(config(12), device="cpu", seed=0))
+        sm = torch.compile(model)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    sm = torch.compile(model)
-    data = list(batches(B, T, steps + 4))
+    data = _batches(model_name, steps + 4)
     it = iter(range(steps + 4))
     losses: list = []
 
@@ -173,7 +214,7 @@ def child(a) -> None:
 
         torch.zeros(1, device="cuda")  # one CUDA context for torch and CuPy
         make = blutrain_step if a.framework == "blutrain" else torch_step
-        step, read = make(a.mode, a.steps)
+        step, read = make(a.mode, a.steps, a.model)
         t0 = time.perf_counter()
         rows = _profile(step, a.steps)
         r = summarize(rows, a.top)
@@ -194,7 +235,7 @@ def run_child(framework: str, mode: str, a) -> dict:
     if framework == "blutrain" and mode == "tf32":
         env["CUPY_TF32"] = "1"
     cmd = [sys.executable, __file__, "--child", "--framework", framework, "--mode", mode, "--steps", str(a.steps),
-           "--top", str(a.top)]
+           "--top", str(a.top), "--model", a.model]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
     for line in p.stdout.splitlines()[::-1]:
         if line.startswith("RESULT "):
@@ -208,6 +249,8 @@ def main() -> int:
     p.add_argument("--framework", default="blutrain", choices=("blutrain", "torch_compile"))
     p.add_argument("--mode", default="bf16", choices=MODES)
     p.add_argument("--modes", default="bf16,tf32", help="comma-separated modes to profile (bf16, tf32, fp32)")
+    p.add_argument("--model", default="gpt2-124m", choices=tuple(MODELS),
+                   help="the profiled model: GPT-2 124M at 16x1024 or the llama-1b preset at 4x2048")
     p.add_argument("--steps", type=int, default=2, help="profiled steps per run (after warm-up)")
     p.add_argument("--top", type=int, default=12, help="'other' kernels listed per run")
     p.add_argument("--timeout", type=int, default=600, help="seconds per subprocess")
@@ -227,7 +270,8 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     doc = {"command": "python3 benchmarks/step_profile.py " + " ".join(sys.argv[1:]), "commit": commit,
-           "date": time.strftime("%Y-%m-%d"), "host": platform.node(), "batch": B, "seq": T, "steps": a.steps,
+           "date": time.strftime("%Y-%m-%d"), "host": platform.node(), "model": a.model,
+           "batch": MODELS[a.model][0], "seq": MODELS[a.model][1], "steps": a.steps,
            "modes": {}}
     for mode in modes:
         res = {fw: run_child(fw, mode, a) for fw in ("blutrain", "torch_compile")}
