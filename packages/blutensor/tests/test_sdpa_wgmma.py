@@ -5,8 +5,8 @@ the PTX) and, as trapping stubs, for sm_80; the NumPy model of the kernel's swiz
 register fragments (dev/emulate_sdpa_wgmma.py) reproduces float64 products, and fails when an offset is wrong;
 the tensor maps built for dense and fused-qkv layouts; the choice of variant and BLUTRAIN_SDPA_KERNEL.
 GPU (cuda-marked, sm_90 only): forward, lse, dq, dk, dv against a float64 NumPy reference on odd shapes, both
-paths (dense and fused qkv), and a bitwise repeatable backward under deterministic algorithms (the fused backward,
-the default otherwise: test_sdpa_wgmma_fused.py).
+paths (dense and fused qkv), and a bitwise repeatable backward under deterministic algorithms (the fused backward:
+test_sdpa_wgmma_fused.py).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ loss stays as close to PyTorch fp32 eager as PyTorch fp32 on cuBLASLt instead of
 is faster than PyTorch's fp32 attention where the SIMT kernel is slower (measured: see
 benchmarks/results/e2e_gpt2_fp32_h200.json and e2e_gpt2_fp32_h200_3xtf32_k4096.json). Calls the kernels do not
 cover (an explicit mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
-Backward (:func:`fused_backward`): 'tf32x3' and 'bf16_wgmma' run one fused kernel (dK, dV, and dQ added with fp32
-atomics: 5 products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' has one too, opt-in,
-FUSED_AUTO);
+Backward (:func:`fused_backward`): 'tf32x3' runs one fused kernel (dK, dV, and dQ added with fp32 atomics: 5
+products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' and 'bf16_wgmma' have one too,
+opt-in, FUSED_AUTO);
 under the policy's ``deterministic`` (``bt.use_deterministic_algorithms(True)`` / ``BLUTRAIN_DETERMINISTIC=1``), or
 ``attention_backward='split'`` (``BLUTRAIN_SDPA_BWD=split``), the two deterministic kernels (dK/dV, then dQ). Every
 choice reads the current execution policy (:mod:`blutensor.policy`), so a policy scope selects variants per region.
@@ -111,10 +111,11 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
 #: variants with a fused backward kernel (dQ accumulated with fp32 atomics); SLD: the mma kernels' dS row stride
 FUSED_BWD = ("tf32", "tf32x3", "bf16_wgmma")
 #: where 'auto' takes it: tf32x3 (faster than split on a GPT-2 layer and at T=16384: benchmarks/results/
-#: attention_h200.json); bf16_wgmma (5 products a tile pair instead of 7, one persistent kernel instead of two, at
-#: the same one CTA a multiprocessor); not tf32, whose HD-64 split kernels run two blocks a multiprocessor and the
-#: fused one (+18 KB shared) only one, so split is faster -- BLUTRAIN_SDPA_BWD=fused still selects it
-FUSED_AUTO = ("tf32x3", "bf16_wgmma")
+#: attention_h200.json); not tf32, whose HD-64 split kernels run two blocks a multiprocessor and the fused one
+#: (+18 KB shared) only one, so split is faster; not yet bf16_wgmma (5 products a tile pair instead of 7, but a
+#: dS^T round trip through shared memory and fp32 atomics), until a side-by-side timing on a GPT-2 layer shows it
+#: ahead -- BLUTRAIN_SDPA_BWD=fused selects either
+FUSED_AUTO = ("tf32x3",)
 SLD = BR + 8
 #: values of the policy's ``attention_backward`` (BLUTRAIN_SDPA_BWD; 'auto': fused for FUSED_AUTO, unless
 #: deterministic algorithms are required)
