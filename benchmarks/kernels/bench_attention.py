@@ -9,7 +9,8 @@ strided kernels read q, k, v in place), forward and forward + backward through a
 user selects it: fp32 under ``bt.set_float32_matmul_precision("highest")`` (``tf32x3``;
 ``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``), ``"high"`` (``tf32``), bfloat16 (the default: ``bf16_wgmma`` on
 sm_90; ``BLUTRAIN_SDPA_KERNEL=wgmma`` the Hopper kernel, an error row elsewhere; ``BLUTRAIN_SDPA_KERNEL=mma`` the
-mma.sync ``bf16``), and for the variants with a fused backward both ``BLUTRAIN_SDPA_BWD=fused`` and ``split``.
+mma.sync ``bf16``), and for the variants with a fused backward (tf32x3, tf32, the Hopper bf16 kernel) both
+``BLUTRAIN_SDPA_BWD=fused`` and ``split``.
 PyTorch: SDPA on (B, H, T, HD) views of the same layout as nanoGPT calls it, fp32, fp32 with TF32 allowed, bf16
 (PyTorch's choice of backend), and bf16 pinned to the cuDNN and to the flash backend
 (``torch.nn.attention.sdpa_kernel``; a backend this build or GPU lacks is an error row). ``--rows bf16`` runs
@@ -40,7 +41,8 @@ BLU_RUNS = [
     ("tf32x3 split", "float32", "highest", {"BLUTRAIN_SDPA_BWD": "split"}),
     ("tf32 fused", "float32", "high", {"BLUTRAIN_SDPA_BWD": "fused"}),
     ("tf32 split", "float32", "high", {"BLUTRAIN_SDPA_BWD": "split"}),
-    ("bf16 wgmma", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma"}),
+    ("bf16 wgmma fused", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "fused"}),
+    ("bf16 wgmma split", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "split"}),
     ("bf16 mma", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "mma"}),
     ("bf16 default", "bfloat16", "highest", {}),
 ]

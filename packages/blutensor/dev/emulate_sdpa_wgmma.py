@@ -6,7 +6,11 @@ swizzle on the absolute address), the m64nN accumulator layout and the register 
 
 :func:`forward_tile` and :func:`backward_tile` rebuild one consumer warpgroup's products exactly as the kernel
 issues them and return what the tensor cores would compute; tests/test_sdpa_wgmma.py compares them with plain
-float64 matrix products. Usage: python packages/blutensor/dev/emulate_sdpa_wgmma.py
+float64 matrix products. The fused backward's dQ path: :func:`dst_addr` (the kernel's closed-form swizzled
+address of each packed dS^T pair, wg::store_dst), :func:`dq_descs` (the transposed-A and MN-major-B descriptors
+of wg::dq_chunk), :func:`red_dq` (the fp32 accumulator addresses of wg::red_dq); :func:`fused_tile` runs one
+warpgroup's tile through them and :func:`fused_dq` walks the kernel's work tiles (decode, causal skips, the
+dS^T buffer parity) into a dQ accumulator. Usage: python packages/blutensor/dev/emulate_sdpa_wgmma.py
 """
 
 from __future__ import annotations
@@ -146,6 +150,128 @@ def backward_tile(own_a, own_b, x, y, cw: int, hd: int):
     return s, dp, rs(smem, to_regs(s), sY, 64, 64, hd), rs(smem, to_regs(dp), sX, 64, 64, hd)
 
 
+LOG2E = 1.4426950408889634
+DST = 64 * 64 * 2  # bytes of one dS^T tile (Bwd::DST)
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to bf16 (round to nearest even), as float64: cvt.rn.bf16x2.f32 of the kernel's pack."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def dst_addr(dst: int, j: int, w: int, g: int, t: int) -> int:
+    """Byte address wg::store_dst writes packed pair j of thread (w, g, t) to (already swizzled: the kernel's
+    closed form, which must equal the hardware swizzle of row r, column 8 (j >> 1) + 2 t)."""
+    r = 16 * w + g + 8 * (j & 1)
+    return dst + r * 128 + (((j >> 1) ^ g) << 4) + 4 * t
+
+
+def store_dst(smem: dict, dst: int, ds_regs: np.ndarray) -> None:
+    """The dS^T tile (per-thread accumulator values, 128 x 32) stored as bf16 pairs: the low half (element 2 j)
+    at the pair's address, the high half (2 j + 1) two bytes above (little-endian bf16x2)."""
+    for th in range(128):
+        w, g, t = th >> 5, (th & 31) >> 2, th & 3
+        for j in range(16):
+            a = dst_addr(dst, j, w, g, t)
+            smem[a], smem[a + 2] = ds_regs[th, 2 * j], ds_regs[th, 2 * j + 1]
+
+
+def dq_descs(dst: int, k_own: int, c: int, kk: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(A, B) descriptors of k-step kk of wg::dq_chunk: A = dS read transposed (MN-major) from the dS^T tile, B =
+    the warpgroup's 64 own keys of K, head-dim box c, MN-major."""
+    return mnmajor(dst, 64, kk), mnmajor(k_own + c * 128 * 128, 128, kk)
+
+
+def dq_chunk(smem: dict, dst: int, k_own: int, c: int) -> np.ndarray:
+    """(64 queries x 64) = dS K[:, 64 c ..] as the SS wgmma with TA = TB = 1 computes it."""
+    acc = np.zeros((64, 64))
+    for kk in range(4):
+        da, db = dq_descs(dst, k_own, c, kk)
+        a = read_operand(smem, da, 1, 64)  # (64 queries x 16 keys)
+        b = read_operand(smem, db, 1, 64)  # (64 head-dim columns x 16 keys): B^T
+        acc += a @ b.T
+    return acc
+
+
+def red_dq(acc: np.ndarray, regs: np.ndarray, c: int, x0: int, L: int, hd: int) -> None:
+    """wg::red_dq: add chunk c's per-thread partial (128 x 32) into the flat fp32 accumulator rows of one head
+    (``acc``: L * hd values, row q at q * hd), two floats a red, rows >= L skipped."""
+    for th in range(128):
+        w, g, t = th >> 5, (th & 31) >> 2, th & 3
+        q0 = x0 + 16 * w + g
+        q1 = q0 + 8
+        for i in range(0, 32, 4):
+            col = 64 * c + 8 * (i >> 2) + 2 * t
+            if q0 < L:
+                acc[q0 * hd + col : q0 * hd + col + 2] += regs[th, i : i + 2]
+            if q1 < L:
+                acc[q1 * hd + col : q1 * hd + col + 2] += regs[th, i + 2 : i + 4]
+
+
+def fused_tile(q, k, v, do, lse, D, own0: int, x0: int, cw: int, causal: bool, scale: float, acc: np.ndarray,
+               nds: int = 0) -> np.ndarray:
+    """One fused-backward tile of consumer warpgroup ``cw`` (own keys own0 .., queries x0 .. x0 + 63) of one head:
+    S^T, dP^T through the kernel's descriptors, P^T and dS^T with its masks (queries >= L, keys >= S, causal),
+    dS^T packed to bf16 and stored through :func:`dst_addr` into buffer ``nds & 1``, the dQ chunks through
+    :func:`dq_descs`, added by :func:`red_dq` into ``acc`` (flat L * hd). Returns the bf16 dS^T (64 keys x 64
+    queries) it stored, for a float64 check of the product."""
+    L, hd = q.shape
+    S = k.shape[0]
+    smem: dict = {}
+    own, tl = 128 * hd * 2, 64 * hd * 2
+    sA, sB, sX = 0, own, 2 * own
+    sY = sX + tl
+    tma_tile(smem, sA, k, own0, 128)
+    tma_tile(smem, sB, v, own0, 128)
+    tma_tile(smem, sX, q, x0, 64)
+    tma_tile(smem, sY, do, x0, 64)
+    sv = to_regs(ss(smem, sA, 128, cw * 64, sX, 64, 64, hd))
+    dp = to_regs(ss(smem, sB, 128, cw * 64, sY, 64, 64, hd))
+    c = scale * LOG2E
+    ds = np.zeros((128, 32))
+    for th in range(128):
+        w, lane = th >> 5, th & 31
+        for i in range(32):
+            r, col = acc_pos(i, w, lane)
+            key, qq = own0 + cw * 64 + r, x0 + col
+            lc = lse[qq] * LOG2E if qq < L else 0.0
+            dc = D[qq] if qq < L else 0.0
+            pv = 2.0 ** (sv[th, i] * c - lc)
+            if qq >= L or key >= S or (causal and key > qq):
+                pv = 0.0
+            ds[th, i] = pv * (dp[th, i] - dc)
+    ds = bf16(ds)
+    dst = sY + tl + (2 * cw + (nds & 1)) * DST  # sDS: after the stages, 1024-aligned
+    assert dst % 1024 == 0
+    store_dst(smem, dst, ds)
+    for cc in range(hd // BOX):
+        red_dq(acc, to_regs(dq_chunk(smem, dst, sA + cw * 64 * 128, cc)), cc, x0, L, hd)
+    return from_regs(ds)
+
+
+def fused_dq(q, k, v, do, lse, D, causal: bool, scale: float) -> tuple[np.ndarray, list]:
+    """dQ / scale of one head as the fused kernel accumulates it: its work tiles (128-key blocks; causal: query
+    tiles from the block's first key), each consumer warpgroup skipping the tiles its keys cannot see, the dS^T
+    buffer alternating per stored tile. Returns (accumulator (L, hd), [(own0, x0, cw, bf16 dS^T), ...])."""
+    L, hd = q.shape
+    S = k.shape[0]
+    acc = np.zeros(L * hd)
+    tiles = []
+    nds = [0, 0]
+    for own0 in range(0, S, 128):
+        first = own0 if causal else 0
+        for x0 in range(first, L, 64):
+            for cw in (0, 1):
+                if causal and x0 + 63 < own0 + cw * 64:
+                    continue
+                dst = fused_tile(q, k, v, do, lse, D, own0, x0, cw, causal, scale, acc, nds[cw])
+                nds[cw] += 1
+                tiles.append((own0, x0, cw, dst))
+    return acc.reshape(L, hd), tiles
+
+
 def check(hd: int, seed: int = 0) -> float:
     """Largest error of the modelled products against NumPy float64, forward and backward, both warpgroups."""
     rng = np.random.default_rng(seed)
@@ -165,6 +291,25 @@ def check(hd: int, seed: int = 0) -> float:
     return float(err)
 
 
+def check_fused(hd: int, L: int = 100, S: int = 150, causal: bool = True, seed: int = 0) -> float:
+    """Largest error of the fused backward's modelled dQ accumulator against the float64 products of the same
+    bf16 dS^T tiles and K (one head, the kernel's walk of work tiles)."""
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (bf16(rng.standard_normal((n, hd))) for n in (L, S, S, L))
+    s = q @ k.T / np.sqrt(hd)
+    if causal:
+        s = np.where(np.triu(np.ones((L, S), bool), 1), -np.inf, s)
+    lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    D = (do * (np.exp(s - lse[:, None]) @ v)).sum(-1)
+    acc, tiles = fused_dq(q, k, v, do, lse, D, causal, 1 / np.sqrt(hd))
+    kp = np.vstack([k, np.zeros((256, hd))])
+    want = np.zeros((L + 64, hd))
+    for own0, x0, cw, dst in tiles:
+        want[x0 : x0 + 64] += dst.T @ kp[own0 + cw * 64 : own0 + cw * 64 + 64]
+    return float(np.abs(acc - want[:L]).max())
+
+
 if __name__ == "__main__":
     for hd in (64, 128):
-        print(f"HD {hd}: max error of the modelled wgmma products {check(hd):.2e}")
+        print(f"HD {hd}: max error of the modelled wgmma products {check(hd):.2e}, "
+              f"of the fused backward's dQ accumulator {check_fused(hd):.2e}")

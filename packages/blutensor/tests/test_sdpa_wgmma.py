@@ -5,7 +5,8 @@ the PTX) and, as trapping stubs, for sm_80; the NumPy model of the kernel's swiz
 register fragments (dev/emulate_sdpa_wgmma.py) reproduces float64 products, and fails when an offset is wrong;
 the tensor maps built for dense and fused-qkv layouts; the choice of variant and BLUTRAIN_SDPA_KERNEL.
 GPU (cuda-marked, sm_90 only): forward, lse, dq, dk, dv against a float64 NumPy reference on odd shapes, both
-paths (dense and fused qkv), and a bitwise repeatable backward.
+paths (dense and fused qkv), and a bitwise repeatable backward under deterministic algorithms (the fused backward:
+test_sdpa_wgmma_fused.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import fake_cuda  # noqa: E402
 import gen_hopper  # noqa: E402
 
 KDIR = Path(sdpa.__file__).resolve().parent / "kernels"
-ENTRIES = {f"blu_sdpa_wgmma_bf16_hd{d}_{k}" for k in ("fwd", "bwd_dkdv", "bwd_dq", "preprocess") for d in (64, 128)}
+ENTRIES = {f"blu_sdpa_wgmma_bf16_hd{d}_{k}" for k in ("fwd", "bwd_dkdv", "bwd_dq", "bwd_fused", "bwd_dq_convert",
+                                                     "preprocess") for d in (64, 128)}
 
 
 def test_generated_wgmma_wrappers_are_current():
@@ -65,7 +67,8 @@ def test_nvrtc_compiles_every_entry_for_sm90a():
     entries = {m.decode() for m in re.findall(rb"\.entry (blu_\w+)\(", ptx)}
     assert ENTRIES <= entries, ENTRIES - entries
     for needle in (b"wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", b"cp.async.bulk.tensor.4d",
-                   b"setmaxnreg.inc", b"mbarrier.try_wait.parity"):
+                   b"setmaxnreg.inc", b"mbarrier.try_wait.parity", b"red.global.add.v2.f32",
+                   b"fence.proxy.async.shared::cta", b"bar.sync"):
         assert needle in ptx, needle
 
 
@@ -202,8 +205,9 @@ def test_cuda_wgmma_matches_float64(BH, L, S, hd, causal):
     sc = 1.0 / math.sqrt(hd)
     gq, gk, gv, gdo = (cp.asarray(a) for a in (qb, kb, vb, db))
     o, lse = sdpa.flash_attention_forward(gq, gk, gv, causal, sc, "bf16_wgmma")
-    g1 = sdpa.flash_attention_backward(gq, gk, gv, o, lse, gdo, causal, sc, "bf16_wgmma")
-    g2 = sdpa.flash_attention_backward(gq, gk, gv, o, lse, gdo, causal, sc, "bf16_wgmma")
+    with bt.policy.scope(deterministic=True):  # the split pair (the fused kernel: test_sdpa_wgmma_fused.py)
+        g1 = sdpa.flash_attention_backward(gq, gk, gv, o, lse, gdo, causal, sc, "bf16_wgmma")
+        g2 = sdpa.flash_attention_backward(gq, gk, gv, o, lse, gdo, causal, sc, "bf16_wgmma")
     want = _reference(q, k, v, do, causal, sc)
     got = (_f64(o.get()), lse.get().astype(np.float64)) + tuple(_f64(g.get()) for g in g1)
     for name, a, b in zip(TOL, got, want):

@@ -7,8 +7,8 @@ OpMultiplyAddFastF32) -- what PyTorch's fp32 SDPA (the mem-efficient kernel) run
 the order of the SIMT fp32 kernel's, not TF32's (measured: see benchmarks/results/attention_h200.json; the long
 sums are staged so that the matrix units' truncating accumulation does not grow with the keys).
 'bf16_wgmma' (kernels/sdpa_wgmma.cu, backends/cupy/sdpa_wgmma.py) is the Hopper (sm_90a) bf16 kernel: TMA loads,
-wgmma, producer/consumer warpgroups, deterministic backward; policy ``attention='mma'`` (``BLUTRAIN_SDPA_KERNEL=mma``)
-keeps 'bf16' there.
+wgmma, producer/consumer warpgroups, fused or deterministic backward; policy ``attention='mma'``
+(``BLUTRAIN_SDPA_KERNEL=mma``) keeps 'bf16' there.
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16_wgmma' on sm_90, else 'bf16'; fp32 tensors use 'tf32'
 when blutensor's matmul precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared
 memory fits, as PyTorch's own fp32 SDPA does; policy ``attention_fp32='simt'`` (``BLUTRAIN_SDPA_FP32=simt``) selects the
@@ -20,7 +20,8 @@ is faster than PyTorch's fp32 attention where the SIMT kernel is slower (measure
 benchmarks/results/e2e_gpt2_fp32_h200.json and e2e_gpt2_fp32_h200_3xtf32_k4096.json). Calls the kernels do not
 cover (an explicit mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
 Backward (:func:`fused_backward`): 'tf32x3' runs one fused kernel (dK, dV, and dQ added with fp32 atomics: 5
-products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' has one too, opt-in, FUSED_AUTO);
+products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' and 'bf16_wgmma' have one too,
+opt-in, FUSED_AUTO);
 under the policy's ``deterministic`` (``bt.use_deterministic_algorithms(True)`` / ``BLUTRAIN_DETERMINISTIC=1``), or
 ``attention_backward='split'`` (``BLUTRAIN_SDPA_BWD=split``), the two deterministic kernels (dK/dV, then dQ). Every
 choice reads the current execution policy (:mod:`blutensor.policy`), so a policy scope selects variants per region.
@@ -107,11 +108,13 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
     return bwd + (BR * SLD * 4 if kind == "fused" else 0)  # fused: the tile's dS, [query][key]
 
 
-#: variants with a fused backward kernel (fp32 storage: dQ accumulated with fp32 atomics); SLD: its dS row stride
-FUSED_BWD = ("tf32", "tf32x3")
+#: variants with a fused backward kernel (dQ accumulated with fp32 atomics); SLD: the mma kernels' dS row stride
+FUSED_BWD = ("tf32", "tf32x3", "bf16_wgmma")
 #: where 'auto' takes it: tf32x3 (faster than split on a GPT-2 layer and at T=16384: benchmarks/results/
 #: attention_h200.json); not tf32, whose HD-64 split kernels run two blocks a multiprocessor and the fused one
-#: (+18 KB shared) only one, so split is faster -- BLUTRAIN_SDPA_BWD=fused still selects it
+#: (+18 KB shared) only one, so split is faster; not yet bf16_wgmma (5 products a tile pair instead of 7, but a
+#: dS^T round trip through shared memory and fp32 atomics), until a side-by-side timing on a GPT-2 layer shows it
+#: ahead -- BLUTRAIN_SDPA_BWD=fused selects either
 FUSED_AUTO = ("tf32x3",)
 SLD = BR + 8
 #: values of the policy's ``attention_backward`` (BLUTRAIN_SDPA_BWD; 'auto': fused for FUSED_AUTO, unless
@@ -132,7 +135,8 @@ def fused_backward(variant: str, hd: int) -> bool:
         return False
     if pol.deterministic:
         return False
-    return _mma_smem(variant, hd, "fused") <= smem_optin()
+    need = _wgmma.fused_smem(hd) if variant == "bf16_wgmma" else _mma_smem(variant, hd, "fused")
+    return need <= smem_optin()
 
 
 def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "f32"):

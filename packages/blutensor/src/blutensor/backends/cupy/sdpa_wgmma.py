@@ -4,9 +4,14 @@ q, k, v (and o, dO for the backward) are read by TMA through 4-D tensor maps (he
 from each array's strides, so the dense (BH, n, HD) arrays and the strided q/k/v views of a fused
 (B, T, 3, H, HD) projection take the same kernels; outputs are written through (sb, sh, st) layouts as in
 kernels/sdpa_mma.cu, and the log-sum-exp convention is the same (lse (BH, L) fp32, natural log), so the ring
-attention merge and either backward accept it. The backward is deterministic: D = rowsum(dO * O) (16-byte
-loads, HD / 8 threads a row), a dK/dV kernel and a dQ kernel, no atomics. The three main kernels are persistent:
-at most one CTA a multiprocessor walks the (row block, head) work tiles, heavy ones first.
+attention merge and either backward accept it. The backward starts with D = rowsum(dO * O) (16-byte loads,
+HD / 8 threads a row), then either the fused kernel (dK, dV and dS K added into a zeroed fp32 dQ accumulator with
+atomics: 5 products a key/query tile pair instead of 7, one pass over the tiles instead of two; dQ's last bits
+vary run to run) followed by a small kernel writing dq = scale * accumulator as bf16, or the deterministic pair,
+a dK/dV kernel and a dQ kernel, no atomics. sdpa.py's ``fused_backward`` decides: the fused kernel under
+``attention_backward='fused'`` (and 'auto' where sdpa.FUSED_AUTO lists 'bf16_wgmma'), the pair otherwise and
+always under the policy's ``deterministic``. The main
+kernels are persistent: at most one CTA a multiprocessor walks the (row block, head) work tiles, heavy ones first.
 
 :func:`available` says whether the variant applies (sm_90, the execution policy's ``attention``, i.e.
 ``BLUTRAIN_SDPA_KERNEL``, not 'mma'); the callers in sdpa.py pick it through ``pick_variant`` as variant 'bf16_wgmma'.
@@ -69,6 +74,12 @@ def bwd_smem(hd: int) -> int:
     st = STAGES[hd][1]
     own, tile = FWD_ROWS * hd * 2, BOX_ROWS_STREAM * hd * 2
     return 1024 + 4 * own + 2 * st * tile + 8 * (4 + 2 * st)
+
+
+def fused_smem(hd: int) -> int:
+    """Dynamic shared memory of the fused backward (struct Bwd's SMEM_FUSED: the split kernels' plus two 64 x 64
+    bf16 dS^T tiles for each consumer warpgroup)."""
+    return bwd_smem(hd) + 4 * BOX_ROWS_STREAM * BOX_ROWS_STREAM * 2
 
 
 def grid(rows: int, BH: int) -> int:
@@ -142,7 +153,10 @@ def forward(q, k, v, o, lse, causal: bool, scale: float | None):
 
 def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None):
     """Write dq, dk, dv (laid out like q, k, k) from the saved q, k, v, o, lse and the gradient do (like o).
-    Deterministic: D = rowsum(dO * O), then the dK/dV and dQ kernels."""
+    D = rowsum(dO * O), then the fused kernel and the dq conversion (dQ by fp32 atomics) where sdpa.py's
+    ``fused_backward('bf16_wgmma', hd)`` says so, else the deterministic dK/dV and dQ kernels."""
+    from blutensor.backends.cupy.sdpa import fused_backward  # sdpa imports this module
+
     cp = cupy()
     hd = q.shape[-1]
     _check((("q", q), ("k", k), ("v", v), ("o", o), ("do", do), ("dq", dq), ("dk", dk), ("dv", dv)), hd)
@@ -160,8 +174,18 @@ def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None)
            256, (do, o, D, np.int64(rows), np.int32(L), np.int32(H), np.int64(sb), np.int64(sh), np.int32(st)))
     tail = (lse, D)
     flags = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
-    smem = bwd_smem(hd)
     lk, lq = _out_lay(dk), _out_lay(dq)
+    if fused_backward("bf16_wgmma", hd):
+        acc = cp.zeros((BH, L, hd), dtype=cp.float32)  # dQ / scale, summed by the atomics of every key block
+        launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_fused", grid(S, BH), THREADS,
+               (tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS), tmap(q, "q", BOX_ROWS_STREAM),
+                tmap(do, "do", BOX_ROWS_STREAM)) + tail + (dk, dv, acc) + flags + (lk[0], np.int32(BH)) + lk[1:],
+               shared_mem=fused_smem(hd))
+        launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_dq_convert",
+               min(math.ceil(rows * (hd // 8) / 256), 16 * num_sms()), 256,
+               (acc, dq, np.int64(rows), np.int32(L), np.float32(sc)) + lq)
+        return
+    smem = bwd_smem(hd)
     launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_dkdv", grid(S, BH), THREADS,
            (tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS), tmap(q, "q", BOX_ROWS_STREAM),
             tmap(do, "do", BOX_ROWS_STREAM)) + tail + (dk, dv) + flags + (lk[0], np.int32(BH)) + lk[1:],

@@ -1,8 +1,8 @@
 // Hopper (sm_90a) primitives of blutensor's wgmma kernels (kernels/sdpa_wgmma.cu): TMA tiled loads into
 // 128-byte-swizzled shared memory completing on mbarriers, mbarrier waits, wgmma descriptors / fence / commit /
-// wait, operand fences, setmaxnreg and named barriers. Everything exists only when compiled for sm_90a
-// (BLU_HAVE_WGMMA); a file including this header declares "blu-nvrtc-archs: 90a" and gives its kernels a
-// trapping body elsewhere. The tensor maps (CUtensorMap) are encoded on the host (blutensor/backends/cupy/tma.py)
+// wait, operand fences, setmaxnreg, the generic-to-async proxy fence and named barriers. Everything exists only
+// when compiled for sm_90a (BLU_HAVE_WGMMA); a file including this header declares "blu-nvrtc-archs: 90a" and
+// gives its kernels a trapping body elsewhere. The tensor maps (CUtensorMap) are encoded on the host (blutensor/backends/cupy/tma.py)
 // and passed by value as __grid_constant__ kernel parameters; TMA zero-fills every element outside the tensor.
 // BLU_MBAR_SPIN_LIMIT (debug builds): a wait that polls that many times traps instead of hanging.
 
@@ -136,6 +136,15 @@ __device__ __forceinline__ void blu_setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void blu_setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// Make this thread's generic-proxy writes to shared memory (st.shared) visible to the async proxy (wgmma and TMA
+// reads): before the barrier after which a wgmma reads what the threads stored.
+__device__ __forceinline__ void blu_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Named barrier `id` (1..15; 0 is __syncthreads) over `n` threads (a multiple of 32): one warpgroup syncs alone.
+__device__ __forceinline__ void blu_named_barrier_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 // bf16x2 of (lo, hi), round to nearest even
 __device__ __forceinline__ unsigned blu_pack_bf16x2(float lo, float hi) {

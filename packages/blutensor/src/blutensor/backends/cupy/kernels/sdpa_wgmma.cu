@@ -17,6 +17,13 @@
 // dP^T = V dO^T (SS), P^T and dS^T = P^T (dP^T - D) in registers, dV += P^T dO and dK += dS^T Q (RS).
 // dQ kernel: 128 queries a CTA, Q and dO loaded once, K/V tiles of 64 keys; S = Q K^T, dP = dO V^T (SS),
 // dQ += dS K (RS).
+// Fused backward (dQ by fp32 atomics, not bitwise repeatable; the host's choice: sdpa.py fused_backward): the dK/dV
+// kernel that also produces dQ, 5 products a (key, query) tile pair instead of 7. Each consumer warpgroup stores
+// its bf16 dS^T (64 keys x 64 queries) into a 128-byte-swizzled shared tile (double-buffered), fences it for the
+// async proxy, syncs its 128 threads on a named barrier, and reads it back as the MN-major A operand of an SS
+// wgmma: dQ partial (64 queries x HD) = dS K_own (K as MN-major B, as the P V product reads V), issued before dV
+// and dK so its red.global.add.v2.f32 into the fp32 accumulator (BH, L, HD) run while they are in flight; the
+// dq_convert kernel then writes dq = scale * accumulator through dq's layout.
 // Fragment layout (m64nN accumulators, warp w of the warpgroup, lane 4 g + t): element i of a thread is row
 // 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1); the A fragment of k-step kk (16 columns) is
 // registers 8 kk .. 8 kk + 7 packed in pairs (dev/emulate_sdpa_wgmma.py checks this index math on the CPU).
@@ -79,6 +86,44 @@ template <int N>
 __device__ __forceinline__ void pack_p(const float* s, unsigned* p) {
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) p[i] = blu_pack_bf16x2(s[2 * i], s[2 * i + 1]);
+}
+// dQ partial of one 64-column chunk c of the head dim: acc (64 queries x 64) = dS K[:, 64 c ..], A = dS read
+// transposed from the dS^T tile at `dst` (64 key rows of 128 B: MN-major A, one 64-element atom, k-steps of 16
+// keys 2048 B apart), B = the warpgroup's own 64 keys of K (box c at k_own + c * 128 rows * 128 B, MN-major)
+__device__ __forceinline__ void dq_chunk(float* acc, unsigned dst, unsigned k_own, int c) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    blu_wgmma_ss_m64n64k16<1, 1>(acc, mnmajor(dst, 64, kk), mnmajor(k_own + (unsigned)(c * 128 * 128), 128, kk),
+                                 kk > 0);
+}
+// Store the packed bf16 dS^T (registers ds: element pair j at key row 16 w + g + 8 (j & 1), query columns
+// 8 (j >> 1) + 2 t, + 1) into the 64 x 64 tile at `dst` (1024-aligned), 128-byte swizzled as TMA would write it:
+// 16-byte chunk j >> 1 of row r goes to chunk (j >> 1) ^ (r & 7), and r & 7 = g. A warp's 32 stores of one j hit
+// 8 rows x 16 B in 8 distinct chunks: no bank conflicts.
+__device__ __forceinline__ void store_dst(unsigned dst, const unsigned* ds, int w, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int r = 16 * w + g + 8 * (j & 1);
+    const unsigned a = dst + (unsigned)(r * 128 + (((j >> 1) ^ g) << 4) + 4 * t);
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(ds[j]) : "memory");
+  }
+}
+// Add a 64-query x 64 dQ partial (chunk c of the head dim) into the fp32 accumulator rows at `acc` (row q at
+// acc + q * HD): element pair (i, i + 1) of query x0 + 16 w + g + 8 ((i >> 1) & 1), columns 64 c + fcol(i, t), + 1,
+// one red.global.add.v2.f32 each (8-byte aligned); queries >= L are padding and skipped.
+template <int HD>
+__device__ __forceinline__ void red_dq(float* acc, const float* p, int c, int x0, int L, int w, int g, int t) {
+  const int q0 = x0 + 16 * w + g, q1 = q0 + 8;
+#pragma unroll
+  for (int i = 0; i < 32; i += 4) {
+    const int col = 64 * c + 8 * (i >> 2) + 2 * t;
+    if (q0 < L)
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc + (long long)q0 * HD + col), "f"(p[i]),
+                   "f"(p[i + 1]) : "memory");
+    if (q1 < L)
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc + (long long)q1 * HD + col), "f"(p[i + 2]),
+                   "f"(p[i + 3]) : "memory");
+  }
 }
 // Rows (warp w, lane g): element i's column inside the tile and whether it is the second row (g + 8)
 __device__ __forceinline__ int fcol(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }
@@ -290,26 +335,35 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
 // of 128 rows x 128 B each: K, V for dK/dV; Q, dO for dQ), then ST stages of {X, Y} tiles of 64 rows (Q, dO for
 // dK/dV; K, V for dQ), then ofull[2], oempty[2], full[ST], empty[ST]. A tile's last products (dV, dK or dQ) stay
 // in flight while the next streamed tile is awaited and its S, dP issued.
+// The fused kernel adds four dS^T tiles (two buffers for each consumer warpgroup, 64 x 128 B) between the stages and
+// the barriers: HD 128 with two stages is 225 KB, inside sm_90's 227 KB opt-in.
 template <int HD, int ST>
 struct Bwd {
-  static constexpr int OWN = 128 * HD * 2, TILE = 64 * HD * 2;
+  static constexpr int OWN = 128 * HD * 2, TILE = 64 * HD * 2, DST = 64 * 64 * 2;
   static constexpr int SMEM = 1024 + 4 * OWN + 2 * ST * TILE + 8 * (4 + 2 * ST);
+  static constexpr int SMEM_FUSED = SMEM + 4 * DST;
+  static_assert(SMEM_FUSED <= 227 * 1024, "fused backward shared memory exceeds sm_90's opt-in limit");
 };
 
 // DKDV true: dK/dV kernel (own = 128 keys, streamed = query tiles); false: dQ kernel (own = 128 queries).
-template <int HD, int ST, bool DKDV>
+// FUSED (with DKDV): the dK/dV kernel that also adds each tile's dS K into the zeroed fp32 accumulator dqa (BH, L, HD).
+template <int HD, int ST, bool DKDV, bool FUSED = false>
 __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB, const BluTmap* tmX,
                                          const BluTmap* tmY, const float* __restrict__ lse,
-                                         const float* __restrict__ Dv, bf16_t* out0, bf16_t* out1, int L, int S,
-                                         float scale, int causal, int H, int BH, Lay lout) {
+                                         const float* __restrict__ Dv, bf16_t* out0, bf16_t* out1,
+                                         float* __restrict__ dqa, int L, int S, float scale, int causal, int H,
+                                         int BH, Lay lout) {
 #if BLU_HAVE_WGMMA
+  static_assert(DKDV || !FUSED, "the fused backward is the dK/dV kernel plus dQ");
   using B = Bwd<HD, ST>;
   constexpr int OWN = B::OWN, TILE = B::TILE, NB = HD / BOX;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = blu_smem_u32(smem_raw);
   const unsigned sO = raw + ((1024u - (raw & 1023u)) & 1023u);  // own buffer b: A at sO + 2 b OWN, B at + OWN
   const unsigned sX = sO + 4 * OWN;
-  const unsigned ofull = sX + 2 * ST * TILE, oempty = ofull + 16, full = oempty + 16, empty = full + 8 * ST;
+  const unsigned sDS = sX + 2 * ST * TILE;  // FUSED: dS^T tile b of warpgroup cw at sDS + (2 cw + b) DST
+  const unsigned ofull = sDS + (FUSED ? 4 * B::DST : 0), oempty = ofull + 16, full = oempty + 16,
+                 empty = full + 8 * ST;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2;
   const int nob = ((DKDV ? S : L) + 127) / 128, total = nob * BH;
   // work tile wt: own rows own0 .. own0 + 127 of head bh; streamed rows [first, end) in tiles of 64
@@ -378,7 +432,7 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
   blu_setmaxnreg_inc<232>();
   const int cw = wgi - 1, w = warp & 3, g = lane >> 2, t = lane & 3;
   const float c = scale * BLU_LOG2E;
-  int kv = 0, n = 0;
+  int kv = 0, n = 0, nds = 0;  // nds (FUSED): dS^T tiles this warpgroup has stored (the buffer's parity)
   for (int wt = blockIdx.x; wt < total; wt += gridDim.x, ++n) {
     int own0, bh, first, nt;
     decode(wt, own0, bh, first, nt);
@@ -392,6 +446,7 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
     float sv[32], dp[32];
     unsigned pp[16], ds[16];
     float lq0 = 0.f, lq1 = 0.f, dq0 = 0.f, dq1 = 0.f;  // dQ: this thread's two rows' lse * log2 e and D
+    float dqp[32];  // FUSED: one 64-column chunk of this tile's dQ partial
     if (!DKDV) {
       if (r0 < L) lq0 = lse[rowoff + r0] * BLU_LOG2E, dq0 = Dv[rowoff + r0];
       if (r1 < L) lq1 = lse[rowoff + r1] * BLU_LOG2E, dq1 = Dv[rowoff + r1];
@@ -442,7 +497,7 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
         if (DKDV) {  // row = key, col = query
           const int j = 2 * (i >> 2) + (i & 1);
           pv = ex2(sv[i] * c - lc[j]);
-          if (col >= L || (causal && row > col)) pv = 0.f;
+          if (col >= L || row >= S || (causal && row > col)) pv = 0.f;  // padded keys: no dS for dQ either
           dsv = pv * (dp[i] - dc[j]);
         } else {  // row = query, col = key
           pv = ex2(sv[i] * c - (frow8(i) ? lq1 : lq0));
@@ -454,6 +509,42 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
       }
       pack_p<32>(sv, pp);
       pack_p<32>(dp, ds);
+      if constexpr (FUSED) {
+        // dS^T to shared memory, visible to the tensor cores (async proxy) once every thread of the warpgroup has
+        // stored and fenced: the named barrier of this warpgroup only (id 1 + cw), so the two warpgroups never
+        // wait for each other. Two buffers: the one written here was last read by the dQ product two tiles ago,
+        // which every warp of the warpgroup saw complete before the previous tile's barrier.
+        const unsigned dst = sDS + (unsigned)((2 * cw + (nds & 1)) * B::DST), k_own = sA + cw * 64 * 128;
+        ++nds;
+        store_dst(dst, ds, w, g, t);
+        blu_fence_proxy_async();
+        blu_named_barrier_sync(1 + cw, 128);
+        blu_wgmma_fence();
+        dq_chunk(dqp, dst, k_own, 0);
+        blu_wgmma_commit();
+        rs_product<64, HD>(acc1, pp, y, 64);  // dV += P^T dO
+        rs_product<64, HD>(acc0, ds, x, 64);  // dK += dS^T Q
+        blu_wgmma_commit();
+        // The partials of the two warpgroups (their own 64 keys, the same 64 queries) are added separately, not
+        // summed in shared memory first: that would take a 256-thread barrier every tile, locking the warpgroups
+        // together (their causal skips differ, and one's softmax is meant to overlap the other's products), and
+        // at HD 128 another 32 KB of shared memory that does not fit. red is fire-and-forget, resolved in L2.
+        blu_wgmma_wait<1>();  // the dQ chunk is done; dV, dK still in flight
+        blu_fence_f<32>(dqp);
+        const long long arow = (long long)bh * L * HD;
+        red_dq<HD>(dqa + arow, dqp, 0, x0, L, w, g, t);
+#pragma unroll
+        for (int cc = 1; cc < NB; ++cc) {  // HD 128: the second chunk in the same 32 registers
+          blu_wgmma_fence();
+          dq_chunk(dqp, dst, k_own, cc);
+          blu_wgmma_commit();
+          blu_wgmma_wait<0>();
+          blu_fence_f<32>(dqp);
+          red_dq<HD>(dqa + arow, dqp, cc, x0, L, w, g, t);
+        }
+        pending = st;
+        continue;
+      }
       blu_wgmma_fence();
       if (DKDV) {
         rs_product<64, HD>(acc1, pp, y, 64);  // dV += P^T dO
@@ -507,9 +598,28 @@ __device__ __forceinline__ void preprocess(const bf16_t* __restrict__ dout, cons
   }
 }
 
+// dq = scale * acc (the fused backward's fp32 accumulator, (BH, L, HD) dense) as bf16 through dq's layout: HD / 8
+// threads a row, two 16-byte loads and one 16-byte store of 8 elements each (plain CUDA: any architecture).
+template <int HD>
+__device__ __forceinline__ void dq_convert(const float* __restrict__ acc, bf16_t* __restrict__ dq, long long rows,
+                                           int L, float scale, Lay lq) {
+  constexpr int G = HD / 8;
+  const long long nthr = (long long)gridDim.x * blockDim.x;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < rows * G; idx += nthr) {
+    const long long row = idx / G;
+    const int part = (int)(idx % G);
+    const float4 a = *reinterpret_cast<const float4*>(acc + row * HD + part * 8);
+    const float4 b = *reinterpret_cast<const float4*>(acc + row * HD + part * 8 + 4);
+    const float v[8] = {a.x * scale, a.y * scale, a.z * scale, a.w * scale,
+                        b.x * scale, b.y * scale, b.z * scale, b.w * scale};
+    store_vec(dq + lq.base((int)(row / L)) + (row % L) * lq.st + part * 8, v);
+  }
+}
+
 }  // namespace wg
 
-// Entries per head dim: forward, dK/dV and dQ. Tensor maps (blutensor/backends/cupy/tma.py, 4-D: head dim, row,
+// Entries per head dim: forward, dK/dV and dQ, the fused backward (dK/dV's arguments plus the fp32 dQ accumulator)
+// and its dq conversion, the preprocess. Tensor maps (blutensor/backends/cupy/tma.py, 4-D: head dim, row,
 // head, batch; boxes of 64 elements x 128 rows, the dK/dV kernel's Q/dO and the dQ kernel's K/V maps 64 rows);
 // H heads; the output layouts as (sb, sh, st) (dK and dV share one). FST / BST: stages of the ring.
 #define BLU_TM const __grid_constant__ BluTmap
@@ -522,14 +632,25 @@ __device__ __forceinline__ void preprocess(const bf16_t* __restrict__ dout, cons
   extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dkdv(              \
       BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, const float* lse, const float* D, bf16_t* dk, bf16_t* dv,     \
       int L, int S, float scale, int causal, int H, int BH, long long k_sb, long long k_sh, int k_st) {              \
-    wg::backward<HD, BST, true>(&tmK, &tmV, &tmQ, &tmO, lse, D, dk, dv, L, S, scale, causal, H, BH,                 \
+    wg::backward<HD, BST, true>(&tmK, &tmV, &tmQ, &tmO, lse, D, dk, dv, nullptr, L, S, scale, causal, H, BH,        \
                                 lay(k_sb, k_sh, k_st, H));                                                           \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dq(                \
       BLU_TM tmQ, BLU_TM tmO, BLU_TM tmK, BLU_TM tmV, const float* lse, const float* D, bf16_t* dq, int L, int S,   \
       float scale, int causal, int H, int BH, long long q_sb, long long q_sh, int q_st) {                            \
-    wg::backward<HD, BST, false>(&tmQ, &tmO, &tmK, &tmV, lse, D, dq, dq, L, S, scale, causal, H, BH,                \
+    wg::backward<HD, BST, false>(&tmQ, &tmO, &tmK, &tmV, lse, D, dq, dq, nullptr, L, S, scale, causal, H, BH,       \
                                  lay(q_sb, q_sh, q_st, H));                                                          \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_fused(             \
+      BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, const float* lse, const float* D, bf16_t* dk, bf16_t* dv,     \
+      float* dqa, int L, int S, float scale, int causal, int H, int BH, long long k_sb, long long k_sh, int k_st) {  \
+    wg::backward<HD, BST, true, true>(&tmK, &tmV, &tmQ, &tmO, lse, D, dk, dv, dqa, L, S, scale, causal, H, BH,      \
+                                      lay(k_sb, k_sh, k_st, H));                                                     \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dq_convert(                 \
+      const float* acc, bf16_t* dq, long long rows, int L, float scale, int H, long long q_sb, long long q_sh,       \
+      int q_st) {                                                                                                    \
+    wg::dq_convert<HD>(acc, dq, rows, L, scale, lay(q_sb, q_sh, q_st, H));                                          \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256) blu_sdpa_wgmma_bf16_hd##HD##_preprocess(                     \
       const bf16_t* dout, const bf16_t* o, float* D, long long rows, int L, int H, long long o_sb, long long o_sh,  \
