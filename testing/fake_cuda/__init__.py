@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import re
+import struct
 import sys
 import threading
 import time
@@ -36,8 +37,8 @@ import numpy as np
 
 from .nccl import nccl_module
 
-__all__ = ["DeviceBuffer", "DeviceState", "DistinctArray", "Event", "Graph", "Stream", "host_view", "install",
-           "installed", "make_cupy", "modules", "ndarray"]
+__all__ = ["DeviceBuffer", "DeviceState", "DistinctArray", "Event", "Graph", "Stream", "TensorMapDriver", "host_view",
+           "install", "installed", "make_cupy", "modules", "ndarray"]
 
 
 # ------------------------------------------------------------------ arrays
@@ -471,6 +472,27 @@ class DeviceBuffer:
         return DeviceBuffer(self.data, self.nbytes, self.shape, self.dtype if dtype is None else dtype)
 
 
+class TensorMapDriver:
+    """The driver's ``cuTensorMapEncodeTiled`` on this device, called as a ctypes binding of libcuda calls it (the
+    map's address, then dtype, rank, global address, dims, strides, box, element strides, interleave, swizzle, L2
+    promotion, OOB fill): records each call as Python values in ``calls`` and writes a 128-byte descriptor made of
+    them (dtype, rank, address, sum of dims as four little-endian u64, then bytes 0..95); returns ``result`` (the
+    CUresult, 0: success). An encoder that loads libcuda is pointed at it in place of the real entry point."""
+
+    def __init__(self, result: int = 0) -> None:
+        self.calls: list[dict] = []
+        self.result = result
+
+    def __call__(self, out: int, dtype: int, rank: int, addr: Any, dims: Any, strides: Any, box: Any, estr: Any,
+                 il: int, sw: int, l2: int, oob: int) -> int:
+        call = dict(out=out, dtype=dtype, rank=rank, addr=getattr(addr, "value", addr), dims=tuple(dims),
+                    strides=tuple(strides), box=tuple(box), estr=tuple(estr), flags=(il, sw, l2, oob))
+        self.calls.append(call)
+        raw = struct.pack("<4Q", dtype, rank, call["addr"], sum(call["dims"])) + bytes(range(96))
+        ctypes.memmove(out, raw, 128)
+        return self.result
+
+
 # ------------------------------------------------------------------ the device
 class DeviceState:
     """What one fake device records and is configured with (``cupy.device``)."""
@@ -490,6 +512,8 @@ class DeviceState:
         #: GPUs the runtime reports; with more than one, ``Device(i).use()`` / ``with Device(i)`` switch the calling
         #: thread's current device (``runtime.getDevice()``), as CUDA's per-thread current device
         self.device_count = device_count
+        #: the driver's tensor-map encoder (``cuTensorMapEncodeTiled``) of this device, recording its calls
+        self.tensor_map_driver = TensorMapDriver()
         self.launches: list[tuple] = []
         self.modules: list = []
         self.streams: list[Stream] = []  # every stream made through cupy.cuda.Stream, in order
