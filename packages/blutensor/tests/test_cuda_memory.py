@@ -173,6 +173,10 @@ def test_a_plugin_without_a_device_argument_is_asked_with_that_device_current(mo
         bt.cuda.reset_peak_memory_stats("cuda:1")
         bt.cuda.reset_peak_memory_stats()
         assert _PerDevicePlugin.resets == [1, 0] and cp.cuda.runtime.getDevice() == 0
+        monkeypatch.setattr(_PerDevicePlugin, "memory_stats", classmethod(lambda cls: {}))
+        with pytest.raises(bt.DeviceError, match="memory_reserved: allocator plugin 'per-device' reports no "
+                                                 "allocated/reserved bytes .no reserved_bytes"):
+            bt.cuda.memory_reserved()
     finally:
         CupyBackend.uninstall_allocator()
         reset_host()

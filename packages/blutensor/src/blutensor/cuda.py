@@ -103,8 +103,9 @@ def _stat(device: _DeviceArg | None, fn: str, key: str) -> int:
     index = _device_index(device, fn)
     st = CupyBackend.memory_stats(index) or {}
     if key not in st:
-        raise DeviceError(f"bt.cuda.{fn}: {allocator_name(CupyBackend.stats_plugin())} keeps no peaks (no {key} "
-                          f"in its statistics of device {index}); {PEAKS_HINT}")
+        what = "keeps no peaks" if key.startswith("peak_") else "reports no allocated/reserved bytes"
+        raise DeviceError(f"bt.cuda.{fn}: {allocator_name(CupyBackend.stats_plugin())} {what} (no {key} in its "
+                          f"statistics of device {index}); {PEAKS_HINT}")
     return int(st[key])
 
 
