@@ -4,8 +4,11 @@ and the target verdicts must follow from the numbers (CPU, synthetic pytest-benc
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +75,22 @@ def test_step_profile_buckets_and_counts():
     assert [k["name"] for k in s["top_other"]] == ["blu_layer_norm_backward_s6_f32", "blu_cast_f32_to_bf16",
                                                    "cupy_add"]
     assert s["launches"] == 193.0
+
+
+def test_gemm_configs_records_the_blublas_settings_in_force(monkeypatch):
+    """The configs benchmark records what blublas.settings read (the values its GEMMs use), not os.environ."""
+    settings = pytest.importorskip("blublas.settings")
+    bench = _load("benchmarks/blublas/bench_gemm_configs.py")
+    monkeypatch.setenv("BLUBLAS_WGMMA_TMA_STORE", "0")
+    monkeypatch.setenv("BLUBLAS_WGMMA", "off")
+    settings.reset()
+    try:
+        rec = bench.settings_in_force()
+        assert rec["wgmma_tma_store"] is False and rec["wgmma"] == "off" and rec["autotune"] is False
+        assert set(rec) == set(settings.ENV) and isinstance(rec["cache_dir"], str)
+        monkeypatch.setenv("BLUBLAS_WGMMA_TMA_STORE", "1")  # read once: not in force until a reset
+        assert bench.settings_in_force() == rec
+        json.dumps(rec)
+    finally:
+        monkeypatch.undo()
+        settings.reset()

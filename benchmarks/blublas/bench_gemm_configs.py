@@ -9,8 +9,9 @@ CUDA events over back-to-back calls (``blublas.testing.time_ms``); the winner is
 (``graph_ms``, host out of the loop) and checked against cuBLASLt's output. The summary gives, per precision,
 the geometric mean and minimum of cuBLASLt time / BluBLAS time for the best candidate and for the heuristic, and
 per config. The JSON (default ``benchmarks/results/blublas_gemm_configs_<gpu>.json``) is what
-``packages/blublas/dev/make_tuned_table.py`` turns into the shipped sm_90 table. Launch switches the library reads
-(``BLUBLAS_WGMMA_TMA_STORE=0``: the staged epilogue instead of TMA stores) apply as in any run and are recorded.
+``packages/blublas/dev/make_tuned_table.py`` turns into the shipped sm_90 table. The library's switches
+(``BLUBLAS_WGMMA_TMA_STORE=0``: the staged epilogue instead of TMA stores) apply as in any run; the JSON records
+the values in force, as ``blublas.settings`` read them (``env.settings``), not what ``os.environ`` says later.
 """
 
 from __future__ import annotations
@@ -18,18 +19,26 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import time
 import traceback
+from dataclasses import fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SWITCHES = ("BLUBLAS_WGMMA", "BLUBLAS_WGMMA_TMA_STORE", "BLUBLAS_WGMMA_DEBUG_NO_EPILOGUE", "BLUBLAS_3XTF32")
 
 
 def _geomean(xs: list[float]) -> float | None:
     return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3) if xs else None
+
+
+def settings_in_force() -> dict:
+    """Every blublas switch as ``blublas.settings.get()`` holds it (read once, at the first use; what the GEMMs of
+    this run use), by field name; paths as strings."""
+    from blublas import settings
+
+    s = settings.get()
+    return {f.name: str(v) if isinstance(v := getattr(s, f.name), Path) else v for f in fields(s)}
 
 
 def _commit() -> str:
@@ -149,7 +158,7 @@ def main() -> None:
             "cupy": cp.__version__,
             "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
             "blublas": __version__,
-            "switches": {k: os.environ[k] for k in SWITCHES if k in os.environ},
+            "settings": settings_in_force(),
         },
         "precisions": {},
     }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import re
+import struct
 import sys
 import threading
 import time
@@ -36,8 +37,8 @@ import numpy as np
 
 from .nccl import nccl_module
 
-__all__ = ["DeviceBuffer", "DeviceState", "DistinctArray", "Event", "Graph", "Stream", "host_view", "install",
-           "installed", "make_cupy", "modules", "ndarray"]
+__all__ = ["DeviceBuffer", "DeviceState", "DistinctArray", "Event", "Graph", "Stream", "TensorMapDriver", "host_view",
+           "install", "installed", "make_cupy", "modules", "ndarray"]
 
 
 # ------------------------------------------------------------------ arrays
@@ -336,6 +337,7 @@ def _elapsed(a: Event, b: Event) -> float:
 
 class _State(threading.local):
     current: Stream | None = None
+    device: int = 0  # the thread's current device (switched only on a device made with device_count > 1)
 
 
 _STATE = _State()
@@ -470,6 +472,27 @@ class DeviceBuffer:
         return DeviceBuffer(self.data, self.nbytes, self.shape, self.dtype if dtype is None else dtype)
 
 
+class TensorMapDriver:
+    """The driver's ``cuTensorMapEncodeTiled`` on this device, called as a ctypes binding of libcuda calls it (the
+    map's address, then dtype, rank, global address, dims, strides, box, element strides, interleave, swizzle, L2
+    promotion, OOB fill): records each call as Python values in ``calls`` and writes a 128-byte descriptor made of
+    them (dtype, rank, address, sum of dims as four little-endian u64, then bytes 0..95); returns ``result`` (the
+    CUresult, 0: success). An encoder that loads libcuda is pointed at it in place of the real entry point."""
+
+    def __init__(self, result: int = 0) -> None:
+        self.calls: list[dict] = []
+        self.result = result
+
+    def __call__(self, out: int, dtype: int, rank: int, addr: Any, dims: Any, strides: Any, box: Any, estr: Any,
+                 il: int, sw: int, l2: int, oob: int) -> int:
+        call = dict(out=out, dtype=dtype, rank=rank, addr=getattr(addr, "value", addr), dims=tuple(dims),
+                    strides=tuple(strides), box=tuple(box), estr=tuple(estr), flags=(il, sw, l2, oob))
+        self.calls.append(call)
+        raw = struct.pack("<4Q", dtype, rank, call["addr"], sum(call["dims"])) + bytes(range(96))
+        ctypes.memmove(out, raw, 128)
+        return self.result
+
+
 # ------------------------------------------------------------------ the device
 class DeviceState:
     """What one fake device records and is configured with (``cupy.device``)."""
@@ -479,12 +502,18 @@ class DeviceState:
     def __init__(self, *, memory: Any = None, compute_capability: int = 90, sms: int = 132,
                  smem_optin: int = 232448, name: str = "fake device", null_stream_ptr: int = 0,
                  pool_used_bytes: int = 0, kernels: dict[str, Callable] | Callable | None = None,
-                 host_array_args: bool = False, runtime_version: int = 12080, distinct_arrays: bool = False) -> None:
+                 host_array_args: bool = False, runtime_version: int = 12080, distinct_arrays: bool = False,
+                 device_count: int = 1) -> None:
         self.memory, self.compute_capability, self.sms, self.smem_optin = memory, compute_capability, sms, smem_optin
         self.name, self.pool_used_bytes, self.host_array_args = name, pool_used_bytes, host_array_args
         #: emulators by entry-point name, or a function (module, name) -> emulator or None (KeyError: no such entry)
         self.kernels: dict[str, Callable] | Callable = kernels if callable(kernels) else dict(kernels or {})
         self.runtime_version, self.distinct_arrays = runtime_version, distinct_arrays
+        #: GPUs the runtime reports; with more than one, ``Device(i).use()`` / ``with Device(i)`` switch the calling
+        #: thread's current device (``runtime.getDevice()``), as CUDA's per-thread current device
+        self.device_count = device_count
+        #: the driver's tensor-map encoder (``cuTensorMapEncodeTiled``) of this device, recording its calls
+        self.tensor_map_driver = TensorMapDriver()
         self.launches: list[tuple] = []
         self.modules: list = []
         self.streams: list[Stream] = []  # every stream made through cupy.cuda.Stream, in order
@@ -504,21 +533,28 @@ DeviceState.active = DeviceState()
 
 class _Device:
     def __init__(self, i: int | None = None) -> None:
-        self.id = 0 if i is None else int(i)
         st = DeviceState.active
+        self.id = _STATE.device if i is None else int(i)
+        if st.device_count > 1 and not 0 <= self.id < st.device_count:
+            raise CUDARuntimeError(101)  # cudaErrorInvalidDevice
         self.compute_capability = str(st.compute_capability)
         self.attributes = {"MultiProcessorCount": st.sms}
+        self._prev: list[int] = []
 
     def synchronize(self) -> None:
         pass
 
     def use(self) -> None:
-        pass
+        if DeviceState.active.device_count > 1:
+            _STATE.device = self.id
 
     def __enter__(self) -> _Device:
+        self._prev.append(_STATE.device)
+        self.use()
         return self
 
     def __exit__(self, *a: Any) -> bool:
+        _STATE.device = self._prev.pop()
         return False
 
 
@@ -543,10 +579,10 @@ class Runtime:
     created = property(lambda self: self._s.events_created)
 
     def getDeviceCount(self) -> int:  # noqa: N802
-        return 1
+        return self._s.device_count
 
     def getDevice(self) -> int:  # noqa: N802
-        return 0
+        return _STATE.device
 
     def getDeviceProperties(self, i: int) -> dict:  # noqa: N802
         s = self._s
@@ -614,6 +650,7 @@ def make_cupy(**device: Any) -> types.ModuleType:
     state = DeviceState(**device)
     DeviceState.active = state
     _STATE.current = None
+    _STATE.device = 0
 
     cuda = types.ModuleType("cupy.cuda")
     cuda.runtime = Runtime(state)

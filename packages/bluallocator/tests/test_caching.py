@@ -269,3 +269,25 @@ def test_listeners_see_every_alloc_and_free(env):
     assert [(e, q, n, s) for e, q, n, s, _ in seen] == [("alloc", p, 1024, 0), ("free", p, 1024, 0)]
     assert seen[0][4] <= seen[1][4]
     bluallocator.remove_listener(fn)  # removing twice is fine
+
+
+def test_peak_allocated_stays_below_peak_reserved_while_the_cache_holds_freed_blocks(env):
+    a = env.allocator()
+    p = a.malloc(4 * MiB, 0)  # a 20 MiB large segment
+    q = a.malloc(6 * MiB, 0)  # split from it
+    a.free(p)
+    a.free(q)
+    st = a.memory_stats()
+    assert (st["allocated_bytes"], st["peak_allocated_bytes"]) == (0, 10 * MiB)
+    assert (st["reserved_bytes"], st["peak_reserved_bytes"]) == (20 * MiB, 20 * MiB)  # cached, not given back
+    assert st["peak_allocated_bytes"] < st["peak_reserved_bytes"]
+    a.reset_peak_stats()
+    st = a.memory_stats()
+    assert (st["peak_allocated_bytes"], st["peak_reserved_bytes"]) == (0, 20 * MiB)
+    r = a.malloc(2 * MiB, 0)  # from the cache: reserved does not move
+    st = a.memory_stats()
+    assert (st["peak_allocated_bytes"], st["peak_reserved_bytes"]) == (2 * MiB, 20 * MiB)
+    a.free(r)
+    a.empty_cache()
+    st = a.memory_stats()
+    assert st["reserved_bytes"] == 0 and st["peak_reserved_bytes"] == 20 * MiB  # a peak outlives empty_cache

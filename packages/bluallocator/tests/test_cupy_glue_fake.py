@@ -152,3 +152,32 @@ def test_no_usable_gpu_and_bad_device_are_named(fcupy, monkeypatch):
         with pytest.raises(RuntimeError, match="bluallocator needs a usable CUDA device: CuPy is installed but"):
             call()
     assert not bluallocator.is_installed() and fcupy.cuda.get_allocator() == "cupy-pool"  # left as it was
+
+
+def test_plugin_stats_and_peak_reset_per_device(monkeypatch):
+    """Two fake GPUs: the plugin's memory_stats / reset_peak_stats take a device index, as blutensor's
+    bt.cuda.max_memory_allocated(device) asks them; is_installed() tells that CuPy allocates through us."""
+    from bluallocator.hooks import CachingAllocatorPlugin
+
+    fcp = fake_cuda.install(monkeypatch, memory=FakeDeviceBackend(256 * MiB), device_count=2)
+    monkeypatch.setattr(cupy_glue, "_allocators", {})
+    monkeypatch.setattr(cupy_glue, "_state", {"installed": False, "previous": None, "alloc_fn": None, "kwargs": {}})
+    assert not CachingAllocatorPlugin.is_installed()
+    CachingAllocatorPlugin.install()
+    assert CachingAllocatorPlugin.is_installed()
+    x = fcp.empty(4 * MiB)
+    with fcp.cuda.Device(1):
+        y = fcp.empty(MiB)
+    del x
+    gc.collect()
+    s0, s1 = CachingAllocatorPlugin.memory_stats(0), CachingAllocatorPlugin.memory_stats(device=1)
+    assert (s0["allocated_bytes"], s0["peak_allocated_bytes"], s0["reserved_bytes"]) == (0, 4 * MiB, 20 * MiB)
+    assert (s1["allocated_bytes"], s1["peak_allocated_bytes"], s1["reserved_bytes"]) == (MiB, MiB, 2 * MiB)
+    assert CachingAllocatorPlugin.memory_stats() == s0  # the current device
+    CachingAllocatorPlugin.reset_peak_stats(0)
+    assert CachingAllocatorPlugin.memory_stats(0)["peak_allocated_bytes"] == 0
+    assert CachingAllocatorPlugin.memory_stats(1)["peak_allocated_bytes"] == MiB  # device 1 untouched
+    del y
+    gc.collect()
+    CachingAllocatorPlugin.uninstall()
+    assert not CachingAllocatorPlugin.is_installed()

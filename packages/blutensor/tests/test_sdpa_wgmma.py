@@ -109,29 +109,30 @@ def _fake(shape, strides_el, ptr=0x10000, dtype=np.uint16):
 
 
 def test_tensor_maps_of_dense_and_fused_qkv_layouts(monkeypatch):
-    seen = []
-
-    def enc(spec):
-        seen.append(spec)
-        return bytes(128)
-
     cp = fake_cuda.install(monkeypatch)  # the shared fake device, removed from sys.modules after the test
-    cp.blutensor_encode_tmap = enc
+    driver = cp.device.tensor_map_driver  # the device's cuTensorMapEncodeTiled, in place of libcuda's
+    monkeypatch.setattr(tma, "_CUDA", driver)
+    seen = driver.calls
     tma._cache.clear()
     try:
         B, T, H, hd = 2, 77, 3, 64
         q = _fake((B, T, H, hd), (T * 3 * H * hd, 3 * H * hd, hd, 1))  # q of a (B, T, 3, H, HD) projection
-        wg.tmap(q, "q", 128)
+        m = wg.tmap(q, "q", 128)
         s = seen[-1]
-        assert s.dims == (hd, T, H, B) and s.box == (64, 128, 1, 1)
-        assert s.strides == (3 * H * hd * 2, hd * 2, T * 3 * H * hd * 2)
+        assert (s["dtype"], s["rank"], s["addr"]) == (tma.DTYPE_BF16, 4, 0x10000)
+        assert s["dims"] == (hd, T, H, B) and s["box"] == (64, 128, 1, 1)
+        assert s["strides"] == (3 * H * hd * 2, hd * 2, T * 3 * H * hd * 2)
+        assert m.dtype == tma.TMAP_DTYPE and m.tobytes()[:16] == np.array([tma.DTYPE_BF16, 4], "<u8").tobytes()
         d = _fake((5, 1000, 128), (1000 * 128, 128, 1))
         wg.tmap(d, "k", 64)
-        assert seen[-1].dims == (128, 1000, 1, 5) and seen[-1].strides[0] == 256 and seen[-1].strides[2] == 256000
+        assert seen[-1]["dims"] == (128, 1000, 1, 5) and seen[-1]["strides"][0] == 256
+        assert seen[-1]["strides"][2] == 256000
+        n = len(seen)
         with pytest.raises(tma.TmaError, match="flash attention .wgmma. v.*16-byte"):
             wg.tmap(_fake((5, 10, 64), (640, 64, 1), ptr=0x10008), "v", 64)
         with pytest.raises(tma.TmaError, match="strides"):
             wg.tmap(_fake((2, 10, 3, 64), (10 * 3 * 72 + 4, 3 * 72, 72, 1)), "q", 64)
+        assert len(seen) == n, "maps TMA cannot read are refused before the driver is called"
     finally:
         tma._cache.clear()
 

@@ -1,38 +1,27 @@
 """The one TMA tensor-map encoder (backends/cupy/tma.py, public as blutensor.ext.tma) on the CPU: what it passes to
-cuTensorMapEncodeTiled and the 128 descriptor bytes it returns, through a fake driver entry point that records its
-arguments and writes a descriptor made of them; the same for a blublas GEMM operand's rank-3 spec."""
+cuTensorMapEncodeTiled and the 128 descriptor bytes it returns, through the fake CUDA device's driver entry point
+(testing/fake_cuda: records its arguments and writes a descriptor made of them); the same for a blublas GEMM
+operand's rank-3 spec."""
 
 from __future__ import annotations
 
-import ctypes
 import struct
+import sys
+from pathlib import Path
 
 import blutensor as bt
 import numpy as np
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testing"))
+import fake_cuda  # noqa: E402
+
 tma = bt.ext.tma
-
-
-class FakeDriver:
-    """cuTensorMapEncodeTiled's stand-in: the arguments as Python values, and a descriptor that packs them."""
-
-    def __init__(self, result: int = 0):
-        self.calls: list[dict] = []
-        self.result = result
-
-    def __call__(self, out, dtype, rank, addr, dims, strides, box, estr, il, sw, l2, oob):
-        call = dict(out=out, dtype=dtype, rank=rank, addr=addr.value, dims=tuple(dims), strides=tuple(strides),
-                    box=tuple(box), estr=tuple(estr), flags=(il, sw, l2, oob))
-        self.calls.append(call)
-        raw = struct.pack("<4Q", dtype, rank, call["addr"], sum(call["dims"])) + bytes(range(96))
-        ctypes.memmove(out, raw, 128)
-        return self.result
 
 
 @pytest.fixture
 def driver(monkeypatch):
-    fake = FakeDriver()
+    fake = fake_cuda.TensorMapDriver()  # the fake CUDA device's cuTensorMapEncodeTiled: records, packs its arguments
     monkeypatch.setattr(tma, "_CUDA", fake)
     tma.clear_cache()
     yield fake

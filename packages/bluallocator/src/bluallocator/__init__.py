@@ -16,6 +16,7 @@ from .cupy_glue import (
     is_installed,
     memory_stats,
     record_stream,
+    reset_peak_stats,
     uninstall,
 )
 from .errors import BackendOutOfMemory, OutOfMemoryError
@@ -27,4 +28,5 @@ __all__ = [
     "add_listener", "remove_listener",
     "choose_granularity", "cuda_available", "empty_cache", "get_allocator", "install", "is_installed",
     "memory_stats", "record_stream", "rounding_cost", "uninstall",
+    "reset_peak_stats",
 ]

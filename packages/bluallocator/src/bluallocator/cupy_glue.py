@@ -147,6 +147,11 @@ def memory_stats(device: int | None = None) -> dict[str, Any]:
     return get_allocator(device).memory_stats()
 
 
+def reset_peak_stats(device: int | None = None) -> None:
+    """``reset_peak_stats()`` of the device's caching allocator (peaks restart from the current values)."""
+    get_allocator(device).reset_peak_stats()
+
+
 def empty_cache() -> int:
     """``empty_cache()`` on every device's allocator; total bytes released."""
     return sum(a.empty_cache() for a in list(_allocators.values()))

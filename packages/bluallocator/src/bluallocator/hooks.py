@@ -34,10 +34,22 @@ class CachingAllocatorPlugin:
         uninstall()
 
     @classmethod
-    def memory_stats(cls) -> dict[str, Any]:
-        """Statistics of the current device's caching allocator."""
+    def memory_stats(cls, device: int | None = None) -> dict[str, Any]:
+        """Statistics of the caching allocator of ``device`` (the current device when None)."""
         from .cupy_glue import memory_stats
-        return memory_stats()
+        return memory_stats(device)
+
+    @classmethod
+    def reset_peak_stats(cls, device: int | None = None) -> None:
+        """Restart the peaks (allocated and reserved) of ``device``'s allocator from the current values."""
+        from .cupy_glue import reset_peak_stats
+        reset_peak_stats(device)
+
+    @classmethod
+    def is_installed(cls) -> bool:
+        """True while CuPy allocates through bluallocator (``install()``, however it was called)."""
+        from .cupy_glue import is_installed
+        return is_installed()
 
     @classmethod
     def empty_cache(cls) -> int:

@@ -79,10 +79,18 @@ class Backend:
         return None
 
     @classmethod
-    def memory_stats(cls) -> dict[str, Any] | None:
-        """The backend's device memory statistics (``allocated_bytes``, ``reserved_bytes``, ...); None where the
-        backend keeps none (host memory)."""
+    def memory_stats(cls, device: int | None = None) -> dict[str, Any] | None:
+        """The device memory statistics of device index ``device`` (the current device when None):
+        ``allocated_bytes``, ``reserved_bytes``, and ``peak_allocated_bytes`` / ``peak_reserved_bytes`` where the
+        allocator keeps peaks; None where the backend keeps none (host memory)."""
         return None
+
+    @classmethod
+    def reset_peak_memory_stats(cls, device: int | None = None) -> None:
+        """Restart the peaks of :meth:`memory_stats` from the current values; backends that keep no device
+        memory statistics refuse."""
+        raise DeviceError(f"backend {cls.PLUGIN_NAME!r} ({cls.DEVICE_TYPE} arrays) keeps no device memory "
+                          f"statistics to reset")
 
     @classmethod
     def _not_mine(cls, arr: Any) -> ArgumentError:

@@ -142,7 +142,8 @@ op("gt",            ew.gt_forward,          same_dtype=BIN,
 op("ge",            ew.ge_forward,          same_dtype=BIN,
    api=api("a, b:s", "a >= b elementwise (a bool Tensor).", method=True, operators=("__ge__",)))
 op("logical_not",   ew.logical_not_forward,
-   api=api("a", functional=False, operators=("__invert__",), doc="Logical not elementwise (a bool Tensor)."))
+   api=api("a", "Logical not elementwise: True where ``a`` is zero (a bool Tensor).", method=True,
+           operators=("__invert__",)))
 op("where",         ew.where_forward,       ew.where_backward,     same_dtype=(1, 2), dtype_arg=1, saves=(0,))
 op("masked_fill",   ew.masked_fill_forward, ew.masked_fill_backward, saves=(1,))
 op("sum",           rd.sum_forward,         rd.sum_backward)

@@ -37,7 +37,11 @@ class BlutrainSpecs:
     @hookspec
     def blutrain_register_allocators(self) -> list[type]:
         """Device allocators: PLUGIN_NAME, ``is_available()``, ``install()`` / ``uninstall()``; optional
-        ``graph_allocator()`` -> the installed allocator with ``graph_pool()`` (private pools for graph capture)."""
+        ``graph_allocator()`` -> the installed allocator with ``graph_pool()`` (private pools for graph capture);
+        optional ``memory_stats(device=None)`` (``allocated_bytes``, ``reserved_bytes``, ``peak_allocated_bytes``,
+        ``peak_reserved_bytes`` of one device; without a ``device`` parameter it is called with that device
+        current), ``reset_peak_stats(device=None)`` and ``is_installed()`` (CuPy allocates through it now, however
+        it was installed): what ``bt.cuda.memory_allocated`` and the other memory functions read."""
 
     @hookspec
     def blutrain_register_parallel_strategies(self) -> list[type]:

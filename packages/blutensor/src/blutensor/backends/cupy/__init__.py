@@ -110,6 +110,33 @@ def _uninstall(plugin: type) -> None:
         undo()
 
 
+#: how to get an allocator that keeps peaks (what the DeviceErrors about missing peaks suggest)
+PEAKS_HINT = ("install one that does: bt.backends.get('cuda').install_allocator('caching') (bluallocator's "
+              "caching allocator, which blumodels' train.allocator = 'blu' installs)")
+
+
+def allocator_name(plugin: type | None) -> str:
+    """How the errors name an allocator plugin (None: CuPy's own pool)."""
+    return "CuPy's memory pool" if plugin is None else f"allocator plugin {getattr(plugin, 'PLUGIN_NAME', plugin)!r}"
+
+
+def _on_device(cp: Any, fn: Any, device: int | None) -> Any:
+    """``fn(device=device)`` when ``fn`` takes a ``device`` argument, else ``fn()`` with device index ``device``
+    current (switched only when it is not already: a switch may create that GPU's context)."""
+    import inspect
+
+    try:
+        takes_device = "device" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_device = False
+    if takes_device:
+        return fn(device=device)
+    if device is None or device == cp.cuda.runtime.getDevice():
+        return fn()
+    with cp.cuda.Device(device):
+        return fn()
+
+
 class CupyBackend(Backend):
     """CuPy arrays on NVIDIA GPUs (devices ``cuda:N``): available when CuPy imports and a GPU is present; device
     memory from CuPy's pool or an allocator plugin (:meth:`install_allocator`); op kernels: the fused CUDA kernels
@@ -178,14 +205,52 @@ class CupyBackend(Backend):
         return _installed[0] if _installed else None
 
     @classmethod
-    def memory_stats(cls) -> dict[str, Any] | None:
-        """The installed allocator plugin's ``memory_stats()``, else CuPy's pool: ``allocated_bytes`` (in use) and
-        ``reserved_bytes`` (held from the driver)."""
+    def stats_plugin(cls) -> type | None:
+        """The allocator plugin CuPy allocates through now: the one installed through :meth:`install_allocator`,
+        else a registered plugin whose ``is_installed()`` says so (bluallocator installed directly, as blumodels'
+        ``train.allocator = "blu"`` does); None: CuPy's own pool."""
         plugin = cls.allocator_plugin()
+        if plugin is not None:
+            return plugin
+        from blutensor.plugin.manager import get_host
+
+        for rec in get_host().registry("allocator"):
+            probe = getattr(rec.cls, "is_installed", None)
+            try:
+                if probe is not None and probe():
+                    return rec.cls
+            except Exception:  # noqa: BLE001 - a broken plugin is not the one allocating
+                continue
+        return None
+
+    @classmethod
+    def memory_stats(cls, device: int | None = None) -> dict[str, Any] | None:
+        """Statistics of device index ``device`` (the current device when None): the allocating plugin's
+        ``memory_stats()`` (:meth:`stats_plugin`; bluallocator's has ``peak_allocated_bytes`` and
+        ``peak_reserved_bytes``), else CuPy's pool: ``allocated_bytes`` (in use) and ``reserved_bytes`` (held from
+        the driver), no peaks."""
+        cp = require_cuda()
+        plugin = cls.stats_plugin()
         if plugin is not None and hasattr(plugin, "memory_stats"):
-            return plugin.memory_stats()
-        pool = cls.memory_pool()
-        return {"allocated_bytes": int(pool.used_bytes()), "reserved_bytes": int(pool.total_bytes())}
+            return _on_device(cp, plugin.memory_stats, device)
+
+        def pool_stats() -> dict[str, Any]:
+            pool = cp.get_default_memory_pool()
+            return {"allocated_bytes": int(pool.used_bytes()), "reserved_bytes": int(pool.total_bytes())}
+
+        return _on_device(cp, pool_stats, device)
+
+    @classmethod
+    def reset_peak_memory_stats(cls, device: int | None = None) -> None:
+        """Restart the allocating plugin's peaks of device index ``device`` (current when None) from the current
+        values (its ``reset_peak_stats()``); CuPy's pool keeps no peaks, and a DeviceError says so."""
+        cp = require_cuda()
+        plugin = cls.stats_plugin()
+        reset = getattr(plugin, "reset_peak_stats", None) if plugin is not None else None
+        if reset is None:
+            raise DeviceError(f"reset_peak_memory_stats: {allocator_name(plugin)} keeps no peak memory statistics; "
+                              f"{PEAKS_HINT}")
+        _on_device(cp, reset, device)
 
     @classmethod
     def graph_allocator(cls) -> Any:

@@ -113,8 +113,7 @@ def tmap(a, name: str, box_rows: int):
     hd = a.shape[-1]
     es = a.itemsize
     spec = tma.tensor_spec(ptr, es, (hd, n, H, B), (st * es, sh * es, sb * es), (64, box_rows, 1, 1))
-    enc = getattr(__import__("sys").modules.get("cupy"), "blutensor_encode_tmap", None)
-    return tma.encode(spec, f"flash attention (wgmma) {name}", encoder=enc)
+    return tma.encode(spec, f"flash attention (wgmma) {name}")
 
 
 def _out_lay(a) -> tuple:
