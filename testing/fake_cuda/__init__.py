@@ -488,9 +488,14 @@ class TensorMapDriver:
         call = dict(out=out, dtype=dtype, rank=rank, addr=getattr(addr, "value", addr), dims=tuple(dims),
                     strides=tuple(strides), box=tuple(box), estr=tuple(estr), flags=(il, sw, l2, oob))
         self.calls.append(call)
-        raw = struct.pack("<4Q", dtype, rank, call["addr"], sum(call["dims"])) + bytes(range(96))
+        raw = self.pack(call)
+        assert len(raw) == 128, len(raw)
         ctypes.memmove(out, raw, 128)
         return self.result
+
+    def pack(self, call: dict) -> bytes:
+        """The 128 descriptor bytes of one recorded call (a subclass may write what its kernel emulators read)."""
+        return struct.pack("<4Q", call["dtype"], call["rank"], call["addr"], sum(call["dims"])) + bytes(range(96))
 
 
 # ------------------------------------------------------------------ the device

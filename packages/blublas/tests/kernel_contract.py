@@ -28,7 +28,6 @@ def install(monkeypatch, tmp_path, sm90: bool = False):
 
     cp = fake_cuda.install(monkeypatch, kernels=_resolve, host_array_args=True, runtime_version=13000,
                            name="FakeGPU", distinct_arrays=True)
-    cp.blublas_encode_tmap = blublas_encode_tmap  # the driver's encoding on a CuPy stand-in (no driver here)
     monkeypatch.setenv("BLUBLAS_CACHE_DIR", str(tmp_path))
     for name in ("_modules", "_functions", "_smem_set", "_workspaces"):
         monkeypatch.setattr(loader, name, {})
@@ -38,6 +37,7 @@ def install(monkeypatch, tmp_path, sm90: bool = False):
     import blutensor.ext as bt_ext
 
     monkeypatch.setattr(tma, "_encoder", bt_ext.tma)  # blutensor's encoder, as the plugin host hands it over
+    monkeypatch.setattr(bt_ext.tma, "_CUDA", GeometryDriver())  # the driver's entry point (no libcuda here)
     monkeypatch.setattr(tma, "_searched", True)
     monkeypatch.setattr(tma, "_checked", set())
     bt_ext.tma.clear_cache()
@@ -85,13 +85,18 @@ def _epilogue(acc, C, bias, P, M, N, ldc, ldp, z_c, z_p, alpha, beta, flags):
 _TMAP_FMT = "<QQQQQQQQQQ"  # ptr, dims[3], strides[2], box[3], itemsize
 
 
-def blublas_encode_tmap(spec) -> bytes:
-    """Stand-in for cuTensorMapEncodeTiled (blublas.tma hands it to blutensor's encoder): the spec's fields
-    packed into the 128 bytes, so the emulated TMA kernels below read the operands through the map."""
-    import struct
+class GeometryDriver(fake_cuda.TensorMapDriver):
+    """The fake device's cuTensorMapEncodeTiled writing the map's geometry into its 128 bytes (address, dims,
+    strides, box, element size), so the emulated TMA kernels below read the operands through the map."""
 
-    raw = struct.pack(_TMAP_FMT, spec.ptr, *spec.dims, *spec.strides, *spec.box, spec.itemsize)
-    return raw + bytes(128 - len(raw))
+    ITEMSIZE = {7: 4, 9: 2}  # CUtensorMapDataType: FLOAT32, BFLOAT16
+
+    def pack(self, call: dict) -> bytes:
+        import struct
+
+        raw = struct.pack(_TMAP_FMT, call["addr"], *call["dims"], *call["strides"], *call["box"],
+                          self.ITEMSIZE[call["dtype"]])
+        return raw + bytes(128 - len(raw))
 
 
 def _tmaphost_view(tm: np.ndarray, dtype) -> tuple[np.ndarray, tuple]:

@@ -131,16 +131,14 @@ def check_spec(spec: Any, name: str) -> None:
 
 def encode(spec: Any, name: str = "operand") -> Any:
     """The encoded map of ``spec`` as a kernel argument passed by value: a one-element array of the 128-byte
-    TMAP_DTYPE (cached by the encoder). A CuPy stand-in (the tests' fake CUDA device, no driver) may provide
-    ``blublas_encode_tmap(spec) -> 128 bytes`` in place of the driver."""
+    TMAP_DTYPE (cached by the encoder, which calls the driver's cuTensorMapEncodeTiled)."""
     enc = encoder()
     if spec not in _checked:
         check_spec(spec, name)
         if len(_checked) >= 4096:
             _checked.clear()
         _checked.add(spec)
-    fake = getattr(sys.modules.get("cupy"), "blublas_encode_tmap", None)
     try:
-        return enc.encode(spec, name, encoder=fake)
+        return enc.encode(spec, name)
     except enc.TmaError as e:
         raise GemmError(f"{name}: {e}") from e
