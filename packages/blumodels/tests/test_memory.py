@@ -270,3 +270,20 @@ def test_lean_logits_on_cuda_gives_the_same_loss_and_gradients():
     ref_logits, ref_loss, ref_grads = _lean_logits_run("cuda", False)
     assert logits is None and ref_logits is not None  # the logits buffer now holds their gradient
     assert loss == ref_loss and all(np.array_equal(grads[n], ref_grads[n]) for n in grads)
+
+
+def test_step_log_memory_on_cuda_is_the_allocators_live_bytes(monkeypatch):
+    """mem_bytes on CUDA reads bt.cuda.memory_allocated (the allocator in use: bluallocator's live blocks when it
+    is installed), not CuPy's default pool; an error there leaves the field empty instead of failing the step."""
+    import blutensor as bt
+    from blumodels import metrics
+
+    monkeypatch.setattr(bt.cuda, "memory_allocated", lambda device=None: 123 << 20)
+    assert metrics.memory_bytes("cuda") == 123 << 20
+
+    def no_gpu(device=None):
+        raise bt.DeviceError("no CUDA device")
+
+    monkeypatch.setattr(bt.cuda, "memory_allocated", no_gpu)
+    assert metrics.memory_bytes("cuda") is None
+    assert metrics.memory_bytes("cpu") > 0  # peak RSS

@@ -41,12 +41,14 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None) -> floa
 
 
 def memory_bytes(device_type: str) -> int | None:
-    """Bytes in use: CuPy pool bytes on CUDA, the process' peak RSS on CPU."""
+    """Bytes in use: on CUDA the live tensors' bytes as the active allocator counts them
+    (``bt.cuda.memory_allocated``: bluallocator's when it is installed, else CuPy's pool), the process' peak RSS on
+    CPU."""
     if device_type == "cuda":
         try:
-            import cupy
+            import blutensor as bt
 
-            return int(cupy.get_default_memory_pool().used_bytes())
+            return int(bt.cuda.memory_allocated())
         except Exception:
             return None
     try:
