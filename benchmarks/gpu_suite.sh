@@ -7,6 +7,7 @@
 #   benchmarks/gpu_suite.sh profile OUT.json      # benchmarks/step_profile.py: kernel time per mode vs torch.compile
 #                                                 # (--model llama-1b: the llama preset's step)
 #   benchmarks/gpu_suite.sh llama OUT.json        # benchmarks/e2e_llama.py (llama-1b step, generation, curve)
+#   benchmarks/gpu_suite.sh attention OUT.json    # benchmarks/kernels/bench_attention.py (every variant vs PyTorch SDPA)
 #
 # Packages come from the environment; on a machine without a package index, wheels in .whl/ (dev/gpu_wheels.sh
 # builds them) are installed into a private directory first, with this checkout's sources ahead of them.
@@ -23,6 +24,7 @@ case "${1:-tests}" in
   recipe) python3 benchmarks/e2e_gpt2.py --suite recipe --data "$2" --out "$3" "${@:4}" ;;
   profile) python3 benchmarks/step_profile.py --out "$2" "${@:3}" ;;
   llama) python3 benchmarks/e2e_llama.py --out "$2" "${@:3}" ;;
+  attention) python3 benchmarks/kernels/bench_attention.py --out "$2" "${@:3}" ;;
   *) echo "usage: $0 tests [pytest args] | recipe DATA OUT.json [e2e_gpt2.py args] | profile OUT.json" \
-       "| llama OUT.json [e2e_llama.py args]" >&2; exit 2 ;;
+       "| llama OUT.json [e2e_llama.py args] | attention OUT.json [bench_attention.py args]" >&2; exit 2 ;;
 esac
