@@ -81,7 +81,7 @@ def test_bad_directories_are_named(tmp_path):
         hf.load_hf(tmp_path / "d")
 
 
-def test_cli_export_and_init_from(tmp_path):
+def test_cli_export_and_init_from(tmp_path, capsys):
     """export --hf of a trained run loads in transformers; train --init-from starts from it (the first step's
     loss is the exported weights' loss on that step's batches); a shape mismatch is refused before any work."""
     from blumodels.data.loader import TokenLoader
@@ -93,7 +93,9 @@ def test_cli_export_and_init_from(tmp_path):
         (tmp_path / run).mkdir()
         (tmp_path / run / "config.json").write_text(json.dumps(cfg.to_dict()))
     assert main(["train", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    capsys.readouterr()
     assert main(["export", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    assert "GPT2LMHeadModel.from_pretrained" in capsys.readouterr().out  # the architecture config.json names
     files = {p.name for p in (tmp_path / "hf").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= files  # the run's BPE comes along
     ref = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()

@@ -171,3 +171,113 @@ def test_rope_tables_are_transformers(case):
     np.testing.assert_allclose(c, cos[0, :, :D // 2].numpy(), rtol=0, atol=1.2e-7)
     np.testing.assert_allclose(s, sin[0, :, :D // 2].numpy(), rtol=0, atol=1.2e-7)
     np.testing.assert_array_equal(cos[0, :, D // 2:].numpy(), cos[0, :, :D // 2].numpy())  # rotate-half layout
+
+
+LLAMA_RUN = {"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_heads": 2, "d_model": 32, "block_size": 32,
+             "bias": False, "ffn_dim_multiple": 16, "tie_embeddings": False, "rope_theta": 1000.0}
+
+
+def test_cli_export_checkpoint_and_init_from(tmp_path, capsys):
+    """Through `blutrain`: a trained llama's checkpoint exports (--checkpoint and --out alike) to a directory that
+    LlamaForCausalLM loads with BluTrain's logits; --init-from that directory starts from those logits (the first
+    step's loss is theirs on its batches); a directory of another rope_theta or n_kv_heads is refused by name
+    before any work."""
+    import json
+
+    from blumodels.checkpoint.format import load_checkpoint
+    from blumodels.cli import main
+    from blumodels.config import from_dict
+    from blumodels.data.loader import TokenLoader
+    from blumodels.families import build_model as build_family
+    from blumodels.state import restore_training_state
+    from blumodels.trainer import Trainer
+    from models_helpers import micro_data
+
+    data = micro_data()
+    train = {"steps": 3, "batch_tokens": 256, "micro_batch": 4, "seq_len": 32, "lr": 3e-3, "min_lr": 3e-4,
+             "warmup_steps": 1, "eval_interval": 0, "checkpoint_interval": 3, "device": "cpu", "plot": False,
+             "sample_tokens": 0, "seed": 7}
+    cfg = from_dict({"model": LLAMA_RUN, "train": train, "data": {"dir": str(data)}})
+    for run in ("run", "run2", "bad"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    assert main(["train", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("step_*.rank0.safetensors"))[-1]
+    capsys.readouterr()
+    assert main(["export", "--hf", str(tmp_path / "hf"), "--checkpoint", str(ckpt)]) == 0
+    said = capsys.readouterr().out
+    assert "LlamaForCausalLM.from_pretrained" in said and "GPT2" not in said
+    ref = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert (ref.config.num_key_value_heads, ref.config.vocab_size, ref.config.tie_word_embeddings) == (2, 512, False)
+
+    tensors, meta = load_checkpoint(ckpt)
+    ours = build_family(from_dict(meta["config"]).model, device="cpu")
+    restore_training_state(tensors, meta, ours, restore_rng=False)
+    ids = np.random.default_rng(3).integers(0, 512, (2, 32))
+    logits = ours(bt.tensor(ids, dtype=bt.int64), bt.tensor(ids, dtype=bt.int64))[0].numpy()[..., :512]
+    np.testing.assert_allclose(logits, _theirs(ref, ids), atol=1e-4, rtol=0)
+    assert main(["export", "--hf", str(tmp_path / "hf_out"), "--out", str(tmp_path / "run")]) == 0  # newest = ckpt
+    assert "LlamaForCausalLM.from_pretrained" in capsys.readouterr().out
+    a, b = (_read_safetensors(tmp_path / d / "model.safetensors") for d in ("hf", "hf_out"))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+    init = from_dict({**cfg.to_dict(), "train": {**train, "init_from": str(tmp_path / "hf")}})
+    tr = Trainer(init, tmp_path / "start", quiet=True)  # the model at step 0
+    try:
+        start = tr.model(bt.tensor(ids, dtype=bt.int64), bt.tensor(ids, dtype=bt.int64))[0].numpy()[..., :512]
+    finally:
+        tr.close()
+    np.testing.assert_allclose(start, _theirs(ref, ids), atol=1e-4, rtol=0)
+    assert main(["train", "--out", str(tmp_path / "run2"), "--quiet", "train.steps=1", "--init-from",
+                 str(tmp_path / "hf")]) == 0
+    first = json.loads((tmp_path / "run2" / "log.jsonl").read_text().splitlines()[0])
+    loader = TokenLoader(data, "train", 4, 32)
+    losses = []
+    for _ in range(cfg.grad_accum):
+        x, y = loader.next_batch()
+        with torch.no_grad():
+            out = ref(torch.tensor(x.numpy())).logits
+        losses.append(float(torch.nn.functional.cross_entropy(out.reshape(-1, 512),
+                                                              torch.tensor(y.numpy()).reshape(-1))))
+    assert cfg.grad_accum == 2 and abs(first["loss"] - np.mean(losses)) < 1e-4
+
+    for override, named in (("model.rope_theta=10000.0", "model.rope_theta=10000.0 but .* has 1000.0"),
+                            ("model.n_kv_heads=4", "model.n_kv_heads=4 but .* has 2")):
+        assert main(["train", "--out", str(tmp_path / "bad"), "--quiet", override, "--init-from",
+                     str(tmp_path / "hf")]) == 2
+        err = capsys.readouterr().err
+        assert "train.init_from=" in err and __import__("re").search(named, err), err
+    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == ["config.json"]  # nothing was started
+
+
+@pytest.mark.parametrize("change, named", [
+    (dict(n_kv_heads=4), r"model.n_kv_heads=4 but .* has 2"),
+    (dict(n_kv_heads=0), r"model.n_kv_heads=0 \(= 4\) but .* has 2"),
+    (dict(ffn_hidden=64), r"model.ffn_hidden=64 but .* has 48"),
+    (dict(ffn_hidden=0, ffn_dim_multiple=32), r"model.ffn_hidden=0 \(= 96\) but .* has 48"),
+    (dict(tie_embeddings=True), r"model.tie_embeddings=True but .* has False"),
+    (dict(rope_theta=1e4), r"model.rope_theta=10000.0 but .* has 500000.0"),
+    (dict(rope_scaling="none"), r"model.rope_scaling='none' but .* has 'llama3'"),
+    (dict(rope_factor=4.0), r"model.rope_factor=4.0 but .* has 8.0"),
+    (dict(rope_low_freq_factor=2.0), r"model.rope_low_freq_factor=2.0 but .* has 1.0"),
+    (dict(rope_high_freq_factor=3.0), r"model.rope_high_freq_factor=3.0 but .* has 4.0"),
+    (dict(rope_original_max_len=32), r"model.rope_original_max_len=32 but .* has 16"),
+])
+def test_init_from_refuses_other_weights_or_numerics(tmp_path, change, named):
+    """Every key that defines a llama's weights or numerics is compared with the directory's, each mismatch named
+    (config value, then the directory's) before any work; equal keys pass, ffn_hidden = 0 compared as resolved."""
+    from blumodels.config import RunConfig
+    from blumodels.hf import check_init_from
+
+    def model(**kw):
+        return ModelConfig(**{"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_heads": 2, "d_model": 32,
+                              "block_size": 64, "vocab_size": 96, "ffn_hidden": 48, "ln_eps": 1e-5, "bias": False,
+                              "tie_embeddings": False, "rope_scaling": "llama3", "rope_factor": 8.0,
+                              "rope_original_max_len": 16, "rope_theta": 500000.0, **kw})
+
+    export_hf(build_model(model(), seed=1), tmp_path)
+    check_init_from(tmp_path, RunConfig(model=model()))
+    # int(0.5 * int(8 * 32 / 3)) = 42, rounded up to a multiple of 16: the directory's 48
+    check_init_from(tmp_path, RunConfig(model=model(ffn_hidden=0, ffn_dim_multiplier=0.5, ffn_dim_multiple=16)))
+    with pytest.raises(ConfigError, match=f"train.init_from=.* does not fit the model: {named}"):
+        check_init_from(tmp_path, RunConfig(model=model(**change)))

@@ -11,6 +11,7 @@ Examples::
     blutrain prepare --out data/pydocs --tokenizer bpe --vocab-size 2048
     blutrain prepare --out data/fw --source fineweb.parquet --text-field text --corpus none --tokenizer gpt2
     blutrain export --hf hf/tiny --out runs/tiny                 # weights for transformers' GPT2LMHeadModel
+    blutrain export --hf hf/ll --checkpoint runs/ll/checkpoints/step_00000300.rank0.safetensors  # LlamaForCausalLM
     blutrain train --preset gpt2-124m --init-from hf/gpt2         # start from a local Hugging Face directory
     blutrain plugins
 """
@@ -299,11 +300,11 @@ def _load_run(args: argparse.Namespace):
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Weights of a run's newest good checkpoint (or of --checkpoint FILE) as a Hugging Face directory."""
-    from blumodels.hf import export_hf
+    from blumodels.hf import export_hf, read_hf_config
 
     if args.checkpoint:
         from blumodels.checkpoint.format import load_checkpoint
-        from blumodels.gpt2 import build_model
+        from blumodels.families import build_model
         from blumodels.state import restore_training_state
 
         path = Path(args.checkpoint)
@@ -323,7 +324,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         cfg, model, data_dir, path, step = _load_run(args)
     d = export_hf(model, args.hf, tokenizer_dir=data_dir if data_dir.is_dir() else None)
-    print(f"[blutrain] {path} (step {step}) -> {d} (transformers: GPT2LMHeadModel.from_pretrained({str(d)!r}))")
+    arch = (read_hf_config(d).get("architectures") or ["AutoModelForCausalLM"])[0]  # the one config.json names
+    print(f"[blutrain] {path} (step {step}) -> {d} (transformers: {arch}.from_pretrained({str(d)!r}))")
     return 0
 
 

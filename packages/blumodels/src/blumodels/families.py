@@ -29,3 +29,21 @@ def count_params(cfg: ModelConfig) -> int:
     if fn is None:
         raise ConfigError(f"model family {cfg.family!r} cannot count its parameters without building the model")
     return int(fn(cfg))
+
+
+#: model.* keys every family's weights and numerics depend on (a family's ``weight_keys(cfg)`` adds its own)
+SHARED_WEIGHT_KEYS = ("family", "n_layer", "n_head", "d_model", "block_size", "vocab_size", "bias", "ln_eps")
+
+
+def weight_keys(cfg: ModelConfig) -> dict[str, Any]:
+    """The model.* keys that define a model's weights and numerics, each with the value the model uses.
+
+    The shared keys (:data:`SHARED_WEIGHT_KEYS`) and those the family declares through its optional
+    ``weight_keys(cfg) -> dict`` (llama: ``n_kv_heads`` and ``ffn_hidden`` resolved from their 0 defaults,
+    ``tie_embeddings``, the RoPE keys); two configs with equal values build interchangeable models.
+    """
+    out = {k: getattr(cfg, k) for k in SHARED_WEIGHT_KEYS}
+    own = getattr(family(cfg.family), "weight_keys", None)
+    if own is not None:
+        out.update(own(cfg))
+    return out

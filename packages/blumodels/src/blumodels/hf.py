@@ -242,18 +242,28 @@ def _copy_tokenizer(src: Path, dst: Path, hf_cfg: dict[str, Any]) -> None:
 def check_init_from(directory: str | os.PathLike, cfg: RunConfig) -> ModelConfig:
     """ConfigError naming every model.* key where ``directory``'s config differs from ``cfg`` (before any work).
 
-    ``model.vocab_size = 0`` (from the data) is checked later by :func:`check_init_vocab`.
+    The keys are those that define the family's weights and numerics (:func:`blumodels.families.weight_keys`: the
+    shared shape and, for llama, ``n_kv_heads``, ``ffn_hidden``, ``tie_embeddings``, ``rope_theta``,
+    ``rope_scaling`` and its factors), compared at the values the model uses. ``model.vocab_size = 0`` (from the
+    data) is checked later by :func:`check_init_vocab`.
     """
+    from blumodels.families import weight_keys
+
     d = Path(directory)
     try:
         hf = hf_model_config(d)
     except HFError as e:
         raise ConfigError(f"train.init_from: {e}") from None
     m = cfg.model
-    keys = ["family", "n_layer", "n_head", "d_model", "block_size", "bias", "ln_eps"] + \
-        (["vocab_size"] if m.vocab_size else [])
-    diff = [f"model.{k}={getattr(m, k)!r} but {d} has {getattr(hf, k)!r}" for k in keys
-            if getattr(m, k) != getattr(hf, k)]
+    ours, theirs = weight_keys(m), weight_keys(hf)
+    if not m.vocab_size:
+        ours.pop("vocab_size")
+
+    def shown(k: str) -> str:  # the config's own value, and what it resolves to when that differs (0 = derived)
+        raw = getattr(m, k, ours[k])
+        return f"{raw!r}" if raw == ours[k] else f"{raw!r} (= {ours[k]!r})"
+
+    diff = [f"model.{k}={shown(k)} but {d} has {theirs[k]!r}" for k in ours if k in theirs and ours[k] != theirs[k]]
     if diff:
         raise ConfigError(f"train.init_from={str(d)!r} does not fit the model: {'; '.join(diff)} (set those "
                           "model.* keys to the directory's values)")

@@ -46,6 +46,19 @@ class LlamaFamily:
                 "the SwiGLU width (model.ffn_hidden)": ffn_hidden(cfg)}
 
     @staticmethod
+    def weight_keys(cfg: Any) -> dict[str, Any]:
+        """The llama keys that define its weights and numerics, with the values the model uses (n_kv_heads = 0 and
+        ffn_hidden = 0 resolved; the llama3 RoPE factors only where model.rope_scaling = "llama3" reads them)."""
+        from blumodels.llama.model import ffn_hidden, kv_heads
+
+        keys = {"n_kv_heads": kv_heads(cfg), "ffn_hidden": ffn_hidden(cfg), "tie_embeddings": cfg.tie_embeddings,
+                "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling}
+        if cfg.rope_scaling == "llama3":
+            keys.update({k: getattr(cfg, k) for k in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                                                      "rope_original_max_len")})
+        return keys
+
+    @staticmethod
     def build(config: Any, device: Any = None, seed: int | None = None) -> Any:
         """A Llama from a ModelConfig (or a RunConfig, whose .model is used, or a dict of model.* keys)."""
         from blumodels.config import ConfigError, ModelConfig, model_config
