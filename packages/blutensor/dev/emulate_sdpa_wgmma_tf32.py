@@ -4,12 +4,14 @@
 walks a K-major descriptor, the m64nN accumulator layout, the tf32 register A fragment (rows g, g + 8, k columns
 t, t + 4 of each warp's 16 rows) and the kernel's way of getting there without shuffles: the keys permuted inside
 every group of 8 (position p holds key 2p, p < 4, or 2 (p - 4) + 1), in the registers (wgt::pack_p) and in the
-V^T scratch (wgt::vt_prep, kernel blu_sdpa_wgmma_tf32_hd*_vt).
+transposed scratches (wgt::transpose_rows, kernel blu_sdpa_wgmma_tf32_hd*_transpose: V^T of the forward, Q^T,
+dO^T and K^T of the backward).
 
 :func:`forward_tile` rebuilds one consumer warpgroup's products on one key tile exactly as the kernel issues them
 and returns what the tensor cores would compute (S = Q K^T and P V); tests/test_sdpa_wgmma_tf32.py compares them
-with float64 matrix products and checks that a wrong address or permutation fails. :func:`forward` walks the
-kernel's key tiles with the online softmax (masking, causal bounds, lse) in float64.
+with float64 matrix products and checks that a wrong address or permutation fails; :func:`backward_tile` does the
+same for one backward tile (S^T / dP^T or S / dP by SS, then the RS products with the transposed streamed tiles).
+:func:`forward` walks the kernel's key tiles with the online softmax (masking, causal bounds, lse) in float64.
 Usage: python packages/blutensor/dev/emulate_sdpa_wgmma_tf32.py
 """
 
@@ -56,7 +58,8 @@ def tma_rows(smem: dict, base: int, x: np.ndarray, row0: int, rows_box: int) -> 
 
 
 def vt_prep(v: np.ndarray, round_tf32: bool = True) -> np.ndarray:
-    """The V^T scratch of one head (wgt::vt_prep): (HD, Sp), position p holding key 8 (p >> 3) + perm8(p & 7),
+    """The transposed scratch of one head (wgt::transpose_rows): (HD, Sp), position p holding row
+    8 (p >> 3) + perm8(p & 7),
     rounded to tf32, zero for keys >= S (Sp = S rounded up to 8)."""
     S, hd = v.shape
     sp = -(-S // 8) * 8
@@ -168,6 +171,30 @@ def forward_tile(q, k, v, cw: int, hd: int, k0: int = 0, round_tf32: bool = True
     s = ss(smem, sQ, 128, cw * 64, sK, bn, bn, hd)
     pv = rs(smem, pack_p(to_regs(s), round_tf32), sV, bn, hd)
     return s, pv
+
+
+STREAM_ROWS = 64  # rows of the backward's streamed tiles
+
+
+def backward_tile(own_a, own_b, x, y, cw: int, hd: int, round_tf32: bool = True):
+    """One backward iteration of consumer warpgroup ``cw`` (struct Bwd's smem: own A at 0, B at OWN, the stage's
+    X, Y, XT, YT tiles from 2 OWN, TILE apart): own A/B (128 rows: K, V or Q, dO), streamed X/Y (64 rows: Q, dO
+    or K, V) and their transposes: (A X^T, B Y^T, (A X^T) Y through Y^T, (B Y^T) X through X^T)."""
+    smem: dict = {}
+    own, tl = 128 * hd * 4, STREAM_ROWS * hd * 4
+    sA, sB, sX = 0, own, 2 * own
+    sY, sXT, sYT = sX + tl, sX + 2 * tl, sX + 3 * tl
+    tma_rows(smem, sA, own_a, 0, 128)
+    tma_rows(smem, sB, own_b, 0, 128)
+    tma_rows(smem, sX, x, 0, STREAM_ROWS)
+    tma_rows(smem, sY, y, 0, STREAM_ROWS)
+    tma_vt(smem, sXT, vt_prep(x, round_tf32), 0, STREAM_ROWS)
+    tma_vt(smem, sYT, vt_prep(y, round_tf32), 0, STREAM_ROWS)
+    s = ss(smem, sA, 128, cw * 64, sX, STREAM_ROWS, STREAM_ROWS, hd)
+    dp = ss(smem, sB, 128, cw * 64, sY, STREAM_ROWS, STREAM_ROWS, hd)
+    ps = rs(smem, pack_p(to_regs(s), round_tf32), sYT, STREAM_ROWS, hd)
+    pd = rs(smem, pack_p(to_regs(dp), round_tf32), sXT, STREAM_ROWS, hd)
+    return s, dp, ps, pd
 
 
 def forward(q, k, v, causal: bool, scale: float):

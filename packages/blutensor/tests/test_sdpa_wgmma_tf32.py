@@ -5,7 +5,8 @@ descriptors, the tf32 A fragment, the permuted keys of P and of the V^T scratch)
 by tile and fails on a wrong address or permutation; its tile-by-tile forward stays within tf32 error of float64;
 the policy field ``attention_tf32`` / ``BLUTRAIN_SDPA_TF32`` and the variant choice; the host code on the fake CUDA
 device (sm_90), the launched kernels modelled in float64 through their raw pointers, tensor maps and layouts: dense
-and fused-qkv forward (o, lse), and the backward that 'tf32_wgmma' runs (the mma.sync 'tf32' kernels).
+and fused-qkv forward (o, lse) and backward (head dim 64: the Hopper dK/dV and dQ kernels reading the transposed
+scratches; 128 and attention_backward='fused': the mma.sync 'tf32' kernels).
 GPU (cuda-marked, sm_90): o, lse, dq, dk, dv against float64 on odd shapes, each error at most twice the mma.sync
 'tf32' variant's + 1e-3, the deterministic backward bitwise repeatable, the fused-qkv strided path through autograd.
 """
@@ -61,6 +62,20 @@ def test_emulated_tile_products_match_float64(hd, cw):
         assert np.array_equal(pv, ref @ vv)
 
 
+@pytest.mark.parametrize("cw", [0, 1])
+def test_emulated_backward_tile_matches_float64(cw):
+    """The backward tile: A X^T, B Y^T by SS, then (A X^T) Y and (B Y^T) X as RS products whose B operands are the
+    transposed streamed tiles (Y^T, X^T) with the permuted positions."""
+    hd = 64
+    rng = np.random.default_rng(11 + cw)
+    a, b = _ints(rng, (128, hd)), _ints(rng, (128, hd))
+    x, y = _ints(rng, (64, hd)), _ints(rng, (64, hd))
+    s, dp, ps, pd = em.backward_tile(a, b, x, y, cw, hd, round_tf32=False)
+    A, B = a[64 * cw:64 * cw + 64], b[64 * cw:64 * cw + 64]
+    assert np.array_equal(s, A @ x.T) and np.array_equal(dp, B @ y.T)
+    assert np.array_equal(ps, A @ x.T @ y) and np.array_equal(pd, B @ y.T @ x)
+
+
 @pytest.mark.parametrize("wrong", ["kstep", "box", "perm", "pack"])
 def test_emulated_products_fail_on_a_wrong_address(monkeypatch, wrong):
     """Each piece of index math matters: a k-step offset of 16 bytes (bf16's half step), boxes laid out with the
@@ -111,6 +126,12 @@ def test_emulator_spells_the_kernels_address_math():
     """The kernel text holds the formulas the emulator models (a change to one must change the other)."""
     src = KERNEL.read_text()
     for needle in ("(j >> 2) * rows_box * 128 + row0 * 128 + (j & 3) * 32), 16, 1024)",
+                   "s[4 * kk + 1] = __uint_as_float(rna(b));", "s[4 * kk + 2] = __uint_as_float(rna(a));",
+                   "blu_tma_load4(x + 2 * TILE + c * HD * 128, tmXT, x0 + c * BOX, 0, hh, bb, full + 8 * s);",
+                   "const unsigned x = sX + st * NT * TILE, y = x + TILE, xt = x + 2 * TILE, yt = x + 3 * TILE;",
+                   "rs_product_f<64, HD>(acc1, sv, yt);  // dV += P^T dO",
+                   "rs_product_f<64, HD>(acc0, dp, xt);  // dK += dS^T Q",
+                   "WGMMA_TF32_BWD_ENTRIES(64, 2, 3)",
                    "return (p & 4) ? 2 * (p & 3) + 1 : 2 * p;",
                    "p[4 * kk + 1] = rna(s[4 * kk + 2]);",
                    "p[4 * kk + 2] = rna(s[4 * kk + 1]);",
@@ -126,6 +147,10 @@ def test_shared_memory_fits_hopper():
     for hd in wt.HDS:
         assert wt.fwd_smem(hd) <= 227 * 1024
     assert wt.fwd_smem(64) == 1024 + 2 * 128 * 64 * 4 + 2 * 2 * 128 * 64 * 4 + 8 * 8
+    for dkdv in (True, False):
+        assert wt.bwd_smem(64, dkdv) <= 227 * 1024
+    assert wt.bwd_smem(64, True) == 1024 + 2 * 128 * 64 * 4 + 2 * 4 * 64 * 64 * 4 + 8 * 6
+    assert wt.bwd_smem(64, False) == 1024 + 2 * 128 * 64 * 4 + 3 * 3 * 64 * 64 * 4 + 8 * 8
 
 
 # --------------------------------------------------------------------------------------- policy and choice
@@ -175,9 +200,19 @@ def test_pick_variant_tf32_wgmma(device):
         sdpa.pick_variant(f32, 64)
 
 
-def test_backward_and_gqa_run_the_mma_tf32_kernels(device):
-    """'tf32_wgmma''s backward is the 'tf32' one (fused choice included); grouped-query attention keeps 'tf32'."""
-    assert sdpa.backward_variant("tf32_wgmma") == "tf32" and sdpa.backward_variant("bf16_wgmma") == "bf16_wgmma"
+def test_backward_choice_and_gqa(device):
+    """'tf32_wgmma''s backward: its own (deterministic) at head dim 64 under 'auto', 'split' and deterministic
+    algorithms; the mma.sync 'tf32' one at head dim 128 and under 'fused' (the atomic-dQ kernel); grouped-query
+    attention keeps 'tf32'."""
+    assert sdpa.backward_variant("tf32_wgmma", 64) == "tf32_wgmma"
+    assert sdpa.backward_variant("tf32_wgmma", 128) == "tf32"
+    with bt.policy.scope(attention_backward="split"):
+        assert sdpa.backward_variant("tf32_wgmma", 64) == "tf32_wgmma"
+    with bt.policy.scope(attention_backward="fused"):
+        assert sdpa.backward_variant("tf32_wgmma", 64) == "tf32"
+        with bt.policy.scope(deterministic=True):
+            assert sdpa.backward_variant("tf32_wgmma", 64) == "tf32_wgmma"
+    assert sdpa.backward_variant("bf16_wgmma", 64) == "bf16_wgmma" and sdpa.backward_variant("tf32", 64) == "tf32"
     assert sdpa_gqa.strided_variant("tf32_wgmma", np.float32, 64) == "tf32"
     assert sdpa.supports("tf32_wgmma", 64) and not sdpa.supports("tf32_wgmma", 32)
 
@@ -202,7 +237,7 @@ def _model(log, specs):
         hd = int(name.split("_hd")[1].split("_")[0])
         kind = name.rsplit("_", 1)[1]
         log.append((kind, grid, block, shared_mem))
-        if kind == "vt":
+        if kind == "transpose":
             v, vt, S, sp, H, sb, sh, st = args
             S, sp, H = int(S), int(sp), int(H)
             assert grid == (math.ceil(sp / 32), hd // 32, grid[2]) and block == (32, 8)
@@ -212,6 +247,15 @@ def _model(log, specs):
             for bh, x in enumerate(np.asarray(vv, np.float64).reshape(BH, S, hd)):
                 out[bh] = em.vt_prep(x)
             return
+        if kind == "preprocess":
+            do, o, D, rows, L, H, sb, sh, st = args
+            BH, L, H = int(rows) // int(L), int(L), int(H)
+            lay = (int(sb), int(sh), int(st), 1)
+            d_o, oo = (fake_cuda.host_view(a.data.ptr, np.float32, (BH // H, H, L, hd), lay) for a in (do, o))
+            D[...] = (np.asarray(d_o, np.float64) * np.asarray(oo, np.float64)).sum(-1).reshape(D.shape)
+            return
+        if kind in ("dkdv", "dq"):
+            return bwd(kind, hd, args, grid, shared_mem)
         assert kind == "fwd"
         tq, tk, tvt, o, lse, L, S, sc, causal, H, BH, sb, sh, st = args
         L, S, H, BH, sc, causal = int(L), int(S), int(H), int(BH), float(sc), bool(causal)
@@ -231,6 +275,53 @@ def _model(log, specs):
         out[...] = ref["o"].reshape(BH // H, H, L, hd)
         lse[...] = ref["lse"].astype(np.float32).reshape(lse.shape)
         assert grid == wt.grid(L, BH) and block == wt.THREADS and shared_mem == wt.fwd_smem(hd)
+
+    def untranspose(arr, n, rows):
+        """(BH, n, HD) back from a transposed scratch's map (positions permuted in groups of 8)."""
+        sp = spec(arr)
+        assert sp.box == (32, sp.dims[1], 1, 1) and tma.spec_problem(sp) == ""
+        X = np.asarray(_through(sp, "t"), np.float64)
+        out = np.zeros((X.shape[0], n, X.shape[1]))
+        for p in range(X.shape[2]):
+            r = 8 * (p >> 3) + em.perm8(p & 7)
+            if r < n:
+                out[:, r] = X[:, :, p]
+        return out
+
+    def rows_of(arr, box_rows):
+        sp = spec(arr)
+        assert sp.box == (32, box_rows, 1, 1) and tma.spec_problem(sp) == ""
+        return np.asarray(_through(sp, "x"), np.float64)
+
+    def bwd(kind, hd, args, grid, shared_mem):
+        if kind == "dkdv":
+            tk, tv, tq, tdo, tqt, tdot, lse, D, dk, dv, L, S, sc, causal, H, BH, sb, sh, st = args
+            K, V = rows_of(tk, 128), rows_of(tv, 128)
+            Q, dO = rows_of(tq, 64), rows_of(tdo, 64)
+            Qt, dOt = untranspose(tqt, int(L), 64), untranspose(tdot, int(L), 64)  # the B operands of dK, dV
+        else:
+            tq, tdo, tk, tv, tkt, lse, D, dq, L, S, sc, causal, H, BH, sb, sh, st = args
+            Q, dO = rows_of(tq, 128), rows_of(tdo, 128)
+            K, V = rows_of(tk, 64), rows_of(tv, 64)
+            Kt = untranspose(tkt, int(S), 64)
+        L, S, sc, causal, H, BH = int(L), int(S), float(sc), bool(causal), int(H), int(BH)
+        s = Q @ K.transpose(0, 2, 1) * sc
+        if causal:
+            s = np.where(np.triu(np.ones((L, S), bool), 1), -np.inf, s)
+        P = np.exp(s - np.asarray(lse, np.float64).reshape(BH, L)[..., None])
+        dS = P * (dO @ V.transpose(0, 2, 1) - np.asarray(D, np.float64).reshape(BH, L)[..., None])
+        lay = (int(sb), int(sh), int(st), 1)
+
+        def put(a, n, x):
+            fake_cuda.host_view(a.data.ptr, np.float32, (BH // H, H, n, hd), lay)[...] = x.reshape(BH // H, H, n, hd)
+
+        if kind == "dkdv":
+            put(dk, S, dS.transpose(0, 2, 1) @ Qt * sc)
+            put(dv, S, P.transpose(0, 2, 1) @ dOt)
+        else:
+            put(dq, L, dS @ Kt * sc)
+        assert grid == wt.grid(S if kind == "dkdv" else L, BH)
+        assert shared_mem == wt.bwd_smem(hd, kind == "dkdv")
 
     def launch_bwd(file, name, grid, block, args, shared_mem=0):
         log.append((name, grid, block, shared_mem))
@@ -299,11 +390,17 @@ def test_dense_host_path_matches_float64(fake, BH, L, S, hd, causal):
     assert sdpa.pick_variant(np.dtype(np.float32), hd) == "tf32_wgmma"
     gq, gk, gv, gdo = (cp.asarray(a) for a in (q, k, v, do))
     o, lse = sdpa.flash_attention_forward(gq, gk, gv, causal, sc, "tf32_wgmma")
-    assert [e[0] for e in log] == ["vt", "fwd"]
+    assert [e[0] for e in log] == ["transpose", "fwd"]
     dq, dk, dv = sdpa.flash_attention_backward(gq, gk, gv, o, lse, gdo, causal, sc, "tf32_wgmma")
     names = [e[0] for e in log[2:]]
-    assert names == ["blu_sdpa_backward_preprocess_f32", f"blu_sdpa_backward_dkdv_tf32_hd{hd}",
-                     f"blu_sdpa_backward_dq_tf32_hd{hd}"]
+    if hd == 64:  # the Hopper backward
+        assert names == ["preprocess", "transpose", "transpose", "transpose", "dkdv", "dq"]
+        with bt.policy.scope(deterministic=True):
+            again = sdpa.flash_attention_backward(gq, gk, gv, o, lse, gdo, causal, sc, "tf32_wgmma")
+        assert all((np.asarray(a) == np.asarray(b)).all() for a, b in zip((dq, dk, dv), again))
+    else:
+        assert names == ["blu_sdpa_backward_preprocess_f32", f"blu_sdpa_backward_dkdv_tf32_hd{hd}",
+                         f"blu_sdpa_backward_dq_tf32_hd{hd}"]
     got = {"o": np.asarray(o, np.float64), "lse": np.asarray(lse, np.float64)}
     got.update(zip(("dq", "dk", "dv"), (np.asarray(g, np.float64) for g in (dq, dk, dv))))
     for n, e in _errors(got, want).items():
@@ -325,7 +422,7 @@ def test_fused_qkv_host_path_matches_float64(fake, B, T, H, hd, causal):
 
     want = sdpa_reference(heads(qkv[:, :, 0]), heads(qkv[:, :, 1]), heads(qkv[:, :, 2]), heads(do), causal, sc)
     o, lse = sdpa.qkv_attention_forward(cp.asarray(qkv), causal, sc, "tf32_wgmma")
-    assert [e[0] for e in log] == ["vt", "fwd"]
+    assert [e[0] for e in log] == ["transpose", "fwd"]
     got = {"o": heads(o), "lse": np.asarray(lse, np.float64)}
     for n, e in _errors(got, want).items():
         assert e <= TOL[n], (n, e)
@@ -357,8 +454,11 @@ def test_fused_qkv_host_path_matches_float64(fake, B, T, H, hd, causal):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sdpa, "launch", launch_strided)
         dqkv = sdpa.qkv_attention_backward(cp.asarray(qkv), o, lse, cp.asarray(do), causal, sc, "tf32_wgmma")
-    assert log == ["blu_sdpa_backward_preprocess_strided_f32", f"blu_sdpa_backward_dkdv_strided_tf32_hd{hd}",
-                   f"blu_sdpa_backward_dq_strided_tf32_hd{hd}"]
+    if hd == 64:  # the Hopper backward through the strided maps and layouts
+        assert [e[0] for e in log] == ["preprocess", "transpose", "transpose", "transpose", "dkdv", "dq"]
+    else:
+        assert log == ["blu_sdpa_backward_preprocess_strided_f32", f"blu_sdpa_backward_dkdv_strided_tf32_hd{hd}",
+                       f"blu_sdpa_backward_dq_strided_tf32_hd{hd}"]
     got = {n: heads(np.asarray(dqkv)[:, :, j]) for j, n in enumerate(("dq", "dk", "dv"))}
     for n, e in _errors(got, want).items():
         assert e <= TOL[n], (n, e)

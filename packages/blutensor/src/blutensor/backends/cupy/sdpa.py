@@ -10,8 +10,9 @@ sums are staged so that the matrix units' truncating accumulation does not grow 
 wgmma, producer/consumer warpgroups, fused or deterministic backward; policy ``attention='mma'``
 (``BLUTRAIN_SDPA_KERNEL=mma``) keeps 'bf16' there.
 'tf32_wgmma' (kernels/sdpa_wgmma_tf32.cu, backends/cupy/sdpa_wgmma_tf32.py) is the Hopper forward for fp32 tensors
-under matmul precision 'tf32'/'bf16' (wgmma .tf32, V read through a transposed scratch copy); its backward runs the
-mma.sync 'tf32' kernels on its lse. Opt-in: policy ``attention_tf32='wgmma'`` (``BLUTRAIN_SDPA_TF32=wgmma``, sm_90
+under matmul precision 'tf32'/'bf16' (wgmma .tf32, V read through a transposed scratch copy), with a deterministic
+Hopper backward at head dim 64 (:func:`backward_variant`: head dim 128 and ``attention_backward='fused'`` run the
+mma.sync 'tf32' backward on its lse). Opt-in: policy ``attention_tf32='wgmma'`` (``BLUTRAIN_SDPA_TF32=wgmma``, sm_90
 only, an error elsewhere); the default 'mma' keeps 'tf32'. Grouped-query attention runs 'tf32' for it.
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16_wgmma' on sm_90, else 'bf16'; fp32 tensors use 'tf32'
 when blutensor's matmul precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared
@@ -188,7 +189,11 @@ def flash_attention_backward(
         dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
         _wgmma.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
         return dq, dk, dv
-    variant = backward_variant(variant)
+    variant = backward_variant(variant, hd)
+    if variant == "tf32_wgmma":
+        dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
+        _wgmma_tf32.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
+        return dq, dk, dv
     fused = fused_backward(variant, hd)
     dq = cp.zeros_like(q) if fused else cp.empty_like(q)
     dk, dv = cp.empty_like(k), cp.empty_like(v)
@@ -231,10 +236,16 @@ def flash_attention_backward(
     return dq, dk, dv
 
 
-def backward_variant(variant: str) -> str:
-    """The variant whose backward kernels run for ``variant``'s forward: 'tf32_wgmma' -> the mma.sync 'tf32' (same
-    lse convention, so it recomputes the probabilities from the Hopper forward's lse); others: themselves."""
-    return "tf32" if variant == "tf32_wgmma" else variant
+def backward_variant(variant: str, hd: int) -> str:
+    """The variant whose backward kernels run for ``variant``'s forward. 'tf32_wgmma': its own deterministic
+    backward at the head dims it has (sdpa_wgmma_tf32.BWD_HDS) unless :func:`fused_backward` takes the fused
+    mma.sync 'tf32' kernel (``attention_backward='fused'``); else the mma.sync 'tf32' backward (same lse
+    convention: it recomputes the probabilities from the Hopper forward's lse). Others: themselves."""
+    if variant != "tf32_wgmma":
+        return variant
+    if hd in _wgmma_tf32.BWD_HDS and not fused_backward("tf32", hd):
+        return "tf32_wgmma"
+    return "tf32"
 
 
 def _prepared(a, n: int, hd: int):
@@ -436,7 +447,10 @@ def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, 
     if variant == "bf16_wgmma":
         _wgmma.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
         return dqkv
-    variant = backward_variant(variant)
+    variant = backward_variant(variant, hd)
+    if variant == "tf32_wgmma":
+        _wgmma_tf32.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
+        return dqkv
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
     rows = B * H * T
     D = cp.empty((B * H, T), dtype=cp.float32)

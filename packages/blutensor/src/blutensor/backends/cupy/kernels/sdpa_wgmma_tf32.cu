@@ -1,5 +1,6 @@
 // Flash attention for Hopper (sm_90a), fp32 storage, tf32 products on the tensor cores (wgmma .tf32), fp32
-// accumulation and softmax, head dims 64 and 128: the forward of variant 'tf32_wgmma' (backends/cupy/sdpa.py).
+// accumulation and softmax: variant 'tf32_wgmma' (backends/cupy/sdpa.py); forward for head dims 64 and 128, the
+// deterministic backward (dK/dV kernel + dQ kernel, no atomics) for head dim 64.
 // blu-nvrtc-archs: 90a   (the bodies exist only when compiled for sm_90a; elsewhere the kernels trap)
 // Conventions as kernels/sdpa_wgmma.cu: q (BH, L, HD), k (BH, S, HD) read through 4-D tensor maps (head dim, row,
 // head, batch: dense tensors are H = 1, fused qkv views (B, T, 3, H, HD) strides); o written through struct Lay;
@@ -7,24 +8,35 @@
 // tf32 operands: wgmma .tf32 takes only K-major shared-memory operands (no transpose), fp32 elements are 4 bytes,
 // so one 128-byte swizzle row holds 32 elements: TMA boxes of 32 columns, a k-step (k8) is 32 bytes of a row, and
 // kmajor() below is the bf16 kernels' descriptor arithmetic in bytes. S = Q K^T reads Q and K as they are (both
-// K-major over the head dim). O += P V needs V with the keys as the K dimension: vt_prep writes V^T (BH, HD, Sp)
-// (Sp = S rounded up to 8, padding zero) into a scratch buffer, and TMA loads its (HD rows x 32 keys) boxes.
+// K-major over the head dim). O += P V needs V with the keys as the K dimension: transpose_rows writes V^T
+// (BH, HD, Sp) (Sp = S rounded up to 8, padding zero) into a scratch buffer, and TMA loads its (HD rows x 32 keys)
+// boxes. The backward's register-A products read Q^T, dO^T (dV += P^T dO, dK += dS^T Q) and K^T (dQ += dS K) the
+// same way, from scratch transposes made by the same kernel.
 // P as the A operand from registers: the tf32 A fragment of a warp's 16 rows holds (row g, k t), (g + 8, t),
 // (g, t + 4), (g + 8, t + 4) while the accumulator holds (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) of
 // each 8 columns. Instead of quad shuffles, the keys inside every group of 8 are permuted: k position p holds key
-// 2p (p < 4) or 2 (p - 4) + 1 (p >= 4), so the accumulator registers ARE the A fragment (reordered), and vt_prep
-// writes V^T's columns in the same permuted order (sdpa_mma.cu's TF32::raw_b uses the same permutation).
-// Rounding: the tensor cores read fp32 bit patterns as tf32 (the low 13 mantissa bits ignored: truncation), so Q
-// and K, loaded by TMA as stored, are truncated; V^T (rounded once as vt_prep writes it) and P (rounded in
-// registers) are rounded to nearest, ties away (cvt.rna.tf32.f32), as the mma.sync 'tf32' kernels round theirs.
+// 2p (p < 4) or 2 (p - 4) + 1 (p >= 4), so the accumulator registers ARE the A fragment (reordered), and
+// transpose_rows writes the transposes' columns in the same permuted order (sdpa_mma.cu's TF32::raw_b uses the
+// same permutation).
+// Rounding: the tensor cores read fp32 bit patterns as tf32 (the low 13 mantissa bits ignored: truncation), so the
+// operands TMA loads as stored (Q, K in S = Q K^T; V, dO in dP) are truncated; the transposes (rounded once as
+// transpose_rows writes them) and P, dS (rounded in registers) are rounded to nearest, ties away
+// (cvt.rna.tf32.f32), as the mma.sync 'tf32' kernels round theirs.
 // Every main kernel: 384 threads, warpgroup 0 the producer (one thread issues the TMA loads, setmaxnreg.dec),
 // warpgroups 1 and 2 the consumers (setmaxnreg.inc), 64 query rows each; a ring of ST stages of {K, V^T} guarded
 // by full / empty mbarriers, QB Q buffers (qfull / qempty). Persistent CTAs walk (query block, head) work tiles,
 // heavy (causal: late) query blocks first. Pipelined as the bf16 forward: tile i's Q K^T and tile i-1's P V are
 // issued together, the softmax of tile i runs while P V is in flight, then O is rescaled.
-// Tiles (fp32 doubles the bytes of bf16): HD 64: 128 keys a tile, 2 Q buffers, 2 stages (193 KB); HD 128: 64 keys
-// a tile, 1 Q buffer, 2 stages (193 KB).
-// The backward of 'tf32_wgmma' runs the mma.sync 'tf32' backward kernels (kernels/sdpa_mma.cu) on this lse.
+// Tiles (fp32 doubles the bytes of bf16): forward HD 64: 128 keys a tile, 2 Q buffers, 2 stages (193 KB); HD 128:
+// 64 keys a tile, 1 Q buffer, 2 stages (193 KB). Backward HD 64: one own buffer, dK/dV 2 stages (193 KB), dQ 3
+// stages (209 KB).
+// Backward (deterministic, after D = rowsum(dO * O), the preprocess entry): dK/dV kernel: 128 keys a CTA (K, V
+// loaded once), tiles of 64 queries {Q, dO, Q^T, dO^T} streamed; S^T = K Q^T, dP^T = V dO^T (SS), P^T and
+// dS^T = P^T (dP^T - D) in registers, dV += P^T dO (B = dO^T) and dK += dS^T Q (B = Q^T) (RS). dQ kernel: 128
+// queries a CTA, tiles of 64 keys {K, V, K^T}; S = Q K^T, dP = dO V^T (SS), dQ += dS K (B = K^T, RS). P and dS
+// overwrite the S and dP registers (fp32 takes twice bf16's registers), so a tile's RS products complete before
+// the next tile's SS products are issued; the two consumer warpgroups keep the tensor cores busy in turn.
+// Head dim 128 (the tiles do not fit next to their transposes in 227 KB) runs the mma.sync 'tf32' backward.
 // dev/emulate_sdpa_wgmma_tf32.py checks the swizzle, descriptor, fragment and permutation index math on the CPU.
 
 #include "sdpa_layout.cuh"
@@ -96,6 +108,33 @@ __device__ __forceinline__ void pack_p(const float* s, unsigned* p) {
     p[4 * kk + 1] = rna(s[4 * kk + 2]);
     p[4 * kk + 2] = rna(s[4 * kk + 1]);
     p[4 * kk + 3] = rna(s[4 * kk + 3]);
+  }
+}
+// pack_p on the accumulator array itself: the tf32 bit patterns of k-step kk's A fragment in s[4 kk .. 4 kk + 3]
+template <int N>
+__device__ __forceinline__ void pack_inplace(float* s) {
+#pragma unroll
+  for (int kk = 0; kk < N / 4; ++kk) {
+    const float a = s[4 * kk + 1], b = s[4 * kk + 2];
+    s[4 * kk + 0] = __uint_as_float(rna(s[4 * kk + 0]));
+    s[4 * kk + 1] = __uint_as_float(rna(b));
+    s[4 * kk + 2] = __uint_as_float(rna(a));
+    s[4 * kk + 3] = __uint_as_float(rna(s[4 * kk + 3]));
+  }
+}
+// rs_product with the A fragments held as fp32 bit patterns (pack_inplace), B the transposed tile at `bt` (HD rows x
+// K permuted positions, K-major)
+template <int K, int HD>
+__device__ __forceinline__ void rs_product_f(float* acc, const float* p, unsigned bt) {
+#pragma unroll
+  for (int kk = 0; kk < K / 8; ++kk) {
+    const unsigned a[4] = {__float_as_uint(p[4 * kk]), __float_as_uint(p[4 * kk + 1]), __float_as_uint(p[4 * kk + 2]),
+                           __float_as_uint(p[4 * kk + 3])};
+    const unsigned long long db = kmajor(bt, HD, 0, kk);
+    if constexpr (HD == 128)
+      blu_wgmma_rs_m64n128k8_tf32(acc, a, db, 1);
+    else
+      blu_wgmma_rs_m64n64k8_tf32(acc, a, db, 1);
   }
 }
 __device__ __forceinline__ int fcol(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }
@@ -300,12 +339,236 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
 #endif
 }
 
-// ================================================================ V^T scratch
+// ================================================================ backward
+// Persistent like the forward: work tiles (own block, head), dK/dV: early key blocks first (most query tiles under
+// causal), dQ: late query blocks first. smem (1024-aligned): one own buffer {A, B} (HD / 32 boxes of 128 rows x
+// 128 B each: K, V for dK/dV; Q, dO for dQ), then ST stages of NT tiles of 64 streamed rows: X, Y (HD / 32 boxes of
+// 64 rows x 128 B: Q, dO or K, V) and the transposes XT (, YT) (2 boxes of 32 positions x HD rows x 128 B: Q^T,
+// dO^T or K^T), then ofull, oempty, full[ST], empty[ST].
+template <int HD, int ST, bool DKDV>
+struct Bwd {
+  static constexpr int NT = DKDV ? 4 : 3;  // streamed tiles a stage
+  static constexpr int OWN = 128 * HD * 4, TILE = 64 * HD * 4;
+  static constexpr int SMEM = 1024 + 2 * OWN + ST * NT * TILE + 8 * (2 + 2 * ST);
+  static_assert(SMEM <= 227 * 1024, "tf32 wgmma backward shared memory exceeds sm_90's opt-in limit");
+};
+
+// DKDV true: dK/dV kernel (own = 128 keys, streamed = query tiles: tmX Q, tmY dO, tmXT Q^T, tmYT dO^T); false:
+// dQ kernel (own = 128 queries Q, dO; streamed key tiles: tmX K, tmY V, tmXT K^T; tmYT unused).
+template <int HD, int ST, bool DKDV>
+__device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB, const BluTmap* tmX,
+                                         const BluTmap* tmY, const BluTmap* tmXT, const BluTmap* tmYT,
+                                         const float* __restrict__ lse, const float* __restrict__ Dv, float* out0,
+                                         float* out1, int L, int S, float scale, int causal, int H, int BH,
+                                         Lay lout) {
+#if BLU_HAVE_WGMMA
+  using B = Bwd<HD, ST, DKDV>;
+  constexpr int OWN = B::OWN, TILE = B::TILE, NT = B::NT, NB = HD / BOX;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = blu_smem_u32(smem_raw);
+  const unsigned sA = raw + ((1024u - (raw & 1023u)) & 1023u), sB = sA + OWN;
+  const unsigned sX = sA + 2 * OWN;  // stage s: X at sX + s NT TILE, Y at + TILE, XT at + 2 TILE, YT at + 3 TILE
+  const unsigned ofull = sX + ST * NT * TILE, oempty = ofull + 8, full = oempty + 8, empty = full + 8 * ST;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2;
+  const int nob = ((DKDV ? S : L) + 127) / 128, total = nob * BH;
+  // work tile wt: own rows own0 .. own0 + 127 of head bh; streamed rows [first, end) in tiles of 64
+  auto decode = [&](int wt, int& own0, int& bh, int& first, int& nt) {
+    const int blk = DKDV ? wt / BH : nob - 1 - wt / BH;
+    own0 = blk * 128;
+    bh = wt % BH;
+    int end;
+    first = 0;
+    if (DKDV) {
+      first = causal ? own0 : 0;
+      end = L;
+    } else {
+      end = causal ? min(S, own0 + 128) : S;
+    }
+    nt = end > first ? (end - first + 63) / 64 : 0;
+  };
+  if (tid == 0) {
+    blu_mbar_init(ofull, 1);
+    blu_mbar_init(oempty, 8);
+    for (int s = 0; s < ST; ++s) {
+      blu_mbar_init(full + 8 * s, 1);
+      blu_mbar_init(empty + 8 * s, 8);
+    }
+    blu_mbar_init_fence();
+  }
+  __syncthreads();
+  if (wgi == 0) {  // ---- producer ----
+    blu_setmaxnreg_dec<40>();
+    if (tid == 0) {
+      blu_tma_prefetch(tmA);
+      blu_tma_prefetch(tmB);
+      blu_tma_prefetch(tmX);
+      blu_tma_prefetch(tmY);
+      blu_tma_prefetch(tmXT);
+      if (DKDV) blu_tma_prefetch(tmYT);
+      int kv = 0, n = 0;
+      for (int wt = blockIdx.x; wt < total; wt += gridDim.x, ++n) {
+        int own0, bh, first, nt;
+        decode(wt, own0, bh, first, nt);
+        const int hh = bh % H, bb = bh / H;
+        blu_mbar_wait(oempty, (n & 1) ^ 1);
+        blu_mbar_expect_tx(ofull, 2 * OWN);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          blu_tma_load4(sA + b * 128 * 128, tmA, b * BOX, own0, hh, bb, ofull);
+          blu_tma_load4(sB + b * 128 * 128, tmB, b * BOX, own0, hh, bb, ofull);
+        }
+        for (int it = 0; it < nt; ++it, ++kv) {
+          const int s = kv % ST, x0 = first + it * 64;
+          blu_mbar_wait(empty + 8 * s, ((kv / ST) & 1) ^ 1);
+          blu_mbar_expect_tx(full + 8 * s, NT * TILE);
+          const unsigned x = sX + s * NT * TILE;
+#pragma unroll
+          for (int b = 0; b < NB; ++b) {
+            blu_tma_load4(x + b * 64 * 128, tmX, b * BOX, x0, hh, bb, full + 8 * s);
+            blu_tma_load4(x + TILE + b * 64 * 128, tmY, b * BOX, x0, hh, bb, full + 8 * s);
+          }
+#pragma unroll
+          for (int c = 0; c < 64 / BOX; ++c) {
+            blu_tma_load4(x + 2 * TILE + c * HD * 128, tmXT, x0 + c * BOX, 0, hh, bb, full + 8 * s);
+            if (DKDV) blu_tma_load4(x + 3 * TILE + c * HD * 128, tmYT, x0 + c * BOX, 0, hh, bb, full + 8 * s);
+          }
+        }
+      }
+    }
+    return;
+  }
+  // ---- consumers: warpgroup cw owns rows own0 + 64 cw .. + 63 ----
+  blu_setmaxnreg_inc<232>();
+  const int cw = wgi - 1, w = warp & 3, g = lane >> 2, t = lane & 3;
+  const float c = scale * BLU_LOG2E;
+  int kv = 0, n = 0;
+  for (int wt = blockIdx.x; wt < total; wt += gridDim.x, ++n) {
+    int own0, bh, first, nt;
+    decode(wt, own0, bh, first, nt);
+    const int r0 = own0 + cw * 64 + w * 16 + g, r1 = r0 + 8;  // own rows (keys for dK/dV, queries for dQ)
+    const long long rowoff = (long long)bh * L;
+    float acc0[HD / 2], acc1[HD / 2];  // dK/dV: dK, dV; dQ: dQ (acc1 unused)
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) acc0[i] = acc1[i] = 0.f;
+    float sv[32], dp[32];  // S (then P) and dP (then dS), 64 x 64 accumulators
+    float lq0 = 0.f, lq1 = 0.f, dq0 = 0.f, dq1 = 0.f;  // dQ: this thread's two rows' lse * log2 e and D
+    if (!DKDV) {
+      if (r0 < L) lq0 = lse[rowoff + r0] * BLU_LOG2E, dq0 = Dv[rowoff + r0];
+      if (r1 < L) lq1 = lse[rowoff + r1] * BLU_LOG2E, dq1 = Dv[rowoff + r1];
+    }
+    blu_mbar_wait(ofull, n & 1);
+    int pending = -1;  // stage whose RS products are still in flight
+    for (int it = 0; it < nt; ++it) {
+      const int st = (kv + it) % ST;
+      const int x0 = first + it * 64;
+      const unsigned x = sX + st * NT * TILE, y = x + TILE, xt = x + 2 * TILE, yt = x + 3 * TILE;
+      const bool skip = causal && (DKDV ? x0 + 63 < own0 + cw * 64 : x0 > own0 + cw * 64 + 63);
+      float lc[16], dc[16];
+      if (DKDV && !skip) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int q = x0 + 8 * (j >> 1) + 2 * t + (j & 1);
+          lc[j] = q < L ? lse[rowoff + q] * BLU_LOG2E : 0.f;
+          dc[j] = q < L ? Dv[rowoff + q] : 0.f;
+        }
+      }
+      if (pending >= 0) {  // the previous tile's RS products read sv / dp: done before they are rewritten
+        blu_wgmma_wait<0>();
+        blu_fence_f<HD / 2>(acc0);
+        if (DKDV) blu_fence_f<HD / 2>(acc1);
+        blu_fence_f<32>(sv);
+        blu_fence_f<32>(dp);
+        if (lane == 0) blu_mbar_arrive(empty + 8 * pending);
+        pending = -1;
+      }
+      blu_mbar_wait(full + 8 * st, ((kv + it) / ST) & 1);
+      if (skip) {
+        if (lane == 0) blu_mbar_arrive(empty + 8 * st);
+        continue;
+      }
+      blu_wgmma_fence();
+      ss_product<64, HD>(sv, sA, 128, cw * 64, x, 64);  // dK/dV: S^T = K Q^T; dQ: S = Q K^T
+      ss_product<64, HD>(dp, sB, 128, cw * 64, y, 64);  // dK/dV: dP^T = V dO^T; dQ: dP = dO V^T
+      blu_wgmma_commit();
+      blu_wgmma_wait<0>();
+      blu_fence_f<32>(sv);
+      blu_fence_f<32>(dp);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int col = x0 + fcol(i, t), row = frow8(i) ? r1 : r0;
+        float pv, dsv;
+        if (DKDV) {  // row = key, col = query
+          const int j = 2 * (i >> 2) + (i & 1);
+          pv = ex2(sv[i] * c - lc[j]);
+          if (col >= L || row >= S || (causal && row > col)) pv = 0.f;
+          dsv = pv * (dp[i] - dc[j]);
+        } else {  // row = query, col = key
+          pv = ex2(sv[i] * c - (frow8(i) ? lq1 : lq0));
+          if (row >= L || col >= S || (causal && col > row)) pv = 0.f;
+          dsv = pv * (dp[i] - (frow8(i) ? dq1 : dq0));
+        }
+        sv[i] = pv;
+        dp[i] = dsv;
+      }
+      pack_inplace<32>(sv);  // A fragments of P (P^T), dS (dS^T), rounded
+      pack_inplace<32>(dp);
+      blu_wgmma_fence();
+      if (DKDV) {
+        rs_product_f<64, HD>(acc1, sv, yt);  // dV += P^T dO
+        rs_product_f<64, HD>(acc0, dp, xt);  // dK += dS^T Q
+      } else {
+        rs_product_f<64, HD>(acc0, dp, xt);  // dQ += dS K
+      }
+      blu_wgmma_commit();
+      pending = st;
+    }
+    blu_wgmma_wait<0>();
+    blu_fence_f<HD / 2>(acc0);
+    if (DKDV) blu_fence_f<HD / 2>(acc1);
+    blu_fence_f<32>(sv);
+    blu_fence_f<32>(dp);
+    if (lane == 0) {
+      if (pending >= 0) blu_mbar_arrive(empty + 8 * pending);
+      blu_mbar_arrive(oempty);  // the own buffer is free
+    }
+    kv += nt;
+    const int rows = DKDV ? S : L;
+    store_rows<HD>(out0, lout.base(bh), lout.st, acc0, r0, rows, scale, scale, t);
+    if (DKDV) store_rows<HD>(out1, lout.base(bh), lout.st, acc1, r0, rows, 1.f, 1.f, t);
+  }
+#else
+  asm volatile("trap;");
+#endif
+}
+
+// ================================================================ backward preprocess
+// D[row] = sum_d dO[row, d] * O[row, d] (fp32), row = bh * L + i: HD / 4 adjacent threads a row, 16-byte loads of 4
+// floats, a shuffle reduction inside the group (plain CUDA).
+template <int HD>
+__device__ __forceinline__ void preprocess(const float* __restrict__ dout, const float* __restrict__ o,
+                                           float* __restrict__ D, long long rows, int L, Lay lo) {
+  constexpr int G = HD / 4;  // threads per row
+  const long long nthr = (long long)gridDim.x * blockDim.x;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < rows * G; idx += nthr) {
+    const long long row = idx / G;
+    const int part = (int)(idx % G);
+    const long long off = lo.base((int)(row / L)) + (row % L) * lo.st + part * 4;
+    const float4 a = *reinterpret_cast<const float4*>(dout + off);
+    const float4 b = *reinterpret_cast<const float4*>(o + off);
+    float sum = a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+#pragma unroll
+    for (int m = G / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(__activemask(), sum, m);  // whole groups
+    if (part == 0) D[row] = sum;
+  }
+}
+
+// ================================================================ transposed scratch
 // vt[bh, d, p] = tf32(v[bh, key(p), d]) for p < Sp, key(p) = 8 (p >> 3) + perm8(p & 7), zero where key(p) >= S
-// (Sp: S rounded up to 8). Blocks of 32 x 8 threads transpose 32 keys x 32 head-dim columns through shared memory
-// (coalesced reads of v's rows and writes of vt's rows); grid (ceil(Sp / 32), HD / 32, BH). Plain CUDA.
-__device__ __forceinline__ void vt_prep(const float* __restrict__ v, float* __restrict__ vt, int S, int Sp, int HD,
-                                        Lay lv) {
+// (Sp: S rounded up to 8): V^T of the forward, Q^T / dO^T / K^T of the backward. Blocks of 32 x 8 threads
+// transpose 32 rows x 32 head-dim columns through shared memory (coalesced reads of v's rows and writes of vt's
+// rows); grid (ceil(Sp / 32), HD / 32, BH). Plain CUDA.
+__device__ __forceinline__ void transpose_rows(const float* __restrict__ v, float* __restrict__ vt, int S, int Sp,
+                                               int HD, Lay lv) {
   __shared__ float tile[32][33];
   const int bh = blockIdx.z, k0 = blockIdx.x * 32, d0 = blockIdx.y * 32, tx = threadIdx.x, ty = threadIdx.y;
   const float* src = v + lv.base(bh);
@@ -327,8 +590,10 @@ __device__ __forceinline__ void vt_prep(const float* __restrict__ v, float* __re
 }  // namespace wgt
 
 // Entries per head dim: the forward (tensor maps of q and k: boxes of 32 head-dim elements x 128 query rows / BN
-// key rows; of V^T: 32 keys x HD rows; H heads; o's layout (sb, sh, st)) and the V^T scratch transpose (v's
-// layout). BN / QB / ST: keys of a tile, Q buffers, stages of the ring (sdpa_wgmma_tf32.py's FWD_TILES).
+// key rows; of V^T: 32 keys x HD rows; H heads; o's layout (sb, sh, st)), the transpose into a scratch (the
+// source's layout) and the preprocess (o's layout). BN / QB / ST: keys of a tile, Q buffers, stages of the ring
+// (sdpa_wgmma_tf32.py's FWD_TILES). Head dim 64 also: the backward's dK/dV and dQ kernels (own maps of 128 rows,
+// streamed maps of 64 rows, transposes' maps 32 positions x HD rows; dK and dV share one layout).
 #define BLU_TM const __grid_constant__ BluTmap
 #define WGMMA_TF32_ENTRIES(HD, BN, QB, ST)                                                                           \
   extern "C" __global__ void __launch_bounds__(wgt::THREADS, 1) blu_sdpa_wgmma_tf32_hd##HD##_fwd(                  \
@@ -336,10 +601,30 @@ __device__ __forceinline__ void vt_prep(const float* __restrict__ v, float* __re
       int BH, long long o_sb, long long o_sh, int o_st) {                                                            \
     wgt::forward<HD, BN, QB, ST>(&tmQ, &tmK, &tmVt, o, lse, L, S, scale, causal, H, BH, lay(o_sb, o_sh, o_st, H));  \
   }                                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(256) blu_sdpa_wgmma_tf32_hd##HD##_vt(                              \
+  extern "C" __global__ void __launch_bounds__(256) blu_sdpa_wgmma_tf32_hd##HD##_transpose(                       \
       const float* v, float* vt, int S, int Sp, int H, long long v_sb, long long v_sh, int v_st) {                  \
-    wgt::vt_prep(v, vt, S, Sp, HD, lay(v_sb, v_sh, v_st, H));                                                        \
+    wgt::transpose_rows(v, vt, S, Sp, HD, lay(v_sb, v_sh, v_st, H));                                                 \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256) blu_sdpa_wgmma_tf32_hd##HD##_preprocess(                      \
+      const float* dout, const float* o, float* D, long long rows, int L, int H, long long o_sb, long long o_sh,    \
+      int o_st) {                                                                                                    \
+    wgt::preprocess<HD>(dout, o, D, rows, L, lay(o_sb, o_sh, o_st, H));                                              \
+  }
+#define WGMMA_TF32_BWD_ENTRIES(HD, DKDV_ST, DQ_ST)                                                                   \
+  extern "C" __global__ void __launch_bounds__(wgt::THREADS, 1) blu_sdpa_wgmma_tf32_hd##HD##_bwd_dkdv(             \
+      BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, BLU_TM tmQt, BLU_TM tmOt, const float* lse, const float* D,    \
+      float* dk, float* dv, int L, int S, float scale, int causal, int H, int BH, long long k_sb, long long k_sh,    \
+      int k_st) {                                                                                                    \
+    wgt::backward<HD, DKDV_ST, true>(&tmK, &tmV, &tmQ, &tmO, &tmQt, &tmOt, lse, D, dk, dv, L, S, scale, causal, H,  \
+                                     BH, lay(k_sb, k_sh, k_st, H));                                                  \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(wgt::THREADS, 1) blu_sdpa_wgmma_tf32_hd##HD##_bwd_dq(               \
+      BLU_TM tmQ, BLU_TM tmO, BLU_TM tmK, BLU_TM tmV, BLU_TM tmKt, const float* lse, const float* D, float* dq,      \
+      int L, int S, float scale, int causal, int H, int BH, long long q_sb, long long q_sh, int q_st) {             \
+    wgt::backward<HD, DQ_ST, false>(&tmQ, &tmO, &tmK, &tmV, &tmKt, &tmKt, lse, D, dq, dq, L, S, scale, causal, H,   \
+                                    BH, lay(q_sb, q_sh, q_st, H));                                                   \
   }
 
 WGMMA_TF32_ENTRIES(64, 128, 2, 2)
 WGMMA_TF32_ENTRIES(128, 64, 1, 2)
+WGMMA_TF32_BWD_ENTRIES(64, 2, 3)
