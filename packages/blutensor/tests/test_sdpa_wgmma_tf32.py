@@ -218,6 +218,42 @@ def test_backward_choice_and_gqa(device):
 
 
 # ------------------------------------------------------------------------- host code on the fake device (CPU)
+def _signatures() -> dict:
+    """Entry suffix ('fwd', 'transpose', 'bwd_dkdv', ...) -> the C parameter types of the kernel file's macros."""
+    import re
+
+    text = KERNEL.read_text().replace("\\\n", " ").replace("BLU_TM", "BluTmap")
+    sigs = {}
+    for m in re.finditer(r"blu_sdpa_wgmma_tf32_hd##HD##_(\w+)\(([^)]*)\)", text):
+        types = []
+        for a in m.group(2).split(","):
+            a = " ".join(a.split())
+            types.append("tmap" if "BluTmap" in a else "ptr" if "*" in a else "i64" if "long long" in a
+                         else "f32" if a.startswith("float") else "i32")
+        sigs[m.group(1)] = types
+    return sigs
+
+
+SIGS = _signatures()
+
+
+def _check_args(entry: str, args) -> None:
+    """The launch's arguments match the kernel's C signature in count and scalar types (a mismatch on the GPU reads
+    garbage past the parameters)."""
+    want = SIGS[entry]
+    assert len(args) == len(want), (entry, len(args), len(want))
+    for i, (a, w) in enumerate(zip(args, want)):
+        got = ("tmap" if isinstance(a, np.ndarray) and a.dtype == tma.TMAP_DTYPE else
+               "ptr" if hasattr(a, "data") and hasattr(a.data, "ptr") else
+               {np.int32: "i32", np.int64: "i64", np.float32: "f32"}.get(type(a)))
+        assert got == w, (entry, i, got, w)
+
+
+def test_signatures_parsed():
+    assert set(SIGS) == {"fwd", "transpose", "preprocess", "bwd_dkdv", "bwd_dq"}
+    assert SIGS["fwd"][:3] == ["tmap"] * 3 and SIGS["bwd_dkdv"][:6] == ["tmap"] * 6 and len(SIGS["bwd_dq"]) == 17
+
+
 def _through(spec, name):
     """(B*H, rows, cols) float64 view of the fp32 memory a tensor map describes (dims innermost first)."""
     inner, rows, H, B = spec.dims
@@ -237,6 +273,7 @@ def _model(log, specs):
         hd = int(name.split("_hd")[1].split("_")[0])
         kind = name.rsplit("_", 1)[1]
         log.append((kind, grid, block, shared_mem))
+        _check_args(name.split(f"_hd{hd}_")[1], args)
         if kind == "transpose":
             v, vt, S, sp, H, sb, sh, st = args
             S, sp, H = int(S), int(sp), int(H)
