@@ -526,11 +526,11 @@ DENSE = [(4, 1000, 1000, 64, True), (5, 77, 77, 128, False), (3, 200, 300, 64, F
 QKV = [(2, 1000, 3, 64, True), (3, 77, 2, 128, True), (1, 300, 5, 64, False)]
 
 
-@pytest.fixture
-def gpu(monkeypatch):
-    """tf32 precision, sdpa_wgmma_tf32.cu built with the mbarrier watchdog (a deadlock traps instead of hanging)."""
+@pytest.fixture(scope="module")
+def mbarrier_watchdog():
+    """sdpa_wgmma_tf32.cu built with BLU_MBAR_SPIN_LIMIT for this module's GPU tests (a deadlock traps instead of
+    hanging; fresh module, function and shared-memory opt-in caches, the earlier ones restored after)."""
     from blutensor.backends.cupy import _loader
-    from blutensor.gemm import get_matmul_precision
 
     plain = _loader.source
 
@@ -538,10 +538,19 @@ def gpu(monkeypatch):
         text = plain(file)
         return "#define BLU_MBAR_SPIN_LIMIT (1u << 24)\n" + text if file == wt.FILE else text
 
-    monkeypatch.setattr(_loader, "source", watched)
-    monkeypatch.setattr(_loader, "_modules", {})
-    monkeypatch.setattr(_loader, "_functions", {})
-    monkeypatch.setattr(_loader, "_smem_set", {})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_loader, "source", watched)
+        mp.setattr(_loader, "_modules", {})
+        mp.setattr(_loader, "_functions", {})
+        mp.setattr(_loader, "_smem_set", {})
+        yield
+
+
+@pytest.fixture
+def gpu(monkeypatch, mbarrier_watchdog):
+    """Matmul precision 'tf32' (restored after), policy defaults from a clean environment."""
+    from blutensor.gemm import get_matmul_precision
+
     for var in ("BLUTRAIN_SDPA_TF32", "BLUTRAIN_SDPA_BWD", "BLUTRAIN_DETERMINISTIC"):
         monkeypatch.delenv(var, raising=False)
     bt.policy.reset_defaults()
