@@ -12,6 +12,9 @@ and returns what the tensor cores would compute (S = Q K^T and P V); tests/test_
 with float64 matrix products and checks that a wrong address or permutation fails; :func:`backward_tile` does the
 same for one backward tile (S^T / dP^T or S / dP by SS, then the RS products with the transposed streamed tiles).
 :func:`forward` walks the kernel's key tiles with the online softmax (masking, causal bounds, lse) in float64.
+:func:`simulate_forward` / :func:`simulate_backward` run the kernels' producer and consumer loops over their
+mbarriers (phases, parities, Q / own buffers, stages, causal skips, late releases) under random interleavings,
+failing on a deadlock or on a stage rewritten while a consumer still reads it.
 Usage: python packages/blutensor/dev/emulate_sdpa_wgmma_tf32.py
 """
 
@@ -248,3 +251,175 @@ if __name__ == "__main__":
             s, pv = forward_tile(q, k, v, cw, hd, round_tf32=False)
             ref = q[64 * cw:64 * cw + 64] @ k[:bn].T
             print(hd, cw, "S", np.abs(s - ref).max(), "PV", np.abs(pv - ref @ v[:bn]).max())
+
+
+# ---------------------------------------------------------------------------------------------- mbarrier protocol
+class Barrier:
+    """An mbarrier: ``count`` arrivals complete the current phase; wait(parity) passes once the phase of that parity
+    has completed (a fresh barrier counts its 'previous' phase, parity 1, as completed)."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.arrived, self.phase = count, 0, 0
+
+    def arrive(self) -> None:
+        self.arrived += 1
+        assert self.arrived <= self.count
+        if self.arrived == self.count:
+            self.arrived, self.phase = 0, self.phase + 1
+
+    def ready(self, parity: int) -> bool:
+        return (self.phase & 1) != parity
+
+
+def _run(threads, rng) -> None:
+    """Interleave generator threads (each yields a (barrier, parity) it waits for) in a random order until all end;
+    AssertionError on a deadlock."""
+    waiting = {i: None for i in range(len(threads))}
+    while waiting:
+        ready = [i for i, w in waiting.items() if w is None or w[0].ready(w[1])]
+        assert ready, "deadlock: every thread waits on an mbarrier phase that never completes"
+        i = ready[rng.integers(len(ready))]
+        try:
+            waiting[i] = next(threads[i])
+        except StopIteration:
+            del waiting[i]
+
+
+def simulate_forward(L: int, S: int, causal: bool, hd: int, BH: int, ctas: int, seed: int = 0) -> int:
+    """The forward's producer / 8 consumer warps of every CTA (wgt::forward's loops, QB Q buffers, ST stages) under
+    random interleavings: every stage and Q buffer a consumer reads holds the tile it expects (no overwrite before
+    release), and the kernel terminates. Returns the number of K/V tiles consumed."""
+    bn, QB, ST = FWD_TILES[hd]
+    nmb = -(-L // 128)
+    total = nmb * BH
+    rng = np.random.default_rng(seed)
+    consumed = [0]
+
+    def cta(b):
+        qfull, qempty = [Barrier(1) for _ in range(QB)], [Barrier(8) for _ in range(QB)]
+        full, empty = [Barrier(1) for _ in range(ST)], [Barrier(8) for _ in range(ST)]
+        qbuf, stage = [None] * QB, [None] * ST
+
+        def tiles(wt):
+            q0 = (nmb - 1 - wt // BH) * 128
+            return q0, -(-(min(S, q0 + 128) if causal else S) // bn)
+
+        def producer():
+            kv = n = 0
+            for wt in range(b, total, ctas):
+                q0, nt = tiles(wt)
+                qb = n % QB
+                yield qempty[qb], ((n // QB) & 1) ^ 1
+                qbuf[qb] = wt
+                qfull[qb].arrive()  # expect_tx + the loads' bytes: complete at once in this model
+                for it in range(nt):
+                    s = kv % ST
+                    yield empty[s], ((kv // ST) & 1) ^ 1
+                    stage[s] = (wt, it)
+                    full[s].arrive()
+                    kv += 1
+                n += 1
+
+        def consumer():
+            kv = n = 0
+            for wt in range(b, total, ctas):
+                q0, nt = tiles(wt)
+                qb = n % QB
+                yield qfull[qb], (n // QB) & 1
+                assert qbuf[qb] == wt
+                s0 = kv % ST
+                yield full[s0], (kv // ST) & 1
+                assert stage[s0] == (wt, 0)
+                for it in range(1, nt):
+                    st, pst = (kv + it) % ST, (kv + it - 1) % ST
+                    yield full[st], ((kv + it) // ST) & 1
+                    assert stage[st] == (wt, it) and stage[pst] == (wt, it - 1) and qbuf[qb] == wt
+                    yield None
+                    assert stage[pst] == (wt, it - 1)  # P V of the previous tile still reads it
+                    empty[pst].arrive()
+                    consumed[0] += 1
+                pst = (kv + nt - 1) % ST
+                assert stage[pst] == (wt, nt - 1) and qbuf[qb] == wt
+                empty[pst].arrive()
+                consumed[0] += 1
+                qempty[qb].arrive()
+                kv += nt
+                n += 1
+
+        return [producer()] + [consumer() for _ in range(8)]
+
+    threads = [t for b in range(min(ctas, total)) for t in cta(b)]
+    _run(threads, rng)
+    return consumed[0]
+
+
+def simulate_backward(L: int, S: int, causal: bool, dkdv: bool, BH: int, ctas: int, ST: int, seed: int = 0) -> int:
+    """The backward's producer / 8 consumer warps (wgt::backward's loops: one own buffer, ST stages of streamed
+    tiles, a tile released at the top of the next iteration or at the end, causal skips per warpgroup) under random
+    interleavings; checks as :func:`simulate_forward`. Returns the number of (warp, tile) products run."""
+    nob = -(-(S if dkdv else L) // 128)
+    total = nob * BH
+    rng = np.random.default_rng(seed)
+    worked = [0]
+
+    def decode(wt):
+        blk = wt // BH if dkdv else nob - 1 - wt // BH
+        own0 = blk * 128
+        first, end = (own0 if causal else 0, L) if dkdv else (0, min(S, own0 + 128) if causal else S)
+        return own0, first, (-(-(end - first) // 64) if end > first else 0)
+
+    def cta(b):
+        ofull, oempty = Barrier(1), Barrier(8)
+        full, empty = [Barrier(1) for _ in range(ST)], [Barrier(8) for _ in range(ST)]
+        own, stage = [None], [None] * ST
+
+        def producer():
+            kv = n = 0
+            for wt in range(b, total, ctas):
+                own0, first, nt = decode(wt)
+                yield oempty, (n & 1) ^ 1
+                own[0] = wt
+                ofull.arrive()
+                for it in range(nt):
+                    s = kv % ST
+                    yield empty[s], ((kv // ST) & 1) ^ 1
+                    stage[s] = (wt, it)
+                    full[s].arrive()
+                    kv += 1
+                n += 1
+
+        def consumer(cw):
+            kv = n = 0
+            for wt in range(b, total, ctas):
+                own0, first, nt = decode(wt)
+                yield ofull, n & 1
+                pending = -1
+                for it in range(nt):
+                    st = (kv + it) % ST
+                    x0 = first + it * 64
+                    skip = causal and (x0 + 63 < own0 + cw * 64 if dkdv else x0 > own0 + cw * 64 + 63)
+                    if pending >= 0:
+                        assert stage[pending][0] == wt and own[0] == wt
+                        empty[pending].arrive()
+                        pending = -1
+                    yield full[st], ((kv + it) // ST) & 1
+                    assert stage[st] == (wt, it) and own[0] == wt
+                    if skip:
+                        empty[st].arrive()
+                        continue
+                    worked[0] += 1
+                    yield None
+                    pending = st
+                assert own[0] == wt
+                if pending >= 0:
+                    assert stage[pending][0] == wt
+                    empty[pending].arrive()
+                oempty.arrive()
+                kv += nt
+                n += 1
+
+        return [producer()] + [consumer(w // 4) for w in range(8)]
+
+    threads = [t for b in range(min(ctas, total)) for t in cta(b)]
+    _run(threads, rng)
+    return worked[0]

@@ -112,6 +112,22 @@ def test_emulated_forward_within_tf32_error(L, S, hd, causal):
     assert np.abs(lse - ref["lse"][0]).max() < 5e-3
 
 
+@pytest.mark.parametrize("L, S, causal", [(1000, 1000, True), (77, 77, False), (200, 300, False),
+                                         (333, 333, True), (300, 200, True), (100, 400, True)])
+def test_mbarrier_protocol_terminates_and_never_overwrites(L, S, causal):
+    """The kernels' producer / consumer loops over their mbarriers (emulator model: Q buffers, stages, the one own
+    buffer of the backward, causal skips, releases one tile late) under random interleavings on 1, 3 and many CTAs:
+    no deadlock, every tile a consumer reads is the one it expects, every tile consumed."""
+    BH = 3
+    for ctas in (1, 3, 64):
+        for hd in (64, 128):
+            bn = em.FWD_TILES[hd][0]
+            want = sum(-(-(min(S, q0 + 128) if causal else S) // bn) for q0 in range(0, L, 128)) * BH * 8
+            assert em.simulate_forward(L, S, causal, hd, BH, ctas, seed=ctas + hd) == want
+        for dkdv, st in ((True, wt.BWD_STAGES[64][0]), (False, wt.BWD_STAGES[64][1])):
+            assert em.simulate_backward(L, S, causal, dkdv, BH, ctas, st, seed=ctas) > 0
+
+
 def test_tf32_rounding_model():
     """tf32_rna rounds to 10 mantissa bits, ties away from zero (cvt.rna); tf32_trunc drops the low 13 bits."""
     one = np.float32(1.0)
@@ -132,6 +148,10 @@ def test_emulator_spells_the_kernels_address_math():
                    "rs_product_f<64, HD>(acc1, sv, yt);  // dV += P^T dO",
                    "rs_product_f<64, HD>(acc0, dp, xt);  // dK += dS^T Q",
                    "WGMMA_TF32_BWD_ENTRIES(64, 2, 3)",
+                   "blu_mbar_wait(qempty + 8 * qb, ((n / QB) & 1) ^ 1);",
+                   "blu_mbar_wait(qfull + 8 * qb, (n / QB) & 1);",
+                   "blu_mbar_wait(oempty, (n & 1) ^ 1);", "blu_mbar_wait(ofull, n & 1);",
+                   "if (lane == 0) blu_mbar_arrive(empty + 8 * pending);",
                    "return (p & 4) ? 2 * (p & 3) + 1 : 2 * p;",
                    "p[4 * kk + 1] = rna(s[4 * kk + 2]);",
                    "p[4 * kk + 2] = rna(s[4 * kk + 1]);",
