@@ -1,5 +1,5 @@
-// Hopper (sm_90a) primitives of blutensor's wgmma kernels (kernels/sdpa_wgmma.cu, sdpa_wgmma_tf32.cu): TMA tiled loads into
-// 128-byte-swizzled shared memory completing on mbarriers, mbarrier waits, wgmma descriptors / fence / commit /
+// Hopper (sm_90a) primitives of blutensor's wgmma kernels (kernels/sdpa_wgmma.cu, sdpa_wgmma_tf32.cu): TMA tiled
+// loads into 128-byte-swizzled shared memory completing on mbarriers, mbarrier waits, wgmma descriptors / fence / commit /
 // wait, operand fences, setmaxnreg, the generic-to-async proxy fence and named barriers. Everything exists only
 // when compiled for sm_90a (BLU_HAVE_WGMMA); a file including this header declares "blu-nvrtc-archs: 90a" and
 // gives its kernels a trapping body elsewhere. The tensor maps (CUtensorMap) are encoded on the host (blutensor/backends/cupy/tma.py)
