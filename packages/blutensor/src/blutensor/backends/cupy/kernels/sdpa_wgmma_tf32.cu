@@ -463,15 +463,6 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
       const int x0 = first + it * 64;
       const unsigned x = sX + st * NT * TILE, y = x + TILE, xt = x + 2 * TILE, yt = x + 3 * TILE;
       const bool skip = causal && (DKDV ? x0 + 63 < own0 + cw * 64 : x0 > own0 + cw * 64 + 63);
-      float lc[16], dc[16];
-      if (DKDV && !skip) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const int q = x0 + 8 * (j >> 1) + 2 * t + (j & 1);
-          lc[j] = q < L ? lse[rowoff + q] * BLU_LOG2E : 0.f;
-          dc[j] = q < L ? Dv[rowoff + q] : 0.f;
-        }
-      }
       if (pending >= 0) {  // the previous tile's RS products read sv / dp: done before they are rewritten
         blu_wgmma_wait<0>();
         blu_fence_f<HD / 2>(acc0);
@@ -490,6 +481,16 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
       ss_product<64, HD>(sv, sA, 128, cw * 64, x, 64);  // dK/dV: S^T = K Q^T; dQ: S = Q K^T
       ss_product<64, HD>(dp, sB, 128, cw * 64, y, 64);  // dK/dV: dP^T = V dO^T; dQ: dP = dO V^T
       blu_wgmma_commit();
+      // dK/dV: the streamed queries' lse and D for this thread's columns, loaded while the products run
+      float lc[16], dc[16];
+      if (DKDV) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int q = x0 + 8 * (j >> 1) + 2 * t + (j & 1);
+          lc[j] = q < L ? lse[rowoff + q] * BLU_LOG2E : 0.f;
+          dc[j] = q < L ? Dv[rowoff + q] : 0.f;
+        }
+      }
       blu_wgmma_wait<0>();
       blu_fence_f<32>(sv);
       blu_fence_f<32>(dp);
