@@ -7,7 +7,8 @@ Shapes: ``gpt2`` one GPT-2 124M layer (B=16, H=12, T=1024, HD=64), ``hd128`` hea
 ``long`` long context (B=2, H=12, T=16384, HD=64). blutensor: ``bt.ext.sdpa_qkv`` on a (B, T, 3*C) Tensor (the
 strided kernels read q, k, v in place), forward and forward + backward through autograd, per kernel variant as a
 user selects it: fp32 under ``bt.set_float32_matmul_precision("highest")`` (``tf32x3``;
-``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``), ``"high"`` (``tf32``), bfloat16 (the default: ``bf16_wgmma`` on
+``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``), ``"high"`` (``tf32``; ``BLUTRAIN_SDPA_TF32=wgmma`` the Hopper
+``tf32_wgmma``, an error row elsewhere), bfloat16 (the default: ``bf16_wgmma`` on
 sm_90; ``BLUTRAIN_SDPA_KERNEL=wgmma`` the Hopper kernel, an error row elsewhere; ``BLUTRAIN_SDPA_KERNEL=mma`` the
 mma.sync ``bf16``), and for the variants with a fused backward (tf32x3, tf32, the Hopper bf16 kernel) both
 ``BLUTRAIN_SDPA_BWD=fused`` and ``split``.
@@ -41,6 +42,7 @@ BLU_RUNS = [
     ("tf32x3 split", "float32", "highest", {"BLUTRAIN_SDPA_BWD": "split"}),
     ("tf32 fused", "float32", "high", {"BLUTRAIN_SDPA_BWD": "fused"}),
     ("tf32 split", "float32", "high", {"BLUTRAIN_SDPA_BWD": "split"}),
+    ("tf32 wgmma", "float32", "high", {"BLUTRAIN_SDPA_TF32": "wgmma", "BLUTRAIN_SDPA_BWD": "split"}),
     ("bf16 wgmma fused", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "fused"}),
     ("bf16 wgmma split", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "split"}),
     ("bf16 mma", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "mma"}),
@@ -55,7 +57,7 @@ TORCH_RUNS = [
     ("bf16 flash", "bfloat16", False, "FLASH_ATTENTION"),
 ]
 ROW_SETS = ("all", "bf16")
-SWITCHES = ("BLUTRAIN_SDPA_FP32", "BLUTRAIN_SDPA_BWD", "BLUTRAIN_SDPA_KERNEL")
+SWITCHES = ("BLUTRAIN_SDPA_FP32", "BLUTRAIN_SDPA_BWD", "BLUTRAIN_SDPA_KERNEL", "BLUTRAIN_SDPA_TF32")
 
 
 def _flops(B: int, H: int, T: int, hd: int) -> float:

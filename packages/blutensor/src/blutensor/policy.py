@@ -45,6 +45,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("auto", "wgmma", "mma"),
     "attention_fp32": ("tf32x3", "simt"),
     "attention_backward": ("auto", "fused", "split"),
+    "attention_tf32": ("mma", "wgmma"),
     "embedding_backward": ("segments", "runs", "pieces"),
     "embedding_sort": ("auto", "radix"),
     "validate_indices": ("lazy", "sync", "off"),
@@ -57,6 +58,7 @@ ENV: dict[str, str] = {
     "attention": "BLUTRAIN_SDPA_KERNEL",
     "attention_fp32": "BLUTRAIN_SDPA_FP32",
     "attention_backward": "BLUTRAIN_SDPA_BWD",
+    "attention_tf32": "BLUTRAIN_SDPA_TF32",
     "embedding_backward": "BLUTRAIN_EMBEDDING_BWD",
     "embedding_sort": "BLUTRAIN_EMBEDDING_SORT",
     "gemm": "BLUTRAIN_GEMM",
@@ -91,7 +93,9 @@ class ExecutionPolicy:
     - ``attention``: the bf16 flash-attention kernels: 'auto' (Hopper wgmma on sm_90, mma.sync elsewhere), 'wgmma'
       (require them: an error off sm_90) or 'mma'; ``attention_fp32``: fp32 attention under precision 'fp32':
       'tf32x3' (matrix units, fp32-accurate) or 'simt'; ``attention_backward``: 'auto' (the fused kernel where it
-      is faster), 'fused' or 'split' (the deterministic two-kernel backward).
+      is faster), 'fused' or 'split' (the deterministic two-kernel backward); ``attention_tf32``: fp32 attention
+      under precision 'tf32' / 'bf16': 'mma' (the mma.sync tf32 kernels) or 'wgmma' (the Hopper tf32 forward,
+      sm_90 only: an error elsewhere; its backward is the mma.sync one).
     - ``embedding_backward``: 'segments', 'runs' or 'pieces' (all bitwise deterministic); ``embedding_sort``:
       'auto' (Thrust eagerly, the radix argsort inside CUDA graphs) or 'radix' (the radix argsort always).
     - ``gemm``: the CUDA GEMM provider: 'auto' (blutensor's documented order: cublas, blublas, xp) or a registered
@@ -117,6 +121,7 @@ class ExecutionPolicy:
     embedding_sort: str = "auto"
     max_3xtf32_k: int = 4096
     compiler: str = "auto"
+    attention_tf32: str = "mma"
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():

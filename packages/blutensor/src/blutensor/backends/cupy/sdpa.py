@@ -9,6 +9,11 @@ sums are staged so that the matrix units' truncating accumulation does not grow 
 'bf16_wgmma' (kernels/sdpa_wgmma.cu, backends/cupy/sdpa_wgmma.py) is the Hopper (sm_90a) bf16 kernel: TMA loads,
 wgmma, producer/consumer warpgroups, fused or deterministic backward; policy ``attention='mma'``
 (``BLUTRAIN_SDPA_KERNEL=mma``) keeps 'bf16' there.
+'tf32_wgmma' (kernels/sdpa_wgmma_tf32.cu, backends/cupy/sdpa_wgmma_tf32.py) is the Hopper forward for fp32 tensors
+under matmul precision 'tf32'/'bf16' (wgmma .tf32, V read through a transposed scratch copy), with a deterministic
+Hopper backward at head dim 64 (:func:`backward_variant`: head dim 128 and ``attention_backward='fused'`` run the
+mma.sync 'tf32' backward on its lse). Opt-in: policy ``attention_tf32='wgmma'`` (``BLUTRAIN_SDPA_TF32=wgmma``, sm_90
+only, an error elsewhere); the default 'mma' keeps 'tf32'. Grouped-query attention runs 'tf32' for it.
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16_wgmma' on sm_90, else 'bf16'; fp32 tensors use 'tf32'
 when blutensor's matmul precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared
 memory fits, as PyTorch's own fp32 SDPA does; policy ``attention_fp32='simt'`` (``BLUTRAIN_SDPA_FP32=simt``) selects the
@@ -35,6 +40,7 @@ import numpy as np
 
 from blutensor.backends.cupy import _fallback
 from blutensor.backends.cupy import sdpa_wgmma as _wgmma
+from blutensor.backends.cupy import sdpa_wgmma_tf32 as _wgmma_tf32
 from blutensor.backends.cupy._loader import cupy, launch, smem_optin, suffix
 from blutensor.errors import ShapeError
 from blutensor.ops import nn_ops
@@ -151,6 +157,9 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     if variant == "bf16_wgmma":
         _wgmma.forward(q, k, v, o, lse, causal, scale)
         return o, lse
+    if variant == "tf32_wgmma":
+        _wgmma_tf32.forward(q, k, v, o, lse, causal, scale)
+        return o, lse
     if BH == 0 or L == 0:
         return o, lse
     file, tag, threads = _names(variant, hd)
@@ -179,6 +188,11 @@ def flash_attention_backward(
     if variant == "bf16_wgmma":
         dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
         _wgmma.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
+        return dq, dk, dv
+    variant = backward_variant(variant, hd)
+    if variant == "tf32_wgmma":
+        dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
+        _wgmma_tf32.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
         return dq, dk, dv
     fused = fused_backward(variant, hd)
     dq = cp.zeros_like(q) if fused else cp.empty_like(q)
@@ -222,6 +236,18 @@ def flash_attention_backward(
     return dq, dk, dv
 
 
+def backward_variant(variant: str, hd: int) -> str:
+    """The variant whose backward kernels run for ``variant``'s forward. 'tf32_wgmma': its own deterministic
+    backward at the head dims it has (sdpa_wgmma_tf32.BWD_HDS) unless :func:`fused_backward` takes the fused
+    mma.sync 'tf32' kernel (``attention_backward='fused'``); else the mma.sync 'tf32' backward (same lse
+    convention: it recomputes the probabilities from the Hopper forward's lse). Others: themselves."""
+    if variant != "tf32_wgmma":
+        return variant
+    if hd in _wgmma_tf32.BWD_HDS and not fused_backward("tf32", hd):
+        return "tf32_wgmma"
+    return "tf32"
+
+
 def _prepared(a, n: int, hd: int):
     """``a`` as a contiguous, 16-byte aligned (BH, n, hd) array (copied only when needed)."""
     cp = cupy()
@@ -258,8 +284,9 @@ def pick_variant(dtype, hd: int) -> str | None:
 
     bf16: 'bf16_wgmma' (kernels/sdpa_wgmma.cu: TMA, wgmma, warp specialisation) on sm_90 unless
     the policy's ``attention`` is 'mma', else the mma.sync 'bf16'.
-    fp32: 'tf32' under matmul precision 'tf32'/'bf16'; under 'fp32' 'tf32x3' on sm_80+ (``attention_fp32='simt'``:
-    the SIMT 'f32'); 'f32' wherever the matrix-unit kernels do not apply."""
+    fp32: 'tf32' under matmul precision 'tf32'/'bf16' ('tf32_wgmma', the Hopper forward, under the policy's
+    ``attention_tf32='wgmma'``: sm_90 only, a ValueError elsewhere); under 'fp32' 'tf32x3' on sm_80+
+    (``attention_fp32='simt'``: the SIMT 'f32'); 'f32' wherever the matrix-unit kernels do not apply."""
     if dtype == np.uint16:
         if hd in MMA_HD and _wgmma.available(hd, _compute_capability()):
             return "bf16_wgmma"
@@ -276,6 +303,8 @@ def pick_variant(dtype, hd: int) -> str | None:
         and _compute_capability() >= 80
         and _mma_smem(want, hd, "bwd") <= smem_optin()
     ):
+        if want == "tf32" and _wgmma_tf32.available(hd, _compute_capability()):
+            return "tf32_wgmma"  # its backward is the 'tf32' one, whose shared memory was checked
         return want
     return "f32" if hd in SIMT_HD else None
 
@@ -386,6 +415,9 @@ def qkv_attention_forward(qkv5, causal: bool, scale: float | None, variant: str)
     if variant == "bf16_wgmma":
         _wgmma.forward(q, k, v, o, lse, causal, scale)
         return o, lse
+    if variant == "tf32_wgmma":
+        _wgmma_tf32.forward(q, k, v, o, lse, causal, scale)
+        return o, lse
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
     file, tag, threads = _names(variant, hd)
     smem = 0 if variant == "f32" else _mma_smem(variant, hd, "fwd")
@@ -414,6 +446,10 @@ def qkv_attention_backward(qkv5, o, lse, do, causal: bool, scale: float | None, 
     _check_strided((("do", do), ("o", o)), variant)
     if variant == "bf16_wgmma":
         _wgmma.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
+        return dqkv
+    variant = backward_variant(variant, hd)
+    if variant == "tf32_wgmma":
+        _wgmma_tf32.backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale)
         return dqkv
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
     rows = B * H * T

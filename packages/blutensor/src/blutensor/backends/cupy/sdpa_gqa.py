@@ -194,6 +194,8 @@ def strided_variant(variant: str | None, dtype, hd: int) -> str | None:
 
     if variant == "bf16_wgmma" and _wgmma.kernel_setting() != "wgmma":
         variant = "bf16"
+    if variant == "tf32_wgmma":  # the Hopper tf32 forward is not run per member: grouped attention keeps 'tf32'
+        variant = "tf32"
     if variant is None or variant in STRIDED:
         return variant
     return "bf16" if np.dtype(dtype) == np.uint16 and hd in MMA_HD else None
