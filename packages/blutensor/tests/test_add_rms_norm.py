@@ -186,6 +186,8 @@ def _signatures() -> dict[str, list[str]]:
                 base = t.rstrip("*").strip()
                 types.append(sub.get(base, base) + ("*" if star else ""))
             out[m.group(1) + sub["SUF"]] = types
+    for m in re.finditer(r'extern "C" __global__ void (blu_add_rms_norm_\w+)\(([^)]*)\)', src):  # no macro
+        out[m.group(1)] = [" ".join(p.split()[:-1]).replace("const ", "") for p in m.group(2).split(",")]
     return out
 
 
@@ -212,6 +214,9 @@ def _emulate(name, args):
         S = part.shape[0]
         for s in range(S):
             part[s] = (_f(gy)[s::S] * _f(h)[s::S] * rstd[s::S, None]).sum(0)
+    elif name == "blu_add_rms_norm_backward_reduce_acc":  # dw (a float32 .grad buffer) += the sum
+        part, dw, S, C = args
+        dw += part[:S].sum(0)
     elif name.startswith("blu_add_rms_norm_backward_reduce_"):
         part, dw, S, C = args
         _put(dw, part[:S].sum(0))
@@ -296,6 +301,14 @@ def test_cuda_wrappers_route_data_through_the_kernels(fake_cuda, mix):
     assert not dw2.any()
     assert launched[:4] == [f"blu_add_rms_norm_forward_{mix}", f"blu_add_rms_norm_backward_{mix}",
                             f"blu_add_rms_norm_backward_dw_{sy}_{sh}", f"blu_add_rms_norm_backward_reduce_{sw}"]
+    buf = rng.standard_normal(C).astype(np.float32)  # a float32 .grad buffer: dw is added into it
+    before = buf.copy()
+    _, _, dw3 = dec.add_rms_norm_backward(gys, ghs, h, ws, rstd, xs.dtype, True, buf)
+    assert dw3 is buf and launched[-1] == "blu_add_rms_norm_backward_reduce_acc"
+    np.testing.assert_allclose(buf, before + DW, rtol=tol, atol=tol * 10)
+    _, _, dw4 = dec.add_rms_norm_backward(None, ghs, h, ws, rstd, xs.dtype, True, buf)  # no gradient of y: adds 0
+    assert dw4 is buf
+    np.testing.assert_allclose(buf, before + DW, rtol=tol, atol=tol * 10)
 
 
 # ------------------------------------------------ the fused kernels on the GPU

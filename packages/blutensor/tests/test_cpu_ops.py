@@ -98,6 +98,24 @@ def test_layer_norm_matches_reference(N, C, affine, needs):
     close((y1, *cpu_nn.LayerNormCpu.backward(c1, g)), (y2, *nn_ops.layer_norm_backward(c2, g.astype(np.float64))))
 
 
+@pytest.mark.parametrize("N,C,weight,needs", [(5, 128, True, (1, 1)), (70, 48, True, (0, 1)), (33, 19, False, (1, 0)),
+                                            (64, 384, True, (1, 0))])
+def test_rms_norm_matches_reference(N, C, weight, needs):
+    from blutensor.ops import decoder_ops
+
+    assert dispatch.resolve("rms_norm", "cpu", "float32").PLUGIN_NAME == "blutensor.cpu.rms_norm"
+    x = f32(N, C, scale=2.0) + 1.0
+    w = f32(C) if weight else None
+    c1, c2 = Ctx(), Ctx()
+    c1.needs = c2.needs = tuple(bool(v) for v in needs)
+    attrs = {"normalized_shape": (C,), "eps": 1e-5}
+    y1 = cpu_nn.RmsNormCpu.forward(c1, x, w, **attrs)
+    assert not getattr(c1, "ref", False)
+    y2 = decoder_ops.rms_norm_forward(c2, x.astype(np.float64), None if w is None else w.astype(np.float64), **attrs)
+    g = f32(N, C)
+    close((y1, *cpu_nn.RmsNormCpu.backward(c1, g)), (y2, *decoder_ops.rms_norm_backward(c2, g.astype(np.float64))))
+
+
 @pytest.mark.parametrize("N,C,reduction,ignore,ls", [(64, 1024, "mean", None, 0.0), (37, 50, "sum", 3, 0.0),
                                                       (20, 17, "none", 5, 0.1), (9, 300, "mean", 0, 0.2)])
 def test_cross_entropy_matches_reference(N, C, reduction, ignore, ls):

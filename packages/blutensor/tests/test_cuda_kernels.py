@@ -168,10 +168,10 @@ EXPECTED_ENTRIES = {
                       for d in (64, 128)],
     "cast.cu": ["blu_cast_f32_to_bf16", "blu_cast_bf16_to_f32"],
     "rms_norm.cu": [f"blu_rms_norm_{k}_{s}" for k in ("forward", "backward", "backward_dw", "backward_reduce")
-                    for s in ("f32", "bf16")],
+                    for s in ("f32", "bf16")] + ["blu_rms_norm_backward_reduce_acc"],
     # (its forward/backward entries come from nested macros, which _entries does not expand)
     "add_rms_norm.cu": [f"blu_add_rms_norm_backward_dw_{a}_{b}" for a in ("f32", "bf16") for b in ("f32", "bf16")]
-    + [f"blu_add_rms_norm_backward_reduce_{s}" for s in ("f32", "bf16")],
+    + [f"blu_add_rms_norm_backward_reduce_{s}" for s in ("f32", "bf16", "acc")],
     "rope.cu": [f"blu_rope_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
     "swiglu.cu": [f"blu_swiglu_{k}_{s}" for k in ("forward", "backward") for s in ("f32", "bf16")],
 }

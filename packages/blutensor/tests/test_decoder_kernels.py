@@ -166,6 +166,8 @@ def _signatures() -> dict[str, list[str]]:
             types = [" ".join(p.split()[:-1]).replace("const ", "") for p in m.group(2).split(",")]
             for sfx in ("f32", "bf16"):
                 out[m.group(1) + sfx] = types
+        for m in re.finditer(r'extern "C" __global__ void (blu_\w+)\(([^)]*)\)', src):  # entries outside macros
+            out[m.group(1)] = [" ".join(p.split()[:-1]).replace("const ", "") for p in m.group(2).split(",")]
     return out
 
 
@@ -194,6 +196,9 @@ def _emulate(name, args):
         S = part.shape[0]
         for s in range(S):
             part[s] = (f(g)[s::S] * f(x)[s::S] * rstd[s::S, None]).sum(0)
+    elif name == "blu_rms_norm_backward_reduce_acc":  # dw (a float32 .grad buffer) += the sum
+        part, dw, S, C = args
+        dw += part[:S].sum(0)
     elif base == "blu_rms_norm_backward_reduce":
         part, dw, S, C = args
         put(dw, part[:S].sum(0))
@@ -278,6 +283,17 @@ def test_cuda_wrappers_route_data_through_the_kernels(fake_cuda, storage):
     np.testing.assert_allclose(back(dx), rs * (gr * wr - xh * (gr * wr * xh).mean(-1, keepdims=True)),
                                atol=tol * 8, rtol=tol)
     np.testing.assert_allclose(back(dw), (gr * xh).sum((0, 1)), atol=tol * 40, rtol=tol)
+    buf = rng.standard_normal(40).astype(np.float32)  # the weight's float32 .grad buffer the engine offers
+    before = buf.copy()
+    ctx.grad_into, n0 = (None, buf), len(launched)
+    dx2, acc = dec.RmsNormCuda.backward(ctx, conv(g))  # dw added into buf by the accumulating reduction
+    ctx.grad_into = None
+    from blutensor.autograd.node import ACCUMULATED
+
+    assert acc is ACCUMULATED and launched[-1] == "blu_rms_norm_backward_reduce_acc"
+    del launched[n0:]  # the launch count below is that of the calls without a buffer
+    np.testing.assert_array_equal(dx2, dx)
+    np.testing.assert_allclose(buf, before + (gr * xh).sum((0, 1)), atol=tol * 40, rtol=tol)
     q = rng.standard_normal((2, 6, 3, 8))
     ang = rng.standard_normal((6, 4)).astype(np.float32)
     ctx = Ctx()

@@ -142,11 +142,29 @@ class MLP(nn.Module):
         return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 
 
+def _plain_norm(m) -> bool:
+    """``m`` is blutensor's own RMSNorm with its own forward (not wrapped by a logger, not replaced by a plugin's
+    layer): its add before it may be fused into ``F.add_rms_norm`` (same parameter, same values)."""
+    return type(m) is nn.RMSNorm and "forward" not in m.__dict__
+
+
+def _add_norm(a, x, norm):
+    """(x + a, norm(x + a)): one fused op (``F.add_rms_norm``: under autocast the normalised output comes out in
+    the GEMM dtype) when ``norm`` is a plain RMSNorm, else the add and the module's own call."""
+    if _plain_norm(norm):
+        return F.add_rms_norm(a, x, norm.normalized_shape, norm.weight, norm.eps)
+    h = x + a
+    return h, norm(h)
+
+
 class Block(nn.Module):
     """h = x + attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h)).
 
     The residual add after attention and the post-attention RMSNorm are one fused op (``F.add_rms_norm``: one
-    pass over the rows each way; under autocast the normalised output comes out bf16 for the MLP's GEMMs)."""
+    pass over the rows each way; under autocast the normalised output comes out bf16 for the MLP's GEMMs).
+    :meth:`sublayers` stops before the MLP's residual add, so that :class:`Llama` fuses that add with the next
+    block's input_layernorm (or the final norm); ``forward`` (the residual stream in, the block's output out: what
+    activation checkpointing, FSDP units and module wrappers call) adds it itself. Both give the same values."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
@@ -156,10 +174,21 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, device)
 
     def forward(self, x, cos, sin, cache=None, layer: int = 0):
-        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
-        norm = self.post_attention_layernorm
-        h, y = F.add_rms_norm(a, x, norm.normalized_shape, norm.weight, norm.eps)
-        return h + self.mlp(y)
+        h, m = self.sublayers(x, self.input_layernorm(x), cos, sin, cache, layer)
+        return h + m
+
+    def sublayers(self, x, y, cos, sin, cache=None, layer: int = 0):
+        """(h, m) for the residual stream ``x`` and ``y = input_layernorm(x)``: h = x + attn(y),
+        m = mlp(post_attention_layernorm(h)); the block's output is h + m (left to the caller, to fuse with the norm
+        that follows)."""
+        h, z = _add_norm(self.self_attn(y, cos, sin, cache, layer), x, self.post_attention_layernorm)
+        return h, self.mlp(z)
+
+
+def _fusable(blk) -> bool:
+    """The block may hand its MLP output on un-added (:meth:`Block.sublayers`): the family's own Block, not wrapped
+    (activation checkpointing, FSDP units, loggers replace ``forward`` or the module and return the sum)."""
+    return type(blk) is Block and "forward" not in blk.__dict__
 
 
 class Llama(nn.Module):
@@ -230,11 +259,9 @@ class Llama(nn.Module):
         x = self.embed_tokens(idx)
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
-        for i, blk in enumerate(self.layers):
-            x = blk(x, cos, sin, cache, i)
+        x = self._layers_and_norm(x, cos, sin, cache)
         if cache is not None:
             cache.advance(T)
-        x = self.norm(x)
         if targets is None:
             x = x[:, -1:, :]
         logits = F.linear(x, self.output_weight)
@@ -247,6 +274,27 @@ class Llama(nn.Module):
                 return None, loss
             loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
         return logits, loss
+
+    def _layers_and_norm(self, x, cos, sin, cache):
+        """norm(the blocks applied to x). Between two blocks the MLP's residual add and the next block's
+        input_layernorm run as one ``F.add_rms_norm`` (and the last block's with the final norm); the first block's
+        input_layernorm is a plain RMSNorm (no add before it). A wrapped block (checkpointing, FSDP) takes the
+        residual stream and returns its output whole."""
+        m = None  # the previous block's MLP output, not yet added into the residual stream x
+        for i, blk in enumerate(self.layers):
+            if not _fusable(blk):
+                if m is not None:
+                    x, m = x + m, None
+                x = blk(x, cos, sin, cache, i)
+                continue
+            if m is None:
+                y = blk.input_layernorm(x)
+            else:
+                x, y = _add_norm(m, x, blk.input_layernorm)
+            x, m = blk.sublayers(x, y, cos, sin, cache, i)
+        if m is None:
+            return self.norm(x)
+        return _add_norm(m, x, self.norm)[1]
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

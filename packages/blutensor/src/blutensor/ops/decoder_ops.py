@@ -8,7 +8,7 @@ fused CUDA kernels in ``blutensor.backends.cupy`` are checked against them. Math
 from __future__ import annotations
 
 from blutensor.errors import ShapeError
-from blutensor.ops._util import xp_of
+from blutensor.ops._util import into_grad, xp_of
 
 
 def rms_norm_forward(ctx, x, w=None, normalized_shape=(), eps=1e-6):
@@ -29,7 +29,8 @@ def rms_norm_forward(ctx, x, w=None, normalized_shape=(), eps=1e-6):
 
 
 def rms_norm_backward(ctx, g):
-    """dx = rstd * (g*w - xhat * mean(g*w*xhat)); dw = sum over rows of g * xhat."""
+    """dx = rstd * (g*w - xhat * mean(g*w*xhat)); dw = sum over rows of g * xhat, added into the leaf's float32
+    ``.grad`` buffer where the engine offers one (``ctx.grad_into``: the same one add the engine would make)."""
     xhat, rstd, w, axes = ctx.saved
     batch_axes = tuple(range(g.ndim - len(axes)))
     gw = (g * xhat).sum(axis=batch_axes).astype(g.dtype, copy=False) if len(ctx.needs) > 1 and ctx.needs[1] \
@@ -38,7 +39,7 @@ def rms_norm_backward(ctx, g):
     if ctx.needs[0]:
         gxh = g * w if w is not None else g
         gx = (rstd * (gxh - xhat * (gxh * xhat).mean(axis=axes, keepdims=True))).astype(g.dtype, copy=False)
-    return gx, gw
+    return gx, into_grad(ctx, 1, gw)
 
 
 def _check_rope(x, cos, sin):

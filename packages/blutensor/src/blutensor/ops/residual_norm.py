@@ -24,7 +24,9 @@ register-resident rows, kernels.c's ``blu_layer_norm_*``, ``nn_ops.layer_norm_*`
 the results of ``x + residual``, ``layer_norm`` (and autocast's cast of its output) in float32 and under autocast
 (with bf16 storage throughout, the addends' gradient is rounded to bf16 once, where the op-by-op path rounds
 twice); its weight and bias gradients are added into the float32 ``.grad`` buffers the engine offers
-(``GRAD_INTO``), as ``layer_norm``'s are.
+(``GRAD_INTO``), as ``layer_norm``'s are. ``add_rms_norm``'s weight gradient likewise (as ``rms_norm``'s); on the
+CPU its float32 kernels share ``rms_norm``'s row arithmetic (kernels.c), so there too the fused op gives bitwise
+the add then ``rms_norm``.
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ from blutensor.ops import decoder_ops as ref
 
 
 class _NormKernel:
-    """Backward of ``y``'s node (``add_rms_norm``): the whole fused backward (gradients of x, residual, weight)."""
+    """Backward of ``y``'s node (``add_rms_norm``): the whole fused backward (gradients of x, residual, weight); the
+    weight gradient goes into the float32 ``.grad`` buffer the engine offers (``GRAD_INTO``)."""
 
     RUN_WITHOUT_GRAD = True  # the gradient of h may have arrived alone (engine: apply even when grad is None)
+    GRAD_INTO = True
 
     @staticmethod
     def backward(ctx, gy):
+        from blutensor.ops._util import into_grad
+
         gh, ctx.gh = ctx.gh, None
         h2, w, rstd, path, x_dtype, shape = ctx.saved
         needs = ctx.needs
@@ -55,16 +61,24 @@ class _NormKernel:
             cp = decoder.cupy()
             gy = None if gy is None else cp.ascontiguousarray(gy)
             gh = None if gh is None else cp.ascontiguousarray(gh)
-            dres, dx, dw = decoder.add_rms_norm_backward(gy, gh, h2, w, rstd, x_dtype, bool(needs[2]))
+            into = tuple(getattr(ctx, "grad_into", None) or ()) + (None,) * 3
+            dwi = into[2].reshape(-1) if needs[2] and w is not None and into[2] is not None else None
+            dres, dx, dw = decoder.add_rms_norm_backward(gy, gh, h2, w, rstd, x_dtype, bool(needs[2]), dwi)
             dx = dres if dx is None else dx
+            if dwi is not None:
+                from blutensor.autograd.node import ACCUMULATED
+
+                dw = ACCUMULATED
         elif path == "c":
             from blutensor.backends.numpy import residual_norm as ck
 
             dres, dw = ck.backward(gy, gh, h2, w, rstd, bool(needs[2]))
             dx = dres
+            dw = into_grad(ctx, 2, dw)
         else:
             dres, dw = ref.add_rms_norm_rows_backward(gy, gh, h2, w, rstd, bool(needs[2]))
             dx = dres.astype(x_dtype, copy=False)
+            dw = into_grad(ctx, 2, dw)
         return (dx.reshape(shape) if needs[0] else None, dres.reshape(shape) if needs[1] else None,
                 dw if needs[2] else None)
 

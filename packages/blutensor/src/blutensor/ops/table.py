@@ -286,7 +286,8 @@ op("max_pool2d",    cv.max_pool2d_values_forward, cv.max_pool2d_backward)
 op("max_pool2d_indices", cv.max_pool2d_indices_forward)
 op("avg_pool2d",    cv.avg_pool2d_forward,  cv.avg_pool2d_backward)
 op("einsum",        cv.einsum_forward,      cv.einsum_backward)
-op("rms_norm",      dec.rms_norm_forward,   dec.rms_norm_backward, same_dtype=(0, 1), saves=(1,), dtypes=FLOAT)
+op("rms_norm",      dec.rms_norm_forward,   dec.rms_norm_backward, same_dtype=(0, 1), saves=(1,), dtypes=FLOAT,
+   grad_into=True)
 op("rope",          dec.rope_forward,       dec.rope_backward,     same_dtype=(1, 2), dtypes=FLOAT,
    api=api("x, cos, sin, transpose?=False", ROPE_DOC, floating=True))
 op("swiglu",        dec.swiglu_forward,     dec.swiglu_backward,   same_dtype=(0, 1), saves=(0, 1), dtypes=FLOAT,

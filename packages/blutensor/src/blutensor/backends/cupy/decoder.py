@@ -38,8 +38,10 @@ def rms_norm_forward(x2, w, eps: float):
     return y, rstd
 
 
-def rms_norm_backward(g2, x2, w, rstd, need_dx: bool, need_dw: bool):
-    """(dx, dw): dx per row, dw as fixed-order sums over DW_SLICES row slices (no atomics: deterministic)."""
+def rms_norm_backward(g2, x2, w, rstd, need_dx: bool, need_dw: bool, dw_into=None):
+    """(dx, dw): dx per row, dw as fixed-order sums over DW_SLICES row slices (no atomics: deterministic).
+    ``dw_into`` (float32 (C,), C-contiguous): the reduction adds the sum into it (a leaf's ``.grad`` buffer) and
+    returns it as dw."""
     cp = cupy()
     N, C = x2.shape
     sfx = suffix(x2)
@@ -52,20 +54,21 @@ def rms_norm_backward(g2, x2, w, rstd, need_dx: bool, need_dw: bool):
     if need_dw:
         S = max(1, min(DW_SLICES, N))
         part = cp.empty((S, C), dtype=cp.float32)
-        dw = cp.empty((C,), dtype=x2.dtype)
+        dw = cp.empty((C,), dtype=x2.dtype) if dw_into is None else dw_into
         cols = -(-C // _BLOCK)
         if N:
             launch("rms_norm.cu", f"blu_rms_norm_backward_dw_{sfx}", (cols, S), _BLOCK,
                    (g2, x2, rstd, part, np.int64(N), np.int32(C)))
-            launch("rms_norm.cu", f"blu_rms_norm_backward_reduce_{sfx}", cols, _BLOCK,
-                   (part, dw, np.int32(S), np.int32(C)))
-        else:
+            launch("rms_norm.cu", f"blu_rms_norm_backward_reduce_{sfx if dw_into is None else 'acc'}", cols,
+                   _BLOCK, (part, dw, np.int32(S), np.int32(C)))
+        elif dw_into is None:
             dw.fill(0)
     return dx, dw
 
 
 class RmsNormCuda(Kernel):
-    """rms_norm over the last dim on CUDA: one warp per row forward and backward, deterministic dweight."""
+    """rms_norm over the last dim on CUDA: one warp per row forward and backward, deterministic dweight, added by
+    the reduction into the float32 ``.grad`` buffer the engine offers (``GRAD_INTO``)."""
 
     PLUGIN_NAME = "blutensor.cuda.rms_norm"
     OP = "rms_norm"
@@ -75,6 +78,7 @@ class RmsNormCuda(Kernel):
     BF16_NATIVE = True
     SAVES = (0, 1)
     SAME_DTYPE = (0, 1)
+    GRAD_INTO = True
 
     @staticmethod
     def forward(ctx, x, w=None, normalized_shape=(), eps=1e-6):
@@ -99,7 +103,14 @@ class RmsNormCuda(Kernel):
         x2, w1, rstd, shape = ctx.saved
         needs = tuple(ctx.needs) + (False, False)
         g2 = cupy().ascontiguousarray(g).reshape(x2.shape)
-        dx, dw = rms_norm_backward(g2, x2, w1, rstd, bool(needs[0]), bool(needs[1]) and w1 is not None)
+        need_dw = bool(needs[1]) and w1 is not None
+        into = tuple(getattr(ctx, "grad_into", None) or ()) + (None, None)
+        dwi = into[1].reshape(-1) if need_dw and into[1] is not None else None
+        dx, dw = rms_norm_backward(g2, x2, w1, rstd, bool(needs[0]), need_dw, dwi)
+        if dwi is not None:
+            from blutensor.autograd.node import ACCUMULATED
+
+            dw = ACCUMULATED
         return (None if dx is None else dx.reshape(shape)), dw
 
 
@@ -140,10 +151,12 @@ def _reg_nv(x2, r2, y_dtype, w) -> int | None:
     return nv if nv is not None and ln.add_norm_aligned(x2, r2, w) else None
 
 
-def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool):
+def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool, dw_into=None):
     """(dres, dx, dw): the gradient of the sum in h's storage (dres) and, when x's storage differs, in x's (dx,
     else None: dres serves both); dw (w's storage) as fixed-order sums over DW_SLICES row slices, when asked.
-    ``gy2`` (gradient of y) and ``gh2`` (gradient reaching h) may each be None."""
+    ``gy2`` (gradient of y) and ``gh2`` (gradient reaching h) may each be None. ``dw_into`` (float32 (C,),
+    C-contiguous, whatever w's storage): the reduction adds the sum into it (a leaf's ``.grad`` buffer) and returns
+    it as dw."""
     cp = cupy()
     N, C = h2.shape
     y_dtype = np.float32 if gy2 is None else gy2.dtype
@@ -170,24 +183,26 @@ def add_rms_norm_backward(gy2, gh2, h2, w, rstd, x_dtype, need_dw: bool):
                shared_mem=smem)
         dw = None
         if want:
-            dw = cp.empty((C,), dtype=w.dtype)
-            ln.reduce_partials(part, nblocks, C, dw, None, _sfx(w.dtype))
+            dw = cp.empty((C,), dtype=w.dtype) if dw_into is None else dw_into
+            ln.reduce_partials(part, nblocks, C, dw, None, _sfx(w.dtype) if dw_into is None else "acc")
         return dres, dx, dw
     if N:
         launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_{tag}", _row_grid(N), _BLOCK,
                (ptr(gy2), ptr(gh2), h2, ptr(w), rstd, dres, ptr(dx), np.int64(N), np.int32(C)))
     dw = None
     if need_dw and w is not None:
-        dw = cp.empty((C,), dtype=w.dtype)
+        dw = cp.empty((C,), dtype=w.dtype) if dw_into is None else dw_into
         if gy2 is None or not N:
-            dw.fill(0)
+            if dw_into is None:
+                dw.fill(0)
         else:
             S = max(1, min(DW_SLICES, N))
             part = cp.empty((S, C), dtype=cp.float32)
             cols = -(-C // _BLOCK)
             launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_dw_{_sfx(gy2.dtype)}_{_sfx(h2.dtype)}", (cols, S),
                    _BLOCK, (gy2, h2, rstd, part, np.int64(N), np.int32(C)))
-            launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_reduce_{_sfx(w.dtype)}", cols, _BLOCK,
+            red = _sfx(w.dtype) if dw_into is None else "acc"
+            launch("add_rms_norm.cu", f"blu_add_rms_norm_backward_reduce_{red}", cols, _BLOCK,
                    (part, dw, np.int32(S), np.int32(C)))
     return dres, dx, dw
 

@@ -32,9 +32,9 @@ from blutensor.errors import DeviceError
 
 def kernel_classes() -> list[type]:
     """The CPU op kernel classes (importing them builds nothing: the library is built at the first call)."""
-    from blutensor.backends.numpy.nn import CrossEntropyCpu, EmbeddingCpu, GeluCpu, LayerNormCpu, SdpaCpu
+    from blutensor.backends.numpy.nn import CrossEntropyCpu, EmbeddingCpu, GeluCpu, LayerNormCpu, RmsNormCpu, SdpaCpu
 
-    return [GeluCpu, LayerNormCpu, CrossEntropyCpu, EmbeddingCpu, SdpaCpu]
+    return [GeluCpu, LayerNormCpu, CrossEntropyCpu, EmbeddingCpu, SdpaCpu, RmsNormCpu]
 
 
 def available() -> bool:

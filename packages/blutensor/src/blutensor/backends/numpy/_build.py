@@ -39,6 +39,8 @@ SIGNATURES = {
     "blu_gelu_tanh_backward": [_P, _P, _P, _L],
     "blu_layer_norm_forward": [_P, _P, _P, _P, _P, _P, _L, _L, _F],
     "blu_layer_norm_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L],
+    "blu_rms_norm_forward": [_P, _P, _P, _P, _L, _L, _F],
+    "blu_rms_norm_backward": [_P, _P, _P, _P, _P, _P, _P, _L, _L],
     "blu_add_rms_norm_forward": [_P, _P, _P, _P, _P, _P, _L, _L, _F],
     "blu_add_rms_norm_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _L, _L],
     "blu_add_layer_norm_forward": [_P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _F],

@@ -223,39 +223,103 @@ void blu_layer_norm_backward(const float *g, const float *x, const float *w, con
     if (want_p) ln_sum_partials(part, nblk, C, 1, dw, db);
 }
 
+/* ---------------------------------------------------------------- RMSNorm over the last dim */
+/* One row of RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps) (lane-split sum of squares), y = x * rstd * w (w may be
+ * NULL); shared by blu_rms_norm_forward and blu_add_rms_norm_forward, so the two agree bitwise. */
+static inline void rms_row(const float *xr, const float *w, float *yr, float *rstd, long C, float eps) {
+    float acc[LANES] = {0};
+    long j = 0;
+    for (; j + LANES <= C; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += xr[j + l] * xr[j + l];
+    float ss = lane_sum(acc);
+    for (; j < C; j++) ss += xr[j] * xr[j];
+    float rs = 1.0f / sqrtf(ss / (float)C + eps);
+    *rstd = rs;
+    if (w)
+        for (j = 0; j < C; j++) yr[j] = xr[j] * rs * w[j];
+    else
+        for (j = 0; j < C; j++) yr[j] = xr[j] * rs;
+}
+
+/* One row of RMSNorm's backward: o[j] += rstd * (gw - xhat * mean(gw * xhat)) (when o is not NULL), gw = g * w
+ * (w may be NULL), xhat = x * rstd; the row's dweight terms g * xhat added into pw (when want_p). Shared by
+ * blu_rms_norm_backward and blu_add_rms_norm_backward. */
+static inline void rms_row_backward(const float *gr, const float *xr, const float *w, float rs, float *o, float *pw,
+                                    int want_p, long C) {
+    long j;
+    if (o) {
+        float acc[LANES] = {0};
+        j = 0;
+        for (; j + LANES <= C; j += LANES)
+            for (int l = 0; l < LANES; l++)
+                acc[l] += (w ? gr[j + l] * w[j + l] : gr[j + l]) * xr[j + l] * rs;
+        float dot = lane_sum(acc);
+        for (; j < C; j++) dot += (w ? gr[j] * w[j] : gr[j]) * xr[j] * rs;
+        float m = dot / (float)C;
+        for (j = 0; j < C; j++) {
+            float gw = w ? gr[j] * w[j] : gr[j];
+            o[j] += rs * (gw - xr[j] * rs * m);
+        }
+    }
+    if (want_p)
+        for (j = 0; j < C; j++) pw[j] += gr[j] * xr[j] * rs;
+}
+
+/* dw[j] = the per-block partials part[nblk][C] summed over the blocks in order (zero when have_p = 0). */
+static void rms_sum_partials(const float *part, long nblk, long C, int have_p, float *dw) {
+#pragma omp parallel for schedule(static) if(nblk * C >= PAR_MIN)
+    for (long j = 0; j < C; j++) {
+        float sw = 0.0f;
+        if (have_p)
+            for (long k = 0; k < nblk; k++) sw += part[k * C + j];
+        dw[j] = sw;
+    }
+}
+
+void blu_rms_norm_forward(const float *x, const float *w, float *y, float *rstd, long N, long C, float eps) {
+#pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
+    for (long i = 0; i < N; i++) rms_row(x + i * C, w, y + i * C, rstd + i, C, eps);
+}
+
+/* gx (may be NULL) = rstd * (g*w - xhat * mean(g*w*xhat)), and per-block partials part[nblk][C] of dweight
+ * (g * xhat), then dw (may be NULL) summed over the blocks in order. */
+void blu_rms_norm_backward(const float *g, const float *x, const float *w, const float *rstd, float *gx,
+                           float *part, float *dw, long N, long C) {
+    long nblk = (N + LN_BLOCK - 1) / LN_BLOCK;
+    int want_p = dw != NULL;
+#pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
+    for (long k = 0; k < nblk; k++) {
+        float *pw = part + k * C;
+        if (want_p)
+            for (long j = 0; j < C; j++) pw[j] = 0.0f;
+        long r1 = (k + 1) * LN_BLOCK < N ? (k + 1) * LN_BLOCK : N;
+        for (long i = k * LN_BLOCK; i < r1; i++) {
+            float *o = gx ? gx + i * C : NULL;
+            if (o)
+                for (long j = 0; j < C; j++) o[j] = 0.0f;
+            rms_row_backward(g + i * C, x + i * C, w, rstd[i], o, pw, want_p, C);
+        }
+    }
+    if (dw) rms_sum_partials(part, nblk, C, want_p, dw);
+}
+
 /* ---------------------------------------------------------------- residual add + RMSNorm */
-/* h = x + r, rstd[i] = 1 / sqrt(mean(h^2) + eps), y = h * rstd * w (w may be NULL); one pass over each row. */
+/* h = x + r, then RMSNorm of h exactly as blu_rms_norm_forward computes it (rstd[i] = 1 / sqrt(mean(h^2) + eps),
+ * y = h * rstd * w; w may be NULL): the fused op's values are bitwise add + rms_norm's. */
 void blu_add_rms_norm_forward(const float *x, const float *r, const float *w, float *h, float *y, float *rstd,
                               long N, long C, float eps) {
 #pragma omp parallel for schedule(static) if(N * C >= PAR_MIN)
     for (long i = 0; i < N; i++) {
         const float *xr = x + i * C, *rr = r + i * C;
-        float *hr = h + i * C, *yr = y + i * C;
-        float acc[LANES] = {0};
-        long j = 0;
-        for (; j + LANES <= C; j += LANES)
-            for (int l = 0; l < LANES; l++) {
-                float v = xr[j + l] + rr[j + l];
-                hr[j + l] = v;
-                acc[l] += v * v;
-            }
-        float ss = lane_sum(acc);
-        for (; j < C; j++) {
-            float v = xr[j] + rr[j];
-            hr[j] = v;
-            ss += v * v;
-        }
-        float rs = 1.0f / sqrtf(ss / (float)C + eps);
-        rstd[i] = rs;
-        if (w)
-            for (j = 0; j < C; j++) yr[j] = hr[j] * rs * w[j];
-        else
-            for (j = 0; j < C; j++) yr[j] = hr[j] * rs;
+        float *hr = h + i * C;
+        for (long j = 0; j < C; j++) hr[j] = xr[j] + rr[j];
+        rms_row(hr, w, y + i * C, rstd + i, C, eps);
     }
 }
 
-/* dsum = rstd * (gy*w - hhat * mean(gy*w*hhat)) + gh, hhat = h * rstd (gy or gh may be NULL: no such gradient);
- * per-block partials part[nblk][C] of dweight (gy * hhat), then dw (may be NULL) summed over the blocks in order. */
+/* dsum = gh + rstd * (gy*w - hhat * mean(gy*w*hhat)), hhat = h * rstd, as blu_rms_norm_backward computes it
+ * followed by the add of gh (gy or gh may be NULL: no such gradient); per-block partials part[nblk][C] of dweight
+ * (gy * hhat), then dw (may be NULL) summed over the blocks in order. */
 void blu_add_rms_norm_backward(const float *gy, const float *gh, const float *h, const float *w, const float *rstd,
                                float *dsum, float *part, float *dw, long N, long C) {
     long nblk = (N + LN_BLOCK - 1) / LN_BLOCK;
@@ -267,36 +331,12 @@ void blu_add_rms_norm_backward(const float *gy, const float *gh, const float *h,
             for (long j = 0; j < C; j++) pw[j] = 0.0f;
         long r1 = (k + 1) * LN_BLOCK < N ? (k + 1) * LN_BLOCK : N;
         for (long i = k * LN_BLOCK; i < r1; i++) {
-            const float *hr = h + i * C;
-            float rs = rstd[i];
             float *o = dsum + i * C;
             for (long j = 0; j < C; j++) o[j] = gh ? gh[i * C + j] : 0.0f;
-            if (!gy) continue;
-            const float *gr = gy + i * C;
-            float acc[LANES] = {0};
-            long j = 0;
-            for (; j + LANES <= C; j += LANES)
-                for (int l = 0; l < LANES; l++)
-                    acc[l] += (w ? gr[j + l] * w[j + l] : gr[j + l]) * hr[j + l] * rs;
-            float dot = lane_sum(acc);
-            for (; j < C; j++) dot += (w ? gr[j] * w[j] : gr[j]) * hr[j] * rs;
-            float m = dot / (float)C;
-            for (j = 0; j < C; j++) {
-                float gw = w ? gr[j] * w[j] : gr[j];
-                o[j] += rs * (gw - hr[j] * rs * m);
-            }
-            if (want_p)
-                for (j = 0; j < C; j++) pw[j] += gr[j] * hr[j] * rs;
+            if (gy) rms_row_backward(gy + i * C, h + i * C, w, rstd[i], o, pw, want_p, C);
         }
     }
-    if (!dw) return;
-#pragma omp parallel for schedule(static) if(nblk * C >= PAR_MIN)
-    for (long j = 0; j < C; j++) {
-        float sw = 0.0f;
-        if (want_p)
-            for (long k = 0; k < nblk; k++) sw += part[k * C + j];
-        dw[j] = sw;
-    }
+    if (dw) rms_sum_partials(part, nblk, C, want_p, dw);
 }
 
 /* ---------------------------------------------------------------- softmax cross-entropy (class dim last) */

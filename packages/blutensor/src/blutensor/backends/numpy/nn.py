@@ -1,4 +1,4 @@
-"""CPU op kernel classes over kernels.c: gelu, layer_norm, cross_entropy, embedding, sdpa (float32).
+"""CPU op kernel classes over kernels.c: gelu, layer_norm, rms_norm, cross_entropy, embedding, sdpa (float32).
 
 Each class subclasses the built-in op's kernel (same dispatch flags), serves backend 'cpu' at PRIORITY 10 and
 runs the NumPy reference (the built-in op's kernel, ``blutensor.ops.nn_ops``; looked up at each call, so a tracer
@@ -117,6 +117,54 @@ class LayerNormCpu(OPS["layer_norm"]):
             None if gx is None else gx.ctypes.data, part.ctypes.data, None if dw is None else dw.ctypes.data,
             None if db is None else db.ctypes.data, N, C)
         return sum_pending(ctx, 0, gx), into_grad(ctx, 1, dw), into_grad(ctx, 2, db)
+
+
+class RmsNormCpu(OPS["rms_norm"]):
+    """RMSNorm over the last dim: x and rstd saved, dweight from fixed row blocks (added into the float32 ``.grad``
+    buffer the engine offers); the arithmetic of ``F.add_rms_norm``'s compiled kernels, so that the fused op's
+    values are bitwise add + rms_norm's."""
+
+    PLUGIN_NAME = "blutensor.cpu.rms_norm"
+    BACKEND = "cpu"
+    DTYPES = _DTYPES
+    PRIORITY = 10
+    SAVES = (0, 1)
+
+    @staticmethod
+    def forward(ctx, x, w=None, normalized_shape=(), eps=1e-6):
+        lib = _lib()
+        ns = tuple(normalized_shape)
+        C = x.shape[-1] if x.ndim else 0
+        if (lib is None or not _host(x, w) or len(ns) != 1 or ns[0] != C or x.dtype != _F32 or x.size == 0
+                or not _vec(w, C)):
+            ctx.ref = True
+            return OPS["rms_norm"].forward(ctx, x, w, normalized_shape=normalized_shape, eps=eps)
+        x = _c(x)
+        w = None if w is None else _c(w)
+        N = x.size // C
+        y = np.empty_like(x)
+        rstd = np.empty(N, _F32)
+        lib.blu_rms_norm_forward(x.ctypes.data, None if w is None else w.ctypes.data, y.ctypes.data,
+                                 rstd.ctypes.data, N, C, float(eps))
+        ctx.saved = (x, w, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        if _ref(ctx):
+            return OPS["rms_norm"].backward(ctx, g)
+        x, w, rstd = ctx.saved
+        needs = ctx.needs
+        C = x.shape[-1]
+        N = x.size // C
+        g = _c(g.astype(_F32, copy=False))
+        gx = np.empty_like(x) if needs[0] else None
+        dw = np.empty(C, _F32) if w is not None and len(needs) > 1 and needs[1] else None
+        part = np.empty(-(-N // 32) * C if dw is not None else 1, _F32)
+        _lib().blu_rms_norm_backward(
+            g.ctypes.data, x.ctypes.data, None if w is None else w.ctypes.data, rstd.ctypes.data,
+            None if gx is None else gx.ctypes.data, part.ctypes.data, None if dw is None else dw.ctypes.data, N, C)
+        return gx, into_grad(ctx, 1, dw)
 
 
 class CrossEntropyCpu(OPS["cross_entropy"]):

@@ -1,7 +1,8 @@
 """The compiled CPU kernels of ``F.add_rms_norm`` and ``F.add_layer_norm`` (kernels.c ``blu_add_rms_norm_*``,
 ``blu_add_layer_norm_*``, float32): the residual add and the norm in one pass over each row, the backward in one
 pass with the residual gradient added and dweight (and dbias) from fixed row blocks summed in order. LayerNorm's
-arithmetic is ``blu_layer_norm_*``'s: the fused op's results are bitwise add + layer_norm's. :func:`usable` says
+arithmetic is ``blu_layer_norm_*``'s and RMSNorm's ``blu_rms_norm_*``'s: the fused ops' results are bitwise add +
+layer_norm's and add + rms_norm's. :func:`usable` says
 when they serve a call (else the NumPy reference)."""
 
 from __future__ import annotations

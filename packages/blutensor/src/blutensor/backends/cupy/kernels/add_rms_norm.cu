@@ -58,6 +58,11 @@ ADD_RMS_DW(bf16_bf16, bf16_t, bf16_t)
 ADD_RMS_REDUCE(f32, float)
 ADD_RMS_REDUCE(bf16, bf16_t)
 
+// dw (a float32 gradient buffer, whatever w's storage: the partials are float32) += the slices' sum
+extern "C" __global__ void blu_add_rms_norm_backward_reduce_acc(const float* part, float* dw, int S, int C) {
+    rms_rows_backward_reduce<float, true>(part, dw, S, C);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Register-resident rows, one template for both norms (LN = true: LayerNorm, GPT-2's ln_1 / ln_2 / ln_f after a
 // residual add; LN = false: RMSNorm, the same without the mean and the bias: entries blu_add_rms_norm_*_r<NV>_* /

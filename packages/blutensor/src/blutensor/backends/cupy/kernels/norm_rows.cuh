@@ -101,14 +101,15 @@ __device__ void rms_rows_backward_dw(const TY* __restrict__ gy, const TH* __rest
     part[(long long)s * C + c] = acc;
 }
 
-// then dw[c] = the S slices added in a fixed order
-template <typename TW>
+// then dw[c] = the S slices added in a fixed order; ACC: dw[c] += that sum (a float32 gradient buffer that already
+// holds earlier contributions: no separate add kernel per parameter)
+template <typename TW, bool ACC = false>
 __device__ void rms_rows_backward_reduce(const float* __restrict__ part, TW* __restrict__ dw, int S, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float acc = 0.f;
     for (int s = 0; s < S; ++s) acc += part[(long long)s * C + c];
-    dw[c] = from_f<TW>(acc);
+    dw[c] = ACC ? from_f<TW>(to_f(dw[c]) + acc) : from_f<TW>(acc);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -28,3 +28,8 @@ extern "C" __global__ void blu_rms_norm_backward_reduce_##SUF(const float* part,
 
 RMS_ENTRIES(f32, float)
 RMS_ENTRIES(bf16, bf16_t)
+
+// dw (a float32 gradient buffer, for f32 and bf16 RMSNorm alike: the partials are float32) += the slices' sum
+extern "C" __global__ void blu_rms_norm_backward_reduce_acc(const float* part, float* dw, int S, int C) {
+    rms_rows_backward_reduce<float, true>(part, dw, S, C);
+}
