@@ -322,6 +322,18 @@ def torch_run(a, precision: str = "fp32") -> dict:
     return out
 
 
+def _gpu_name(framework: str) -> str:
+    """The device's name through the library the run already uses (PyTorch, or CuPy for BluTrain)."""
+    if framework == "torch":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    import cupy
+
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def child(a) -> None:
     try:
         if a.child == "blutrain":
@@ -335,6 +347,8 @@ def child(a) -> None:
             r = torch_run(a, a.precision)
         t = sorted(r["step_s"][r.get("timed_from", 1):] or r["step_s"])
         r["tokens_per_s"] = a.batch * a.seq / t[len(t) // 2]
+        if a.device == "cuda":
+            r["gpu"] = _gpu_name(a.child)
     except Exception as e:  # noqa: BLE001 - reported in the JSON, the other runs go on
         import traceback
 
@@ -457,20 +471,15 @@ def main() -> None:
         plan.append((case, name, fw, flags, c))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    gpu = "cpu (--tiny)"
-    if not a.tiny:
-        try:
-            import cupy
-
-            gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-        except Exception:  # noqa: BLE001
-            gpu = "unknown"
     results: dict = {}
     t_all = time.time()
 
     def write_doc() -> tuple[dict, dict]:
         """The results document, rewritten after every run (a later run's failure keeps the earlier ones)."""
         ratios, targets, loss_diff = _verdicts(results, a.layers_c, a.precision)
+        # the GPU as the runs saw it (this process never opens a CUDA context of its own beside theirs)
+        gpu = "cpu (--tiny)" if a.tiny else next((r["gpu"] for rs in results.values() for r in rs.values()
+                                                  if r.get("gpu")), "unknown")
         doc = {"command": "python3 benchmarks/memory_gpt2.py " + " ".join(sys.argv[1:]), "commit": commit,
                "gpu": gpu, "precision": a.precision,
                "cases": {k: next((c for cs, _, _, _, c in plan if cs == k), sizes_of[k]) for k in only},
