@@ -13,8 +13,10 @@ the (B, T, heads, 64) layout the projections give, rotated and written as attent
 bf16 autocast (bf16 sublayer output, fp32 residual stream and weight, bf16 normalised output).
 
 blutensor is called through its public functional API (``bt.nn.functional.rms_norm``, ``add_rms_norm``, ``rope``,
-``swiglu``; backward through ``bt.autograd.grad``): ``blutrain_ms`` is the op as called from Python (dispatch,
-autograd recording and allocation included), ``blutrain_kernel_ms`` the same call replayed from a CUDA graph
+``swiglu``) on activations (non-leaf tensors, as in a model); backward is the autograd engine's pass from the
+outputs stopped at the op's inputs (``bt.ext.run_backward`` with ``capture``: the gradients as the op hands them
+to the previous one). ``blutrain_ms`` is the op as called from Python (dispatch, autograd recording and
+allocation included), ``blutrain_kernel_ms`` the same call replayed from a CUDA graph
 (benchmarks/kernels/bench_memkern.py's timers: host launch gaps out; eager batches where the capture fails, listed
 in ``graph_errors``). PyTorch: ``torch.nn.functional.rms_norm``, the add then ``rms_norm`` (then the cast to bf16
 under the autocast mix), Hugging Face Llama's rotate-half RoPE (tables in the input's dtype) followed by the copy
@@ -89,6 +91,27 @@ class Ctx:
         if isinstance(t, self.torch.Tensor):
             return t.detach().float().cpu().numpy().astype(np.float64)
         return t.detach().to("cpu").to(self.bt.float32).numpy().astype(np.float64)
+
+    def raw(self, ref: np.ndarray, storage: str):
+        """The values ``ref`` as the raw storage array the engine passes between backward formulas: CuPy float32 or
+        bf16 bits on CUDA, a NumPy float32 or bfloat16 array on the CPU."""
+        bt = self.bt
+        a32 = np.ascontiguousarray(ref, dtype=np.float32)
+        if self.device == "cuda":
+            cp = mk._cp()
+            a = cp.asarray(a32)
+            return bt.ext.f32_to_bf16_bits(a, cp) if storage == "bf16" else a
+        t = bt.tensor(a32)
+        return (t.to(bt.bfloat16) if storage == "bf16" else t).numpy()
+
+    def host_raw(self, a) -> np.ndarray:
+        """A raw storage array (see :meth:`raw`) as float64 on the host."""
+        if self.device == "cuda":
+            cp = mk._cp()
+            if a.dtype == np.uint16:
+                a = self.bt.ext.bf16_bits_to_f32(a, cp)
+            return cp.asnumpy(a).astype(np.float64)
+        return np.asarray(a).astype(np.float64)
 
     def torch_in(self, ref: np.ndarray, storage: str, grad: bool = True):
         """A torch leaf holding exactly the values ``ref`` (float64 copies of what blutensor stores)."""
@@ -190,22 +213,34 @@ def _compiled(ctx: Ctx, fn):
 def _fwd_bwd_rows(ctx: Ctx, op: str, dtype: str, shape: str, bytes_fwd: int, bytes_bwd: int, blu_call, blu_inputs,
                   blu_grads, torch_call, torch_inputs, torch_grads, ref_fwd: dict, ref_bwd: dict, out_names,
                   in_names, st_out: dict, st_in: dict, label: str = "") -> None:
-    """The forward row and the backward row of one op and dtype: blutensor's ``blu_call(*blu_inputs)`` returns its
-    outputs (``out_names``); backward is ``bt.autograd.grad`` of them with ``blu_grads`` into ``blu_inputs``
-    (``in_names``); PyTorch's likewise, eager and compiled."""
+    """The forward row and the backward row of one op and dtype. blutensor: ``blu_call(*inputs)`` returns its
+    outputs (``out_names``), the inputs being activations as in a model (non-leaf tensors: clones of
+    ``blu_inputs``); its backward is the engine's pass from the outputs with ``blu_grads``, stopped at the inputs
+    (``bt.ext.run_backward`` with ``capture``: the gradients that would flow on to the previous op, ``in_names``,
+    as the op's backward hands them over, neither copied nor accumulated into a leaf). PyTorch:
+    ``torch.autograd.grad`` of ``torch_call(*torch_inputs)`` into its inputs, eager and compiled."""
     bt, torch = ctx.bt, ctx.torch
     sub = f" {label}" if label else ""
 
     def as_tuple(o):
         return o if isinstance(o, tuple) else (o,)
 
-    outs = as_tuple(blu_call(*blu_inputs))
+    ins = tuple(t.clone() for t in blu_inputs)
+    outs = as_tuple(blu_call(*ins))
     t_outs = as_tuple(torch_call(*torch_inputs))
-    row(ctx, f"{op}.fwd{sub} {dtype}", op, "fwd", dtype, shape, bytes_fwd, lambda: blu_call(*blu_inputs),
+    row(ctx, f"{op}.fwd{sub} {dtype}", op, "fwd", dtype, shape, bytes_fwd, lambda: blu_call(*ins),
         {k: ctx.host(o) for k, o in zip(out_names, outs)}, ref_fwd, st_out,
         lambda: torch_call(*torch_inputs), {k: ctx.host(o) for k, o in zip(out_names, t_outs)},
         (lambda c=_compiled(ctx, torch_call): c(*torch_inputs)) if ctx.compile else None)
-    grads = bt.autograd.grad(list(outs), list(blu_inputs), list(blu_grads), retain_graph=True)
+    nodes = [t.grad_fn for t in ins]
+    raw = [ctx.raw(ctx.host(g), "bf16" if g.dtype == bt.bfloat16 else "f32") for g in blu_grads]
+
+    def blu_bwd():
+        got = dict.fromkeys(nodes)
+        bt.ext.run_backward(list(outs), raw, retain_graph=True, capture=got)
+        return got
+
+    got = blu_bwd()
     t_grads = torch.autograd.grad(t_outs, torch_inputs, torch_grads, retain_graph=True)
     compile_bwd = None
     if ctx.compile:
@@ -214,9 +249,8 @@ def _fwd_bwd_rows(ctx: Ctx, op: str, dtype: str, shape: str, bytes_fwd: int, byt
         def compile_bwd(c_outs=c_outs):
             return torch.autograd.grad(c_outs, torch_inputs, torch_grads, retain_graph=True)
 
-    row(ctx, f"{op}.bwd{sub} {dtype}", op, "bwd", dtype, shape, bytes_bwd,
-        lambda: bt.autograd.grad(list(outs), list(blu_inputs), list(blu_grads), retain_graph=True),
-        {k: ctx.host(g) for k, g in zip(in_names, grads)}, ref_bwd, st_in,
+    row(ctx, f"{op}.bwd{sub} {dtype}", op, "bwd", dtype, shape, bytes_bwd, blu_bwd,
+        {k: ctx.host_raw(got[n]) for k, n in zip(in_names, nodes)}, ref_bwd, st_in,
         lambda: torch.autograd.grad(t_outs, torch_inputs, torch_grads, retain_graph=True),
         {k: ctx.host(g) for k, g in zip(in_names, t_grads)}, compile_bwd)
 
