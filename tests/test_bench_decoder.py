@@ -24,7 +24,7 @@ def _module():
     spec = importlib.util.spec_from_file_location("bench_decoder", BENCH)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.DOC.update(rows=[], errors=[], graph_errors=[])
+    mod.DOC.update(rows=[], errors=[], graph_errors=[], torch_graph_errors=[])
     return mod
 
 

@@ -21,7 +21,9 @@ allocation included), ``blutrain_kernel_ms`` the same call replayed from a CUDA 
 in ``graph_errors``). PyTorch: ``torch.nn.functional.rms_norm``, the add then ``rms_norm`` (then the cast to bf16
 under the autocast mix), Hugging Face Llama's rotate-half RoPE (tables in the input's dtype) followed by the copy
 into the (B, heads, T, 64) layout, and ``silu(gate) * up``; eagerly (``torch_ms``) and through ``torch.compile``
-(``compile_ms``), each timed in a CUDA graph where it captures (``*_graphed``). ``bytes``: what must cross HBM
+(``compile_ms``), each timed in a CUDA graph where it captures (``*_graphed``; a backward's graph holds only
+``torch.autograd.grad`` from outputs made on the capture stream beforehand: PyTorch runs a backward op on its
+forward's stream; a backward capture that fails is listed in ``torch_graph_errors``). ``bytes``: what must cross HBM
 (inputs read once, outputs written once); ``frac_copy_bw``: bytes / blutrain_kernel_ms against a 2 GiB device copy
 of the same run; ``speedup_vs_torch`` and ``speedup_vs_compile``: PyTorch's time / blutrain_kernel_ms.
 
@@ -62,7 +64,7 @@ ROPE_THETA = 500000.0
 #: (pass, output storage) -> tolerance on max |out - ref| / max |ref| (fp32 math in every kernel; a bf16 output
 #: carries its final rounding to bf16)
 TOL = {("fwd", "f32"): 1e-5, ("bwd", "f32"): 2e-5, ("fwd", "bf16"): 8e-3, ("bwd", "bf16"): 1.6e-2}
-DOC: dict = {"rows": [], "errors": [], "graph_errors": []}
+DOC: dict = {"rows": [], "errors": [], "graph_errors": [], "torch_graph_errors": []}
 
 
 # ------------------------------------------------------------------ devices: tensors and timers
@@ -128,9 +130,49 @@ class Ctx:
         return {"blutrain_ms": ms, "blutrain_kernel_ms": ms}
 
     def time_torch(self, fn) -> tuple[float, bool]:
+        """(median ms, whether timed in a CUDA graph) of a PyTorch call: ``fn()``, or for a backward a pair
+        (setup, bwd) timing ``bwd(setup())``'s bwd part only."""
+        if isinstance(fn, tuple):
+            return self._time_torch_bwd(*fn)
         if self.device == "cuda":
             return mk.time_torch(fn)
         return self._wall(fn), False
+
+    def _time_torch_bwd(self, setup, bwd, reps: int = 10) -> tuple[float, bool]:
+        """PyTorch runs each backward op on its forward's stream, so the forward (``setup()``) runs on the capture
+        stream, outside the graph, and the graph holds ``reps`` calls of ``bwd(outputs)``; eager batches where the
+        capture fails."""
+        if self.device != "cuda":
+            outs = setup()
+            return self._wall(lambda: bwd(outs)), False
+        torch = self.torch
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                outs = setup()
+                for _ in range(2):
+                    bwd(outs)
+            s.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(reps):
+                    bwd(outs)
+            g.replay()
+            ts = []
+            for _ in range(5):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                ts.append(a.elapsed_time(b) / reps)
+            return float(np.median(ts)), True
+        except Exception as e:  # noqa: BLE001 - recorded; eager batches instead
+            DOC["torch_graph_errors"].append(f"backward: {type(e).__name__}: {e}"[:300])
+            torch.cuda.synchronize()
+            outs = setup()
+            return mk.time_torch(lambda: bwd(outs), graph=False)
 
     def _wall(self, fn) -> float:
         fn()
@@ -242,17 +284,18 @@ def _fwd_bwd_rows(ctx: Ctx, op: str, dtype: str, shape: str, bytes_fwd: int, byt
 
     got = blu_bwd()
     t_grads = torch.autograd.grad(t_outs, torch_inputs, torch_grads, retain_graph=True)
+
+    def t_bwd(o):
+        return torch.autograd.grad(o, torch_inputs, torch_grads, retain_graph=True)
+
     compile_bwd = None
     if ctx.compile:
-        c_outs = as_tuple(_compiled(ctx, torch_call)(*torch_inputs))
-
-        def compile_bwd(c_outs=c_outs):
-            return torch.autograd.grad(c_outs, torch_inputs, torch_grads, retain_graph=True)
-
+        compiled = _compiled(ctx, torch_call)
+        compile_bwd = (lambda: as_tuple(compiled(*torch_inputs)), t_bwd)
     row(ctx, f"{op}.bwd{sub} {dtype}", op, "bwd", dtype, shape, bytes_bwd, blu_bwd,
         {k: ctx.host_raw(got[n]) for k, n in zip(in_names, nodes)}, ref_bwd, st_in,
-        lambda: torch.autograd.grad(t_outs, torch_inputs, torch_grads, retain_graph=True),
-        {k: ctx.host(g) for k, g in zip(in_names, t_grads)}, compile_bwd)
+        (lambda: as_tuple(torch_call(*torch_inputs)), t_bwd), {k: ctx.host(g) for k, g in zip(in_names, t_grads)},
+        compile_bwd)
 
 
 # ------------------------------------------------------------------ the four families
