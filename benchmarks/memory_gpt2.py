@@ -334,6 +334,19 @@ def _gpu_name(framework: str) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def _no_gpu_reason() -> str:
+    """Why the GPU runs cannot run here ('' when they can), found without opening a CUDA context in this process."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        return "BluTrain's runs need CuPy (pip install 'packages/blutensor[cuda13]')"
+    try:
+        import torch
+    except ImportError:
+        return "the PyTorch runs need torch"
+    return "" if torch.cuda.is_available() else "PyTorch sees no CUDA device"
+
+
 def child(a) -> None:
     try:
         if a.child == "blutrain":
@@ -446,6 +459,8 @@ def main() -> None:
                 f"choose from {sorted(names)}")
     if a.steps < 0:
         p.error(f"--steps must be positive, got {a.steps}")
+    if not a.tiny and (why := _no_gpu_reason()):
+        p.error(f"{why}; --tiny runs the same plumbing with toy sizes on the CPU")
     sizes_of = TINY if a.tiny else CASES
     plan = []
     for case, name, fw, flags in runs_all:

@@ -96,3 +96,13 @@ def test_ratios_loss_differences_and_the_bf16_target():
     results["b"]["blutrain"]["tokens_per_s"] = 210.0
     assert not mod._verdicts(results, 80, "bf16")[1][key]["met"]  # 1.05x is below the bound
     assert key not in mod._verdicts(results, 80, "fp32")[1]  # the fp32 targets are against PyTorch eager
+
+
+def test_gpu_runs_without_a_gpu_are_refused_with_the_cpu_alternative(tmp_path):
+    if not _module()._no_gpu_reason():
+        pytest.skip("a GPU is present")
+    p = subprocess.run([sys.executable, str(BENCH), "--only", "b", "--precision", "bf16", "--out",
+                        str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--tiny runs the same plumbing" in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "x.json").exists()
+
