@@ -87,38 +87,40 @@ def grid(rows: int, BH: int) -> int:
     return max(1, min(math.ceil(rows / FWD_ROWS) * BH, num_sms()))
 
 
-def _view4(a, name: str):
-    """(ptr, n, H, B, (st, sh, sb) element strides) of ``a``: (BH, n, HD) contiguous or a (B, n, H, HD) view."""
+def _view4(a, name: str, kind: str = "wgmma"):
+    """(ptr, n, H, B, (st, sh, sb) element strides) of ``a``: (BH, n, HD) contiguous or a (B, n, H, HD) view.
+    ``kind`` names the kernel family in errors (the tf32 Hopper kernels share this layout)."""
     es = a.itemsize
     if any(s % es for s in a.strides):
-        raise ShapeError(f"flash attention (wgmma): {name} strides {a.strides} are not whole elements")
+        raise ShapeError(f"flash attention ({kind}): {name} strides {a.strides} are not whole elements")
     if a.ndim == 3:
         BH, n, hd = a.shape
         sbh, st, sd = (s // es for s in a.strides)
         if sd != 1:
-            raise ShapeError(f"flash attention (wgmma): {name}'s head dim must be contiguous")
+            raise ShapeError(f"flash attention ({kind}): {name}'s head dim must be contiguous")
         return a.data.ptr, n, 1, BH, (st, st * max(n, 1), sbh)
     if a.ndim == 4:
         B, n, H, hd = a.shape
         sb, st, sh, sd = (s // es for s in a.strides)
         if sd != 1:
-            raise ShapeError(f"flash attention (wgmma): {name}'s head dim must be contiguous")
+            raise ShapeError(f"flash attention ({kind}): {name}'s head dim must be contiguous")
         return a.data.ptr, n, H, B, (st, sh, sb)
-    raise ShapeError(f"flash attention (wgmma): {name} must be (BH, n, HD) or (B, n, H, HD), got {a.shape}")
+    raise ShapeError(f"flash attention ({kind}): {name} must be (BH, n, HD) or (B, n, H, HD), got {a.shape}")
 
 
-def tmap(a, name: str, box_rows: int):
-    """The tensor map of ``a`` (bf16, see _view4) with boxes of 64 head-dim elements x ``box_rows`` rows."""
-    ptr, n, H, B, (st, sh, sb) = _view4(a, name)
+def tmap(a, name: str, box_rows: int, kind: str = "wgmma"):
+    """The tensor map of ``a`` (see _view4) with boxes of 128 bytes of head dim (64 bf16 or 32 fp32 elements, the
+    swizzle span) x ``box_rows`` rows."""
+    ptr, n, H, B, (st, sh, sb) = _view4(a, name, kind)
     hd = a.shape[-1]
     es = a.itemsize
-    spec = tma.tensor_spec(ptr, es, (hd, n, H, B), (st * es, sh * es, sb * es), (64, box_rows, 1, 1))
-    return tma.encode(spec, f"flash attention (wgmma) {name}")
+    spec = tma.tensor_spec(ptr, es, (hd, n, H, B), (st * es, sh * es, sb * es), (128 // es, box_rows, 1, 1))
+    return tma.encode(spec, f"flash attention ({kind}) {name}")
 
 
-def _out_lay(a) -> tuple:
-    """(H, sb, sh, st) kernel arguments of an output written like ``a`` (see _view4)."""
-    _, _, H, _, (st, sh, sb) = _view4(a, "output")
+def _out_lay(a, kind: str = "wgmma") -> tuple:
+    """(H, sb, sh, st) kernel arguments of an array read or written like ``a`` (see _view4)."""
+    _, _, H, _, (st, sh, sb) = _view4(a, "output", kind)
     return (np.int32(H), np.int64(sb), np.int64(sh), np.int32(st))
 
 

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from blutensor.backends.cupy import sdpa_wgmma as _wg
 from blutensor.backends.cupy import tma
 from blutensor.backends.cupy._loader import cupy, launch, num_sms
 from blutensor.errors import ShapeError
@@ -79,37 +80,19 @@ def bwd_smem(hd: int, dkdv: bool) -> int:
     return 1024 + 2 * own + st * (4 if dkdv else 3) * tile + 8 * (2 + 2 * st)
 
 
-def grid(rows: int, BH: int) -> int:
-    """CTAs of a persistent launch over ceil(rows / 128) x BH work tiles: at most one per multiprocessor."""
-    return max(1, min(math.ceil(rows / FWD_ROWS) * BH, num_sms()))
+#: the dense / strided layouts, tensor maps and persistent grid are the bf16 Hopper kernels' (sdpa_wgmma.py)
+KIND = "tf32 wgmma"
+grid = _wg.grid
 
 
 def _view4(a, name: str):
-    """(ptr, n, H, B, (st, sh, sb) element strides) of ``a``: (BH, n, HD) contiguous or a (B, n, H, HD) view."""
-    es = a.itemsize
-    if any(s % es for s in a.strides):
-        raise ShapeError(f"flash attention (tf32 wgmma): {name} strides {a.strides} are not whole elements")
-    if a.ndim == 3:
-        BH, n, _ = a.shape
-        sbh, st, sd = (s // es for s in a.strides)
-        if sd != 1:
-            raise ShapeError(f"flash attention (tf32 wgmma): {name}'s head dim must be contiguous")
-        return a.data.ptr, n, 1, BH, (st, st * max(n, 1), sbh)
-    if a.ndim == 4:
-        B, n, H, _ = a.shape
-        sb, st, sh, sd = (s // es for s in a.strides)
-        if sd != 1:
-            raise ShapeError(f"flash attention (tf32 wgmma): {name}'s head dim must be contiguous")
-        return a.data.ptr, n, H, B, (st, sh, sb)
-    raise ShapeError(f"flash attention (tf32 wgmma): {name} must be (BH, n, HD) or (B, n, H, HD), got {a.shape}")
+    """(ptr, n, H, B, (st, sh, sb) element strides) of ``a`` (sdpa_wgmma._view4)."""
+    return _wg._view4(a, name, KIND)
 
 
 def tmap(a, name: str, box_rows: int):
-    """The tensor map of ``a`` (fp32, see _view4) with boxes of 32 head-dim elements x ``box_rows`` rows."""
-    ptr, n, H, B, (st, sh, sb) = _view4(a, name)
-    hd = a.shape[-1]
-    spec = tma.tensor_spec(ptr, 4, (hd, n, H, B), (st * 4, sh * 4, sb * 4), (BOX, box_rows, 1, 1))
-    return tma.encode(spec, f"flash attention (tf32 wgmma) {name}")
+    """The tensor map of ``a`` (fp32) with boxes of 32 head-dim elements x ``box_rows`` rows (sdpa_wgmma.tmap)."""
+    return _wg.tmap(a, name, box_rows, KIND)
 
 
 def vt_tmap(vt, H: int):
@@ -126,9 +109,8 @@ def padded_keys(S: int) -> int:
 
 
 def _lay(a) -> tuple:
-    """(H, sb, sh, st) kernel arguments of an array read or written like ``a`` (see _view4)."""
-    _, _, H, _, (st, sh, sb) = _view4(a, "output")
-    return (np.int32(H), np.int64(sb), np.int64(sh), np.int32(st))
+    """(H, sb, sh, st) kernel arguments of an array read or written like ``a`` (sdpa_wgmma._out_lay)."""
+    return _wg._out_lay(a, KIND)
 
 
 def _check(arrays, hd: int):
