@@ -170,7 +170,7 @@ EXPECTED_ENTRIES = {
     "sdpa_wgmma_tf32.cu": [f"blu_sdpa_wgmma_tf32_hd{d}_{k}" for k in ("fwd", "transpose", "preprocess")
                            for d in (64, 128)]
     + ["blu_sdpa_wgmma_tf32_hd64_bwd_dkdv", "blu_sdpa_wgmma_tf32_hd64_bwd_dq"],
-    "cast.cu": ["blu_cast_f32_to_bf16", "blu_cast_bf16_to_f32"],
+    "cast.cu": ["blu_cast_f32_to_bf16", "blu_cast_bf16_to_f32", "blu_add_bf16_forward", "blu_sum_slices_bf16_forward"],
     "rms_norm.cu": [f"blu_rms_norm_{k}_{s}" for k in ("forward", "backward", "backward_dw", "backward_reduce")
                     for s in ("f32", "bf16")] + ["blu_rms_norm_backward_reduce_acc"],
     # (its forward/backward entries come from nested macros, which _entries does not expand)

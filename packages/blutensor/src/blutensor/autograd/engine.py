@@ -244,11 +244,10 @@ def _sum(a, b):
     """a + b for gradient arrays; bfloat16 kept as raw uint16 bits (CUDA) is added in float32."""
     if a.dtype != np.uint16:
         return a + b
-    from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
+    from blutensor.backends import bf16_add
     from blutensor.ops._util import xp_of
 
-    xp = xp_of(a)
-    return f32_to_bf16_bits(bf16_bits_to_f32(a, xp) + bf16_bits_to_f32(b, xp), xp)
+    return bf16_add(a, b, xp_of(a))
 
 
 def _set_grad(t, g, Tensor) -> None:

@@ -184,14 +184,31 @@ def is_cuda_array(arr) -> bool:
 
 
 # ---- bfloat16 as raw 16-bit storage: exact widening and round-to-nearest-even narrowing ----
+# On CuPy arrays each runs as one kernel of kernels/cast.cu (CuPy's integer-op chain is ~10 launches a narrowing);
+# elsewhere (NumPy, a provider's arrays) as the integer ops below.
+
+def _cuda_casts(xp):
+    """backends/cupy/cast.py when ``xp`` is CuPy itself, else None."""
+    if getattr(xp, "__name__", None) != "cupy":
+        return None
+    from blutensor.backends.cupy import cast
+
+    return cast
+
 
 def bf16_bits_to_f32(bits, xp):
     """uint16 bfloat16 bits -> float32 values (exact)."""
+    k = _cuda_casts(xp)
+    if k is not None:
+        return k.to_f32(bits)
     return (bits.astype(xp.uint32) << 16).view(xp.float32)
 
 
 def f32_to_bf16_bits(x, xp):
     """float32 values -> uint16 bfloat16 bits, rounding to nearest even (NaN kept NaN)."""
+    k = _cuda_casts(xp)
+    if k is not None:
+        return k.to_bf16(xp.asarray(x, dtype=xp.float32))
     u = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
     rounded = (u + xp.uint32(0x7FFF) + ((u >> 16) & xp.uint32(1))) >> 16
     nan = (u & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
@@ -199,10 +216,29 @@ def f32_to_bf16_bits(x, xp):
     return out.astype(xp.uint16)
 
 
+def bf16_add(a, b, xp):
+    """bfloat16 bits ``a`` + ``b`` (one shape) added in float32, rounded to nearest even: one kernel on CuPy."""
+    k = _cuda_casts(xp)
+    if k is not None:
+        return k.add_bf16(a, b)
+    return f32_to_bf16_bits(bf16_bits_to_f32(a, xp) + bf16_bits_to_f32(b, xp), xp)
+
+
+def bf16_sum0(parts, xp):
+    """bfloat16 bits (G, ...) summed over axis 0 in float32, rounded to nearest even: one kernel on CuPy."""
+    k = _cuda_casts(xp)
+    if k is not None:
+        return k.sum_slices_bf16(parts)
+    acc = bf16_bits_to_f32(parts[0], xp) if len(parts) else xp.zeros(parts.shape[1:], dtype=xp.float32)
+    for g in range(1, len(parts)):
+        acc = acc + bf16_bits_to_f32(parts[g], xp)  # in order, as the kernel adds them
+    return f32_to_bf16_bits(acc, xp)
+
+
 from blutensor.backends import cupy, numpy  # noqa: E402  (the built-in backends; neither imports CuPy here)
 from blutensor.backends.cupy import CupyBackend, cupy_module  # noqa: E402
 from blutensor.backends.flags import cuda  # noqa: E402  (PyTorch's bt.backends.cuda.matmul.allow_tf32)
 from blutensor.backends.numpy import NumpyBackend  # noqa: E402
 
-__all__ = ["Backend", "CupyBackend", "NumpyBackend", "array_module", "bf16_bits_to_f32", "cuda", "cupy",
-           "f32_to_bf16_bits", "for_array", "get", "is_cuda_array", "names", "numpy", "xp_of"]
+__all__ = ["Backend", "CupyBackend", "NumpyBackend", "array_module", "bf16_add", "bf16_bits_to_f32", "bf16_sum0",
+           "cuda", "cupy", "f32_to_bf16_bits", "for_array", "get", "is_cuda_array", "names", "numpy", "xp_of"]

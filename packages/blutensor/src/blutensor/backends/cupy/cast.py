@@ -37,6 +37,31 @@ def to_f32(x):
     return y
 
 
+def add_bf16(a, b):
+    """bf16 bits ``a`` + ``b`` (one shape) -> a new bf16 array: added in float32, rounded to nearest even, one pass."""
+    cp = cupy()
+    a, b = cp.ascontiguousarray(a), cp.ascontiguousarray(b)
+    out = cp.empty(a.shape, dtype=cp.uint16)
+    if a.size:
+        launch(FILE, "blu_add_bf16_forward", _grid(a.size), 256, (a, b, out, np.int64(a.size),
+                                                                   np.int32(aligned16(a, b, out))))
+    return out
+
+
+def sum_slices_bf16(parts):
+    """bf16 bits (G, ...) -> their sum over axis 0 (...), the G slices added in order in float32, one pass."""
+    cp = cupy()
+    parts = cp.ascontiguousarray(parts)
+    if parts.shape[0] == 0:
+        return cp.zeros(parts.shape[1:], dtype=cp.uint16)
+    out = cp.empty(parts.shape[1:], dtype=cp.uint16)
+    n = out.size
+    if n:
+        launch(FILE, "blu_sum_slices_bf16_forward", _grid(n), 256,
+               (parts, out, np.int32(parts.shape[0]), np.int64(n), np.int32(aligned16(parts, out) and n % 8 == 0)))
+    return out
+
+
 #: each packed bf16 copy starts on a multiple of this many elements (128 bytes: GEMM-friendly alignment)
 PACK_ALIGN = 64
 #: elements per block of the multi-tensor cast

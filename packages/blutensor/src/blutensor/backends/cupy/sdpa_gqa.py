@@ -56,9 +56,9 @@ def _heads_last(a):
 def _sum_members(parts, cp):
     """The sum over axis 0 of the members' dK or dV slices, accumulated in fp32 (bf16 storage stays bf16)."""
     if parts.dtype == np.uint16:
-        from blutensor.backends import bf16_bits_to_f32, f32_to_bf16_bits
+        from blutensor.backends import bf16_sum0
 
-        return f32_to_bf16_bits(bf16_bits_to_f32(parts, cp).sum(0), cp)
+        return bf16_sum0(parts, cp)
     return parts.sum(0)
 
 

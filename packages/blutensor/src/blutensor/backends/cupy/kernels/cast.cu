@@ -116,3 +116,55 @@ extern "C" __global__ void blu_add_bf16_widen_forward(const float* __restrict__ 
     }
     for (long long i = done + tid; i < n; i += nth) out[i] = x[i] + to_f(y[i]);
 }
+
+// out = bf16(widen(a) + widen(b)), same shape: two bfloat16 gradients of one tensor (its consumers' contributions,
+// summed by the autograd engine) added in float32 and rounded to nearest even in one pass, instead of two widenings,
+// a float32 add and a narrowing.
+extern "C" __global__ void blu_add_bf16_forward(const bf16_t* __restrict__ a, const bf16_t* __restrict__ b,
+                                                bf16_t* __restrict__ out, long long n, int vec) {
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long nth = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (vec) {
+        const long long nv = n / 8;
+        for (long long i = tid; i < nv; i += nth) {
+            float x[8], y[8];
+            load_vec(a + i * 8, x);
+            load_vec(b + i * 8, y);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] += y[k];
+            store_vec(out + i * 8, x);
+        }
+        done = nv * 8;
+    }
+    for (long long i = done + tid; i < n; i += nth) out[i] = from_f<bf16_t>(to_f(a[i]) + to_f(b[i]));
+}
+
+// out[i] = bf16(sum over g < G of widen(parts[g * n + i])), the slices added in order in float32: the G slices of
+// grouped-query attention's dK or dV (one per query head of a group) reduced to the key/value heads' gradient in
+// one pass. vec: every slice starts on a 16-byte boundary (parts and out aligned, n a multiple of 8).
+extern "C" __global__ void blu_sum_slices_bf16_forward(const bf16_t* __restrict__ parts, bf16_t* __restrict__ out,
+                                                       int G, long long n, int vec) {
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long nth = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (vec) {
+        const long long nv = n / 8;
+        for (long long i = tid; i < nv; i += nth) {
+            float s[8], y[8];
+            load_vec(parts + i * 8, s);
+            for (int g = 1; g < G; ++g) {
+                load_vec(parts + g * n + i * 8, y);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) s[k] += y[k];
+            }
+            store_vec(out + i * 8, s);
+        }
+        done = nv * 8;
+    }
+    for (long long i = done + tid; i < n; i += nth) {
+        float s = to_f(parts[i]);
+        for (int g = 1; g < G; ++g) s += to_f(parts[g * n + i]);
+        out[i] = from_f<bf16_t>(s);
+    }
+}
