@@ -16,8 +16,8 @@ Every variant runs in its own subprocess (torch.compile caches, device memory) f
 model) and the same batches (bytes of the Python standard library's source as tokens). Reported per variant:
 tokens/s (median of the timed steps), step ms, peak memory, per-step losses; ratios BluTrain / PyTorch come from
 this one run. BluTrain's row is the Trainer's step (blumodels.step.TrainStep), captured in a CUDA graph after two
-eager steps; ``blutrain_bf16_gqa_wgmma`` is the same step with grouped-query attention on the Hopper kernels (the
-policy's ``attention = 'wgmma'``; the default keeps mma.sync for it). The curve run (``--curve-steps``, default
+eager steps (on sm_90 grouped-query attention runs the Hopper kernels); ``blutrain_bf16_gqa_mma`` is the same step
+with it on the mma.sync kernels (the policy's ``attention = 'mma'``). The curve run (``--curve-steps``, default
 500, on ``--curve-preset`` llama-125m at 8x1024 so that it fits beside the rest) compares the mean loss of the
 last 100 steps of BluTrain (captured) and PyTorch eager, beside
 the same difference between PyTorch eager and PyTorch itself (``--curve-floor``: eager with every step's gradients
@@ -296,7 +296,7 @@ def child(a) -> None:
 
 
 #: (name, framework, extra child flags)
-RUNS = [("blutrain_bf16", "blutrain", []), ("blutrain_bf16_gqa_wgmma", "blutrain", ["--attention", "wgmma"]),
+RUNS = [("blutrain_bf16", "blutrain", []), ("blutrain_bf16_gqa_mma", "blutrain", ["--attention", "mma"]),
         ("torch_eager_bf16", "torch", []), ("torch_compile_bf16", "torch", ["--compile"]),
         ("generate", "generate", [])]
 
@@ -432,9 +432,9 @@ def main() -> None:
     for ref in ("torch_eager_bf16", "torch_compile_bf16"):
         if "tokens_per_s" in ours and "tokens_per_s" in runs.get(ref, {}):
             res[f"speedup_vs_{ref}"] = ours["tokens_per_s"] / runs[ref]["tokens_per_s"]
-        hop = runs.get("blutrain_bf16_gqa_wgmma", {})
-        if "tokens_per_s" in hop and "tokens_per_s" in runs.get(ref, {}):  # grouped attention on the Hopper kernels
-            res[f"gqa_wgmma_speedup_vs_{ref}"] = hop["tokens_per_s"] / runs[ref]["tokens_per_s"]
+        mma = runs.get("blutrain_bf16_gqa_mma", {})
+        if "tokens_per_s" in mma and "tokens_per_s" in runs.get(ref, {}):  # grouped attention on mma.sync
+            res[f"gqa_mma_speedup_vs_{ref}"] = mma["tokens_per_s"] / runs[ref]["tokens_per_s"]
     if "losses" in ours and "losses" in runs.get("torch_eager_bf16", {}):
         res["max_loss_diff_vs_torch_eager"] = float(np.max(np.abs(np.subtract(ours["losses"],
                                                                              runs["torch_eager_bf16"]["losses"]))))

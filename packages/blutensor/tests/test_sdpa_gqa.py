@@ -194,9 +194,7 @@ def test_hopper_gqa_runs_each_group_member_on_kv_in_place(monkeypatch, B, Hq, Hk
 def test_variants_without_strided_entries_run_mma():
     from blutensor.backends.cupy.sdpa_gqa import strided_variant
 
-    assert strided_variant("bf16_wgmma", np.uint16, 64) == "bf16"  # 'auto': grouped attention stays on mma.sync
-    with bt.policy.scope(attention="wgmma"):
-        assert strided_variant("bf16_wgmma", np.uint16, 64) == "bf16_wgmma"  # the Hopper kernel, member by member
+    assert strided_variant("bf16_wgmma", np.uint16, 64) == "bf16_wgmma"  # the Hopper kernel, member by member
     assert strided_variant("tf32x3", np.float32, 64) == "tf32x3" and strided_variant(None, np.float32, 64) is None
     assert strided_variant("bf16_fancy", np.uint16, 64) == "bf16"
     assert strided_variant("bf16_fancy", np.uint16, 96) is None

@@ -188,12 +188,11 @@ STRIDED = ("f32", "tf32", "tf32x3", "bf16", "bf16_wgmma")
 
 def strided_variant(variant: str | None, dtype, hd: int) -> str | None:
     """``variant`` when this module runs it; another bf16 variant runs the mma.sync 'bf16' kernels here. The
-    Hopper kernels run grouped attention member by member only under the policy's ``attention = 'wgmma'``; with
-    'auto' grouped attention keeps the mma.sync kernels, whose grouped timing is the measured one."""
+    Hopper kernels run grouped attention member by member wherever ``pick_variant`` chose them (sm_90, policy
+    ``attention`` not 'mma'): on the H200 the llama-1b bf16 step (32 query / 8 key-value heads, T=2048) is 5% faster
+    with them than with the mma.sync kernels (benchmarks/results/e2e_llama_bf16_h200.json)."""
     from blutensor.backends.cupy.sdpa import MMA_HD
 
-    if variant == "bf16_wgmma" and _wgmma.kernel_setting() != "wgmma":
-        variant = "bf16"
     if variant == "tf32_wgmma":  # the Hopper tf32 forward is not run per member: grouped attention keeps 'tf32'
         variant = "tf32"
     if variant is None or variant in STRIDED:
