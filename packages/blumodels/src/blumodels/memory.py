@@ -56,24 +56,24 @@ class DeviceMemory:
                 self.alloc.begin_profile()  # step 0's sizes choose the rounding
 
     def after_step(self) -> dict[str, Any]:
-        """Peak allocated/reserved bytes since the run started (flushing the start-up cache the first time)."""
+        """Peak allocated/reserved bytes since the run started (flushing the start-up cache the first time) and the
+        bytes reserved now; a peak the allocator does not keep (CuPy's own pool, a plugin without it) is None."""
         if self.alloc is not None:
             if self.flushed is None:
                 self.flushed = self.alloc.flush_after_step0()
             st = self.alloc.memory_stats()
             return {"peak_allocated_bytes": st["peak_allocated_bytes"],
                     "peak_reserved_bytes": st["peak_reserved_bytes"], "reserved_bytes": st["reserved_bytes"]}
-        if self.plugin is not None:
+        if self.plugin is not None:  # a peak the plugin does not keep is unknown (None), not its current value
             st = self.plugin.memory_stats()
-            alloc, res = st.get("allocated_bytes"), st.get("reserved_bytes")
-            return {"peak_allocated_bytes": st.get("peak_allocated_bytes", alloc),
-                    "peak_reserved_bytes": st.get("peak_reserved_bytes", res), "reserved_bytes": res}
+            return {"peak_allocated_bytes": st.get("peak_allocated_bytes"),
+                    "peak_reserved_bytes": st.get("peak_reserved_bytes"), "reserved_bytes": st.get("reserved_bytes")}
         if self.device.startswith("cuda"):
             try:
                 import cupy
 
-                pool = cupy.get_default_memory_pool()  # CuPy keeps no peaks: the current values
-                return {"peak_allocated_bytes": int(pool.used_bytes()), "peak_reserved_bytes": int(pool.total_bytes()),
+                pool = cupy.get_default_memory_pool()  # CuPy keeps no peaks: only the current reservation is known
+                return {"peak_allocated_bytes": None, "peak_reserved_bytes": None,
                         "reserved_bytes": int(pool.total_bytes())}
             except Exception:  # noqa: BLE001 - memory numbers are informative only
                 pass
