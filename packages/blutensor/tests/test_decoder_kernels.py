@@ -213,10 +213,10 @@ def _emulate(name, args):
         out = np.concatenate([xx[..., :h2] * c - xx[..., h2:] * s, xx[..., h2:] * c + xx[..., :h2] * s], -1)
         put(y, (out.swapaxes(1, 2) if base == "blu_rope_forward_t" else out).reshape(y.shape))
     elif base == "blu_swiglu_forward":
-        gate, up, y, n = args
+        gate, up, y, n, vec = args
         put(y, f(gate) / (1 + np.exp(-f(gate))) * f(up))
     elif base == "blu_swiglu_backward":
-        dy, gate, up, dg, du, n = args
+        dy, gate, up, dg, du, n, vec = args
         s = 1 / (1 + np.exp(-f(gate)))
         if not nul(dg):
             put(dg, f(dy) * f(up) * s * (1 + f(gate) * (1 - s)))

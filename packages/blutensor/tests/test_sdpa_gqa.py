@@ -191,6 +191,54 @@ def test_hopper_gqa_runs_each_group_member_on_kv_in_place(monkeypatch, B, Hq, Hk
         assert np.shares_memory(kg, k) and np.shares_memory(vg, v)  # K/V read in place
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_hopper_gqa_keeps_the_model_layouts_without_copies(monkeypatch, causal):
+    """A llama block's layouts: v the transposed view of its projection (B, S, Hkv, E), q and k dense (B, H, n, E)
+    from the rotary kernel. The Hopper path reads v in place, stores o heads-last (so o.transpose(1, 2) is the
+    dense (B, L, Hq, E) the output projection takes), lays dk out as k and dv as v, and reads a dO in o's layout
+    in place; a dO in another layout gives the same gradients."""
+    from blutensor.backends.cupy import sdpa_gqa
+
+    log = []
+    fwd, bwd = _hopper_views(log)
+    monkeypatch.setattr(sdpa_gqa, "cupy", lambda: np)
+    monkeypatch.setattr(sdpa_gqa._wgmma, "forward", fwd)
+    monkeypatch.setattr(sdpa_gqa._wgmma, "backward", bwd)
+    B, Hq, Hk, L, E = 2, 8, 2, 9, 64
+    q = rng.standard_normal((B, Hq, L, E)).astype(np.float32)
+    k = rng.standard_normal((B, Hk, L, E)).astype(np.float32)
+    v_proj = rng.standard_normal((B, L, Hk * E)).astype(np.float32)
+    v = v_proj.reshape(B, L, Hk, E).transpose(0, 2, 1, 3)
+    assert sdpa_gqa._tma_ready(v, np) is v  # strided, 16-byte strides: no copy
+    sc = 1 / np.sqrt(E)
+    o, lse = sdpa_gqa.gqa_forward(q, k, v, causal, sc, "bf16_wgmma")
+    assert o.transpose(0, 2, 1, 3).flags.c_contiguous
+    do_proj = rng.standard_normal((B, L, Hq * E)).astype(np.float32)
+    do = do_proj.reshape(B, L, Hq, E).transpose(0, 2, 1, 3)  # the gradient through the same transpose: o's layout
+    assert do.strides == o.strides
+    dq, dk, dv = sdpa_gqa.gqa_backward(q, k, v, o, lse, do, causal, sc, "bf16_wgmma")
+    assert dq.flags.c_contiguous and dk.flags.c_contiguous and dv.transpose(0, 2, 1, 3).flags.c_contiguous
+    assert np.shares_memory(log[-1][3], v_proj) and any(np.shares_memory(c[1], q) for c in log)
+    want = _reference(*(a.astype(np.float64) for a in (q, k, v, do)), causal, sc)
+    for got, ref in zip((o, dq, dk, dv), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    again = sdpa_gqa.gqa_backward(q, k, v, o, lse, np.ascontiguousarray(do), causal, sc, "bf16_wgmma")
+    for got, ref in zip(again, want[1:]):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_tma_ready_copies_what_the_tensor_maps_cannot_read():
+    from blutensor.backends.cupy import sdpa_gqa
+
+    a = np.zeros((2, 3, 5, 64), np.uint16)
+    assert sdpa_gqa._tma_ready(a, np) is a
+    odd = np.zeros((2, 3, 5, 66), np.uint16)[..., :64]  # rows of 132 bytes: not a multiple of 16
+    got = sdpa_gqa._tma_ready(odd, np)
+    assert got is not odd and got.flags.c_contiguous and np.array_equal(got, odd)
+    head_strided = np.zeros((2, 3, 5, 128), np.uint16)[..., ::2]  # head dim not contiguous
+    assert sdpa_gqa._tma_ready(head_strided, np).strides[-1] == 2
+
+
 def test_variants_without_strided_entries_run_mma():
     from blutensor.backends.cupy.sdpa_gqa import strided_variant
 

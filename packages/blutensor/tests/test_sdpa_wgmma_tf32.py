@@ -8,7 +8,8 @@ device (sm_90), the launched kernels modelled in float64 through their raw point
 and fused-qkv forward (o, lse) and backward (head dim 64: the Hopper dK/dV and dQ kernels reading the transposed
 scratches; 128 and attention_backward='fused': the mma.sync 'tf32' kernels).
 GPU (cuda-marked, sm_90): o, lse, dq, dk, dv against float64 on odd shapes, each error at most 5x the mma.sync
-'tf32' variant's + 1e-3 (its loaded operands are truncated, not rounded), the deterministic backward bitwise repeatable, the fused-qkv strided path through autograd.
+'tf32' variant's + 1e-3 (its loaded operands are truncated, not rounded), the deterministic backward bitwise
+repeatable, the fused-qkv strided path through autograd.
 """
 
 from __future__ import annotations

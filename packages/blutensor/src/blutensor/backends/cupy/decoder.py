@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from blutensor.backends.cupy import _fallback
-from blutensor.backends.cupy._loader import cupy, launch, num_sms, ptr, suffix
+from blutensor.backends.cupy._loader import aligned16, cupy, launch, num_sms, ptr, suffix
 from blutensor.ops import decoder_ops as ref
 from blutensor.ops.table import Kernel
 
@@ -282,7 +282,8 @@ class SwigluCuda(Kernel):
         y = cp.empty_like(gc)
         n = gc.size
         if n:
-            launch("swiglu.cu", f"blu_swiglu_forward_{suffix(gc)}", _flat_grid(n), _BLOCK, (gc, uc, y, np.int64(n)))
+            launch("swiglu.cu", f"blu_swiglu_forward_{suffix(gc)}", _flat_grid(n), _BLOCK,
+                   (gc, uc, y, np.int64(n), np.int32(aligned16(gc, uc, y))))
         ctx.saved = (gc, uc)
         return y
 
@@ -297,8 +298,9 @@ class SwigluCuda(Kernel):
         du = cp.empty_like(uc) if needs[1] else None
         n = gc.size
         if n and (dg is not None or du is not None):
+            gg = cp.ascontiguousarray(g)
             launch("swiglu.cu", f"blu_swiglu_backward_{suffix(gc)}", _flat_grid(n), _BLOCK,
-                   (cp.ascontiguousarray(g), gc, uc, ptr(dg), ptr(du), np.int64(n)))
+                   (gg, gc, uc, ptr(dg), ptr(du), np.int64(n), np.int32(aligned16(gg, gc, uc, dg, du))))
         return dg, du
 
 

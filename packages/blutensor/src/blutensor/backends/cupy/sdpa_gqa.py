@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from blutensor.backends.cupy import sdpa_wgmma as _wgmma
-from blutensor.backends.cupy._loader import cupy, launch, suffix
+from blutensor.backends.cupy._loader import aligned16, cupy, launch, suffix
 
 
 def plan(B: int, Hq: int, Hkv: int, L: int, S: int, E: int) -> dict:
@@ -62,12 +62,27 @@ def _sum_members(parts, cp):
     return parts.sum(0)
 
 
+def _axis_order(a) -> list:
+    """a's axes from the outermost in memory to the innermost (by stride; ties keep their order)."""
+    return sorted(range(a.ndim), key=lambda i: -abs(a.strides[i]))
+
+
+def _empty_in_layout(shape, order, dtype, cp, lead: tuple = ()):
+    """(base, view): a dense array whose memory runs over ``shape``'s axes in ``order`` (outermost first) behind
+    ``lead`` leading axes, and its view with the axes as ``shape`` has them (lead axes first)."""
+    base = cp.empty(lead + tuple(shape[i] for i in order), dtype=dtype)
+    inv = np.argsort(order)
+    return base, base.transpose(tuple(range(len(lead))) + tuple(len(lead) + int(j) for j in inv))
+
+
 def _wgmma_forward(q, k, v, causal: bool, scale: float):
-    """(o, lse (G, B*Hkv, L)): one dense Hopper forward per group member over the B*Hkv heads."""
+    """(o, lse (G, B*Hkv, L)): one dense Hopper forward per group member over the B*Hkv heads. q, k, v are (B, H,
+    n, E) views of any strides the tensor maps take; o (B, Hq, L, E) is stored heads-last, (B, L, Hq, E), so the
+    caller's transpose back to (B, L, Hq * E) for the output projection is a view, not a copy."""
     cp = cupy()
     B, Hq, L, E = q.shape
     G = Hq // k.shape[1]
-    o = cp.empty_like(q)
+    _, o = _empty_in_layout(q.shape, (0, 2, 1, 3), q.dtype, cp)
     lse = cp.empty((G, B * k.shape[1], L), dtype=cp.float32)
     kv = (_heads_last(k), _heads_last(v))
     for g, (qg, og) in enumerate(zip(_members(q, G), _members(o, G))):
@@ -77,22 +92,37 @@ def _wgmma_forward(q, k, v, causal: bool, scale: float):
 
 def _wgmma_backward(q, k, v, o, lse, do, causal: bool, scale: float):
     """(dq, dk, dv) of :func:`_wgmma_forward`: per member the Hopper backward (dQ into its member view, dK/dV into
-    its own slice), then the slices summed."""
+    its own slice), then the slices summed. Each gradient is laid out as its input is (a transposed v gets a
+    transposed dv), and ``do`` is read in o's layout (copied into it only when it differs)."""
     cp = cupy()
     G = q.shape[1] // k.shape[1]
-    dq = cp.empty_like(q)
-    dk_parts = cp.empty((G,) + k.shape, dtype=k.dtype)
-    dv_parts = cp.empty((G,) + v.shape, dtype=v.dtype)
+    if do.strides != o.strides:
+        _, d2 = _empty_in_layout(o.shape, _axis_order(o), o.dtype, cp)
+        d2[...] = do
+        do = d2
+    _, dq = _empty_in_layout(q.shape, _axis_order(q), q.dtype, cp)
+    parts = [_empty_in_layout(a.shape, _axis_order(a), a.dtype, cp, (G,)) for a in (k, v)]
     kv = (_heads_last(k), _heads_last(v))
     for g, (qg, og, dog, dqg) in enumerate(zip(*(_members(a, G) for a in (q, o, do, dq)))):
-        _wgmma.backward(qg, *kv, og, lse[g], dog, dqg, _heads_last(dk_parts[g]), _heads_last(dv_parts[g]),
+        _wgmma.backward(qg, *kv, og, lse[g], dog, dqg, _heads_last(parts[0][1][g]), _heads_last(parts[1][1][g]),
                         causal, scale)
-    return dq, _sum_members(dk_parts, cp), _sum_members(dv_parts, cp)
+    dk, dv = (_sum_members(base, cp).transpose(tuple(int(j) for j in np.argsort(_axis_order(a))))
+              for (base, _), a in zip(parts, (k, v)))
+    return dq, dk, dv
+
+
+def _tma_ready(a, cp):
+    """``a`` itself when the Hopper kernels' tensor maps can read it in place (head dim contiguous, 16-byte aligned
+    start and strides), else a contiguous, aligned copy."""
+    es = a.itemsize
+    ok = a.ndim == 4 and a.strides[-1] == es and all(s % 16 == 0 for s in a.strides[:-1]) and aligned16(a)
+    return a if ok else _aligned(a, cp)
 
 
 def gqa_forward(q, k, v, causal: bool, scale: float, variant: str):
-    """(o (B, Hq, L, E), lse) for contiguous, 16-byte aligned q (B, Hq, L, E) and k, v (B, Hkv, S, E); lse is
-    (B*Hq, L), or member-major (G, B*Hkv, L) for 'bf16_wgmma' (the layout its backward reads)."""
+    """(o (B, Hq, L, E), lse) for contiguous, 16-byte aligned q (B, Hq, L, E) and k, v (B, Hkv, S, E) (for
+    'bf16_wgmma' views of any strides its tensor maps take, o stored heads-last); lse is (B*Hq, L), or member-major
+    (G, B*Hkv, L) for 'bf16_wgmma' (the layout its backward reads)."""
     from blutensor.backends.cupy.sdpa import _fwd_rows, _mma_smem, _names
 
     if variant == "bf16_wgmma":
@@ -114,7 +144,8 @@ def gqa_forward(q, k, v, causal: bool, scale: float, variant: str):
 
 
 def gqa_backward(q, k, v, o, lse, do, causal: bool, scale: float, variant: str):
-    """(dq, dk, dv) of :func:`gqa_forward` (``do`` contiguous like o)."""
+    """(dq, dk, dv) of :func:`gqa_forward` (``do`` contiguous like o; for 'bf16_wgmma' any layout, each gradient laid
+    out as its input)."""
     from blutensor.backends.cupy.sdpa import BR, _mma_smem, _names
 
     if variant == "bf16_wgmma":
@@ -152,7 +183,7 @@ def gqa_backward(q, k, v, o, lse, do, causal: bool, scale: float, variant: str):
 
 def _aligned(a, cp):
     a = cp.ascontiguousarray(a)
-    return a if a.data.ptr % 16 == 0 else a.copy()
+    return a if aligned16(a) else a.copy()
 
 
 def applies(q, k, v, attn_mask, dropout_p) -> str | None:
@@ -213,7 +244,9 @@ def _function():
         @staticmethod
         def forward(ctx, q, k, v, causal, scale, variant):
             cp = cupy()
-            qa, ka, va = (_aligned(t._data, cp) for t in (q, k, v))
+            # the Hopper kernels read strided views in place; the mma.sync entries take dense (B, H, n, E) arrays
+            ready = _tma_ready if variant == "bf16_wgmma" else _aligned
+            qa, ka, va = (ready(t._data, cp) for t in (q, k, v))
             sc = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
             o, lse = gqa_forward(qa, ka, va, causal, sc, variant)
             ctx.saved = (qa, ka, va, o, lse, causal, sc, variant)
@@ -222,7 +255,8 @@ def _function():
         @staticmethod
         def backward(ctx, g):
             qa, ka, va, o, lse, causal, sc, variant = ctx.saved
-            do = _aligned(g._data.astype(o.dtype, copy=False), cupy())
+            do = g._data.astype(o.dtype, copy=False)
+            do = _tma_ready(do, cupy()) if variant == "bf16_wgmma" else _aligned(do, cupy())
             dq, dk, dv = gqa_backward(qa, ka, va, o, lse, do, causal, sc, variant)
             wrap = lambda a: Tensor._from_data(a, g.dtype, g.device)  # noqa: E731
             return wrap(dq), wrap(dk), wrap(dv), None, None, None
