@@ -1,7 +1,9 @@
 """Where the Trainer's device memory goes, phase by phase, on CUDA: bluallocator's counters after each step and
-around the CUDA-graph capture, for the shipped GPT-2 124M recipe (its accumulation) in one precision.
+around the CUDA-graph capture, for a preset's recipe (default the shipped GPT-2 124M one, its accumulation) in one
+precision.
 
     python benchmarks/memory_phases.py --data DIR --precision bf16 [--steps 4] [--out OUT.json]
+    python benchmarks/memory_phases.py --data DIR --preset llama-1b --set train.batch_tokens=8192 --steps 4
 
 Each phase reports allocated / reserved bytes at its end and its own peaks (the peaks restart at every phase),
 plus the segment and private-pool counts: a reserved peak well above the allocated one says which phase holds
@@ -23,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="bf16", choices=("fp32", "tf32", "bf16"))
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--preset", default="gpt2-124m")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override after the preset's (repeatable), e.g. train.batch_tokens=8192")
     p.add_argument("--out", default=None, help="JSON file for the phases (default: print only)")
     a = p.parse_args(argv)
     from blumodels import graph_step
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             "train.sample_tokens=0",
             "train.plot=false",
             "train.warmup_steps=1",
+            *a.set,
         ],
     )
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"memory-phases-{a.precision}"
@@ -84,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         command = "python " + " ".join(["benchmarks/memory_phases.py", *sys.argv[1:]])
         Path(a.out).write_text(
-            json.dumps({"command": command, "precision": a.precision, "preset": a.preset, "phases": phases}, indent=1)
+            json.dumps({"command": command, "precision": a.precision, "preset": a.preset, "overrides": a.set,
+                        "phases": phases}, indent=1)
         )
     return 0
 
