@@ -16,8 +16,11 @@ PyTorch: SDPA on (B, H, T, HD) views of the same layout as nanoGPT calls it, fp3
 (PyTorch's choice of backend), and bf16 pinned to the cuDNN and to the flash backend
 (``torch.nn.attention.sdpa_kernel``; a backend this build or GPU lacks is an error row). ``--rows bf16`` runs
 only the bfloat16 rows (wgmma, mma.sync, PyTorch cuDNN / flash / default). Times: median of ``--reps``
-CUDA-event timings after two warm-up calls. Correctness against float64 is the cuda-marked
-packages/blutensor/tests/test_sdpa_variants_cuda.py and test_sdpa_wgmma_vs_mma.py (wgmma beside mma.sync). The
+CUDA-event timings after two warm-up calls, of a CUDA graph holding ``--graph-calls`` calls (per call: the kernels'
+time, as the captured training step runs them), and of single eager calls (``*_eager_ms``: host dispatch included,
+which is what a one-call timing measures when the host is slower than the kernels). Correctness against float64
+is the cuda-marked packages/blutensor/tests/test_sdpa_variants_cuda.py and test_sdpa_wgmma_vs_mma.py (wgmma
+beside mma.sync). The
 JSON (default ``benchmarks/results/attention_<gpu>.json``; it records the command and the commit) is rewritten
 after every shape.
 """
@@ -79,13 +82,65 @@ def _median_ms(fn, reps: int, event, sync) -> float:
     return float(np.median(ts))
 
 
+def _graph_ms(fn, reps: int, calls: int, capture, event, sync) -> float:
+    """Median per-call ms of ``calls`` calls of ``fn`` captured in one CUDA graph (``capture(fn, calls)`` returns its
+    replay), replayed ``reps`` times between two events: kernel time without the host's dispatch, as the captured
+    training step runs it."""
+    replay = capture(fn, calls)
+    replay()
+    sync()
+    ts = []
+    for _ in range(reps):
+        a, b = event(), event()
+        a.record()
+        replay()
+        b.record()
+        b.synchronize()
+        ts.append((a.elapsed_time(b) if hasattr(a, "elapsed_time") else _cp_elapsed(a, b)) / calls)
+    return float(np.median(ts))
+
+
+def _bt_capture(fn, calls: int):
+    import blutensor as bt
+
+    g = bt.cuda.CUDAGraph()
+    with bt.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return g.replay
+
+
+def _torch_capture(fn, calls: int):
+    import torch
+
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return g.replay
+
+
+def _timings(fwd, fwdbwd, reps: int, calls: int, capture, event, sync) -> dict:
+    """fwd / fwd+bwd times: from CUDA-graph replays (the kernels' time) and from eager calls (host dispatch included:
+    where it is longer than the kernels, the eager numbers measure the host)."""
+    out = {"fwd_eager_ms": _median_ms(fwd, reps, event, sync), "fwdbwd_eager_ms": _median_ms(fwdbwd, reps, event, sync)}
+    try:
+        out.update(fwd_ms=_graph_ms(fwd, reps, calls, capture, event, sync),
+                   fwdbwd_ms=_graph_ms(fwdbwd, reps, calls, capture, event, sync), timing="cuda graph")
+    except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed eagerly, and says so
+        out.update(fwd_ms=out["fwd_eager_ms"], fwdbwd_ms=out["fwdbwd_eager_ms"], timing="eager",
+                   graph_error=f"{type(e).__name__}: {e}"[:300])
+    out["bwd_ms"] = out["fwdbwd_ms"] - out["fwd_ms"]
+    return out
+
+
 def _cp_elapsed(a, b) -> float:
     import cupy
 
     return cupy.cuda.get_elapsed_time(a, b)
 
 
-def bench_blu(shape: str, reps: int, rows_set: str = "all") -> list[dict]:
+def bench_blu(shape: str, reps: int, rows_set: str = "all", calls: int = 10) -> list[dict]:
     import blutensor as bt
     import cupy as cp
 
@@ -116,10 +171,8 @@ def bench_blu(shape: str, reps: int, rows_set: str = "all") -> list[dict]:
                 qkv.grad = None
                 bt.ext.sdpa_qkv(qkv, H, is_causal=True).backward(g)
 
-            tf = _median_ms(fwd, reps, cp.cuda.Event, cp.cuda.Device().synchronize)
-            tfb = _median_ms(fwdbwd, reps, cp.cuda.Event, cp.cuda.Device().synchronize)
-            row = dict(shape=shape, impl=f"blutrain {label}", variant=variant, switches=env, fwd_ms=tf,
-                       fwdbwd_ms=tfb, bwd_ms=tfb - tf)
+            row = dict(shape=shape, impl=f"blutrain {label}", variant=variant, switches=env,
+                       **_timings(fwd, fwdbwd, reps, calls, _bt_capture, cp.cuda.Event, cp.cuda.Device().synchronize))
         except Exception as e:  # noqa: BLE001 - a variant this GPU lacks is recorded, the others still run
             row = dict(shape=shape, impl=f"blutrain {label}", switches=env, error=f"{type(e).__name__}: {e}"[:300])
         scope.__exit__(None, None, None)
@@ -129,7 +182,7 @@ def bench_blu(shape: str, reps: int, rows_set: str = "all") -> list[dict]:
     return rows
 
 
-def bench_torch(shape: str, reps: int, rows_set: str = "all") -> list[dict]:
+def bench_torch(shape: str, reps: int, rows_set: str = "all", calls: int = 10) -> list[dict]:
     import contextlib
 
     import torch
@@ -172,10 +225,8 @@ def bench_torch(shape: str, reps: int, rows_set: str = "all") -> list[dict]:
                 return torch.cuda.Event(enable_timing=True)
 
             try:
-                tf = _median_ms(fwd, reps, event, torch.cuda.synchronize)
-                tfb = _median_ms(fwdbwd, reps, event, torch.cuda.synchronize)
-                row = dict(shape=shape, impl=f"torch {label}", backend=backend or "auto", fwd_ms=tf, fwdbwd_ms=tfb,
-                           bwd_ms=tfb - tf)
+                row = dict(shape=shape, impl=f"torch {label}", backend=backend or "auto",
+                           **_timings(fwd, fwdbwd, reps, calls, _torch_capture, event, torch.cuda.synchronize))
             except Exception as e:  # noqa: BLE001 - a backend this build or GPU lacks is recorded, the rest run
                 row = dict(shape=shape, impl=f"torch {label}", backend=backend or "auto",
                            error=f"{type(e).__name__}: {e}"[:300])
@@ -193,7 +244,8 @@ def _print(r: dict, flops: float) -> None:
         return
     r.update(fwd_tflops=flops / r["fwd_ms"] / 1e9, bwd_tflops=2.5 * flops / max(r["bwd_ms"], 1e-9) / 1e9)
     print(f"   {r['shape']:5s} {r['impl']:24s} fwd {r['fwd_ms']:8.3f} ms ({r['fwd_tflops']:6.1f} TF/s)  "
-          f"fwd+bwd {r['fwdbwd_ms']:8.3f} ms  bwd {r['bwd_ms']:8.3f} ms ({r['bwd_tflops']:6.1f} TF/s)", flush=True)
+          f"fwd+bwd {r['fwdbwd_ms']:8.3f} ms  bwd {r['bwd_ms']:8.3f} ms ({r['bwd_tflops']:6.1f} TF/s)  "
+          f"[{r['timing']}; eager fwd {r['fwd_eager_ms']:.3f} fwd+bwd {r['fwdbwd_eager_ms']:.3f}]", flush=True)
 
 
 def main() -> int:
@@ -202,10 +254,11 @@ def main() -> int:
     ap.add_argument("--rows", choices=ROW_SETS, default="all",
                     help="all: every variant; bf16: wgmma, mma.sync and PyTorch's bf16 backends only")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--graph-calls", type=int, default=10, help="calls captured in each timed CUDA graph")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    if args.reps < 1:
-        ap.error("--reps must be at least 1")
+    if args.reps < 1 or args.graph_calls < 1:
+        ap.error("--reps and --graph-calls must be at least 1")
     import cupy as cp
     import torch
 
@@ -215,12 +268,14 @@ def main() -> int:
     shapes = args.shape or ["gpt2", "hd128", "long"]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     doc = dict(command="python3 benchmarks/kernels/bench_attention.py" + "".join(f" --shape {s}" for s in shapes)
-               + f" --rows {args.rows} --reps {args.reps}" + (f" --out {args.out}" if args.out else ""),
+               + f" --rows {args.rows} --reps {args.reps} --graph-calls {args.graph_calls}"
+               + (f" --out {args.out}" if args.out else ""),
                commit=commit, device=gpu, cupy=cp.__version__, torch=torch.__version__,
                shapes={s: dict(zip(("B", "H", "T", "HD"), SHAPES[s])) for s in shapes}, rows=[])
     out.parent.mkdir(parents=True, exist_ok=True)
     for s in shapes:
-        doc["rows"] += bench_blu(s, args.reps, args.rows) + bench_torch(s, args.reps, args.rows)
+        doc["rows"] += (bench_blu(s, args.reps, args.rows, args.graph_calls)
+                        + bench_torch(s, args.reps, args.rows, args.graph_calls))
         out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(f"-> {out}")
     return 1 if any("error" in r for r in doc["rows"]) else 0
