@@ -26,6 +26,7 @@ from attention_reference import bf16_to_f64 as _f64
 from attention_reference import sdpa_reference
 from blutensor.backends.cupy import sdpa
 from blutensor.backends.cupy import sdpa_wgmma as wg
+from cast_emulators import CAST_KERNELS
 
 DEV = Path(__file__).resolve().parents[1] / "dev"
 sys.path.insert(0, str(DEV))
@@ -228,7 +229,7 @@ def _model(log):
 @pytest.fixture
 def fake(monkeypatch, device):
     """The host code of sdpa_wgmma / sdpa on the shared fake device (sm_90), the kernels modelled in float64."""
-    cp = fake_cuda.install(monkeypatch, compute_capability=90)
+    cp = fake_cuda.install(monkeypatch, compute_capability=90, kernels=CAST_KERNELS)  # bf16 sums compute values
     log = []
     monkeypatch.setattr(wg, "cupy", lambda: cp)
     monkeypatch.setattr(sdpa, "cupy", lambda: cp)
