@@ -138,7 +138,8 @@ extern "C" __global__ void blu_embedding_backward_runs_bf16(const long long* sor
 // the previous piece, slot 1 the last segment when it continues into the next one and starts in this piece (the
 // piece that owns the run). Pass 2 (..._seg_runs): each owner adds its slot 1 and then slot 0 of the following
 // pieces, in piece order, for as long as the run lasts, and adds that into the weight row. A fixed order
-// throughout: bitwise reproducible, and a token that fills much of the batch costs ~P + run/P serial adds, not run.
+// throughout: bitwise reproducible, and a token that fills much of the batch costs ~P + run/P serial adds, not run;
+// the owner finds the run's end once (binary search), so those adds are loads independent of each other.
 // dweight is the caller's buffer: zeroed, or a gradient that already holds other contributions (the tied lm_head's
 // weight gradient), accumulated into. Gradient rows are loaded EMB_SEG_P at a time (independent loads in flight).
 #define EMB_SEG_P 16
@@ -188,6 +189,7 @@ __device__ void emb_backward_seg(const long long* __restrict__ sorted_idx, const
 template <typename TO>
 __device__ void emb_backward_seg_runs(const long long* __restrict__ sorted_idx, TO* __restrict__ dweight,
                                       const float* __restrict__ part, long long N, long long V, int C) {
+    __shared__ long long run_end;
     const long long s = (long long)blockIdx.x * EMB_SEG_P;
     const long long e = min(s + EMB_SEG_P, N);
     if (e >= N) return;  // the last piece continues into nothing
@@ -197,11 +199,24 @@ __device__ void emb_backward_seg_runs(const long long* __restrict__ sorted_idx, 
     while (k0 > s && sorted_idx[k0 - 1] == v) --k0;
     if (k0 == s && s > 0 && sorted_idx[s - 1] == v) return;  // the run started in an earlier piece: not the owner
     if (v < 0 || v >= V) return;
-    const long long pieces = (N + EMB_SEG_P - 1) / EMB_SEG_P;
+    // The run's end, once per block: the first position past e whose index differs (binary search in the sorted
+    // indices: ~log2 N loads instead of one dependent load per piece of the run, repeated for every column).
+    if (threadIdx.x == 0) {
+        long long lo = e, hi = N;
+        while (lo < hi) {
+            const long long mid = lo + (hi - lo) / 2;
+            if (sorted_idx[mid] == v) lo = mid + 1; else hi = mid;
+        }
+        run_end = lo;
+    }
+    __syncthreads();
+    // pieces blockIdx.x + 1 .. last hold the run's later partial sums (slot 0), added in piece order as before
+    const long long first = blockIdx.x + 1, last = (run_end - 1) / EMB_SEG_P;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = part[(size_t)blockIdx.x * 2 * C + C + c];
-        for (long long q = blockIdx.x + 1; q < pieces && sorted_idx[q * EMB_SEG_P] == v; ++q)
-            acc += part[(size_t)q * 2 * C + c];
+        const float* pq = part + (size_t)first * 2 * C + c;
+#pragma unroll 8
+        for (long long q = first; q <= last; ++q, pq += 2 * C) acc += *pq;  // independent loads, one order
         dweight[v * C + c] = from_f<TO>(to_f(dweight[v * C + c]) + acc);
     }
 }
