@@ -204,16 +204,20 @@ def test_captured_optimizer_in_backward_peak_below_captured_plain(tmp_path):
     assert lean < plain - total // 2
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_captured_steps_reserve_no_second_copy_of_the_activations(tmp_path, precision):
+def test_captured_steps_reserve_no_second_copy_of_the_activations(tmp_path, precision, family):
     """The step's long-lived buffers (AdamW moments, bf16 weight copies) exist before the first activation, so
     the memory the eager warm-up steps used is given back before the captured graphs take their own: the peak
-    reserved of the captured run stays near the eager warm-up's instead of adding the graphs' activations."""
+    reserved of the captured run stays near the eager warm-up's instead of adding the graphs' activations. Both
+    families (llama: grouped-query attention, fused RMSNorms, SwiGLU)."""
     cfg = micro_config(device="cuda", steps=5, eval_interval=0, checkpoint_interval=0, precision=precision,
                        batch_tokens=1024, micro_batch=8)
     cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head = 4, 256, 4
     cfg.model.block_size = cfg.train.seq_len = 128
-    tr = Trainer(cfg, tmp_path / precision, quiet=True)
+    if family == "llama":
+        cfg.model.family, cfg.model.n_kv_heads, cfg.model.bias = "llama", 2, False
+    tr = Trainer(cfg, tmp_path / f"{family}-{precision}", quiet=True)
     assert all(p in tr.optimizer.state for p in tr.params.values() if p.requires_grad)  # before any step
     tr.fit(save_final=False)
     tr.close()
@@ -221,6 +225,6 @@ def test_captured_steps_reserve_no_second_copy_of_the_activations(tmp_path, prec
     assert tr.captured and [bool(r.get("cuda_graph")) for r in h] == [False, False, True, True, True]
     warm, final = h[1]["peak_reserved_bytes"], h[-1]["peak_reserved_bytes"]
     acts = h[1]["peak_allocated_bytes"] - sum(p._data.nbytes for p in tr.params.values()) * 4
-    print(f"{precision}: peak reserved after the eager warm-up {warm / 2**20:.1f} MiB, after the captured steps "
-          f"{final / 2**20:.1f} MiB (activations and temporaries about {acts / 2**20:.1f} MiB)")
+    print(f"{family} {precision}: peak reserved after the eager warm-up {warm / 2**20:.1f} MiB, after the captured "
+          f"steps {final / 2**20:.1f} MiB (activations and temporaries about {acts / 2**20:.1f} MiB)")
     assert final <= warm + max(acts, 0) // 4 + (8 << 20)
