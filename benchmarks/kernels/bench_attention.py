@@ -9,7 +9,8 @@ strided kernels read q, k, v in place), forward and forward + backward through a
 user selects it: fp32 under ``bt.set_float32_matmul_precision("highest")`` (``tf32x3``;
 ``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``), ``"high"`` (``tf32``; ``BLUTRAIN_SDPA_TF32=wgmma`` the Hopper
 ``tf32_wgmma``, an error row elsewhere), bfloat16 (the default: ``bf16_wgmma`` on
-sm_90; ``BLUTRAIN_SDPA_KERNEL=wgmma`` the Hopper kernel, an error row elsewhere; ``BLUTRAIN_SDPA_KERNEL=mma`` the
+sm_90; ``BLUTRAIN_SDPA_KERNEL=wgmma`` the Hopper kernel, an error row elsewhere, with
+``BLUTRAIN_SDPA_SCHEDULE=pingpong`` its forward's turn-taking schedule; ``BLUTRAIN_SDPA_KERNEL=mma`` the
 mma.sync ``bf16``), and for the variants with a fused backward (tf32x3, tf32, the Hopper bf16 kernel) both
 ``BLUTRAIN_SDPA_BWD=fused`` and ``split``.
 PyTorch: SDPA on (B, H, T, HD) views of the same layout as nanoGPT calls it, fp32, fp32 with TF32 allowed, bf16
@@ -48,6 +49,8 @@ BLU_RUNS = [
     ("tf32 wgmma", "float32", "high", {"BLUTRAIN_SDPA_TF32": "wgmma", "BLUTRAIN_SDPA_BWD": "split"}),
     ("bf16 wgmma fused", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "fused"}),
     ("bf16 wgmma split", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "split"}),
+    ("bf16 wgmma pingpong", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "split",
+                                                    "BLUTRAIN_SDPA_SCHEDULE": "pingpong"}),
     ("bf16 mma", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "mma"}),
     ("bf16 default", "bfloat16", "highest", {}),
 ]
@@ -60,7 +63,8 @@ TORCH_RUNS = [
     ("bf16 flash", "bfloat16", False, "FLASH_ATTENTION"),
 ]
 ROW_SETS = ("all", "bf16")
-SWITCHES = ("BLUTRAIN_SDPA_FP32", "BLUTRAIN_SDPA_BWD", "BLUTRAIN_SDPA_KERNEL", "BLUTRAIN_SDPA_TF32")
+SWITCHES = ("BLUTRAIN_SDPA_FP32", "BLUTRAIN_SDPA_BWD", "BLUTRAIN_SDPA_KERNEL", "BLUTRAIN_SDPA_TF32",
+            "BLUTRAIN_SDPA_SCHEDULE")
 
 
 def _flops(B: int, H: int, T: int, hd: int) -> float:

@@ -164,7 +164,7 @@ EXPECTED_ENTRIES = {
         for v in ("tf32", "tf32x3", "bf16")
         for d in (64, 128)
     ],
-    "sdpa_wgmma.cu": [f"blu_sdpa_wgmma_bf16_hd{d}_{k}" for k in ("fwd", "bwd_dkdv", "bwd_dq", "bwd_fused",
+    "sdpa_wgmma.cu": [f"blu_sdpa_wgmma_bf16_hd{d}_{k}" for k in ("fwd", "fwd_pp", "bwd_dkdv", "bwd_dq", "bwd_fused",
                                                                  "bwd_dq_convert", "preprocess")
                       for d in (64, 128)],
     "sdpa_wgmma_tf32.cu": [f"blu_sdpa_wgmma_tf32_hd{d}_{k}" for k in ("fwd", "transpose", "preprocess")

@@ -174,6 +174,28 @@ def test_pick_variant_and_the_kernel_setting(device, monkeypatch):
         bt.policy.scope(attention="fast")
 
 
+def test_forward_schedule_picks_its_entry(monkeypatch):
+    """Policy ``attention_schedule`` (BLUTRAIN_SDPA_SCHEDULE): 'free' launches the forward entry, 'pingpong' its
+    turn-taking twin ``*_fwd_pp`` with the same arguments; a bad value is refused by name."""
+    cp = fake_cuda.install(monkeypatch)
+    calls = []
+    monkeypatch.setattr(wg, "launch", lambda file, name, grid, block, args, shared_mem=0: calls.append((name, args)))
+    monkeypatch.setattr(wg, "tmap", lambda a, name, rows, kind="wgmma": a)
+    monkeypatch.setattr(wg, "num_sms", lambda: 132)
+    monkeypatch.delenv("BLUTRAIN_SDPA_SCHEDULE", raising=False)
+    bt.policy.reset_defaults()
+    q, k, v, o = (cp.zeros((2, 70, 64), dtype=cp.uint16) for _ in range(4))
+    lse = cp.zeros((2, 70), dtype=cp.float32)
+    wg.forward(q, k, v, o, lse, True, None)
+    with bt.policy.scope(attention_schedule="pingpong"):
+        wg.forward(q, k, v, o, lse, True, None)
+    assert [c[0] for c in calls] == ["blu_sdpa_wgmma_bf16_hd64_fwd", "blu_sdpa_wgmma_bf16_hd64_fwd_pp"]
+    assert len(calls[0][1]) == len(calls[1][1])
+    assert bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_SCHEDULE": "pingpong"}).attention_schedule == "pingpong"
+    with pytest.raises(ValueError, match=r"ExecutionPolicy.attention_schedule must be one of \('free', 'pingpong'\)"):
+        bt.policy.scope(attention_schedule="turns")
+
+
 # ---------------------------------------------------------------------------------------------------- GPU
 def _sm90() -> bool:
     try:
@@ -215,6 +237,25 @@ def test_cuda_wgmma_matches_float64(BH, L, S, hd, causal):
         assert np.abs(a - b).max() <= TOL[name] * max(1.0, np.abs(b).max()), name
     for a, b in zip(g1, g2):
         assert (a == b).all()  # deterministic: no atomics
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 (Hopper) GPU")
+@pytest.mark.parametrize("BH, L, S, hd, causal", [(6, 1000, 1000, 64, True), (5, 77, 200, 128, False),
+                                                  (3, 333, 333, 128, True), (200, 130, 130, 64, False)])
+def test_cuda_pingpong_forward_equals_the_free_one_bitwise(BH, L, S, hd, causal):
+    """The 'pingpong' schedule only orders when the two consumer warpgroups issue their products: o and lse are
+    bit for bit the free schedule's (more work tiles than multiprocessors in the last case: the turns carry over
+    from tile to tile)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(BH + L + hd)
+    gq, gk, gv = (cp.asarray(_bf16(rng.standard_normal((BH, n, hd)))[0]) for n in (L, S, S))
+    sc = 1.0 / math.sqrt(hd)
+    o1, lse1 = sdpa.flash_attention_forward(gq, gk, gv, causal, sc, "bf16_wgmma")
+    with bt.policy.scope(attention_schedule="pingpong"):
+        o2, lse2 = sdpa.flash_attention_forward(gq, gk, gv, causal, sc, "bf16_wgmma")
+    assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
 
 
 @pytest.mark.cuda

@@ -46,6 +46,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention_fp32": ("tf32x3", "simt"),
     "attention_backward": ("auto", "fused", "split"),
     "attention_tf32": ("mma", "wgmma"),
+    "attention_schedule": ("free", "pingpong"),
     "embedding_backward": ("segments", "runs", "pieces"),
     "embedding_sort": ("auto", "radix"),
     "validate_indices": ("lazy", "sync", "off"),
@@ -59,6 +60,7 @@ ENV: dict[str, str] = {
     "attention_fp32": "BLUTRAIN_SDPA_FP32",
     "attention_backward": "BLUTRAIN_SDPA_BWD",
     "attention_tf32": "BLUTRAIN_SDPA_TF32",
+    "attention_schedule": "BLUTRAIN_SDPA_SCHEDULE",
     "embedding_backward": "BLUTRAIN_EMBEDDING_BWD",
     "embedding_sort": "BLUTRAIN_EMBEDDING_SORT",
     "gemm": "BLUTRAIN_GEMM",
@@ -95,7 +97,9 @@ class ExecutionPolicy:
       'tf32x3' (matrix units, fp32-accurate) or 'simt'; ``attention_backward``: 'auto' (the fused kernel where it
       is faster), 'fused' or 'split' (the deterministic two-kernel backward); ``attention_tf32``: fp32 attention
       under precision 'tf32' / 'bf16': 'mma' (the mma.sync tf32 kernels) or 'wgmma' (the Hopper tf32 forward,
-      sm_90 only: an error elsewhere; its backward is the mma.sync one).
+      sm_90 only: an error elsewhere; its backward is the mma.sync one); ``attention_schedule``: how the Hopper
+      bf16 forward's two consumer warpgroups issue their products: 'free' (each as soon as its tiles arrive) or
+      'pingpong' (in turns, so that one's softmax runs under the other's products; the same results).
     - ``embedding_backward``: 'segments', 'runs' or 'pieces' (all bitwise deterministic); ``embedding_sort``:
       'auto' (Thrust eagerly, the radix argsort inside CUDA graphs) or 'radix' (the radix argsort always).
     - ``gemm``: the CUDA GEMM provider: 'auto' (blutensor's documented order: cublas, blublas, xp) or a registered
@@ -122,6 +126,7 @@ class ExecutionPolicy:
     max_3xtf32_k: int = 4096
     compiler: str = "auto"
     attention_tf32: str = "mma"
+    attention_schedule: str = "free"
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():

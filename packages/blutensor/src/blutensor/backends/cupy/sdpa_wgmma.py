@@ -47,6 +47,13 @@ def kernel_setting() -> str:
     return current().attention
 
 
+def fwd_suffix() -> str:
+    """The forward entry's suffix for the policy's ``attention_schedule``: '' (free) or '_pp' (pingpong)."""
+    from blutensor.policy import current
+
+    return "_pp" if current().attention_schedule == "pingpong" else ""
+
+
 def available(hd: int, cc: int) -> bool:
     """Whether bf16 attention of head dim ``hd`` runs the Hopper kernels on a device of compute capability
     ``cc``. Policy ``attention='wgmma'`` (BLUTRAIN_SDPA_KERNEL=wgmma) on another device is an error (those kernels
@@ -147,7 +154,7 @@ def forward(q, k, v, o, lse, causal: bool, scale: float | None):
         return
     maps = (tmap(q, "q", FWD_ROWS), tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS))
     lay = _out_lay(o)
-    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_fwd", grid(L, BH), THREADS,
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_fwd{fwd_suffix()}", grid(L, BH), THREADS,
            maps + (o, lse, np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)), lay[0], np.int32(BH))
            + lay[1:], shared_mem=fwd_smem(hd))
 

@@ -178,6 +178,11 @@ __device__ __forceinline__ void blu_fence_proxy_async() {
 __device__ __forceinline__ void blu_named_barrier_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+// Arrive on named barrier `id` without waiting (the barrier completes when `n` threads have synced or arrived):
+// one warpgroup hands its turn to another that waits on `id` with blu_named_barrier_sync(id, n).
+__device__ __forceinline__ void blu_named_barrier_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 // bf16x2 of (lo, hi), round to nearest even
 __device__ __forceinline__ unsigned blu_pack_bf16x2(float lo, float hi) {
   unsigned r;

@@ -159,7 +159,12 @@ struct Fwd {
   static constexpr int SMEM = 1024 + TILE * (2 + 2 * ST) + 8 * (4 + 2 * ST);
 };
 
-template <int HD, int ST>
+// PP (the 'pingpong' schedule): the two consumer warpgroups take turns issuing their products (named barriers
+// 1 and 2: a warpgroup waits for its turn, issues, and hands the turn over before it waits for its results), so
+// one warpgroup's softmax runs while the other's products keep the tensor cores busy, instead of both issuing at
+// once and then both doing softmax. Both warpgroups issue at the same points of every work tile (their tiles are
+// the same), so the turns stay in step; the products, and therefore the results, are those of the free schedule.
+template <int HD, int ST, bool PP = false>
 __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, const BluTmap* tmV, bf16_t* o,
                                         float* lse, int L, int S, float scale, int causal, int H, int BH, Lay lo) {
 #if BLU_HAVE_WGMMA
@@ -219,6 +224,10 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
   blu_setmaxnreg_inc<232>();
   const int cw = wgi - 1, w = warp & 3, g = lane >> 2, t = lane & 3;
   const float c = scale * BLU_LOG2E;
+  // PP turns: warpgroup cw waits on barrier 1 + cw and hands over on 1 + (cw ^ 1); warpgroup 0 goes first
+  auto my_turn = [&]() { if constexpr (PP) blu_named_barrier_sync(1 + cw, 256); };
+  auto hand_over = [&]() { if constexpr (PP) blu_named_barrier_arrive(1 + (cw ^ 1), 256); };
+  if (cw == 1) hand_over();
   int kv = 0, n = 0;
   for (int wt = blockIdx.x; wt < total; wt += gridDim.x, ++n) {
     const int q0 = (nmb - 1 - wt / BH) * BM, bh = wt % BH;
@@ -269,9 +278,11 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
     float al0, al1, rs0, rs1;
     // tile 0: S = Q K0^T, softmax
     blu_mbar_wait(full + 8 * (kv % ST), (kv / ST) & 1);
+    my_turn();
     blu_wgmma_fence();
     ss_product<BN, HD>(s, sQ, BM, cw * 64, sKV + 2 * (kv % ST) * TILE, BN);
     blu_wgmma_commit();
+    hand_over();
     blu_wgmma_wait<0>();
     blu_fence_f<BN / 2>(s);
     softmax(0, al0, al1, rs0, rs1);
@@ -281,11 +292,13 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
     for (int it = 1; it < nt; ++it) {
       const int st = (kv + it) % ST, pst = (kv + it - 1) % ST;
       blu_mbar_wait(full + 8 * st, ((kv + it) / ST) & 1);
+      my_turn();
       blu_wgmma_fence();
       ss_product<BN, HD>(s, sQ, BM, cw * 64, sKV + 2 * st * TILE, BN);  // S_i = Q K_i^T
       blu_wgmma_commit();
       rs_product<BN, HD>(oacc, p, sKV + 2 * pst * TILE + TILE, BN);  // O += P_{i-1} V_{i-1}
       blu_wgmma_commit();
+      hand_over();
       blu_wgmma_wait<1>();
       blu_fence_f<BN / 2>(s);
       softmax(it * BN, al0, al1, rs0, rs1);
@@ -301,9 +314,11 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
     }
     {
       const int pst = (kv + nt - 1) % ST;
+      my_turn();
       blu_wgmma_fence();
       rs_product<BN, HD>(oacc, p, sKV + 2 * pst * TILE + TILE, BN);
       blu_wgmma_commit();
+      hand_over();
       blu_wgmma_wait<0>();
       blu_fence_f<HD / 2>(oacc);
       blu_fence_u<BN / 4>(p);
@@ -618,7 +633,7 @@ __device__ __forceinline__ void dq_convert(const float* __restrict__ acc, bf16_t
 
 }  // namespace wg
 
-// Entries per head dim: forward, dK/dV and dQ, the fused backward (dK/dV's arguments plus the fp32 dQ accumulator)
+// Entries per head dim: forward (free and pingpong schedules), dK/dV and dQ, the fused backward (dK/dV's arguments plus the fp32 dQ accumulator)
 // and its dq conversion, the preprocess. Tensor maps (blutensor/backends/cupy/tma.py, 4-D: head dim, row,
 // head, batch; boxes of 64 elements x 128 rows, the dK/dV kernel's Q/dO and the dQ kernel's K/V maps 64 rows);
 // H heads; the output layouts as (sb, sh, st) (dK and dV share one). FST / BST: stages of the ring.
@@ -628,6 +643,11 @@ __device__ __forceinline__ void dq_convert(const float* __restrict__ acc, bf16_t
       BLU_TM tmQ, BLU_TM tmK, BLU_TM tmV, bf16_t* o, float* lse, int L, int S, float scale, int causal, int H,        \
       int BH, long long o_sb, long long o_sh, int o_st) {                                                            \
     wg::forward<HD, FST>(&tmQ, &tmK, &tmV, o, lse, L, S, scale, causal, H, BH, lay(o_sb, o_sh, o_st, H));           \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_fwd_pp(                 \
+      BLU_TM tmQ, BLU_TM tmK, BLU_TM tmV, bf16_t* o, float* lse, int L, int S, float scale, int causal, int H,        \
+      int BH, long long o_sb, long long o_sh, int o_st) {                                                            \
+    wg::forward<HD, FST, true>(&tmQ, &tmK, &tmV, o, lse, L, S, scale, causal, H, BH, lay(o_sb, o_sh, o_st, H));     \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dkdv(              \
       BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, const float* lse, const float* D, bf16_t* dk, bf16_t* dv,     \
