@@ -224,17 +224,25 @@ def test_prune_keeps_newest_good(tmp_path):
 
 
 def test_async_snapshot_and_one_in_flight(tmp_path, monkeypatch):
-    active, peak, lock = [0], [0], threading.Lock()
+    """save() returns while its write is still running (each write waits for the test to record that save()
+    returned: a save() that blocked on its own write would never return first), the snapshot is the tensors as
+    they were at the call, and at most one write is in flight (each starts after the previous one ended). The
+    order of events is asserted, not a wall-clock bound."""
+    events, active, peak, lock = [], [0], [0], threading.Lock()
+    gates = {step: threading.Event() for step in range(1, 6)}
     real = mgr_mod.save_checkpoint
 
     def slow_save(path, tensors, meta):
+        step = meta["s"]
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
-        time.sleep(0.05)
+            events.append(("start", step))
+        gates[step].wait(timeout=30)
         real(path, tensors, meta)
         with lock:
             active[0] -= 1
+            events.append(("end", step))
 
     monkeypatch.setattr(mgr_mod, "save_checkpoint", slow_save)
     m = CheckpointManager(tmp_path, keep=None, async_save=True)
@@ -243,13 +251,19 @@ def test_async_snapshot_and_one_in_flight(tmp_path, monkeypatch):
     for step in range(1, 6):
         t["model.w"][0, 0] = step
         expect[step] = {k: v.copy() for k, v in t.items()}
-        t0 = time.perf_counter()
         m.save(step, t, {"s": step})
-        assert m.in_flight  # returns before the write ends
+        with lock:
+            events.append(("returned", step))
+        assert m.in_flight
         t["model.w"][...] = -1.0  # mutate right after save(): the snapshot must not see it
-        assert time.perf_counter() - t0 < 0.2
+        gates[step].set()
     m.wait()
     assert not m.in_flight and peak[0] == 1
+    at = {e: i for i, e in enumerate(events)}
+    for step in range(1, 6):
+        assert at[("returned", step)] < at[("end", step)], events  # returned before its write ended
+        if step > 1:
+            assert at[("end", step - 1)] < at[("start", step)], events  # one write in flight
     for step, p in zip(range(1, 6), m.list()):
         got, meta = load_checkpoint(p)
         assert meta["s"] == step
