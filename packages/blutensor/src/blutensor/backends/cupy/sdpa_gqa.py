@@ -101,13 +101,15 @@ def _wgmma_backward(q, k, v, o, lse, do, causal: bool, scale: float):
         d2[...] = do
         do = d2
     _, dq = _empty_in_layout(q.shape, _axis_order(q), q.dtype, cp)
-    parts = [_empty_in_layout(a.shape, _axis_order(a), a.dtype, cp, (G,)) for a in (k, v)]
+    orders = [_axis_order(a) for a in (k, v)]
+    (dk_base, dk_parts), (dv_base, dv_parts) = (_empty_in_layout(a.shape, order, a.dtype, cp, (G,))
+                                                for a, order in zip((k, v), orders))
     kv = (_heads_last(k), _heads_last(v))
     for g, (qg, og, dog, dqg) in enumerate(zip(*(_members(a, G) for a in (q, o, do, dq)))):
-        _wgmma.backward(qg, *kv, og, lse[g], dog, dqg, _heads_last(parts[0][1][g]), _heads_last(parts[1][1][g]),
+        _wgmma.backward(qg, *kv, og, lse[g], dog, dqg, _heads_last(dk_parts[g]), _heads_last(dv_parts[g]),
                         causal, scale)
-    dk, dv = (_sum_members(base, cp).transpose(tuple(int(j) for j in np.argsort(_axis_order(a))))
-              for (base, _), a in zip(parts, (k, v)))
+    dk, dv = (_sum_members(base, cp).transpose(tuple(int(j) for j in np.argsort(order)))
+              for base, order in zip((dk_base, dv_base), orders))
     return dq, dk, dv
 
 

@@ -131,6 +131,13 @@ def _out_lay(a, kind: str = "wgmma") -> tuple:
     return (np.int32(H), np.int64(sb), np.int64(sh), np.int32(st))
 
 
+def problem(q, k, scale: float | None) -> tuple[int, int, int, float]:
+    """(L, S, BH, scale) of q and k as (BH, n, HD) arrays or (B, n, H, HD) views; scale defaults to 1/sqrt(HD)."""
+    hd = q.shape[-1]
+    BH = q.shape[0] if q.ndim == 3 else q.shape[0] * q.shape[2]
+    return q.shape[1], k.shape[1], BH, float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+
+
 def _check(arrays, hd: int):
     if hd not in HDS:
         raise ShapeError(f"flash attention (wgmma): head dim {hd} not supported (64 or 128)")
@@ -143,9 +150,7 @@ def forward(q, k, v, o, lse, causal: bool, scale: float | None):
     """Write o (like q) and lse (BH, L) for q/k/v given as (BH, n, HD) arrays or (B, n, H, HD) views."""
     hd = q.shape[-1]
     _check((("q", q), ("k", k), ("v", v), ("o", o)), hd)
-    L, S = q.shape[1], k.shape[1]
-    BH = q.shape[0] if q.ndim == 3 else q.shape[0] * q.shape[2]
-    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    L, S, BH, sc = problem(q, k, scale)
     if BH == 0 or L == 0:
         return
     if S == 0:  # no keys: PyTorch's math path gives NaN rows; the flash kernels' convention is zeros and -inf
@@ -168,9 +173,7 @@ def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None)
     cp = cupy()
     hd = q.shape[-1]
     _check((("q", q), ("k", k), ("v", v), ("o", o), ("do", do), ("dq", dq), ("dk", dk), ("dv", dv)), hd)
-    L, S = q.shape[1], k.shape[1]
-    BH = q.shape[0] if q.ndim == 3 else q.shape[0] * q.shape[2]
-    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    L, S, BH, sc = problem(q, k, scale)
     if BH == 0 or L == 0 or S == 0:
         for a in (dq, dk, dv):
             a.fill(0)

@@ -140,9 +140,7 @@ def forward(q, k, v, o, lse, causal: bool, scale: float | None):
     """Write o (like q) and lse (BH, L) for fp32 q/k/v given as (BH, n, HD) arrays or (B, n, H, HD) views."""
     hd = q.shape[-1]
     _check((("q", q), ("k", k), ("v", v), ("o", o)), hd)
-    L, S = q.shape[1], k.shape[1]
-    BH = q.shape[0] if q.ndim == 3 else q.shape[0] * q.shape[2]
-    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    L, S, BH, sc = _wg.problem(q, k, scale)
     if BH == 0 or L == 0:
         return
     if S == 0:  # no keys: the flash kernels' convention is zero rows and -inf
@@ -167,9 +165,7 @@ def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None)
     if hd not in BWD_HDS:
         raise ShapeError(f"flash attention (tf32 wgmma): no Hopper backward for head dim {hd} (64); the mma.sync "
                          f"'tf32' backward runs it")
-    L, S = q.shape[1], k.shape[1]
-    BH = q.shape[0] if q.ndim == 3 else q.shape[0] * q.shape[2]
-    sc = float(scale) if scale is not None else 1.0 / math.sqrt(hd)
+    L, S, BH, sc = _wg.problem(q, k, scale)
     if BH == 0 or L == 0 or S == 0:
         for a in (dq, dk, dv):
             a.fill(0)

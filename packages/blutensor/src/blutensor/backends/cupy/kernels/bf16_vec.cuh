@@ -54,3 +54,19 @@ template <typename T> __device__ __forceinline__ void load_vec(const T* p, float
 template <typename T> __device__ __forceinline__ void store_vec(T* p, const float* v) {
     *reinterpret_cast<uint4*>(p) = pack(v, T());
 }
+
+// Grid-stride elementwise loop over n elements: chunk(i) for each chunk of V elements starting at element i (when
+// vec: every pointer the caller touches starts on a 16-byte boundary), then one(i) for each element past the
+// chunks. The shape of every vectorised elementwise kernel (cast.cu, swiglu.cu).
+template <int V, typename Chunk, typename One>
+__device__ __forceinline__ void blu_elementwise(long long n, int vec, Chunk chunk, One one) {
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long nth = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (vec) {
+        const long long nv = n / V;
+        for (long long i = tid; i < nv; i += nth) chunk(i * V);
+        done = nv * V;
+    }
+    for (long long i = done + tid; i < n; i += nth) one(i);
+}

@@ -5,38 +5,22 @@
 
 extern "C" __global__ void blu_cast_f32_to_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, long long n,
                                                 int vec) {
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long nth = (long long)gridDim.x * blockDim.x;
-    long long done = 0;
-    if (vec) {
-        const long long nv = n / 8;
-        for (long long i = tid; i < nv; i += nth) {
-            float v[8];
-            load_vec(x + i * 8, v);
-            load_vec(x + i * 8 + 4, v + 4);
-            store_vec(y + i * 8, v);
-        }
-        done = nv * 8;
-    }
-    for (long long i = done + tid; i < n; i += nth) y[i] = from_f<bf16_t>(x[i]);
+    blu_elementwise<8>(n, vec, [=](long long i) {
+        float v[8];
+        load_vec(x + i, v);
+        load_vec(x + i + 4, v + 4);
+        store_vec(y + i, v);
+    }, [=](long long i) { y[i] = from_f<bf16_t>(x[i]); });
 }
 
 extern "C" __global__ void blu_cast_bf16_to_f32(const bf16_t* __restrict__ x, float* __restrict__ y, long long n,
                                                 int vec) {
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long nth = (long long)gridDim.x * blockDim.x;
-    long long done = 0;
-    if (vec) {
-        const long long nv = n / 8;
-        for (long long i = tid; i < nv; i += nth) {
-            float v[8];
-            load_vec(x + i * 8, v);
-            store_vec(y + i * 8, v);
-            store_vec(y + i * 8 + 4, v + 4);
-        }
-        done = nv * 8;
-    }
-    for (long long i = done + tid; i < n; i += nth) y[i] = to_f(x[i]);
+    blu_elementwise<8>(n, vec, [=](long long i) {
+        float v[8];
+        load_vec(x + i, v);
+        store_vec(y + i, v);
+        store_vec(y + i + 4, v + 4);
+    }, [=](long long i) { y[i] = to_f(x[i]); });
 }
 
 // Many float32 tensors -> bfloat16 copies in ONE launch (autocast's weight casts at the start of a step).
@@ -122,22 +106,14 @@ extern "C" __global__ void blu_add_bf16_widen_forward(const float* __restrict__ 
 // a float32 add and a narrowing.
 extern "C" __global__ void blu_add_bf16_forward(const bf16_t* __restrict__ a, const bf16_t* __restrict__ b,
                                                 bf16_t* __restrict__ out, long long n, int vec) {
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long nth = (long long)gridDim.x * blockDim.x;
-    long long done = 0;
-    if (vec) {
-        const long long nv = n / 8;
-        for (long long i = tid; i < nv; i += nth) {
-            float x[8], y[8];
-            load_vec(a + i * 8, x);
-            load_vec(b + i * 8, y);
+    blu_elementwise<8>(n, vec, [=](long long i) {
+        float x[8], y[8];
+        load_vec(a + i, x);
+        load_vec(b + i, y);
 #pragma unroll
-            for (int k = 0; k < 8; ++k) x[k] += y[k];
-            store_vec(out + i * 8, x);
-        }
-        done = nv * 8;
-    }
-    for (long long i = done + tid; i < n; i += nth) out[i] = from_f<bf16_t>(to_f(a[i]) + to_f(b[i]));
+        for (int k = 0; k < 8; ++k) x[k] += y[k];
+        store_vec(out + i, x);
+    }, [=](long long i) { out[i] = from_f<bf16_t>(to_f(a[i]) + to_f(b[i])); });
 }
 
 // out[i] = bf16(sum over g < G of widen(parts[g * n + i])), the slices added in order in float32: the G slices of
@@ -145,26 +121,18 @@ extern "C" __global__ void blu_add_bf16_forward(const bf16_t* __restrict__ a, co
 // one pass. vec: every slice starts on a 16-byte boundary (parts and out aligned, n a multiple of 8).
 extern "C" __global__ void blu_sum_slices_bf16_forward(const bf16_t* __restrict__ parts, bf16_t* __restrict__ out,
                                                        int G, long long n, int vec) {
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long nth = (long long)gridDim.x * blockDim.x;
-    long long done = 0;
-    if (vec) {
-        const long long nv = n / 8;
-        for (long long i = tid; i < nv; i += nth) {
-            float s[8], y[8];
-            load_vec(parts + i * 8, s);
-            for (int g = 1; g < G; ++g) {
-                load_vec(parts + g * n + i * 8, y);
+    blu_elementwise<8>(n, vec, [=](long long i) {
+        float s[8], y[8];
+        load_vec(parts + i, s);
+        for (int g = 1; g < G; ++g) {
+            load_vec(parts + g * n + i, y);
 #pragma unroll
-                for (int k = 0; k < 8; ++k) s[k] += y[k];
-            }
-            store_vec(out + i * 8, s);
+            for (int k = 0; k < 8; ++k) s[k] += y[k];
         }
-        done = nv * 8;
-    }
-    for (long long i = done + tid; i < n; i += nth) {
+        store_vec(out + i, s);
+    }, [=](long long i) {
         float s = to_f(parts[i]);
         for (int g = 1; g < G; ++g) s += to_f(parts[g * n + i]);
         out[i] = from_f<bf16_t>(s);
-    }
+    });
 }

@@ -15,55 +15,39 @@ template <typename T>
 __device__ void swiglu_fwd(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ y, long long n,
                            int vec) {
     constexpr int V = VecN<T>::N;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long nth = (long long)gridDim.x * blockDim.x;
-    long long done = 0;
-    if (vec) {
-        const long long nv = n / V;
-        for (long long i = tid; i < nv; i += nth) {
-            float g[V], u[V];
-            load_vec(gate + i * V, g);
-            load_vec(up + i * V, u);
+    blu_elementwise<V>(n, vec, [=](long long i) {
+        float g[V], u[V];
+        load_vec(gate + i, g);
+        load_vec(up + i, u);
 #pragma unroll
-            for (int k = 0; k < V; ++k) g[k] = swiglu_f(g[k], u[k]);
-            store_vec(y + i * V, g);
-        }
-        done = nv * V;
-    }
-    for (long long i = done + tid; i < n; i += nth) y[i] = from_f<T>(swiglu_f(to_f(gate[i]), to_f(up[i])));
+        for (int k = 0; k < V; ++k) g[k] = swiglu_f(g[k], u[k]);
+        store_vec(y + i, g);
+    }, [=](long long i) { y[i] = from_f<T>(swiglu_f(to_f(gate[i]), to_f(up[i]))); });
 }
 
 template <typename T>
 __device__ void swiglu_bwd(const T* __restrict__ dy, const T* __restrict__ gate, const T* __restrict__ up,
                            T* __restrict__ dgate, T* __restrict__ dup, long long n, int vec) {
     constexpr int V = VecN<T>::N;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long nth = (long long)gridDim.x * blockDim.x;
-    long long done = 0;
-    if (vec) {
-        const long long nv = n / V;
-        for (long long i = tid; i < nv; i += nth) {
-            float g[V], u[V], d[V], dg[V], du[V];
-            load_vec(gate + i * V, g);
-            load_vec(up + i * V, u);
-            load_vec(dy + i * V, d);
+    blu_elementwise<V>(n, vec, [=](long long i) {
+        float g[V], u[V], d[V], dg[V], du[V];
+        load_vec(gate + i, g);
+        load_vec(up + i, u);
+        load_vec(dy + i, d);
 #pragma unroll
-            for (int k = 0; k < V; ++k) {
-                const float s = sigmoid_f(g[k]);
-                dg[k] = d[k] * u[k] * s * (1.f + g[k] * (1.f - s));
-                du[k] = d[k] * g[k] * s;
-            }
-            if (dgate) store_vec(dgate + i * V, dg);
-            if (dup) store_vec(dup + i * V, du);
+        for (int k = 0; k < V; ++k) {
+            const float s = sigmoid_f(g[k]);
+            dg[k] = d[k] * u[k] * s * (1.f + g[k] * (1.f - s));
+            du[k] = d[k] * g[k] * s;
         }
-        done = nv * V;
-    }
-    for (long long i = done + tid; i < n; i += nth) {
+        if (dgate) store_vec(dgate + i, dg);
+        if (dup) store_vec(dup + i, du);
+    }, [=](long long i) {
         const float g = to_f(gate[i]), u = to_f(up[i]), d = to_f(dy[i]);
         const float s = sigmoid_f(g);
         if (dgate) dgate[i] = from_f<T>(d * u * s * (1.f + g * (1.f - s)));
         if (dup) dup[i] = from_f<T>(d * g * s);
-    }
+    });
 }
 
 #define SWIGLU_ENTRIES(SUF, TY)                                                                                    \
