@@ -194,7 +194,10 @@ def summarize(rows: dict, top: int) -> dict:
         sel = [r for n, r in rows.items() if category(n) == "other" and any(k in n.lower() for k in keys)]
         return {"launches": round(sum(r["count"] for r in sel), 2), "ms": sum(r["us"] for r in sel) / 1e3}
 
-    other = sorted(((n, r) for n, r in rows.items() if category(n) == "other"), key=lambda kv: -kv[1]["us"])
+    def top_of(cat):
+        sel = sorted(((n, r) for n, r in rows.items() if category(n) == cat), key=lambda kv: -kv[1]["us"])
+        return [{"name": n[:120], "count": round(r["count"], 2), "ms": round(r["us"] / 1e3, 4)} for n, r in sel[:top]]
+
     emb = [r for n, r in rows.items() if "embedding_backward" in n]
     return {
         "total_ms": sum(r["us"] for r in rows.values()) / 1e3,
@@ -203,8 +206,8 @@ def summarize(rows: dict, top: int) -> dict:
         "casts": pick(CAST_KEYS),
         "adds": pick(ADD_KEYS),
         "embedding_backward_ms": sum(r["us"] for r in emb) / 1e3 if emb else None,
-        "top_other": [{"name": n[:120], "count": round(r["count"], 2), "ms": round(r["us"] / 1e3, 4)}
-                      for n, r in other[:top]],
+        "top_other": top_of("other"),
+        "top_attention": top_of("attention"),
     }
 
 
@@ -293,7 +296,7 @@ def main() -> int:
             print(f"{mode:5s} {fw:13s} total {r['total_ms']:7.2f} ms  {c}  launches {r['launches']:.0f}  "
                   f"casts {r['casts']['launches']:.0f} ({r['casts']['ms']:.2f} ms)  adds {r['adds']['launches']:.0f} "
                   f"({r['adds']['ms']:.2f} ms)  emb-bwd {r['embedding_backward_ms']}")
-            for k in r["top_other"][:6]:
+            for k in r["top_attention"][:6] + r["top_other"][:6]:
                 print(f"        {k['ms']:7.3f} ms x{k['count']:5.1f}  {k['name'][:90]}")
         if "ratios" in res:
             ratio = res["ratios"]["other_blutrain_over_torch_compile"]

@@ -48,6 +48,8 @@ EMBEDDING_BWD = ("segments", "runs", "pieces")
 PIECE = 32
 #: sorted positions per block of the 'segments' backward (EMB_SEG_P in kernels/embedding.cu)
 SEG_PIECE = 16
+#: columns per block of the 'segments' second pass: a long run's row is summed by C / RUNS_COLS blocks at once
+RUNS_COLS = 32
 
 
 def backward_mode() -> str:
@@ -105,7 +107,8 @@ def embedding_backward(idx, g, num_embeddings: int, out=None):
         launch(FILE, f"blu_embedding_backward_seg_{suffix(g)}_{suffix(dw)}", pieces, block,
                (sorted_idx, order, g, dw, part) + args)
         if pieces > 1:
-            launch(FILE, f"blu_embedding_backward_seg_runs_{suffix(dw)}", pieces, block, (sorted_idx, dw, part) + args)
+            launch(FILE, f"blu_embedding_backward_seg_runs_{suffix(dw)}", (pieces, math.ceil(C / RUNS_COLS)),
+                   RUNS_COLS, (sorted_idx, dw, part) + args)
         return dw
     if mode == "pieces":
         part = cp.empty((N, C), dtype=cp.float32)  # piece sums (only the rows of piece starts are written)
