@@ -7,10 +7,10 @@ Shapes: ``gpt2`` one GPT-2 124M layer (B=16, H=12, T=1024, HD=64), ``hd128`` hea
 ``long`` long context (B=2, H=12, T=16384, HD=64). blutensor: ``bt.ext.sdpa_qkv`` on a (B, T, 3*C) Tensor (the
 strided kernels read q, k, v in place), forward and forward + backward through autograd, per kernel variant as a
 user selects it: fp32 under ``bt.set_float32_matmul_precision("highest")`` (``tf32x3``;
-``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``), ``"high"`` (``tf32``; ``BLUTRAIN_SDPA_TF32=wgmma`` the Hopper
-``tf32_wgmma``, an error row elsewhere), bfloat16 (the default: ``bf16_wgmma`` on
-sm_90; ``BLUTRAIN_SDPA_KERNEL=wgmma`` the Hopper kernel, an error row elsewhere, with
-``BLUTRAIN_SDPA_SCHEDULE=pingpong`` its forward's turn-taking schedule; ``BLUTRAIN_SDPA_KERNEL=mma`` the
+``BLUTRAIN_SDPA_FP32=simt`` the SIMT ``f32``), ``"high"`` (``tf32``, ``BLUTRAIN_SDPA_TF32=mma``;
+``BLUTRAIN_SDPA_TF32=wgmma`` the Hopper ``tf32_wgmma``, an error row elsewhere), bfloat16 (the default:
+``bf16_wgmma`` on sm_90; ``BLUTRAIN_SDPA_KERNEL=wgmma`` the Hopper kernel, an error row elsewhere, with
+``BLUTRAIN_SDPA_SCHEDULE=free`` its forward without the default turn-taking schedule; ``BLUTRAIN_SDPA_KERNEL=mma`` the
 mma.sync ``bf16``), and for the variants with a fused backward (tf32x3, tf32, the Hopper bf16 kernel) both
 ``BLUTRAIN_SDPA_BWD=fused`` and ``split``.
 PyTorch: SDPA on (B, H, T, HD) views of the same layout as nanoGPT calls it, fp32, fp32 with TF32 allowed, bf16
@@ -44,13 +44,13 @@ BLU_RUNS = [
     ("f32 simt", "float32", "highest", {"BLUTRAIN_SDPA_FP32": "simt"}),
     ("tf32x3 fused", "float32", "highest", {"BLUTRAIN_SDPA_BWD": "fused"}),
     ("tf32x3 split", "float32", "highest", {"BLUTRAIN_SDPA_BWD": "split"}),
-    ("tf32 fused", "float32", "high", {"BLUTRAIN_SDPA_BWD": "fused"}),
-    ("tf32 split", "float32", "high", {"BLUTRAIN_SDPA_BWD": "split"}),
+    ("tf32 fused", "float32", "high", {"BLUTRAIN_SDPA_TF32": "mma", "BLUTRAIN_SDPA_BWD": "fused"}),
+    ("tf32 split", "float32", "high", {"BLUTRAIN_SDPA_TF32": "mma", "BLUTRAIN_SDPA_BWD": "split"}),
     ("tf32 wgmma", "float32", "high", {"BLUTRAIN_SDPA_TF32": "wgmma", "BLUTRAIN_SDPA_BWD": "split"}),
     ("bf16 wgmma fused", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "fused"}),
     ("bf16 wgmma split", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "split"}),
-    ("bf16 wgmma pingpong", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "split",
-                                                    "BLUTRAIN_SDPA_SCHEDULE": "pingpong"}),
+    ("bf16 wgmma free", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "wgmma", "BLUTRAIN_SDPA_BWD": "split",
+                                                "BLUTRAIN_SDPA_SCHEDULE": "free"}),
     ("bf16 mma", "bfloat16", "highest", {"BLUTRAIN_SDPA_KERNEL": "mma"}),
     ("bf16 default", "bfloat16", "highest", {}),
 ]

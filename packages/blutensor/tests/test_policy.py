@@ -299,7 +299,9 @@ def test_attention_variants_follow_the_scope(monkeypatch):
     with bt.policy.scope(attention="mma", attention_fp32="simt"):
         assert (sdpa.pick_variant(f32, 64), sdpa.pick_variant(u16, 64)) == ("f32", "bf16")
         with bt.policy.scope(precision="tf32"):
-            assert sdpa.pick_variant(f32, 64) == "tf32"
+            assert sdpa.pick_variant(f32, 64) == "tf32_wgmma"  # attention_tf32 'auto' on sm_90
+            with bt.policy.scope(attention_tf32="mma"):
+                assert sdpa.pick_variant(f32, 64) == "tf32"
     assert sdpa.fused_backward("tf32x3", 64)
     with bt.policy.scope(deterministic=True):
         assert not sdpa.fused_backward("tf32x3", 64)

@@ -211,7 +211,9 @@ def test_pick_variant(device, monkeypatch):
     bt.policy.reset_defaults()
     for prec in ("tf32", "bf16"):
         set_matmul_precision(prec)
-        assert sdpa.pick_variant(f32, 64) == "tf32"
+        assert sdpa.pick_variant(f32, 64) == "tf32_wgmma"  # sm_90: the Hopper tf32 kernels (attention_tf32 'auto')
+        with bt.policy.scope(attention_tf32="mma"):
+            assert sdpa.pick_variant(f32, 64) == "tf32"
     set_matmul_precision("fp32")
     device["cc"] = 75  # no tf32 mma.sync before sm_80
     assert sdpa.pick_variant(f32, 64) == "f32"

@@ -175,8 +175,8 @@ def test_pick_variant_and_the_kernel_setting(device, monkeypatch):
 
 
 def test_forward_schedule_picks_its_entry(monkeypatch):
-    """Policy ``attention_schedule`` (BLUTRAIN_SDPA_SCHEDULE): 'free' launches the forward entry, 'pingpong' its
-    turn-taking twin ``*_fwd_pp`` with the same arguments; a bad value is refused by name."""
+    """Policy ``attention_schedule`` (BLUTRAIN_SDPA_SCHEDULE): 'pingpong' (the default) launches the turn-taking
+    ``*_fwd_pp`` entry, 'free' the plain one with the same arguments; a bad value is refused by name."""
     cp = fake_cuda.install(monkeypatch)
     calls = []
     monkeypatch.setattr(wg, "launch", lambda file, name, grid, block, args, shared_mem=0: calls.append((name, args)))
@@ -187,11 +187,11 @@ def test_forward_schedule_picks_its_entry(monkeypatch):
     q, k, v, o = (cp.zeros((2, 70, 64), dtype=cp.uint16) for _ in range(4))
     lse = cp.zeros((2, 70), dtype=cp.float32)
     wg.forward(q, k, v, o, lse, True, None)
-    with bt.policy.scope(attention_schedule="pingpong"):
+    with bt.policy.scope(attention_schedule="free"):
         wg.forward(q, k, v, o, lse, True, None)
-    assert [c[0] for c in calls] == ["blu_sdpa_wgmma_bf16_hd64_fwd", "blu_sdpa_wgmma_bf16_hd64_fwd_pp"]
+    assert [c[0] for c in calls] == ["blu_sdpa_wgmma_bf16_hd64_fwd_pp", "blu_sdpa_wgmma_bf16_hd64_fwd"]
     assert len(calls[0][1]) == len(calls[1][1])
-    assert bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_SCHEDULE": "pingpong"}).attention_schedule == "pingpong"
+    assert bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_SCHEDULE": "free"}).attention_schedule == "free"
     with pytest.raises(ValueError, match=r"ExecutionPolicy.attention_schedule must be one of \('free', 'pingpong'\)"):
         bt.policy.scope(attention_schedule="turns")
 
@@ -252,7 +252,8 @@ def test_cuda_pingpong_forward_equals_the_free_one_bitwise(BH, L, S, hd, causal)
     rng = np.random.default_rng(BH + L + hd)
     gq, gk, gv = (cp.asarray(_bf16(rng.standard_normal((BH, n, hd)))[0]) for n in (L, S, S))
     sc = 1.0 / math.sqrt(hd)
-    o1, lse1 = sdpa.flash_attention_forward(gq, gk, gv, causal, sc, "bf16_wgmma")
+    with bt.policy.scope(attention_schedule="free"):
+        o1, lse1 = sdpa.flash_attention_forward(gq, gk, gv, causal, sc, "bf16_wgmma")
     with bt.policy.scope(attention_schedule="pingpong"):
         o2, lse2 = sdpa.flash_attention_forward(gq, gk, gv, causal, sc, "bf16_wgmma")
     assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())

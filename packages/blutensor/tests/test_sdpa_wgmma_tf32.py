@@ -192,8 +192,9 @@ def device(monkeypatch):
 
 
 def test_policy_field_and_environment(monkeypatch):
-    assert bt.ExecutionPolicy().attention_tf32 == "mma"
+    assert bt.ExecutionPolicy().attention_tf32 == "auto"
     assert bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_TF32": "wgmma"}).attention_tf32 == "wgmma"
+    assert bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_TF32": "mma"}).attention_tf32 == "mma"
     with pytest.raises(ValueError, match="BLUTRAIN_SDPA_TF32"):
         bt.ExecutionPolicy.from_env({"BLUTRAIN_SDPA_TF32": "fast"})
     with pytest.raises(ValueError, match="attention_tf32"):
@@ -205,7 +206,10 @@ def test_pick_variant_tf32_wgmma(device):
     f32, u16 = np.dtype(np.float32), np.dtype(np.uint16)
     for prec in ("tf32", "bf16"):
         bt.set_matmul_precision(prec)
-        assert sdpa.pick_variant(f32, 64) == "tf32"  # default 'mma'
+        assert sdpa.pick_variant(f32, 64) == "tf32_wgmma"  # default 'auto' on sm_90
+        assert sdpa.pick_variant(f32, 32) == "f32"
+        with bt.policy.scope(attention_tf32="mma"):
+            assert sdpa.pick_variant(f32, 64) == "tf32"
         with bt.policy.scope(attention_tf32="wgmma"):
             assert sdpa.pick_variant(f32, 64) == "tf32_wgmma"
             assert sdpa.pick_variant(f32, 128) == "tf32_wgmma"
@@ -216,7 +220,7 @@ def test_pick_variant_tf32_wgmma(device):
         assert sdpa.pick_variant(f32, 64) == "tf32x3"  # strict fp32 is not tf32
     bt.set_matmul_precision("tf32")
     device["cc"] = 80
-    assert sdpa.pick_variant(f32, 64) == "tf32"
+    assert sdpa.pick_variant(f32, 64) == "tf32"  # 'auto' off sm_90: the mma.sync kernels
     with bt.policy.scope(attention_tf32="wgmma"), pytest.raises(ValueError, match="sm_90.*sm_80"):
         sdpa.pick_variant(f32, 64)
 

@@ -45,7 +45,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("auto", "wgmma", "mma"),
     "attention_fp32": ("tf32x3", "simt"),
     "attention_backward": ("auto", "fused", "split"),
-    "attention_tf32": ("mma", "wgmma"),
+    "attention_tf32": ("auto", "mma", "wgmma"),
     "attention_schedule": ("free", "pingpong"),
     "embedding_backward": ("segments", "runs", "pieces"),
     "embedding_sort": ("auto", "radix"),
@@ -96,10 +96,11 @@ class ExecutionPolicy:
       (require them: an error off sm_90) or 'mma'; ``attention_fp32``: fp32 attention under precision 'fp32':
       'tf32x3' (matrix units, fp32-accurate) or 'simt'; ``attention_backward``: 'auto' (the fused kernel where it
       is faster), 'fused' or 'split' (the deterministic two-kernel backward); ``attention_tf32``: fp32 attention
-      under precision 'tf32' / 'bf16': 'mma' (the mma.sync tf32 kernels) or 'wgmma' (the Hopper tf32 forward,
-      sm_90 only: an error elsewhere; its backward is the mma.sync one); ``attention_schedule``: how the Hopper
-      bf16 forward's two consumer warpgroups issue their products: 'free' (each as soon as its tiles arrive) or
-      'pingpong' (in turns, so that one's softmax runs under the other's products; the same results).
+      under precision 'tf32' / 'bf16': 'auto' (the Hopper wgmma tf32 kernels on sm_90, mma.sync elsewhere),
+      'mma' (the mma.sync tf32 kernels) or 'wgmma' (require the Hopper ones: an error off sm_90);
+      ``attention_schedule``: how the Hopper bf16 forward's two consumer warpgroups issue their products:
+      'pingpong' (the default: in turns, so that one's softmax runs under the other's products) or 'free' (each as
+      soon as its tiles arrive; the same results, bit for bit).
     - ``embedding_backward``: 'segments', 'runs' or 'pieces' (all bitwise deterministic); ``embedding_sort``:
       'auto' (Thrust eagerly, the radix argsort inside CUDA graphs) or 'radix' (the radix argsort always).
     - ``gemm``: the CUDA GEMM provider: 'auto' (blutensor's documented order: cublas, blublas, xp) or a registered
@@ -125,8 +126,8 @@ class ExecutionPolicy:
     embedding_sort: str = "auto"
     max_3xtf32_k: int = 4096
     compiler: str = "auto"
-    attention_tf32: str = "mma"
-    attention_schedule: str = "free"
+    attention_tf32: str = "auto"
+    attention_schedule: str = "pingpong"
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():

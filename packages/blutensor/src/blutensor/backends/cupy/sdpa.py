@@ -12,8 +12,8 @@ wgmma, producer/consumer warpgroups, fused or deterministic backward; policy ``a
 'tf32_wgmma' (kernels/sdpa_wgmma_tf32.cu, backends/cupy/sdpa_wgmma_tf32.py) is the Hopper forward for fp32 tensors
 under matmul precision 'tf32'/'bf16' (wgmma .tf32, V read through a transposed scratch copy), with a deterministic
 Hopper backward at head dim 64 (:func:`backward_variant`: head dim 128 and ``attention_backward='fused'`` run the
-mma.sync 'tf32' backward on its lse). Opt-in: policy ``attention_tf32='wgmma'`` (``BLUTRAIN_SDPA_TF32=wgmma``, sm_90
-only, an error elsewhere); the default 'mma' keeps 'tf32'. Grouped-query attention runs 'tf32' for it.
+mma.sync 'tf32' backward on its lse). The default on sm_90 (policy ``attention_tf32='auto'``); 'mma'
+(``BLUTRAIN_SDPA_TF32=mma``) keeps 'tf32', 'wgmma' requires sm_90. Grouped-query attention runs 'tf32' for it.
 Choice (:func:`pick_variant`): bf16 tensors use 'bf16_wgmma' on sm_90, else 'bf16'; fp32 tensors use 'tf32'
 when blutensor's matmul precision is 'tf32' or 'bf16', else (strict 'fp32') 'tf32x3' on sm_80+ where its shared
 memory fits, as PyTorch's own fp32 SDPA does; policy ``attention_fp32='simt'`` (``BLUTRAIN_SDPA_FP32=simt``) selects the
@@ -284,8 +284,8 @@ def pick_variant(dtype, hd: int) -> str | None:
 
     bf16: 'bf16_wgmma' (kernels/sdpa_wgmma.cu: TMA, wgmma, warp specialisation) on sm_90 unless
     the policy's ``attention`` is 'mma', else the mma.sync 'bf16'.
-    fp32: 'tf32' under matmul precision 'tf32'/'bf16' ('tf32_wgmma', the Hopper forward, under the policy's
-    ``attention_tf32='wgmma'``: sm_90 only, a ValueError elsewhere); under 'fp32' 'tf32x3' on sm_80+
+    fp32: 'tf32' under matmul precision 'tf32'/'bf16' ('tf32_wgmma', the Hopper kernels, on sm_90 unless the
+    policy's ``attention_tf32`` is 'mma'; 'wgmma' off sm_90 is a ValueError); under 'fp32' 'tf32x3' on sm_80+
     (``attention_fp32='simt'``: the SIMT 'f32'); 'f32' wherever the matrix-unit kernels do not apply."""
     if dtype == np.uint16:
         if hd in MMA_HD and _wgmma.available(hd, _compute_capability()):

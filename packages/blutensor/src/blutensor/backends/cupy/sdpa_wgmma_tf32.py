@@ -16,8 +16,8 @@ Head dim 128, whose tiles and transposes do not fit in shared memory together, a
 (the atomic-dQ kernel exists on mma.sync only) run the mma.sync 'tf32' backward on this lse (sdpa.py's
 ``backward_variant`` decides).
 
-:func:`available` says whether the variant applies: sm_90 and the execution policy's ``attention_tf32`` 'wgmma'
-(``BLUTRAIN_SDPA_TF32=wgmma``; default 'mma': the mma.sync kernels); 'wgmma' on another device is an error.
+:func:`available` says whether the variant applies: the execution policy's ``attention_tf32`` (``BLUTRAIN_SDPA_TF32``)
+'auto' (the default: on sm_90) or 'wgmma' (required: an error on another device); 'mma' keeps the mma.sync kernels.
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ BWD_HDS = (64,)
 BWD_STAGES = {64: (2, 3)}
 STREAM_ROWS = 64  # rows of the backward's streamed tiles
 #: values of the policy's ``attention_tf32`` (BLUTRAIN_SDPA_TF32): the kernels of fp32 attention under matmul
-#: precision 'tf32' / 'bf16' ('mma': the mma.sync 'tf32' kernels, 'wgmma': these, sm_90 only)
-SDPA_TF32 = ("mma", "wgmma")
+#: precision 'tf32' / 'bf16' ('auto': these on sm_90, else mma.sync; 'mma': the mma.sync 'tf32' kernels; 'wgmma':
+#: these, sm_90 only)
+SDPA_TF32 = ("auto", "mma", "wgmma")
 
 
 def kernel_setting() -> str:
-    """The current execution policy's ``attention_tf32``: 'mma' (default) or 'wgmma'."""
+    """The current execution policy's ``attention_tf32``: 'auto' (default), 'mma' or 'wgmma'."""
     from blutensor.policy import current
 
     return current().attention_tf32
@@ -56,9 +57,10 @@ def kernel_setting() -> str:
 
 def available(hd: int, cc: int) -> bool:
     """Whether tf32 attention of head dim ``hd`` runs these kernels on a device of compute capability ``cc``:
-    policy ``attention_tf32='wgmma'`` and sm_90. 'wgmma' on another device is a ValueError (the kernels need
+    policy ``attention_tf32`` 'auto' on sm_90, or 'wgmma' (on another device a ValueError: the kernels need
     sm_90a)."""
-    if kernel_setting() != "wgmma":
+    setting = kernel_setting()
+    if setting == "mma" or (setting == "auto" and cc != 90):
         return False
     if cc != 90:
         raise ValueError(f"attention_tf32='wgmma' (BLUTRAIN_SDPA_TF32=wgmma) needs an sm_90 (Hopper) GPU; this one "
