@@ -208,6 +208,7 @@ def summarize(rows: dict, top: int) -> dict:
         "embedding_backward_ms": sum(r["us"] for r in emb) / 1e3 if emb else None,
         "top_other": top_of("other"),
         "top_attention": top_of("attention"),
+        "top_gemm": top_of("gemm"),
     }
 
 

@@ -8,9 +8,11 @@ swizzle on the absolute address), the m64nN accumulator layout and the register 
 issues them and return what the tensor cores would compute; tests/test_sdpa_wgmma.py compares them with plain
 float64 matrix products. The fused backward's dQ path: :func:`dst_addr` (the kernel's closed-form swizzled
 address of each packed dS^T pair, wg::store_dst), :func:`dq_descs` (the transposed-A and MN-major-B descriptors
-of wg::dq_chunk), :func:`red_dq` (the fp32 accumulator addresses of wg::red_dq); :func:`fused_tile` runs one
-warpgroup's tile through them and :func:`fused_dq` walks the kernel's work tiles (decode, causal skips, the
-dS^T buffer parity) into a dQ accumulator. Usage: python packages/blutensor/dev/emulate_sdpa_wgmma.py
+of wg::dq_chunk), :func:`red_dq` (the fp32 accumulator addresses of wg::red_dq, head dim 128) or, at head dim 64,
+:func:`stage_off` (wg::stage_dq's tile-fragment order, each staged tile added whole by :func:`bulk_dq`) and
+:func:`frag_rows` (wg::dq_convert reading that order back into rows); :func:`fused_tile` runs one warpgroup's tile
+through them and :func:`fused_dq` walks the kernel's work tiles (decode, causal skips, the dS^T buffer parity)
+into a dQ accumulator. Usage: python packages/blutensor/dev/emulate_sdpa_wgmma.py
 """
 
 from __future__ import annotations
@@ -210,13 +212,54 @@ def red_dq(acc: np.ndarray, regs: np.ndarray, c: int, x0: int, L: int, hd: int) 
                 acc[q1 * hd + col : q1 * hd + col + 2] += regs[th, i + 2 : i + 4]
 
 
+BULK_HDS = (64,)  # head dims whose dQ partials are staged and bulk-reduced (the kernel's bulk_dq)
+DQ_TILE = 64 * 64  # fp32 elements of one staged partial
+
+
+def stage_off(i4: int, th: int) -> int:
+    """Float offset in the staging tile of registers 4 i4 .. 4 i4 + 3 of warpgroup thread ``th`` (wg::stage_dq)."""
+    return (i4 * 128 + th) * 4
+
+
+def bulk_dq(acc: np.ndarray, regs: np.ndarray, x0: int) -> None:
+    """Stage one warpgroup's 64 x 64 partial (regs (128, 32)) through :func:`stage_off` and add the whole tile into
+    the tile-fragment accumulator ``acc`` (flat (ceil(L / 64), 64 * 64)) at query tile x0 / 64, as the bulk
+    reduction does."""
+    tile = np.zeros(DQ_TILE)
+    for th in range(128):
+        for i4 in range(8):
+            o = stage_off(i4, th)
+            tile[o : o + 4] = regs[th, 4 * i4 : 4 * i4 + 4]
+    acc[(x0 // 64) * DQ_TILE : (x0 // 64 + 1) * DQ_TILE] += tile
+
+
+def frag_index(L: int) -> np.ndarray:
+    """(L, 64) offsets into a flat tile-fragment accumulator of every (query, column), as wg::dq_convert reads them:
+    columns 8 i4 + 2 t, + 1 of query row r of a tile at (i4 * 128 + 32 (r / 16) + 4 (r % 8) + t) * 4
+    + 2 ((r / 8) % 2), + 1."""
+    idx = np.zeros((L, 64), dtype=np.int64)
+    for q in range(L):
+        r = q % 64
+        for i4 in range(8):
+            e0 = (i4 * 128 + 32 * (r // 16) + 4 * (r % 8)) * 4 + 2 * ((r // 8) % 2)
+            for t in range(4):
+                idx[q, 8 * i4 + 2 * t : 8 * i4 + 2 * t + 2] = (q // 64) * DQ_TILE + e0 + 4 * t + np.arange(2)
+    return idx
+
+
+def frag_rows(acc: np.ndarray, L: int) -> np.ndarray:
+    """(L, 64) rows of a flat tile-fragment accumulator (wg::dq_convert's reads, :func:`frag_index`)."""
+    return acc[frag_index(L)]
+
+
 def fused_tile(q, k, v, do, lse, D, own0: int, x0: int, cw: int, causal: bool, scale: float, acc: np.ndarray,
                nds: int = 0) -> np.ndarray:
     """One fused-backward tile of consumer warpgroup ``cw`` (own keys own0 .., queries x0 .. x0 + 63) of one head:
     S^T, dP^T through the kernel's descriptors, P^T and dS^T with its masks (queries >= L, keys >= S, causal),
     dS^T packed to bf16 and stored through :func:`dst_addr` into buffer ``nds & 1``, the dQ chunks through
-    :func:`dq_descs`, added by :func:`red_dq` into ``acc`` (flat L * hd). Returns the bf16 dS^T (64 keys x 64
-    queries) it stored, for a float64 check of the product."""
+    :func:`dq_descs`, added by :func:`red_dq` into ``acc`` (flat L * hd), or at head dim 64 by :func:`bulk_dq` into
+    a tile-fragment ``acc``. Returns the bf16 dS^T (64 keys x 64 queries) it stored, for a float64 check of the
+    product."""
     L, hd = q.shape
     S = k.shape[0]
     smem: dict = {}
@@ -246,6 +289,9 @@ def fused_tile(q, k, v, do, lse, D, own0: int, x0: int, cw: int, causal: bool, s
     dst = sY + tl + (2 * cw + (nds & 1)) * DST  # sDS: after the stages, 1024-aligned
     assert dst % 1024 == 0
     store_dst(smem, dst, ds)
+    if hd in BULK_HDS:
+        bulk_dq(acc, to_regs(dq_chunk(smem, dst, sA + cw * 64 * 128, 0)), x0)
+        return from_regs(ds)
     for cc in range(hd // BOX):
         red_dq(acc, to_regs(dq_chunk(smem, dst, sA + cw * 64 * 128, cc)), cc, x0, L, hd)
     return from_regs(ds)
@@ -257,7 +303,7 @@ def fused_dq(q, k, v, do, lse, D, causal: bool, scale: float) -> tuple[np.ndarra
     buffer alternating per stored tile. Returns (accumulator (L, hd), [(own0, x0, cw, bf16 dS^T), ...])."""
     L, hd = q.shape
     S = k.shape[0]
-    acc = np.zeros(L * hd)
+    acc = np.zeros(-(-L // 64) * DQ_TILE if hd in BULK_HDS else L * hd)
     tiles = []
     nds = [0, 0]
     for own0 in range(0, S, 128):
@@ -269,7 +315,7 @@ def fused_dq(q, k, v, do, lse, D, causal: bool, scale: float) -> tuple[np.ndarra
                 dst = fused_tile(q, k, v, do, lse, D, own0, x0, cw, causal, scale, acc, nds[cw])
                 nds[cw] += 1
                 tiles.append((own0, x0, cw, dst))
-    return acc.reshape(L, hd), tiles
+    return (frag_rows(acc, L) if hd in BULK_HDS else acc.reshape(L, hd)), tiles
 
 
 def check(hd: int, seed: int = 0) -> float:

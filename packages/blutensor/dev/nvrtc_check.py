@@ -14,24 +14,31 @@ KDIR = Path(__file__).resolve().parents[1] / "src" / "blutensor" / "backends" / 
 ARCHS = (80, 86, 89, 90)
 
 
-def compile_one(path: Path, arch: int) -> str | None:
-    """None on success, else the NVRTC log. The text is the loader's (local .cuh includes inlined), so what is
-    compiled here is what the GPU compiles."""
-    sys.path.insert(0, str(KDIR.parents[1]))
+def nvrtc_log(name: str, arch: str, extra: tuple[bytes, ...] = ()) -> tuple[bool, str]:
+    """(success, log) of compiling kernel file ``name`` with NVRTC for ``arch`` (``compute_90a``: PTX, ``sm_90a``:
+    SASS). The text is the loader's (local .cuh includes inlined), so what is compiled here is what the GPU
+    compiles."""
+    sys.path.insert(0, str(KDIR.parents[3]))  # the src directory
     from blutensor.backends.cupy._loader import source
 
-    src = source(path.name).encode()
-    err, prog = nvrtc.nvrtcCreateProgram(src, path.name.encode(), 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(source(name).encode(), name.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
-    opts = [b"-std=c++17", f"-arch=compute_{arch}".encode()]
+    opts = [b"-std=c++17", f"-arch={arch}".encode(), *extra]
     (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     err, n = nvrtc.nvrtcGetProgramLogSize(prog)
     log = b" " * n
     nvrtc.nvrtcGetProgramLog(prog, log)
     nvrtc.nvrtcDestroyProgram(prog)
     text = log.decode(errors="replace").strip("\x00 \n")
-    if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        return text or str(res)
+    ok = res == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    return ok, text if text or ok else str(res)
+
+
+def compile_one(path: Path, arch: int) -> str | None:
+    """None on success, else the NVRTC log."""
+    ok, text = nvrtc_log(path.name, f"compute_{arch}")
+    if not ok:
+        return text
     if text:
         print(f"  [{path.name} sm_{arch} warnings]\n{text}")
     return None

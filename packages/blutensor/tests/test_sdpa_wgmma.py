@@ -68,7 +68,8 @@ def test_nvrtc_compiles_every_entry_for_sm90a():
     assert ENTRIES <= entries, ENTRIES - entries
     for needle in (b"wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", b"cp.async.bulk.tensor.4d",
                    b"setmaxnreg.inc", b"mbarrier.try_wait.parity", b"red.global.add.v2.f32",
-                   b"fence.proxy.async.shared::cta", b"bar.sync"):
+                   b"fence.proxy.async.shared::cta", b"bar.sync",
+                   b"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", b"cp.async.bulk.wait_group.read"):
         assert needle in ptx, needle
 
 

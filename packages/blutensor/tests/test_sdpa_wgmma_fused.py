@@ -75,7 +75,8 @@ def test_emulated_fused_dq_partials_match_float64(hd, L, S, causal):
     assert len({id(t) for t in tiles}) == len(tiles) and len(tiles) >= 2
 
 
-@pytest.mark.parametrize("wrong", ["unswizzled dS^T", "dS^T rows swapped", "B box distance", "red column"])
+@pytest.mark.parametrize("wrong", ["unswizzled dS^T", "dS^T rows swapped", "B box distance", "red column",
+                                   "staging order"])
 def test_emulated_fused_dq_fails_on_a_wrong_address(monkeypatch, wrong):
     """The model can fail: each of these off-by-something addresses gives a wrong dQ."""
     if wrong == "unswizzled dS^T":
@@ -88,22 +89,28 @@ def test_emulated_fused_dq_fails_on_a_wrong_address(monkeypatch, wrong):
         real = em.dq_descs
         monkeypatch.setattr(em, "dq_descs", lambda dst, k_own, c, kk: (real(dst, k_own, c, kk)[0],
                                                                         em.mnmajor(k_own + c * 64 * 128, 128, kk)))
-    else:
+    elif wrong == "red column":
         real_red = em.red_dq
         monkeypatch.setattr(em, "red_dq", lambda acc, regs, c, x0, L, hd: real_red(acc, regs[:, ::-1], c, x0, L, hd))
-    hd, L, S = 128, 70, 70
+    else:  # the staged tile written thread-major (each thread's 32 floats together), read back fragment-order
+        monkeypatch.setattr(em, "stage_off", lambda i4, th: (th * 8 + i4) * 4)
+    hd, L, S = (64, 70, 70) if wrong == "staging order" else (128, 70, 70)
     q, k, v, do, lse, D, ref = _head(L, S, hd, False, 3)
     acc, _ = em.fused_dq(q, k, v, do, lse, D, False, 1 / math.sqrt(hd))
     assert np.abs(acc / math.sqrt(hd) - ref["dq"][0]).max() > 0.1 * np.abs(ref["dq"][0]).max()
 
 
 def test_fused_shared_memory_fits_hopper():
-    """Bwd::SMEM_FUSED (the split kernels' shared memory plus four 8 KB dS^T tiles) mirrored on the host, inside
-    sm_90's 227 KB opt-in at both head dims (HD 128 keeps its two stages)."""
+    """Bwd::SMEM_FUSED (the split kernels' shared memory plus four 8 KB dS^T tiles, and at head dim 64 two 16 KB dQ
+    staging tiles) mirrored on the host, inside sm_90's 227 KB opt-in at both head dims (HD 128 keeps its two
+    stages)."""
     for hd in wg.HDS:
-        assert wg.fused_smem(hd) == wg.bwd_smem(hd) + 4 * 64 * 64 * 2 <= 227 * 1024
+        stage = 2 * 64 * 64 * 4 if hd in wg.BULK_DQ_HDS else 0
+        assert wg.fused_smem(hd) == wg.bwd_smem(hd) + 4 * 64 * 64 * 2 + stage <= 227 * 1024
     src = (Path(sdpa.__file__).resolve().parent / "kernels" / "sdpa_wgmma.cu").read_text()
-    assert "SMEM_FUSED = SMEM + 4 * DST" in src and "DST = 64 * 64 * 2" in src
+    assert "SMEM_FUSED = SMEM + 4 * DST + (bulk_dq<HD> ? 2 * STAGE : 0)" in src and "DST = 64 * 64 * 2" in src
+    assert "STAGE = 64 * 64 * 4" in src and "constexpr bool bulk_dq = HD == 64;" in src
+    assert wg.BULK_DQ_HDS == em.BULK_HDS == (64,) and wg.DQ_TILE == em.DQ_TILE
     assert wg.STAGES == {64: (3, 3), 128: (2, 2)} and "WGMMA_ENTRIES(128, 2, 2)" in src
 
 
@@ -120,7 +127,13 @@ def test_emulator_spells_the_kernels_address_math():
                    "k_own = sA + cw * 64 * 128",
                    "(2 * cw + (nds & 1)) * B::DST",
                    "const unsigned sDS = sX + 2 * ST * TILE;",
-                   "if (col >= L || row >= S || (causal && row > col)) pv = 0.f;"):
+                   "if (col >= L || row >= S || (causal && row > col)) pv = 0.f;",
+                   "stg + (unsigned)((i4 * 128 + th) * 16)",  # em.stage_off, in bytes
+                   "stage_dq(stg, dqp, tid & 127);",
+                   "dqa + ((long long)bh * nqb + x0 / 64) * 4096",  # em.bulk_dq's tile x0 / 64
+                   "const int e0 = (part * 128 + 32 * (r / 16) + 4 * (r % 8)) * 4 + 2 * ((r / 8) % 2);",
+                   "tile + e0 + 4 * t",  # em.frag_index
+                   "const float* tile = acc + ((row / L) * nqb + q / 64) * 4096;"):
         assert needle in src, needle
 
 
@@ -201,7 +214,11 @@ def _model(log):
         if kind == "bwd_dq_convert":
             acc, dq, rows, L, sc, *lay = args
             assert not np.isnan(acc).any()
-            _put(dq, int(L), hd, lay, np.asarray(acc, np.float64) * np.float32(sc))
+            a = np.asarray(acc, np.float64)
+            if hd in wg.BULK_DQ_HDS:  # the tile-fragment order, read back into rows as the kernel does
+                assert acc.shape == wg.dq_accumulator_shape(acc.shape[0], int(L), hd)
+                a = a.reshape(acc.shape[0], -1)[:, em.frag_index(int(L))]
+            _put(dq, int(L), hd, lay, a * np.float32(sc))
             return
         if kind == "bwd_dq":
             tq, tdo, tk, tv, lse, D, dq, L, S, sc, causal, *lay = args
@@ -221,7 +238,12 @@ def _model(log):
         _put(dv, S, hd, lay, P.transpose(0, 2, 1) @ dO)
         if acc is not None:
             assert not np.isnan(acc).any() and not acc.any()  # zeroed by the host, then only added to
-            acc += (dS @ K).astype(np.float32)
+            part = (dS @ K).astype(np.float32)
+            if hd in wg.BULK_DQ_HDS:  # staged partials in the tile-fragment order (em.stage_off / frag_index)
+                flat = acc.reshape(acc.shape[0], -1)
+                flat[:, em.frag_index(L)] += part
+            else:
+                acc += part
 
     return launch
 

@@ -5,12 +5,12 @@ from each array's strides, so the dense (BH, n, HD) arrays and the strided q/k/v
 (B, T, 3, H, HD) projection take the same kernels; outputs are written through (sb, sh, st) layouts as in
 kernels/sdpa_mma.cu, and the log-sum-exp convention is the same (lse (BH, L) fp32, natural log), so the ring
 attention merge and either backward accept it. The backward starts with D = rowsum(dO * O) (16-byte loads,
-HD / 8 threads a row), then either the fused kernel (dK, dV and dS K added into a zeroed fp32 dQ accumulator with
-atomics: 5 products a key/query tile pair instead of 7, one pass over the tiles instead of two; dQ's last bits
-vary run to run) followed by a small kernel writing dq = scale * accumulator as bf16, or the deterministic pair,
-a dK/dV kernel and a dQ kernel, no atomics. sdpa.py's ``fused_backward`` decides: the fused kernel under
-``attention_backward='fused'`` (and 'auto' where sdpa.FUSED_AUTO lists 'bf16_wgmma'), the pair otherwise and
-always under the policy's ``deterministic``. The main
+HD / 8 threads a row), then either the fused kernel (dK, dV and dS K added into a zeroed fp32 dQ accumulator --
+at head dim 64 one bulk reduction a 64-query partial, at 128 red.global.add: 5 products a key/query tile pair
+instead of 7, one pass over the tiles instead of two; dQ's last bits vary run to run) followed by a small kernel
+writing dq = scale * accumulator as bf16, or the deterministic pair, a dK/dV kernel and a dQ kernel, no atomics.
+sdpa.py's ``fused_backward`` decides: the fused kernel under ``attention_backward='fused'`` (and 'auto' where
+sdpa.FUSED_AUTO lists 'bf16_wgmma'), the pair otherwise and always under the policy's ``deterministic``. The main
 kernels are persistent: at most one CTA a multiprocessor walks the (row block, head) work tiles, heavy ones first.
 
 :func:`available` says whether the variant applies (sm_90, the execution policy's ``attention``, i.e.
@@ -83,10 +83,25 @@ def bwd_smem(hd: int) -> int:
     return 1024 + 4 * own + 2 * st * tile + 8 * (4 + 2 * st)
 
 
+#: head dims whose fused backward adds each dQ partial by one bulk reduction from a shared staging tile (the
+#: kernel's bulk_dq); the others use red.global.add
+BULK_DQ_HDS = (64,)
+DQ_TILE = 64 * 64  # fp32 elements of one staged dQ partial (64 queries x head dim 64)
+
+
 def fused_smem(hd: int) -> int:
     """Dynamic shared memory of the fused backward (struct Bwd's SMEM_FUSED: the split kernels' plus two 64 x 64
-    bf16 dS^T tiles for each consumer warpgroup)."""
-    return bwd_smem(hd) + 4 * BOX_ROWS_STREAM * BOX_ROWS_STREAM * 2
+    bf16 dS^T tiles for each consumer warpgroup, and at head dim 64 two 16 KB fp32 dQ staging tiles)."""
+    stage = 2 * DQ_TILE * 4 if hd in BULK_DQ_HDS else 0
+    return bwd_smem(hd) + 4 * BOX_ROWS_STREAM * BOX_ROWS_STREAM * 2 + stage
+
+
+def dq_accumulator_shape(BH: int, L: int, hd: int) -> tuple[int, ...]:
+    """Shape of the fused backward's zeroed fp32 dQ accumulator: (BH, ceil(L / 64), 64 * 64) tiles in the kernel's
+    tile-fragment order at head dim 64 (each partial one contiguous bulk reduction), (BH, L, hd) rows otherwise."""
+    if hd in BULK_DQ_HDS:
+        return (BH, math.ceil(L / 64), DQ_TILE)
+    return (BH, L, hd)
 
 
 def grid(rows: int, BH: int) -> int:
@@ -187,7 +202,7 @@ def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None)
     flags = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
     lk, lq = _out_lay(dk), _out_lay(dq)
     if fused_backward("bf16_wgmma", hd):
-        acc = cp.zeros((BH, L, hd), dtype=cp.float32)  # dQ / scale, summed by the atomics of every key block
+        acc = cp.zeros(dq_accumulator_shape(BH, L, hd), dtype=cp.float32)  # dQ / scale, summed over key blocks
         launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_fused", grid(S, BH), THREADS,
                (tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS), tmap(q, "q", BOX_ROWS_STREAM),
                 tmap(do, "do", BOX_ROWS_STREAM)) + tail + (dk, dv, acc) + flags + (lk[0], np.int32(BH)) + lk[1:],

@@ -1,5 +1,6 @@
 // Hopper (sm_90a) primitives of blutensor's wgmma kernels (kernels/sdpa_wgmma.cu, sdpa_wgmma_tf32.cu): TMA tiled
-// loads into 128-byte-swizzled shared memory completing on mbarriers, mbarrier waits, wgmma descriptors / fence / commit /
+// loads into 128-byte-swizzled shared memory completing on mbarriers, bulk fp32 reductions into global memory,
+// mbarrier waits, wgmma descriptors / fence / commit /
 // wait, operand fences, setmaxnreg, the generic-to-async proxy fence and named barriers. Everything exists only
 // when compiled for sm_90a (BLU_HAVE_WGMMA); a file including this header declares "blu-nvrtc-archs: 90a" and
 // gives its kernels a trapping body elsewhere. The tensor maps (CUtensorMap) are encoded on the host (blutensor/backends/cupy/tma.py)
@@ -182,6 +183,26 @@ __device__ __forceinline__ void blu_named_barrier_sync(int id, int n) {
 // one warpgroup hands its turn to another that waits on `id` with blu_named_barrier_sync(id, n).
 __device__ __forceinline__ void blu_named_barrier_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+// Bulk asynchronous reduction (TMA unit, no tensor map): add `bytes` (a multiple of 16, both addresses 16-byte
+// aligned) of fp32 from shared memory at `src` element-wise into global memory at `dst`, in the L2; committed as a
+// bulk group of the issuing thread. The source may be rewritten once blu_bulk_wait_read has returned, the
+// destination holds the sums once blu_bulk_wait has (or the grid has finished).
+__device__ __forceinline__ void blu_bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void blu_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// this thread's bulk groups but the newest N have read their shared-memory source
+template <int N>
+__device__ __forceinline__ void blu_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// this thread's bulk groups but the newest N are complete
+template <int N>
+__device__ __forceinline__ void blu_bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 // bf16x2 of (lo, hi), round to nearest even
 __device__ __forceinline__ unsigned blu_pack_bf16x2(float lo, float hi) {

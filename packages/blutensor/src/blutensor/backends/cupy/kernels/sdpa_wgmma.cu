@@ -17,13 +17,17 @@
 // dP^T = V dO^T (SS), P^T and dS^T = P^T (dP^T - D) in registers, dV += P^T dO and dK += dS^T Q (RS).
 // dQ kernel: 128 queries a CTA, Q and dO loaded once, K/V tiles of 64 keys; S = Q K^T, dP = dO V^T (SS),
 // dQ += dS K (RS).
-// Fused backward (dQ by fp32 atomics, not bitwise repeatable; the host's choice: sdpa.py fused_backward): the dK/dV
-// kernel that also produces dQ, 5 products a (key, query) tile pair instead of 7. Each consumer warpgroup stores
-// its bf16 dS^T (64 keys x 64 queries) into a 128-byte-swizzled shared tile (double-buffered), fences it for the
-// async proxy, syncs its 128 threads on a named barrier, and reads it back as the MN-major A operand of an SS
+// Fused backward (dQ by fp32 reductions, not bitwise repeatable; the host's choice: sdpa.py fused_backward): the
+// dK/dV kernel that also produces dQ, 5 products a (key, query) tile pair instead of 7. Each consumer warpgroup
+// stores its bf16 dS^T (64 keys x 64 queries) into a 128-byte-swizzled shared tile (double-buffered), fences it for
+// the async proxy, syncs its 128 threads on a named barrier, and reads it back as the MN-major A operand of an SS
 // wgmma: dQ partial (64 queries x HD) = dS K_own (K as MN-major B, as the P V product reads V), issued before dV
-// and dK so its red.global.add.v2.f32 into the fp32 accumulator (BH, L, HD) run while they are in flight; the
-// dq_convert kernel then writes dq = scale * accumulator through dq's layout.
+// and dK so that its reduction into the zeroed fp32 accumulator runs while they are in flight. Head dim 64: the
+// partial goes to a 16 KB shared staging tile in the accumulator's tile-fragment order (see stage_dq) and one
+// thread adds the whole tile into the accumulator with a single bulk reduction (cp.reduce.async.bulk .add.f32, in
+// the L2), the accumulator laid out (BH, ceil(L / 64), 64 x 64) in that order; head dim 128 (no shared memory left
+// for staging) adds it with red.global.add.v2.f32 into a (BH, L, HD) accumulator. The dq_convert kernel then
+// writes dq = scale * accumulator through dq's layout.
 // Fragment layout (m64nN accumulators, warp w of the warpgroup, lane 4 g + t): element i of a thread is row
 // 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1); the A fragment of k-step kk (16 columns) is
 // registers 8 kk .. 8 kk + 7 packed in pairs (dev/emulate_sdpa_wgmma.py checks this index math on the CPU).
@@ -124,6 +128,16 @@ __device__ __forceinline__ void red_dq(float* acc, const float* p, int c, int x0
       asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc + (long long)q1 * HD + col), "f"(p[i + 2]),
                    "f"(p[i + 3]) : "memory");
   }
+}
+// Head dim 64's dQ partial (64 queries x 64, the m64n64 accumulator p of thread th = 32 w + lane of the warpgroup)
+// into the staging tile at `stg` in the accumulator's tile-fragment order: element (i4 * 128 + th) * 4 + j holds
+// register 4 i4 + j, i.e. query row 16 w + g + 8 (j >> 1), column 8 i4 + 2 t + (j & 1). Each of a warp's 8 stores
+// writes 512 contiguous bytes (no bank conflicts), and the tile is one contiguous 16 KB bulk reduction.
+__device__ __forceinline__ void stage_dq(unsigned stg, const float* p, int th) {
+#pragma unroll
+  for (int i4 = 0; i4 < 8; ++i4)
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stg + (unsigned)((i4 * 128 + th) * 16)),
+                 "f"(p[4 * i4]), "f"(p[4 * i4 + 1]), "f"(p[4 * i4 + 2]), "f"(p[4 * i4 + 3]) : "memory");
 }
 // Rows (warp w, lane g): element i's column inside the tile and whether it is the second row (g + 8)
 __device__ __forceinline__ int fcol(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }
@@ -351,12 +365,17 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
 // dK/dV; K, V for dQ), then ofull[2], oempty[2], full[ST], empty[ST]. A tile's last products (dV, dK or dQ) stay
 // in flight while the next streamed tile is awaited and its S, dP issued.
 // The fused kernel adds four dS^T tiles (two buffers for each consumer warpgroup, 64 x 128 B) between the stages and
-// the barriers: HD 128 with two stages is 225 KB, inside sm_90's 227 KB opt-in.
+// the barriers (HD 128 with two stages is 225 KB, inside sm_90's 227 KB opt-in), and at HD 64 the two 16 KB dQ
+// staging tiles after them.
+// Head dim 64's fused backward reduces each dQ partial in bulk from a staging tile (two of 16 KB, one a consumer
+// warpgroup, after the dS^T tiles); head dim 128 has no room for them and keeps red.global.add.
+template <int HD>
+constexpr bool bulk_dq = HD == 64;
 template <int HD, int ST>
 struct Bwd {
-  static constexpr int OWN = 128 * HD * 2, TILE = 64 * HD * 2, DST = 64 * 64 * 2;
+  static constexpr int OWN = 128 * HD * 2, TILE = 64 * HD * 2, DST = 64 * 64 * 2, STAGE = 64 * 64 * 4;
   static constexpr int SMEM = 1024 + 4 * OWN + 2 * ST * TILE + 8 * (4 + 2 * ST);
-  static constexpr int SMEM_FUSED = SMEM + 4 * DST;
+  static constexpr int SMEM_FUSED = SMEM + 4 * DST + (bulk_dq<HD> ? 2 * STAGE : 0);
   static_assert(SMEM_FUSED <= 227 * 1024, "fused backward shared memory exceeds sm_90's opt-in limit");
 };
 
@@ -377,10 +396,12 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
   const unsigned sO = raw + ((1024u - (raw & 1023u)) & 1023u);  // own buffer b: A at sO + 2 b OWN, B at + OWN
   const unsigned sX = sO + 4 * OWN;
   const unsigned sDS = sX + 2 * ST * TILE;  // FUSED: dS^T tile b of warpgroup cw at sDS + (2 cw + b) DST
-  const unsigned ofull = sDS + (FUSED ? 4 * B::DST : 0), oempty = ofull + 16, full = oempty + 16,
-                 empty = full + 8 * ST;
+  constexpr bool BULK = FUSED && bulk_dq<HD>;
+  const unsigned sStage = sDS + 4 * B::DST;  // BULK: warpgroup cw's dQ staging tile at sStage + cw STAGE
+  const unsigned ofull = sDS + (FUSED ? 4 * B::DST + (BULK ? 2 * B::STAGE : 0) : 0), oempty = ofull + 16,
+                 full = oempty + 16, empty = full + 8 * ST;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2;
-  const int nob = ((DKDV ? S : L) + 127) / 128, total = nob * BH;
+  const int nob = ((DKDV ? S : L) + 127) / 128, total = nob * BH, nqb = (L + 63) / 64;
   // work tile wt: own rows own0 .. own0 + 127 of head bh; streamed rows [first, end) in tiles of 64
   auto decode = [&](int wt, int& own0, int& bh, int& first, int& nt) {
     const int blk = DKDV ? wt / BH : nob - 1 - wt / BH;
@@ -533,6 +554,8 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
         ++nds;
         store_dst(dst, ds, w, g, t);
         blu_fence_proxy_async();
+        // BULK: the previous tile's reduction has read the staging tile before the barrier lets anyone rewrite it
+        if constexpr (BULK) if ((tid & 127) == 0) blu_bulk_wait_read<0>();
         blu_named_barrier_sync(1 + cw, 128);
         blu_wgmma_fence();
         dq_chunk(dqp, dst, k_own, 0);
@@ -546,6 +569,18 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
         // at HD 128 another 32 KB of shared memory that does not fit. red is fire-and-forget, resolved in L2.
         blu_wgmma_wait<1>();  // the dQ chunk is done; dV, dK still in flight
         blu_fence_f<32>(dqp);
+        if constexpr (BULK) {  // one 16 KB bulk reduction of the warpgroup's whole partial
+          const unsigned stg = sStage + (unsigned)(cw * B::STAGE);
+          stage_dq(stg, dqp, tid & 127);
+          blu_fence_proxy_async();
+          blu_named_barrier_sync(1 + cw, 128);
+          if ((tid & 127) == 0) {
+            blu_bulk_reduce_add_f32(dqa + ((long long)bh * nqb + x0 / 64) * 4096, stg, B::STAGE);
+            blu_bulk_commit();
+          }
+          pending = st;
+          continue;
+        }
         const long long arow = (long long)bh * L * HD;
         red_dq<HD>(dqa + arow, dqp, 0, x0, L, w, g, t);
 #pragma unroll
@@ -584,6 +619,7 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
     store_rows<HD>(out0, lout.base(bh), lout.st, acc0, r0, rows, scale, scale, t);
     if (DKDV) store_rows<HD>(out1, lout.base(bh), lout.st, acc1, r0, rows, 1.f, 1.f, t);
   }
+  if constexpr (BULK) if ((tid & 127) == 0) blu_bulk_wait<0>();  // the staging tiles outlive every reduction
 #else
   asm volatile("trap;");
 #endif
@@ -613,20 +649,36 @@ __device__ __forceinline__ void preprocess(const bf16_t* __restrict__ dout, cons
   }
 }
 
-// dq = scale * acc (the fused backward's fp32 accumulator, (BH, L, HD) dense) as bf16 through dq's layout: HD / 8
-// threads a row, two 16-byte loads and one 16-byte store of 8 elements each (plain CUDA: any architecture).
+// dq = scale * acc (the fused backward's fp32 accumulator) as bf16 through dq's layout: HD / 8 threads a row, one
+// 16-byte store of 8 elements each (plain CUDA: any architecture). Head dim 128: acc (BH, L, HD) dense, two 16-byte
+// loads; head dim 64: acc (BH, ceil(L / 64), 64 x 64) in stage_dq's tile-fragment order, where columns 8 i4 .. + 7
+// of query row r of a tile are the pairs at (i4 * 128 + 32 (r / 16) + 4 (r % 8) + t) * 4 + 2 ((r / 8) % 2), t < 4.
 template <int HD>
 __device__ __forceinline__ void dq_convert(const float* __restrict__ acc, bf16_t* __restrict__ dq, long long rows,
                                            int L, float scale, Lay lq) {
   constexpr int G = HD / 8;
   const long long nthr = (long long)gridDim.x * blockDim.x;
+  const int nqb = (L + 63) / 64;
   for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < rows * G; idx += nthr) {
     const long long row = idx / G;
     const int part = (int)(idx % G);
-    const float4 a = *reinterpret_cast<const float4*>(acc + row * HD + part * 8);
-    const float4 b = *reinterpret_cast<const float4*>(acc + row * HD + part * 8 + 4);
-    const float v[8] = {a.x * scale, a.y * scale, a.z * scale, a.w * scale,
-                        b.x * scale, b.y * scale, b.z * scale, b.w * scale};
+    float v[8];
+    if constexpr (bulk_dq<HD>) {
+      const int q = (int)(row % L), r = q % 64;
+      const float* tile = acc + ((row / L) * nqb + q / 64) * 4096;
+      const int e0 = (part * 128 + 32 * (r / 16) + 4 * (r % 8)) * 4 + 2 * ((r / 8) % 2);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const float2 a = *reinterpret_cast<const float2*>(tile + e0 + 4 * t);
+        v[2 * t] = a.x * scale;
+        v[2 * t + 1] = a.y * scale;
+      }
+    } else {
+      const float4 a = *reinterpret_cast<const float4*>(acc + row * HD + part * 8);
+      const float4 b = *reinterpret_cast<const float4*>(acc + row * HD + part * 8 + 4);
+      v[0] = a.x * scale, v[1] = a.y * scale, v[2] = a.z * scale, v[3] = a.w * scale;
+      v[4] = b.x * scale, v[5] = b.y * scale, v[6] = b.z * scale, v[7] = b.w * scale;
+    }
     store_vec(dq + lq.base((int)(row / L)) + (row % L) * lq.st + part * 8, v);
   }
 }

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Nsight Compute on one GPT-2 attention layer (B=16, H=12, T=1024, HD=64, causal, fused-qkv entries): the Hopper
+# bf16 kernels -- forward (pingpong schedule), the split backward (dK/dV, dQ) and the fused one-pass backward --
+# and PyTorch's cuDNN SDPA, one report each into DIR (speed of light, warp states, occupancy, memory workload,
+# instruction statistics), so that the stall reasons of ours and cuDNN's can be read side by side.
+#
+#   bash benchmarks/kernels/ncu_attention.sh DIR [--batch N]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+dir=${1:?usage: $0 DIR [--batch N]}
+shift
+mkdir -p "$dir"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/blutrain-site \
+      .whl/*.whl || exit 1
+  export PYTHONPATH=$(ls -d packages/*/src | paste -sd:):/tmp/blutrain-site
+fi
+S="--section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis"
+S="$S --section InstructionStats --section ComputeWorkloadAnalysis"
+run() { local out=$1; shift; ncu --clock-control none $S "$@" > "$dir/$out.txt" 2>&1; echo "$out rc $?"; }
+NCU_ATTN=packages/blutensor/dev/ncu_attn.py
+BLUTRAIN_SDPA_BWD=split run ours_split -k regex:blu_sdpa_wgmma python3 $NCU_ATTN ours --variant bf16_wgmma --batch 16 "$@"
+BLUTRAIN_SDPA_BWD=fused run ours_fused -k regex:'blu_sdpa_wgmma.*(fused|convert)' python3 $NCU_ATTN ours \
+    --variant bf16_wgmma --batch 16 "$@"
+run cudnn -k regex:'cudnn|sdpa' python3 $NCU_ATTN torch --dtype bf16 --backend CUDNN_ATTENTION --batch 16 "$@"
+grep -hE "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Stall|Issue Slots Busy" \
+    "$dir"/*.txt | cut -c1-160
