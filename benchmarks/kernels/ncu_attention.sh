@@ -17,7 +17,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 S="--section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis"
 S="$S --section InstructionStats --section ComputeWorkloadAnalysis"
-run() { local out=$1; shift; ncu --clock-control none $S "$@" > "$dir/$out.txt" 2>&1; echo "$out rc $?"; }
+run() { local name=$1; shift; ncu --clock-control none $S "$@" > "$dir/$name.txt" 2>&1; echo "$name rc $?"; }
 NCU_ATTN=packages/blutensor/dev/ncu_attn.py
 BLUTRAIN_SDPA_BWD=split run ours_split -k regex:blu_sdpa_wgmma python3 $NCU_ATTN ours --variant bf16_wgmma --batch 16 "$@"
 BLUTRAIN_SDPA_BWD=fused run ours_fused -k regex:'blu_sdpa_wgmma.*(fused|convert)' python3 $NCU_ATTN ours \
