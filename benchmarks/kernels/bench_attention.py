@@ -71,19 +71,24 @@ def _flops(B: int, H: int, T: int, hd: int) -> float:
     return 4.0 * B * H * T * T * hd / 2  # QK^T and PV, causal
 
 
-def _median_ms(fn, reps: int, event, sync) -> float:
-    for _ in range(2):
-        fn()
-    sync()
+def _event_median(run, reps: int, event) -> float:
+    """Median ms of ``reps`` calls of ``run`` (already warmed up), each between two events."""
     ts = []
     for _ in range(reps):
         a, b = event(), event()
         a.record()
-        fn()
+        run()
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b) if hasattr(a, "elapsed_time") else _cp_elapsed(a, b))
     return float(np.median(ts))
+
+
+def _median_ms(fn, reps: int, event, sync) -> float:
+    for _ in range(2):
+        fn()
+    sync()
+    return _event_median(fn, reps, event)
 
 
 def _graph_ms(fn, reps: int, calls: int, capture, event, sync) -> float:
@@ -93,15 +98,7 @@ def _graph_ms(fn, reps: int, calls: int, capture, event, sync) -> float:
     replay = capture(fn, calls)
     replay()
     sync()
-    ts = []
-    for _ in range(reps):
-        a, b = event(), event()
-        a.record()
-        replay()
-        b.record()
-        b.synchronize()
-        ts.append((a.elapsed_time(b) if hasattr(a, "elapsed_time") else _cp_elapsed(a, b)) / calls)
-    return float(np.median(ts))
+    return _event_median(replay, reps, event) / calls
 
 
 def _bt_capture(fn, calls: int):

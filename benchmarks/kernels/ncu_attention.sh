@@ -4,17 +4,13 @@
 # and PyTorch's cuDNN SDPA, one report each into DIR (speed of light, warp states, occupancy, memory workload,
 # instruction statistics), so that the stall reasons of ours and cuDNN's can be read side by side.
 #
-#   bash benchmarks/kernels/ncu_attention.sh DIR [--batch N]
+#   bash benchmarks/kernels/ncu_attention.sh DIR [--batch N]   # BluTrain installed in this environment
+#   bash benchmarks/gpu_suite.sh ncu DIR [--batch N]            # on a machine without a package index (wheels)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:?usage: $0 DIR [--batch N]}
 shift
 mkdir -p "$dir"
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/blutrain-site \
-      .whl/*.whl || exit 1
-  export PYTHONPATH=$(ls -d packages/*/src | paste -sd:):/tmp/blutrain-site
-fi
 S="--section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis"
 S="$S --section InstructionStats --section ComputeWorkloadAnalysis"
 run() { local name=$1; shift; ncu --clock-control none $S "$@" > "$dir/$name.txt" 2>&1; echo "$name rc $?"; }

@@ -578,19 +578,18 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
             blu_bulk_reduce_add_f32(dqa + ((long long)bh * nqb + x0 / 64) * 4096, stg, B::STAGE);
             blu_bulk_commit();
           }
-          pending = st;
-          continue;
-        }
-        const long long arow = (long long)bh * L * HD;
-        red_dq<HD>(dqa + arow, dqp, 0, x0, L, w, g, t);
+        } else {
+          const long long arow = (long long)bh * L * HD;
+          red_dq<HD>(dqa + arow, dqp, 0, x0, L, w, g, t);
 #pragma unroll
-        for (int cc = 1; cc < NB; ++cc) {  // HD 128: the second chunk in the same 32 registers
-          blu_wgmma_fence();
-          dq_chunk(dqp, dst, k_own, cc);
-          blu_wgmma_commit();
-          blu_wgmma_wait<0>();
-          blu_fence_f<32>(dqp);
-          red_dq<HD>(dqa + arow, dqp, cc, x0, L, w, g, t);
+          for (int cc = 1; cc < NB; ++cc) {  // HD 128: the second chunk in the same 32 registers
+            blu_wgmma_fence();
+            dq_chunk(dqp, dst, k_own, cc);
+            blu_wgmma_commit();
+            blu_wgmma_wait<0>();
+            blu_fence_f<32>(dqp);
+            red_dq<HD>(dqa + arow, dqp, cc, x0, L, w, g, t);
+          }
         }
         pending = st;
         continue;
