@@ -77,6 +77,24 @@ def test_step_profile_buckets_and_counts():
     assert s["launches"] == 193.0
 
 
+def test_step_profile_timeline_measures_idle_gaps_and_overlap():
+    """benchmarks/step_profile.py's timeline: span from first start to last end, busy time as the union of the kernel
+    intervals (an overlap counted once), idle time binned by gap length, the longest gap named by its neighbours."""
+    sp = _load("benchmarks/step_profile.py")
+    # two steps of us intervals: a..b overlapping c, a 3 us gap, a 150 us gap, a 1 us gap
+    spans = [(0.0, 10.0, "a"), (5.0, 12.0, "c"), (15.0, 20.0, "b"), (170.0, 180.0, "d"), (181.0, 200.0, "e")]
+    t = sp.timeline(list(reversed(spans)), 2, 0.004)
+    assert math.isclose(t["span_ms"], 200.0 / 2 / 1e3)
+    assert math.isclose(t["busy_ms"], (12.0 + 5.0 + 10.0 + 19.0) / 2 / 1e3)
+    assert math.isclose(t["idle_ms"], t["span_ms"] - t["busy_ms"])
+    assert math.isclose(t["wall_ms"], 2.0)
+    bins = t["idle_by_gap"]
+    assert bins["0-2us"] == {"count": 0.5, "ms": 0.0005} and bins["2-5us"] == {"count": 0.5, "ms": 0.0015}
+    assert bins["100-infus"] == {"count": 0.5, "ms": 0.075}
+    assert t["longest_gaps"][0] == {"us": 150.0, "after": "b", "before": "d"}
+    assert sp.timeline([], 1, 1.0) == {}
+
+
 def test_gemm_configs_records_the_blublas_settings_in_force(monkeypatch):
     """The configs benchmark records what blublas.settings read (the values its GEMMs use), not os.environ."""
     settings = pytest.importorskip("blublas.settings")

@@ -19,5 +19,14 @@ BLUTRAIN_SDPA_BWD=split run ours_split -k regex:blu_sdpa_wgmma python3 $NCU_ATTN
 BLUTRAIN_SDPA_BWD=fused run ours_fused -k regex:'blu_sdpa_wgmma.*(fused|convert)' python3 $NCU_ATTN ours \
     --variant bf16_wgmma --batch 16 "$@"
 run cudnn -k regex:'cudnn|sdpa' python3 $NCU_ATTN torch --dtype bf16 --backend CUDNN_ATTENTION --batch 16 "$@"
+# the long-context forward (B=2, T=16384: no per-tile prologue to hide), ours and cuDNN's, and ours per SASS
+# instruction (stall samples by reason, --page source) to find where the main loop waits
+run ours_fwd_long -k regex:'blu_sdpa_wgmma.*fwd' -c 1 python3 $NCU_ATTN ours --variant bf16_wgmma --batch 2 --seq 16384
+run cudnn_fwd_long -k regex:'cudnn.*fprop' -c 1 python3 $NCU_ATTN torch --dtype bf16 --backend CUDNN_ATTENTION \
+    --batch 2 --seq 16384
+ncu --clock-control none --set full --import-source no -o "$dir/fwd_long" -f -k regex:'blu_sdpa_wgmma.*fwd' -c 1 \
+    python3 $NCU_ATTN ours --variant bf16_wgmma --batch 2 --seq 16384 > "$dir/fwd_long_full.txt" 2>&1
+ncu --import "$dir/fwd_long.ncu-rep" --page source --csv --print-source sass > "$dir/fwd_long_sass.csv" 2>&1
+echo "fwd_long source rc $?"
 grep -hE "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Stall|Issue Slots Busy" \
     "$dir"/*.txt | cut -c1-160

@@ -4,6 +4,7 @@ Hopper bf16 kernels) or PyTorch's SDPA (fp32: the mem-efficient cutlass kernels;
 backend).
 
     ncu -k regex:blu_sdpa python3 packages/blutensor/dev/ncu_attn.py ours [--variant bf16_wgmma] [--batch 16]
+        [--seq 16384]
     ncu -k regex:'fmha|cudnn|flash' python3 packages/blutensor/dev/ncu_attn.py torch [--dtype bf16]
         [--backend CUDNN_ATTENTION|FLASH_ATTENTION] [--batch 16]
 """
@@ -15,7 +16,7 @@ import contextlib
 
 import numpy as np
 
-H, T, HD = 12, 1024, 64
+H, SEQ, HD = 12, 1024, 64
 
 
 def main() -> None:
@@ -25,8 +26,9 @@ def main() -> None:
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="torch: the tensors' dtype")
     p.add_argument("--backend", default=None, help="torch: a torch.nn.attention.SDPBackend member to pin")
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=SEQ, help="sequence length (T=16384: the long-context shape)")
     a = p.parse_args()
-    B = a.batch
+    B, T = a.batch, a.seq
     rng = np.random.default_rng(0)
     qkv_h = rng.standard_normal((B, T, 3, H, HD), dtype=np.float32)
     do_h = rng.standard_normal((B, T, H, HD), dtype=np.float32)

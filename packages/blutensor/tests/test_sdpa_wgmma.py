@@ -98,6 +98,35 @@ def test_emulation_fails_on_a_wrong_offset(monkeypatch):
     assert not em.check(128) < 1e-3
 
 
+def test_descriptor_advance_equals_a_fresh_descriptor():
+    """hopper.cuh's blu_desc_add (one 32-bit add on the start-address field) gives blu_desc of the advanced address
+    for every 16-byte-aligned shared address and k-step offset of a CTA (below sm_90's 227 KB), with the leading
+    and stride byte offsets the kernels use; kmajor/mnmajor build their k-steps that way."""
+    src = (Path(sdpa.__file__).resolve().parent / "kernels" / "hopper.cuh").read_text()
+    assert "return (d & 0xFFFFFFFF00000000ull) | (unsigned long long)((unsigned)d + (bytes >> 4));" in src
+    assert ("(unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |"
+            in src)
+    cu = (Path(sdpa.__file__).resolve().parent / "kernels" / "sdpa_wgmma.cu").read_text()
+    assert "return blu_desc_add(blu_desc(base + (unsigned)(row0 * 128), 16, 1024)," in cu
+    assert "return blu_desc_add(blu_desc(base, (unsigned)(rows_box * 128), 1024), (unsigned)(kk * 2048));" in cu
+
+    def desc(addr, lbo, sbo):
+        return ((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16) | (((sbo & 0x3FFFF) >> 4) << 32) | (1 << 62)
+
+    def desc_add(d, nbytes):
+        return (d & 0xFFFFFFFF00000000) | ((d + (nbytes >> 4)) & 0xFFFFFFFF)
+
+    limit = 227 * 1024
+    offsets = sorted({(j >> 2) * rb * 128 + (j & 3) * 32 for rb in (64, 128) for j in range(8)}
+                     | {kk * 2048 for kk in range(8)})
+    for lbo in (16, 64 * 128, 128 * 128):
+        for addr in range(0, limit, 16 * 37):
+            d = desc(addr, lbo, 1024)
+            for off in offsets:
+                if addr + off < limit:
+                    assert desc_add(d, off) == desc(addr + off, lbo, 1024), (addr, off, lbo)
+
+
 def test_shared_memory_fits_hopper():
     for hd in wg.HDS:
         assert wg.fwd_smem(hd) <= 227 * 1024 and wg.bwd_smem(hd) <= 227 * 1024
@@ -238,6 +267,25 @@ def test_cuda_wgmma_matches_float64(BH, L, S, hd, causal):
         assert np.abs(a - b).max() <= TOL[name] * max(1.0, np.abs(b).max()), name
     for a, b in zip(g1, g2):
         assert (a == b).all()  # deterministic: no atomics
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 (Hopper) GPU")
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 0.9])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_wgmma_forward_any_scale_matches_float64(scale, causal):
+    """The forward's unmasked tiles take the row extreme of the raw scores (the minimum for a negative scale) and
+    one FFMA an exponent; a negative, a zero (uniform attention) and a large scale match float64 over several key
+    tiles, masked last tile included."""
+    import cupy as cp
+
+    BH, L, S, hd = 3, 300, 300, 64
+    rng = np.random.default_rng(7)
+    (qb, q), (kb, k), (vb, v), (_, do) = (_bf16(rng.standard_normal((BH, n, hd))) for n in (L, S, S, L))
+    o, lse = sdpa.flash_attention_forward(*(cp.asarray(a) for a in (qb, kb, vb)), causal, scale, "bf16_wgmma")
+    want = _reference(q, k, v, do, causal, scale)
+    assert np.abs(_f64(o.get()) - want[0]).max() <= TOL["o"] * max(1.0, np.abs(want[0]).max())
+    assert np.abs(lse.get().astype(np.float64) - want[1]).max() <= TOL["lse"] * max(1.0, np.abs(want[1]).max())
 
 
 @pytest.mark.cuda

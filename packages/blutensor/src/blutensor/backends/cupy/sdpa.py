@@ -25,8 +25,8 @@ is faster than PyTorch's fp32 attention where the SIMT kernel is slower (measure
 benchmarks/results/e2e_gpt2_fp32_h200.json and e2e_gpt2_fp32_h200_3xtf32_k4096.json). Calls the kernels do not
 cover (an explicit mask, dropout, broadcast batch dims, other head dims) run blutensor's generic sdpa.
 Backward (:func:`fused_backward`): 'tf32x3' runs one fused kernel (dK, dV, and dQ added with fp32 atomics: 5
-products a tile pair instead of 7, dQ's last bits may vary run to run; 'tf32' and 'bf16_wgmma' have one too,
-opt-in, FUSED_AUTO);
+products a tile pair instead of 7, dQ's last bits may vary run to run), and so does 'bf16_wgmma' at head dim 64;
+'tf32' and 'bf16_wgmma' at 128 have one too, opt-in (FUSED_AUTO);
 under the policy's ``deterministic`` (``bt.use_deterministic_algorithms(True)`` / ``BLUTRAIN_DETERMINISTIC=1``), or
 ``attention_backward='split'`` (``BLUTRAIN_SDPA_BWD=split``), the two deterministic kernels (dK/dV, then dQ). Every
 choice reads the current execution policy (:mod:`blutensor.policy`), so a policy scope selects variants per region.
@@ -116,12 +116,13 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
 
 #: variants with a fused backward kernel (dQ accumulated with fp32 atomics); SLD: the mma kernels' dS row stride
 FUSED_BWD = ("tf32", "tf32x3", "bf16_wgmma")
-#: where 'auto' takes it: tf32x3 (faster than split on a GPT-2 layer and at T=16384: benchmarks/results/
-#: attention_h200.json); not tf32, whose HD-64 split kernels run two blocks a multiprocessor and the fused one
-#: (+18 KB shared) only one, so split is faster; not yet bf16_wgmma (5 products a tile pair instead of 7, but a
-#: dS^T round trip through shared memory and fp32 atomics), until a side-by-side timing on a GPT-2 layer shows it
-#: ahead -- BLUTRAIN_SDPA_BWD=fused selects either
-FUSED_AUTO = ("tf32x3",)
+#: where 'auto' takes it, variant -> head dims (None: every head dim): tf32x3 (faster than split on a GPT-2 layer
+#: and at T=16384: benchmarks/results/attention_h200.json); bf16_wgmma at head dim 64, where each dQ partial is added
+#: by one bulk reduction (graph-timed GPT-2 layer backward 0.569 vs 0.596 ms split, T=16384 8.53 vs 10.19:
+#: benchmarks/results/attention_variants_h200.json); not at 128 (red.global.add dQ, not yet timed ahead); not tf32,
+#: whose HD-64 split kernels run two blocks a multiprocessor and the fused one (+18 KB shared) only one, so split is
+#: faster -- BLUTRAIN_SDPA_BWD=fused selects any of FUSED_BWD
+FUSED_AUTO: dict[str, tuple[int, ...] | None] = {"tf32x3": None, "bf16_wgmma": (64,)}
 SLD = BR + 8
 #: values of the policy's ``attention_backward`` (BLUTRAIN_SDPA_BWD; 'auto': fused for FUSED_AUTO, unless
 #: deterministic algorithms are required)
@@ -137,8 +138,14 @@ def fused_backward(variant: str, hd: int) -> bool:
 
     pol = current()
     mode = pol.attention_backward
-    if mode == "split" or variant not in (FUSED_BWD if mode == "fused" else FUSED_AUTO):
+    if mode == "split" or variant not in FUSED_BWD:
         return False
+    if mode == "auto":
+        if variant not in FUSED_AUTO:
+            return False
+        hds = FUSED_AUTO[variant]
+        if hds is not None and hd not in hds:
+            return False
     if pol.deterministic:
         return False
     need = _wgmma.fused_smem(hd) if variant == "bf16_wgmma" else _mma_smem(variant, hd, "fused")

@@ -9,8 +9,8 @@ HD / 8 threads a row), then either the fused kernel (dK, dV and dS K added into 
 at head dim 64 one bulk reduction a 64-query partial, at 128 red.global.add: 5 products a key/query tile pair
 instead of 7, one pass over the tiles instead of two; dQ's last bits vary run to run) followed by a small kernel
 writing dq = scale * accumulator as bf16, or the deterministic pair, a dK/dV kernel and a dQ kernel, no atomics.
-sdpa.py's ``fused_backward`` decides: the fused kernel under ``attention_backward='fused'`` (and 'auto' where
-sdpa.FUSED_AUTO lists 'bf16_wgmma'), the pair otherwise and always under the policy's ``deterministic``. The main
+sdpa.py's ``fused_backward`` decides: the fused kernel under ``attention_backward='fused'`` and, by default
+('auto', sdpa.FUSED_AUTO), at head dim 64; the pair otherwise and always under the policy's ``deterministic``. The main
 kernels are persistent: at most one CTA a multiprocessor walks the (row block, head) work tiles, heavy ones first.
 
 :func:`available` says whether the variant applies (sm_90, the execution policy's ``attention``, i.e.

@@ -10,8 +10,9 @@
 // Forward: 128 queries a CTA; Q loaded once, K/V tiles of 128 keys streamed. S = Q K^T by SS wgmma; the online
 // softmax (exp2, scale folded) in registers; P packed to bf16 in registers is the A operand of O += P V (RS
 // wgmma, V as an MN-major B operand). Pipelined: tile i's Q K^T and tile i-1's P V are issued together, the
-// softmax of tile i runs while P V is in flight, then O is rescaled. Causal: tiles past the diagonal skipped,
-// the diagonal one masked; heavy (late) query blocks scheduled first.
+// softmax of tile i runs while P V is in flight, then O is rescaled. Causal: tiles past the diagonal skipped, the
+// diagonal one masked; heavy (late) query blocks scheduled first. Only a row block's last key tile can need the
+// mask, so the others run a softmax without it (raw-score row extreme, one FFMA an exponent, tree reductions).
 // Backward (deterministic, no atomics), after D = rowsum(dO * O) (kernels/sdpa.cu's preprocess):
 // dK/dV kernel: 128 keys a CTA, K and V loaded once, Q/dO tiles of 64 queries streamed; S^T = K Q^T and
 // dP^T = V dO^T (SS), P^T and dS^T = P^T (dP^T - D) in registers, dV += P^T dO and dK += dS^T Q (RS).
@@ -46,13 +47,15 @@ constexpr int THREADS = 384;
 #if BLU_HAVE_WGMMA
 constexpr int BOX = 64;  // head-dim elements of one TMA box: 128 bytes, the swizzle span
 
-// Descriptor of a K-major operand (rows of `rows_box` x 128 B per box, HD / 64 boxes): k-step j (16 elements)
+// Descriptor of a K-major operand (rows of `rows_box` x 128 B per box, HD / 64 boxes): k-step j (16 elements), the
+// descriptor of the operand's first k-step advanced by the step's bytes (the k-steps of a product share one build)
 __device__ __forceinline__ unsigned long long kmajor(unsigned base, int rows_box, int row0, int j) {
-  return blu_desc(base + (unsigned)((j >> 2) * rows_box * 128 + row0 * 128 + (j & 3) * 32), 16, 1024);
+  return blu_desc_add(blu_desc(base + (unsigned)(row0 * 128), 16, 1024),
+                      (unsigned)((j >> 2) * rows_box * 128 + (j & 3) * 32));
 }
 // Descriptor of an MN-major B operand (k rows of 128 B, the N = head dim in boxes of `rows_box` rows): k-step kk
 __device__ __forceinline__ unsigned long long mnmajor(unsigned base, int rows_box, int kk) {
-  return blu_desc(base + (unsigned)(kk * 2048), (unsigned)(rows_box * 128), 1024);
+  return blu_desc_add(blu_desc(base, (unsigned)(rows_box * 128), 1024), (unsigned)(kk * 2048));
 }
 
 // SS product acc (64 x N) = A (64 x HD) B^T, N rows of B; HD / 16 k-steps, the first overwriting acc
@@ -142,6 +145,31 @@ __device__ __forceinline__ void stage_dq(unsigned stg, const float* p, int th) {
 // Rows (warp w, lane g): element i's column inside the tile and whether it is the second row (g + 8)
 __device__ __forceinline__ int fcol(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }
 __device__ __forceinline__ bool frow8(int i) { return (i & 2) != 0; }
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct MinOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+// Op over the N / 2 elements of row half R (frow8(i) == R: i = 4 k + 2 R + b) of a thread's N accumulator
+// elements, as a pairwise tree: adjacent pairs first, then pairs of pairs (log2(N / 2) dependent steps)
+template <int N, int R, typename Op>
+__device__ __forceinline__ float row_reduce(const float* s) {
+  float v[N / 2];
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k) {
+    v[2 * k] = s[4 * k + 2 * R];
+    v[2 * k + 1] = s[4 * k + 2 * R + 1];
+  }
+#pragma unroll
+  for (int w = 1; w < N / 2; w *= 2)
+#pragma unroll
+    for (int j = 0; j + w < N / 2; j += 2 * w) v[j] = Op()(v[j], v[j + w]);
+  return v[0];
+}
 
 // store a 64 x HD accumulator block (times `mul` per row pair) as bf16 rows row_base + r, guarded by n
 template <int HD>
@@ -238,6 +266,7 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
   blu_setmaxnreg_inc<232>();
   const int cw = wgi - 1, w = warp & 3, g = lane >> 2, t = lane & 3;
   const float c = scale * BLU_LOG2E;
+  const bool neg = c < 0.f;
   // PP turns: warpgroup cw waits on barrier 1 + cw and hands over on 1 + (cw ^ 1); warpgroup 0 goes first
   auto my_turn = [&]() { if constexpr (PP) blu_named_barrier_sync(1 + cw, 256); };
   auto hand_over = [&]() { if constexpr (PP) blu_named_barrier_arrive(1 + (cw ^ 1), 256); };
@@ -256,19 +285,25 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
     float m0 = BLU_NEG_INF, m1 = BLU_NEG_INF, l0 = 0.f, l1 = 0.f;
     blu_mbar_wait(qfull + 8 * qb, (n >> 1) & 1);
 
-    // softmax of the tile at key k0 in s (raw scores in, probabilities out); alpha and row sums out
-    auto softmax = [&](int k0, float& al0, float& al1, float& rs0, float& rs1) {
-      const bool mask = k0 + BN > S || (causal && k0 + BN - 1 > q0 + cw * 64);
-      float mx0 = m0, mx1 = m1;
+    // softmax of the tile at key k0 in s (raw scores in, probabilities out); alpha and row sums out. Every call
+    // passes MASK as a literal, so each inlined copy keeps one branch of it. MASK: the
+    // tile holds keys past S or past the diagonal (only a row block's last tile), so scores are scaled, masked and
+    // then reduced; otherwise the row extreme is taken of the raw scores (max, or min for a negative scale: c times
+    // it is the scaled max, the same rounded value) and each exponent is one FFMA, s c - m, with no mask logic.
+    // Row maxima and sums are pairwise trees over a row's 32 elements (5 dependent steps, not 32).
+    auto softmax = [&](const bool MASK, int k0, float& al0, float& al1, float& rs0, float& rs1) {
+      float mx0, mx1;
+      if (MASK) {
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) {
-        float x = s[i] * c;
-        if (mask) {
+        for (int i = 0; i < BN / 2; ++i) {
           const int key = k0 + fcol(i, t);
-          if (key >= S || (causal && key > (frow8(i) ? r1 : r0))) x = BLU_NEG_INF;
+          s[i] = key >= S || (causal && key > (frow8(i) ? r1 : r0)) ? BLU_NEG_INF : s[i] * c;
         }
-        s[i] = x;
-        if (frow8(i)) mx1 = fmaxf(mx1, x); else mx0 = fmaxf(mx0, x);
+        mx0 = fmaxf(m0, row_reduce<BN / 2, 0, MaxOp>(s));
+        mx1 = fmaxf(m1, row_reduce<BN / 2, 1, MaxOp>(s));
+      } else {
+        mx0 = fmaxf(m0, c * (neg ? row_reduce<BN / 2, 0, MinOp>(s) : row_reduce<BN / 2, 0, MaxOp>(s)));
+        mx1 = fmaxf(m1, c * (neg ? row_reduce<BN / 2, 1, MinOp>(s) : row_reduce<BN / 2, 1, MaxOp>(s)));
       }
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -277,16 +312,23 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
       const float mu0 = mx0 == BLU_NEG_INF ? 0.f : mx0, mu1 = mx1 == BLU_NEG_INF ? 0.f : mx1;
       al0 = ex2(m0 - mu0);
       al1 = ex2(m1 - mu1);
-      rs0 = 0.f;
-      rs1 = 0.f;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) {
-        const float e = ex2(s[i] - (frow8(i) ? mu1 : mu0));
-        s[i] = e;
-        if (frow8(i)) rs1 += e; else rs0 += e;
+        const float mu = frow8(i) ? mu1 : mu0;
+        s[i] = MASK ? ex2(s[i] - mu) : ex2(fmaf(s[i], c, -mu));
       }
+      rs0 = row_reduce<BN / 2, 0, SumOp>(s);
+      rs1 = row_reduce<BN / 2, 1, SumOp>(s);
       m0 = mx0;
       m1 = mx1;
+    };
+    // the tile at k0 needs the mask: keys past S, or (causal) keys past this warpgroup's first query
+    auto masked = [&](int k0) { return k0 + BN > S || (causal && k0 + BN - 1 > q0 + cw * 64); };
+    auto softmax_at = [&](int k0, float& al0, float& al1, float& rs0, float& rs1) {
+      if (masked(k0))
+        softmax(true, k0, al0, al1, rs0, rs1);
+      else
+        softmax(false, k0, al0, al1, rs0, rs1);
     };
 
     float al0, al1, rs0, rs1;
@@ -299,11 +341,12 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
     hand_over();
     blu_wgmma_wait<0>();
     blu_fence_f<BN / 2>(s);
-    softmax(0, al0, al1, rs0, rs1);
+    softmax_at(0, al0, al1, rs0, rs1);
     l0 = rs0;
     l1 = rs1;
     pack_p<BN / 2>(s, p);
-    for (int it = 1; it < nt; ++it) {
+    // one pipelined step: tile it's S issued with tile it-1's P V, tile it's softmax while P V runs
+    auto step = [&](const bool mask, int it) {
       const int st = (kv + it) % ST, pst = (kv + it - 1) % ST;
       blu_mbar_wait(full + 8 * st, ((kv + it) / ST) & 1);
       my_turn();
@@ -315,7 +358,7 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
       hand_over();
       blu_wgmma_wait<1>();
       blu_fence_f<BN / 2>(s);
-      softmax(it * BN, al0, al1, rs0, rs1);
+      softmax(mask, it * BN, al0, al1, rs0, rs1);
       blu_wgmma_wait<0>();
       blu_fence_f<HD / 2>(oacc);
       blu_fence_u<BN / 4>(p);
@@ -325,6 +368,14 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
       l0 = l0 * al0 + rs0;
       l1 = l1 * al1 + rs1;
       pack_p<BN / 2>(s, p);
+    };
+    // only a row block's last tile can hold keys past S or past the diagonal: the others take the unmasked step
+    for (int it = 1; it < nt - 1; ++it) step(false, it);
+    if (nt > 1) {
+      if (masked((nt - 1) * BN))
+        step(true, nt - 1);
+      else
+        step(false, nt - 1);
     }
     {
       const int pst = (kv + nt - 1) % ST;
