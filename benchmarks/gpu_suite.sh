@@ -14,6 +14,9 @@
 #                                                 # step vs PyTorch bf16 eager and torch.compile)
 #   benchmarks/gpu_suite.sh ncu DIR               # benchmarks/kernels/ncu_attention.sh (Nsight Compute: the Hopper bf16
 #                                                 # attention kernels and cuDNN's on a GPT-2 layer)
+#   benchmarks/gpu_suite.sh ab .ab OUT_DIR [--rounds N] -- [bench_attention.py args]
+#                                                 # benchmarks/kernels/ab_kernels.py run: kernel sources of revisions
+#                                                 # (prepared here with 'ab_kernels.py prepare .ab REV...') interleaved
 #
 # Packages come from the environment; on a machine without a package index, wheels in .whl/ (dev/gpu_wheels.sh
 # builds them) are installed into a private directory first, with this checkout's sources ahead of them.
@@ -34,7 +37,9 @@ case "${1:-tests}" in
   decoder) python3 benchmarks/kernels/bench_decoder.py --out "$2" "${@:3}" ;;
   longctx) python3 benchmarks/memory_gpt2.py --only b --precision bf16 --steps 8 --timeout 600 --out "$2" "${@:3}" ;;
   ncu) bash benchmarks/kernels/ncu_attention.sh "$2" "${@:3}" ;;
+  ab) python3 benchmarks/kernels/ab_kernels.py run "$2" "$3" "${@:4}" ;;
   *) echo "usage: $0 tests [pytest args] | recipe DATA OUT.json [e2e_gpt2.py args] | profile OUT.json" \
        "| llama OUT.json [e2e_llama.py args] | attention OUT.json [bench_attention.py args]" \
-       "| decoder OUT.json [bench_decoder.py args] | longctx OUT.json [memory_gpt2.py args] | ncu DIR" >&2; exit 2 ;;
+       "| decoder OUT.json [bench_decoder.py args] | longctx OUT.json [memory_gpt2.py args] | ncu DIR" \
+       "| ab DIR OUT_DIR [ab_kernels.py run args]" >&2; exit 2 ;;
 esac

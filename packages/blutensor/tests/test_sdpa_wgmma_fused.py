@@ -139,6 +139,46 @@ def test_forward_mask_predicate_covers_every_masked_element():
                             assert it in (0, nt - 1) or not pred, (L, S, causal, q0, cw, it)
 
 
+def test_backward_column_spans_are_the_element_masks():
+    """The backward kernels mask each element by two compares of its constant column fcol(i, 0) against the row's
+    bounds from span_of; brute force over small shapes and every tile and thread: exactly the elements the direct
+    conditions (dK/dV: query >= L, key >= S, causal key > query; dQ: query >= L, key >= S, causal key > query)
+    mask are masked."""
+    src = (Path(sdpa.__file__).resolve().parent / "kernels" / "sdpa_wgmma.cu").read_text()
+    for needle in ("lo = causal ? row - x0 : 0;", "hi = row < S ? L - x0 : lo;", "lo = 0;",
+                   "hi = row < L ? (causal ? min(S, row + 1) : S) - x0 : 0;",
+                   'asm("mov.b32 %0, %1;" : "=r"(a) : "r"(lo - 2 * t));',
+                   'asm("mov.b32 %0, %1;" : "=r"(b) : "r"(hi - 2 * t));',
+                   "__device__ __forceinline__ int fcol(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }"):
+        assert needle in src, needle
+
+    def span(dkdv, row, x0, t, L, S, causal):
+        if dkdv:
+            lo = row - x0 if causal else 0
+            hi = L - x0 if row < S else lo
+        else:
+            lo = 0
+            hi = ((min(S, row + 1) if causal else S) - x0) if row < L else 0
+        return lo - 2 * t, hi - 2 * t
+
+    ci = np.array([8 * (i >> 2) + (i & 1) for i in range(32)])
+    for L in (1, 63, 64, 77, 130):
+        for S in (1, 64, 77, 129):
+            for causal in (False, True):
+                for dkdv in (False, True):
+                    nown, nstr = (S, L) if dkdv else (L, S)
+                    for row in range(0, -(-nown // 128) * 128):
+                        for x0 in range(0, nstr, 64):
+                            for t in range(4):
+                                a, b = span(dkdv, row, x0, t, L, S, causal)
+                                col = x0 + ci + 2 * t
+                                if dkdv:  # row = key, col = query
+                                    masked = (col >= L) | (row >= S) | (causal & (row > col))
+                                else:  # row = query, col = key
+                                    masked = (row >= L) | (col >= S) | (causal & (col > row))
+                                assert (((ci >= a) & (ci < b)) == ~masked).all(), (L, S, causal, dkdv, row, x0, t)
+
+
 def test_emulator_spells_the_kernels_address_math():
     """The model's closed forms are the kernel's (the same expressions in wg::store_dst, wg::dq_chunk, wg::red_dq),
     so the emulated checks above are checks of the kernel."""
@@ -152,7 +192,7 @@ def test_emulator_spells_the_kernels_address_math():
                    "k_own = sA + cw * 64 * 128",
                    "(2 * cw + (nds & 1)) * B::DST",
                    "const unsigned sDS = sX + 2 * ST * TILE;",
-                   "if (col >= L || row >= S || (causal && row > col)) pv = 0.f;",
+                   "const bool valid = frow8(i) ? ci >= a1 && ci < b1 : ci >= a0 && ci < b0;",
                    "stg + (unsigned)((i4 * 128 + th) * 16)",  # em.stage_off, in bytes
                    "stage_dq(stg, dqp, tid & 127);",
                    "dqa + ((long long)bh * nqb + x0 / 64) * 4096",  # em.bulk_dq's tile x0 / 64

@@ -171,6 +171,26 @@ __device__ __forceinline__ float row_reduce(const float* s) {
   return v[0];
 }
 
+// The valid columns [lo, hi) of the backward's own row `row` in the streamed tile at x0 (tile coordinates), as
+// (a, b) = (lo - 2 t, hi - 2 t) for the two-compare mask. dK/dV (row = key, columns = queries): a query sees the
+// key if it is < L, the key < S and, causal, the query >= the key: lo = causal ? row - x0 : 0, hi = row < S ?
+// L - x0 : lo. dQ (row = query, columns = keys): lo = 0, hi = row < L ? (causal ? min(S, row + 1) : S) - x0 : 0.
+// The bounds leave through an opaque move, so that the compiler compares each element's constant column against
+// them instead of rebuilding the column (x0 + fcol(i, t)) element by element.
+template <bool DKDV>
+__device__ __forceinline__ void span_of(int row, int x0, int t, int L, int S, int causal, int& a, int& b) {
+  int lo, hi;
+  if (DKDV) {
+    lo = causal ? row - x0 : 0;
+    hi = row < S ? L - x0 : lo;
+  } else {
+    lo = 0;
+    hi = row < L ? (causal ? min(S, row + 1) : S) - x0 : 0;
+  }
+  asm("mov.b32 %0, %1;" : "=r"(a) : "r"(lo - 2 * t));
+  asm("mov.b32 %0, %1;" : "=r"(b) : "r"(hi - 2 * t));
+}
+
 // store a 64 x HD accumulator block (times `mul` per row pair) as bf16 rows row_base + r, guarded by n
 template <int HD>
 __device__ __forceinline__ void store_rows(bf16_t* out, long long base, int st, const float* acc, int r0, int n,
@@ -577,18 +597,25 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
       blu_wgmma_wait<0>();
       blu_fence_f<32>(sv);
       blu_fence_f<32>(dp);
+      // The mask as two compares of a constant an element: element i's column in the tile is fcol(i, 0) + 2 t (the
+      // first term a constant once unrolled) and a row's valid columns are [lo, hi) (span_of), so the element is
+      // valid iff lo - 2 t <= fcol(i, 0) < hi - 2 t.
+      int a0, b0, a1, b1;
+      span_of<DKDV>(r0, x0, t, L, S, causal, a0, b0);
+      span_of<DKDV>(r1, x0, t, L, S, causal, a1, b1);
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        const int col = x0 + fcol(i, t), row = frow8(i) ? r1 : r0;
+        const int ci = fcol(i, 0);
+        const bool valid = frow8(i) ? ci >= a1 && ci < b1 : ci >= a0 && ci < b0;
         float pv, dsv;
         if (DKDV) {  // row = key, col = query
           const int j = 2 * (i >> 2) + (i & 1);
           pv = ex2(sv[i] * c - lc[j]);
-          if (col >= L || row >= S || (causal && row > col)) pv = 0.f;  // padded keys: no dS for dQ either
+          if (!valid) pv = 0.f;  // padded keys: no dS for dQ either
           dsv = pv * (dp[i] - dc[j]);
         } else {  // row = query, col = key
           pv = ex2(sv[i] * c - (frow8(i) ? lq1 : lq0));
-          if (row >= L || col >= S || (causal && col > row)) pv = 0.f;
+          if (!valid) pv = 0.f;
           dsv = pv * (dp[i] - (frow8(i) ? dq1 : dq0));
         }
         sv[i] = pv;
