@@ -86,6 +86,7 @@ WORKER = textwrap.dedent('''
     expect("new_group_vs_all_reduce", lambda: pg.all_reduce(np.zeros(3)) if r == 0 else pg.new_group([0, 1]))
     expect("new_group_ranks_differ", lambda: pg.new_group([0, 1] if r == 0 else [1]))
     expect("recv_too_small", lambda: pg.send(np.zeros(5), 1) if r == 0 else pg.recv(np.zeros(3), 0))
+    expect("recv_too_large", lambda: pg.send(np.zeros(2), 1) if r == 0 else pg.recv(np.zeros(3), 0))
     pg.barrier()  # the truncated receive left nothing behind: the group still works
     b = np.array([r == 0, False, True])
     pg.all_reduce(b, op="sum")
@@ -145,6 +146,10 @@ def test_cross_rank_mistakes_raise_on_every_rank(tmp_path):
     r1 = json.loads((tmp_path / "rank1.json").read_text())
     assert r0["recv_too_small"] == "no error"
     assert r1["recv_too_small"].startswith("recv from rank 0 (tag 0) into (3,) float64 (24 bytes): MPI error")
+    # a shorter message would leave the buffer partly unwritten: an error, not a silent partial receive
+    assert r0["recv_too_large"] == "no error"
+    assert r1["recv_too_large"] == ("recv from rank 0 (tag 0) into (3,) float64 (24 bytes): the sender's message is "
+                                    "16 bytes, this buffer 24; send and receive the same shape and dtype")
 
 
 EXITING = textwrap.dedent('''

@@ -34,8 +34,10 @@ class MPIWork(Work):
     """Nonblocking MPI requests plus an optional host-side finish (average, copy back from staging)."""
 
     def __init__(self, MPI: Any, requests: list, finish: Callable[[], None] | None = None, keep: tuple = (),
-                 what: str = "collective", timeout: float | None = None, rank: int = 0, size: int = 1):
+                 what: str = "collective", timeout: float | None = None, rank: int = 0, size: int = 1,
+                 recv_bytes: int | None = None):
         self._MPI, self._reqs, self._finish, self._keep = MPI, requests, finish, keep
+        self._recv_bytes = recv_bytes  # a receive: the bytes its buffer must get (a shorter message is an error)
         self._done, self._what, self._timeout, self._who = False, what, timeout, (rank, size)
         self._outputs = keep[:1]
 
@@ -47,6 +49,17 @@ class MPIWork(Work):
             hint = " (MPI_ERR_TRUNCATE/IN_STATUS here means the sender's message is larger than this buffer)"
         return CollectiveError(f"{self._what}: MPI error: {msg}{hint}")
 
+    def _check_statuses(self, statuses: list) -> None:
+        """A completed request whose status carries an error (a truncated receive) is an error even where the MPI
+        library's Waitall/Testall returned success for it (seen under load with Open MPI's shared-memory path)."""
+        for st in statuses:
+            err = st.Get_error()
+            if err != self._MPI.SUCCESS:
+                raise self._failed(self._MPI.Exception(err))
+            if self._recv_bytes is not None and (n := st.Get_count(self._MPI.BYTE)) != self._recv_bytes:
+                raise CollectiveError(f"{self._what}: the sender's message is {n} bytes, this buffer "
+                                      f"{self._recv_bytes}; send and receive the same shape and dtype")
+
     def _complete(self) -> None:
         if self._finish is not None:
             self._finish()
@@ -54,19 +67,21 @@ class MPIWork(Work):
 
     def synchronize(self) -> None:
         if not self._done:
+            statuses = [self._MPI.Status() for _ in self._reqs]
             try:
                 if self._timeout is None:
-                    self._MPI.Request.Waitall(self._reqs)
+                    self._MPI.Request.Waitall(self._reqs, statuses)
                 else:
-                    self._wait_until_deadline()
+                    self._wait_until_deadline(statuses)
             except self._MPI.Exception as e:
                 raise self._failed(e) from e
+            self._check_statuses(statuses)
             self._complete()
 
-    def _wait_until_deadline(self) -> None:
+    def _wait_until_deadline(self, statuses: list) -> None:
         """Poll (which also drives MPI progress) until done; past $BLUTRAIN_DTMS_TIMEOUT raise instead of hanging."""
         t0 = time.monotonic()
-        while not self._MPI.Request.Testall(self._reqs):
+        while not self._MPI.Request.Testall(self._reqs, statuses):
             waited = time.monotonic() - t0
             if waited > self._timeout:
                 rank, size = self._who
@@ -84,11 +99,13 @@ class MPIWork(Work):
 
     def is_completed(self) -> bool:
         if not self._done:
+            statuses = [self._MPI.Status() for _ in self._reqs]
             try:
-                done = self._MPI.Request.Testall(self._reqs)
+                done = self._MPI.Request.Testall(self._reqs, statuses)
             except self._MPI.Exception as e:
                 raise self._failed(e) from e
             if done:
+                self._check_statuses(statuses)
                 self._complete()
         return self._done
 
@@ -130,8 +147,8 @@ class MPIProcessGroup(ProcessGroup):
         self._ops = _mpi_ops(MPI)
 
     def _work(self, requests: list, finish: Callable[[], None] | None = None, keep: tuple = (),
-              what: str = "collective") -> MPIWork:
-        return MPIWork(self.MPI, requests, finish, keep, what, self.timeout, self._rank, self._size)
+              what: str = "collective", recv_bytes: int | None = None) -> MPIWork:
+        return MPIWork(self.MPI, requests, finish, keep, what, self.timeout, self._rank, self._size, recv_bytes)
 
     def _check_device(self, what: str, *arrays: Any) -> None:
         for a in arrays:
@@ -212,7 +229,8 @@ class MPIProcessGroup(ProcessGroup):
     def _recv(self, a: np.ndarray, src: int, tag: int) -> Work:
         req = self.comm.Irecv([_bytes(a), self.MPI.BYTE], source=src, tag=tag)
         return self._work([req], None, (a,),
-                          f"recv from rank {src} (tag {tag}) into {tuple(a.shape)} {a.dtype} ({a.nbytes} bytes)")
+                          f"recv from rank {src} (tag {tag}) into {tuple(a.shape)} {a.dtype} ({a.nbytes} bytes)",
+                          recv_bytes=a.nbytes)
 
     def _barrier(self) -> Work:
         return self._work([self.comm.Ibarrier()], what="barrier")
