@@ -72,7 +72,8 @@ def category(name: str) -> str:
 
 
 def _profile(step, n: int) -> tuple[dict, dict]:
-    """Per-kernel rows (count and GPU time per step) and the timeline of ``n`` steps (see :func:`timeline`)."""
+    """Per-kernel rows (launches and kernel milliseconds per step) and the timeline of ``n`` steps (see
+    :func:`timeline`)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 

@@ -49,14 +49,19 @@ class MPIWork(Work):
             hint = " (MPI_ERR_TRUNCATE/IN_STATUS here means the sender's message is larger than this buffer)"
         return CollectiveError(f"{self._what}: MPI error: {msg}{hint}")
 
-    def _check_statuses(self, statuses: list) -> None:
-        """A completed request whose status carries an error (a truncated receive) is an error even where the MPI
-        library's Waitall/Testall returned success for it (seen under load with Open MPI's shared-memory path)."""
-        for st in statuses:
+    def _statuses(self) -> list | None:
+        """Status objects for a receive's requests (its byte count and error are checked on completion), None for
+        collectives, whose waits report their errors themselves."""
+        return [self._MPI.Status() for _ in self._reqs] if self._recv_bytes is not None else None
+
+    def _check_statuses(self, statuses: list | None) -> None:
+        """A completed receive is checked through its status as well as the wait's return code: an error recorded
+        there (a truncated message) and a message shorter than the buffer both raise, naming the sizes."""
+        for st in statuses or ():
             err = st.Get_error()
             if err != self._MPI.SUCCESS:
                 raise self._failed(self._MPI.Exception(err))
-            if self._recv_bytes is not None and (n := st.Get_count(self._MPI.BYTE)) != self._recv_bytes:
+            if (n := st.Get_count(self._MPI.BYTE)) != self._recv_bytes:
                 raise CollectiveError(f"{self._what}: the sender's message is {n} bytes, this buffer "
                                       f"{self._recv_bytes}; send and receive the same shape and dtype")
 
@@ -67,7 +72,7 @@ class MPIWork(Work):
 
     def synchronize(self) -> None:
         if not self._done:
-            statuses = [self._MPI.Status() for _ in self._reqs]
+            statuses = self._statuses()
             try:
                 if self._timeout is None:
                     self._MPI.Request.Waitall(self._reqs, statuses)
@@ -78,7 +83,7 @@ class MPIWork(Work):
             self._check_statuses(statuses)
             self._complete()
 
-    def _wait_until_deadline(self, statuses: list) -> None:
+    def _wait_until_deadline(self, statuses: list | None) -> None:
         """Poll (which also drives MPI progress) until done; past $BLUTRAIN_DTMS_TIMEOUT raise instead of hanging."""
         t0 = time.monotonic()
         while not self._MPI.Request.Testall(self._reqs, statuses):
@@ -99,7 +104,7 @@ class MPIWork(Work):
 
     def is_completed(self) -> bool:
         if not self._done:
-            statuses = [self._MPI.Status() for _ in self._reqs]
+            statuses = self._statuses()
             try:
                 done = self._MPI.Request.Testall(self._reqs, statuses)
             except self._MPI.Exception as e:

@@ -140,12 +140,8 @@ def fused_backward(variant: str, hd: int) -> bool:
     mode = pol.attention_backward
     if mode == "split" or variant not in FUSED_BWD:
         return False
-    if mode == "auto":
-        if variant not in FUSED_AUTO:
-            return False
-        hds = FUSED_AUTO[variant]
-        if hds is not None and hd not in hds:
-            return False
+    if mode == "auto" and (variant not in FUSED_AUTO or hd not in (FUSED_AUTO[variant] or (hd,))):
+        return False
     if pol.deterministic:
         return False
     need = _wgmma.fused_smem(hd) if variant == "bf16_wgmma" else _mma_smem(variant, hd, "fused")

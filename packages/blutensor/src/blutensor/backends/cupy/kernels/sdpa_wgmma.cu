@@ -306,11 +306,11 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
     blu_mbar_wait(qfull + 8 * qb, (n >> 1) & 1);
 
     // softmax of the tile at key k0 in s (raw scores in, probabilities out); alpha and row sums out. Every call
-    // passes MASK as a literal, so each inlined copy keeps one branch of it. MASK: the
-    // tile holds keys past S or past the diagonal (only a row block's last tile), so scores are scaled, masked and
-    // then reduced; otherwise the row extreme is taken of the raw scores (max, or min for a negative scale: c times
-    // it is the scaled max, the same rounded value) and each exponent is one FFMA, s c - m, with no mask logic.
-    // Row maxima and sums are pairwise trees over a row's 32 elements (5 dependent steps, not 32).
+    // passes MASK as a literal, so each inlined copy keeps one branch of it. MASK: the tile holds keys past S or
+    // past the diagonal (only a row block's last tile), so scores are scaled, masked and then reduced; otherwise
+    // the row extreme is taken of the raw scores (max, or min for a negative scale: c times it is the scaled max,
+    // the same rounded value) and each exponent is one FFMA, s c - m, with no mask logic. Row maxima and sums are
+    // pairwise trees over a row's 32 elements (5 dependent steps, not 32).
     auto softmax = [&](const bool MASK, int k0, float& al0, float& al1, float& rs0, float& rs1) {
       float mx0, mx1;
       if (MASK) {
