@@ -36,9 +36,12 @@ def test_prepare_run_summary_round_trip(tmp_path, monkeypatch):
     if git.returncode != 0:  # a source tree without its history
         return
     d = tmp_path / "ab"
-    ab.prepare(d, ["HEAD"], ab.KERNELS)
+    ab.prepare(d, ["HEAD", "."], ab.KERNELS, ["README.md"])
     meta = json.loads((d / "revs.json").read_text())
-    (rev,) = meta["revs"]
+    rev, tree = meta["revs"]
+    assert tree == "worktree" and meta["files"] == ["README.md"]
+    assert (d / tree / "files" / "0").read_bytes() == (ROOT / "README.md").read_bytes()
+    assert (d / tree / "sdpa_wgmma.cu").read_bytes() == (ROOT / ab.KERNELS / "sdpa_wgmma.cu").read_bytes()
     src = ROOT / ab.KERNELS / "sdpa_wgmma.cu"
     assert (d / rev / "sdpa_wgmma.cu").read_bytes() == subprocess.run(
         ["git", "show", f"{rev}:{ab.KERNELS}/sdpa_wgmma.cu"], cwd=ROOT, capture_output=True, check=True).stdout
@@ -66,3 +69,32 @@ def test_run_refuses_an_unprepared_folder(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks/kernels/ab_kernels.py"), "run", str(tmp_path),
                         str(tmp_path / "out")], capture_output=True, text=True)
     assert p.returncode == 2 and "holds no prepared revisions" in p.stderr
+
+
+def test_run_passes_what_follows_the_separator_to_the_timing_script(tmp_path):
+    """Options after ``--`` reach the timing script untouched (``--rounds`` before it stays ab_kernels'), and a
+    file switched with the kernels is each revision's while its run goes and the tree's afterwards."""
+    kdir, d = tmp_path / "kernels", tmp_path / "ab"
+    kdir.mkdir()
+    host = tmp_path / "host.py"
+    host.write_text("tree")
+    for name in ("a", "b"):
+        (d / name / "files").mkdir(parents=True)
+        (d / name / "k.cu").write_text(name)
+        (d / name / "files" / "0").write_text("host-" + name)
+    (d / "revs.json").write_text(json.dumps({"kernels": str(kdir), "files": [str(host)], "revs": ["a", "b"]}))
+    stub = tmp_path / "stub.py"
+    stub.write_text(f"""
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+seen = [sys.argv[1:sys.argv.index("--out")], pathlib.Path({str(host)!r}).read_text()]
+out.write_text(json.dumps({{"seen": seen, "rows": []}}))
+""")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/kernels/ab_kernels.py"), "run", str(d),
+                        str(tmp_path / "out"), "--rounds", "1", "--bench", str(stub), "--", "--shape", "gpt2",
+                        "--rounds", "7"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    for name in ("a", "b"):
+        seen = json.loads((tmp_path / "out" / f"{name}.0.json").read_text())["seen"]
+        assert seen == [["--shape", "gpt2", "--rounds", "7"], "host-" + name]
+    assert host.read_text() == "tree" and not (tmp_path / "out" / "a.1.json").exists()

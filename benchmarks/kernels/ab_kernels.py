@@ -3,11 +3,14 @@ change is judged against its predecessor under the same clocks, power cap and te
 attention kernels' times drift by a few percent from call to call, as much as a small change moves them).
 
     python3 benchmarks/kernels/ab_kernels.py prepare .ab REV [REV ...]        # with git: each REV's kernel files
+    python3 benchmarks/kernels/ab_kernels.py prepare .ab HEAD . --file packages/blutensor/.../sdpa_wgmma.py
     python3 benchmarks/kernels/ab_kernels.py run .ab OUT_DIR [--rounds 2] -- --shape gpt2 --shape long --rows bf16
     python3 benchmarks/kernels/ab_kernels.py summary OUT_DIR
 
 ``prepare`` copies blutensor's ``kernels/`` (``--kernels`` for another folder) as each revision has it into
-``DIR/<rev>/`` (``.ab/`` is ignored by git: carry it to a GPU machine with the wheels). ``run`` puts each revision's
+``DIR/<rev>/`` (``.`` is the working tree as it is, named ``worktree``; ``--file PATH`` adds a file outside the
+folder, e.g. the host module whose launches a kernel change alters, kept under ``DIR/<rev>/files/``; ``.ab/`` is
+ignored by git: carry it to a GPU machine with the wheels). ``run`` puts each revision's
 files in place in turn, runs ``benchmarks/kernels/bench_attention.py`` with the arguments after ``--`` into
 ``OUT_DIR/<rev>.<round>.json``, restores the working tree's files, and prints ``summary``: per revision, shape and
 row, the median over rounds of the graph-timed forward, backward and forward + backward (ms), also written to
@@ -29,45 +32,62 @@ KERNELS = "packages/blutensor/src/blutensor/backends/cupy/kernels"
 TIMES = ("fwd_ms", "bwd_ms", "fwdbwd_ms")
 
 
-def prepare(d: Path, revs: list[str], kernels: str) -> None:
+def _show(rev: str, path: str) -> bytes:
+    return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, check=True).stdout
+
+
+def prepare(d: Path, revs: list[str], kernels: str, files: list[str]) -> None:
     order = []
     for rev in revs:
-        full = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
-                              text=True)
-        if full.returncode != 0:
-            raise SystemExit(f"ab_kernels: {rev!r} is not a revision of this repository")
-        short = full.stdout.strip()[:10]
-        names = subprocess.run(["git", "ls-tree", "--name-only", f"{short}:{kernels}"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.split()
+        if rev == ".":
+            short = "worktree"
+            names = sorted(p.name for p in (ROOT / kernels).iterdir() if p.is_file())
+            read = lambda path: (ROOT / path).read_bytes()  # noqa: E731
+        else:
+            full = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+                                  capture_output=True, text=True)
+            if full.returncode != 0:
+                raise SystemExit(f"ab_kernels: {rev!r} is not a revision of this repository")
+            short = full.stdout.strip()[:10]
+            names = subprocess.run(["git", "ls-tree", "--name-only", f"{short}:{kernels}"], cwd=ROOT,
+                                   capture_output=True, text=True, check=True).stdout.split()
+            read = lambda path, _r=short: _show(_r, path)  # noqa: E731
         out = d / short
-        out.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            shutil.rmtree(out)
+        (out / "files").mkdir(parents=True)
         for name in names:
-            blob = subprocess.run(["git", "show", f"{short}:{kernels}/{name}"], cwd=ROOT, capture_output=True,
-                                  check=True).stdout
-            (out / name).write_bytes(blob)
+            (out / name).write_bytes(read(f"{kernels}/{name}"))
+        for i, path in enumerate(files):
+            (out / "files" / f"{i}").write_bytes(read(path))
         order.append(short)
-        print(f"{rev} -> {out} ({len(names)} files)")
-    (d / "revs.json").write_text(json.dumps({"kernels": kernels, "revs": order}, indent=1))
+        print(f"{rev} -> {out} ({len(names)} kernel files, {len(files)} other)")
+    (d / "revs.json").write_text(json.dumps({"kernels": kernels, "files": files, "revs": order}, indent=1))
 
 
 def run(d: Path, out: Path, rounds: int, bench_args: list[str], bench: Path) -> int:
     meta = json.loads((d / "revs.json").read_text())
     kdir = ROOT / meta["kernels"]
-    backup = {p.name: p.read_bytes() for p in kdir.iterdir() if p.is_file()}
+    files = [ROOT / f for f in meta.get("files", [])]
+    backup = {p: p.read_bytes() for p in kdir.iterdir() if p.is_file()}
+    backup.update({p: p.read_bytes() for p in files})
     out.mkdir(parents=True, exist_ok=True)
     rc = 0
     try:
         for r in range(rounds):
             for rev in meta["revs"]:
                 for p in (d / rev).iterdir():
-                    shutil.copyfile(p, kdir / p.name)
+                    if p.is_file():
+                        shutil.copyfile(p, kdir / p.name)
+                for i, dst in enumerate(files):
+                    shutil.copyfile(d / rev / "files" / f"{i}", dst)
                 cmd = [sys.executable, str(bench), *bench_args, "--out", str(out / f"{rev}.{r}.json")]
                 res = subprocess.run(cmd, cwd=ROOT)
                 print(f"== {rev} round {r}: rc {res.returncode}", flush=True)
                 rc = rc or res.returncode
     finally:
-        for name, data in backup.items():
-            (kdir / name).write_bytes(data)
+        for path, data in backup.items():
+            path.write_bytes(data)
     summary(out, meta["revs"])
     return rc
 
@@ -99,26 +119,31 @@ def main() -> int:
     p.add_argument("dir", type=Path)
     p.add_argument("revs", nargs="+")
     p.add_argument("--kernels", default=KERNELS, help="the kernel folder, relative to the repository root")
+    p.add_argument("--file", action="append", default=[], help="another file to switch with the kernels (repeatable)")
     p = sub.add_parser("run", help="interleaved bench_attention.py runs of the prepared revisions (GPU)")
     p.add_argument("dir", type=Path)
     p.add_argument("out", type=Path)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--bench", type=Path, default=ROOT / "benchmarks/kernels/bench_attention.py",
                    help="the timing script (takes --out OUT.json and writes rows as bench_attention.py does)")
-    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: bench_attention.py arguments")
     p = sub.add_parser("summary", help="medians per revision of an OUT_DIR of runs")
     p.add_argument("out", type=Path)
-    a = ap.parse_args()
+    argv = sys.argv[1:]
+    # everything after the first "--" goes to the timing script untouched (argparse would take its options)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    bench_args = argv[cut + 1:]
+    if a.cmd != "run" and bench_args:
+        ap.error(f"'{a.cmd}' takes no timing-script arguments after --")
     if a.cmd == "prepare":
-        prepare(a.dir, a.revs, a.kernels)
+        prepare(a.dir, a.revs, a.kernels, a.file)
         return 0
     if a.cmd == "run":
         if a.rounds < 1:
             ap.error(f"--rounds must be >= 1, got {a.rounds}")
         if not (a.dir / "revs.json").is_file():
             ap.error(f"{a.dir} holds no prepared revisions (run 'prepare' first)")
-        args = a.bench_args[1:] if a.bench_args[:1] == ["--"] else a.bench_args
-        return run(a.dir, a.out, a.rounds, args, a.bench)
+        return run(a.dir, a.out, a.rounds, bench_args, a.bench)
     summary(a.out)
     return 0
 

@@ -36,6 +36,19 @@ def f32(*shape):
         (lambda: gemm_batched(f32(4, 5), f32(5, 3)), r"at least one of a, b must be 3-D"),
         (lambda: gemm_batched(f32(2, 4, 5), f32(3, 5, 3)), r"batch sizes differ: a has 2, b has 3"),
         (lambda: gemm([[1.0]], f32(1, 1)), r"a: expected a NumPy or CuPy array"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), epilogue="dgelu"), r"'dgelu' needs preact="),
+        (lambda: gemm(f32(4, 5), f32(5, 3), preact=f32(4, 3)), r"preact is the input of epilogue='dgelu' only"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), bias_grad=f32(3)), r"bias_grad is only written with epilogue='dgelu'"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), epilogue="dgelu", preact=f32(3, 4)), r"preact has shape \(3, 4\)"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), epilogue="dgelu", preact=np.ones((4, 3))), r"preact has dtype float64"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), epilogue="dgelu", preact=f32(4, 3), bias=f32(3)), r"takes no bias"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), f32(4, 3), beta=1.0, epilogue="dgelu", preact=f32(4, 3)), r"beta = 0"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), epilogue="dgelu", preact=f32(4, 3), precision="3xtf32"), r"not '3xtf32'"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), epilogue="dgelu", preact=f32(4, 3), bias_grad=f32(4)),
+         r"bias_grad must be 1-D of length N=3"),
+        (lambda: gemm(f32(4, 5), f32(5, 3), epilogue="dgelu", preact=f32(4, 3), bias_grad=np.ones(3, np.int32)),
+         r"bias_grad dtype int32"),
+        (lambda: gemm_batched(f32(2, 4, 5), f32(5, 3), epilogue="dgelu"), r"'dgelu' is 2-D only"),
         (
             lambda: gemm(
                 f32(4, 5),
@@ -67,6 +80,16 @@ def test_out_aliasing_an_input_is_rejected():
     a = f32(4, 4)
     with pytest.raises(GemmError, match="out overlaps input a"):
         gemm(a, f32(4, 4), out=a)
+
+
+def test_dgelu_outputs_aliasing_its_inputs_are_rejected():
+    a, u = f32(4, 5), f32(4, 3)
+    with pytest.raises(GemmError, match="out overlaps preact"):
+        gemm(a, f32(5, 3), u, epilogue="dgelu", preact=u)
+    with pytest.raises(GemmError, match="bias_grad overlaps preact"):
+        gemm(a, f32(5, 3), epilogue="dgelu", preact=u, bias_grad=u[0])
+    with pytest.raises(GemmError, match="bias_grad overlaps a"):
+        gemm(a, f32(5, 3), epilogue="dgelu", preact=u, bias_grad=a[0, :3])
 
 
 def test_batched_out_with_zero_batch_stride_is_rejected():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from blublas import GemmError, gemm
+from blublas import EpilogueUnavailable, GemmError, gemm
 from blublas.testing import ODD_SHAPES, check_case, make_case
 
 pytestmark = pytest.mark.cuda
@@ -55,6 +55,74 @@ def test_gpu_epilogues_match_float64(provider, layout, precision, out_bf16, epi)
     rng = np.random.default_rng(7)
     case = make_case(rng, 133, 72, 96, layout=layout, precision=precision, out_bf16=out_bf16, **epi)
     assert check_case(case, cp, provider) <= case.tol, case.describe()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("precision,out_bf16", [("fp32", False), ("tf32", False), ("bf16", True), ("bf16", False)])
+@pytest.mark.parametrize("bias_grad", [False, True])
+@pytest.mark.parametrize("shape", [(37, 72, 40), (133, 96, 72)])
+def test_gpu_dgelu_epilogue_matches_float64(layout, precision, out_bf16, bias_grad, shape):
+    """cuBLASLt's DGELU / DGELU_BGRAD: (op(a) @ op(b)) * gelu'(preact) and its float32 column sums against float64
+    (skipped, with cuBLASLt's answer, where this library has no fused algorithm for the combination)."""
+    cp = _cupy()
+    rng = np.random.default_rng(31)
+    case = make_case(rng, *shape, layout=layout, precision=precision, out_bf16=out_bf16, epilogue="dgelu",
+                     bias_grad=bias_grad)
+    try:
+        err = check_case(case, cp, "cublas")
+    except EpilogueUnavailable as exc:
+        pytest.skip(f"no fused algorithm here: {exc}")
+    assert err <= case.tol, case.describe()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("bias_grad", [False, True])
+def test_gpu_dgelu_is_fused_at_gpt2_mlp_shapes(precision, bias_grad):
+    """GPT-2 124M's c_proj dX GEMM (B*T = 2048 rows here, 768 -> 3072) with the DGELU epilogue: cuBLASLt has a
+    fused algorithm (EpilogueUnavailable fails this test: the fused MLP backward would take its unfused fallback)
+    and its result matches float64. bf16 with the float32 bias gradient has none in cuBLASLt 13 (the MLP then
+    runs DGELU alone plus the bias GEMV): there DGELU without the bias gradient must be fused."""
+    cp = _cupy()
+    rng = np.random.default_rng(37)
+    case = make_case(rng, 2048, 3072, 768, layout="nn", precision=precision, epilogue="dgelu", bias_grad=bias_grad)
+    try:
+        assert check_case(case, cp, "cublas") <= case.tol, case.describe()
+    except EpilogueUnavailable:
+        if not (precision == "bf16" and bias_grad):
+            raise
+        case = make_case(rng, 2048, 3072, 768, layout="nn", precision=precision, epilogue="dgelu", bias_grad=False)
+        assert check_case(case, cp, "cublas") <= case.tol, case.describe()
+
+
+def test_gpu_dgelu_inside_cuda_graph_capture():
+    """DGELU_BGRAD recorded into a CUDA graph replays on the captured stream with new inputs."""
+    cp = _cupy()
+    from blublas.reference import gelu_tanh_grad
+
+    rng = np.random.default_rng(41)
+    g = cp.asarray(rng.standard_normal((256, 128)).astype(np.float32))
+    w = cp.asarray(rng.standard_normal((128, 192)).astype(np.float32))
+    u = cp.asarray(rng.standard_normal((256, 192)).astype(np.float32))
+    out, bg = cp.zeros((256, 192), cp.float32), cp.zeros(192, cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    kw = dict(epilogue="dgelu", preact=u, bias_grad=bg, precision="tf32", stream=stream, provider="cublas")
+    with stream:
+        try:
+            gemm(g, w, out, **kw)  # warm-up outside capture: handle, workspace, algorithm
+        except EpilogueUnavailable as exc:
+            pytest.skip(f"no fused algorithm here: {exc}")
+        stream.begin_capture()
+        gemm(g, w, out, **kw)
+        graph = stream.end_capture()
+        out.fill(0)
+        bg.fill(0)
+        g[...] = g * 0.5
+        graph.launch(stream)
+    stream.synchronize()
+    ref = (g.get().astype(np.float64) @ w.get()) * gelu_tanh_grad(u.get().astype(np.float64))
+    scale = np.max(np.abs(ref))
+    assert np.max(np.abs(out.get() - ref)) / scale < 5e-3
+    assert np.max(np.abs(bg.get() - ref.sum(axis=0))) / (256 * scale) < 5e-3
 
 
 @pytest.mark.parametrize("provider", ["blublas", "cublas"])

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 from blublas import gemm, gemm_batched
-from blublas.reference import bf16_bits_to_f32, f32_to_bf16_bits, gelu_tanh
+from blublas.reference import bf16_bits_to_f32, f32_to_bf16_bits, gelu_tanh, gelu_tanh_grad
 from blublas.testing import ODD_SHAPES, check_case, make_case
 
 LAYOUTS = ("nn", "nt", "tn")
@@ -40,6 +40,58 @@ def test_epilogues_match_float64(layout, precision, out_bf16, epi):
     rng = np.random.default_rng(7)
     case = make_case(rng, 37, 29, 45, layout=layout, precision=precision, out_bf16=out_bf16, **epi)
     assert check_case(case) <= case.tol, case.describe()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("precision,out_bf16", [("fp32", False), ("tf32", False), ("bf16", True), ("bf16", False)])
+@pytest.mark.parametrize("bias_grad", [False, True])
+def test_dgelu_epilogue_matches_float64(layout, precision, out_bf16, bias_grad):
+    """out = (op(a) @ op(b)) * gelu'(preact) and its column sums against the float64 formula."""
+    rng = np.random.default_rng(8)
+    case = make_case(rng, 37, 72, 40, layout=layout, precision=precision, out_bf16=out_bf16, epilogue="dgelu",
+                     bias_grad=bias_grad)
+    assert check_case(case) <= case.tol, case.describe()
+
+
+def test_gelu_tanh_grad_matches_finite_differences():
+    x = np.linspace(-8.0, 8.0, 2001)
+    h = 1e-5
+    fd = (gelu_tanh(x + h) - gelu_tanh(x - h)) / (2 * h)
+    np.testing.assert_allclose(gelu_tanh_grad(x), fd, rtol=1e-8, atol=1e-9)
+    assert gelu_tanh_grad(np.array([0.0]))[0] == 0.5
+
+
+def test_dgelu_is_the_backward_of_the_gelu_gemm():
+    """Through h = gemm(x, w1, 'gelu', bias b1, saving u) and y = h @ w2.T, the 'dgelu' GEMM of dy @ w2 with
+    preact=u gives dL/du, and its bias_grad dL/db1: both match float64 central differences of L = sum(dy * y)."""
+    rng = np.random.default_rng(21)
+    x, w1, b1 = rng.standard_normal((9, 6)), rng.standard_normal((8, 6)) * 0.5, rng.standard_normal(8)
+    w2, dy = rng.standard_normal((5, 8)), rng.standard_normal((9, 5))
+
+    def loss(bias):
+        return float(np.sum(dy * (gemm(x, w1, trans_b=True, bias=bias, epilogue="gelu") @ w2.T)))
+
+    u = np.empty((9, 8))
+    gemm(x, w1, trans_b=True, bias=b1, epilogue="gelu", save_preact=u)
+    np.testing.assert_allclose(u, x @ w1.T + b1, rtol=1e-13, atol=1e-13)
+    db1 = np.full(8, np.nan)
+    du = gemm(dy, w2, epilogue="dgelu", preact=u, bias_grad=db1)
+    assert du.dtype == np.float64 and db1.dtype == np.float64
+    eps = 1e-6
+    fd = np.array([(loss(b1 + eps * e) - loss(b1 - eps * e)) / (2 * eps) for e in np.eye(8)])
+    np.testing.assert_allclose(db1, fd, rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(du, (dy @ w2) * gelu_tanh_grad(u), rtol=1e-13, atol=1e-13)
+
+
+def test_dgelu_of_an_empty_product_is_zero():
+    bg = np.full(4, np.nan, np.float32)
+    out = gemm(np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32), epilogue="dgelu",
+               preact=np.ones((3, 4), np.float32), bias_grad=bg)
+    assert not out.any() and not bg.any()
+    bg = np.full(4, np.nan, np.float32)
+    gemm(np.zeros((0, 5), np.float32), np.zeros((5, 4), np.float32), epilogue="dgelu",
+         preact=np.ones((0, 4), np.float32), bias_grad=bg)
+    assert not bg.any()
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -111,6 +111,33 @@ def test_captured_step_twin_equals_eager_loop(accum, clip, monkeypatch):
     assert {s["step"] for s in st.optimizer.state.values()} == {STEPS}
 
 
+def test_micro_step_backward_starts_from_its_own_loss_and_finish_takes_the_mean():
+    """Each micro-step's backward enters its loss with gradient exactly 1 (so the fused cross-entropy, whose
+    forward already wrote the logits' gradient, has no scaling pass left), and finish() turns the accumulated
+    sums into the means the PyTorch-style loop (loss / accum per micro-step) gets."""
+    accum = 3
+    m = _model()
+    seen = []
+
+    class Hooked:  # the model, its loss hooked to record the gradient flowing into it
+        def __call__(self, x, y):
+            logits, loss = m(x, y)
+            loss.register_hook(lambda g: seen.append(float(g.item())))
+            return logits, loss
+
+    opt = bt.optim.AdamW(m.param_groups(0.1), lr=0.0, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    st = TrainStep(Hooked(), opt, list(m.parameters()), device="cpu", lr_schedule=[0.0], accum=accum)
+    batches = _batches(accum)[:accum]
+    it = iter(batches)
+    st.run(lambda: next(it), 0.0)
+    assert seen == [1.0] * accum
+    ref = _model()
+    for x, y in batches:
+        (ref(x, y)[1] * (1.0 / accum)).backward()
+    for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=n)
+
+
 def test_captured_step_twin_bf16_autocast_equals_eager_loop():
     ac = lambda: bt.autocast("cpu")  # noqa: E731
     ref_m, _, ref = _reference(2, 0.5, ac)

@@ -190,6 +190,9 @@ def _fused_vs_generic(monkeypatch, device: str):
         loss.backward()
         return float(loss.item()), {n: p.grad.to("cpu").numpy().copy() for n, p in m.named_parameters()}, saved
 
+    # the GELU-in-the-GEMM MLP (CUDA) compares with the unfused ops within rounding (test_gpt2_fused_mlp.py); here
+    # the elementwise-GELU paths run, whose gradients are bit-identical
+    monkeypatch.setattr(gpt2, "_fused_mlp_inputs", lambda mlp, x: None)
     fused = run()
     monkeypatch.setattr(gpt2, "_lean_ok", lambda u, w: False)
     generic = run()

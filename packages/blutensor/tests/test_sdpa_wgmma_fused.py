@@ -219,7 +219,12 @@ def test_fused_backward_choice_for_wgmma(device):
     deterministic algorithms the split pair, and so does a device whose shared memory does not hold it."""
     with bt.policy.scope(attention_backward="auto"):
         assert sdpa.fused_backward("bf16_wgmma", 64) and not sdpa.fused_backward("bf16_wgmma", 128)
-        assert sdpa.fused_backward("tf32x3", 64)
+        assert sdpa.fused_backward("tf32x3", 64) and sdpa.fused_backward("tf32x3", 64, 1024)
+        # by sequence length: the split pair below FUSED_MIN_SEQ, the fused kernel from it on
+        n = sdpa.FUSED_MIN_SEQ["bf16_wgmma"]
+        assert not sdpa.fused_backward("bf16_wgmma", 64, 1024) and not sdpa.fused_backward("bf16_wgmma", 64, n - 1)
+        assert sdpa.fused_backward("bf16_wgmma", 64, n) and sdpa.fused_backward("bf16_wgmma", 64, 16384)
+    assert sdpa.fused_backward("bf16_wgmma", 64, 1024)  # 'fused' (this fixture's scope): at any length
     assert sdpa.fused_backward("bf16_wgmma", 64) and sdpa.fused_backward("bf16_wgmma", 128)
     with bt.policy.scope(attention_backward="fused"):
         assert sdpa.fused_backward("bf16_wgmma", 128)
@@ -272,9 +277,14 @@ def _model(log):
         kind = name.split("_hd")[1].split("_", 1)[1]
         hd = int(name.split("_hd")[1].split("_")[0])
         log.append((kind, grid, block, shared_mem))
-        if kind == "preprocess":
-            do, o, D, rows, L, *lay = args
-            D[...] = (_f64(_rows(do, int(L), hd, lay)) * _f64(_rows(o, int(L), hd, lay))).sum(-1).reshape(D.shape)
+        if kind == "preprocess":  # (lse * log2 e, D) pairs, (BH, ceil(L / 64) * 64, 2), zero past L
+            do, o, lse, ld, BH, L, *lay = args
+            L = int(L)
+            assert ld.shape == wg.lse_d_shape(int(BH), L) and ld.shape[1] % 64 == 0
+            D = (_f64(_rows(do, L, hd, lay)) * _f64(_rows(o, L, hd, lay))).sum(-1)
+            ld[...] = 0
+            ld[:, :L, 0] = np.asarray(lse, np.float64).reshape(-1, L) * np.log2(np.e)
+            ld[:, :L, 1] = D
             return
         if kind == "bwd_dq_convert":
             acc, dq, rows, L, sc, *lay = args
@@ -286,16 +296,18 @@ def _model(log):
             _put(dq, int(L), hd, lay, a * np.float32(sc))
             return
         if kind == "bwd_dq":
-            tq, tdo, tk, tv, lse, D, dq, L, S, sc, causal, *lay = args
+            tq, tdo, tk, tv, ld, dq, L, S, sc, causal, *lay = args
         else:
-            tk, tv, tq, tdo, lse, D, dk, dv, *rest = args
+            tk, tv, tq, tdo, ld, dk, dv, *rest = args
             acc = rest.pop(0) if kind == "bwd_fused" else None
             L, S, sc, causal, *lay = rest
         L, S, sc, causal = int(L), int(S), float(sc), bool(causal)
         lay = (lay[0],) + tuple(lay[2:])  # (H, BH, sb, sh, st) -> (H, sb, sh, st)
         Q, dO, K, V = (_dense(t) for t in (tq, tdo, tk, tv))
-        P = probs(K, Q, np.asarray(lse, np.float64).reshape(-1, L), L, S, sc, causal)
-        dS = P * (dO @ V.transpose(0, 2, 1) - np.asarray(D, np.float64).reshape(-1, L)[..., None])
+        pairs = np.asarray(ld, np.float64)
+        assert not pairs[:, L:].any()  # the padding the dK/dV kernels' bulk copies read is zero
+        P = probs(K, Q, pairs[:, :L, 0] / np.log2(np.e), L, S, sc, causal)
+        dS = P * (dO @ V.transpose(0, 2, 1) - pairs[:, :L, 1][..., None])
         if kind == "bwd_dq":
             _put(dq, L, hd, lay, dS @ K * sc)
             return

@@ -3,11 +3,12 @@ NumPy reference. Works on raw NumPy/CuPy arrays; imports neither blutensor nor a
 
 from .__about__ import __version__
 from .api import EPILOGUES, PRECISIONS, PROVIDERS, gemm, gemm_batched
-from .errors import GemmError, ProviderUnavailable
+from .errors import EpilogueUnavailable, GemmError, ProviderUnavailable
 from .reference import gemm_reference
 
 __all__ = [
     "EPILOGUES",
+    "EpilogueUnavailable",
     "PRECISIONS",
     "PROVIDERS",
     "GemmError",

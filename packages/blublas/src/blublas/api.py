@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 
 from . import settings as _settings
-from .errors import GemmError
+from .errors import EpilogueUnavailable, GemmError
 from .reference import bf16_bits_to_f32, concat_3xtf32, f32_to_bf16_bits, gemm_reference
 
 PRECISIONS = ("fp32", "tf32", "bf16", "3xtf32")  # 3xtf32: fp32-accurate, on TF32 tensor cores
-EPILOGUES = ("none", "gelu")
+#: 'gelu': tanh GELU after the bias (the pre-activation optionally saved); 'dgelu': the product times gelu'(preact),
+#: the backward through a GELU (its input gradient, and the bias gradient of the layer before it)
+EPILOGUES = ("none", "gelu", "dgelu")
 PROVIDERS = ("blublas", "cublas")
 
 
@@ -117,6 +119,11 @@ class Problem:
     out_tag: str
     bias_tag: str | None
     device_id: int | None
+    dgelu: bool = False
+    aux: Any = None  # dgelu: the GELU input the forward saved (read)
+    X: MatInfo | None = None
+    bias_grad: Any = None  # dgelu: receives the column sums of the result (written, not accumulated)
+    bgrad_tag: str | None = None
 
     @property
     def layout(self) -> str:
@@ -141,6 +148,8 @@ def plan(
     save_preact: Any,
     precision: str,
     batched: bool,
+    preact: Any = None,
+    bias_grad: Any = None,
 ) -> Problem:
     """Check every argument of a GEMM call and describe it, raising GemmError naming the culprit."""
     if precision not in PRECISIONS:
@@ -152,14 +161,32 @@ def plan(
             "layout TT (trans_a=True and trans_b=True) is not supported; use (b @ a)^T, i.e. compute "
             "gemm(b, a) and transpose the result"
         )
+    dgelu = epilogue == "dgelu"
+    if dgelu:
+        if batched:
+            raise GemmError("epilogue 'dgelu' is 2-D only: use gemm, not gemm_batched")
+        if preact is None:
+            raise GemmError("epilogue 'dgelu' needs preact=, the GELU input the forward saved (its save_preact)")
+        if precision == "3xtf32":
+            raise GemmError("epilogue 'dgelu' runs at precision 'fp32', 'tf32' or 'bf16', not '3xtf32'")
+        if beta != 0.0:
+            raise GemmError("epilogue 'dgelu' takes beta = 0: its output is overwritten")
+        if bias is not None:
+            raise GemmError("epilogue 'dgelu' takes no bias; pass bias_grad= to receive the bias gradient")
+    elif preact is not None:
+        raise GemmError("preact is the input of epilogue='dgelu' only (the 'gelu' forward writes save_preact)")
+    elif bias_grad is not None:
+        raise GemmError("bias_grad is only written with epilogue='dgelu'")
     be = _backend(a, "a")
-    for nm, x in (("b", b), ("out", out), ("bias", bias), ("save_preact", save_preact)):
+    operands = (("b", b), ("out", out), ("bias", bias), ("save_preact", save_preact), ("preact", preact),
+                ("bias_grad", bias_grad))
+    for nm, x in operands:
         if x is not None and _backend(x, nm) != be:
             raise GemmError(f"{nm} is a {_backend(x, nm)} array but a is a {be} array; put both on one device")
     device_id = None
     if be == "cupy":
         device_id = int(a.device.id)
-        for nm, x in (("b", b), ("out", out), ("bias", bias), ("save_preact", save_preact)):
+        for nm, x in operands:
             if x is not None and int(x.device.id) != device_id:
                 raise GemmError(f"{nm} is on cuda:{int(x.device.id)} but a is on cuda:{device_id}")
 
@@ -245,6 +272,34 @@ def plan(
     if C is not None and P is not None and _overlap(C, P):
         raise GemmError("save_preact overlaps out in memory; use a separate array")
 
+    X = bgrad_tag = None
+    if dgelu:
+        if tuple(preact.shape) != out_shape:
+            raise GemmError(f"preact has shape {tuple(preact.shape)}, expected {out_shape} (the output's)")
+        if dtype_tag(preact.dtype) != out_tag or (out is not None and preact.dtype != out.dtype):
+            raise GemmError(f"preact has dtype {preact.dtype}; it must match the output dtype")
+        X = _mat_info(preact, "preact", False, be)
+        if C is not None and _overlap(C, X):
+            raise GemmError("out overlaps preact in memory; use a separate output array")
+    if bias_grad is not None:
+        bgrad_tag = dtype_tag(bias_grad.dtype)
+        allowed_g = ("f32", "f64") if be == "numpy" else ("f32",)
+        if bgrad_tag not in allowed_g:
+            raise GemmError(f"bias_grad dtype {bias_grad.dtype} is not supported (float32)")
+        if bias_grad.ndim != 1 or bias_grad.shape[0] != N:
+            raise GemmError(f"bias_grad must be 1-D of length N={N} (one sum per output column), got "
+                            f"{tuple(bias_grad.shape)}")
+        if bias_grad.shape[0] > 1 and bias_grad.strides[0] != bias_grad.dtype.itemsize:
+            raise GemmError(f"bias_grad must be contiguous, got strides {bias_grad.strides}")
+        isz = bias_grad.dtype.itemsize
+        ptr = int(bias_grad.data.ptr) if be == "cupy" else int(bias_grad.__array_interface__["data"][0])
+        if ptr % isz:
+            raise GemmError(f"bias_grad: misaligned pointer 0x{ptr:x}")
+        G = MatInfo(1, N, max(N, 1), 0, 0, isz, ptr, N * isz)
+        for nm, info in (("a", A), ("b", B), ("out", C), ("preact", X)):
+            if info is not None and _overlap(G, info):
+                raise GemmError(f"bias_grad overlaps {nm} in memory; use a separate array")
+
     return Problem(
         be,
         a,
@@ -270,6 +325,11 @@ def plan(
         out_tag,
         bias_tag,
         device_id,
+        dgelu=dgelu,
+        aux=preact,
+        X=X,
+        bias_grad=bias_grad,
+        bgrad_tag=bgrad_tag,
     )
 
 
@@ -303,12 +363,15 @@ def _run_numpy(p: Problem) -> Any:
         beta=p.beta,
         c_old=c_old,
         bias=bias,
-        epilogue="gelu" if p.gelu else "none",
+        epilogue="gelu" if p.gelu else "dgelu" if p.dgelu else "none",
+        aux=_to_float(p.aux, compute) if p.dgelu else None,
         dtype=compute,
     )
     res = _from_float(v, out_dtype)
     if p.preact is not None:
         p.preact[...] = _from_float(pre, out_dtype)
+    if p.bias_grad is not None:  # the column sums of the unrounded result, summed in float64
+        p.bias_grad[...] = np.asarray(v, dtype=np.float64).sum(axis=0).astype(p.bias_grad.dtype)
     if p.out is None:
         return res
     p.out[...] = res
@@ -328,7 +391,14 @@ def _dispatch(
         dt = p.a.dtype
         p.out = cupy.empty((p.batch, p.M, p.N) if p.batched else (p.M, p.N), dtype=dt)
         p.C = _mat_info(p.out, "out", p.batched, "cupy")
+    if p.dgelu and provider != "cublas":
+        raise EpilogueUnavailable(
+            "epilogue 'dgelu' on CuPy arrays runs on provider='cublas' (cuBLASLt's DGELU epilogue); BluBLAS's own "
+            "kernels do not implement it"
+        )
     if p.M == 0 or p.N == 0 or p.batch == 0:
+        if p.bias_grad is not None and p.N:
+            p.bias_grad.fill(0)  # an empty sum (M == 0)
         return p.out
     if p.precision == "3xtf32":
         from .split_tf32 import run_3xtf32
@@ -353,14 +423,15 @@ def _dispatch(
 
 
 def _planned_gemm(a, b, out, batched, trans_a, trans_b, alpha, beta, bias, epilogue, save_preact, precision,
-                  stream, provider, config, splits, autotune):
+                  stream, provider, config, splits, autotune, preact=None, bias_grad=None):
     """The one body of :func:`gemm` and :func:`gemm_batched`: validate into a plan, then dispatch it. A CuPy
     call repeated with the same arrays and options replays its recorded launch (blublas.memo). The switches
     (blublas.settings) are read, and a bad one refused by name, at the first call, whichever the device."""
     if _settings._current is None:
         _settings.get()
     key = None
-    if provider == "blublas" and precision != "3xtf32" and out is not None and not isinstance(a, np.ndarray):
+    if (provider == "blublas" and precision != "3xtf32" and out is not None and epilogue != "dgelu"
+            and not isinstance(a, np.ndarray)):
         from . import memo
 
         opts = (batched, trans_a, trans_b, alpha, beta, epilogue, precision, config, splits, autotune)
@@ -368,7 +439,7 @@ def _planned_gemm(a, b, out, batched, trans_a, trans_b, alpha, beta, bias, epilo
         if memo.replay(key, stream):
             return out
     p = plan(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias=bias, epilogue=epilogue,
-             save_preact=save_preact, precision=precision, batched=batched)
+             save_preact=save_preact, precision=precision, batched=batched, preact=preact, bias_grad=bias_grad)
     return _dispatch(p, provider, stream, config, splits, autotune, key)
 
 
@@ -390,18 +461,26 @@ def gemm(
     config: str | None = None,
     splits: int | None = None,
     autotune: bool | None = None,
+    preact: Any = None,
+    bias_grad: Any = None,
 ) -> Any:
     """out = epi(alpha * op(a) @ op(b) + beta * out + bias) for 2-D arrays; epi is identity or GELU (tanh).
 
     op(x) is x.T when trans_x. ``save_preact`` receives the value before GELU. NumPy in -> NumPy out
     (reference on CPU); CuPy in -> our kernels or cuBLAS (``provider``), on ``stream`` (default: current).
+    ``epilogue='dgelu'`` is the backward through a GELU: out = alpha * op(a) @ op(b) * gelu_tanh'(preact), with
+    ``preact`` the GELU input the forward saved (same shape and dtype as out); ``bias_grad`` (float32, length N)
+    then receives out's column sums before rounding (written, not accumulated): the bias gradient of the layer
+    before the GELU. It takes beta = 0 and no bias, runs on NumPy and on provider 'cublas' (cuBLASLt's DGELU /
+    DGELU_BGRAD epilogues), and raises EpilogueUnavailable (a GemmError; nothing written) where no fused
+    algorithm exists for the problem.
     ``precision``: 'fp32' (strict FFMA), 'tf32', 'bf16', or '3xtf32' (fp32-accurate: split-TF32 operands on
     the tensor cores, see blublas.split_tf32).
     ``config``/``splits`` force a tile config; ``autotune`` measures candidates (default: env
     BLUBLAS_AUTOTUNE).
     """
     return _planned_gemm(a, b, out, False, trans_a, trans_b, alpha, beta, bias, epilogue, save_preact, precision,
-                         stream, provider, config, splits, autotune)
+                         stream, provider, config, splits, autotune, preact, bias_grad)
 
 
 def gemm_batched(

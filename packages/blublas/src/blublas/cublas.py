@@ -3,7 +3,9 @@
 Why ctypes: CuPy refuses cuBLAS calls during CUDA stream capture (both cupy.matmul and its cublas bindings),
 so this module loads libcublasLt itself and passes the capture stream to every cublasLtMatmul call, which
 makes the provider usable inside CUDA graphs. Epilogues (bias, GELU with the pre-activation saved, beta*C)
-are fused through cuBLASLt epilogues when the library accepts them, else applied by our epilogue kernel.
+are fused through cuBLASLt epilogues when the library accepts them, else applied by our epilogue kernel. The
+backward through a GELU ('dgelu': DGELU, or DGELU_BGRAD with the bias gradient) runs fused or not at all: with no
+cuBLASLt algorithm for it, EpilogueUnavailable is raised before anything is written.
 Row-major C = op(A) @ op(B) is computed as column-major C^T = op(B)^T @ op(A)^T.
 """
 
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import settings
-from .errors import ProviderUnavailable
+from .errors import EpilogueUnavailable, ProviderUnavailable
 
 # enum values from cublasLt.h / library_types.h (stable across CUDA 11-13)
 CUDA_R_32F, CUDA_R_16BF = 0, 14
@@ -31,6 +33,11 @@ DESC_AUX_POINTER, DESC_AUX_LD, DESC_AUX_BATCH_STRIDE, DESC_BIAS_DATA_TYPE = 11, 
 LAYOUT_BATCH_COUNT, LAYOUT_STRIDED_BATCH_OFFSET = 5, 6
 PREF_MAX_WORKSPACE_BYTES = 1
 EPI_DEFAULT, EPI_BIAS, EPI_GELU, EPI_GELU_AUX, EPI_GELU_BIAS, EPI_GELU_AUX_BIAS = 1, 4, 32, 160, 36, 164
+EPI_DGELU, EPI_DGELU_BGRAD = 192, 208  # DGELU = 64 | 128 (reads the aux GELU input); BGRAD = 16
+#: epilogues whose aux buffer is the GELU input (written by the GELU_AUX forms, read by the DGELU forms)
+EPI_WITH_AUX = (EPI_GELU_AUX, EPI_GELU_AUX_BIAS, EPI_DGELU, EPI_DGELU_BGRAD)
+#: cuBLASLt's rule for a GELU aux buffer: its leading dimension and batch stride in elements are multiples of 8
+AUX_LD_MULTIPLE = 8
 WORKSPACE_BYTES = 32 << 20
 MAX_ALGOS = 8  # heuristic candidates requested; timed once per problem (see _tune)
 TUNE_MIN_FLOPS = 2e9  # smaller problems take the heuristic's first choice untimed
@@ -283,13 +290,18 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
     out_t = CUDA_R_16BF if p.out_tag == "bf16" else CUDA_R_32F
     compute = COMPUTE_32F_FAST_TF32 if p.precision == "tf32" else COMPUTE_32F
     epi = EPI_DEFAULT
-    if fuse:
+    if fuse and p.dgelu:
+        epi = EPI_DGELU_BGRAD if p.bias_grad is not None else EPI_DGELU
+    elif fuse:
         has_b, aux = p.bias is not None, p.preact is not None
         if p.gelu:
             epi = (EPI_GELU_AUX_BIAS if has_b else EPI_GELU_AUX) if aux else (EPI_GELU_BIAS if has_b else EPI_GELU)
         elif has_b:
             epi = EPI_BIAS
     batch = p.batch
+    aux_info, aux_arr = (p.X, p.aux) if p.dgelu else (p.P, p.preact)
+    if epi in EPI_WITH_AUX and (aux_info.ld % AUX_LD_MULTIPLE or (batch > 1 and aux_info.bstride % AUX_LD_MULTIPLE)):
+        return False  # cuBLASLt documents no GELU aux buffer of this leading dimension
     with _Descs(lib) as d:
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(d.desc), compute, CUDA_R_32F), "MatmulDescCreate")
         d.set_desc(DESC_TRANSA, ctypes.c_int32(OP_T if p.trans_b else OP_N))
@@ -298,11 +310,14 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
         if epi in (EPI_BIAS, EPI_GELU_BIAS, EPI_GELU_AUX_BIAS):
             d.set_desc(DESC_BIAS_POINTER, ctypes.c_void_p(int(p.bias.data.ptr)))
             d.set_desc(DESC_BIAS_DATA_TYPE, ctypes.c_int32(CUDA_R_16BF if p.bias_tag == "bf16" else CUDA_R_32F))
-        if epi in (EPI_GELU_AUX, EPI_GELU_AUX_BIAS):
-            d.set_desc(DESC_AUX_POINTER, ctypes.c_void_p(int(p.preact.data.ptr)))
-            d.set_desc(DESC_AUX_LD, ctypes.c_int64(p.P.ld))
+        if epi == EPI_DGELU_BGRAD:  # the bias gradient goes where a bias would come from, always float32
+            d.set_desc(DESC_BIAS_POINTER, ctypes.c_void_p(int(p.bias_grad.data.ptr)))
+            d.set_desc(DESC_BIAS_DATA_TYPE, ctypes.c_int32(CUDA_R_32F))
+        if epi in EPI_WITH_AUX:
+            d.set_desc(DESC_AUX_POINTER, ctypes.c_void_p(int(aux_arr.data.ptr)))
+            d.set_desc(DESC_AUX_LD, ctypes.c_int64(aux_info.ld))
             if batch > 1:
-                d.set_desc(DESC_AUX_BATCH_STRIDE, ctypes.c_int64(p.P.bstride))
+                d.set_desc(DESC_AUX_BATCH_STRIDE, ctypes.c_int64(aux_info.bstride))
         # column-major view: X = B buffer (m=N), Y = A buffer (n=M)
         xa = d.layout(
             in_t,
@@ -337,10 +352,12 @@ def _matmul(p: Any, st: _DeviceState, stream: Any, fuse: bool) -> bool:
             p.A.bstride,
             p.B.bstride,
             p.C.bstride,
-            p.P.ld if p.P else 0,
+            aux_info.ld if aux_info else 0,
             tuple(x % 16 for x in (p.A.ptr, p.B.ptr, p.C.ptr)),
             p.beta != 0.0,
         )
+        if epi in EPI_WITH_AUX or epi == EPI_DGELU_BGRAD:  # the heuristic reads these pointers' alignment too
+            key += tuple(int(x.data.ptr) % 16 for x in (aux_arr, p.bias_grad) if x is not None)
         ws_buf = None
 
         def call(algo_bytes: bytes) -> None:
@@ -457,6 +474,9 @@ def run_cublas(p: Any, stream: Any = None) -> None:
     with cupy.cuda.Device(p.device_id):
         st = _state(p.device_id)
         s = stream if stream is not None else cupy.cuda.get_current_stream()
+        if p.dgelu:
+            _run_dgelu(p, st, s)
+            return
         has_epi = p.bias is not None or p.gelu
         try:
             if _matmul(p, st, s, fuse=True):
@@ -493,3 +513,20 @@ def run_cublas(p: Any, stream: Any = None) -> None:
                     np.int32(flags),
                 ),
             )
+
+
+def _run_dgelu(p: Any, st: _DeviceState, stream: Any) -> None:
+    """The 'dgelu' epilogue fused (DGELU, or DGELU_BGRAD writing the bias gradient), or EpilogueUnavailable before
+    anything is written: there is no unfused form here (its caller computes the product and the GELU derivative
+    separately, as it would without this epilogue)."""
+    name = "DGELU_BGRAD" if p.bias_grad is not None else "DGELU"
+    try:
+        ok = _matmul(p, st, stream, fuse=True)
+    except RuntimeError as exc:  # an attribute or a launch refused by cuBLASLt: nothing ran
+        raise EpilogueUnavailable(f"cuBLASLt refused the {name} epilogue for {p.layout} {p.M}x{p.N}x{p.K} "
+                                  f"precision {p.precision} (out {p.out_tag}): {exc}") from exc
+    if not ok:
+        raise EpilogueUnavailable(
+            f"cuBLASLt has no {name} algorithm for {p.layout} {p.M}x{p.N}x{p.K} precision {p.precision} (out "
+            f"{p.out_tag}, aux leading dimension {p.X.ld}); nothing was written"
+        )

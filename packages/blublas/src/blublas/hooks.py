@@ -26,6 +26,11 @@ class _ProviderBase:
     CAPTURE_SAFE = True
     #: capability: ``matmul(..., out=C, beta=1.0)`` adds into ``C`` (blutensor accumulates weight gradients so)
     ACCUMULATE = True
+    #: capability: the epilogues ``matmul`` fuses into the GEMM: 'gelu' (tanh GELU after the bias, the
+    #: pre-activation written to ``save_preact``) and, where listed, 'dgelu' (the product times gelu'(``preact``),
+    #: the column sums written to ``bias_grad``); a 'dgelu' call the provider cannot fuse for that problem returns
+    #: None, having written nothing (blutensor then computes it unfused)
+    EPILOGUES = ("none", "gelu")
 
     @classmethod
     def matmul(
@@ -43,10 +48,21 @@ class _ProviderBase:
         precision: str = "fp32",
         save_preact: Any = None,
         stream: Any = None,
+        preact: Any = None,
+        bias_grad: Any = None,
     ) -> Any:
-        """out = epi(alpha * op(a) @ op(b) + beta * out + bias); 3-D operands run as a strided batch."""
+        """out = epi(alpha * op(a) @ op(b) + beta * out + bias); 3-D operands run as a strided batch. With
+        ``epilogue='dgelu'`` (2-D, see :func:`blublas.gemm`): None when no fused algorithm exists for it."""
         from .api import gemm, gemm_batched
+        from .errors import EpilogueUnavailable
 
+        if epilogue == "dgelu":
+            try:
+                return gemm(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias=bias,
+                            epilogue=epilogue, save_preact=save_preact, precision=precision, stream=stream,
+                            provider=cls.PROVIDER, preact=preact, bias_grad=bias_grad)
+            except EpilogueUnavailable:
+                return None
         fn = gemm_batched if max(a.ndim, b.ndim) == 3 else gemm
         return fn(
             a,
@@ -94,6 +110,8 @@ class CuBLASProvider(_ProviderBase):
 
     PLUGIN_NAME = "cublas"
     PROVIDER = "cublas"
+    #: capability: also 'dgelu' (cuBLASLt's DGELU / DGELU_BGRAD epilogues)
+    EPILOGUES = ("none", "gelu", "dgelu")
 
     @classmethod
     def is_available(cls) -> bool:

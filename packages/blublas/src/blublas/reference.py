@@ -56,6 +56,12 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(GELU_K0 * (x + GELU_K1 * x * x * x)))
 
 
+def gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
+    """d gelu_tanh(x) / dx (the factor the 'dgelu' epilogue multiplies the product by)."""
+    t = np.tanh(GELU_K0 * (x + GELU_K1 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K0 * (1.0 + 3.0 * GELU_K1 * x * x)
+
+
 def gemm_reference(
     a: np.ndarray,
     b: np.ndarray,
@@ -67,12 +73,15 @@ def gemm_reference(
     c_old: np.ndarray | None = None,
     bias: np.ndarray | None = None,
     epilogue: str = "none",
+    aux: np.ndarray | None = None,
     dtype: type = np.float64,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (out, preact) of epi(alpha * op(a) @ op(b) + beta * c_old + bias) computed in ``dtype``.
 
     Inputs are real-valued float arrays (2-D or batched 3-D); bf16 bits must be converted by the caller.
-    ``preact`` is the value before GELU (equal to ``out`` when epilogue is 'none').
+    ``preact`` is the value before the epilogue's function (equal to ``out`` when epilogue is 'none'). epi is
+    the identity, 'gelu' (tanh GELU) or 'dgelu': the value times gelu_tanh'(aux), ``aux`` the GELU input the
+    forward saved (backward through a GELU: aux = u, the product = dL/dgelu(u), out = dL/du).
     """
     a = np.asarray(a, dtype=dtype)
     b = np.asarray(b, dtype=dtype)
@@ -88,4 +97,8 @@ def gemm_reference(
     pre = v
     if epilogue == "gelu":
         v = gelu_tanh(v)
+    elif epilogue == "dgelu":
+        if aux is None:
+            raise ValueError("epilogue 'dgelu' needs aux, the GELU input of the forward")
+        v = v * gelu_tanh_grad(np.asarray(aux, dtype=dtype))
     return v, pre

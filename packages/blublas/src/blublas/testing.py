@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .reference import bf16_bits_to_f32, f32_to_bf16_bits, gemm_reference
+from .reference import bf16_bits_to_f32, f32_to_bf16_bits, gelu_tanh_grad, gemm_reference
 
 #: (precision, output dtype tag) -> max |out - ref64| / scale,
 #: scale = max(|op(a)| @ |op(b)|) + |beta| max|c| + max|bias|
@@ -53,6 +53,8 @@ class Case:
     alpha: float
     beta: float
     extra: dict[str, Any] = field(default_factory=dict)
+    aux: np.ndarray | None = None  # 'dgelu': the GELU input (output storage)
+    bias_grad: bool = False  # 'dgelu': also check the bias gradient (column sums of the output)
 
     @property
     def in_bf16(self) -> bool:
@@ -75,7 +77,7 @@ class Case:
         bias = "bf16" if self.bias_bf16 else "f32" if self.bias is not None else "-"
         return (
             f"{self.precision} {self.layout} {self.m}x{self.n}x{self.k}{b} epi={self.epilogue}"
-            f"{'+preact' if self.save_preact else ''} bias={bias}"
+            f"{'+preact' if self.save_preact else ''}{'+bias_grad' if self.bias_grad else ''} bias={bias}"
             f" out={self.out_tag} alpha={self.alpha} beta={self.beta}"
         )
 
@@ -95,8 +97,10 @@ def make_case(
     alpha: float = 1.0,
     beta: float = 0.0,
     out_bf16: bool | None = None,
+    bias_grad: bool = False,
 ) -> Case:
-    """Random inputs of the right storage for ``precision`` (bf16 values exactly representable)."""
+    """Random inputs of the right storage for ``precision`` (bf16 values exactly representable); 'dgelu' cases
+    get a GELU input spread over [-4, 4] (both tails and the curved middle of gelu')."""
     ta, tb = layout[0] == "t", layout[1] == "t"
     lead = (batch,) if batch else ()
     a_shape = lead + ((k, m) if ta else (m, k))
@@ -109,6 +113,10 @@ def make_case(
         return f32_to_bf16_bits(x).reshape(shape) if bf16 else x
 
     out_shape = lead + (m, n)
+    aux = None
+    if epilogue == "dgelu":
+        u = (rng.uniform(-4.0, 4.0, out_shape)).astype(np.float32)
+        aux = f32_to_bf16_bits(u).reshape(out_shape) if out_bf16 else u
     return Case(
         precision,
         layout,
@@ -126,11 +134,14 @@ def make_case(
         save_preact,
         alpha,
         beta,
+        aux=aux,
+        bias_grad=bias_grad,
     )
 
 
 def reference(case: Case) -> tuple[np.ndarray, np.ndarray, float]:
-    """(out, preact, scale) in float64 for ``case``; scale normalises the error metric."""
+    """(out, preact, scale) in float64 for ``case``; scale normalises the error metric (for 'dgelu' it includes
+    the largest |gelu'(aux)| the product is multiplied by)."""
     a = to_f64(case.a, case.in_bf16)
     b = to_f64(case.b, case.in_bf16)
     c0 = to_f64(case.out0, case.out_bf16) if case.out0 is not None else None
@@ -146,6 +157,7 @@ def reference(case: Case) -> tuple[np.ndarray, np.ndarray, float]:
         c_old=c0,
         bias=bias,
         epilogue=case.epilogue,
+        aux=to_f64(case.aux, case.out_bf16) if case.aux is not None else None,
         dtype=np.float64,
     )
     absprod, _ = gemm_reference(np.abs(a), np.abs(b), trans_a=ta, trans_b=tb, alpha=abs(case.alpha))
@@ -154,6 +166,8 @@ def reference(case: Case) -> tuple[np.ndarray, np.ndarray, float]:
         scale += abs(case.beta) * float(np.max(np.abs(c0), initial=0.0))
     if bias is not None:
         scale += float(np.max(np.abs(bias), initial=0.0))
+    if case.aux is not None:
+        scale *= max(1.0, float(np.max(np.abs(gelu_tanh_grad(to_f64(case.aux, case.out_bf16))), initial=0.0)))
     return out, pre, max(scale, 1e-30)
 
 
@@ -167,8 +181,9 @@ def normalized_error(got: np.ndarray, ref: np.ndarray, scale: float, is_bf16: bo
     return float(np.max(np.abs(g - ref), initial=0.0)) / scale
 
 
-def run_case(case: Case, xp: Any = np, provider: str = "blublas", **kw: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    """Run ``case`` through blublas.gemm/gemm_batched on ``xp`` arrays; returns host (out, preact)."""
+def run_case(case: Case, xp: Any = np, provider: str = "blublas",
+             **kw: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Run ``case`` through blublas.gemm/gemm_batched on ``xp`` arrays; returns host (out, preact, bias_grad)."""
     from .api import gemm, gemm_batched
 
     def dev(x: np.ndarray | None) -> Any:
@@ -177,6 +192,10 @@ def run_case(case: Case, xp: Any = np, provider: str = "blublas", **kw: Any) -> 
     out_dtype = np.uint16 if case.out_bf16 else np.float32
     out = dev(case.out0) if case.out0 is not None else xp.zeros(case.out_shape, dtype=out_dtype)
     pre = xp.zeros(case.out_shape, dtype=out_dtype) if case.save_preact else None
+    if case.epilogue == "dgelu":
+        kw = dict(kw, preact=dev(case.aux))
+        if case.bias_grad:
+            kw["bias_grad"] = dev(np.full(case.n, np.nan, dtype=np.float32))  # every element must be written
     fn = gemm_batched if case.batch else gemm
     res = fn(
         dev(case.a),
@@ -195,16 +214,20 @@ def run_case(case: Case, xp: Any = np, provider: str = "blublas", **kw: Any) -> 
     )
     assert res is out
     host = (lambda x: x.get()) if xp is not np else (lambda x: np.asarray(x))
-    return host(out), (host(pre) if pre is not None else None)
+    bg = kw.get("bias_grad")
+    return host(out), (host(pre) if pre is not None else None), (host(bg) if bg is not None else None)
 
 
 def check_case(case: Case, xp: Any = np, provider: str = "blublas", **kw: Any) -> float:
-    """Run and compare ``case`` against float64; returns the worst normalised error (out and preact)."""
-    out, pre = run_case(case, xp, provider, **kw)
+    """Run and compare ``case`` against float64; returns the worst normalised error (out, preact and the bias
+    gradient, whose scale is M times the output's: it sums M of them)."""
+    out, pre, bg = run_case(case, xp, provider, **kw)
     ref, ref_pre, scale = reference(case)
     err = normalized_error(out, ref, scale, case.out_bf16)
     if pre is not None:
         err = max(err, normalized_error(pre, ref_pre, scale, case.out_bf16))
+    if bg is not None:
+        err = max(err, normalized_error(bg, ref.sum(axis=-2), scale * max(case.m, 1), False))
     return err
 
 

@@ -102,6 +102,50 @@ class _GeluLinear(Function):
         return gu, gw, gb
 
 
+class _GeluMLP(Function):
+    """c_proj(gelu_tanh(c_fc(x))) as one op whose GEMMs carry the GELU (``blutensor.ext.gelu_mlp_forward`` /
+    ``gelu_mlp_backward``): c_fc is one GEMM whose epilogue adds the bias, applies GELU and writes the pre-activation;
+    in backward c_proj's input-gradient GEMM multiplies by GELU's derivative in its epilogue and writes c_fc's bias
+    gradient. No separate GELU kernel either way; a piece the GEMM provider does not fuse runs the kernels the
+    unfused ops run. Like ``_GeluLinear``, float32 saves the pre-activation only (the GELU output is recomputed in
+    backward); bf16 saves the GELU output too, as c_proj's input. Weight and bias gradients are added into the
+    ``.grad`` buffers the engine offers, through autocast's weight casts too."""
+
+    GRAD_INTO = True
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2):
+        y = ext.gelu_mlp_forward(ctx, x._data, w1._data, None if b1 is None else b1._data, w2._data,
+                                 None if b2 is None else b2._data)
+        return bt.Tensor._from_data(y, x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, gy):
+        return ext.gelu_mlp_backward(ctx, gy._data)
+
+
+def _plain_linear(m) -> bool:
+    """``m`` is GPT-2's own ``Linear`` with its own forward (not a tensor-parallel or plugin replacement, not a
+    wrapped forward): its computation may be fused with its neighbours'."""
+    return type(m) is Linear and "forward" not in m.__dict__
+
+
+def _fused_mlp_inputs(mlp, x):
+    """(x, c_fc.weight, c_fc.bias, c_proj.weight, c_proj.bias) as :class:`_GeluMLP` takes them (under autocast the
+    bf16 casts c_fc's linear would get), or None where the modules run as they are: a replaced module, arrays other
+    than CuPy's (CPU, a tracer's under ``bt.compile``), mixed dtypes, a GEMM provider that does not fuse GELU."""
+    fc, proj = mlp.c_fc, mlp.c_proj
+    if not (_plain_linear(fc) and _plain_linear(proj)) or not ext.is_cuda_array(x._data):
+        return None
+    args = (x, fc.weight, fc.bias, proj.weight, proj.bias)
+    if ext.autocast_active():
+        args = ext.autocast_lower(*args)
+    dtypes = {a.dtype for a in args if a is not None}
+    if len(dtypes) != 1 or dtypes.pop() not in (bt.float32, bt.bfloat16):
+        return None
+    return args if ext.gelu_gemm_provider(args[0]._data) is not None else None
+
+
 def _lean_ok(u, proj) -> bool:
     """The fused GELU + c_proj path: fp32 outside autocast (bf16 paths keep the generic ops), and only while
     ``proj`` is GPT-2's own ``Linear``: a module that replaced it (tensor-parallel row-parallel linear, a
@@ -119,11 +163,15 @@ class MLP(nn.Module):
         self.c_proj = Linear(4 * cfg.d_model, cfg.d_model, resid_std, cfg.bias, device)
 
     def forward(self, x):
-        u = self.c_fc(x)
-        if _lean_ok(u, self.c_proj):  # saves u only, not gelu(u) too (4*d floats per token less)
-            y = _GeluLinear.apply(u, self.c_proj.weight, self.c_proj.bias)
+        args = _fused_mlp_inputs(self, x)
+        if args is not None:  # CUDA: the GELU in the GEMM epilogues, forward and backward
+            y = _GeluMLP.apply(*args)
         else:
-            y = self.c_proj(F.gelu(u, approximate="tanh"))
+            u = self.c_fc(x)
+            if _lean_ok(u, self.c_proj):  # saves u only, not gelu(u) too (4*d floats per token less)
+                y = _GeluLinear.apply(u, self.c_proj.weight, self.c_proj.bias)
+            else:
+                y = self.c_proj(F.gelu(u, approximate="tanh"))
         return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 
 

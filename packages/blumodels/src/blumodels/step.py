@@ -8,9 +8,11 @@ CUDA graphs and replayed (graph_step.py wraps these phases, it does not copy the
   device table of the whole schedule (the device step index picks it);
 * :meth:`TrainStep.micro`: forward (bf16 autocast when asked) and backward of one micro-batch; the loss is
   added to the device loss sum; under DDP the gradients are reduced only when ``sync`` (the last micro-step);
-* :meth:`TrainStep.finish`: the global gradient norm (clipping it when ``train.grad_clip > 0``), a device flag
-  set when the loss or the norm is not finite, and the optimizer update, which that flag skips ON THE DEVICE
-  (the fused AdamW kernel reads it), so ``nan_policy`` holds in a captured step without a host decision.
+  each micro-step's backward starts from its own loss (gradient 1), so the buffers hold gradient sums;
+* :meth:`TrainStep.finish`: the sums made means (one scale by ``1 / accum``), the global gradient norm
+  (clipping it when ``train.grad_clip > 0``), a device flag set when the loss or the norm is not finite, and the
+  optimizer update, which that flag skips ON THE DEVICE (the fused AdamW kernel reads it), so ``nan_policy``
+  holds in a captured step without a host decision.
 
 Nothing in these phases reads device memory on the host: the host reads the loss, the norm and the flag once,
 after the step (:meth:`TrainStep.read`), for the log record and the NaN policy's verdict.
@@ -133,6 +135,9 @@ class TrainStep:
             optimizer.set_device_scalars(lr=self._oib_lr, step=self.step_count)
         use_flat = static_grads and not self.oib
         self.grads, self.grad_bufs = flat_grads(self.params, device) if use_flat else ([], [])
+        # each flat buffer as one tensor of its dtype (flat_grads makes one a dtype, in first-use order)
+        dts = list(dict.fromkeys(p.dtype for p in self.params))
+        self._flat = [bt.Tensor._from_data(b, dt, bt.device(device)) for b, dt in zip(self.grad_bufs, dts)]
         self.applied = 0  # updates applied so far (the host AdamW step counts follow it on the fused path)
         if self.fused and not self.oib and xp is not np:
             self._allocate_state()
@@ -211,7 +216,10 @@ class TrainStep:
                     # casts are the bf16 copies its kernel wrote (no launch at all while they are current)
                     bt.amp.precast(self.params, accumulate=self.precast_accumulate, copies=self._copies())
                     _, loss = self.module(x, y)
-            (loss if self.accum == 1 else loss * (1.0 / self.accum)).backward()
+            # the micro-step's own loss, unscaled: its gradient into the loss is exactly 1, so the fused
+            # cross-entropy's backward (whose forward already wrote the logits' gradient) has nothing to do; the
+            # sum over micro-steps becomes their mean in finish() (one scale of the gradient buffers a step)
+            loss.backward()
         with bt.no_grad():
             self._loss_acc.add_(loss.detach().float())
 
@@ -219,6 +227,8 @@ class TrainStep:
         """Gradient norm (clipped when asked), the non-finite flag, the update (skipped on the device when the
         flag is set), and the device step index advanced."""
         xp = self.xp
+        if not self.oib and self.accum > 1:
+            self._mean_grads()
         if not self.oib and self._norm is not None:  # host collectives of a mesh: never captured
             gn = self._norm(self.params, self.grad_clip if self.grad_clip > 0 else float("inf"))
             self.grad_norm[...] = self.xp.asarray(np.float32(gn))
@@ -233,6 +243,19 @@ class TrainStep:
         if not self.oib:
             self._update()
         self.step_idx += 1
+
+    def _mean_grads(self) -> None:
+        """The accumulated gradients (sums over the micro-steps) divided by ``accum``: one in-place scale of each
+        flat buffer, or of each parameter's gradient where the gradients are not flat (sharded or replaced)."""
+        inv = 1.0 / self.accum
+        with bt.no_grad():
+            if self.grads:
+                for flat in self._flat:
+                    flat.mul_(inv)
+                return
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(inv)
 
     def _copies(self):
         """The step's :class:`bt.amp.WeightCopies` (made on first use), or None: only for the fused AdamW on CUDA

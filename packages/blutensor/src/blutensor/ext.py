@@ -34,7 +34,8 @@ Observers
     ``add_backward_observer(fn)`` wraps every backward formula with ``fn(node, grad, run)``;
     ``remove_op_observer(fn)`` / ``remove_backward_observer(fn)``; ``op_observers()`` /
     ``backward_observers()`` the installed ones (copies); ``autocast_active()`` whether an autocast input
-    policy is in force.
+    policy is in force; ``autocast_lower(*tensors)`` the tensors as a lowered op (``linear``) receives them in the
+    active region (bf16 casts from the weight-cast cache; for a Function that runs GEMMs on its inputs itself).
 Autograd pieces
     ``Function``, ``FunctionCtx`` (custom differentiable functions), ``Node``, ``Ctx``, ``AccumulateGrad``
     (graph nodes a compiler or profiler walks), ``run_backward``.
@@ -51,6 +52,9 @@ CUDA launch and compile helpers
     (the residual add fused with LayerNorm, a storage per tensor), ``gelu_forward`` / ``gelu_backward``,
     ``cuda_cross_entropy_forward``, ``flash_attention_forward`` / ``flash_attention_backward``,
     ``multi_tensor_adamw``, ``sdpa_qkv`` (attention on a packed qkv tensor), ``pick_attention_variant``;
+    ``gelu_mlp_forward`` / ``gelu_mlp_backward`` (``c_proj(gelu_tanh(c_fc(x)))`` on raw arrays with the GELU in the
+    GEMM epilogues where the provider fuses it, and its gradients, ``.grad`` buffers honoured) and
+    ``gelu_gemm_provider(x)`` (the provider that fuses them for raw array ``x``, or None);
     bfloat16 pieces: ``cast_to_bf16`` / ``cast_to_f32`` (CuPy float32 <-> bf16 bits), ``add_widen(x, y)`` (float32
     ``x`` + widened bf16 ``y`` in one kernel), ``bf16_gemm_provider()``
     (the provider that runs bf16 GEMMs), ``bf16_gemm(prov, a, b, trans_a=, trans_b=)``,
@@ -63,7 +67,10 @@ Execution policy
 GEMM providers
     ``get_gemm_provider()`` the selected provider class (``matmul``, ``CAPTURE_SAFE``, ``PRECISIONS``),
     ``gemm_providers()`` every registered one, ``capture_safe_gemm_providers()``, ``XpGemm`` (the built-in
-    CuPy provider), ``FP32_GEMMS``, ``provider_matmul``, ``max_3xtf32_k``.
+    CuPy provider), ``FP32_GEMMS``, ``provider_matmul``, ``max_3xtf32_k``; ``fused_epilogues(prov)`` (what its
+    ``EPILOGUES`` declares: 'gelu', 'dgelu'), ``provider_linear_gelu`` (linear + GELU in one GEMM, the pre-activation
+    saved), ``provider_matmul_dgelu`` (the GEMM times gelu' of a saved pre-activation, its column sums as a bias
+    gradient).
 Plugins and device memory
     ``kernel_cache`` the integrity-checked on-disk cache of compiled kernels (``safe_directory``, ``store``,
     ``verified``, ``check_stored``: SHA-256 records, private directories); ``tma`` the TMA tensor-map encoder of
@@ -152,6 +159,9 @@ _NAMES: dict[str, tuple[str, str]] = {
     "flash_attention_backward": ("blutensor.backends.cupy.sdpa", "flash_attention_backward"),
     "sdpa_qkv": ("blutensor.backends.cupy.sdpa", "sdpa_qkv"),
     "pick_attention_variant": ("blutensor.backends.cupy.sdpa", "pick_variant"),
+    "gelu_mlp_forward": ("blutensor.ops.gelu_mlp", "gelu_mlp_forward"),
+    "gelu_mlp_backward": ("blutensor.ops.gelu_mlp", "gelu_mlp_backward"),
+    "gelu_gemm_provider": ("blutensor.ops.gelu_mlp", "fusing_provider"),
     "cast_to_bf16": ("blutensor.backends.cupy.cast", "to_bf16"),
     "cast_to_f32": ("blutensor.backends.cupy.cast", "to_f32"),
     "add_widen": ("blutensor.backends.cupy.cast", "add_widen"),
@@ -164,6 +174,9 @@ _NAMES: dict[str, tuple[str, str]] = {
     "FP32_GEMMS": ("blutensor.gemm", "FP32_GEMMS"),
     "provider_matmul": ("blutensor.gemm", "provider_matmul"),
     "max_3xtf32_k": ("blutensor.gemm", "max_3xtf32_k"),
+    "fused_epilogues": ("blutensor.gemm", "fused_epilogues"),
+    "provider_linear_gelu": ("blutensor.gemm", "provider_linear_gelu"),
+    "provider_matmul_dgelu": ("blutensor.gemm", "provider_matmul_dgelu"),
     # plugins and device memory
     "get_host": ("blutensor.plugin.manager", "get_host"),
     "kernel_cache": ("blutensor", "kernel_cache"),
@@ -349,6 +362,20 @@ def autocast_active() -> bool:
     return dispatch.autocast_hook is not None
 
 
+def autocast_lower(*tensors: Any) -> tuple:
+    """The tensors as an op that autocast lowers (``linear``, ``matmul``) receives them in the active region: float32
+    tensors of an autocasting device type as their bf16 casts (parameters through the region's weight-cast cache, so
+    precast copies are reused; the cast is the differentiable ``cast`` op, which carries the gradient to the float32
+    master and offers its ``.grad`` buffer through), others and ``None`` unchanged; outside a region, the tensors
+    themselves. For an autograd Function that runs GEMMs on its inputs' arrays itself (GPT-2's fused MLP)."""
+    from blutensor.ops import dispatch
+
+    hook = dispatch.autocast_hook
+    if hook is None:
+        return tensors
+    return tuple(hook("linear", tensors, {})[0])
+
+
 def cast_tables() -> list:
     """The device tables of the multi-tensor bf16 weight cast built so far (hold them while captured graphs that
     launch the cast replay)."""
@@ -376,7 +403,8 @@ def allocator_plugins() -> dict[str, type]:
     return {r.name: r.cls for r in get_host().registry("allocator")}
 
 
-_DEFINED = ["ArrayProvider", "add_op_observer", "allocator_plugins", "autocast_active", "backward_observers",
+_DEFINED = ["ArrayProvider", "add_op_observer", "allocator_plugins", "autocast_active", "autocast_lower",
+            "backward_observers",
             "capture_safe_gemm_providers", "cast_tables", "gemm_providers", "op_names", "op_observers", "op_rule",
             "override_op_rule", "recording_kernel_launches", "recording_leaf_adds", "register_array_provider",
             "unregister_array_provider"]

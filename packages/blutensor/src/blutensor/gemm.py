@@ -7,6 +7,11 @@ provider's ``matmul(a, b)`` works on 2-D or 3-D (same batch) raw arrays. A provi
 takes ``out=C, beta=1.0`` and adds into ``C``: weight gradients are then accumulated by the GEMM itself
 (:func:`cuda_matmul_into`).
 
+A provider's ``EPILOGUES`` lists what its ``matmul`` fuses into the GEMM besides the bias: 'gelu' (tanh GELU, the
+pre-activation written to ``save_preact=``) and 'dgelu' (the backward through it: the product times gelu'(``preact=``),
+the column sums written to ``bias_grad=``; None returned where it has no fused form for that problem).
+:func:`provider_linear_gelu` and :func:`provider_matmul_dgelu` call them (GPT-2's MLP, :mod:`blutensor.ops.gelu_mlp`).
+
 Precision 'fp32' (the default: the policy's ``precision``, :func:`set_matmul_precision`) means fp32-accurate
 GEMMs. HOW they are computed is the policy's ``fp32_gemm`` (:func:`set_fp32_gemm` / ``BLUTRAIN_FP32_GEMM``):
 'strict' (default: FP32 FFMA, SGEMM) or '3xtf32': fp32 emulated on the TF32 tensor cores, each operand split as
@@ -38,6 +43,8 @@ class XpGemm:
     CAPTURE_SAFE = False
     #: capability: the precisions ``matmul`` honours (CuPy's matmul runs float32 as strict SGEMM whatever is asked)
     PRECISIONS = ("fp32",)
+    #: capability: the epilogues ``matmul`` fuses (none: it takes no bias or GELU at all)
+    EPILOGUES = ("none",)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -165,17 +172,23 @@ def _operand(x, xp):
     return xp.ascontiguousarray(x), False
 
 
-def _call(prov, a, b, prec, xp, bias=None, out=None):
-    """One provider GEMM; with ``out``: ``out += a @ b`` (beta = 1, the GEMM's own epilogue reads ``out``)."""
+def _gemm_precision(prec: str, k: int) -> str:
+    """``prec`` for a GEMM reducing over ``k``: '3xtf32' beyond :func:`max_3xtf32_k` runs strict 'fp32'."""
+    return "fp32" if prec == "3xtf32" and k > max_3xtf32_k() else prec  # see the module docstring
+
+
+def _call(prov, a, b, prec, xp, bias=None, out=None, **epilogue):
+    """One provider GEMM; with ``out``: ``out += a @ b`` (beta = 1, the GEMM's own epilogue reads ``out``);
+    ``epilogue``: the fused-epilogue keywords of ``matmul`` (``epilogue=``, ``save_preact=``, ...)."""
     a, ta = _operand(a, xp)
     b, tb = _operand(b, xp)
-    if prec == "3xtf32" and (a.shape[-2] if ta else a.shape[-1]) > max_3xtf32_k():
-        prec = "fp32"  # a long reduction (weight gradients): strict, see the module docstring
+    prec = _gemm_precision(prec, a.shape[-2] if ta else a.shape[-1])
+    kw = dict(epilogue)
     if out is not None:
-        return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec, out=out, beta=1.0)
-    if bias is None:
-        return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec)
-    return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec, bias=bias)
+        kw.update(out=out, beta=1.0)
+    if bias is not None:
+        kw["bias"] = bias
+    return prov.matmul(a, b, trans_a=ta, trans_b=tb, precision=prec, **kw)
 
 
 def accumulates(prov) -> bool:
@@ -240,6 +253,40 @@ def provider_linear(prov, x2, w, b, xp, precision: str | None = None):
     prec = precision or _default_precision(prov)
     bias = None if b is None else xp.ascontiguousarray(b)
     return _call(prov, x2, w.T, prec, xp, bias=bias)
+
+
+def fused_epilogues(prov) -> tuple[str, ...]:
+    """The epilogues provider ``prov`` declares in ``EPILOGUES`` ('none', 'gelu', 'dgelu'; none declared: ())."""
+    return tuple(getattr(prov, "EPILOGUES", ()))
+
+
+def provider_linear_gelu(prov, x2, w, b, xp, precision: str | None = None):
+    """``(h, u)`` with ``u = x2 @ w.T + b`` and ``h = gelu_tanh(u)`` as ONE provider GEMM (NT layout, the bias and
+    the GELU in its epilogue, ``u`` written alongside as backward's saved pre-activation): no separate GELU pass over
+    the output. bf16 operands (uint16 bits) run at 'bf16' with bf16 ``h`` and ``u``. None when the provider returns
+    nothing (a provider without the 'gelu' epilogue for this problem); the caller then runs linear and gelu."""
+    prec = "bf16" if x2.dtype == np.uint16 else (precision or _default_precision(prov))
+    u = xp.empty((x2.shape[0], w.shape[0]), dtype=x2.dtype)
+    bias = None if b is None else xp.ascontiguousarray(b)
+    h = _call(prov, x2, w.T, prec, xp, bias=bias, epilogue="gelu", save_preact=u)
+    return None if h is None else (h, u)
+
+
+def provider_matmul_dgelu(prov, g2, w, u, xp, bias_grad=None, precision: str | None = None):
+    """``du = (g2 @ w) * gelu_tanh'(u)`` as ONE provider GEMM with the 'dgelu' epilogue (the input gradient of
+    ``gelu`` followed by a linear of weight ``w``, from the pre-activation ``u`` the forward saved): no separate
+    GELU-backward pass. With ``bias_grad`` (float32 (N,), C-contiguous) the same GEMM writes du's column sums into
+    it (overwritten, not added: the bias gradient of the linear that produced ``u``). bf16 operands run at 'bf16'.
+    None, with nothing written, where the provider has no fused form for the problem, and for '3xtf32' (fp32 split
+    on the tensor cores is two GEMMs, the second accumulating, which an output-rewriting epilogue cannot end)."""
+    if g2.dtype == np.uint16:
+        prec = "bf16"
+    else:
+        prec = _gemm_precision(precision or _default_precision(prov), g2.shape[-1])
+    if prec == "3xtf32":
+        return None
+    kw = {} if bias_grad is None else {"bias_grad": bias_grad}
+    return _call(prov, g2, w, prec, xp, epilogue="dgelu", preact=u, **kw)
 
 
 _ones: dict = {}

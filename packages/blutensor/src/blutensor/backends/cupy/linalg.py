@@ -119,26 +119,35 @@ class LinearCuda(_Bf16Gemm):
         if _fallback.used(ctx):
             return _fallback.backward(ctx, la.linear_backward, g)
         prov, x2, w, xshape = ctx.saved
-        into = getattr(ctx, "grad_into", None) or (None, None, None)
-        g2 = _contig_last(g.reshape(-1, g.shape[-1]))
-        gx = mm(prov, g2, w).reshape(xshape) if ctx.needs[0] else None
-        gw = gb = None
-        if not getattr(prov, "ACCUMULATE", False):
-            into = (None, None, None)
-        if ctx.needs[1]:
-            if into[1] is not None:  # the float32 master's .grad: wgrad GEMM with beta = 1, fp32 out
-                mm(prov, g2, x2, trans_a=True, out=into[1], beta=1.0)
-                gw = ACCUMULATED
-            else:
-                gw = mm(prov, g2, x2, trans_a=True)
-        if len(ctx.needs) > 2 and ctx.needs[2]:
-            buf = into[2] if len(into) > 2 else None
-            if buf is not None:  # the GEMV adds into the float32 bias gradient
-                mm(prov, _ones_bf16(g2.shape[0]), g2, out=buf.reshape(1, -1), beta=1.0)
-                gb = ACCUMULATED
-            else:
-                gb = bias_grad(prov, g2)
-        return gx, gw, gb
+        return linear_backward(prov, x2, w, xshape, g, ctx.needs, getattr(ctx, "grad_into", None))
+
+
+def linear_backward(prov, x2, w, xshape, g, needs, into=None):
+    """(gx, gw, gb) of the bf16 linear ``x2 @ w.T + b`` (x2 the flattened bf16 input of shape ``xshape``) for its
+    output gradient ``g``: two GEMMs and the bias GEMV through ``prov``, each where ``needs`` asks. A float32 buffer in
+    ``into`` (the masters' ``.grad``, offered by the engine) receives its gradient with beta = 1 (``ACCUMULATED``
+    returned for it) when ``prov`` declares ``ACCUMULATE``. Also the backward of a linear whose forward ran fused
+    into another GEMM's epilogue (GPT-2's MLP, blutensor.ops.gelu_mlp)."""
+    into = into or (None, None, None)
+    g2 = _contig_last(g.reshape(-1, g.shape[-1]))
+    gx = mm(prov, g2, w).reshape(xshape) if needs[0] else None
+    gw = gb = None
+    if not getattr(prov, "ACCUMULATE", False):
+        into = (None, None, None)
+    if needs[1]:
+        if into[1] is not None:  # the float32 master's .grad: wgrad GEMM with beta = 1, fp32 out
+            mm(prov, g2, x2, trans_a=True, out=into[1], beta=1.0)
+            gw = ACCUMULATED
+        else:
+            gw = mm(prov, g2, x2, trans_a=True)
+    if len(needs) > 2 and needs[2]:
+        buf = into[2] if len(into) > 2 else None
+        if buf is not None:  # the GEMV adds into the float32 bias gradient
+            mm(prov, _ones_bf16(g2.shape[0]), g2, out=buf.reshape(1, -1), beta=1.0)
+            gb = ACCUMULATED
+        else:
+            gb = bias_grad(prov, g2)
+    return gx, gw, gb
 
 
 class MatmulCuda(_Bf16Gemm):

@@ -118,22 +118,26 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
 FUSED_BWD = ("tf32", "tf32x3", "bf16_wgmma")
 #: where 'auto' takes it, variant -> head dims (None: every head dim): tf32x3 (faster than split on a GPT-2 layer
 #: and at T=16384: benchmarks/results/attention_h200.json); bf16_wgmma at head dim 64, where each dQ partial is added
-#: by one bulk reduction (graph-timed GPT-2 layer backward 0.569 vs 0.596 ms split, T=16384 8.53 vs 10.19:
-#: benchmarks/results/attention_variants_h200.json); not at 128 (red.global.add dQ, not yet timed ahead); not tf32,
+#: by one bulk reduction, at long sequences (FUSED_MIN_SEQ); not at 128 (red.global.add dQ, not yet timed ahead); not tf32,
 #: whose HD-64 split kernels run two blocks a multiprocessor and the fused one (+18 KB shared) only one, so split is
 #: faster -- BLUTRAIN_SDPA_BWD=fused selects any of FUSED_BWD
 FUSED_AUTO: dict[str, tuple[int, ...] | None] = {"tf32x3": None, "bf16_wgmma": (64,)}
+#: under 'auto', the shortest sequence (max(L, S)) a variant's fused backward is taken at: with the (lse, D) pairs
+#: bulk-copied into each stage, bf16_wgmma's split pair is the faster one on a GPT-2 layer (T=1024: 0.455 vs 0.488
+#: ms) and the fused kernel at T=16384 (6.09 vs 6.61 ms; benchmarks/results/attention_lse_stage_h200.json)
+FUSED_MIN_SEQ: dict[str, int] = {"bf16_wgmma": 4096}
 SLD = BR + 8
 #: values of the policy's ``attention_backward`` (BLUTRAIN_SDPA_BWD; 'auto': fused for FUSED_AUTO, unless
 #: deterministic algorithms are required)
 SDPA_BWD = ("auto", "fused", "split")
 
 
-def fused_backward(variant: str, hd: int) -> bool:
+def fused_backward(variant: str, hd: int, seq: int | None = None) -> bool:
     """Whether the backward of ``variant`` runs the fused kernel (dQ by fp32 atomics, not bitwise repeatable).
 
     Never under the policy's ``deterministic`` or ``attention_backward='split'``, nor where its shared memory does
-    not fit; else for FUSED_AUTO ('auto') or FUSED_BWD ('fused')."""
+    not fit; else for FUSED_AUTO ('auto', at sequences ``seq`` of at least FUSED_MIN_SEQ where that is known) or
+    FUSED_BWD ('fused')."""
     from blutensor.policy import current
 
     pol = current()
@@ -141,6 +145,8 @@ def fused_backward(variant: str, hd: int) -> bool:
     if mode == "split" or variant not in FUSED_BWD:
         return False
     if mode == "auto" and (variant not in FUSED_AUTO or hd not in (FUSED_AUTO[variant] or (hd,))):
+        return False
+    if mode == "auto" and seq is not None and seq < FUSED_MIN_SEQ.get(variant, 0):
         return False
     if pol.deterministic:
         return False

@@ -80,7 +80,7 @@ def bwd_smem(hd: int) -> int:
     """Dynamic shared memory of both backward kernels (struct Bwd in sdpa_wgmma.cu)."""
     st = STAGES[hd][1]
     own, tile = FWD_ROWS * hd * 2, BOX_ROWS_STREAM * hd * 2
-    return 1024 + 4 * own + 2 * st * tile + 8 * (4 + 2 * st)
+    return 1024 + 4 * own + 2 * st * tile + 8 * (4 + 2 * st) + st * BOX_ROWS_STREAM * 8
 
 
 #: head dims whose fused backward adds each dQ partial by one bulk reduction from a shared staging tile (the
@@ -102,6 +102,12 @@ def dq_accumulator_shape(BH: int, L: int, hd: int) -> tuple[int, ...]:
     if hd in BULK_DQ_HDS:
         return (BH, math.ceil(L / 64), DQ_TILE)
     return (BH, L, hd)
+
+
+def lse_d_shape(BH: int, L: int) -> tuple[int, int, int]:
+    """Shape of the backward's (lse * log2 e, D) pairs: (BH, ceil(L / 64) * 64, 2), zero past L, so that each
+    64-query tile's pairs are one aligned 512-byte bulk copy into the dK/dV kernels' stage."""
+    return (BH, math.ceil(L / BOX_ROWS_STREAM) * BOX_ROWS_STREAM, 2)
 
 
 def grid(rows: int, BH: int) -> int:
@@ -182,7 +188,7 @@ def forward(q, k, v, o, lse, causal: bool, scale: float | None):
 def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None):
     """Write dq, dk, dv (laid out like q, k, k) from the saved q, k, v, o, lse and the gradient do (like o).
     D = rowsum(dO * O), then the fused kernel and the dq conversion (dQ by fp32 atomics) where sdpa.py's
-    ``fused_backward('bf16_wgmma', hd)`` says so, else the deterministic dK/dV and dQ kernels."""
+    ``fused_backward('bf16_wgmma', hd, max(L, S))`` says so, else the deterministic dK/dV and dQ kernels."""
     from blutensor.backends.cupy.sdpa import fused_backward  # sdpa imports this module
 
     cp = cupy()
@@ -193,15 +199,16 @@ def backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float | None)
         for a in (dq, dk, dv):
             a.fill(0)
         return
-    D = cp.empty((BH, L), dtype=cp.float32)
     rows = BH * L
+    ld = cp.empty(lse_d_shape(BH, L), dtype=cp.float32)
     _, _, H, _, (st, sh, sb) = _view4(o, "o")
-    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_preprocess", min(math.ceil(rows * (hd // 8) / 256), 16 * num_sms()),
-           256, (do, o, D, np.int64(rows), np.int32(L), np.int32(H), np.int64(sb), np.int64(sh), np.int32(st)))
-    tail = (lse, D)
+    launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_preprocess",
+           min(math.ceil(ld.shape[0] * ld.shape[1] * (hd // 8) / 256), 16 * num_sms()), 256,
+           (do, o, lse, ld, np.int32(BH), np.int32(L), np.int32(H), np.int64(sb), np.int64(sh), np.int32(st)))
+    tail = (ld,)
     flags = (np.int32(L), np.int32(S), np.float32(sc), np.int32(bool(causal)))
     lk, lq = _out_lay(dk), _out_lay(dq)
-    if fused_backward("bf16_wgmma", hd):
+    if fused_backward("bf16_wgmma", hd, max(L, S)):
         acc = cp.zeros(dq_accumulator_shape(BH, L, hd), dtype=cp.float32)  # dQ / scale, summed over key blocks
         launch(FILE, f"blu_sdpa_wgmma_bf16_hd{hd}_bwd_fused", grid(S, BH), THREADS,
                (tmap(k, "k", FWD_ROWS), tmap(v, "v", FWD_ROWS), tmap(q, "q", BOX_ROWS_STREAM),

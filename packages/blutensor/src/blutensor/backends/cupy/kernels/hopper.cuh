@@ -172,6 +172,13 @@ __device__ __forceinline__ void blu_tma_load4(unsigned dst, const BluTmap* tm, i
       "l"(reinterpret_cast<unsigned long long>(tm)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
+// 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory into shared memory
+// at `dst`, completing its bytes on mbarrier `bar` (the same barrier as the tiles it travels with)
+__device__ __forceinline__ void blu_bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
 template <int N>
 __device__ __forceinline__ void blu_setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));

@@ -13,7 +13,9 @@
 // softmax of tile i runs while P V is in flight, then O is rescaled. Causal: tiles past the diagonal skipped, the
 // diagonal one masked; heavy (late) query blocks scheduled first. Only a row block's last key tile can need the
 // mask, so the others run a softmax without it (raw-score row extreme, one FFMA an exponent, tree reductions).
-// Backward (deterministic, no atomics), after D = rowsum(dO * O) (kernels/sdpa.cu's preprocess):
+// Backward (deterministic, no atomics), after the preprocess: D = rowsum(dO * O), written with lse * log2 e as
+// float pairs (lse2, D) per query into ld (BH, Lp = ceil(L / 64) * 64, 2), zero past L, so that the dK/dV kernels
+// take each streamed tile's 64 pairs (512 B) into its stage by one bulk copy beside the tile's Q and dO.
 // dK/dV kernel: 128 keys a CTA, K and V loaded once, Q/dO tiles of 64 queries streamed; S^T = K Q^T and
 // dP^T = V dO^T (SS), P^T and dS^T = P^T (dP^T - D) in registers, dV += P^T dO and dK += dS^T Q (RS).
 // dQ kernel: 128 queries a CTA, Q and dO loaded once, K/V tiles of 64 keys; S = Q K^T, dP = dO V^T (SS),
@@ -433,8 +435,9 @@ __device__ __forceinline__ void forward(const BluTmap* tmQ, const BluTmap* tmK, 
 // Persistent like the forward: work tiles (own block, head), dK/dV: early key blocks first (most query tiles
 // under causal), dQ: late query blocks first. smem (1024-aligned): two buffers of {own A, own B} (HD / 64 boxes
 // of 128 rows x 128 B each: K, V for dK/dV; Q, dO for dQ), then ST stages of {X, Y} tiles of 64 rows (Q, dO for
-// dK/dV; K, V for dQ), then ofull[2], oempty[2], full[ST], empty[ST]. A tile's last products (dV, dK or dQ) stay
-// in flight while the next streamed tile is awaited and its S, dP issued.
+// dK/dV; K, V for dQ), then ofull[2], oempty[2], full[ST], empty[ST], then ST slots of the stages' 64 (lse2, D)
+// pairs (512 B each; dK/dV). A tile's last products (dV, dK or dQ) stay in flight while the next streamed tile is
+// awaited and its S, dP issued.
 // The fused kernel adds four dS^T tiles (two buffers for each consumer warpgroup, 64 x 128 B) between the stages and
 // the barriers (HD 128 with two stages is 225 KB, inside sm_90's 227 KB opt-in), and at HD 64 the two 16 KB dQ
 // staging tiles after them.
@@ -444,8 +447,8 @@ template <int HD>
 constexpr bool bulk_dq = HD == 64;
 template <int HD, int ST>
 struct Bwd {
-  static constexpr int OWN = 128 * HD * 2, TILE = 64 * HD * 2, DST = 64 * 64 * 2, STAGE = 64 * 64 * 4;
-  static constexpr int SMEM = 1024 + 4 * OWN + 2 * ST * TILE + 8 * (4 + 2 * ST);
+  static constexpr int OWN = 128 * HD * 2, TILE = 64 * HD * 2, DST = 64 * 64 * 2, STAGE = 64 * 64 * 4, LDS = 64 * 8;
+  static constexpr int SMEM = 1024 + 4 * OWN + 2 * ST * TILE + 8 * (4 + 2 * ST) + ST * LDS;
   static constexpr int SMEM_FUSED = SMEM + 4 * DST + (bulk_dq<HD> ? 2 * STAGE : 0);
   static_assert(SMEM_FUSED <= 227 * 1024, "fused backward shared memory exceeds sm_90's opt-in limit");
 };
@@ -454,8 +457,7 @@ struct Bwd {
 // FUSED (with DKDV): the dK/dV kernel that also adds each tile's dS K into the zeroed fp32 accumulator dqa (BH, L, HD).
 template <int HD, int ST, bool DKDV, bool FUSED = false>
 __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB, const BluTmap* tmX,
-                                         const BluTmap* tmY, const float* __restrict__ lse,
-                                         const float* __restrict__ Dv, bf16_t* out0, bf16_t* out1,
+                                         const BluTmap* tmY, const float* __restrict__ ld, bf16_t* out0, bf16_t* out1,
                                          float* __restrict__ dqa, int L, int S, float scale, int causal, int H,
                                          int BH, Lay lout) {
 #if BLU_HAVE_WGMMA
@@ -471,8 +473,9 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
   const unsigned sStage = sDS + 4 * B::DST;  // BULK: warpgroup cw's dQ staging tile at sStage + cw STAGE
   const unsigned ofull = sDS + (FUSED ? 4 * B::DST + (BULK ? 2 * B::STAGE : 0) : 0), oempty = ofull + 16,
                  full = oempty + 16, empty = full + 8 * ST;
+  const unsigned sLD = empty + 8 * ST;  // the (lse2, D) slot of stage s at sLD + s LDS (16-byte aligned)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2;
-  const int nob = ((DKDV ? S : L) + 127) / 128, total = nob * BH, nqb = (L + 63) / 64;
+  const int nob = ((DKDV ? S : L) + 127) / 128, total = nob * BH, nqb = (L + 63) / 64, Lp = 64 * nqb;
   // work tile wt: own rows own0 .. own0 + 127 of head bh; streamed rows [first, end) in tiles of 64
   auto decode = [&](int wt, int& own0, int& bh, int& first, int& nt) {
     const int blk = DKDV ? wt / BH : nob - 1 - wt / BH;
@@ -523,13 +526,15 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
         for (int it = 0; it < nt; ++it, ++kv) {
           const int s = kv % ST;
           blu_mbar_wait(empty + 8 * s, ((kv / ST) & 1) ^ 1);
-          blu_mbar_expect_tx(full + 8 * s, 2 * TILE);
+          blu_mbar_expect_tx(full + 8 * s, 2 * TILE + (DKDV ? B::LDS : 0));
           const unsigned x = sX + 2 * s * TILE;
 #pragma unroll
           for (int b = 0; b < NB; ++b) {
             blu_tma_load4(x + b * 64 * 128, tmX, b * BOX, first + it * 64, hh, bb, full + 8 * s);
             blu_tma_load4(x + TILE + b * 64 * 128, tmY, b * BOX, first + it * 64, hh, bb, full + 8 * s);
           }
+          if (DKDV)
+            blu_bulk_load(sLD + s * B::LDS, ld + 2 * ((long long)bh * Lp + first + it * 64), B::LDS, full + 8 * s);
         }
       }
     }
@@ -546,7 +551,7 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
     const int ob = n & 1;
     const unsigned sA = sO + 2 * ob * OWN, sB = sA + OWN;
     const int r0 = own0 + cw * 64 + w * 16 + g, r1 = r0 + 8;  // own rows (keys for dK/dV, queries for dQ)
-    const long long rowoff = (long long)bh * L;
+    const long long rowoff = (long long)bh * Lp;  // this head's first (lse2, D) pair
     float acc0[HD / 2], acc1[HD / 2];  // dK/dV: dK, dV; dQ: dQ (acc1 unused)
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) acc0[i] = acc1[i] = 0.f;
@@ -555,8 +560,8 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
     float lq0 = 0.f, lq1 = 0.f, dq0 = 0.f, dq1 = 0.f;  // dQ: this thread's two rows' lse * log2 e and D
     float dqp[32];  // FUSED: one 64-column chunk of this tile's dQ partial
     if (!DKDV) {
-      if (r0 < L) lq0 = lse[rowoff + r0] * BLU_LOG2E, dq0 = Dv[rowoff + r0];
-      if (r1 < L) lq1 = lse[rowoff + r1] * BLU_LOG2E, dq1 = Dv[rowoff + r1];
+      if (r0 < L) lq0 = ld[2 * (rowoff + r0)], dq0 = ld[2 * (rowoff + r0) + 1];
+      if (r1 < L) lq1 = ld[2 * (rowoff + r1)], dq1 = ld[2 * (rowoff + r1) + 1];
     }
     blu_mbar_wait(ofull + 8 * ob, (n >> 1) & 1);
     int pending = -1;  // stage whose last products are still in flight
@@ -567,20 +572,22 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
       // tiles this warpgroup's rows cannot see under causal: no work (dK/dV: all queries before its first key;
       // dQ: all keys after its last query)
       const bool skip = causal && (DKDV ? x0 + 63 < own0 + cw * 64 : x0 > own0 + cw * 64 + 63);
-      // dK/dV: the streamed queries' lse and D for this thread's columns, loaded while the tile arrives
-      float lc[16], dc[16];
-      if (DKDV && !skip) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const int q = x0 + 8 * (j >> 1) + 2 * t + (j & 1);
-          lc[j] = q < L ? lse[rowoff + q] * BLU_LOG2E : 0.f;
-          dc[j] = q < L ? Dv[rowoff + q] : 0.f;
-        }
-      }
       blu_mbar_wait(full + 8 * st, ((kv + it) / ST) & 1);
       if (skip) {
         if (lane == 0) blu_mbar_arrive(empty + 8 * st);
         continue;
+      }
+      // dK/dV: the streamed queries' (lse2, D) for this thread's columns 8 k + 2 t, + 1 from the stage's slot:
+      // one 16-byte load a column pair (the 4 t lanes of a row read 64 contiguous bytes, the 8 g lanes the same)
+      float lc[16], dc[16];
+      if (DKDV) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const unsigned a = sLD + st * B::LDS + (unsigned)((8 * k + 2 * t) * 8);
+          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=f"(lc[2 * k]), "=f"(dc[2 * k]), "=f"(lc[2 * k + 1]), "=f"(dc[2 * k + 1])
+                       : "r"(a));
+        }
       }
       blu_wgmma_fence();
       ss_product<64, HD>(sv, sA, 128, cw * 64, x, 64);  // dK/dV: S^T = K Q^T; dQ: S = Q K^T
@@ -703,17 +710,24 @@ __device__ __forceinline__ void backward(const BluTmap* tmA, const BluTmap* tmB,
 }
 
 // ================================================================ backward preprocess
-// D[row] = sum_d dO[row, d] * O[row, d] (fp32), row = bh * L + i: HD / 8 adjacent threads a row, 16-byte loads of
-// 8 bf16 each, a shuffle reduction inside the group (plain CUDA: runs on any architecture).
+// ld[row] = (lse[bh, i] * log2 e, D = sum_d dO[bh, i, d] * O[bh, i, d]) (fp32 pairs), row = bh * Lp + i, Lp =
+// ceil(L / 64) * 64, (0, 0) for i >= L: HD / 8 adjacent threads a row, 16-byte loads of 8 bf16 each, a shuffle
+// reduction inside the group (plain CUDA: runs on any architecture).
 template <int HD>
 __device__ __forceinline__ void preprocess(const bf16_t* __restrict__ dout, const bf16_t* __restrict__ o,
-                                           float* __restrict__ D, long long rows, int L, Lay lo) {
+                                           const float* __restrict__ lse, float2* __restrict__ ld, int BH, int L,
+                                           Lay lo) {
   constexpr int G = HD / 8;  // threads per row
-  const long long nthr = (long long)gridDim.x * blockDim.x;
+  const int Lp = (L + 63) / 64 * 64;
+  const long long rows = (long long)BH * Lp, nthr = (long long)gridDim.x * blockDim.x;
   for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < rows * G; idx += nthr) {
     const long long row = idx / G;
-    const int part = (int)(idx % G);
-    const long long off = lo.base((int)(row / L)) + (row % L) * lo.st + part * 8;
+    const int part = (int)(idx % G), bh = (int)(row / Lp), i = (int)(row % Lp);
+    if (i >= L) {  // padding: a whole group takes this branch together
+      if (part == 0) ld[row] = make_float2(0.f, 0.f);
+      continue;
+    }
+    const long long off = lo.base(bh) + (long long)i * lo.st + part * 8;
     float a[8], b[8];
     load_vec(dout + off, a);
     load_vec(o + off, b);
@@ -722,7 +736,7 @@ __device__ __forceinline__ void preprocess(const bf16_t* __restrict__ dout, cons
     for (int j = 0; j < 8; ++j) sum += a[j] * b[j];
 #pragma unroll
     for (int m = G / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(__activemask(), sum, m);  // whole groups
-    if (part == 0) D[row] = sum;
+    if (part == 0) ld[row] = make_float2(lse[(long long)bh * L + i] * BLU_LOG2E, sum);
   }
 }
 
@@ -779,21 +793,21 @@ __device__ __forceinline__ void dq_convert(const float* __restrict__ acc, bf16_t
     wg::forward<HD, FST, true>(&tmQ, &tmK, &tmV, o, lse, L, S, scale, causal, H, BH, lay(o_sb, o_sh, o_st, H));     \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dkdv(              \
-      BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, const float* lse, const float* D, bf16_t* dk, bf16_t* dv,     \
-      int L, int S, float scale, int causal, int H, int BH, long long k_sb, long long k_sh, int k_st) {              \
-    wg::backward<HD, BST, true>(&tmK, &tmV, &tmQ, &tmO, lse, D, dk, dv, nullptr, L, S, scale, causal, H, BH,        \
+      BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, const float* ld, bf16_t* dk, bf16_t* dv, int L, int S,         \
+      float scale, int causal, int H, int BH, long long k_sb, long long k_sh, int k_st) {                            \
+    wg::backward<HD, BST, true>(&tmK, &tmV, &tmQ, &tmO, ld, dk, dv, nullptr, L, S, scale, causal, H, BH,            \
                                 lay(k_sb, k_sh, k_st, H));                                                           \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dq(                \
-      BLU_TM tmQ, BLU_TM tmO, BLU_TM tmK, BLU_TM tmV, const float* lse, const float* D, bf16_t* dq, int L, int S,   \
-      float scale, int causal, int H, int BH, long long q_sb, long long q_sh, int q_st) {                            \
-    wg::backward<HD, BST, false>(&tmQ, &tmO, &tmK, &tmV, lse, D, dq, dq, nullptr, L, S, scale, causal, H, BH,       \
+      BLU_TM tmQ, BLU_TM tmO, BLU_TM tmK, BLU_TM tmV, const float* ld, bf16_t* dq, int L, int S, float scale,       \
+      int causal, int H, int BH, long long q_sb, long long q_sh, int q_st) {                                         \
+    wg::backward<HD, BST, false>(&tmQ, &tmO, &tmK, &tmV, ld, dq, dq, nullptr, L, S, scale, causal, H, BH,           \
                                  lay(q_sb, q_sh, q_st, H));                                                          \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) blu_sdpa_wgmma_bf16_hd##HD##_bwd_fused(             \
-      BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, const float* lse, const float* D, bf16_t* dk, bf16_t* dv,     \
-      float* dqa, int L, int S, float scale, int causal, int H, int BH, long long k_sb, long long k_sh, int k_st) {  \
-    wg::backward<HD, BST, true, true>(&tmK, &tmV, &tmQ, &tmO, lse, D, dk, dv, dqa, L, S, scale, causal, H, BH,      \
+      BLU_TM tmK, BLU_TM tmV, BLU_TM tmQ, BLU_TM tmO, const float* ld, bf16_t* dk, bf16_t* dv, float* dqa, int L,   \
+      int S, float scale, int causal, int H, int BH, long long k_sb, long long k_sh, int k_st) {                     \
+    wg::backward<HD, BST, true, true>(&tmK, &tmV, &tmQ, &tmO, ld, dk, dv, dqa, L, S, scale, causal, H, BH,          \
                                       lay(k_sb, k_sh, k_st, H));                                                     \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256) blu_sdpa_wgmma_bf16_hd##HD##_bwd_dq_convert(                 \
@@ -802,9 +816,9 @@ __device__ __forceinline__ void dq_convert(const float* __restrict__ acc, bf16_t
     wg::dq_convert<HD>(acc, dq, rows, L, scale, lay(q_sb, q_sh, q_st, H));                                          \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256) blu_sdpa_wgmma_bf16_hd##HD##_preprocess(                     \
-      const bf16_t* dout, const bf16_t* o, float* D, long long rows, int L, int H, long long o_sb, long long o_sh,  \
-      int o_st) {                                                                                                    \
-    wg::preprocess<HD>(dout, o, D, rows, L, lay(o_sb, o_sh, o_st, H));                                              \
+      const bf16_t* dout, const bf16_t* o, const float* lse, float2* ld, int BH, int L, int H, long long o_sb,      \
+      long long o_sh, int o_st) {                                                                                    \
+    wg::preprocess<HD>(dout, o, lse, ld, BH, L, lay(o_sb, o_sh, o_st, H));                                          \
   }
 
 WGMMA_ENTRIES(64, 3, 3)
