@@ -70,6 +70,7 @@ def fusing(monkeypatch):
     """MLP.forward believes it sees CuPy arrays with a fusing GEMM provider (the Function then runs its CPU path)."""
     monkeypatch.setattr(ext, "is_cuda_array", lambda a: True)
     monkeypatch.setattr(ext, "gelu_gemm_provider", lambda a: object())
+    monkeypatch.setattr(gpt2, "FUSED_MLP_DTYPES", (bt.float32, bt.bfloat16))  # float32 too, as a provider may fuse
 
 
 def _op(mlp, x):
@@ -109,6 +110,14 @@ def test_replaced_or_wrapped_modules_are_called_not_fused(fusing):
     assert _op(mlp, x) != "_GeluMLP" and seen == [1]
 
 
+def test_float32_keeps_the_modules_by_default(monkeypatch):
+    """By default only bf16 takes the fused MLP (float32's GELU epilogues were measured slower than the kernels)."""
+    monkeypatch.setattr(ext, "is_cuda_array", lambda a: True)
+    monkeypatch.setattr(ext, "gelu_gemm_provider", lambda a: object())
+    x = bt.tensor(np.ones((2, 4, 32), np.float32), requires_grad=True)
+    assert gpt2.FUSED_MLP_DTYPES == (bt.bfloat16,) and _op(_mlp(), x) == "_GeluLinear"
+
+
 def test_mixed_dtypes_keep_the_modules(fusing):
     mlp = _mlp()
     mlp.c_fc.bias = bt.nn.Parameter(bt.zeros(128, dtype=bt.float64))
@@ -137,6 +146,7 @@ def _train(device, fused, autocast, steps=3, cfg=None, monkeypatch=None):
         if not fused:
             mp.setattr(gpt2, "_fused_mlp_inputs", lambda mlp, x: None)
         else:
+            mp.setattr(gpt2, "FUSED_MLP_DTYPES", (bt.float32, bt.bfloat16))
             real = gpt2._GeluMLP.apply
             mp.setattr(gpt2._GeluMLP, "apply", lambda *a: calls.append(1) or real(*a))
         r = np.random.default_rng(0)

@@ -124,6 +124,12 @@ class _GeluMLP(Function):
         return ext.gelu_mlp_backward(ctx, gy._data)
 
 
+#: the dtypes whose MLP takes :class:`_GeluMLP` (given a provider that fuses): bf16 only. For float32 (fp32 and tf32
+#: GEMMs) cuBLASLt 13 on the H200 runs one of the GELU epilogues as a separate epilogue kernel (0.38 ms a call at
+#: GPT-2 124M's shape, slower than the elementwise GELU kernels it replaces: step_profile_fused_mlp_h200.json)
+FUSED_MLP_DTYPES = (bt.bfloat16,)
+
+
 def _plain_linear(m) -> bool:
     """``m`` is GPT-2's own ``Linear`` with its own forward (not a tensor-parallel or plugin replacement, not a
     wrapped forward): its computation may be fused with its neighbours'."""
@@ -141,7 +147,7 @@ def _fused_mlp_inputs(mlp, x):
     if ext.autocast_active():
         args = ext.autocast_lower(*args)
     dtypes = {a.dtype for a in args if a is not None}
-    if len(dtypes) != 1 or dtypes.pop() not in (bt.float32, bt.bfloat16):
+    if len(dtypes) != 1 or dtypes.pop() not in FUSED_MLP_DTYPES:
         return None
     return args if ext.gelu_gemm_provider(args[0]._data) is not None else None
 

@@ -118,9 +118,9 @@ def _mma_smem(variant: str, hd: int, kind: str) -> int:
 FUSED_BWD = ("tf32", "tf32x3", "bf16_wgmma")
 #: where 'auto' takes it, variant -> head dims (None: every head dim): tf32x3 (faster than split on a GPT-2 layer
 #: and at T=16384: benchmarks/results/attention_h200.json); bf16_wgmma at head dim 64, where each dQ partial is added
-#: by one bulk reduction, at long sequences (FUSED_MIN_SEQ); not at 128 (red.global.add dQ, not yet timed ahead); not tf32,
-#: whose HD-64 split kernels run two blocks a multiprocessor and the fused one (+18 KB shared) only one, so split is
-#: faster -- BLUTRAIN_SDPA_BWD=fused selects any of FUSED_BWD
+#: by one bulk reduction, at long sequences (FUSED_MIN_SEQ); not at 128 (red.global.add dQ, not yet timed ahead);
+#: not tf32, whose HD-64 split kernels run two blocks a multiprocessor and the fused one (+18 KB shared) only one, so
+#: split is faster -- BLUTRAIN_SDPA_BWD=fused selects any of FUSED_BWD
 FUSED_AUTO: dict[str, tuple[int, ...] | None] = {"tf32x3": None, "bf16_wgmma": (64,)}
 #: under 'auto', the shortest sequence (max(L, S)) a variant's fused backward is taken at: with the (lse, D) pairs
 #: bulk-copied into each stage, bf16_wgmma's split pair is the faster one on a GPT-2 layer (T=1024: 0.455 vs 0.488
